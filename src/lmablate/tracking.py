@@ -1,0 +1,112 @@
+"""The one place that talks to MLflow.
+
+Every stage gets a :class:`Tracker`; with ``tracking.enabled: false`` it is a :class:`NullTracker`
+whose calls do nothing, so stage code never checks whether tracking is on. Runs are tagged with
+``dataset``, ``variant``, ``seed`` and ``stage`` so the MLflow UI can filter and compare them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+from .config import TrackingConfig
+
+
+class TrackingError(RuntimeError):
+    """The MLflow tracking store cannot be reached or written."""
+
+
+class NullTracker:
+    """A tracker that records nothing (tracking disabled, or in unit tests)."""
+
+    active_run_id: str | None = None
+
+    @contextlib.contextmanager
+    def run(self, name: str, tags: Mapping[str, Any] | None = None, *, nested: bool = False,
+            run_id: str | None = None) -> Iterator[str | None]:
+        yield run_id
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        pass
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        pass
+
+    def log_artifact(self, path: str | os.PathLike, artifact_path: str | None = None) -> None:
+        pass
+
+    def set_tags(self, tags: Mapping[str, Any]) -> None:
+        pass
+
+
+class MlflowTracker(NullTracker):
+    """MLflow-backed tracker: one experiment per study, runs nested where asked.
+
+    Args:
+        cfg: tracking settings; ``MLFLOW_TRACKING_URI`` overrides ``cfg.uri``.
+
+    Raises:
+        TrackingError: the store cannot be reached (e.g. a server URI that does not answer);
+            raised at construction so a stage fails before any training.
+    """
+
+    def __init__(self, cfg: TrackingConfig):
+        import mlflow  # slow import, only when tracking is on
+
+        # MLflow logs alembic migrations and the like at INFO on first use of a SQLite store.
+        logging.getLogger("alembic").setLevel(logging.WARNING)
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+        self._mlflow = mlflow
+        self.uri = cfg.tracking_uri
+        mlflow.set_tracking_uri(self.uri)
+        try:
+            mlflow.set_experiment(cfg.experiment)
+        except Exception as exc:  # noqa: BLE001 - any backend failure means "unreachable"
+            raise TrackingError(
+                f"MLflow tracking store {self.uri!r} cannot be used ({type(exc).__name__}: "
+                f"{str(exc).splitlines()[0][:200]}); set MLFLOW_TRACKING_URI or tracking.uri "
+                "to a reachable store, or tracking.enabled: false"
+            ) from None
+
+    @property
+    def active_run_id(self) -> str | None:  # type: ignore[override]
+        run = self._mlflow.active_run()
+        return run.info.run_id if run else None
+
+    @contextlib.contextmanager
+    def run(self, name: str, tags: Mapping[str, Any] | None = None, *, nested: bool = False,
+            run_id: str | None = None) -> Iterator[str]:
+        """Start (or, with ``run_id``, reopen) a run; yields its id. Ends it on exit, marking it
+        FAILED if the body raised."""
+        tags = {k: str(v) for k, v in (tags or {}).items()}
+        with self._mlflow.start_run(run_id=run_id, run_name=None if run_id else name,
+                                    nested=nested, tags=tags) as active:
+            yield active.info.run_id
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        self._mlflow.log_params({k: v for k, v in params.items()})
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        clean = {k: float(v) for k, v in metrics.items() if v is not None}
+        if clean:
+            self._mlflow.log_metrics(clean, step=step)
+
+    def log_artifact(self, path: str | os.PathLike, artifact_path: str | None = None) -> None:
+        path = Path(path)
+        if path.is_dir():
+            self._mlflow.log_artifacts(str(path), artifact_path=artifact_path)
+        elif path.exists():
+            self._mlflow.log_artifact(str(path), artifact_path=artifact_path)
+
+    def set_tags(self, tags: Mapping[str, Any]) -> None:
+        self._mlflow.set_tags({k: str(v) for k, v in tags.items()})
+
+
+def make_tracker(cfg: TrackingConfig) -> NullTracker:
+    """An :class:`MlflowTracker` when ``cfg.enabled``, else a :class:`NullTracker`."""
+    return MlflowTracker(cfg) if cfg.enabled else NullTracker()

@@ -1,0 +1,126 @@
+"""params.yaml validation: every bad input names its key and what is allowed."""
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+from lmablate import config
+from lmablate.config import ConfigError, ModelConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def raw():
+    return yaml.safe_load((ROOT / "params.yaml").read_text())
+
+
+def test_committed_params_are_valid(raw):
+    cfg = config.parse(raw)
+    assert cfg.study_variants[0] == "baseline"
+    assert len(cfg.seeds) >= 3
+    assert set(cfg.datasets) == {"shakespeare", "arithmetic"}
+    for v in cfg.study_variants:
+        for d in cfg.tune.d_model_choices:
+            m = cfg.model_config(v, vocab_size=50, d_model=d)
+            assert m.d_model == d and m.vocab_size == 50
+
+
+def test_seed_scale_profile_is_valid():
+    cfg = config.load(ROOT / "profiles" / "seed-scale.yaml")
+    assert cfg.model.n_layers == 8 and cfg.model.n_heads == 8 and cfg.model.context_length == 128
+    assert cfg.train.steps == 5000 and cfg.train.batch_size == 16
+    assert cfg.datasets["arithmetic"].n_train == 3_000_000
+
+
+def test_variant_overrides_apply(raw):
+    cfg = config.parse(raw)
+    llama = cfg.model_config("llama", vocab_size=10)
+    assert (llama.norm, llama.position, llama.ffn) == ("rmsnorm", "rope", "swiglu")
+    assert cfg.model_config("baseline", vocab_size=10).ffn == "relu"
+
+
+def mutate(raw, path, value):
+    out = copy.deepcopy(raw)
+    node = out
+    keys = path.split(".")
+    for k in keys[:-1]:
+        node = node.setdefault(k, {})
+    if value is KeyError:
+        del node[keys[-1]]
+    else:
+        node[keys[-1]] = value
+    return out
+
+
+BAD = [
+    ("train.learning_rate", 0.1, "unknown key train.learning_rate"),
+    ("colour", "red", "unknown key colour"),
+    ("train.lr", -1.0, "train.lr"),
+    ("train.lr", 0, "train.lr"),
+    ("train.steps", "many", "train.steps"),
+    ("train.steps", 2.5, "train.steps"),
+    ("model.d_model", 66, "divisible by n_heads"),
+    ("model.ffn", "swish", "model.ffn"),
+    ("model.position", "relative", "model.position"),
+    ("model.norm", "batchnorm", "model.norm"),
+    ("model.n_kv_heads", 3, "n_kv_heads"),
+    ("model.dropout", 1.5, "model.dropout"),
+    ("study.seeds", [], "study.seeds"),
+    ("study.seeds", [1, 1], "distinct"),
+    ("study.variants", ["baseline", "mamba"], "mamba"),
+    ("study.datasets", ["wikitext"], "wikitext"),
+    ("variants.rope", {"position": "rope", "colour": 1}, "variants.rope.colour"),
+    ("tune.d_model_choices", [32, 50], "tune.d_model_choices"),
+    ("tune.lr_low", 1.0, "tune.lr_low"),
+    ("tune.pruner", "random", "tune.pruner"),
+    ("datasets.arithmetic.n_train", 0, "n_train"),
+    ("datasets.arithmetic.kind", "algebra", "kind"),
+    ("datasets.shakespeare.sha256", KeyError, "sha256"),
+    ("datasets.shakespeare.split", {"val": 0.6, "test": 0.5}, "split"),
+    ("train.device", "tpu", "train.device"),
+]
+
+
+@pytest.mark.parametrize("path,value,message", BAD, ids=[b[0] + "=" + str(b[1]) for b in BAD])
+def test_bad_params_name_the_key(raw, path, value, message):
+    with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
+        config.parse(mutate(raw, path, value))
+
+
+def test_rope_needs_even_head_dim():
+    with pytest.raises(ConfigError, match="even head_dim"):
+        ModelConfig(d_model=12, n_heads=4, position="rope")
+
+
+def test_glu_hidden_size_rule():
+    # 2/3 * 4 * d rounded up to a multiple of 8: d=64 -> ceil(170.67) -> 176
+    assert ModelConfig(d_model=64, ffn="swiglu").ffn_hidden_size == 176
+    assert ModelConfig(d_model=96, ffn="swiglu").ffn_hidden_size == 256
+    assert ModelConfig(d_model=64, ffn="relu").ffn_hidden_size == 256
+    assert ModelConfig(d_model=64, ffn="swiglu", ffn_hidden=100).ffn_hidden_size == 100
+
+
+def test_derived_fields():
+    m = ModelConfig(d_model=64, n_heads=8, n_kv_heads=2)
+    assert (m.head_dim, m.n_query_groups) == (8, 2)
+    assert ModelConfig(d_model=64, n_heads=8).n_query_groups == 8
+    assert ModelConfig(**m.to_dict()) == m
+
+
+def test_missing_file_and_bad_yaml(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        config.load(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("study: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        config.load(bad)
+
+
+def test_fingerprint_changes_with_settings(raw):
+    cfg = config.parse(raw)
+    other = config.parse(mutate(raw, "tune.steps", 7))
+    assert cfg.fingerprint(cfg.tune) != other.fingerprint(other.tune)
+    assert cfg.fingerprint(cfg.tune) == config.parse(raw).fingerprint(cfg.tune)
