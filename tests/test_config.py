@@ -96,9 +96,10 @@ def test_rope_needs_even_head_dim():
 
 
 def test_glu_hidden_size_rule():
-    # 2/3 * 4 * d rounded up to a multiple of 8: d=64 -> ceil(170.67) -> 176
-    assert ModelConfig(d_model=64, ffn="swiglu").ffn_hidden_size == 176
-    assert ModelConfig(d_model=96, ffn="swiglu").ffn_hidden_size == 256
+    # 2/3 * 4 * d rounded up (to a multiple of ffn_multiple_of, default 1): d=64 -> 171
+    assert ModelConfig(d_model=64, ffn="swiglu").ffn_hidden_size == 171
+    assert ModelConfig(d_model=96, ffn="swiglu", ffn_multiple_of=8).ffn_hidden_size == 256
+    assert ModelConfig(d_model=60, n_heads=4, ffn="swiglu", ffn_multiple_of=8).ffn_hidden_size == 160
     assert ModelConfig(d_model=64, ffn="relu").ffn_hidden_size == 256
     assert ModelConfig(d_model=64, ffn="swiglu", ffn_hidden=100).ffn_hidden_size == 100
 

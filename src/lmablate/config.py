@@ -107,7 +107,7 @@ class ModelConfig:
     d_model: int = 64
     ffn: str = "relu"
     ffn_hidden: int | None = None
-    ffn_multiple_of: int = 8
+    ffn_multiple_of: int = 1
     norm: str = "layernorm"
     norm_eps: float = 1e-5
     norm_placement: str = "pre"

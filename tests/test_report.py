@@ -1,0 +1,334 @@
+"""Tests of lmablate.report on a synthetic runs/ tree whose truth is known by construction.
+
+Fixture (2 datasets x 3 variants x 3 seeds): every seed has its own offset shared by all
+variants (so pairing by seed matters), then
+  * gelu    = baseline - 0.10 test loss (+ tiny noise) on both datasets -> "better";
+              exact match +0.20, char accuracy +0.10 on arithmetic        -> "better";
+  * rmsnorm = baseline (+ tiny noise) on shakespeare                      -> "no significant difference";
+              baseline + 0.15 test loss on arithmetic                      -> "worse";
+              exact match = baseline (+ noise)                             -> "no significant difference";
+              char accuracy - 0.10                                         -> "worse".
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+from lmablate import config, report
+
+VARIANTS = ("baseline", "gelu", "rmsnorm")
+DATASETS = ("shakespeare", "arithmetic")
+OPS = ("add", "sub", "mul", "div")
+# Per-seed offsets shared by all variants, and small per-variant noise (deterministic).
+SEED_OFFSET = [0.00, 0.05, -0.03, 0.02]
+NOISE = {"baseline": [0.0, 0.0, 0.0, 0.0], "gelu": [0.004, -0.003, 0.001, 0.002],
+         "rmsnorm": [0.004, -0.005, 0.002, -0.001]}
+BASE_LOSS = {"shakespeare": 1.60, "arithmetic": 0.90}
+LOSS_SHIFT = {("shakespeare", "gelu"): -0.10, ("shakespeare", "rmsnorm"): 0.0,
+              ("arithmetic", "gelu"): -0.10, ("arithmetic", "rmsnorm"): 0.15}
+EM_SHIFT = {"baseline": 0.0, "gelu": 0.20, "rmsnorm": 0.0}
+CA_SHIFT = {"baseline": 0.0, "gelu": 0.10, "rmsnorm": -0.10}
+PARAMS = {"baseline": 100_000, "gelu": 100_000, "rmsnorm": 99_800}
+
+EXPECTED_VERDICTS = {
+    ("shakespeare", "test_loss", "gelu"): "better",
+    ("shakespeare", "test_loss", "rmsnorm"): "no significant difference",
+    ("arithmetic", "test_loss", "gelu"): "better",
+    ("arithmetic", "test_loss", "rmsnorm"): "worse",
+    ("arithmetic", "exact_match", "gelu"): "better",
+    ("arithmetic", "exact_match", "rmsnorm"): "no significant difference",
+    ("arithmetic", "char_accuracy", "gelu"): "better",
+    ("arithmetic", "char_accuracy", "rmsnorm"): "worse",
+}
+
+
+def make_cfg(seeds=(0, 1, 2), variants=VARIANTS):
+    raw = {
+        "study": {"seeds": list(seeds), "variants": list(variants)},
+        "datasets": {
+            "shakespeare": {"kind": "text", "source": "data/shakespeare.txt",
+                            "split": {"val": 0.1, "test": 0.1}},
+            "arithmetic": {"kind": "arithmetic", "n_train": 2000, "n_test": 200},
+        },
+        "model": {"n_layers": 2, "n_heads": 4, "d_model": 64, "context_length": 48},
+        "variants": {"baseline": {}, "gelu": {"ffn": "gelu"}, "rmsnorm": {"norm": "rmsnorm"}},
+        "train": {"steps": 321, "batch_size": 12, "eval_interval": 50},
+        "tune": {"n_trials": 6, "steps": 77, "d_model_choices": [32, 64]},
+    }
+    return config.parse(raw)
+
+
+def _test_loss(ds, var, i):
+    return BASE_LOSS[ds] + SEED_OFFSET[i] + LOSS_SHIFT.get((ds, var), 0.0) + NOISE[var][i]
+
+
+def write_runs(root: Path, seeds=(0, 1, 2), variants=VARIANTS, grad_for=("shakespeare",)):
+    """Write runs/<ds>/<var>/{metrics.json, history.csv, trials.csv, ...} like the stages do."""
+    for ds in DATASETS:
+        for v_idx, var in enumerate(variants):
+            run_dir = root / ds / var
+            run_dir.mkdir(parents=True)
+            runs, hist, grads, samples, preds = {}, [], [], {}, {}
+            for i, seed in enumerate(seeds):
+                test = _test_loss(ds, var, i)
+                run = {
+                    "seed": seed, "n_params": PARAMS[var] + 5_000,
+                    "n_params_non_embedding": PARAMS[var], "flops_per_token": 6 * PARAMS[var],
+                    "lr": 0.002 + 0.001 * v_idx, "d_model": 64, "val_loss": test - 0.01,
+                    "test_loss": test, "perplexity": math.exp(test),
+                    "bits_per_char": test / math.log(2), "train_seconds": 10.0 + i,
+                    "tokens_per_second": 40_000.0 + 1000 * v_idx, "mlflow_run_id": f"r{i}{var}",
+                }
+                if ds == "arithmetic":
+                    em = 0.30 + SEED_OFFSET[i] + EM_SHIFT[var] + NOISE[var][i]
+                    ca = 0.70 + SEED_OFFSET[i] + CA_SHIFT[var] + NOISE[var][i]
+                    run.update(char_accuracy=ca, exact_match=em, per_op={
+                        op: {"char_accuracy": ca - 0.05 * k, "exact_match": max(em - 0.08 * k, 0)}
+                        for k, op in enumerate(OPS)})
+                    preds[f"seed_{seed}"] = [
+                        {"prompt": "$(0000000782+0000000021)=", "target": "3080000000$",
+                         "prediction": "3080000000$"},
+                        {"prompt": "$(0000000012*0000000003)=", "target": "6300000000$",
+                         "prediction": "6310000000$"},
+                    ]
+                else:
+                    run.update(char_accuracy=None, exact_match=None)
+                    samples[f"seed_{seed}"] = [f"ROMEO ({var}, seed {seed}):\nWhat light ``` "
+                                               "through yonder window breaks?", "second"]
+                runs[f"seed_{seed}"] = run
+                for step in range(0, 301, 50):
+                    val = test + (4.2 - test) * math.exp(-step / 60)
+                    hist.append({"seed": seed, "step": step, "tokens": step * 12 * 48,
+                                 "train_loss": val - 0.02, "val_loss": val, "lr": 0.002,
+                                 "elapsed_seconds": step * 0.03})
+                for g, group in enumerate(["embed", "blocks.0.attn", "blocks.0.mlp",
+                                           "blocks.1.attn", "blocks.1.mlp", "head"]):
+                    grads.append({"seed": seed, "group": group,
+                                  "frac_near_zero": 0.02 * g + 0.1 * v_idx,
+                                  "grad_norm": 0.5 + 0.1 * g})
+            doc = {"dataset": ds, "variant": var, "runs": runs}
+            (run_dir / "metrics.json").write_text(json.dumps(doc))
+            pd.DataFrame(hist).to_csv(run_dir / "history.csv", index=False)
+            lrs = [3e-4, 1e-3, 3e-3, 8e-3, 2e-4, 5e-3]
+            trials = pd.DataFrame({
+                "number": range(6),
+                "value": [BASE_LOSS[ds] + 0.3 + abs(math.log10(lr / 2e-3)) * 0.4 + 0.01 * v_idx
+                          for lr in lrs],
+                "datetime_start": "2026-01-01 00:00:00",
+                "params_d_model": [32, 64, 64, 32, 64, 32],
+                "params_lr": lrs,
+                "state": ["COMPLETE", "COMPLETE", "COMPLETE", "PRUNED", "PRUNED", "FAIL"],
+            })
+            trials.loc[trials["state"] == "FAIL", "value"] = np.nan
+            trials.to_csv(run_dir / "trials.csv", index=False)
+            if ds in grad_for:
+                pd.DataFrame(grads).to_csv(run_dir / "grad_stats.csv", index=False)
+            if samples:
+                (run_dir / "examples.json").write_text(json.dumps(samples))
+            if preds:
+                (run_dir / "examples.json").write_text(json.dumps(preds))
+
+
+ENV = {"hardware": "2-core test CPU", "torch": "9.9.9-test", "wall_seconds": {"train": 123.4}}
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    root = tmp_path_factory.mktemp("study")
+    write_runs(root / "runs")
+    # a stale variant directory that is not part of the configured study
+    write_runs(root / "stale", variants=("baseline",))
+    (root / "stale" / "shakespeare" / "baseline").rename(root / "runs" / "shakespeare" / "old")
+    doc = json.loads((root / "runs/shakespeare/old/metrics.json").read_text())
+    doc["variant"] = "old"
+    (root / "runs/shakespeare/old/metrics.json").write_text(json.dumps(doc))
+    cfg = make_cfg()
+    out = report.build_report(cfg, root / "runs", root / "reports", environment=ENV)
+    return cfg, root / "reports", out
+
+
+def test_ablation_csv_schema_and_one_row_per_run(built):
+    _, out_dir, out = built
+    df = pd.read_csv(out["ablation"])
+    assert list(df.columns) == report.ABLATION_COLUMNS == [
+        "dataset", "variant", "seed", "n_params", "n_params_non_embedding", "flops_per_token",
+        "lr", "d_model", "val_loss", "test_loss", "perplexity", "bits_per_char",
+        "char_accuracy", "exact_match", "train_seconds", "tokens_per_second"]
+    assert len(df) == 2 * 3 * 3
+    assert not df.duplicated(["dataset", "variant", "seed"]).any()
+    assert set(df["variant"]) == set(VARIANTS)  # the stale "old" variant is ignored
+    assert df.loc[df["dataset"] == "shakespeare", ["exact_match", "char_accuracy"]].isna().all().all()
+    assert df.loc[df["dataset"] == "arithmetic", "exact_match"].notna().all()
+    # config order: datasets as configured, baseline first
+    assert list(pd.unique(df["dataset"])) == ["shakespeare", "arithmetic"]
+    assert list(pd.unique(df["variant"])) == list(VARIANTS)
+    assert (out_dir / "ablation.csv").read_text().splitlines()[1].split(",")[3] == "105000"
+
+
+def test_summary_csv_schema_and_interval(built):
+    _, _, out = built
+    s = pd.read_csv(out["summary"])
+    assert list(s.columns) == ["dataset", "variant", "metric", "n", "mean", "std",
+                               "ci95_low", "ci95_high"]
+    assert not ((s["dataset"] == "shakespeare") & (s["metric"] == "exact_match")).any()
+    cell = s[(s["dataset"] == "arithmetic") & (s["variant"] == "gelu")
+             & (s["metric"] == "test_loss")].iloc[0]
+    x = np.array([_test_loss("arithmetic", "gelu", i) for i in range(3)])
+    low, high = stats.t.interval(0.95, len(x) - 1, loc=x.mean(), scale=stats.sem(x))
+    assert cell["n"] == 3
+    assert cell["mean"] == pytest.approx(x.mean(), abs=1e-12)
+    assert cell["std"] == pytest.approx(x.std(ddof=1), abs=1e-12)
+    assert cell["ci95_low"] == pytest.approx(low, abs=1e-12)
+    assert cell["ci95_high"] == pytest.approx(high, abs=1e-12)
+
+
+def test_summary_single_seed_has_no_interval():
+    df = pd.DataFrame({"dataset": ["d"], "variant": ["baseline"], "seed": [0],
+                       "test_loss": [1.5]})
+    s = report.summarise(df)
+    assert s.loc[0, "n"] == 1 and s.loc[0, "mean"] == 1.5
+    assert np.isnan(s.loc[0, "std"]) and np.isnan(s.loc[0, "ci95_low"])
+
+
+def test_comparisons_schema_and_verdicts(built):
+    _, _, out = built
+    c = pd.read_csv(out["comparisons"])
+    assert list(c.columns) == report.COMPARISON_COLUMNS
+    got = {(r.dataset, r.metric, r.variant): r.verdict for r in c.itertuples()}
+    assert got == EXPECTED_VERDICTS
+    assert (c["baseline"] == "baseline").all()
+    assert c.loc[c["metric"] == "test_loss", "higher_is_better"].eq(False).all()
+    assert c.loc[c["metric"] == "exact_match", "higher_is_better"].all()
+
+
+def test_comparison_numbers_match_scipy(built):
+    _, _, out = built
+    c = pd.read_csv(out["comparisons"])
+    row = c[(c["dataset"] == "arithmetic") & (c["metric"] == "test_loss")
+            & (c["variant"] == "rmsnorm")].iloc[0]
+    base = np.array([_test_loss("arithmetic", "baseline", i) for i in range(3)])
+    var = np.array([_test_loss("arithmetic", "rmsnorm", i) for i in range(3)])
+    d = var - base
+    res = stats.ttest_rel(var, base)
+    low, high = stats.t.interval(0.95, 2, loc=d.mean(), scale=stats.sem(d))
+    assert row["n_pairs"] == 3
+    assert row["mean_diff"] == pytest.approx(0.15 + d.mean() - 0.15, abs=1e-12)
+    assert row["mean_diff"] == pytest.approx(0.15, abs=0.01)
+    assert row["p_value"] == pytest.approx(res.pvalue, rel=1e-9)
+    assert row["t_stat"] == pytest.approx(res.statistic, rel=1e-9)
+    assert (row["ci95_low"], row["ci95_high"]) == pytest.approx((low, high), abs=1e-12)
+
+
+def test_holm_correction_within_dataset_and_metric(built):
+    _, _, out = built
+    c = pd.read_csv(out["comparisons"])
+    for _, fam in c.groupby(["dataset", "metric"]):
+        p = fam["p_value"].to_numpy()
+        m = len(p)
+        idx = np.argsort(p)
+        # Holm step-down, written out: p_(i) * (m - i), running max, capped at 1
+        adj_sorted = np.minimum(np.maximum.accumulate(p[idx] * (m - np.arange(m))), 1.0)
+        adj = np.empty(m)
+        adj[idx] = adj_sorted
+        np.testing.assert_allclose(fam["p_holm"].to_numpy(), adj, rtol=1e-12)
+        assert (fam["reject_holm"].to_numpy() == (adj < 0.05)).all()
+    # the correction matters: in each 2-member family the smallest p is doubled
+    fam = c[(c["dataset"] == "shakespeare") & (c["metric"] == "test_loss")]
+    assert fam["p_holm"].min() == pytest.approx(2 * fam["p_value"].min())
+
+
+def test_too_few_seeds(tmp_path):
+    write_runs(tmp_path / "runs", seeds=(0, 1))
+    cfg = make_cfg(seeds=(0, 1))
+    out = report.build_report(cfg, tmp_path / "runs", tmp_path / "reports")
+    c = pd.read_csv(out["comparisons"])
+    assert len(c) == len(EXPECTED_VERDICTS)
+    assert (c["verdict"] == "too few seeds").all()
+    assert c["p_value"].isna().all() and c["p_holm"].isna().all() and not c["reject_holm"].any()
+    assert c["mean_diff"].notna().all()  # still described
+    md = out["report"].read_text()
+    assert "Too few seeds to conclude" in md
+    assert "Environment not recorded" in md
+
+
+def test_missing_runs_are_reported_and_no_runs_raise(tmp_path):
+    write_runs(tmp_path / "runs", seeds=(0, 1, 2))
+    cfg = make_cfg(seeds=(0, 1, 2, 3))
+    out = report.build_report(cfg, tmp_path / "runs", tmp_path / "reports")
+    md = out["report"].read_text()
+    assert "6 configured run(s) have no results" in md  # seed 3 of 2 datasets x 3 variants
+    with pytest.raises(FileNotFoundError, match="no results"):
+        report.build_report(cfg, tmp_path / "empty", tmp_path / "r2")
+
+
+EXPECTED_FIGURES = [
+    "val_loss_curves_shakespeare.png", "test_loss_shakespeare.png", "forest_shakespeare.png",
+    "tuning_shakespeare.png", "params_vs_loss_shakespeare.png", "grad_flow_shakespeare.png",
+    "val_loss_curves_arithmetic.png", "test_loss_arithmetic.png", "forest_arithmetic.png",
+    "exact_match_by_op.png", "char_accuracy_by_op.png", "tuning_arithmetic.png",
+    "params_vs_loss_arithmetic.png",
+]
+
+
+def test_every_figure_is_a_png(built):
+    _, out_dir, out = built
+    names = [p.name for p in out["figures"]]
+    assert sorted(names) == sorted(EXPECTED_FIGURES)
+    assert "grad_flow_arithmetic.png" not in names  # no grad_stats.csv for arithmetic
+    on_disk = sorted(p.name for p in (out_dir / "figures").iterdir())
+    assert on_disk == sorted(EXPECTED_FIGURES)  # and no temp files left behind
+    for p in out["figures"]:
+        data = p.read_bytes()
+        assert len(data) > 5000 and data[:8] == b"\x89PNG\r\n\x1a\n", p
+
+
+def test_report_markdown(built):
+    cfg, out_dir, out = built
+    md = out["report"].read_text()
+    assert out["report"] == out_dir / "report.md"
+    # every figure written is linked relatively
+    for p in out["figures"]:
+        assert f"](figures/{p.name})" in md
+    # tables
+    assert "| variant | seeds | test loss (nats/token) |" in md
+    assert "Δ (variant − baseline)" in md and "p (Holm)" in md
+    assert "**▲ better**" in md and "**▼ worse**" in md
+    assert "How to read this report" in md
+    # methodology from the config and the environment, not typed by hand
+    assert f"{cfg.train.steps} optimizer steps of {cfg.train.batch_size} sequences" in md
+    assert f"context of {cfg.model.context_length} characters" in md
+    assert f"{cfg.tune.n_trials} trials of {cfg.tune.steps} steps" in md
+    assert "3 seeds (0, 1, 2)" in md
+    assert "2-core test CPU" in md and "torch 9.9.9-test" in md
+    # tuned lr / d_model, parameter counts, throughput
+    assert "| baseline | 0.002 | 64 | 105,000 | 100,000 | 600,000 | 40,000 |" in md
+    # samples in a code block whose fence survives the ``` inside the sample
+    assert "````text\nROMEO (gelu, seed 0):" in md
+    assert "`$(0000000782+0000000021)=`" in md and "✗" in md
+    # the ignored stale run is mentioned
+    assert "not part of the configured study" in md and "shakespeare/old" in md
+
+
+def test_attention_and_embedding_hooks(tmp_path):
+    rng = np.random.default_rng(0)
+    tokens = list("To be, or not\nto be")
+    t = len(tokens)
+    logits = rng.normal(size=(2, 2, t, t)) + np.triu(np.full((t, t), -1e9), 1)
+    maps = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
+    p = report.plot_attention(maps, tokens, "test / baseline, seed 0", tmp_path / "attn.png")
+    assert p.read_bytes()[:4] == b"\x89PNG"
+    chars = list("abcXYZ019 .,\n")
+    p = report.plot_embedding_pca(rng.normal(size=(len(chars), 8)), chars, "emb",
+                                  tmp_path / "emb.png")
+    assert p.read_bytes()[:4] == b"\x89PNG"
+    with pytest.raises(ValueError):
+        report.plot_attention(maps[0], tokens, "bad", tmp_path / "bad.png")
+    with pytest.raises(ValueError):
+        report.plot_embedding_pca(rng.normal(size=(3, 8)), chars, "bad", tmp_path / "bad.png")
