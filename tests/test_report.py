@@ -320,15 +320,20 @@ def test_attention_and_embedding_hooks(tmp_path):
     rng = np.random.default_rng(0)
     tokens = list("To be, or not\nto be")
     t = len(tokens)
-    logits = rng.normal(size=(2, 2, t, t)) + np.triu(np.full((t, t), -1e9), 1)
+    logits = rng.normal(size=(5, t, t)) + np.triu(np.full((t, t), -1e9), 1)
     maps = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
-    p = report.plot_attention(maps, tokens, "test / baseline, seed 0", tmp_path / "attn.png")
+    panels = {f"variant {i}": m for i, m in enumerate(maps)}
+    p = report.plot_attention(panels, tokens, "test, seed 0", tmp_path / "attn.png")
     assert p.read_bytes()[:4] == b"\x89PNG"
     chars = list("abcXYZ019 .,\n")
-    p = report.plot_embedding_pca(rng.normal(size=(len(chars), 8)), chars, "emb",
-                                  tmp_path / "emb.png")
+    embs = {"a": rng.normal(size=(len(chars), 8)), "b": rng.normal(size=(len(chars), 4))}
+    p = report.plot_embedding_pca(embs, chars, "emb", tmp_path / "emb.png")
     assert p.read_bytes()[:4] == b"\x89PNG"
     with pytest.raises(ValueError):
-        report.plot_attention(maps[0], tokens, "bad", tmp_path / "bad.png")
+        report.plot_attention({"x": maps[0][:-1]}, tokens, "bad", tmp_path / "bad.png")
     with pytest.raises(ValueError):
-        report.plot_embedding_pca(rng.normal(size=(3, 8)), chars, "bad", tmp_path / "bad.png")
+        report.plot_attention({}, tokens, "bad", tmp_path / "bad.png")
+    with pytest.raises(ValueError):
+        report.plot_embedding_pca({"x": rng.normal(size=(3, 8))}, chars, "bad",
+                                  tmp_path / "bad.png")
+    assert not (tmp_path / "bad.png").exists()

@@ -44,7 +44,7 @@ def cmd_train(cfg: StudyConfig, a: argparse.Namespace) -> None:
 
     cfg.check_variant(a.variant)
     train.run(cfg, a.dataset, a.variant, a.tokens, a.best, a.checkpoints, a.history,
-              a.grad_stats, _tracker(cfg))
+              a.grad_stats)
 
 
 def cmd_evaluate(cfg: StudyConfig, a: argparse.Namespace) -> None:
@@ -102,10 +102,6 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         cfg = load(args.params)
-        if cfg.train.threads:
-            import torch
-
-            torch.set_num_threads(cfg.train.threads)
         args.fn(cfg, args)
     except (ConfigError, ValueError, FileNotFoundError, RuntimeError) as exc:
         print(f"lmablate: error: {exc}", file=sys.stderr)

@@ -262,13 +262,15 @@ class TrainConfig:
     eval_interval: int = 50
     eval_iters: int = 10
     device: str = "auto"
-    threads: int = 0  # torch intra-op threads; 0 = torch's default
+    workers: int = 0  # parallel processes for seeds and Optuna trials on a CPU; 0 = one per core
+    threads: int = 0  # torch intra-op threads per process; 0 = the cores shared between workers
 
     def __post_init__(self) -> None:
         for key in ("steps", "batch_size", "eval_interval", "eval_iters"):
             _check_int(f"train.{key}", getattr(self, key))
         _check_int("train.warmup_steps", self.warmup_steps, minimum=0)
         _check_int("train.threads", self.threads, minimum=0)
+        _check_int("train.workers", self.workers, minimum=0)
         _check_positive("train.lr", self.lr)
         _check_positive("train.weight_decay", self.weight_decay, allow_zero=True)
         _check_positive("train.grad_clip", self.grad_clip, allow_zero=True)

@@ -674,44 +674,45 @@ def _visible(token: str) -> str:
     return {" ": "␣", "\n": "\\n", "\t": "\\t", "\r": "\\r"}.get(token, token)
 
 
-def plot_attention(maps: np.ndarray, tokens: Sequence[str], title: str, path: Path) -> Path:
-    """Attention weights of every layer x head for one input, as a grid of heatmaps.
+def plot_attention(maps: Mapping[str, np.ndarray], tokens: Sequence[str], title: str,
+                   path: Path) -> Path:
+    """Attention weights on one input, one heatmap per panel (e.g. per variant).
 
     Args:
-        maps: array ``(n_layers, n_heads, T, T)``; ``maps[l, h, i, j]`` is the weight query
-            position i gives to key position j (rows sum to 1; causal maps are lower-triangular).
+        maps: panel label -> array ``(T, T)``; ``m[i, j]`` is the weight query position i gives
+            to key position j (rows sum to 1; causal maps are lower-triangular), e.g. the last
+            layer's weights averaged over heads.
         tokens: the T input characters (ticks; whitespace shown as ␣ / \\n).
-        title: figure title (e.g. ``"shakespeare / rope, seed 0"``).
-        path: PNG to write.
+        title: figure title; path: PNG to write.
 
     Raises:
-        ValueError: ``maps`` is not 4-D with square T x T maps matching ``len(tokens)``.
+        ValueError: a map is not square T x T with T = ``len(tokens)``, or ``maps`` is empty.
     """
-    maps = np.asarray(maps, dtype=float)
-    if maps.ndim != 4 or maps.shape[2] != maps.shape[3] or maps.shape[3] != len(tokens):
-        raise ValueError(f"plot_attention: expected maps of shape (n_layers, n_heads, T, T) "
-                         f"with T = len(tokens) = {len(tokens)}, got {maps.shape}")
-    n_layers, n_heads, t_len, _ = maps.shape
+    arrays = {k: np.asarray(v, dtype=float) for k, v in maps.items()}
+    t_len = len(tokens)
+    if not arrays or any(m.shape != (t_len, t_len) for m in arrays.values()):
+        raise ValueError(f"plot_attention: expected (T, T) maps with T = len(tokens) = {t_len}, "
+                         f"got {[m.shape for m in arrays.values()]}")
     labels = [_visible(t) for t in tokens]
-    step = max(1, math.ceil(t_len / 32))  # at most ~32 tick labels per axis stay readable
-    side = min(3.2, 0.9 + 0.08 * t_len)
-    with _figure(path, figsize=(side * n_heads + 1.2, side * n_layers + 0.8),
-                 nrows=n_layers, ncols=n_heads) as (fig, axes):
-        for layer in range(n_layers):
-            for head in range(n_heads):
-                ax = axes[layer, head]
-                sns.heatmap(maps[layer, head], vmin=0, vmax=1, cmap="viridis", cbar=False,
-                            square=True, xticklabels=False, yticklabels=False, ax=ax)
-                ax.set_xticks(np.arange(0, t_len, step) + 0.5, labels[::step], rotation=90,
-                              fontsize=7)
-                ax.set_yticks(np.arange(0, t_len, step) + 0.5, labels[::step], rotation=0,
-                              fontsize=7)
-                ax.set_title(f"layer {layer}, head {head}", fontsize=9)
-                if layer == n_layers - 1:
-                    ax.set_xlabel("key position (attended to)")
-                if head == 0:
-                    ax.set_ylabel("query position")
-        fig.colorbar(axes[0, 0].collections[0], ax=axes.ravel().tolist(), shrink=0.8,
+    step = max(1, math.ceil(t_len / 24))
+    ncols = min(len(arrays), 4)
+    nrows = math.ceil(len(arrays) / ncols)
+    with _figure(path, figsize=(3.3 * ncols + 1.2, 3.3 * nrows + 0.8), nrows=nrows,
+                 ncols=ncols) as (fig, axes):
+        for ax in axes.ravel()[len(arrays):]:
+            ax.set_visible(False)
+        for i, (name, m) in enumerate(arrays.items()):
+            ax = axes.ravel()[i]
+            sns.heatmap(m, vmin=0, vmax=1, cmap="viridis", cbar=False, square=True,
+                        xticklabels=False, yticklabels=False, ax=ax)
+            ticks = np.arange(0, t_len, step) + 0.5
+            ax.set_xticks(ticks, labels[::step] if i // ncols == nrows - 1 else [], rotation=90,
+                          fontsize=6)
+            ax.set_yticks(ticks, labels[::step] if i % ncols == 0 else [], fontsize=6)
+            ax.set_title(name, fontsize=9)
+        fig.supxlabel("key position (attended to)")
+        fig.supylabel("query position")
+        fig.colorbar(axes[0, 0].collections[0], ax=axes.ravel().tolist(), shrink=0.6,
                      label="attention weight")
         fig.suptitle(title)
     return Path(path)
@@ -727,40 +728,52 @@ def _char_class(ch: str) -> str:
     return "punctuation/other"
 
 
-def plot_embedding_pca(emb: np.ndarray, chars: Sequence[str], title: str, path: Path) -> Path:
-    """The token embedding matrix projected on its first two principal components, each point
-    labelled with its character and coloured by character class.
+def plot_embedding_pca(embs: Mapping[str, np.ndarray], chars: Sequence[str], title: str,
+                       path: Path) -> Path:
+    """Token embeddings projected on their first two principal components, one panel per entry
+    of ``embs`` (e.g. per variant); points labelled with their character, coloured by class.
 
-    PCA: SVD of the column-centred matrix; the axes report the share of variance explained.
+    PCA: SVD of the column-centred matrix; each panel's axes give the share of variance.
 
     Args:
-        emb: ``(vocab_size, d_model)`` embedding weights.
+        embs: panel label -> ``(vocab_size, d_model)`` embedding weights.
         chars: the character of each row (len == vocab_size).
         title: figure title; path: PNG to write.
 
     Raises:
-        ValueError: ``emb`` is not 2-D, has fewer than 2 columns, or rows != ``len(chars)``.
+        ValueError: an array is not 2-D, has fewer than 2 columns, or rows != ``len(chars)``;
+            or ``embs`` is empty.
     """
-    emb = np.asarray(emb, dtype=float)
-    if emb.ndim != 2 or emb.shape[0] != len(chars) or emb.shape[1] < 2:
-        raise ValueError(f"plot_embedding_pca: expected emb of shape (len(chars)={len(chars)}, "
-                         f"d >= 2), got {emb.shape}")
-    centred = emb - emb.mean(axis=0)
-    _, s, vt = np.linalg.svd(centred, full_matrices=False)
-    pcs = centred @ vt[:2].T
-    explained = s**2 / max(float(np.sum(s**2)), np.finfo(float).tiny)
-    d = pd.DataFrame({"pc1": pcs[:, 0], "pc2": pcs[:, 1],
-                      "class": [_char_class(c) for c in chars]})
-    with _figure(path, figsize=(7.5, 6.0)) as (fig, axes):
-        ax = axes[0, 0]
-        sns.scatterplot(data=d, x="pc1", y="pc2", hue="class", s=40, alpha=0.6, ax=ax)
-        for (x, y), ch in zip(pcs[:, :2], chars):
-            ax.annotate(_visible(ch), (x, y), xytext=(3, 3), textcoords="offset points",
-                        fontsize=8)
-        ax.set_title(title)
-        ax.set_xlabel(f"PC1 ({explained[0]:.0%} of variance)")
-        ax.set_ylabel(f"PC2 ({explained[1]:.0%} of variance)")
-        ax.legend(title="character class", loc="best")
+    arrays = {k: np.asarray(v, dtype=float) for k, v in embs.items()}
+    if not arrays or any(e.ndim != 2 or e.shape[0] != len(chars) or e.shape[1] < 2
+                         for e in arrays.values()):
+        raise ValueError(f"plot_embedding_pca: expected arrays of shape (len(chars)="
+                         f"{len(chars)}, d >= 2), got {[e.shape for e in arrays.values()]}")
+    classes = [_char_class(c) for c in chars]
+    ncols = min(len(arrays), 4)
+    nrows = math.ceil(len(arrays) / ncols)
+    with _figure(path, figsize=(4.2 * ncols, 3.8 * nrows + 0.6), nrows=nrows,
+                 ncols=ncols) as (fig, axes):
+        for ax in axes.ravel()[len(arrays):]:
+            ax.set_visible(False)
+        for i, (name, emb) in enumerate(arrays.items()):
+            ax = axes.ravel()[i]
+            centred = emb - emb.mean(axis=0)
+            _, s, vt = np.linalg.svd(centred, full_matrices=False)
+            pcs = centred @ vt[:2].T
+            explained = s**2 / max(float(np.sum(s**2)), np.finfo(float).tiny)
+            d = pd.DataFrame({"pc1": pcs[:, 0], "pc2": pcs[:, 1], "class": classes})
+            sns.scatterplot(data=d, x="pc1", y="pc2", hue="class", s=25, alpha=0.6, ax=ax,
+                            legend=i == 0)
+            for (x, y), ch in zip(pcs[:, :2], chars):
+                ax.annotate(_visible(ch), (x, y), xytext=(2, 2), textcoords="offset points",
+                            fontsize=6)
+            ax.set_title(name, fontsize=9)
+            ax.set_xlabel(f"PC1 ({explained[0]:.0%} of variance)")
+            ax.set_ylabel(f"PC2 ({explained[1]:.0%} of variance)")
+        if axes[0, 0].get_legend() is not None:
+            axes[0, 0].legend(title="character class", fontsize=7, title_fontsize=7)
+        fig.suptitle(title)
     return Path(path)
 
 

@@ -29,14 +29,17 @@ def environment() -> dict:
 
 
 @torch.no_grad()
-def model_figures(cfg: StudyConfig, runs_dir: Path, tokens_dir: Path, figures_dir: Path) -> list[tuple[str, str, Path]]:
-    """Per dataset x variant, from the first seed's checkpoint: attention maps of the last layer
-    on one held-out test sequence, and a 2-D PCA of the token embeddings."""
+def model_figures(cfg: StudyConfig, runs_dir: Path, tokens_dir: Path,
+                  figures_dir: Path) -> list[tuple[str, str, Path]]:
+    """Per dataset, from each variant's first-seed checkpoint: the last layer's attention
+    weights (mean over heads) on one held-out test sequence, and a 2-D PCA of the token
+    embeddings. Returns ``(dataset, caption, path)`` per figure."""
     written = []
     seed = cfg.seeds[0]
     for dataset in cfg.datasets:
         tok = load_tokenizer(tokens_dir / dataset)
         test = load_split(tokens_dir / dataset, "test")
+        maps, embs, chars = {}, {}, []
         for variant in cfg.study_variants:
             ckpt = runs_dir / dataset / variant / "checkpoints" / f"seed_{seed}" / "checkpoint.pt"
             if not ckpt.exists():
@@ -44,20 +47,21 @@ def model_figures(cfg: StudyConfig, runs_dir: Path, tokens_dir: Path, figures_di
             model, _ = load_checkpoint(ckpt)
             T = min(ATTENTION_TOKENS, model.cfg.context_length, len(test))
             idx = torch.from_numpy(np.asarray(test[:T], dtype=np.int64))[None]  # (1, T)
-            maps = model.attention_maps(idx)[:, 0].float().numpy()  # (n_layers, n_heads, T, T)
+            maps[variant] = model.attention_maps(idx)[-1, 0].mean(0).numpy()  # (T, T)
             chars = [tok.decode([i]) for i in idx[0].tolist()]
-            path = figures_dir / f"attention_{dataset}_{variant}.png"
-            report.plot_attention(maps, chars, f"{dataset} / {variant}: attention weights "
-                                  f"(seed {seed}, held-out text)", path)
-            written.append((dataset, f"{dataset} / {variant}: attention weights per layer and "
-                            "head on a held-out sequence", path))
-            emb = model.wte.weight.float().numpy()  # (vocab_size, d_model)
-            labels = [tok.decode([i]) for i in range(tok.vocab_size)]
-            path = figures_dir / f"embeddings_{dataset}_{variant}.png"
-            report.plot_embedding_pca(emb, labels, f"{dataset} / {variant}: token embeddings, "
-                                      f"PCA (seed {seed})", path)
-            written.append((dataset, f"{dataset} / {variant}: token embeddings, first two "
-                            "principal components", path))
+            embs[variant] = model.wte.weight.numpy()  # (vocab_size, d_model)
+        if not maps:
+            continue
+        path = figures_dir / f"attention_{dataset}.png"
+        report.plot_attention(maps, chars, f"{dataset}: last-layer attention (mean over heads), "
+                              f"held-out text, seed {seed}", path)
+        written.append((dataset, f"{dataset}: last-layer attention weights on a held-out "
+                        "sequence, per variant", path))
+        path = figures_dir / f"embeddings_{dataset}.png"
+        labels = [tok.decode([i]) for i in range(tok.vocab_size)]
+        report.plot_embedding_pca(embs, labels, f"{dataset}: token embeddings, first two "
+                                  f"principal components (seed {seed})", path)
+        written.append((dataset, f"{dataset}: token embeddings (PCA), per variant", path))
     return written
 
 

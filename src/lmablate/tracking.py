@@ -27,7 +27,7 @@ class NullTracker:
 
     @contextlib.contextmanager
     def run(self, name: str, tags: Mapping[str, Any] | None = None, *, nested: bool = False,
-            run_id: str | None = None) -> Iterator[str | None]:
+            run_id: str | None = None, parent_run_id: str | None = None) -> Iterator[str | None]:
         yield run_id
 
     def log_params(self, params: Mapping[str, Any]) -> None:
@@ -80,12 +80,14 @@ class MlflowTracker(NullTracker):
 
     @contextlib.contextmanager
     def run(self, name: str, tags: Mapping[str, Any] | None = None, *, nested: bool = False,
-            run_id: str | None = None) -> Iterator[str]:
-        """Start (or, with ``run_id``, reopen) a run; yields its id. Ends it on exit, marking it
-        FAILED if the body raised."""
+            run_id: str | None = None, parent_run_id: str | None = None) -> Iterator[str]:
+        """Start (or, with ``run_id``, reopen) a run; yields its id. ``parent_run_id`` nests it
+        under a run of another process (Optuna workers). Ends it on exit, marking it FAILED if
+        the body raised."""
         tags = {k: str(v) for k, v in (tags or {}).items()}
         with self._mlflow.start_run(run_id=run_id, run_name=None if run_id else name,
-                                    nested=nested, tags=tags) as active:
+                                    nested=nested or parent_run_id is not None,
+                                    parent_run_id=parent_run_id, tags=tags) as active:
             yield active.info.run_id
 
     def log_params(self, params: Mapping[str, Any]) -> None:

@@ -255,62 +255,90 @@ def write_csv(path: Path, rows: list[dict], columns: tuple[str, ...]) -> None:
         writer.writerows(rows)
 
 
+@dataclass(frozen=True)
+class SeedJob:
+    """One seed's training run, picklable for a worker process."""
+
+    cfg: StudyConfig
+    dataset: str
+    variant: str
+    model_cfg: ModelConfig
+    lr: float
+    seed: int
+    tokens_dir: Path
+    seed_dir: Path
+
+
+def train_seed(job: SeedJob) -> tuple[dict, list[dict], list[dict]]:
+    """Train one seed (in this or a worker process), save its checkpoint and ``summary.json``,
+    record it as one MLflow run tagged dataset/variant/seed/stage=train.
+
+    Returns (summary, history rows, gradient-stat rows).
+    """
+    from .tracking import make_tracker
+
+    cfg, seed = job.cfg, job.seed
+    tracker = make_tracker(cfg.tracking)
+    data = TokenData.load(job.tokens_dir)
+    device = resolve_device(cfg.train.device)
+    n_params, n_non_emb = count_params(job.model_cfg)
+    fpt = flops_per_token(job.model_cfg)
+    tags = {"dataset": job.dataset, "variant": job.variant, "seed": seed, "stage": "train"}
+    what = f"dataset {job.dataset}, variant {job.variant}, seed {seed}"
+    with tracker.run(f"{job.dataset}-{job.variant}-seed{seed}", tags) as run_id:
+        tracker.log_params({**job.model_cfg.to_dict(), "lr": job.lr, "steps": cfg.train.steps,
+                            "batch_size": cfg.train.batch_size, "seed": seed,
+                            "n_params": n_params, "n_params_non_embedding": n_non_emb,
+                            "flops_per_token": fpt, "device": device.type})
+        try:
+            result = train_model(job.model_cfg, cfg.train, data, seed=seed, lr=job.lr,
+                                 steps=cfg.train.steps, device=device, tracker=tracker,
+                                 desc=f"{job.dataset}/{job.variant}/seed {seed}")
+        except DivergenceError as exc:
+            raise DivergenceError(f"{what}: {exc}") from None
+        summary = {"seed": seed, "lr": job.lr, "d_model": job.model_cfg.d_model,
+                   "n_params": n_params, "n_params_non_embedding": n_non_emb,
+                   "flops_per_token": fpt, "val_loss": result.val_loss,
+                   "train_seconds": result.train_seconds,
+                   "tokens_per_second": result.tokens_per_second,
+                   "device": device.type, "mlflow_run_id": run_id}
+        tracker.log_metrics({k: summary[k] for k in ("val_loss", "train_seconds",
+                                                     "tokens_per_second")})
+        save_checkpoint(job.seed_dir / "checkpoint.pt", result, job.model_cfg,
+                        step=cfg.train.steps,
+                        meta={"dataset": job.dataset, "variant": job.variant, "seed": seed})
+        fileio.write_json(job.seed_dir / "summary.json", summary)
+        tracker.log_artifact(job.seed_dir / "checkpoint.pt", "checkpoint")
+    return summary, result.history, [{"seed": seed, **g} for g in result.grad_stats]
+
+
 def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, best_path: Path,
-        checkpoints_dir: Path, history_path: Path, grad_stats_path: Path,
-        tracker: NullTracker) -> dict:
+        checkpoints_dir: Path, history_path: Path, grad_stats_path: Path) -> dict:
     """Train ``variant`` on ``dataset`` for every seed with the tuned lr and d_model.
 
-    Writes ``checkpoints_dir/seed_<s>/checkpoint.pt`` and ``summary.json`` per seed,
+    Seeds run in parallel worker processes on a CPU (see :mod:`lmablate.parallel`). Writes
+    ``checkpoints_dir/seed_<s>/checkpoint.pt`` and ``summary.json`` per seed,
     ``history_path`` (CSV, columns :data:`HISTORY_COLUMNS`, a DVC plot) and ``grad_stats_path``
-    (CSV: seed, group, frac_near_zero, grad_norm).
-    Each seed is one MLflow run tagged dataset/variant/seed/stage=train.
+    (CSV: seed, group, frac_near_zero, grad_norm). Each seed is one MLflow run.
 
     Raises:
         ConfigError / ValueError: unknown dataset or variant, data too small for the context,
             the model fails the causality pre-flight. All raised before the first step.
         DivergenceError: a run's loss became NaN/inf (names dataset, variant, seed and step).
     """
+    from .parallel import map_jobs, threads_per_worker, worker_count
+
     cfg.dataset(dataset)
     best = fileio.read_json(best_path)
     data = TokenData.load(tokens_dir)
     model_cfg = resolve_model_config(cfg, variant, data.vocab_size, best["d_model"])
     data.check_fits(model_cfg.context_length, f"{dataset}")
     preflight(model_cfg, f"variant {variant!r}")
-    device = resolve_device(cfg.train.device)
-    n_params, n_non_emb = count_params(model_cfg)
-    fpt = flops_per_token(model_cfg)
-
-    history, grads, summaries = [], [], {}
-    for seed in cfg.seeds:
-        tags = {"dataset": dataset, "variant": variant, "seed": seed, "stage": "train"}
-        with tracker.run(f"{dataset}-{variant}-seed{seed}", tags) as run_id:
-            tracker.log_params({**model_cfg.to_dict(), "lr": best["lr"], "steps": cfg.train.steps,
-                                "batch_size": cfg.train.batch_size, "seed": seed,
-                                "n_params": n_params, "n_params_non_embedding": n_non_emb,
-                                "flops_per_token": fpt, "device": device.type})
-            what = f"dataset {dataset}, variant {variant}, seed {seed}"
-            try:
-                result = train_model(model_cfg, cfg.train, data, seed=seed, lr=best["lr"],
-                                     steps=cfg.train.steps, device=device, tracker=tracker,
-                                     desc=f"{dataset}/{variant}/seed {seed}")
-            except DivergenceError as exc:
-                raise DivergenceError(f"{what}: {exc}") from None
-            summary = {"seed": seed, "lr": best["lr"], "d_model": best["d_model"],
-                       "n_params": n_params, "n_params_non_embedding": n_non_emb,
-                       "flops_per_token": fpt, "val_loss": result.val_loss,
-                       "train_seconds": result.train_seconds,
-                       "tokens_per_second": result.tokens_per_second,
-                       "device": device.type, "mlflow_run_id": run_id}
-            tracker.log_metrics({k: summary[k] for k in ("val_loss", "train_seconds",
-                                                         "tokens_per_second")})
-            seed_dir = checkpoints_dir / f"seed_{seed}"
-            save_checkpoint(seed_dir / "checkpoint.pt", result, model_cfg, step=cfg.train.steps,
-                            meta={"dataset": dataset, "variant": variant, "seed": seed})
-            fileio.write_json(seed_dir / "summary.json", summary)
-            tracker.log_artifact(seed_dir / "checkpoint.pt", "checkpoint")
-        history += result.history
-        grads += [{"seed": seed, **g} for g in result.grad_stats]
-        summaries[f"seed_{seed}"] = summary
-    write_csv(history_path, history, HISTORY_COLUMNS)
-    write_csv(grad_stats_path, grads, ("seed", "group", "frac_near_zero", "grad_norm"))
-    return summaries
+    jobs = [SeedJob(cfg, dataset, variant, model_cfg, best["lr"], seed, tokens_dir,
+                    checkpoints_dir / f"seed_{seed}") for seed in cfg.seeds]
+    workers = worker_count(cfg.train, len(jobs), resolve_device(cfg.train.device))
+    results = map_jobs(train_seed, jobs, workers, threads_per_worker(cfg.train, workers))
+    write_csv(history_path, [row for _, rows, _ in results for row in rows], HISTORY_COLUMNS)
+    write_csv(grad_stats_path, [row for _, _, rows in results for row in rows],
+              ("seed", "group", "frac_near_zero", "grad_norm"))
+    return {f"seed_{summary['seed']}": summary for summary, _, _ in results}
