@@ -299,9 +299,11 @@ class TuneConfig:
     storage: str = "sqlite:///optuna.db"
     sampler_seed: int = 0
     pruner: str = "median"
+    heartbeat_seconds: int = 10  # a trial silent for 4 heartbeats is failed and retried
 
     def __post_init__(self) -> None:
         _check_int("tune.n_trials", self.n_trials)
+        _check_int("tune.heartbeat_seconds", self.heartbeat_seconds)
         _check_int("tune.steps", self.steps)
         _check_positive("tune.lr_low", self.lr_low)
         _check_positive("tune.lr_high", self.lr_high)

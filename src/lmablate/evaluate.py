@@ -136,7 +136,7 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, raw_dir:
     runs, examples = {}, {}
     for seed in cfg.seeds:
         seed_dir = checkpoints_dir / f"seed_{seed}"
-        summary = fileio.read_json(seed_dir / "summary.json")
+        summary = fileio.read_json(seed_dir / "result.json")["summary"]
         model, ckpt = load_checkpoint(seed_dir / "checkpoint.pt", device)
         if ckpt["model_config"]["vocab_size"] != tok.vocab_size:
             raise ValueError(f"{seed_dir / 'checkpoint.pt'}: vocab_size "

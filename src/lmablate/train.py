@@ -7,6 +7,7 @@ comparisons across variants are paired. Losses are mean cross-entropy in nats pe
 from __future__ import annotations
 
 import csv
+import hashlib
 import math
 import time
 from dataclasses import dataclass, field
@@ -42,11 +43,20 @@ class TokenData:
     test: np.ndarray
     vocab_size: int
 
+    tokens_dir: Path | None = None
+
     @classmethod
     def load(cls, tokens_dir: Path) -> "TokenData":
         tok = load_tokenizer(tokens_dir)
         return cls(*(load_split(tokens_dir, s) for s in ("train", "val", "test")),
-                   vocab_size=tok.vocab_size)
+                   vocab_size=tok.vocab_size, tokens_dir=Path(tokens_dir))
+
+    def fingerprint(self) -> str:
+        """Hash of the training and validation tokens (ties resume states to their data)."""
+        h = hashlib.sha256()
+        for split in (self.train, self.val):
+            h.update(np.ascontiguousarray(split).tobytes())
+        return h.hexdigest()[:16]
 
     def check_fits(self, context_length: int, what: str) -> None:
         """Raise ValueError unless every split holds at least one window of context_length+1."""
@@ -134,15 +144,42 @@ class TrainResult:
     grad_stats: list[dict] = field(default_factory=list)
 
 
+def code_version() -> str:
+    """Hash of the sources that define a training run (model and training loop): a resume state
+    written by other code is not resumed."""
+    h = hashlib.sha256()
+    for name in ("model.py", "train.py"):
+        h.update((Path(__file__).with_name(name)).read_bytes())
+    return h.hexdigest()[:16]
+
+
+def load_resume(path: Path | None, fingerprint: str) -> dict | None:
+    """The resume state at ``path`` if it exists and was written for ``fingerprint``."""
+    if path is None or not path.exists():
+        return None
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception:  # noqa: BLE001 - an unreadable state is ignored, training starts over
+        return None
+    return state if state.get("fingerprint") == fingerprint else None
+
+
 def train_model(model_cfg: ModelConfig, cfg: TrainConfig, data: TokenData, *, seed: int,
                 lr: float, steps: int, device: torch.device,
                 on_eval: Callable[[int, float], None] | None = None,
-                tracker: NullTracker | None = None, desc: str = "train") -> TrainResult:
-    """Train a fresh GPT for ``steps`` optimizer steps and return it with its loss history.
+                tracker: NullTracker | None = None, desc: str = "train",
+                resume_path: Path | None = None, fingerprint: str = "",
+                resume_meta: dict | None = None) -> TrainResult:
+    """Train a GPT for ``steps`` optimizer steps and return it with its loss history.
 
     ``seed`` fixes initialisation and the training batch order (paired across variants).
     ``on_eval(step, val_loss)`` is called at every eval interval and may raise to stop (Optuna
     pruning). Metrics are logged to ``tracker`` at every eval interval, indexed by step.
+
+    With ``resume_path``, the full training state (model, optimizer, scheduler, RNG states,
+    step, history, ``resume_meta``) is saved there atomically at every eval interval, and a
+    state saved with the same ``fingerprint`` is resumed: the run then ends with the same
+    weights and metrics as an uninterrupted one.
 
     Raises:
         DivergenceError: the training loss is NaN/inf (names the step).
@@ -158,8 +195,19 @@ def train_model(model_cfg: ModelConfig, cfg: TrainConfig, data: TokenData, *, se
     result = TrainResult(model=model, optimizer=opt)
     tracker = tracker or NullTracker()
 
-    start, train_time, running = time.perf_counter(), 0.0, []
-    bar = tqdm(range(1, steps + 1), desc=desc, mininterval=2.0, leave=False)
+    first, train_time, running = 1, 0.0, []
+    state = load_resume(resume_path, fingerprint)
+    if state is not None:
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        sched.load_state_dict(state["scheduler"])
+        g_train.set_state(state["rng_train"])
+        torch.set_rng_state(state["rng_global"])
+        result.history, train_time, first = state["history"], state["train_time"], state["step"] + 1
+    start = time.perf_counter() - (result.history[-1]["elapsed_seconds"] if result.history else 0)
+
+    bar = tqdm(range(first, steps + 1), desc=desc, mininterval=2.0, leave=False,
+               initial=first - 1, total=steps)
     for step in bar:
         t0 = time.perf_counter()
         x, y = get_batch(data.train, B, T, g_train, device)
@@ -186,6 +234,14 @@ def train_model(model_cfg: ModelConfig, cfg: TrainConfig, data: TokenData, *, se
             result.history.append(row)
             tracker.log_metrics({k: row[k] for k in ("train_loss", "val_loss", "lr")}, step=step)
             bar.set_postfix(val_loss=f"{val_loss:.3f}")
+            if resume_path is not None:
+                state = {"fingerprint": fingerprint, "step": step, "model": model.state_dict(),
+                         "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+                         "rng_train": g_train.get_state(), "rng_global": torch.get_rng_state(),
+                         "history": result.history, "train_time": train_time,
+                         "meta": resume_meta or {}}
+                with fileio.atomic_path(resume_path) as tmp:
+                    torch.save(state, tmp)
             if on_eval is not None:
                 on_eval(step, val_loss)
     bar.close()
@@ -269,31 +325,47 @@ class SeedJob:
     seed_dir: Path
 
 
-def train_seed(job: SeedJob) -> tuple[dict, list[dict], list[dict]]:
-    """Train one seed (in this or a worker process), save its checkpoint and ``summary.json``,
-    record it as one MLflow run tagged dataset/variant/seed/stage=train.
+def train_seed(job: SeedJob) -> dict:
+    """Train one seed (in this or a worker process) and record it as one MLflow run tagged
+    dataset/variant/seed/stage=train.
 
-    Returns (summary, history rows, gradient-stat rows).
+    Writes ``seed_dir/checkpoint.pt`` and ``seed_dir/result.json`` (``fingerprint``,
+    ``summary``, ``history``, ``grad_stats``). A seed whose ``result.json`` has the current
+    fingerprint is not trained again; an interrupted one resumes from ``seed_dir/resume.pt``.
+    Returns the ``result.json`` content.
     """
     from .tracking import make_tracker
 
     cfg, seed = job.cfg, job.seed
-    tracker = make_tracker(cfg.tracking)
     data = TokenData.load(job.tokens_dir)
+    fingerprint = cfg.fingerprint(job.model_cfg, cfg.train, job.lr, seed, code_version(),
+                                  data.fingerprint())
+    result_path, resume_path = job.seed_dir / "result.json", job.seed_dir / "resume.pt"
+    if result_path.exists() and (job.seed_dir / "checkpoint.pt").exists():
+        done = fileio.read_json(result_path)
+        if done.get("fingerprint") == fingerprint:
+            return done
+    tracker = make_tracker(cfg.tracking)
     device = resolve_device(cfg.train.device)
     n_params, n_non_emb = count_params(job.model_cfg)
     fpt = flops_per_token(job.model_cfg)
     tags = {"dataset": job.dataset, "variant": job.variant, "seed": seed, "stage": "train"}
     what = f"dataset {job.dataset}, variant {job.variant}, seed {seed}"
-    with tracker.run(f"{job.dataset}-{job.variant}-seed{seed}", tags) as run_id:
-        tracker.log_params({**job.model_cfg.to_dict(), "lr": job.lr, "steps": cfg.train.steps,
-                            "batch_size": cfg.train.batch_size, "seed": seed,
-                            "n_params": n_params, "n_params_non_embedding": n_non_emb,
-                            "flops_per_token": fpt, "device": device.type})
+    resumed = load_resume(resume_path, fingerprint)
+    run_id = resumed["meta"].get("mlflow_run_id") if resumed else None
+    with tracker.run(f"{job.dataset}-{job.variant}-seed{seed}", tags, run_id=run_id) as run_id:
+        if resumed is None:
+            tracker.log_params({**job.model_cfg.to_dict(), "lr": job.lr,
+                                "steps": cfg.train.steps, "batch_size": cfg.train.batch_size,
+                                "seed": seed, "n_params": n_params,
+                                "n_params_non_embedding": n_non_emb, "flops_per_token": fpt,
+                                "device": device.type})
         try:
             result = train_model(job.model_cfg, cfg.train, data, seed=seed, lr=job.lr,
                                  steps=cfg.train.steps, device=device, tracker=tracker,
-                                 desc=f"{job.dataset}/{job.variant}/seed {seed}")
+                                 desc=f"{job.dataset}/{job.variant}/seed {seed}",
+                                 resume_path=resume_path, fingerprint=fingerprint,
+                                 resume_meta={"mlflow_run_id": run_id})
         except DivergenceError as exc:
             raise DivergenceError(f"{what}: {exc}") from None
         summary = {"seed": seed, "lr": job.lr, "d_model": job.model_cfg.d_model,
@@ -307,9 +379,12 @@ def train_seed(job: SeedJob) -> tuple[dict, list[dict], list[dict]]:
         save_checkpoint(job.seed_dir / "checkpoint.pt", result, job.model_cfg,
                         step=cfg.train.steps,
                         meta={"dataset": job.dataset, "variant": job.variant, "seed": seed})
-        fileio.write_json(job.seed_dir / "summary.json", summary)
+        done = {"fingerprint": fingerprint, "summary": summary, "history": result.history,
+                "grad_stats": [{"seed": seed, **g} for g in result.grad_stats]}
+        fileio.write_json(result_path, done)
+        resume_path.unlink(missing_ok=True)
         tracker.log_artifact(job.seed_dir / "checkpoint.pt", "checkpoint")
-    return summary, result.history, [{"seed": seed, **g} for g in result.grad_stats]
+    return done
 
 
 def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, best_path: Path,
@@ -317,7 +392,8 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, best_pat
     """Train ``variant`` on ``dataset`` for every seed with the tuned lr and d_model.
 
     Seeds run in parallel worker processes on a CPU (see :mod:`lmablate.parallel`). Writes
-    ``checkpoints_dir/seed_<s>/checkpoint.pt`` and ``summary.json`` per seed,
+    ``checkpoints_dir/seed_<s>/checkpoint.pt`` and ``result.json`` per seed (see
+    :func:`train_seed`; interrupted seeds resume, finished ones are kept),
     ``history_path`` (CSV, columns :data:`HISTORY_COLUMNS`, a DVC plot) and ``grad_stats_path``
     (CSV: seed, group, frac_near_zero, grad_norm). Each seed is one MLflow run.
 
@@ -338,7 +414,7 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, best_pat
                     checkpoints_dir / f"seed_{seed}") for seed in cfg.seeds]
     workers = worker_count(cfg.train, len(jobs), resolve_device(cfg.train.device))
     results = map_jobs(train_seed, jobs, workers, threads_per_worker(cfg.train, workers))
-    write_csv(history_path, [row for _, rows, _ in results for row in rows], HISTORY_COLUMNS)
-    write_csv(grad_stats_path, [row for _, _, rows in results for row in rows],
+    write_csv(history_path, [row for r in results for row in r["history"]], HISTORY_COLUMNS)
+    write_csv(grad_stats_path, [row for r in results for row in r["grad_stats"]],
               ("seed", "group", "frac_near_zero", "grad_norm"))
-    return {f"seed_{summary['seed']}": summary for summary, _, _ in results}
+    return {f"seed_{r['summary']['seed']}": r["summary"] for r in results}

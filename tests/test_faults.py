@@ -1,0 +1,174 @@
+"""Faults: a killed training run resumes to the same result; a killed tuning run keeps its
+trials and finishes the requested count; divergence stops with a clear error or fails a trial."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+import torch
+import yaml
+
+from lmablate import config, tune
+from lmablate.config import TrainConfig
+from lmablate.data import generate
+from lmablate.tokenizer import tokenize
+from lmablate.tracking import NullTracker
+from lmablate.train import TokenData, resolve_model_config, train_model
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+def tiny_raw(tmp_path: Path) -> dict:
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    raw["study"].update(seeds=[0], variants=["baseline"], datasets=["arithmetic"])
+    raw["datasets"]["arithmetic"].update(n_train=2000, n_test=16)
+    raw["model"].update(context_length=16, n_layers=1, n_heads=2, d_model=16)
+    raw["train"].update(steps=400, eval_interval=10, eval_iters=1, warmup_steps=5, batch_size=4,
+                        workers=1)
+    raw["tune"].update(n_trials=4, steps=150, d_model_choices=[16], heartbeat_seconds=1,
+                       pruner="none", storage=f"sqlite:///{tmp_path / 'optuna.db'}")
+    raw["tracking"]["enabled"] = False
+    return raw
+
+
+@pytest.fixture()
+def project(tmp_path):
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(tiny_raw(tmp_path)))
+    cfg = config.load(tmp_path / "params.yaml")
+    generate(cfg.dataset("arithmetic"), tmp_path / "raw")
+    tokenize(cfg.dataset("arithmetic"), tmp_path / "raw", tmp_path / "tokens")
+    (tmp_path / "best.json").write_text(json.dumps({"lr": 3e-3, "d_model": 16}))
+    return tmp_path
+
+
+def lmablate(project: Path, *args: str) -> subprocess.Popen:
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
+    env.pop("LMABLATE_OPTUNA_STORAGE", None)
+    return subprocess.Popen(["lmablate", *args], cwd=project, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def train_cmd(out: str) -> list[str]:
+    return ["train", "arithmetic", "baseline", "--tokens", "tokens", "--best", "best.json",
+            "--checkpoints", f"{out}/ck", "--history", f"{out}/history.csv",
+            "--grad-stats", f"{out}/grad.csv"]
+
+
+def wait_for(predicate, timeout: float, what: str) -> None:
+    end = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def test_resume_in_process_equals_uninterrupted(project):
+    cfg = config.load(project / "params.yaml")
+    data = TokenData.load(project / "tokens")
+    model_cfg = resolve_model_config(cfg, "baseline", data.vocab_size, 16)
+    kw = dict(seed=0, lr=3e-3, steps=60, device=torch.device("cpu"))
+    train_cfg = TrainConfig(**{**cfg.train.__dict__, "steps": 60})
+    full = train_model(model_cfg, train_cfg, data, **kw)
+
+    class Crash(Exception):
+        pass
+
+    def crash_at_30(step, _):
+        if step == 30:
+            raise Crash
+
+    state = project / "resume.pt"
+    with pytest.raises(Crash):
+        train_model(model_cfg, train_cfg, data, **kw, resume_path=state, fingerprint="f",
+                    on_eval=crash_at_30)
+    assert torch.load(state, weights_only=False)["step"] == 30
+    resumed = train_model(model_cfg, train_cfg, data, **kw, resume_path=state, fingerprint="f")
+    assert [r["val_loss"] for r in resumed.history] == pytest.approx(
+        [r["val_loss"] for r in full.history], abs=1e-6)
+    for a, b in zip(full.model.state_dict().values(), resumed.model.state_dict().values()):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+    # a state written for other settings is not resumed
+    other = train_model(model_cfg, train_cfg, data, **kw, resume_path=state, fingerprint="g")
+    assert other.history[0]["step"] == 10
+
+
+def test_kill_9_during_train_then_rerun_gives_the_same_result(project):
+    reference = lmablate(project, *train_cmd("ref"))
+    assert reference.wait(timeout=300) == 0, reference.stderr.read()
+    victim = lmablate(project, *train_cmd("out"))
+    resume = project / "out" / "ck" / "seed_0" / "resume.pt"
+    wait_for(resume.exists, 120, "the first resume state")
+    time.sleep(0.3)
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    assert not (project / "out" / "ck" / "seed_0" / "result.json").exists()
+    killed_at = torch.load(resume, weights_only=False)["step"]
+    assert 0 < killed_at < 400
+    again = lmablate(project, *train_cmd("out"))
+    assert again.wait(timeout=300) == 0, again.stderr.read()
+    ref = json.loads((project / "ref" / "ck" / "seed_0" / "result.json").read_text())
+    out = json.loads((project / "out" / "ck" / "seed_0" / "result.json").read_text())
+    assert out["summary"]["val_loss"] == pytest.approx(ref["summary"]["val_loss"], abs=1e-6)
+    assert [r["step"] for r in out["history"]] == [r["step"] for r in ref["history"]]
+    assert [r["val_loss"] for r in out["history"]] == pytest.approx(
+        [r["val_loss"] for r in ref["history"]], abs=1e-6)
+    assert not resume.exists()  # the finished seed keeps only its checkpoint and result
+
+
+def test_kill_9_during_tune_keeps_trials_and_finishes_the_count(project):
+    victim = lmablate(project, "tune", "arithmetic", "baseline", "--tokens", "tokens",
+                      "--best", "t/best.json", "--trials", "t/trials.csv")
+    cfg = config.load(project / "params.yaml")
+    name = tune.study_name(cfg, "arithmetic", "baseline")
+    storage = cfg.tune.storage_url
+
+    def n_complete() -> int:
+        try:
+            study = optuna.load_study(study_name=name, storage=storage)
+        except KeyError:
+            return 0
+        return sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
+
+    wait_for(lambda: n_complete() >= 1, 180, "a completed trial")
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    again = lmablate(project, "tune", "arithmetic", "baseline", "--tokens", "tokens",
+                     "--best", "t/best.json", "--trials", "t/trials.csv")
+    assert again.wait(timeout=300) == 0, again.stderr.read()
+    study = optuna.load_study(study_name=name, storage=storage)
+    states = [t.state for t in study.trials]
+    assert states.count(optuna.trial.TrialState.COMPLETE) == 4
+    assert optuna.trial.TrialState.RUNNING not in states
+    assert json.loads((project / "t" / "best.json").read_text())["n_trials"] == 4
+
+
+def test_final_run_divergence_names_dataset_variant_seed_and_step(project):
+    (project / "best.json").write_text(json.dumps({"lr": 1e6, "d_model": 16}))
+    proc = lmablate(project, *train_cmd("out"))
+    assert proc.wait(timeout=300) == 2
+    err = proc.stderr.read()
+    assert "dataset arithmetic, variant baseline, seed 0" in err and "at step" in err
+
+
+def test_diverging_trial_is_failed_with_reason_and_the_study_goes_on(project):
+    raw = tiny_raw(project)
+    raw["tune"].update(lr_low=1e-3, lr_high=1e7, n_trials=4, steps=20)
+    cfg = config.parse(raw)
+    try:
+        tune.run(cfg, "arithmetic", "baseline", project / "tokens", project / "b.json",
+                 project / "t.csv", NullTracker())
+    except RuntimeError as exc:  # every trial may diverge at such rates
+        assert "no trial" in str(exc)
+    study = optuna.load_study(study_name=tune.study_name(cfg, "arithmetic", "baseline"),
+                              storage=cfg.tune.storage_url)
+    failed = [t for t in study.trials if t.state == optuna.trial.TrialState.FAIL]
+    assert failed, "some trial at a learning rate up to 1e7 should diverge"
+    assert all("training loss is" in t.user_attrs["fail_reason"] for t in failed)
+    assert len(study.trials) >= 4
