@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import time
 import warnings
 
 import optuna
@@ -26,20 +27,55 @@ from .train import (DivergenceError, TokenData, preflight, resolve_device, resol
 # one will finish (or, if its worker died, be failed by the heartbeat check and retried).
 FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
 COUNTED = FINISHED + (optuna.trial.TrialState.RUNNING,)
-HEARTBEAT_SECONDS = 10
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 
 
-def make_storage(url: str) -> optuna.storages.BaseStorage:
+def make_storage(url: str, heartbeat_seconds: int = 10) -> optuna.storages.BaseStorage:
     """Optuna RDB storage for ``url``, with a heartbeat so that a trial whose worker died is
     marked FAIL and retried (Optuna's RetryFailedTrialCallback) instead of staying RUNNING.
     SQLite gets a generous lock timeout so that parallel workers wait rather than fail with
-    "database is locked"."""
-    engine_kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else None
-    return optuna.storages.RDBStorage(
-        url, engine_kwargs=engine_kwargs, heartbeat_interval=HEARTBEAT_SECONDS,
-        grace_period=4 * HEARTBEAT_SECONDS,
-        heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=2))
+    "database is locked"; PostgreSQL a connect timeout so that an unreachable host fails soon.
+
+    Raises:
+        RuntimeError: the database cannot be reached or used, or its driver is missing (the
+            message names the URL, password hidden, and ``LMABLATE_OPTUNA_STORAGE``).
+    """
+    import sqlalchemy
+
+    if url.startswith("sqlite"):
+        engine_kwargs = {"connect_args": {"timeout": 60}}
+    elif url.startswith("postgresql"):
+        engine_kwargs = {"connect_args": {"connect_timeout": 10}}
+    else:
+        engine_kwargs = None
+    try:
+        shown = sqlalchemy.engine.make_url(url).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 - not a URL at all; RDBStorage below says so
+        shown = url
+    # Workers that start together on a fresh database race to create Optuna's tables; the loser
+    # of that race fails once and finds the tables on its next attempt.
+    for attempt in range(3):
+        try:
+            return optuna.storages.RDBStorage(
+                url, engine_kwargs=engine_kwargs, heartbeat_interval=heartbeat_seconds,
+                grace_period=4 * heartbeat_seconds,
+                heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(
+                    max_retry=2))
+        except (ImportError, sqlalchemy.exc.ArgumentError) as exc:
+            error = exc
+            break
+        except sqlalchemy.exc.SQLAlchemyError as exc:
+            error = exc
+            if attempt < 2:
+                time.sleep(0.5 + attempt)
+    hint = ("; install the database's driver (PostgreSQL: pip install 'lmablate[postgres]' and "
+            "a postgresql+psycopg2:// URL)" if isinstance(error, ImportError) else "")
+    cause = error.__cause__ if isinstance(error, ImportError) and error.__cause__ else error
+    detail = str(getattr(cause, "orig", None) or cause).strip().splitlines()
+    raise RuntimeError(
+        f"Optuna storage {shown!r} cannot be used ({type(cause).__name__}: "
+        f"{(detail[0] if detail else '')[:200]}){hint}; set LMABLATE_OPTUNA_STORAGE or "
+        "tune.storage to a reachable database") from None
 
 
 def make_pruner(name: str, n_startup_trials: int) -> optuna.pruners.BasePruner:
@@ -66,7 +102,8 @@ def study_name(cfg: StudyConfig, dataset: str, variant: str) -> str:
 def load_study(cfg: StudyConfig, dataset: str, variant: str, sampler_seed: int) -> optuna.Study:
     """Create or load the study of ``dataset`` x ``variant`` in ``tune.storage``."""
     return optuna.create_study(
-        study_name=study_name(cfg, dataset, variant), storage=make_storage(cfg.tune.storage_url),
+        study_name=study_name(cfg, dataset, variant),
+        storage=make_storage(cfg.tune.storage_url, cfg.tune.heartbeat_seconds),
         load_if_exists=True, direction="minimize",
         sampler=optuna.samplers.TPESampler(seed=sampler_seed),
         pruner=make_pruner(cfg.tune.pruner, n_startup_trials=max(1, cfg.tune.n_trials // 4)))
@@ -163,12 +200,24 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, best_pat
         tracker.log_params({"n_trials": tune.n_trials, "steps": tune.steps,
                             "lr_low": tune.lr_low, "lr_high": tune.lr_high,
                             "d_model_choices": list(tune.d_model_choices), "pruner": tune.pruner})
-        remaining = tune.n_trials - sum(t.state in FINISHED for t in study.trials)
-        workers = worker_count(cfg.train, max(remaining, 1), resolve_device(cfg.train.device))
-        if remaining > 0:
+        while True:
+            trials = study.trials
+            finished = sum(t.state in FINISHED for t in trials)
+            if finished >= tune.n_trials:
+                break
+            if sum(t.state in COUNTED for t in trials) >= tune.n_trials:
+                # Trials still RUNNING: live workers elsewhere, or workers that were killed.
+                # Wait; Optuna fails a trial whose heartbeat stopped and queues a retry.
+                optuna.storages.fail_stale_trials(study)
+                time.sleep(tune.heartbeat_seconds)
+                continue
+            remaining = tune.n_trials - finished
+            workers = worker_count(cfg.train, remaining, resolve_device(cfg.train.device))
             jobs = [TuneJob(cfg, dataset, variant, tokens_dir, w, parent_run_id)
                     for w in range(workers)]
             map_jobs(tune_worker, jobs, workers, threads_per_worker(cfg.train, workers))
+            if sum(t.state in FINISHED for t in study.trials) == finished:
+                break  # every new trial failed (e.g. diverged); reported below
         trials = study.trials
         if not any(t.state == optuna.trial.TrialState.COMPLETE for t in trials):
             raise RuntimeError(f"tune {dataset}/{variant}: no trial of study {study.study_name} "
@@ -177,7 +226,8 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, best_pat
         result = {"lr": best.params["lr"], "d_model": best.params["d_model"],
                   "val_loss": best.value, "study_name": study.study_name, "trial": best.number,
                   "n_trials": sum(t.state in FINISHED for t in trials),
-                  "steps": sum(len(t.intermediate_values) * cfg.train.eval_interval
+                  # training steps spent: each trial's last reported step (pruned ones stop early)
+                  "steps": sum(max(t.intermediate_values, default=0)
                                for t in trials if t.state in FINISHED)}
         tracker.log_metrics({"best_val_loss": best.value})
         tracker.log_params({"best_lr": result["lr"], "best_d_model": result["d_model"]})
