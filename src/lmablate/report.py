@@ -26,9 +26,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
-import tempfile
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
@@ -44,6 +42,7 @@ from matplotlib.ticker import (FuncFormatter, LogLocator, NullFormatter,
 from scipy import stats
 from statsmodels.stats.multitest import multipletests
 
+from lmablate import fileio
 from lmablate.config import StudyConfig
 
 BASELINE = "baseline"
@@ -352,30 +351,14 @@ def compare(df: pd.DataFrame, baseline: str = BASELINE, alpha: float = ALPHA,
 # Writing files atomically
 # --------------------------------------------------------------------------------------------
 
-@contextmanager
-def _atomic_path(path: Path) -> Iterator[Path]:
-    """Yield a temporary path next to ``path``; rename it over ``path`` on success, so a
-    reader (DVC, MLflow, a browser) never sees a half-written file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        yield Path(tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
 def _write_text(path: Path, text: str) -> Path:
-    with _atomic_path(path) as tmp:
+    with fileio.atomic_path(path) as tmp:
         tmp.write_text(text, encoding="utf-8")
     return Path(path)
 
 
 def _write_csv(df: pd.DataFrame, path: Path) -> Path:
-    with _atomic_path(path) as tmp:
+    with fileio.atomic_path(path) as tmp:
         df.to_csv(tmp, index=False)
     return Path(path)
 
@@ -397,7 +380,7 @@ def _figure(path: Path, figsize: tuple[float, float] = (7.5, 4.5), nrows: int = 
         fig = Figure(figsize=figsize, dpi=DPI, layout="constrained")
         axes = fig.subplots(nrows, ncols, squeeze=False, **subplot_kw)
         yield fig, axes
-        with _atomic_path(path) as tmp:
+        with fileio.atomic_path(path) as tmp:
             fig.savefig(tmp, format="png", dpi=DPI)
 
 

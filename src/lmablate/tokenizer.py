@@ -29,7 +29,8 @@ from typing import Iterable
 import numpy as np
 
 from lmablate.config import DatasetConfig
-from lmablate.data import atomic_writer, read_text_file, write_text_atomic
+from lmablate import fileio
+from lmablate.data import read_text_file
 
 __all__ = [
     "TokenizerError", "CharTokenizer", "UNK", "UNK_ID", "SPLITS", "VOCAB_FORMAT",
@@ -151,7 +152,7 @@ class CharTokenizer:
 
     def save(self, path: Path) -> None:
         """Write :meth:`to_dict` as JSON to ``path``, atomically."""
-        write_text_atomic(Path(path), json.dumps(self.to_dict(), indent=1) + "\n")
+        fileio.write_text(Path(path), json.dumps(self.to_dict(), indent=1) + "\n")
 
     @classmethod
     def load(cls, path: Path) -> "CharTokenizer":
@@ -276,7 +277,7 @@ def tokenize(cfg: DatasetConfig, raw_dir: Path, out_dir: Path) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     tok.save(out_dir / "vocab.json")
     for split in SPLITS:
-        with atomic_writer(out_dir / f"{split}.bin") as f:
+        with fileio.atomic_writer(out_dir / f"{split}.bin") as f:
             f.write(tok.encode(pieces[split]).astype(tok.dtype).tobytes())
     meta = {
         "dataset": cfg.name, "vocab_size": tok.vocab_size, "dtype": tok.dtype.name,
@@ -285,7 +286,7 @@ def tokenize(cfg: DatasetConfig, raw_dir: Path, out_dir: Path) -> dict:
         "split": {"val": cfg.split.val, "test": cfg.split.test},
         "strip_newlines": cfg.strip_newlines, "test_from_file": test_from_file,
     }
-    write_text_atomic(out_dir / "meta.json", json.dumps(meta, indent=1) + "\n")
+    fileio.write_text(out_dir / "meta.json", json.dumps(meta, indent=1) + "\n")
     return meta
 
 
