@@ -172,3 +172,30 @@ def test_diverging_trial_is_failed_with_reason_and_the_study_goes_on(project):
     assert failed, "some trial at a learning rate up to 1e7 should diverge"
     assert all("training loss is" in t.user_attrs["fail_reason"] for t in failed)
     assert len(study.trials) >= 4
+
+
+def children(pid: int) -> set[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+    return {int(p) for p in out.split()}
+
+
+def alive(pid: int) -> bool:
+    """Running or sleeping; a zombie (exited, not yet reaped) counts as gone."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    return "\nState:\tZ" not in status
+
+
+def test_kill_9_of_a_stage_takes_its_worker_processes_with_it(project):
+    raw = tiny_raw(project)
+    raw["study"]["seeds"] = [0, 1]
+    raw["train"]["workers"] = 2
+    (project / "params.yaml").write_text(yaml.safe_dump(raw))
+    victim = lmablate(project, *train_cmd("out"))
+    wait_for(lambda: len(children(victim.pid)) >= 2, 60, "two worker processes")
+    workers = children(victim.pid)
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    wait_for(lambda: not any(alive(p) for p in workers), 10, "the workers to exit")

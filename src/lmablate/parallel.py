@@ -7,8 +7,11 @@ one process already keeps the device busy and jobs run one after another.
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
 import os
+import signal
+import sys
 from concurrent.futures import ProcessPoolExecutor
 from typing import Callable, Sequence, TypeVar
 
@@ -16,6 +19,7 @@ import torch
 
 from .config import TrainConfig
 
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 J = TypeVar("J")
 R = TypeVar("R")
 
@@ -34,8 +38,14 @@ def threads_per_worker(cfg: TrainConfig, workers: int) -> int:
     return cfg.threads or max(1, (os.cpu_count() or 1) // workers)
 
 
-def _init_worker(threads: int) -> None:
+def _init_worker(threads: int, parent: int) -> None:
     torch.set_num_threads(threads)
+    if sys.platform == "linux":
+        # Die with the parent: a stage killed with SIGKILL must not leave workers that keep
+        # writing its checkpoints while the stage is run again.
+        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # the parent died before the line above took effect
+        os._exit(1)
 
 
 def map_jobs(fn: Callable[[J], R], jobs: Sequence[J], workers: int, threads: int) -> list[R]:
@@ -49,7 +59,7 @@ def map_jobs(fn: Callable[[J], R], jobs: Sequence[J], workers: int, threads: int
         return [fn(job) for job in jobs]
     ctx = multiprocessing.get_context("spawn")  # fork after torch/OpenMP start-up can hang
     with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker,
-                             initargs=(threads,)) as pool:
+                             initargs=(threads, os.getpid())) as pool:
         futures = [pool.submit(fn, job) for job in jobs]
         try:
             return [f.result() for f in futures]

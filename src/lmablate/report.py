@@ -418,7 +418,7 @@ def plot_val_loss_curves(history: pd.DataFrame, dataset: str, path: Path,
     h = h.dropna(subset=["val_loss"])
     order = _order(h["variant"], order)
     n_seeds = h.groupby("variant")["seed"].nunique().max()
-    with _figure(path) as (fig, axes):
+    with _figure(path, figsize=(8.5, 4.8)) as (fig, axes):
         ax = axes[0, 0]
         sns.lineplot(data=h, x="step", y="val_loss", hue="variant", hue_order=order,
                      palette=_palette(order), errorbar="sd", marker="o", markersize=4, ax=ax)
@@ -426,7 +426,8 @@ def plot_val_loss_curves(history: pd.DataFrame, dataset: str, path: Path,
                      f"(mean over {n_seeds} seed(s), band = ±1 SD)")
         ax.set_xlabel("optimizer step")
         ax.set_ylabel("validation loss (nats/token)")
-        ax.legend(title="variant")
+        # outside the axes: with a dozen variants an inner legend hides the curves
+        ax.legend(title="variant", loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
     return Path(path)
 
 
