@@ -109,6 +109,22 @@ def load_study(cfg: StudyConfig, dataset: str, variant: str, sampler_seed: int) 
         pruner=make_pruner(cfg.tune.pruner, n_startup_trials=max(1, cfg.tune.n_trials // 4)))
 
 
+class SurplusTrial(Exception):
+    """A trial that another worker's trials made one too many (see :func:`is_surplus`)."""
+
+
+def is_surplus(study: optuna.Study, trial: optuna.Trial, n_trials: int) -> bool:
+    """True if ``n_trials`` counted trials were created before ``trial``.
+
+    MaxTrialsCallback checks the count before a worker creates its next trial, so two workers
+    whose trials end at the same moment can both start one more. Optuna numbers trials one at a
+    time (it locks the study row), so counting the trials numbered below this one is exact: a
+    surplus trial ends as FAIL without training, and the study keeps exactly ``n_trials``
+    finished trials."""
+    return sum(t.number < trial.number
+               for t in study.get_trials(deepcopy=False, states=COUNTED)) >= n_trials
+
+
 @dataclass(frozen=True)
 class TuneJob:
     """One Optuna worker, picklable for a worker process."""
@@ -136,6 +152,11 @@ def tune_worker(job: TuneJob) -> int:
 
     def objective(trial: optuna.Trial) -> float:
         nonlocal ran
+        if is_surplus(study, trial, tune.n_trials):
+            study.stop()
+            reason = f"surplus: {tune.n_trials} trials had started before it (tune.n_trials)"
+            trial.set_user_attr("fail_reason", reason)
+            raise SurplusTrial(reason)
         ran += 1
         lr = trial.suggest_float("lr", tune.lr_low, tune.lr_high, log=True)
         d_model = trial.suggest_categorical("d_model", list(tune.d_model_choices))
@@ -165,7 +186,7 @@ def tune_worker(job: TuneJob) -> int:
         # MaxTrialsCallback counts trials in the shared storage, so resumed studies and several
         # workers (processes or machines) stop together at n_trials; n_trials also caps this
         # worker should every trial diverge.
-        study.optimize(objective, n_trials=tune.n_trials, catch=(DivergenceError,),
+        study.optimize(objective, n_trials=tune.n_trials, catch=(DivergenceError, SurplusTrial),
                        callbacks=[optuna.study.MaxTrialsCallback(tune.n_trials, states=COUNTED)])
     return ran
 
@@ -216,7 +237,9 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, best_pat
             jobs = [TuneJob(cfg, dataset, variant, tokens_dir, w, parent_run_id)
                     for w in range(workers)]
             map_jobs(tune_worker, jobs, workers, threads_per_worker(cfg.train, workers))
-            if sum(t.state in FINISHED for t in study.trials) == finished:
+            now = study.trials
+            if (sum(t.state in FINISHED for t in now) == finished
+                    and sum(t.state in COUNTED for t in now) < tune.n_trials):
                 break  # every new trial failed (e.g. diverged); reported below
         trials = study.trials
         if not any(t.state == optuna.trial.TrialState.COMPLETE for t in trials):

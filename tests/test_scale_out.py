@@ -1,0 +1,406 @@
+"""Scaling out: several ``lmablate tune`` workers on one shared Optuna study (a throwaway
+PostgreSQL server from Debian's binaries, and one SQLite file), MLflow against a tracking server,
+and one-line errors for a database or tracking server that cannot be reached.
+
+Each worker is a separate ``lmablate`` process with ``train.workers: 1``, exactly as a worker on
+another machine would be; the processes share nothing but the database.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from lmablate import config
+from lmablate.data import generate
+from lmablate.tokenizer import tokenize
+
+from test_cli import tiny_raw
+
+N_TRIALS = 6
+DATASET, VARIANT = "arithmetic", "baseline"
+# A trial is a few seconds; every worker process starts with a fresh Python and PyTorch import.
+WORKER_TIMEOUT = 300
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def lmablate(args: list[str], cwd: Path, env: dict[str, str] | None = None, **kw):
+    """Start ``lmablate <args>`` as its own process (a worker as on another machine)."""
+    return subprocess.Popen([sys.executable, "-m", "lmablate.cli", *args], cwd=cwd,
+                            env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **kw)
+
+
+def tune_args(out: str) -> list[str]:
+    return ["tune", DATASET, VARIANT, "--tokens", "tokens", "--best", f"{out}/best.json",
+            "--trials", f"{out}/trials.csv"]
+
+
+def make_project(path: Path, change=None) -> Path:
+    """Tiny params (tracking off, one worker per process) and tokenized arithmetic data."""
+    raw = tiny_raw()
+    raw["train"].update(workers=1, threads=1, device="cpu")
+    # enough steps that the two workers' trials overlap in time
+    raw["tune"].update(n_trials=N_TRIALS, steps=60, lr_low=1e-3, lr_high=3e-2,
+                       heartbeat_seconds=2)
+    raw["tune"]["storage"] = f"sqlite:///{path / 'optuna.db'}"
+    if change:
+        change(raw)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "params.yaml").write_text(yaml.safe_dump(raw))
+    cfg = config.load(path / "params.yaml")
+    generate(cfg.dataset(DATASET), path / "raw")
+    tokenize(cfg.dataset(DATASET), path / "raw", path / "tokens")
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# A throwaway PostgreSQL server
+
+
+def _pg_bin(name: str) -> str | None:
+    found = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"),
+                   key=lambda p: int(re.search(r"/postgresql/(\d+)/", p).group(1)))
+    return found[-1] if found else None
+
+
+class PostgresServer:
+    """``initdb`` + ``pg_ctl start`` of a cluster in a temporary folder, listening on
+    127.0.0.1:<free port> only, trust authentication. As root, the server runs as the
+    ``postgres`` system user (PostgreSQL refuses to run as root)."""
+
+    def __init__(self) -> None:
+        self.initdb, self.pg_ctl = _pg_bin("initdb"), _pg_bin("pg_ctl")
+        if not (self.initdb and self.pg_ctl):
+            pytest.skip("PostgreSQL server binaries not found under /usr/lib/postgresql/*/bin; "
+                        "install Debian's postgresql, as .ci/run does")
+        pytest.importorskip("psycopg2", reason="pip install 'lmablate[postgres]' (psycopg2-binary)")
+        self.prefix: list[str] = []
+        self.owner = None
+        if os.geteuid() == 0:
+            import pwd
+
+            try:
+                self.owner = pwd.getpwnam("postgres")
+            except KeyError:
+                subprocess.run(["useradd", "--system", "--no-create-home", "postgres"], check=True)
+                self.owner = pwd.getpwnam("postgres")
+            runuser = shutil.which("runuser")
+            if not runuser:
+                pytest.skip("running as root without runuser to start PostgreSQL as postgres")
+            self.prefix = [runuser, "-u", "postgres", "--"]
+        # Not pytest's tmp_path: its parents are private to root, and postgres must reach it.
+        self.root = Path(tempfile.mkdtemp(prefix="lmablate-pg-"))
+        self.data = self.root / "data"
+        self.log = self.root / "server.log"
+        if self.owner:
+            os.chown(self.root, self.owner.pw_uid, self.owner.pw_gid)
+        self.port = free_port()
+        self.started = False
+
+    def _run(self, *args: str) -> None:
+        result = subprocess.run([*self.prefix, *args], capture_output=True, text=True,
+                                timeout=120)
+        if result.returncode:
+            log = self.log.read_text() if self.log.exists() else ""
+            raise RuntimeError(f"{' '.join(args)} failed:\n{result.stdout}{result.stderr}\n{log}")
+
+    def start(self) -> "PostgresServer":
+        self._run(self.initdb, "-D", str(self.data), "-U", "postgres", "--auth=trust",
+                  "--encoding=UTF8", "--no-sync")
+        options = (f"-c listen_addresses=127.0.0.1 -c port={self.port} "
+                   f"-c unix_socket_directories={self.root} -c fsync=off")
+        self._run(self.pg_ctl, "-D", str(self.data), "-l", str(self.log), "-o", options,
+                  "-w", "-t", "60", "start")
+        self.started = True
+        return self
+
+    def stop(self) -> None:
+        if self.started:
+            self._run(self.pg_ctl, "-D", str(self.data), "-m", "fast", "-w", "stop")
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def url(self, database: str) -> str:
+        return f"postgresql+psycopg2://postgres@127.0.0.1:{self.port}/{database}"
+
+    def create_database(self, name: str) -> str:
+        import psycopg2
+
+        conn = psycopg2.connect(host="127.0.0.1", port=self.port, user="postgres",
+                                dbname="postgres")
+        try:
+            conn.autocommit = True
+            with conn.cursor() as cur:
+                cur.execute(f'CREATE DATABASE "{name}"')
+        finally:
+            conn.close()
+        return self.url(name)
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    server = PostgresServer()
+    try:
+        yield server.start()
+    finally:
+        server.stop()
+
+
+# ---------------------------------------------------------------------------------------------
+# Two workers, one study
+
+
+def trial_numbers(stderr: str) -> list[int]:
+    """Numbers of the trials this worker finished, from Optuna's log lines."""
+    return [int(n) for n in re.findall(r"Trial (\d+) (?:finished|pruned)", stderr)]
+
+
+def run_two_workers(project: Path, storage_url: str) -> tuple[object, list[list[int]]]:
+    """Start two ``lmablate tune`` workers at once on the study in ``storage_url``; returns the
+    study and the trial numbers each worker ran."""
+    import optuna
+
+    env = {"LMABLATE_OPTUNA_STORAGE": storage_url}
+    workers = [lmablate(tune_args(f"out{w}"), project, env) for w in (0, 1)]
+    outputs = [w.communicate(timeout=WORKER_TIMEOUT) for w in workers]
+    for w, (_, err) in zip(workers, outputs):
+        assert w.returncode == 0, err[-3000:]
+        assert "database is locked" not in err
+    names = [json.loads((project / f"out{w}" / "best.json").read_text())["study_name"]
+             for w in (0, 1)]
+    assert names[0] == names[1]
+    study = optuna.load_study(study_name=names[0], storage=storage_url)
+    return study, [trial_numbers(err) for _, err in outputs]
+
+
+def check_study(project: Path, study, per_worker: list[list[int]]) -> None:
+    """Exactly N_TRIALS finished trials, none running, none lost, none run twice."""
+    import optuna
+
+    S = optuna.trial.TrialState
+    trials = study.get_trials(deepcopy=False)
+    finished = [t for t in trials if t.state in (S.COMPLETE, S.PRUNED)]
+    assert len(finished) == N_TRIALS, [(t.number, t.state) for t in trials]
+    # Two workers whose trials end together may both start one more; the later of the two is
+    # failed at once as surplus (lmablate.tune.is_surplus) without training.
+    others = [t for t in trials if t not in finished]
+    assert all(t.state == S.FAIL and t.user_attrs["fail_reason"].startswith("surplus")
+               for t in others), [(t.number, t.state, t.user_attrs) for t in others]
+    numbers = [t.number for t in trials]
+    assert sorted(numbers) == list(range(len(trials)))  # unique, no gaps
+    ran = [n for nums in per_worker for n in nums]
+    assert sorted(ran) == sorted(t.number for t in finished)  # each trial run by one worker once
+    assert all(per_worker), f"a worker ran no trial: {per_worker}"
+    # Each worker waits for the other's last trial, then writes the same result.
+    bests = [json.loads((project / f"out{w}" / "best.json").read_text()) for w in (0, 1)]
+    assert bests[0] == bests[1] and bests[0]["n_trials"] == N_TRIALS
+    assert bests[0]["trial"] == study.best_trial.number
+
+
+def test_two_workers_share_a_postgresql_study(postgres, tmp_path):
+    project = make_project(tmp_path)
+    url = postgres.create_database("optuna_two_workers")
+    study, per_worker = run_two_workers(project, url)
+    check_study(project, study, per_worker)
+    print(f"PostgreSQL study {study.study_name}: trials per worker "
+          f"{[len(n) for n in per_worker]} {per_worker}")
+    # A third worker (e.g. a re-run of the DVC stage) finds the study finished: no new trial.
+    proc = lmablate(tune_args("out2"), project, {"LMABLATE_OPTUNA_STORAGE": url})
+    _, err = proc.communicate(timeout=WORKER_TIMEOUT)
+    assert proc.returncode == 0, err[-3000:]
+    assert trial_numbers(err) == []
+    assert json.loads((project / "out2" / "best.json").read_text())["n_trials"] == N_TRIALS
+    assert len(study.get_trials(deepcopy=False)) == len(study.trials)
+
+
+def test_two_workers_share_a_sqlite_study(tmp_path):
+    project = make_project(tmp_path)
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    study, per_worker = run_two_workers(project, url)
+    check_study(project, study, per_worker)
+    print(f"SQLite study {study.study_name}: trials per worker "
+          f"{[len(n) for n in per_worker]} {per_worker}")
+
+
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage")
+def test_surplus_trials_are_recognised(tmp_path):
+    """With n_trials=2, a third trial created before any finished is surplus."""
+    import optuna
+
+    from lmablate.tune import is_surplus, make_storage
+
+    study = optuna.create_study(storage=make_storage(f"sqlite:///{tmp_path / 'o.db'}"))
+    trials = [study.ask() for _ in range(3)]
+    assert [is_surplus(study, t, 2) for t in trials] == [False, False, True]
+    study.tell(trials[0], state=optuna.trial.TrialState.FAIL)  # e.g. its worker died
+    assert [is_surplus(study, t, 2) for t in trials[1:]] == [False, False]
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def fresh_storage(request, tmp_path):
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'fresh.db'}"
+    return request.getfixturevalue("postgres").create_database("optuna_fresh")
+
+
+def test_workers_starting_together_on_a_fresh_database(fresh_storage, tmp_path):
+    """Workers that connect at the same moment to an empty database race to create Optuna's
+    tables; every one of them must come up (lmablate.tune.make_storage retries)."""
+    # a barrier: every process imports lmablate (and torch) first, then all connect at once
+    code = ("import sys, time; from pathlib import Path; from lmablate.tune import make_storage; "
+            "Path(f'ready-{sys.argv[2]}').touch()\n"
+            "while len(list(Path().glob('ready-*'))) < 3: time.sleep(0.005)\n"
+            "make_storage(sys.argv[1])")
+    procs = [subprocess.Popen([sys.executable, "-c", code, fresh_storage, str(i)],
+                              cwd=tmp_path, stderr=subprocess.PIPE, text=True)
+             for i in range(3)]
+    errors = [p.communicate(timeout=120)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], errors
+
+
+# ---------------------------------------------------------------------------------------------
+# Unreachable stores: one line, exit 2, nothing written
+
+
+def test_unreachable_optuna_database(tmp_path):
+    pytest.importorskip("psycopg2", reason="pip install 'lmablate[postgres]' (psycopg2-binary)")
+    project = make_project(tmp_path)
+    port = free_port()
+    url = f"postgresql+psycopg2://lmablate:secret@127.0.0.1:{port}/optuna"
+    start = time.monotonic()
+    proc = lmablate(tune_args("out"), project, {"LMABLATE_OPTUNA_STORAGE": url})
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2, err[-3000:]
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("lmablate: error: Optuna storage"), err
+    assert f"lmablate:***@127.0.0.1:{port}/optuna" in lines[0]
+    assert "LMABLATE_OPTUNA_STORAGE" in lines[0]
+    assert "secret" not in lines[0]  # the password is not printed
+    assert "Traceback" not in err
+    assert time.monotonic() - start < 60
+    assert not (project / "out").exists()
+
+
+def test_unreachable_mlflow_server(tmp_path):
+    project = make_project(tmp_path, lambda r: r["tracking"].update(enabled=True))
+    uri = f"http://127.0.0.1:{free_port()}"
+    start = time.monotonic()
+    proc = lmablate(tune_args("out"), project, {"MLFLOW_TRACKING_URI": uri})
+    _, err = proc.communicate(timeout=300)
+    elapsed = time.monotonic() - start
+    assert proc.returncode == 2, err[-3000:]
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("lmablate: error: MLflow tracking store"), err
+    assert uri in lines[0]
+    assert elapsed < 90, f"took {elapsed:.0f} s to give up"
+    assert not (project / "out").exists()
+    assert not (project / "optuna.db").exists()  # failed before the study was created
+
+
+# ---------------------------------------------------------------------------------------------
+# MLflow tracking server
+
+
+@pytest.fixture()
+def mlflow_server(tmp_path):
+    """``mlflow server`` with a SQLite database backend and proxied artifact storage."""
+    mlflow_bin = Path(sys.executable).with_name("mlflow")
+    if not mlflow_bin.exists():
+        mlflow_bin = shutil.which("mlflow")
+    port = free_port()
+    root = tmp_path / "mlflow-server"
+    root.mkdir()
+    log = open(root / "server.log", "w")
+    proc = subprocess.Popen(
+        [str(mlflow_bin), "server", "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
+         "--artifacts-destination", str(root / "artifacts"), "--host", "127.0.0.1",
+         "--port", str(port), "--workers", "1"],
+        cwd=root, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        # no background job runner (huey consumer processes) for this short-lived server
+        env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
+    uri = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(f"{uri}/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("mlflow server did not start:\n"
+                                   + (root / "server.log").read_text()[-3000:])
+            time.sleep(0.5)
+        yield uri
+    finally:
+        os.killpg(proc.pid, 15)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+        log.close()
+
+
+def test_mlflow_tracking_server(mlflow_server, tmp_path):
+    from mlflow import MlflowClient
+
+    project = make_project(tmp_path / "project", lambda r: (
+        r["tracking"].update(enabled=True, experiment="scale-out"),
+        r["tune"].update(n_trials=2, steps=4)))
+    env = {"MLFLOW_TRACKING_URI": mlflow_server}
+    for args in (tune_args("out"),
+                 ["train", DATASET, VARIANT, "--tokens", "tokens", "--best", "out/best.json",
+                  "--checkpoints", "out/ck", "--history", "out/history.csv",
+                  "--grad-stats", "out/grad.csv"]):
+        proc = lmablate(args, project, env)
+        _, err = proc.communicate(timeout=WORKER_TIMEOUT)
+        assert proc.returncode == 0, err[-3000:]
+    # nothing was written to the embedded default store
+    assert not (project / "mlflow.db").exists() and not (project / "mlruns").exists()
+
+    client = MlflowClient(tracking_uri=mlflow_server)
+    experiment = client.get_experiment_by_name("scale-out")
+    assert experiment is not None
+    runs = client.search_runs([experiment.experiment_id], max_results=100)
+    by_stage = {}
+    for run in runs:
+        by_stage.setdefault(run.data.tags.get("stage"), []).append(run)
+    assert {r.data.tags.get("mlflow.runName") for r in by_stage["tune"]} >= {
+        f"tune-{DATASET}-{VARIANT}", "trial-0", "trial-1"}
+    parents = [r for r in by_stage["tune"] if "mlflow.parentRunId" not in r.data.tags]
+    assert len(parents) == 1
+    parent = parents[0]
+    assert parent.data.tags["dataset"] == DATASET and parent.data.tags["variant"] == VARIANT
+    assert parent.info.status == "FINISHED" and "best_val_loss" in parent.data.metrics
+    trials = [r for r in by_stage["tune"] if "mlflow.parentRunId" in r.data.tags]
+    assert len(trials) == 2
+    assert {r.data.tags["mlflow.parentRunId"] for r in trials} == {parent.info.run_id}
+    (final,) = by_stage["train"]
+    assert {k: final.data.tags[k] for k in ("dataset", "variant", "seed", "stage")} == {
+        "dataset": DATASET, "variant": VARIANT, "seed": "0", "stage": "train"}
+    assert "val_loss" in final.data.metrics and final.info.status == "FINISHED"
+    history = client.get_metric_history(final.info.run_id, "val_loss")
+    assert len(history) >= 1
+    # the checkpoint went through the server's artifact proxy
+    assert [a.path for a in client.list_artifacts(final.info.run_id, "checkpoint")] == [
+        "checkpoint/checkpoint.pt"]
