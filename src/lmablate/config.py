@@ -226,7 +226,11 @@ class DatasetConfig:
         p = f"datasets.{self.name}"
         _check_choice(f"{p}.kind", self.kind, DATASET_KINDS)
         if isinstance(self.split, Mapping):
-            object.__setattr__(self, "split", _from_mapping(SplitConfig, self.split, f"{p}.split"))
+            try:
+                split = _from_mapping(SplitConfig, self.split, f"{p}.split")
+            except ConfigError as exc:
+                raise ConfigError(f"{exc} (in {p})") from None
+            object.__setattr__(self, "split", split)
         if self.kind == "arithmetic":
             _check_int(f"{p}.n_train", self.n_train)
             _check_int(f"{p}.n_test", self.n_test)
