@@ -1,0 +1,190 @@
+"""Shared helpers of the benchmarks: machine description, timing, matmul peak, benchmark data.
+
+Every benchmark prints :func:`machine_header` first, times with ``time.perf_counter`` after
+warm-up iterations, and reports ratios against a reference measured in the same process, so the
+numbers are comparable only within one run on one machine. Nothing here asserts on timings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import platform
+import shutil
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+# The stages' tqdm bars would interleave with the report; tqdm reads this when it is imported.
+os.environ.setdefault("TQDM_DISABLE", "1")
+
+import torch  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]  # the repository root (/work/main)
+if str(ROOT / "src") not in sys.path:  # works without `pip install -e .` too
+    sys.path.insert(0, str(ROOT / "src"))
+
+from lmablate import config as lconfig  # noqa: E402
+from lmablate.train import resolve_device  # noqa: E402
+
+
+# ------------------------------------------------------------------------------------ machine
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo (Linux), else platform's best guess."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"cuda ({torch.cuda.get_device_name(device)})"
+    return device.type
+
+
+def machine_header(title: str, device: torch.device) -> str:
+    """A few lines naming the benchmark, the machine, the software and the device."""
+    lines = [
+        f"== {title} ==",
+        f"machine : {cpu_model()}, {os.cpu_count()} logical cores, {platform.system()} "
+        f"{platform.release()}",
+        f"software: Python {platform.python_version()}, torch {torch.__version__} "
+        f"({torch.get_num_threads()} intra-op threads)",
+        f"device  : {device_name(device)}  (lmablate.train.resolve_device('auto'))",
+    ]
+    if hasattr(os, "getloadavg"):
+        lines.append(f"load    : {os.getloadavg()[0]:.2f} (1-min load average at the start; "
+                     "other processes on the machine add noise, so best-of times are shown too)")
+    return "\n".join(lines)
+
+
+def auto_device() -> torch.device:
+    return resolve_device("auto")
+
+
+# ------------------------------------------------------------------------------------- timing
+
+
+def sync(device: torch.device) -> None:
+    """Wait for queued device work, so that wall-clock timings include it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+def time_call(fn: Callable[[], object], device: torch.device) -> float:
+    """Seconds one call of ``fn`` takes, device work included."""
+    sync(device)
+    t0 = time.perf_counter()
+    fn()
+    sync(device)
+    return time.perf_counter() - t0
+
+
+def repeat(fn: Callable[[], object], device: torch.device, repeats: int,
+           warmup: int = 1) -> list[float]:
+    """``warmup`` untimed calls, then the seconds of each of ``repeats`` timed calls."""
+    for _ in range(warmup):
+        fn()
+    return [time_call(fn, device) for _ in range(repeats)]
+
+
+def interleaved(fns: dict[str, Callable[[], object]], device: torch.device, repeats: int,
+                warmup: int = 1) -> dict[str, list[float]]:
+    """Like :func:`repeat` for several functions, run A B A B ... so that slow drift of the
+    machine (other load, clock changes) affects every contender alike."""
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            times[name].append(time_call(fn, device))
+    return times
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
+def fmt_seconds(xs: list[float]) -> str:
+    """median [min..max] of timings, in s or ms."""
+    med, lo, hi = statistics.median(xs), min(xs), max(xs)
+    if med < 1.0:
+        return f"{med * 1e3:.1f} ms [{lo * 1e3:.1f}..{hi * 1e3:.1f}]"
+    return f"{med:.2f} s [{lo:.2f}..{hi:.2f}]"
+
+
+def matmul_peak_flops(device: torch.device, dtype: torch.dtype = torch.float32,
+                      sizes: tuple[int, ...] = (1024, 2048), repeats: int = 8) -> tuple[float, int]:
+    """Best measured FLOP/s of an n x n @ n x n matmul (2 n^3 FLOPs) over ``sizes`` and
+    ``repeats``: the machine's practical peak for ``dtype``. Returns (FLOP/s, best n)."""
+    best, best_n = 0.0, sizes[0]
+    for n in sizes:
+        a = torch.randn(n, n, device=device, dtype=dtype)
+        b = torch.randn(n, n, device=device, dtype=dtype)
+        times = repeat(lambda a=a, b=b: a @ b, device, repeats, warmup=2)
+        rate = 2 * n**3 / min(times)
+        if rate > best:
+            best, best_n = rate, n
+    return best, best_n
+
+
+# --------------------------------------------------------------------------------- study data
+
+
+def load_default_config(**tracking_changes) -> lconfig.StudyConfig:
+    """params.yaml (the default profile) with MLflow tracking disabled."""
+    cfg = lconfig.load(ROOT / "params.yaml")
+    return dataclasses.replace(cfg, tracking=dataclasses.replace(cfg.tracking, enabled=False,
+                                                                 **tracking_changes))
+
+
+def arithmetic_data(cfg: lconfig.StudyConfig, workdir: Path, n_test: int | None = None) -> Path:
+    """Raw and token files of the study's arithmetic dataset, generated afresh in ``workdir``
+    (seeded, ~0.1 s at the default size); ``n_test`` overrides the number of test problems.
+
+    Returns the dataset directory holding ``raw/`` (corpus.txt, test.txt) and ``tokens/``.
+    """
+    from lmablate.data import generate
+    from lmablate.tokenizer import tokenize
+
+    ds = cfg.datasets.get("arithmetic") or lconfig.DatasetConfig(name="arithmetic",
+                                                                  kind="arithmetic")
+    if n_test is not None:
+        ds = dataclasses.replace(ds, n_test=n_test)
+    out = Path(workdir) / "arithmetic"
+    generate(ds, out / "raw")
+    tokenize(ds, out / "raw", out / "tokens")
+    return out
+
+
+def pipeline_tokens(dataset: str, workdir: Path) -> Path | None:
+    """A private copy of the pipeline's ``data/tokens/<dataset>`` (read-only use of the
+    original), or None when the pipeline has not produced it."""
+    src = ROOT / "data" / "tokens" / dataset
+    if not (src / "meta.json").is_file():
+        return None
+    dst = Path(workdir) / f"{dataset}-tokens"
+    shutil.copytree(src, dst)
+    return dst
+
+
+def study_tokens(cfg: lconfig.StudyConfig, workdir: Path) -> dict[str, Path]:
+    """Token directories for the benchmarks that run the study's stages: arithmetic is generated
+    (always available); shakespeare is the pipeline's copy when it exists (it needs a download
+    otherwise, so it is skipped)."""
+    out = {"arithmetic": arithmetic_data(cfg, workdir) / "tokens"}
+    shakespeare = pipeline_tokens("shakespeare", workdir)
+    if shakespeare is not None and "shakespeare" in cfg.datasets:
+        out["shakespeare"] = shakespeare
+    return out
