@@ -24,7 +24,6 @@ plain arrays, so the caller decides which model and which input to visualise.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import warnings
@@ -98,10 +97,6 @@ VERDICT_MARKS = {VERDICT_BETTER: "▲", VERDICT_WORSE: "▼"}
 # Collecting the stage outputs
 # --------------------------------------------------------------------------------------------
 
-def _read_json(path: Path) -> Any:
-    return json.loads(path.read_text(encoding="utf-8"))
-
-
 def _seed_of(key: str, run: Mapping[str, Any]) -> int:
     """The run's seed: its ``seed`` field, else the number in its ``seed_<n>`` key."""
     if run.get("seed") is not None:
@@ -151,7 +146,7 @@ def collect(runs_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, p
     predictions: dict[tuple[str, str], dict] = {}
     for metrics_path in sorted(runs_dir.glob("*/*/metrics.json")):
         run_dir = metrics_path.parent
-        doc = _read_json(metrics_path)
+        doc = fileio.read_json(metrics_path)
         dataset = str(doc.get("dataset") or run_dir.parent.name)
         variant = str(doc.get("variant") or run_dir.name)
         for key, run in (doc.get("runs") or {}).items():
@@ -171,7 +166,7 @@ def collect(runs_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, p
                 sink.append(df)
         if (run_dir / "examples.json").is_file():
             # Per seed: text samples (strings) or arithmetic predictions (dicts).
-            examples = _read_json(run_dir / "examples.json")
+            examples = fileio.read_json(run_dir / "examples.json")
             first = next((v[0] for v in examples.values() if v), None)
             sink = predictions if isinstance(first, dict) else samples
             sink[(dataset, variant)] = examples

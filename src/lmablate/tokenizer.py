@@ -61,6 +61,16 @@ def _codepoints(text: str) -> np.ndarray:
     return np.frombuffer(text.encode("utf-32-le"), dtype="<u4")
 
 
+def _read_json(path: Path, what: str) -> object:
+    """Parse the JSON file ``path``; TokenizerError naming ``what`` if missing or malformed."""
+    if not path.is_file():
+        raise TokenizerError(f"{what} not found; run `lmablate tokenize` first")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise TokenizerError(f"{path} is not valid JSON: {exc}") from None
+
+
 class CharTokenizer:
     """Character-level tokenizer with a reserved unknown symbol at id 0 (seed 004).
 
@@ -163,12 +173,7 @@ class CharTokenizer:
                 list that is not sorted unique single characters (message names the file).
         """
         path = Path(path)
-        if not path.is_file():
-            raise TokenizerError(f"vocabulary file {path} not found; run `lmablate tokenize`")
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise TokenizerError(f"{path} is not valid JSON: {exc}") from None
+        data = _read_json(path, f"vocabulary file {path}")
         ok = (isinstance(data, dict) and data.get("format") == VOCAB_FORMAT
               and data.get("version") == 1 and data.get("unk_id") == UNK_ID
               and isinstance(data.get("chars"), list))
@@ -301,12 +306,7 @@ def read_meta(tokens_dir: Path) -> dict:
         TokenizerError: missing, not JSON, or lacking ``vocab_size``/``dtype``/``tokens``.
     """
     path = Path(tokens_dir) / "meta.json"
-    if not path.is_file():
-        raise TokenizerError(f"{path} not found; run `lmablate tokenize` first")
-    try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise TokenizerError(f"{path} is not valid JSON: {exc}") from None
+    meta = _read_json(path, str(path))
     ok = (isinstance(meta, dict) and meta.get("dtype") in ("uint8", "uint16")
           and isinstance(meta.get("vocab_size"), int) and isinstance(meta.get("tokens"), dict))
     if not ok:
