@@ -9,7 +9,9 @@ lmablate picks:
 
 * lmablate: ``lmablate.evaluate.arithmetic_predictions`` (all problems of a batch at once, KV
   cache, greedy), at ``evaluate.batch_size`` from params.yaml (the pipeline setting), 256, 512
-  and one batch of everything;
+  and one batch of everything, in one thread of jobs; then at ``evaluate.batch_size`` and 256
+  with one job thread per core (``workers=``; the evaluate stage instead runs the seeds'
+  models concurrently, which uses the cores the same way);
 * reference: seed 000's loop made greedy: one problem at a time, a full forward (no cache) over
   the growing sequence, argmax of the last position, until ``$`` (capped at the answer length,
   which only shortens the reference; predictions are then padded with ``$`` as lmablate does).
@@ -30,6 +32,7 @@ import common  # first: it disables tqdm before torch imports it
 import torch
 
 from lmablate.evaluate import arithmetic_predictions, arithmetic_scores, split_problem
+from lmablate.parallel import cpu_count
 from lmablate.tokenizer import load_tokenizer
 from lmablate.train import TokenData, autocast, train_model
 
@@ -89,13 +92,17 @@ def main() -> None:
     # ---- lmablate, batched with the KV cache
     out = {}
     batch_times = {}
-    for b in sorted({b for b in (bs, 256, 512) if b < len(problems)} | {len(problems)}):
-        def batched(b=b):
-            out[b] = arithmetic_predictions(model, tok, problems, b, device)
+    cores = cpu_count() if device.type == "cpu" else 1
+    settings = [(b, 1) for b in sorted({b for b in (bs, 256, 512) if b < len(problems)}
+                                       | {len(problems)})]
+    settings += [(b, cores) for b in (bs, 256) if cores > 1]
+    for b, w in settings:
+        def batched(b=b, w=w):
+            out[b, w] = arithmetic_predictions(model, tok, problems, b, device, workers=w)
 
-        batch_times[b] = common.repeat(batched, device, args.repeats, warmup=1)
-    preds = out[bs]
-    same_across_batching = all(o == out[bs] for o in out.values())
+        batch_times[b, w] = common.repeat(batched, device, args.repeats, warmup=1)
+    preds = out[bs, 1]
+    same_across_batching = all(o == preds for o in out.values())
 
     # ---- seed 000's loop
     loop_out = {}
@@ -122,12 +129,15 @@ def main() -> None:
     print(f"\n   reference one-at-a-time, no cache : {common.fmt_seconds(loop_times)} for {n_loop} "
           f"-> best {loop_pps:,.1f} problems/s; extrapolated {len(problems) / loop_pps:.1f} s for "
           f"{len(problems)}")
-    for b, t in batch_times.items():
+    for (b, w), t in batch_times.items():
         pps, pps_med = len(problems) / min(t), len(problems) / common.median(t)
         ratio_med = pps_med / (n_loop / common.median(loop_times))
-        print(f"   lmablate batch {b:>4} + KV cache     : {common.fmt_seconds(t)} for "
+        how = (f"{w} threads x 1" if w > 1 else f"1 x {torch.get_num_threads()} threads")
+        note = ("  <- evaluate.batch_size" if b == bs and w == 1 else
+                "  <- all cores on one model" if w > 1 and b == bs else "")
+        print(f"   lmablate batch {b:>4} + KV cache, {how:<13}: {common.fmt_seconds(t)} for "
               f"{len(problems)} -> best {pps:,.0f} problems/s -> {pps / loop_pps:.1f}x best "
-              f"({ratio_med:.1f}x median){'  <- evaluate.batch_size' if b == bs else ''}")
+              f"({ratio_med:.1f}x median){note}")
     p_len, a_len = (len(x) for x in split_problem(problems[0]))
     ref_tokens = sum(p_len + i for i in range(a_len))  # a full forward per generated token
     lm_tokens = p_len + a_len - 1  # prefill once, then one token per step

@@ -191,7 +191,7 @@ def alive(pid: int) -> bool:
 def test_kill_9_of_a_stage_takes_its_worker_processes_with_it(project):
     raw = tiny_raw(project)
     raw["study"]["seeds"] = [0, 1]
-    raw["train"]["workers"] = 2
+    raw["train"].update(workers=2, parallel="processes")
     (project / "params.yaml").write_text(yaml.safe_dump(raw))
     victim = lmablate(project, *train_cmd("out"))
     wait_for(lambda: len(children(victim.pid)) >= 2, 60, "two worker processes")

@@ -28,7 +28,8 @@ NORM_PLACEMENT_CHOICES = ("pre", "post")
 POSITION_CHOICES = ("learned", "sinusoidal", "rope", "alibi", "none")
 DEVICE_CHOICES = ("auto", "cpu", "cuda", "mps")
 LR_SCHEDULE_CHOICES = ("constant", "cosine")
-PRUNER_CHOICES = ("none", "median", "hyperband")
+PRUNER_CHOICES = ("none", "median", "percentile", "hyperband")
+PARALLEL_CHOICES = ("threads", "processes")
 DATASET_KINDS = ("arithmetic", "text")
 
 
@@ -266,8 +267,9 @@ class TrainConfig:
     eval_interval: int = 50
     eval_iters: int = 10
     device: str = "auto"
-    workers: int = 0  # parallel processes for seeds and Optuna trials on a CPU; 0 = one per core
-    threads: int = 0  # torch intra-op threads per process; 0 = the cores shared between workers
+    workers: int = 0  # concurrent seeds / Optuna trials on a CPU; 0 = auto (lmablate.parallel)
+    threads: int = 0  # torch intra-op threads per worker; 0 = the cores shared between workers
+    parallel: str = "threads"  # workers are threads of the stage, or spawned processes
 
     def __post_init__(self) -> None:
         for key in ("steps", "batch_size", "eval_interval", "eval_iters"):
@@ -284,6 +286,7 @@ class TrainConfig:
                 _fail(f"train.{key}", v, "expected a number in [0, 1)")
         _check_choice("train.lr_schedule", self.lr_schedule, LR_SCHEDULE_CHOICES)
         _check_choice("train.device", self.device, DEVICE_CHOICES)
+        _check_choice("train.parallel", self.parallel, PARALLEL_CHOICES)
 
 
 @dataclass(frozen=True)
@@ -303,6 +306,8 @@ class TuneConfig:
     storage: str = "sqlite:///optuna.db"
     sampler_seed: int = 0
     pruner: str = "median"
+    percentile: float = 25.0  # pruner "percentile": prune below the best `percentile`% of trials
+    report_interval: int = 10  # steps between the validation losses a trial reports for pruning
     heartbeat_seconds: int = 10  # a trial silent for 4 heartbeats is failed and retried
 
     def __post_init__(self) -> None:
@@ -318,6 +323,10 @@ class TuneConfig:
         for d in self.d_model_choices:
             _check_int("tune.d_model_choices", d)
         _check_choice("tune.pruner", self.pruner, PRUNER_CHOICES)
+        _check_int("tune.report_interval", self.report_interval)
+        if (isinstance(self.percentile, bool) or not isinstance(self.percentile, (int, float))
+                or not 0.0 < self.percentile < 100.0):
+            _fail("tune.percentile", self.percentile, "expected a number in (0, 100)")
 
     @property
     def storage_url(self) -> str:

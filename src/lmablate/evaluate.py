@@ -21,6 +21,7 @@ import torch
 
 from . import fileio
 from .config import StudyConfig
+from .parallel import map_jobs, threads_per_worker, worker_count
 from .tokenizer import CharTokenizer, load_tokenizer
 from .tracking import NullTracker
 from .train import TokenData, autocast, load_checkpoint, resolve_device
@@ -58,29 +59,38 @@ def split_problem(line: str) -> tuple[str, str]:
     return line[:cut], line[cut:]
 
 
-@torch.no_grad()
 def arithmetic_predictions(model, tok: CharTokenizer, problems: list[str], batch_size: int,
-                           device: torch.device) -> list[str]:
+                           device: torch.device, workers: int = 1) -> list[str]:
     """Greedy, batched, KV-cached completions of each problem's prompt (see module doc).
 
+    Batches of ``batch_size`` problems are decoded ``workers`` at a time in threads (on a CPU;
+    each batch is independent, so the predictions do not depend on ``workers``).
     Returns one predicted answer string per problem, as long as its target.
+
+    Raises:
+        ValueError: the problems do not share one prompt length and one answer length.
     """
     prompts, targets = zip(*(split_problem(p) for p in problems))
     if len({len(p) for p in prompts}) != 1 or len({len(t) for t in targets}) != 1:
         raise ValueError("arithmetic test problems must share one prompt and answer length")
     n_new = len(targets[0])
     end = tok.token_id("$")
-    out = []
-    for i in range(0, len(prompts), batch_size):
-        idx = torch.from_numpy(np.stack([tok.encode(p) for p in prompts[i:i + batch_size]])
+
+    @torch.inference_mode()
+    def decode(start: int) -> list[str]:
+        idx = torch.from_numpy(np.stack([tok.encode(p) for p in prompts[start:start + batch_size]])
                                .astype(np.int64)).to(device)
         with autocast(device):
             gen = model.generate(idx, n_new, greedy=True)[:, idx.shape[1]:]  # (B, n_new)
         # Everything after the first "$" becomes "$", as seed 000 pads after stopping.
         stopped = (gen == end).cumsum(dim=1) > 0
         gen = torch.where(stopped, torch.full_like(gen, end), gen)
-        out += [tok.decode(row) for row in gen.cpu().numpy()]
-    return out
+        return [tok.decode(row) for row in gen.cpu().numpy()]
+
+    starts = range(0, len(prompts), batch_size)
+    workers = min(workers, len(starts)) if device.type == "cpu" else 1
+    threads = max(1, torch.get_num_threads() // workers)
+    return [pred for batch in map_jobs(decode, starts, workers, threads) for pred in batch]
 
 
 def arithmetic_scores(problems: list[str], predictions: list[str]) -> dict:
@@ -121,7 +131,8 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, raw_dir:
     Writes ``metrics_path`` (JSON ``{"dataset", "variant", "runs": {"seed_<s>": {...}}}``, a DVC
     metrics file) and ``examples_path`` (JSON: text samples, or arithmetic predictions with their
     targets, per seed). Test metrics are logged into each seed's MLflow training run, so one run
-    per seed carries the same metric names for every variant.
+    per seed carries the same metric names for every variant. Seeds are evaluated concurrently
+    on a CPU (see :mod:`lmablate.parallel`).
     """
     ds = cfg.dataset(dataset)
     cfg.check_variant(variant)
@@ -133,8 +144,7 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, raw_dir:
         problems = (raw_dir / "test.txt").read_text(encoding="utf-8").split()
         problems = problems[:cfg.evaluate.max_problems]
 
-    runs, examples = {}, {}
-    for seed in cfg.seeds:
+    def evaluate_seed(seed: int) -> tuple[dict, object]:
         seed_dir = checkpoints_dir / f"seed_{seed}"
         summary = fileio.read_json(seed_dir / "result.json")["summary"]
         model, ckpt = load_checkpoint(seed_dir / "checkpoint.pt", device)
@@ -148,14 +158,12 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, raw_dir:
         if ds.kind == "arithmetic":
             preds = arithmetic_predictions(model, tok, problems, cfg.evaluate.batch_size, device)
             metrics.update(arithmetic_scores(problems, preds))
-            examples[f"seed_{seed}"] = [
-                {"prompt": split_problem(p)[0], "target": split_problem(p)[1], "prediction": q}
-                for p, q in zip(problems[:10], preds[:10])]
+            examples = [{"prompt": split_problem(p)[0], "target": split_problem(p)[1],
+                         "prediction": q} for p, q in zip(problems[:10], preds[:10])]
         else:
-            examples[f"seed_{seed}"] = text_samples(
-                model, tok, cfg.evaluate.n_samples, cfg.evaluate.sample_tokens,
-                cfg.evaluate.temperature, seed, device)
-        runs[f"seed_{seed}"] = metrics
+            examples = text_samples(model, tok, cfg.evaluate.n_samples,
+                                    cfg.evaluate.sample_tokens, cfg.evaluate.temperature, seed,
+                                    device)
         flat = {k: v for k, v in metrics.items() if isinstance(v, float)}
         for op, s in metrics.get("per_op", {}).items():
             flat.update({f"{k}_{op}": v for k, v in s.items()})
@@ -164,6 +172,13 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, raw_dir:
                          run_id=summary.get("mlflow_run_id")):
             tracker.set_tags(tags)
             tracker.log_metrics(flat)
+        return metrics, examples
+
+    # Seeds in threads of this process (evaluation draws no global random numbers).
+    workers = worker_count(cfg.train, len(cfg.seeds), device, all_at_once=True)
+    done = map_jobs(evaluate_seed, cfg.seeds, workers, threads_per_worker(cfg.train, workers))
+    runs = {f"seed_{seed}": metrics for seed, (metrics, _) in zip(cfg.seeds, done)}
+    examples = {f"seed_{seed}": ex for seed, (_, ex) in zip(cfg.seeds, done)}
     result = {"dataset": dataset, "variant": variant, "runs": runs}
     fileio.write_json(metrics_path, result)
     fileio.write_json(examples_path, examples)

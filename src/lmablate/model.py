@@ -13,6 +13,7 @@ Shapes: B batch, T tokens in this call, C = d_model, nh query heads, nkv key/val
 from __future__ import annotations
 
 import math
+import threading
 from functools import partial
 
 import torch
@@ -21,6 +22,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from lmablate.config import ModelConfig
+
+# PyTorch's default RNG is process-wide. Code that seeds it and draws from it (initial weights,
+# the causality check) holds this lock, so that runs trained in threads of one process
+# (lmablate.parallel) each get the weights their seed gives.
+GLOBAL_RNG_LOCK = threading.RLock()
 
 # ---------------------------------------------------------------------------------------- norms
 
@@ -265,8 +271,9 @@ class KVCache:
     def __init__(self, n_layers: int, batch_size: int, n_kv_heads: int, max_len: int,
                  head_dim: int, device=None, dtype=None):
         shape = (n_layers, batch_size, n_kv_heads, max_len, head_dim)
-        self.k = torch.zeros(shape, device=device, dtype=dtype)
-        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        # uninitialised: slots at or beyond ``pos`` are never read (update returns :pos + T)
+        self.k = torch.empty(shape, device=device, dtype=dtype)
+        self.v = torch.empty(shape, device=device, dtype=dtype)
         self.pos = 0
 
     @property
@@ -330,10 +337,18 @@ class CausalSelfAttention(nn.Module):
         if cache is not None:
             k, v = cache.update(self.layer_idx, k, v)  # (B, nkv, offset + T, hs)
         rep = self.n_head // self.n_kv  # query head h reads kv head h // rep
-        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)  # (B, nh, T_k, hs)
+        if rep > 1:
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)  # (B,nh,T_k,hs)
         p_drop = self.dropout if self.training else 0.0
         bias = position.attn_bias(T, k.size(2), offset)  # (nh, T, T_k) or None
-        if bias is None and offset == 0 and not self.keep_weights:
+        if T == 1 and offset > 0 and not self.keep_weights:
+            # One new token after the cache (a decode step) may see every cached key: no mask.
+            # Written out, as SDPA's CPU kernel costs ~2x more at a single query.
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.hs))  # (B, nh, 1, T_k)
+            if bias is not None:
+                att = att + bias
+            y = F.dropout(att.softmax(dim=-1), p_drop) @ v  # (B, nh, 1, hs)
+        elif bias is None and offset == 0 and not self.keep_weights:
             # plain causal from position 0: SDPA may use its fused (flash) kernel
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=p_drop, is_causal=True)
         else:
@@ -544,13 +559,16 @@ class GPT(nn.Module):
 
 
 def count_params(cfg: ModelConfig) -> tuple[int, int]:
-    """(total, non_embedding) parameters of ``GPT(cfg)`` (see :meth:`GPT.num_params`), built on
-    the ``meta`` device so no weights are allocated.
+    """(total, non_embedding) parameters of ``GPT(cfg)`` (see :meth:`GPT.num_params`).
+
+    The model is built on the CPU with the global RNG state restored afterwards: milliseconds at
+    the sizes studied here, where the first ``meta``-device build in a process costs ~1 s of
+    imports.
 
     Raises:
         ValueError: ``cfg.vocab_size`` < 1.
     """
-    with torch.device("meta"):
+    with GLOBAL_RNG_LOCK, torch.random.fork_rng(devices=[]):
         model = GPT(cfg)
     return model.num_params(), model.num_params(non_embedding=True)
 
@@ -624,7 +642,7 @@ def check_causality(cfg: ModelConfig, seed: int = 0, t: int | None = None,
     for cut in cuts:
         if not 0 <= cut <= T - 2:
             raise ValueError(f"t={cut} must be in [0, {T - 2}] for context_length={T}")
-    with torch.random.fork_rng(devices=[]):
+    with GLOBAL_RNG_LOCK, torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = GPT(cfg).float().eval()
         idx = torch.randint(V, (2, T))

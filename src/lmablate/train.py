@@ -20,7 +20,8 @@ from tqdm.auto import tqdm
 
 from . import fileio
 from .config import ModelConfig, StudyConfig, TrainConfig
-from .model import GPT, check_causality, count_params, flops_per_token, match_ffn_hidden
+from .model import (GLOBAL_RNG_LOCK, GPT, check_causality, count_params, flops_per_token,
+                    match_ffn_hidden)
 from .tokenizer import load_split, load_tokenizer
 from .tracking import NullTracker
 
@@ -100,13 +101,15 @@ def autocast(device: torch.device):
 
 
 def make_optimizer(model: GPT, cfg: TrainConfig, lr: float, device: torch.device) -> torch.optim.AdamW:
-    """AdamW (Loshchilov & Hutter 2019); weight decay on matrices only, not on gains/biases."""
+    """AdamW (Loshchilov & Hutter 2019); weight decay on matrices only, not on gains/biases.
+    PyTorch's fused kernel on CUDA and CPU (one kernel for all parameters: ~0.5 ms instead of
+    ~1.3 ms per step at the default size on one core), the for-each one elsewhere."""
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay},
               {"params": no_decay, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=lr, betas=(cfg.beta1, cfg.beta2),
-                             fused=device.type == "cuda")
+                             fused=device.type in ("cuda", "cpu"))
 
 
 def make_scheduler(opt: torch.optim.Optimizer, cfg: TrainConfig, steps: int):
@@ -184,8 +187,9 @@ def train_model(model_cfg: ModelConfig, cfg: TrainConfig, data: TokenData, *, se
     Raises:
         DivergenceError: the training loss is NaN/inf (names the step).
     """
-    torch.manual_seed(seed)
-    model = GPT(model_cfg).to(device)
+    with GLOBAL_RNG_LOCK:
+        torch.manual_seed(seed)
+        model = GPT(model_cfg).to(device)
     opt = make_optimizer(model, cfg, lr, device)
     sched = make_scheduler(opt, cfg, steps)
     g_train = torch.Generator().manual_seed(seed)
@@ -202,7 +206,8 @@ def train_model(model_cfg: ModelConfig, cfg: TrainConfig, data: TokenData, *, se
         opt.load_state_dict(state["optimizer"])
         sched.load_state_dict(state["scheduler"])
         g_train.set_state(state["rng_train"])
-        torch.set_rng_state(state["rng_global"])
+        with GLOBAL_RNG_LOCK:  # dropout's RNG (dropout runs in processes, see lmablate.parallel)
+            torch.set_rng_state(state["rng_global"])
         result.history, train_time, first = state["history"], state["train_time"], state["step"] + 1
     start = time.perf_counter() - (result.history[-1]["elapsed_seconds"] if result.history else 0)
 
@@ -391,7 +396,7 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, best_pat
         checkpoints_dir: Path, history_path: Path, grad_stats_path: Path) -> dict:
     """Train ``variant`` on ``dataset`` for every seed with the tuned lr and d_model.
 
-    Seeds run in parallel worker processes on a CPU (see :mod:`lmablate.parallel`). Writes
+    Seeds run concurrently on a CPU (threads or processes, see :mod:`lmablate.parallel`). Writes
     ``checkpoints_dir/seed_<s>/checkpoint.pt`` and ``result.json`` per seed (see
     :func:`train_seed`; interrupted seeds resume, finished ones are kept),
     ``history_path`` (CSV, columns :data:`HISTORY_COLUMNS`, a DVC plot) and ``grad_stats_path``
@@ -402,7 +407,7 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, best_pat
             the model fails the causality pre-flight. All raised before the first step.
         DivergenceError: a run's loss became NaN/inf (names dataset, variant, seed and step).
     """
-    from .parallel import map_jobs, threads_per_worker, worker_count
+    from .parallel import map_jobs, threads_per_worker, use_processes, worker_count
 
     cfg.dataset(dataset)
     best = fileio.read_json(best_path)
@@ -412,8 +417,10 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, best_pat
     preflight(model_cfg, f"variant {variant!r}")
     jobs = [SeedJob(cfg, dataset, variant, model_cfg, best["lr"], seed, tokens_dir,
                     checkpoints_dir / f"seed_{seed}") for seed in cfg.seeds]
-    workers = worker_count(cfg.train, len(jobs), resolve_device(cfg.train.device))
-    results = map_jobs(train_seed, jobs, workers, threads_per_worker(cfg.train, workers))
+    workers = worker_count(cfg.train, len(jobs), resolve_device(cfg.train.device),
+                           all_at_once=True)
+    results = map_jobs(train_seed, jobs, workers, threads_per_worker(cfg.train, workers),
+                       processes=use_processes(cfg.train, [model_cfg]))
     write_csv(history_path, [row for r in results for row in r["history"]], HISTORY_COLUMNS)
     write_csv(grad_stats_path, [row for r in results for row in r["grad_stats"]],
               ("seed", "group", "frac_near_zero", "grad_norm"))

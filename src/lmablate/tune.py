@@ -4,14 +4,17 @@ Objective: validation loss (nats/token) after ``tune.steps`` training steps on t
 seed. The study lives in persistent Optuna storage (SQLite by default, a shared PostgreSQL for
 several machines), named by dataset, variant and a fingerprint of every setting that affects the
 objective: an interrupted run resumes its study; a changed setting starts a fresh one. On a CPU,
-several worker processes optimise the same study at once (Optuna's parallel workers).
+several trials run at once (Optuna's parallel workers: threads by default, see
+:mod:`lmablate.parallel`); more machines join the same study through shared storage.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
+import threading
 import time
 import warnings
 
@@ -78,10 +81,18 @@ def make_storage(url: str, heartbeat_seconds: int = 10) -> optuna.storages.BaseS
         "tune.storage to a reachable database") from None
 
 
-def make_pruner(name: str, n_startup_trials: int) -> optuna.pruners.BasePruner:
-    """``median`` (Optuna's MedianPruner), ``hyperband`` or ``none``."""
+def make_pruner(name: str, n_startup_trials: int, percentile: float = 25.0
+                ) -> optuna.pruners.BasePruner:
+    """Optuna's pruner for ``tune.pruner``: ``median`` (MedianPruner: stop a trial whose val loss
+    is worse than the median of finished trials at the same step), ``percentile``
+    (PercentilePruner: worse than the best ``percentile`` %), ``hyperband`` (HyperbandPruner,
+    Li et al. 2018) or ``none``. Pruning starts once ``n_startup_trials`` trials have finished and
+    after a trial's first report."""
     if name == "median":
         return optuna.pruners.MedianPruner(n_startup_trials=n_startup_trials, n_warmup_steps=1)
+    if name == "percentile":
+        return optuna.pruners.PercentilePruner(percentile, n_startup_trials=n_startup_trials,
+                                               n_warmup_steps=1)
     if name == "hyperband":
         return optuna.pruners.HyperbandPruner()
     return optuna.pruners.NopPruner()
@@ -95,7 +106,8 @@ def study_name(cfg: StudyConfig, dataset: str, variant: str) -> str:
                          cfg.train.lr_schedule, cfg.train.eval_interval, cfg.train.eval_iters,
                          cfg.tune.n_trials, cfg.tune.steps, cfg.tune.lr_low, cfg.tune.lr_high,
                          cfg.tune.d_model_choices, cfg.tune.sampler_seed, cfg.tune.pruner,
-                         cfg.seeds[0], cfg.match_params)
+                         cfg.tune.percentile, cfg.tune.report_interval, cfg.seeds[0],
+                         cfg.match_params)
     return f"{dataset}-{variant}-{fp}"
 
 
@@ -106,7 +118,8 @@ def load_study(cfg: StudyConfig, dataset: str, variant: str, sampler_seed: int) 
         storage=make_storage(cfg.tune.storage_url, cfg.tune.heartbeat_seconds),
         load_if_exists=True, direction="minimize",
         sampler=optuna.samplers.TPESampler(seed=sampler_seed),
-        pruner=make_pruner(cfg.tune.pruner, n_startup_trials=max(1, cfg.tune.n_trials // 4)))
+        pruner=make_pruner(cfg.tune.pruner, n_startup_trials=max(1, cfg.tune.n_trials // 4),
+                           percentile=cfg.tune.percentile))
 
 
 class SurplusTrial(Exception):
@@ -127,7 +140,7 @@ def is_surplus(study: optuna.Study, trial: optuna.Trial, n_trials: int) -> bool:
 
 @dataclass(frozen=True)
 class TuneJob:
-    """One Optuna worker, picklable for a worker process."""
+    """One Optuna worker (``n_jobs`` trials at a time in threads), picklable for a process."""
 
     cfg: StudyConfig
     dataset: str
@@ -135,12 +148,16 @@ class TuneJob:
     tokens_dir: Path
     worker: int
     parent_run_id: str | None
+    n_jobs: int = 1
 
 
 def tune_worker(job: TuneJob) -> int:
-    """Run trials of the shared study until ``tune.n_trials`` have finished; returns how many
-    this worker ran. Each trial is an MLflow run under the dataset x variant's parent run."""
+    """Run trials of the shared study until ``tune.n_trials`` have finished, ``job.n_jobs`` at a
+    time (Optuna's ``n_jobs`` threads); returns how many this worker ran. Each trial is an MLflow
+    run under the dataset x variant's parent run and reports its val loss every
+    ``tune.report_interval`` steps to the pruner."""
     cfg, tune = job.cfg, job.cfg.tune
+    train_cfg = dataclasses.replace(cfg.train, eval_interval=tune.report_interval)
     tracker = make_tracker(cfg.tracking)
     data = TokenData.load(job.tokens_dir)
     device = resolve_device(cfg.train.device)
@@ -148,7 +165,7 @@ def tune_worker(job: TuneJob) -> int:
     study = load_study(cfg, job.dataset, job.variant, tune.sampler_seed + job.worker)
     tags = {"dataset": job.dataset, "variant": job.variant, "stage": "tune",
             "optuna_study": study.study_name}
-    ran = 0
+    ran, lock = 0, threading.Lock()  # trials of this worker, counted across its threads
 
     def objective(trial: optuna.Trial) -> float:
         nonlocal ran
@@ -157,7 +174,8 @@ def tune_worker(job: TuneJob) -> int:
             reason = f"surplus: {tune.n_trials} trials had started before it (tune.n_trials)"
             trial.set_user_attr("fail_reason", reason)
             raise SurplusTrial(reason)
-        ran += 1
+        with lock:
+            ran += 1
         lr = trial.suggest_float("lr", tune.lr_low, tune.lr_high, log=True)
         d_model = trial.suggest_categorical("d_model", list(tune.d_model_choices))
         model_cfg = resolve_model_config(cfg, job.variant, data.vocab_size, d_model)
@@ -172,7 +190,7 @@ def tune_worker(job: TuneJob) -> int:
                          parent_run_id=job.parent_run_id):
             tracker.log_params({"lr": lr, "d_model": d_model, "trial": trial.number})
             try:
-                result = train_model(model_cfg, cfg.train, data, seed=cfg.seeds[0], lr=lr,
+                result = train_model(model_cfg, train_cfg, data, seed=cfg.seeds[0], lr=lr,
                                      steps=tune.steps, device=device, on_eval=report,
                                      tracker=tracker,
                                      desc=f"{job.dataset}/{job.variant}/trial {trial.number}")
@@ -186,7 +204,8 @@ def tune_worker(job: TuneJob) -> int:
         # MaxTrialsCallback counts trials in the shared storage, so resumed studies and several
         # workers (processes or machines) stop together at n_trials; n_trials also caps this
         # worker should every trial diverge.
-        study.optimize(objective, n_trials=tune.n_trials, catch=(DivergenceError, SurplusTrial),
+        study.optimize(objective, n_trials=tune.n_trials, n_jobs=job.n_jobs,
+                       catch=(DivergenceError, SurplusTrial),
                        callbacks=[optuna.study.MaxTrialsCallback(tune.n_trials, states=COUNTED)])
     return ran
 
@@ -205,14 +224,17 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, best_pat
             the causality pre-flight; raised before the first trial.
         RuntimeError: no trial finished successfully.
     """
-    from .parallel import map_jobs, threads_per_worker, worker_count
+    from .parallel import map_jobs, threads_per_worker, use_processes, worker_count
 
     cfg.dataset(dataset)
     cfg.check_variant(variant)
     data = TokenData.load(tokens_dir)
     data.check_fits(cfg.model.context_length, dataset)
-    for d_model in cfg.tune.d_model_choices:
-        preflight(resolve_model_config(cfg, variant, data.vocab_size, d_model), f"variant {variant!r}")
+    models = [resolve_model_config(cfg, variant, data.vocab_size, d_model)
+              for d_model in cfg.tune.d_model_choices]
+    for model_cfg in models:
+        preflight(model_cfg, f"variant {variant!r}")
+    processes = use_processes(cfg.train, models)
     tune = cfg.tune
     study = load_study(cfg, dataset, variant, tune.sampler_seed)
     tags = {"dataset": dataset, "variant": variant, "stage": "tune",
@@ -234,9 +256,14 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, best_pat
                 continue
             remaining = tune.n_trials - finished
             workers = worker_count(cfg.train, remaining, resolve_device(cfg.train.device))
-            jobs = [TuneJob(cfg, dataset, variant, tokens_dir, w, parent_run_id)
-                    for w in range(workers)]
-            map_jobs(tune_worker, jobs, workers, threads_per_worker(cfg.train, workers))
+            threads = threads_per_worker(cfg.train, workers)
+            if processes:
+                jobs = [TuneJob(cfg, dataset, variant, tokens_dir, w, parent_run_id)
+                        for w in range(workers)]
+                map_jobs(tune_worker, jobs, workers, threads, processes=True)
+            else:
+                map_jobs(tune_worker, [TuneJob(cfg, dataset, variant, tokens_dir, 0,
+                                               parent_run_id, n_jobs=workers)], 1, threads)
             now = study.trials
             if (sum(t.state in FINISHED for t in now) == finished
                     and sum(t.state in COUNTED for t in now) < tune.n_trials):

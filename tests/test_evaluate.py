@@ -1,0 +1,100 @@
+"""Evaluation: batched, cached, threaded greedy decoding equals one problem at a time without a
+cache; exact match and character accuracy follow seed 000's definitions; test loss is the mean
+cross-entropy over non-overlapping windows."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lmablate.config import ModelConfig
+from lmablate.data import format_problem
+from lmablate.evaluate import (arithmetic_predictions, arithmetic_scores, split_problem,
+                               test_loss as windowed_test_loss)
+from lmablate.model import GPT
+from lmablate.tokenizer import CharTokenizer
+
+ALPHABET = "$()*+-./0123456789="
+PROBLEMS = [format_problem(12, "+", 34), format_problem(5, "*", 7), format_problem(9, "-", 10),
+            format_problem(1, "/", 4), format_problem("100.25", "+", 1)]
+
+
+def one_at_a_time(model, tok, problems):
+    """Seed 000's loop, greedy: a full forward over the growing sequence per new token."""
+    out = []
+    for line in problems:
+        prompt, target = split_problem(line)
+        idx = torch.tensor(tok.encode(prompt), dtype=torch.long)[None]
+        new = []
+        with torch.no_grad():
+            for _ in range(len(target)):
+                nxt = model(idx)[0][:, -1].argmax(-1, keepdim=True)
+                idx = torch.cat((idx, nxt), 1)
+                new.append(int(nxt))
+                if new[-1] == tok.token_id("$"):
+                    break
+        pred = tok.decode(np.array(new))
+        out.append(pred + "$" * (len(target) - len(pred)))
+    return out
+
+
+@pytest.mark.parametrize("position", ["learned", "rope", "alibi"])
+def test_batched_cached_decoding_equals_one_at_a_time(position):
+    tok = CharTokenizer(ALPHABET)
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(vocab_size=tok.vocab_size, d_model=32, n_layers=2, n_heads=4,
+                            context_length=40, position=position)).eval()
+    with torch.no_grad():  # larger weights: outputs that depend on the input, like a trained model
+        for p in model.parameters():
+            p.mul_(25)
+    problems = PROBLEMS * 4
+    reference = one_at_a_time(model, tok, problems)
+    for batch_size, workers in [(1, 1), (3, 1), (len(problems), 1), (3, 2), (4, 3)]:
+        got = arithmetic_predictions(model, tok, problems, batch_size, torch.device("cpu"),
+                                     workers=workers)
+        assert got == reference, (batch_size, workers)
+    assert all(len(p) == 11 for p in reference)
+    # not a constant output: the comparison covers varied tokens, and early stops padded by "$"
+    assert len({p.rstrip("$") for p in reference}) > 1
+
+
+def test_predictions_need_one_prompt_and_answer_length():
+    tok = CharTokenizer(ALPHABET)
+    model = GPT(ModelConfig(vocab_size=tok.vocab_size, d_model=16, n_layers=1, n_heads=2,
+                            context_length=40)).eval()
+    with pytest.raises(ValueError, match="one prompt and answer length"):
+        arithmetic_predictions(model, tok, [PROBLEMS[0], "$(1+2)=3$"], 2, torch.device("cpu"))
+
+
+def test_scores_follow_seed_000_definitions():
+    problems = [format_problem(12, "+", 34), format_problem(5, "*", 7),
+                format_problem(9, "-", 10), format_problem(1, "/", 4)]
+    targets = [split_problem(p)[1] for p in problems]
+    preds = list(targets)
+    preds[1] = "x" + targets[1][1:]  # one wrong character of 11
+    preds[3] = "$" * 11  # every position wrong but the final "$"
+    s = arithmetic_scores(problems, preds)
+    assert s["exact_match"] == pytest.approx(2 / 4)
+    assert s["char_accuracy"] == pytest.approx((11 + 10 + 11 + 1) / 44)
+    assert s["per_op"]["add"] == {"char_accuracy": 1.0, "exact_match": 1.0}
+    assert s["per_op"]["mul"]["char_accuracy"] == pytest.approx(10 / 11)
+    assert s["per_op"]["mul"]["exact_match"] == 0.0
+    assert s["per_op"]["div"]["char_accuracy"] == pytest.approx(1 / 11)
+
+
+def test_test_loss_is_mean_cross_entropy_over_windows():
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(vocab_size=7, d_model=16, n_layers=1, n_heads=2,
+                            context_length=8)).eval()
+    tokens = np.random.default_rng(0).integers(0, 7, size=8 * 5 + 3).astype(np.uint8)
+    got = windowed_test_loss(model, tokens, batch_size=2, max_batches=10, device=torch.device("cpu"))
+    windows = torch.from_numpy(tokens[:41].astype(np.int64))
+    x, y = windows[:40].view(5, 8), windows[1:41].view(5, 8)
+    with torch.no_grad():
+        expected = F.cross_entropy(model(x)[0].flatten(0, 1), y.flatten()).item()
+    assert got == pytest.approx(expected, rel=1e-5)
+    assert got > math.log(7) * 0.5
+    with pytest.raises(ValueError, match="need at least 9"):
+        windowed_test_loss(model, tokens[:8], 2, 10, torch.device("cpu"))
