@@ -6,7 +6,7 @@ r"""Optuna pruning: training steps spent in tuning with the pipeline's pruner vs
 
 Runs ``lmablate.tune.run`` (the pipeline's own tune stage) on the default profile (params.yaml:
 model size, tune.steps, d_model_choices, lr range, n_startup_trials = max(1, n_trials // 4),
-n_warmup_steps=1) for baseline and rope on arithmetic (generated) and shakespeare (the
+n_warmup_steps = train.warmup_steps) for baseline and rope on arithmetic (generated) and shakespeare (the
 pipeline's token files, when present), with temp-file SQLite Optuna storage and tracking off.
 
 Each *setting* ``NxE[:pruner]`` is ``tune.n_trials=N`` with the validation loss reported to
@@ -124,11 +124,11 @@ class Setting:
     def n_startup(self) -> int:
         return max(1, self.n_trials // 4)  # lmablate.tune.load_study
 
-    def bound(self, steps: int) -> float:
+    def bound(self, steps: int, warmup: int) -> float:
         """The most a median/percentile pruner can save: every trial after the start-up ones
-        pruned at its first report."""
-        return ((self.n_trials - self.n_startup) / self.n_trials
-                * (1 - min(self.report_interval, steps) / steps))
+        pruned at its first report after the warm-up."""
+        first = (warmup // self.report_interval + 1) * self.report_interval
+        return ((self.n_trials - self.n_startup) / self.n_trials * (1 - min(first, steps) / steps))
 
 
 def main() -> None:
@@ -217,16 +217,18 @@ def main() -> None:
         pruned, trials = sum(r["pruned"] for r in b), sum(r["trials"] for r in b)
         wall = sum(r["wall"] for r in b) / sum(r["wall"] for r in a)
         default = st == Setting.of(base)
-        bound = f"{st.bound(t.steps):.0%}" if st.pruner != "hyperband" else "-"
+        bound = (f"{st.bound(t.steps, base.train.warmup_steps):.0%}"
+                 if st.pruner != "hyperband" else "-")
         print(f"   {str(st):<14}{st.n_startup if st.pruner != 'hyperband' else '-':>8}"
               f"{s_none:>11}{s_pr:>13}{1 - s_pr / s_none:>7.0%}{bound:>7}"
               f"{f'{pruned}/{trials}':>8}{statistics.mean(deltas):>+11.4f}{max(deltas):>+10.4f}"
               f"{f'{worse}/{len(keys)}':>12}{wall:>11.2f}{'  <- params.yaml' if default else ''}")
     print("   setting NxE:pruner = tune.n_trials N, val loss reported every E steps "
-          "(tune.report_interval), n_startup_trials max(1, N // 4),\n   pruner median, hyperband "
-          "or pNN = PercentilePruner(NN). saved = 1 - steps pruned / steps none (target >= 40%); bound = "
-          "the most\n   a median/percentile pruner can save here; Δbest = best val loss pruned - "
-          "none (nats); wall ratio = tune wall time pruned / none, evals included.")
+          "(tune.report_interval), pruner median, hyperband\n   or pNN = PercentilePruner(NN), "
+          "n_startup_trials max(1, N // 4), no pruning up to step train.warmup_steps.\n"
+          "   saved = 1 - steps pruned / steps none (target >= 40%); bound = the most a "
+          "median/percentile pruner can save here;\n   Δbest = best val loss pruned - none "
+          "(nats); wall ratio = tune wall time pruned / none, evals included.")
 
     print(f"\n(benchmark wall time {elapsed:.0f} s)")
 

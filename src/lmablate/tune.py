@@ -81,18 +81,19 @@ def make_storage(url: str, heartbeat_seconds: int = 10) -> optuna.storages.BaseS
         "tune.storage to a reachable database") from None
 
 
-def make_pruner(name: str, n_startup_trials: int, percentile: float = 25.0
-                ) -> optuna.pruners.BasePruner:
+def make_pruner(name: str, n_startup_trials: int, percentile: float = 25.0,
+                n_warmup_steps: int = 1) -> optuna.pruners.BasePruner:
     """Optuna's pruner for ``tune.pruner``: ``median`` (MedianPruner: stop a trial whose val loss
     is worse than the median of finished trials at the same step), ``percentile``
     (PercentilePruner: worse than the best ``percentile`` %), ``hyperband`` (HyperbandPruner,
-    Li et al. 2018) or ``none``. Pruning starts once ``n_startup_trials`` trials have finished and
-    after a trial's first report."""
+    Li et al. 2018) or ``none``. Median and percentile prune once ``n_startup_trials`` trials
+    have finished, at reports after step ``n_warmup_steps``."""
     if name == "median":
-        return optuna.pruners.MedianPruner(n_startup_trials=n_startup_trials, n_warmup_steps=1)
+        return optuna.pruners.MedianPruner(n_startup_trials=n_startup_trials,
+                                           n_warmup_steps=n_warmup_steps)
     if name == "percentile":
         return optuna.pruners.PercentilePruner(percentile, n_startup_trials=n_startup_trials,
-                                               n_warmup_steps=1)
+                                               n_warmup_steps=n_warmup_steps)
     if name == "hyperband":
         return optuna.pruners.HyperbandPruner()
     return optuna.pruners.NopPruner()
@@ -118,8 +119,11 @@ def load_study(cfg: StudyConfig, dataset: str, variant: str, sampler_seed: int) 
         storage=make_storage(cfg.tune.storage_url, cfg.tune.heartbeat_seconds),
         load_if_exists=True, direction="minimize",
         sampler=optuna.samplers.TPESampler(seed=sampler_seed),
+        # No trial is judged during its learning-rate warm-up: early losses mostly say how fast
+        # the learning rate ramps up, and pruning there cost the best trial in benchmarks.
         pruner=make_pruner(cfg.tune.pruner, n_startup_trials=max(1, cfg.tune.n_trials // 4),
-                           percentile=cfg.tune.percentile))
+                           percentile=cfg.tune.percentile,
+                           n_warmup_steps=max(1, cfg.train.warmup_steps)))
 
 
 class SurplusTrial(Exception):
