@@ -89,8 +89,11 @@ def arithmetic_predictions(model, tok: CharTokenizer, problems: list[str], batch
 
     starts = range(0, len(prompts), batch_size)
     workers = min(workers, len(starts)) if device.type == "cpu" else 1
-    threads = max(1, torch.get_num_threads() // workers)
-    return [pred for batch in map_jobs(decode, starts, workers, threads) for pred in batch]
+    if workers == 1:  # e.g. inside the evaluate stage's seed threads: leave torch's threads be
+        batches = [decode(start) for start in starts]
+    else:
+        batches = map_jobs(decode, starts, workers, max(1, torch.get_num_threads() // workers))
+    return [pred for batch in batches for pred in batch]
 
 
 def arithmetic_scores(problems: list[str], predictions: list[str]) -> dict:
