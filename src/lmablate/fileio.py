@@ -1,7 +1,9 @@
-"""Atomic file output: write to a temporary file in the target's folder, then rename.
+"""The project's file I/O: atomic writes, and the one JSON reader/writer and CSV writer.
 
-A crash mid-write leaves the old file (or none), never a truncated one for DVC to cache or a
-reader (MLflow, a browser) to see.
+Every output is written to a temporary file in the target's folder, then renamed: a crash
+mid-write leaves the old file (or none), never a truncated one for DVC to cache or a reader
+(MLflow, a browser) to see. Tables are written by pandas alone, so every CSV of the project has
+the same dialect (comma, ``\n`` line ends, floats as their shortest round-trip repr).
 """
 
 from __future__ import annotations
@@ -11,7 +13,10 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import IO, Any, Iterator
+from typing import IO, TYPE_CHECKING, Any, Iterator, Mapping, Sequence
+
+if TYPE_CHECKING:  # pandas is imported by write_csv only: the data stages never need it
+    import pandas as pd
 
 
 @contextlib.contextmanager
@@ -61,5 +66,29 @@ def write_json(path: str | os.PathLike, obj: Any) -> None:
 
 
 def read_json(path: str | os.PathLike) -> Any:
-    """Read a JSON file."""
+    """Read a UTF-8 JSON file.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        ValueError: it is not valid JSON or not UTF-8 (``json.JSONDecodeError`` and
+            ``UnicodeDecodeError`` are both ValueErrors).
+    """
     return json.loads(Path(path).read_text(encoding="utf-8"))
+
+
+def write_csv(path: str | os.PathLike,
+              table: "pd.DataFrame | Sequence[Mapping[str, Any]]",
+              columns: Sequence[str] | None = None) -> Path:
+    """Write ``table`` (a DataFrame, or rows as mappings) as CSV to ``path`` atomically.
+
+    ``columns`` selects and orders the columns (rows missing a key get an empty cell); by
+    default all of the frame's, or the first row's keys. No index column. Returns ``path``.
+    """
+    import pandas as pd
+
+    frame = table if isinstance(table, pd.DataFrame) else pd.DataFrame(list(table))
+    if columns is not None:
+        frame = frame.reindex(columns=list(columns))
+    with atomic_path(path) as tmp:
+        frame.to_csv(tmp, index=False)
+    return Path(path)

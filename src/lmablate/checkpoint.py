@@ -1,0 +1,81 @@
+"""Checkpoints of finished runs and resume states of interrupted ones.
+
+Two files per seed, both written atomically with ``torch.save``:
+
+* ``checkpoint.pt`` (:func:`save_checkpoint`): the model config as a dict, the weights, the
+  optimizer state, the step and free-form ``meta``. :func:`load_checkpoint` rebuilds the GPT from
+  it alone, so evaluation and the report need nothing but the file.
+* ``resume.pt`` (:func:`save_resume`): the whole training state at an eval step (weights,
+  optimizer, scheduler, random number generators, history), tagged with the run's fingerprint.
+  :func:`load_resume` returns it only for the same fingerprint, so a state written for other
+  settings, data or code is never resumed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import fileio
+from .config import ModelConfig
+from .model import GPT
+
+# The modules whose code defines what a training run computes: a resume state written by other
+# code is not resumed (see code_version).
+RUN_MODULES = ("model.py", "training.py", "tokens.py", "device.py")
+
+
+def code_version() -> str:
+    """First 16 hex digits of the sha256 of :data:`RUN_MODULES` (the model, the training loop
+    and its batches): part of every training fingerprint."""
+    h = hashlib.sha256()
+    for name in RUN_MODULES:
+        h.update(Path(__file__).with_name(name).read_bytes())
+    return h.hexdigest()[:16]
+
+
+def save_checkpoint(path: Path, model: GPT, optimizer: torch.optim.Optimizer,
+                    model_cfg: ModelConfig, *, step: int, meta: dict) -> None:
+    """Save ``model_cfg`` (as a dict), the weights, the optimizer state, ``step`` and ``meta``
+    to ``path`` atomically."""
+    state = {"model_config": model_cfg.to_dict(), "model": model.state_dict(),
+             "optimizer": optimizer.state_dict(), "step": step, "meta": meta}
+    with fileio.atomic_path(path) as tmp:
+        torch.save(state, tmp)
+
+
+def load_checkpoint(path: Path, device: torch.device | str = "cpu") -> tuple[GPT, dict]:
+    """Rebuild the GPT saved by :func:`save_checkpoint` on ``device``.
+
+    Returns:
+        ``(model in eval mode, the checkpoint dict)``.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+    """
+    ckpt = torch.load(path, map_location=device, weights_only=True)
+    model = GPT(ModelConfig(**ckpt["model_config"])).to(device)
+    model.load_state_dict(ckpt["model"])
+    model.eval()
+    return model, ckpt
+
+
+def save_resume(path: Path, state: dict[str, Any]) -> None:
+    """Write a resume state (a dict holding at least ``fingerprint``) to ``path`` atomically."""
+    with fileio.atomic_path(path) as tmp:
+        torch.save(state, tmp)
+
+
+def load_resume(path: Path | None, fingerprint: str) -> dict | None:
+    """The resume state at ``path`` if it exists, is readable and was written for
+    ``fingerprint``; else None (training then starts over)."""
+    if path is None or not path.exists():
+        return None
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception:  # noqa: BLE001 - an unreadable state is ignored, training starts over
+        return None
+    return state if state.get("fingerprint") == fingerprint else None
