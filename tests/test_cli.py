@@ -5,44 +5,13 @@ import json
 from pathlib import Path
 
 import pytest
-import yaml
 
-from lmablate import cli, config
-from lmablate.data import generate
-from lmablate.tokenizer import tokenize
+from lmablate import cli
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def tiny_raw() -> dict:
-    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
-    raw["study"].update(seeds=[0], variants=["baseline", "rope"], datasets=["arithmetic"])
-    raw["datasets"]["arithmetic"].update(n_train=300, n_test=16)
-    raw["model"].update(context_length=16, n_layers=1, n_heads=2, d_model=8)
-    raw["train"].update(steps=4, eval_interval=2, eval_iters=1, warmup_steps=0, batch_size=4)
-    raw["tune"].update(n_trials=2, steps=2, d_model_choices=[8])
-    raw["evaluate"].update(max_batches=1, batch_size=8, max_problems=8)
-    raw["tracking"]["enabled"] = False
-    return raw
-
-
-@pytest.fixture()
-def project(tmp_path, monkeypatch):
-    """A working folder with tiny params and tokenized arithmetic data."""
-    monkeypatch.chdir(tmp_path)
-    raw = tiny_raw()
-    raw["tune"]["storage"] = f"sqlite:///{tmp_path / 'optuna.db'}"
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
-    cfg = config.load(tmp_path / "params.yaml")
-    generate(cfg.dataset("arithmetic"), tmp_path / "raw")
-    tokenize(cfg.dataset("arithmetic"), tmp_path / "raw", tmp_path / "tokens")
-    return tmp_path
-
-
-def write_params(project: Path, change) -> None:
-    raw = yaml.safe_load((project / "params.yaml").read_text())
-    change(raw)
-    (project / "params.yaml").write_text(yaml.safe_dump(raw))
+@pytest.fixture(autouse=True)
+def in_project(project, monkeypatch):
+    """Every command runs in the tiny project, with the relative paths dvc.yaml would pass."""
+    monkeypatch.chdir(project.path)
 
 
 def tune_args(variant="baseline"):
@@ -52,17 +21,17 @@ def tune_args(variant="baseline"):
 
 def test_stages_run_on_tiny_data(project):
     assert cli.main(tune_args("rope")) == 0
-    best = json.loads((project / "out" / "best.json").read_text())
-    assert best["d_model"] == 8 and 0 < best["lr"] and best["n_trials"] == 2
+    best = json.loads((project.path / "out" / "best.json").read_text())
+    assert best["d_model"] == 16 and 0 < best["lr"] and best["n_trials"] == 2
     assert cli.main(["train", "arithmetic", "rope", "--tokens", "tokens", "--best", "out/best.json",
                      "--checkpoints", "out/ck", "--history", "out/history.csv",
                      "--grad-stats", "out/grad.csv"]) == 0
-    header = (project / "out" / "history.csv").read_text().splitlines()[0]
+    header = (project.path / "out" / "history.csv").read_text().splitlines()[0]
     assert header == "seed,step,tokens,train_loss,val_loss,lr,elapsed_seconds"
     assert cli.main(["evaluate", "arithmetic", "rope", "--tokens", "tokens", "--raw", "raw",
                      "--checkpoints", "out/ck", "--metrics", "out/metrics.json",
                      "--examples", "out/examples.json"]) == 0
-    run = json.loads((project / "out" / "metrics.json").read_text())["runs"]["seed_0"]
+    run = json.loads((project.path / "out" / "metrics.json").read_text())["runs"]["seed_0"]
     assert set(run["per_op"]) == {"add", "sub", "mul", "div"}
     assert run["bits_per_char"] == pytest.approx(run["test_loss"] / 0.6931471805599453)
     # a resumed tune with the same settings finds its finished study and runs no new trial
@@ -81,33 +50,33 @@ BAD_PARAMS = [
 
 @pytest.mark.parametrize("name,change,message", BAD_PARAMS, ids=[b[0] for b in BAD_PARAMS])
 def test_bad_params_exit_2_before_work(project, capsys, name, change, message):
-    write_params(project, change)
+    project.write_params(change)
     assert cli.main(tune_args()) == 2
     err = capsys.readouterr().err
     assert err.startswith("lmablate: error:") and message in err
-    assert not (project / "out").exists()
+    assert not (project.path / "out").exists()
 
 
 def test_unknown_variant_on_command_line(project, capsys):
     assert cli.main(tune_args("mamba")) == 2
     assert "variant='mamba'" in capsys.readouterr().err
-    assert not (project / "out").exists()
+    assert not (project.path / "out").exists()
 
 
 def test_split_too_small_for_context(project, capsys):
-    write_params(project, lambda r: r["model"].update(context_length=4096))
+    project.write_params(lambda r: r["model"].update(context_length=4096))
     assert cli.main(tune_args()) == 2
     err = capsys.readouterr().err
     assert "fewer than context_length + 1" in err and "split" in err
-    assert not (project / "out").exists()
+    assert not (project.path / "out").exists()
 
 
 def test_truncated_token_file(project, capsys):
-    path = project / "tokens" / "train.bin"
+    path = project.path / "tokens" / "train.bin"
     path.write_bytes(path.read_bytes()[:-7])
     assert cli.main(tune_args()) == 2
     assert "train.bin" in capsys.readouterr().err
-    assert not (project / "out").exists()
+    assert not (project.path / "out").exists()
 
 
 def test_checkpoint_vocabulary_mismatch(project, capsys):
@@ -115,14 +84,14 @@ def test_checkpoint_vocabulary_mismatch(project, capsys):
     assert cli.main(["train", "arithmetic", "baseline", "--tokens", "tokens", "--best",
                      "out/best.json", "--checkpoints", "out/ck", "--history", "out/h.csv",
                      "--grad-stats", "out/g.csv"]) == 0
-    meta = json.loads((project / "tokens" / "meta.json").read_text())
-    vocab = json.loads((project / "tokens" / "vocab.json").read_text())
+    meta = json.loads((project.path / "tokens" / "meta.json").read_text())
+    vocab = json.loads((project.path / "tokens" / "vocab.json").read_text())
     vocab["chars"].append("~")
     meta["vocab_size"] += 1
-    (project / "tokens" / "vocab.json").write_text(json.dumps(vocab))
-    (project / "tokens" / "meta.json").write_text(json.dumps(meta))
+    (project.path / "tokens" / "vocab.json").write_text(json.dumps(vocab))
+    (project.path / "tokens" / "meta.json").write_text(json.dumps(meta))
     assert cli.main(["evaluate", "arithmetic", "baseline", "--tokens", "tokens", "--raw", "raw",
                      "--checkpoints", "out/ck", "--metrics", "out/m.json",
                      "--examples", "out/e.json"]) == 2
     assert "vocab_size" in capsys.readouterr().err
-    assert not (project / "out" / "m.json").exists()
+    assert not (project.path / "out" / "m.json").exists()

@@ -1,8 +1,8 @@
 """Faults: a killed training run resumes to the same result; a killed tuning run keeps its
 trials and finishes the requested count; divergence stops with a clear error or fails a trial."""
 
+import dataclasses
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -12,47 +12,28 @@ from pathlib import Path
 import optuna
 import pytest
 import torch
-import yaml
-
-from lmablate import config, tune
+from lmablate import config, tuning
 from lmablate.config import TrainConfig
-from lmablate.data import generate
-from lmablate.tokenizer import tokenize
+from lmablate.stages import tune
+from lmablate.tokens import TokenData
 from lmablate.tracking import NullTracker
-from lmablate.train import TokenData, resolve_model_config, train_model
+from lmablate.training import train_model
+from lmablate.variants import resolve_model_config
 
-ROOT = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
-
-
-def tiny_raw(tmp_path: Path) -> dict:
-    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
-    raw["study"].update(seeds=[0], variants=["baseline"], datasets=["arithmetic"])
-    raw["datasets"]["arithmetic"].update(n_train=2000, n_test=16)
-    raw["model"].update(context_length=16, n_layers=1, n_heads=2, d_model=16)
-    raw["train"].update(steps=200, eval_interval=10, eval_iters=1, warmup_steps=5, batch_size=4,
-                        workers=1)
-    raw["tune"].update(n_trials=4, steps=60, d_model_choices=[16], heartbeat_seconds=1,
-                       pruner="none", storage=f"sqlite:///{tmp_path / 'optuna.db'}")
-    raw["tracking"]["enabled"] = False
-    return raw
+# Faults need runs long enough to be interrupted: more data, wider models, more steps.
+FAULTS = {
+    "study": {"variants": ["baseline"]},
+    "train": {"steps": 200, "eval_interval": 10, "warmup_steps": 5},
+    "tune": {"n_trials": 4, "steps": 60, "heartbeat_seconds": 1, "pruner": "none"},
+    "runtime": {"workers": 1},
+}
 
 
 @pytest.fixture()
-def project(tmp_path):
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(tiny_raw(tmp_path)))
-    cfg = config.load(tmp_path / "params.yaml")
-    generate(cfg.dataset("arithmetic"), tmp_path / "raw")
-    tokenize(cfg.dataset("arithmetic"), tmp_path / "raw", tmp_path / "tokens")
-    (tmp_path / "best.json").write_text(json.dumps({"lr": 3e-3, "d_model": 16}))
-    return tmp_path
-
-
-def lmablate(project: Path, *args: str) -> subprocess.Popen:
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
-    env.pop("LMABLATE_OPTUNA_STORAGE", None)
-    return subprocess.Popen(["lmablate", *args], cwd=project, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+def project(make_project, tmp_path):
+    project = make_project(tmp_path, FAULTS)
+    (project.path / "best.json").write_text(json.dumps({"lr": 3e-3, "d_model": 16}))
+    return project
 
 
 def train_cmd(out: str) -> list[str]:
@@ -70,7 +51,7 @@ def wait_for(predicate, timeout: float, what: str) -> None:
 
 
 def test_resume_in_process_equals_uninterrupted(project):
-    cfg = config.load(project / "params.yaml")
+    cfg, project = project.cfg, project.path
     data = TokenData.load(project / "tokens")
     model_cfg = resolve_model_config(cfg, "baseline", data.vocab_size, 16)
     kw = dict(seed=0, lr=3e-3, steps=60, device=torch.device("cpu"))
@@ -99,13 +80,13 @@ def test_resume_in_process_equals_uninterrupted(project):
     assert other.history[0]["step"] == 10
 
 
-def test_kill_9_during_train_then_rerun_gives_the_same_result(project):
-    raw = tiny_raw(project)
-    raw["train"].update(steps=3000, eval_interval=50)  # seconds of training: time to kill it
-    (project / "params.yaml").write_text(yaml.safe_dump(raw))
-    reference = lmablate(project, *train_cmd("ref"))
+def test_kill_9_during_train_then_rerun_gives_the_same_result(project, start_lmablate):
+    # seconds of training: time to kill it
+    project.write_params(lambda r: r["train"].update(steps=3000, eval_interval=50))
+    project = project.path
+    reference = start_lmablate(train_cmd("ref"), project)
     assert reference.wait(timeout=300) == 0, reference.stderr.read()
-    victim = lmablate(project, *train_cmd("out"))
+    victim = start_lmablate(train_cmd("out"), project)
     resume = project / "out" / "ck" / "seed_0" / "resume.pt"
     wait_for(resume.exists, 120, "the first resume state")
     time.sleep(0.3)
@@ -114,7 +95,7 @@ def test_kill_9_during_train_then_rerun_gives_the_same_result(project):
     assert not (project / "out" / "ck" / "seed_0" / "result.json").exists()
     killed_at = torch.load(resume, weights_only=False)["step"]
     assert 0 < killed_at < 3000
-    again = lmablate(project, *train_cmd("out"))
+    again = start_lmablate(train_cmd("out"), project)
     assert again.wait(timeout=300) == 0, again.stderr.read()
     ref = json.loads((project / "ref" / "ck" / "seed_0" / "result.json").read_text())
     out = json.loads((project / "out" / "ck" / "seed_0" / "result.json").read_text())
@@ -125,11 +106,12 @@ def test_kill_9_during_train_then_rerun_gives_the_same_result(project):
     assert not resume.exists()  # the finished seed keeps only its checkpoint and result
 
 
-def test_kill_9_during_tune_keeps_trials_and_finishes_the_count(project):
-    victim = lmablate(project, "tune", "arithmetic", "baseline", "--tokens", "tokens",
-                      "--best", "t/best.json", "--trials", "t/trials.csv")
-    cfg = config.load(project / "params.yaml")
-    name = tune.study_name(cfg, "arithmetic", "baseline")
+def test_kill_9_during_tune_keeps_trials_and_finishes_the_count(project, start_lmablate):
+    cfg, project = project.cfg, project.path
+    tune_cmd = ["tune", "arithmetic", "baseline", "--tokens", "tokens", "--best", "t/best.json",
+                "--trials", "t/trials.csv"]
+    victim = start_lmablate(tune_cmd, project)
+    name = tuning.study_name(cfg, "arithmetic", "baseline")
     storage = cfg.tune.storage_url
 
     def n_complete() -> int:
@@ -142,8 +124,7 @@ def test_kill_9_during_tune_keeps_trials_and_finishes_the_count(project):
     wait_for(lambda: n_complete() >= 1, 180, "a completed trial")
     victim.send_signal(signal.SIGKILL)
     victim.wait()
-    again = lmablate(project, "tune", "arithmetic", "baseline", "--tokens", "tokens",
-                     "--best", "t/best.json", "--trials", "t/trials.csv")
+    again = start_lmablate(tune_cmd, project)
     assert again.wait(timeout=300) == 0, again.stderr.read()
     study = optuna.load_study(study_name=name, storage=storage)
     states = [t.state for t in study.trials]
@@ -152,24 +133,24 @@ def test_kill_9_during_tune_keeps_trials_and_finishes_the_count(project):
     assert json.loads((project / "t" / "best.json").read_text())["n_trials"] == 4
 
 
-def test_final_run_divergence_names_dataset_variant_seed_and_step(project):
-    (project / "best.json").write_text(json.dumps({"lr": 1e6, "d_model": 16}))
-    proc = lmablate(project, *train_cmd("out"))
+def test_final_run_divergence_names_dataset_variant_seed_and_step(project, start_lmablate):
+    (project.path / "best.json").write_text(json.dumps({"lr": 1e6, "d_model": 16}))
+    proc = start_lmablate(train_cmd("out"), project.path)
     assert proc.wait(timeout=300) == 2
     err = proc.stderr.read()
     assert "dataset arithmetic, variant baseline, seed 0" in err and "at step" in err
 
 
 def test_diverging_trial_is_failed_with_reason_and_the_study_goes_on(project):
-    raw = tiny_raw(project)
-    raw["tune"].update(lr_low=1e-3, lr_high=1e7, n_trials=4, steps=20)
-    cfg = config.parse(raw)
+    cfg = dataclasses.replace(project.cfg, tune=dataclasses.replace(
+        project.cfg.tune, lr_low=1e-3, lr_high=1e7, n_trials=4, steps=20))
+    project = project.path
     try:
         tune.run(cfg, "arithmetic", "baseline", project / "tokens", project / "b.json",
                  project / "t.csv", NullTracker())
     except RuntimeError as exc:  # every trial may diverge at such rates
         assert "no trial" in str(exc)
-    study = optuna.load_study(study_name=tune.study_name(cfg, "arithmetic", "baseline"),
+    study = optuna.load_study(study_name=tuning.study_name(cfg, "arithmetic", "baseline"),
                               storage=cfg.tune.storage_url)
     failed = [t for t in study.trials if t.state == optuna.trial.TrialState.FAIL]
     assert failed, "some trial at a learning rate up to 1e7 should diverge"
@@ -191,12 +172,13 @@ def alive(pid: int) -> bool:
     return "\nState:\tZ" not in status
 
 
-def test_kill_9_of_a_stage_takes_its_worker_processes_with_it(project):
-    raw = tiny_raw(project)
-    raw["study"]["seeds"] = [0, 1]
-    raw["train"].update(workers=2, parallel="processes")
-    (project / "params.yaml").write_text(yaml.safe_dump(raw))
-    victim = lmablate(project, *train_cmd("out"))
+def test_kill_9_of_a_stage_takes_its_worker_processes_with_it(project, start_lmablate):
+    def two_worker_processes(raw):
+        raw["study"]["seeds"] = [0, 1]
+        raw["runtime"].update(workers=2, parallel="processes")
+
+    project.write_params(two_worker_processes)
+    victim = start_lmablate(train_cmd("out"), project.path)
     wait_for(lambda: len(children(victim.pid)) >= 2, 60, "two worker processes")
     workers = children(victim.pid)
     victim.send_signal(signal.SIGKILL)

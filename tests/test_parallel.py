@@ -9,38 +9,29 @@ import optuna
 import pandas as pd
 import pytest
 import torch
-import yaml
-
-from lmablate import config, parallel, train, tune
-from lmablate.config import ModelConfig, TrainConfig
-from lmablate.data import generate
-from lmablate.tokenizer import tokenize
+from lmablate import parallel, tuning
+from lmablate.config import ModelConfig, RuntimeConfig
+from lmablate.stages import train, tune
 from lmablate.tracking import NullTracker
 
-ROOT = Path(__file__).resolve().parents[1]
+PARALLEL = {
+    "study": {"seeds": [0, 1, 2], "variants": ["baseline"]},
+    "train": {"steps": 30, "eval_interval": 10, "eval_iters": 2, "warmup_steps": 2},
+    "tune": {"n_trials": 5, "steps": 20, "report_interval": 5},
+    "runtime": {"threads": 1},
+}
 
 
 @pytest.fixture(scope="module")
-def project(tmp_path_factory):
+def project(tmp_path_factory, make_project):
     tmp = tmp_path_factory.mktemp("parallel")
-    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
-    raw["study"].update(seeds=[0, 1, 2], variants=["baseline"], datasets=["arithmetic"])
-    raw["datasets"]["arithmetic"].update(n_train=2000, n_test=16)
-    raw["model"].update(context_length=16, n_layers=1, n_heads=2, d_model=16)
-    raw["train"].update(steps=30, eval_interval=10, eval_iters=2, warmup_steps=2, batch_size=4,
-                        threads=1)
-    raw["tune"].update(n_trials=5, steps=20, report_interval=5, d_model_choices=[16],
-                       storage=f"sqlite:///{tmp / 'optuna.db'}")
-    raw["tracking"]["enabled"] = False
-    cfg = config.parse(raw)
-    generate(cfg.dataset("arithmetic"), tmp / "raw")
-    tokenize(cfg.dataset("arithmetic"), tmp / "raw", tmp / "tokens")
+    project = make_project(tmp, PARALLEL)
     (tmp / "best.json").write_text('{"lr": 0.003, "d_model": 16}')
-    return cfg, tmp
+    return project.cfg, tmp
 
 
-def train_all(cfg, tmp: Path, out: str, **train_changes) -> dict:
-    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, **train_changes))
+def train_all(cfg, tmp: Path, out: str, **runtime_changes) -> dict:
+    cfg = dataclasses.replace(cfg, runtime=dataclasses.replace(cfg.runtime, **runtime_changes))
     d = tmp / out
     return train.run(cfg, "arithmetic", "baseline", tmp / "tokens", tmp / "best.json",
                      d / "ck", d / "history.csv", d / "grad.csv")
@@ -77,11 +68,28 @@ def test_seeds_in_threads_equal_seeds_one_at_a_time(project):
     assert len(set(losses(serial).values())) == 3
 
 
+def test_changing_runtime_settings_does_not_retrain_a_finished_seed(project):
+    cfg, tmp = project
+    first = train_all(cfg, tmp, "kept", workers=1)
+    ck = tmp / "kept" / "ck"
+    stamps = {p: p.stat().st_mtime_ns for p in ck.glob("seed_*/*")}
+    assert len(stamps) == 2 * len(cfg.seeds)  # checkpoint.pt and result.json per seed
+    again = train_all(cfg, tmp, "kept", workers=3, threads=2, parallel="processes")
+    assert again == first
+    assert {p: p.stat().st_mtime_ns for p in ck.glob("seed_*/*")} == stamps
+    # ...whereas a setting that changes the result does retrain
+    changed = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, eval_iters=1))
+    retrained = train_all(changed, tmp, "kept", workers=1)
+    assert all((ck / f"seed_{s}" / "checkpoint.pt").stat().st_mtime_ns
+               > stamps[ck / f"seed_{s}" / "checkpoint.pt"] for s in cfg.seeds)
+    assert retrained != first
+
+
 def test_dropout_runs_in_processes_and_stays_deterministic(project):
     cfg, tmp = project
     cfg = dataclasses.replace(cfg, model=cfg.model.replace(dropout=0.1),
                               seeds=(0, 1))
-    assert parallel.use_processes(cfg.train, [cfg.model])
+    assert parallel.use_processes(cfg.runtime, [cfg.model])
     serial = train_all(cfg, tmp, "drop-serial", workers=1)
     spawned = train_all(cfg, tmp, "drop-processes", workers=2)
     assert losses(serial) == losses(spawned)
@@ -91,21 +99,21 @@ def test_dropout_runs_in_processes_and_stays_deterministic(project):
 def test_worker_count_rules():
     cpu, gpu = torch.device("cpu"), torch.device("cuda")
     cores = parallel.cpu_count()
-    assert parallel.worker_count(TrainConfig(workers=0), 100, cpu) == cores
-    assert parallel.worker_count(TrainConfig(workers=0), 100, cpu, all_at_once=True) == 2 * cores
-    assert parallel.worker_count(TrainConfig(workers=0, parallel="processes"), 100, cpu,
+    assert parallel.worker_count(RuntimeConfig(workers=0), 100, cpu) == cores
+    assert parallel.worker_count(RuntimeConfig(workers=0), 100, cpu, all_at_once=True) == 2 * cores
+    assert parallel.worker_count(RuntimeConfig(workers=0, parallel="processes"), 100, cpu,
                                  all_at_once=True) == cores
-    assert parallel.worker_count(TrainConfig(workers=5), 3, cpu) == 3
-    assert parallel.worker_count(TrainConfig(workers=5), 3, gpu) == 1
-    assert parallel.threads_per_worker(TrainConfig(threads=0), cores) == 1
-    assert parallel.threads_per_worker(TrainConfig(threads=3), 2) == 3
+    assert parallel.worker_count(RuntimeConfig(workers=5), 3, cpu) == 3
+    assert parallel.worker_count(RuntimeConfig(workers=5), 3, gpu) == 1
+    assert parallel.threads_per_worker(RuntimeConfig(threads=0), cores) == 1
+    assert parallel.threads_per_worker(RuntimeConfig(threads=3), 2) == 3
 
 
 def test_use_processes_only_for_dropout_or_when_asked():
     plain, drop = ModelConfig(vocab_size=10), ModelConfig(vocab_size=10, dropout=0.1)
-    assert not parallel.use_processes(TrainConfig(), [plain])
-    assert parallel.use_processes(TrainConfig(), [plain, drop])
-    assert parallel.use_processes(TrainConfig(parallel="processes"), [plain])
+    assert not parallel.use_processes(RuntimeConfig(), [plain])
+    assert parallel.use_processes(RuntimeConfig(), [plain, drop])
+    assert parallel.use_processes(RuntimeConfig(parallel="processes"), [plain])
 
 
 def test_map_jobs_keeps_order_raises_and_restores_threads():
@@ -133,17 +141,17 @@ def test_map_jobs_keeps_order_raises_and_restores_threads():
 
 def test_threaded_trials_finish_exactly_n_trials(project):
     cfg, tmp = project
-    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, workers=2))
+    cfg = dataclasses.replace(cfg, runtime=dataclasses.replace(cfg.runtime, workers=2))
     out = tmp / "tune"
     best = tune.run(cfg, "arithmetic", "baseline", tmp / "tokens", out / "best.json",
                     out / "trials.csv", NullTracker())
     study = optuna.load_study(study_name=best["study_name"], storage=cfg.tune.storage_url)
     states = [t.state for t in study.trials]
-    finished = [s for s in states if s in tune.FINISHED]
+    finished = [s for s in states if s in tuning.FINISHED]
     assert len(finished) == cfg.tune.n_trials == best["n_trials"]
     assert optuna.trial.TrialState.RUNNING not in states
     # every finished trial reported every tune.report_interval steps up to where it stopped
     for t in study.trials:
-        if t.state in tune.FINISHED:
+        if t.state in tuning.FINISHED:
             steps = sorted(t.intermediate_values)
             assert steps == list(range(5, steps[-1] + 1, 5))

@@ -1,17 +1,56 @@
-"""Command line: one subcommand per DVC stage, each a thin wrapper over one stage function.
+"""Command line: one subcommand per DVC stage, each a thin wrapper over one stage module.
 
-Every path comes from the command line (mirroring ``dvc.yaml``); the config is loaded and
-validated once, before any work. Expected failures (bad params, bad input files, a model that
-fails its pre-flight check, divergence) print one line ``lmablate: error: ...`` and exit 2.
+Every path comes from the command line (mirroring ``dvc.yaml``), declared here as read or
+written, so that ``tests/test_dvc_deps.py`` can check ``dvc.yaml`` against what each command
+really reads, writes and imports. The config is loaded and validated once, before any work.
+Expected failures (bad params, bad input files, a model that fails its pre-flight check,
+divergence) print one line ``lmablate: error: ...`` and exit 2.
+
+Stage modules are imported by name (:data:`STAGES`) only when their command runs: a stage then
+imports exactly its own closure of project modules, which is what ``dvc.yaml`` lists as deps.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from .config import ConfigError, StudyConfig, load
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A subcommand: the stage module it runs, and its path options (``--<name>``, the
+    ``dest`` spelled with underscores) split into the paths it reads and those it writes."""
+
+    module: str
+    help: str
+    reads: tuple[str, ...] = ()
+    writes: tuple[str, ...] = ()
+    variant: bool = False
+    dataset: bool = True
+
+
+STAGES: dict[str, Stage] = {
+    "generate": Stage("lmablate.stages.generate",
+                      "write a dataset's raw text (corpus.txt, test.txt)", writes=("out",)),
+    "tokenize": Stage("lmablate.stages.tokenize",
+                      "character vocabulary and train/val/test token arrays",
+                      reads=("raw",), writes=("out",)),
+    "tune": Stage("lmablate.stages.tune", "Optuna search over lr and d_model",
+                  reads=("tokens",), writes=("best", "trials"), variant=True),
+    "train": Stage("lmablate.stages.train", "train on every seed with the tuned values",
+                   reads=("tokens", "best"),
+                   writes=("checkpoints", "history", "grad-stats"), variant=True),
+    "evaluate": Stage("lmablate.stages.evaluate", "test metrics of every seed",
+                      reads=("tokens", "raw", "checkpoints"), writes=("metrics", "examples"),
+                      variant=True),
+    "report": Stage("lmablate.stages.report", "tables, statistics and figures of the study",
+                    reads=("runs", "tokens"), writes=("out",), dataset=False),
+}
 
 
 def _tracker(cfg: StudyConfig):
@@ -20,80 +59,45 @@ def _tracker(cfg: StudyConfig):
     return make_tracker(cfg.tracking)
 
 
-def cmd_generate(cfg: StudyConfig, a: argparse.Namespace) -> None:
-    from .data import generate
-
-    generate(cfg.dataset(a.dataset), a.out)
-
-
-def cmd_tokenize(cfg: StudyConfig, a: argparse.Namespace) -> None:
-    from .tokenizer import tokenize
-
-    tokenize(cfg.dataset(a.dataset), a.raw, a.out)
-
-
-def cmd_tune(cfg: StudyConfig, a: argparse.Namespace) -> None:
-    from . import tune
-
-    cfg.check_variant(a.variant)
-    tune.run(cfg, a.dataset, a.variant, a.tokens, a.best, a.trials, _tracker(cfg))
-
-
-def cmd_train(cfg: StudyConfig, a: argparse.Namespace) -> None:
-    from . import train
-
-    cfg.check_variant(a.variant)
-    train.run(cfg, a.dataset, a.variant, a.tokens, a.best, a.checkpoints, a.history,
-              a.grad_stats)
-
-
-def cmd_evaluate(cfg: StudyConfig, a: argparse.Namespace) -> None:
-    from . import evaluate
-
-    cfg.check_variant(a.variant)
-    evaluate.run(cfg, a.dataset, a.variant, a.tokens, a.raw, a.checkpoints, a.metrics,
-                 a.examples, _tracker(cfg))
-
-
-def cmd_report(cfg: StudyConfig, a: argparse.Namespace) -> None:
-    from . import study_report
-
-    study_report.run(cfg, a.runs, a.tokens, a.out, _tracker(cfg))
+def _run_stage(cfg: StudyConfig, a: argparse.Namespace) -> None:
+    """Validate the dataset and variant named on the command line, then call the stage's
+    ``run`` with the paths in the order its signature takes them."""
+    stage = importlib.import_module(STAGES[a.command].module)
+    if a.command == "generate":
+        stage.run(cfg.dataset(a.dataset), a.out)
+    elif a.command == "tokenize":
+        stage.run(cfg.dataset(a.dataset), a.raw, a.out)
+    elif a.command == "tune":
+        cfg.check_variant(a.variant)
+        stage.run(cfg, a.dataset, a.variant, a.tokens, a.best, a.trials, _tracker(cfg))
+    elif a.command == "train":
+        cfg.check_variant(a.variant)
+        stage.run(cfg, a.dataset, a.variant, a.tokens, a.best, a.checkpoints, a.history,
+                  a.grad_stats)
+    elif a.command == "evaluate":
+        cfg.check_variant(a.variant)
+        stage.run(cfg, a.dataset, a.variant, a.tokens, a.raw, a.checkpoints, a.metrics,
+                  a.examples, _tracker(cfg))
+    else:
+        stage.run(cfg, a.runs, a.tokens, a.out, _tracker(cfg))
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``lmablate`` parser: ``--params`` and one subparser per entry of :data:`STAGES`."""
     p = argparse.ArgumentParser(prog="lmablate", description=__doc__.splitlines()[0])
     p.add_argument("--params", type=Path, default=Path("params.yaml"),
                    help="study parameters (default: params.yaml)")
     sub = p.add_subparsers(dest="command", required=True)
-
-    def stage(name: str, fn, help: str, variant: bool = False, dataset: bool = True):
-        s = sub.add_parser(name, help=help)
-        if dataset:
+    for name, stage in STAGES.items():
+        s = sub.add_parser(name, help=stage.help)
+        if stage.dataset:
             s.add_argument("dataset")
-        if variant:
+        if stage.variant:
             s.add_argument("variant")
-        s.set_defaults(fn=fn)
-        return s
-
-    s = stage("generate", cmd_generate, "write a dataset's raw text (corpus.txt, test.txt)")
-    s.add_argument("--out", type=Path, required=True)
-    s = stage("tokenize", cmd_tokenize, "character vocabulary and train/val/test token arrays")
-    s.add_argument("--raw", type=Path, required=True)
-    s.add_argument("--out", type=Path, required=True)
-    s = stage("tune", cmd_tune, "Optuna search over lr and d_model", variant=True)
-    s.add_argument("--tokens", type=Path, required=True)
-    s.add_argument("--best", type=Path, required=True)
-    s.add_argument("--trials", type=Path, required=True)
-    s = stage("train", cmd_train, "train on every seed with the tuned values", variant=True)
-    for opt in ("--tokens", "--best", "--checkpoints", "--history", "--grad-stats"):
-        s.add_argument(opt, type=Path, required=True)
-    s = stage("evaluate", cmd_evaluate, "test metrics of every seed", variant=True)
-    for opt in ("--tokens", "--raw", "--checkpoints", "--metrics", "--examples"):
-        s.add_argument(opt, type=Path, required=True)
-    s = stage("report", cmd_report, "tables, statistics and figures of the study", dataset=False)
-    for opt in ("--runs", "--tokens", "--out"):
-        s.add_argument(opt, type=Path, required=True)
+        for opt in stage.reads:
+            s.add_argument(f"--{opt}", type=Path, required=True, help="read")
+        for opt in stage.writes:
+            s.add_argument(f"--{opt}", type=Path, required=True, help="written")
     return p
 
 
@@ -102,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         cfg = load(args.params)
-        args.fn(cfg, args)
+        _run_stage(cfg, args)
     except (ConfigError, ValueError, FileNotFoundError, RuntimeError) as exc:
         print(f"lmablate: error: {exc}", file=sys.stderr)
         return 2

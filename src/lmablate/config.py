@@ -40,6 +40,17 @@ class ConfigError(ValueError):
     """
 
 
+# Field metadata for settings that cannot change a result (where results are stored, how often a
+# heartbeat is sent): :func:`fingerprint` skips them. Every other init field of a config
+# dataclass is part of the fingerprint of whatever it is passed with.
+NOT_A_RESULT = {"fingerprint": False}
+
+
+class DataError(ValueError):
+    """Bad dataset input or an unusable source (a malformed arithmetic problem, a corpus that is
+    missing, empty or not UTF-8, a failed download); the message names the key, file or URL."""
+
+
 def _fail(key: str, value: Any, allowed: str) -> None:
     raise ConfigError(f"params: {key}={value!r} is not allowed; {allowed}")
 
@@ -253,7 +264,9 @@ class DatasetConfig:
 @dataclass(frozen=True)
 class TrainConfig:
     """Optimisation of one run. ``steps`` are optimizer steps of ``batch_size`` sequences of
-    ``context_length`` tokens; ``eval_interval`` in steps; ``eval_iters`` batches per estimate."""
+    ``context_length`` tokens; ``eval_interval`` in steps; ``eval_iters`` batches per estimate.
+    Every field changes what a run computes, so all of them enter its fingerprint; settings
+    that only change how fast it is computed live in :class:`RuntimeConfig`."""
 
     steps: int = 300
     batch_size: int = 16
@@ -266,17 +279,11 @@ class TrainConfig:
     lr_schedule: str = "cosine"
     eval_interval: int = 50
     eval_iters: int = 10
-    device: str = "auto"
-    workers: int = 0  # concurrent seeds / Optuna trials on a CPU; 0 = auto (lmablate.parallel)
-    threads: int = 0  # torch intra-op threads per worker; 0 = the cores shared between workers
-    parallel: str = "threads"  # workers are threads of the stage, or spawned processes
 
     def __post_init__(self) -> None:
         for key in ("steps", "batch_size", "eval_interval", "eval_iters"):
             _check_int(f"train.{key}", getattr(self, key))
         _check_int("train.warmup_steps", self.warmup_steps, minimum=0)
-        _check_int("train.threads", self.threads, minimum=0)
-        _check_int("train.workers", self.workers, minimum=0)
         _check_positive("train.lr", self.lr)
         _check_positive("train.weight_decay", self.weight_decay, allow_zero=True)
         _check_positive("train.grad_clip", self.grad_clip, allow_zero=True)
@@ -285,8 +292,31 @@ class TrainConfig:
             if not (isinstance(v, (int, float)) and 0.0 <= v < 1.0):
                 _fail(f"train.{key}", v, "expected a number in [0, 1)")
         _check_choice("train.lr_schedule", self.lr_schedule, LR_SCHEDULE_CHOICES)
-        _check_choice("train.device", self.device, DEVICE_CHOICES)
-        _check_choice("train.parallel", self.parallel, PARALLEL_CHOICES)
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """Where and how concurrently the stages compute: never part of a fingerprint.
+
+    ``workers`` concurrent seeds / Optuna trials on a CPU (0 = auto, see
+    :mod:`lmablate.parallel`), ``threads`` torch intra-op threads per worker (0 = the cores
+    shared between workers), ``parallel`` whether workers are threads of the stage or spawned
+    processes. ``tests/test_parallel.py`` shows these give bit-identical results. ``device`` picks
+    the hardware (``auto``: CUDA, then MPS, then CPU); the device *type* a run resolved to is
+    recorded with its result and enters its fingerprint, since bf16 autocast on CUDA computes
+    other numbers than fp32 on a CPU.
+    """
+
+    device: str = field(default="auto", metadata=NOT_A_RESULT)
+    workers: int = field(default=0, metadata=NOT_A_RESULT)
+    threads: int = field(default=0, metadata=NOT_A_RESULT)
+    parallel: str = field(default="threads", metadata=NOT_A_RESULT)
+
+    def __post_init__(self) -> None:
+        _check_int("runtime.threads", self.threads, minimum=0)
+        _check_int("runtime.workers", self.workers, minimum=0)
+        _check_choice("runtime.device", self.device, DEVICE_CHOICES)
+        _check_choice("runtime.parallel", self.parallel, PARALLEL_CHOICES)
 
 
 @dataclass(frozen=True)
@@ -303,12 +333,13 @@ class TuneConfig:
     lr_low: float = 1e-4
     lr_high: float = 1e-2
     d_model_choices: tuple[int, ...] = (32, 64)
-    storage: str = "sqlite:///optuna.db"
+    storage: str = field(default="sqlite:///optuna.db", metadata=NOT_A_RESULT)
     sampler_seed: int = 0
     pruner: str = "median"
     percentile: float = 25.0  # pruner "percentile": prune below the best `percentile`% of trials
     report_interval: int = 10  # steps between the validation losses a trial reports for pruning
-    heartbeat_seconds: int = 10  # a trial silent for 4 heartbeats is failed and retried
+    # a trial silent for 4 heartbeats is failed and retried
+    heartbeat_seconds: int = field(default=10, metadata=NOT_A_RESULT)
 
     def __post_init__(self) -> None:
         _check_int("tune.n_trials", self.n_trials)
@@ -383,6 +414,7 @@ class StudyConfig:
     tune: TuneConfig
     evaluate: EvaluateConfig
     tracking: TrackingConfig
+    runtime: RuntimeConfig = RuntimeConfig()
     match_params: bool = False
 
     def dataset(self, name: str) -> DatasetConfig:
@@ -406,21 +438,33 @@ class StudyConfig:
         changes = {**self.variants[variant], **overrides, "vocab_size": vocab_size}
         return self.model.replace(**changes)
 
-    def fingerprint(self, *parts: Any) -> str:
-        """Short stable hash of JSON-serialisable ``parts`` (names Optuna studies by config)."""
-        blob = json.dumps(parts, sort_keys=True, default=_jsonable)
-        return hashlib.sha256(blob.encode()).hexdigest()[:10]
+
+
+def fingerprint(*parts: Any) -> str:
+    """First 10 hex digits of the sha256 of ``parts`` as canonical JSON.
+
+    The one rule for every fingerprint (Optuna study names, finished seeds, resume states): a
+    config dataclass contributes each init field except those marked :data:`NOT_A_RESULT`
+    (nested dataclasses likewise); mappings, lists and scalars contribute their JSON.
+
+    Raises:
+        TypeError: a part that is neither JSON-serialisable nor a dataclass or mapping.
+    """
+    blob = json.dumps(parts, sort_keys=True, default=_jsonable)
+    return hashlib.sha256(blob.encode()).hexdigest()[:10]
 
 
 def _jsonable(obj: Any) -> Any:
     if dataclasses.is_dataclass(obj):
-        return {f.name: getattr(obj, f.name) for f in fields(obj) if f.init}
+        return {f.name: getattr(obj, f.name) for f in fields(obj)
+                if f.init and f.metadata.get("fingerprint", True)}
     if isinstance(obj, Mapping):
         return dict(obj)
     raise TypeError(type(obj))
 
 
-TOP_LEVEL_KEYS = ("study", "datasets", "model", "variants", "train", "tune", "evaluate", "tracking")
+TOP_LEVEL_KEYS = ("study", "datasets", "model", "variants", "train", "tune", "evaluate", "tracking",
+                  "runtime")
 
 
 def parse(raw: Mapping[str, Any]) -> StudyConfig:
@@ -496,6 +540,7 @@ def parse(raw: Mapping[str, Any]) -> StudyConfig:
         tune=_from_mapping(TuneConfig, raw.get("tune"), "tune"),
         evaluate=_from_mapping(EvaluateConfig, raw.get("evaluate"), "evaluate"),
         tracking=_from_mapping(TrackingConfig, raw.get("tracking"), "tracking"),
+        runtime=_from_mapping(RuntimeConfig, raw.get("runtime"), "runtime"),
         match_params=bool(study.get("match_params", False)),
     )
     for d in cfg.tune.d_model_choices:

@@ -60,9 +60,10 @@ def write_text(path: str | os.PathLike, text: str) -> None:
     write_bytes(path, text.encode("utf-8"))
 
 
-def write_json(path: str | os.PathLike, obj: Any) -> None:
-    """Write ``obj`` as indented JSON to ``path`` atomically."""
-    write_text(path, json.dumps(obj, indent=2) + "\n")
+def write_json(path: str | os.PathLike, obj: Any, indent: int = 2) -> None:
+    """Write ``obj`` as JSON indented by ``indent`` spaces, with a final newline, to ``path``
+    atomically."""
+    write_text(path, json.dumps(obj, indent=indent) + "\n")
 
 
 def read_json(path: str | os.PathLike) -> Any:

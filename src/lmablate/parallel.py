@@ -5,7 +5,7 @@ one intra-op thread each do more work per second than one job with every thread.
 jobs are threads of the stage's process: PyTorch releases the GIL inside its kernels (and the
 CPU autograd engine runs backward on the calling thread), so threads use every core, and they
 cost nothing to start, whereas a spawned process first imports torch and MLflow again (~3 s
-here, per stage). Processes (``train.parallel: processes``) are for many-core machines where the
+here, per stage). Processes (``runtime.parallel: processes``) are for many-core machines where the
 GIL would limit threads, and for models with dropout, whose masks come from PyTorch's
 process-wide RNG: threads would draw from it in a nondeterministic order. On a GPU one job
 already keeps the device busy and jobs run one after another.
@@ -23,7 +23,7 @@ from typing import Callable, Iterable, Sequence, TypeVar
 
 import torch
 
-from .config import ModelConfig, TrainConfig
+from .config import ModelConfig, RuntimeConfig
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 J = TypeVar("J")
@@ -38,9 +38,9 @@ def cpu_count() -> int:
         return os.cpu_count() or 1
 
 
-def worker_count(cfg: TrainConfig, n_jobs: int, device: torch.device, *,
+def worker_count(cfg: RuntimeConfig, n_jobs: int, device: torch.device, *,
                  all_at_once: bool = False) -> int:
-    """Concurrent jobs for ``n_jobs`` jobs: ``train.workers`` if set (0 = auto), never more than
+    """Concurrent jobs for ``n_jobs`` jobs: ``runtime.workers`` if set (0 = auto), never more than
     the jobs, and 1 on an accelerator.
 
     Auto is one job per core. With ``all_at_once`` and thread workers, auto runs up to two jobs
@@ -55,13 +55,13 @@ def worker_count(cfg: TrainConfig, n_jobs: int, device: torch.device, *,
     return max(1, min(cfg.workers or auto, n_jobs))
 
 
-def threads_per_worker(cfg: TrainConfig, workers: int) -> int:
-    """``train.threads`` if set, else the CPU cores shared evenly between the workers (>= 1)."""
+def threads_per_worker(cfg: RuntimeConfig, workers: int) -> int:
+    """``runtime.threads`` if set, else the CPU cores shared evenly between the workers (>= 1)."""
     return cfg.threads or max(1, cpu_count() // workers)
 
 
-def use_processes(cfg: TrainConfig, models: Iterable[ModelConfig]) -> bool:
-    """Whether jobs must run in processes: ``train.parallel: processes``, or a model with
+def use_processes(cfg: RuntimeConfig, models: Iterable[ModelConfig]) -> bool:
+    """Whether jobs must run in processes: ``runtime.parallel: processes``, or a model with
     dropout (its masks come from the process-wide RNG; see the module doc)."""
     return cfg.parallel == "processes" or any(m.dropout > 0 for m in models)
 

@@ -1,11 +1,13 @@
-"""Stage ``tokenize``: character vocabulary and token arrays (``lmablate tokenize <dataset>``).
+"""The character tokenizer and its files: vocabulary, token arrays and their metadata.
 
 The tokenizer follows seed 004's ``IndexTokenizer``: one token per character of the *training*
 split, in sorted (code point) order, plus a reserved unknown symbol at id 0 that stands for any
 character outside the vocabulary. Ids are ``0`` (unknown) and ``1..len(chars)`` (the sorted
 characters).
 
-Files written by :func:`tokenize` into ``out_dir`` (each atomically; ``meta.json`` last):
+Files written by the ``tokenize`` stage (:mod:`lmablate.stages.tokenize`) into its output
+folder (each atomically; ``meta.json`` last), read back by :func:`load_split` and
+:func:`load_tokenizer`:
 
 ``vocab.json``
     ``{"format": "lmablate-char-tokenizer", "version": 1, "unk": "Ø", "unk_id": 0,
@@ -22,19 +24,16 @@ Files written by :func:`tokenize` into ``out_dir`` (each atomically; ``meta.json
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Iterable
 
 import numpy as np
 
-from lmablate.config import DatasetConfig
 from lmablate import fileio
-from lmablate.data import read_text_file
 
 __all__ = [
     "TokenizerError", "CharTokenizer", "UNK", "UNK_ID", "SPLITS", "VOCAB_FORMAT",
-    "split_text", "tokenize", "load_split", "load_tokenizer", "read_meta",
+    "split_text", "load_split", "load_tokenizer", "read_meta",
 ]
 
 UNK = "\u00d8"  # "Ø", seed 004's unknown symbol; decode() writes it for unknown/invalid ids
@@ -66,8 +65,8 @@ def _read_json(path: Path, what: str) -> object:
     if not path.is_file():
         raise TokenizerError(f"{what} not found; run `lmablate tokenize` first")
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as exc:
+        return fileio.read_json(path)
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
         raise TokenizerError(f"{path} is not valid JSON: {exc}") from None
 
 
@@ -162,7 +161,7 @@ class CharTokenizer:
 
     def save(self, path: Path) -> None:
         """Write :meth:`to_dict` as JSON to ``path``, atomically."""
-        fileio.write_text(Path(path), json.dumps(self.to_dict(), indent=1) + "\n")
+        fileio.write_json(Path(path), self.to_dict(), indent=1)
 
     @classmethod
     def load(cls, path: Path) -> "CharTokenizer":
@@ -224,75 +223,6 @@ def split_text(text: str, val: float, test: float) -> tuple[str, str, str]:
     test_start = _next_line_start(text, int(n * (1.0 - test)))
     test_start = max(test_start, val_start)
     return text[:val_start], text[val_start:test_start], text[test_start:]
-
-
-def _strip_newlines(pieces: dict[str, str]) -> dict[str, str]:
-    return {k: v.replace("\n", "") for k, v in pieces.items()}
-
-
-def _read_splits(cfg: DatasetConfig, raw_dir: Path) -> tuple[dict[str, str], bool]:
-    """The three split texts of a dataset (before newline stripping), and whether the test
-    split came from ``raw_dir/test.txt``."""
-    corpus_path, test_path = raw_dir / "corpus.txt", raw_dir / "test.txt"
-    if not corpus_path.is_file():
-        raise TokenizerError(f"{corpus_path} not found; run `lmablate generate {cfg.name}` first")
-    has_test_file = test_path.is_file()
-    if has_test_file and cfg.split.test:
-        raise TokenizerError(f"dataset {cfg.name}: {test_path} provides the test split, so "
-                             f"datasets.{cfg.name}.split.test must be 0 (got {cfg.split.test})")
-    text = read_text_file(corpus_path)
-    if has_test_file:
-        train, val, _ = split_text(text, cfg.split.val, 0.0)
-        return {"train": train, "val": val, "test": read_text_file(test_path)}, True
-    train, val, test = split_text(text, cfg.split.val, cfg.split.test)
-    return {"train": train, "val": val, "test": test}, False
-
-
-def tokenize(cfg: DatasetConfig, raw_dir: Path, out_dir: Path) -> dict:
-    """Stage ``tokenize``: split ``raw_dir/corpus.txt``, build the vocabulary, write token files.
-
-    Splits are contiguous (train | val | test, fractions ``cfg.split`` of the corpus's
-    characters, split points moved forward to line starts). If ``raw_dir/test.txt`` exists
-    (arithmetic) it is the test split and the corpus is split into train | val only. With
-    ``cfg.strip_newlines`` every ``\\n`` is removed from each split *after* splitting (seed
-    000). The tokenizer is built from the train split only; val/test characters it has not
-    seen become the unknown id 0. Writes ``vocab.json``, ``{train,val,test}.bin`` and
-    ``meta.json`` into ``out_dir`` (formats: module docstring) and returns the meta dict.
-
-    Raises:
-        TokenizerError: ``corpus.txt`` missing; ``test.txt`` present but ``split.test`` > 0;
-            a split that ends up empty (message names the dataset and the fractions).
-        lmablate.data.DataError: a raw file that is not UTF-8.
-    """
-    if not isinstance(cfg, DatasetConfig):
-        raise TypeError(f"tokenize() needs a DatasetConfig, got {type(cfg).__name__}")
-    raw_dir, out_dir = Path(raw_dir), Path(out_dir)
-    pieces, test_from_file = _read_splits(cfg, raw_dir)
-    if cfg.strip_newlines:
-        pieces = _strip_newlines(pieces)
-    empty = [k for k in SPLITS if not pieces[k]]
-    if empty:
-        raise TokenizerError(
-            f"dataset {cfg.name}: the {', '.join(empty)} split is empty (split.val="
-            f"{cfg.split.val}, split.test={cfg.split.test}, corpus of "
-            f"{sum(len(p) for p in pieces.values())} characters"
-            f"{', test from test.txt' if test_from_file else ''}); use larger fractions or a "
-            "corpus with more lines")
-    tok = CharTokenizer.from_text(pieces["train"])
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tok.save(out_dir / "vocab.json")
-    for split in SPLITS:
-        with fileio.atomic_writer(out_dir / f"{split}.bin") as f:
-            f.write(tok.encode(pieces[split]).astype(tok.dtype).tobytes())
-    meta = {
-        "dataset": cfg.name, "vocab_size": tok.vocab_size, "dtype": tok.dtype.name,
-        "unk_id": UNK_ID, "unk": tok.unk,
-        "tokens": {k: len(pieces[k]) for k in SPLITS},
-        "split": {"val": cfg.split.val, "test": cfg.split.test},
-        "strip_newlines": cfg.strip_newlines, "test_from_file": test_from_file,
-    }
-    fileio.write_text(out_dir / "meta.json", json.dumps(meta, indent=1) + "\n")
-    return meta
 
 
 # --------------------------------------------------------------------------------------------

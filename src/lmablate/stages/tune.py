@@ -1,145 +1,31 @@
 """Stage ``tune``: an Optuna study per dataset x variant over learning rate and width.
 
 Objective: validation loss (nats/token) after ``tune.steps`` training steps on the study's first
-seed. The study lives in persistent Optuna storage (SQLite by default, a shared PostgreSQL for
-several machines), named by dataset, variant and a fingerprint of every setting that affects the
-objective: an interrupted run resumes its study; a changed setting starts a fresh one. On a CPU,
+seed. Each trial is an MLflow run nested under one parent run per dataset x variant. On a CPU,
 several trials run at once (Optuna's parallel workers: threads by default, see
-:mod:`lmablate.parallel`); more machines join the same study through shared storage.
+:mod:`lmablate.parallel`); more machines join the same study through shared storage
+(:mod:`lmablate.tuning`).
 """
 
 from __future__ import annotations
 
-import dataclasses
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import threading
-import time
-import warnings
-
 import optuna
 
-from . import fileio
-from .config import StudyConfig
-from .tracking import NullTracker, make_tracker
-from .train import (DivergenceError, TokenData, preflight, resolve_device, resolve_model_config,
-                    train_model)
-
-# Trials that count towards ``tune.n_trials``: a pruned trial is a finished trial too; a running
-# one will finish (or, if its worker died, be failed by the heartbeat check and retried).
-FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
-COUNTED = FINISHED + (optuna.trial.TrialState.RUNNING,)
-warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-
-
-def make_storage(url: str, heartbeat_seconds: int = 10) -> optuna.storages.BaseStorage:
-    """Optuna RDB storage for ``url``, with a heartbeat so that a trial whose worker died is
-    marked FAIL and retried (Optuna's RetryFailedTrialCallback) instead of staying RUNNING.
-    SQLite gets a generous lock timeout so that parallel workers wait rather than fail with
-    "database is locked"; PostgreSQL a connect timeout so that an unreachable host fails soon.
-
-    Raises:
-        RuntimeError: the database cannot be reached or used, or its driver is missing (the
-            message names the URL, password hidden, and ``LMABLATE_OPTUNA_STORAGE``).
-    """
-    import sqlalchemy
-
-    if url.startswith("sqlite"):
-        engine_kwargs = {"connect_args": {"timeout": 60}}
-    elif url.startswith("postgresql"):
-        engine_kwargs = {"connect_args": {"connect_timeout": 10}}
-    else:
-        engine_kwargs = None
-    try:
-        shown = sqlalchemy.engine.make_url(url).render_as_string(hide_password=True)
-    except Exception:  # noqa: BLE001 - not a URL at all; RDBStorage below says so
-        shown = url
-    # Workers that start together on a fresh database race to create Optuna's tables; the loser
-    # of that race fails once and finds the tables on its next attempt.
-    for attempt in range(3):
-        try:
-            return optuna.storages.RDBStorage(
-                url, engine_kwargs=engine_kwargs, heartbeat_interval=heartbeat_seconds,
-                grace_period=4 * heartbeat_seconds,
-                heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(
-                    max_retry=2))
-        except (ImportError, sqlalchemy.exc.ArgumentError) as exc:
-            error = exc
-            break
-        except sqlalchemy.exc.SQLAlchemyError as exc:
-            error = exc
-            if attempt < 2:
-                time.sleep(0.5 + attempt)
-    hint = ("; install the database's driver (PostgreSQL: pip install 'lmablate[postgres]' and "
-            "a postgresql+psycopg2:// URL)" if isinstance(error, ImportError) else "")
-    cause = error.__cause__ if isinstance(error, ImportError) and error.__cause__ else error
-    detail = str(getattr(cause, "orig", None) or cause).strip().splitlines()
-    raise RuntimeError(
-        f"Optuna storage {shown!r} cannot be used ({type(cause).__name__}: "
-        f"{(detail[0] if detail else '')[:200]}){hint}; set LMABLATE_OPTUNA_STORAGE or "
-        "tune.storage to a reachable database") from None
-
-
-def make_pruner(name: str, n_startup_trials: int, percentile: float = 25.0,
-                n_warmup_steps: int = 1) -> optuna.pruners.BasePruner:
-    """Optuna's pruner for ``tune.pruner``: ``median`` (MedianPruner: stop a trial whose val loss
-    is worse than the median of finished trials at the same step), ``percentile``
-    (PercentilePruner: worse than the best ``percentile`` %), ``hyperband`` (HyperbandPruner,
-    Li et al. 2018) or ``none``. Median and percentile prune once ``n_startup_trials`` trials
-    have finished, at reports after step ``n_warmup_steps``."""
-    if name == "median":
-        return optuna.pruners.MedianPruner(n_startup_trials=n_startup_trials,
-                                           n_warmup_steps=n_warmup_steps)
-    if name == "percentile":
-        return optuna.pruners.PercentilePruner(percentile, n_startup_trials=n_startup_trials,
-                                               n_warmup_steps=n_warmup_steps)
-    if name == "hyperband":
-        return optuna.pruners.HyperbandPruner()
-    return optuna.pruners.NopPruner()
-
-
-def study_name(cfg: StudyConfig, dataset: str, variant: str) -> str:
-    """``<dataset>-<variant>-<fingerprint>``, the fingerprint covering every objective input."""
-    fp = cfg.fingerprint(cfg.dataset(dataset), cfg.model, cfg.variants[variant], cfg.train.steps,
-                         cfg.train.batch_size, cfg.train.weight_decay, cfg.train.beta1,
-                         cfg.train.beta2, cfg.train.grad_clip, cfg.train.warmup_steps,
-                         cfg.train.lr_schedule, cfg.train.eval_interval, cfg.train.eval_iters,
-                         cfg.tune.n_trials, cfg.tune.steps, cfg.tune.lr_low, cfg.tune.lr_high,
-                         cfg.tune.d_model_choices, cfg.tune.sampler_seed, cfg.tune.pruner,
-                         cfg.tune.percentile, cfg.tune.report_interval, cfg.seeds[0],
-                         cfg.match_params)
-    return f"{dataset}-{variant}-{fp}"
-
-
-def load_study(cfg: StudyConfig, dataset: str, variant: str, sampler_seed: int) -> optuna.Study:
-    """Create or load the study of ``dataset`` x ``variant`` in ``tune.storage``."""
-    return optuna.create_study(
-        study_name=study_name(cfg, dataset, variant),
-        storage=make_storage(cfg.tune.storage_url, cfg.tune.heartbeat_seconds),
-        load_if_exists=True, direction="minimize",
-        sampler=optuna.samplers.TPESampler(seed=sampler_seed),
-        # No trial is judged during its learning-rate warm-up: early losses mostly say how fast
-        # the learning rate ramps up, and pruning there cost the best trial in benchmarks.
-        pruner=make_pruner(cfg.tune.pruner, n_startup_trials=max(1, cfg.tune.n_trials // 4),
-                           percentile=cfg.tune.percentile,
-                           n_warmup_steps=max(1, cfg.train.warmup_steps)))
-
-
-class SurplusTrial(Exception):
-    """A trial that another worker's trials made one too many (see :func:`is_surplus`)."""
-
-
-def is_surplus(study: optuna.Study, trial: optuna.Trial, n_trials: int) -> bool:
-    """True if ``n_trials`` counted trials were created before ``trial``.
-
-    MaxTrialsCallback checks the count before a worker creates its next trial, so two workers
-    whose trials end at the same moment can both start one more. Optuna numbers trials one at a
-    time (it locks the study row), so counting the trials numbered below this one is exact: a
-    surplus trial ends as FAIL without training, and the study keeps exactly ``n_trials``
-    finished trials."""
-    return sum(t.number < trial.number
-               for t in study.get_trials(deepcopy=False, states=COUNTED)) >= n_trials
+from .. import fileio
+from ..config import StudyConfig
+from ..device import resolve_device
+from ..parallel import map_jobs, threads_per_worker, use_processes, worker_count
+from ..tokens import TokenData
+from ..tracking import NullTracker, make_tracker
+from ..training import DivergenceError, train_model
+from ..tuning import (COUNTED, FINISHED, SurplusTrial, is_surplus, load_study,
+                      trial_train_config)
+from ..variants import preflight, resolve_model_config
 
 
 @dataclass(frozen=True)
@@ -161,10 +47,10 @@ def tune_worker(job: TuneJob) -> int:
     run under the dataset x variant's parent run and reports its val loss every
     ``tune.report_interval`` steps to the pruner."""
     cfg, tune = job.cfg, job.cfg.tune
-    train_cfg = dataclasses.replace(cfg.train, eval_interval=tune.report_interval)
+    train_cfg = trial_train_config(cfg)
     tracker = make_tracker(cfg.tracking)
     data = TokenData.load(job.tokens_dir)
-    device = resolve_device(cfg.train.device)
+    device = resolve_device(cfg.runtime.device)
     # Each worker gets its own sampler seed: the same seed would propose the same points.
     study = load_study(cfg, job.dataset, job.variant, tune.sampler_seed + job.worker)
     tags = {"dataset": job.dataset, "variant": job.variant, "stage": "tune",
@@ -228,8 +114,6 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, best_pat
             the causality pre-flight; raised before the first trial.
         RuntimeError: no trial finished successfully.
     """
-    from .parallel import map_jobs, threads_per_worker, use_processes, worker_count
-
     cfg.dataset(dataset)
     cfg.check_variant(variant)
     data = TokenData.load(tokens_dir)
@@ -238,7 +122,7 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, best_pat
               for d_model in cfg.tune.d_model_choices]
     for model_cfg in models:
         preflight(model_cfg, f"variant {variant!r}")
-    processes = use_processes(cfg.train, models)
+    processes = use_processes(cfg.runtime, models)
     tune = cfg.tune
     study = load_study(cfg, dataset, variant, tune.sampler_seed)
     tags = {"dataset": dataset, "variant": variant, "stage": "tune",
@@ -259,8 +143,8 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, best_pat
                 time.sleep(tune.heartbeat_seconds)
                 continue
             remaining = tune.n_trials - finished
-            workers = worker_count(cfg.train, remaining, resolve_device(cfg.train.device))
-            threads = threads_per_worker(cfg.train, workers)
+            workers = worker_count(cfg.runtime, remaining, resolve_device(cfg.runtime.device))
+            threads = threads_per_worker(cfg.runtime, workers)
             if processes:
                 jobs = [TuneJob(cfg, dataset, variant, tokens_dir, w, parent_run_id)
                         for w in range(workers)]
@@ -285,7 +169,6 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, best_pat
                                for t in trials if t.state in FINISHED)}
         tracker.log_metrics({"best_val_loss": best.value})
         tracker.log_params({"best_lr": result["lr"], "best_d_model": result["d_model"]})
-    with fileio.atomic_path(trials_path) as tmp:
-        study.trials_dataframe().to_csv(tmp, index=False)
+    fileio.write_csv(trials_path, study.trials_dataframe())
     fileio.write_json(best_path, result)
     return result

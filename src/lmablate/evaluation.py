@@ -1,4 +1,4 @@
-"""Stage ``evaluate``: test loss, perplexity, bits per character; arithmetic exact match.
+"""Evaluation metrics: test loss, perplexity, bits per character; arithmetic exact match.
 
 Definitions (seed 000, made deterministic):
 - test loss: mean cross-entropy in nats per token over non-overlapping ``context_length`` windows
@@ -19,15 +19,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import fileio
-from .config import StudyConfig
-from .parallel import map_jobs, threads_per_worker, worker_count
-from .tokenizer import CharTokenizer, load_tokenizer
-from .tracking import NullTracker
-from .train import TokenData, autocast, load_checkpoint, resolve_device
-
-OPS = {"+": "add", "-": "sub", "*": "mul", "/": "div"}
-OP_INDEX = 12  # "$(" + 10-character operand, then the operator
+from .arithmetic import OP_NAMES, problem_op, split_problem
+from .device import autocast
+from .parallel import map_jobs
+from .tokenizer import CharTokenizer
 
 
 @torch.no_grad()
@@ -51,12 +46,6 @@ def test_loss(model, tokens: np.ndarray, batch_size: int, max_batches: int,
         total += loss.float().item() * len(chunk)
         count += len(chunk)
     return total / count
-
-
-def split_problem(line: str) -> tuple[str, str]:
-    """``$(a op b)=answer$`` -> (prompt up to and including ``=``, answer with its ``$``)."""
-    cut = line.index("=") + 1
-    return line[:cut], line[cut:]
 
 
 def arithmetic_predictions(model, tok: CharTokenizer, problems: list[str], batch_size: int,
@@ -104,12 +93,12 @@ def arithmetic_scores(problems: list[str], predictions: list[str]) -> dict:
     targets = np.array([list(split_problem(p)[1]) for p in problems])
     preds = np.array([list(p) for p in predictions])
     correct = preds == targets  # (N, answer length)
-    ops = np.array([p[OP_INDEX] for p in problems])
+    ops = np.array([problem_op(p) for p in problems])
     scores = {"char_accuracy": float(correct.mean()), "exact_match": float(correct.all(1).mean())}
     scores["per_op"] = {
         name: {"char_accuracy": float(correct[ops == op].mean()),
                "exact_match": float(correct[ops == op].all(1).mean())}
-        for op, name in OPS.items() if (ops == op).any()}
+        for op, name in OP_NAMES.items() if (ops == op).any()}
     return scores
 
 
@@ -124,65 +113,3 @@ def text_samples(model, tok: CharTokenizer, n: int, length: int, temperature: fl
     idx = torch.from_numpy(np.tile(start.astype(np.int64), (n, 1))).to(device)
     out = model.generate(idx, length, temperature=temperature, generator=g)
     return [tok.decode(row) for row in out[:, idx.shape[1]:].cpu().numpy()]
-
-
-def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, raw_dir: Path,
-        checkpoints_dir: Path, metrics_path: Path, examples_path: Path,
-        tracker: NullTracker) -> dict:
-    """Evaluate every seed's checkpoint of ``dataset`` x ``variant``.
-
-    Writes ``metrics_path`` (JSON ``{"dataset", "variant", "runs": {"seed_<s>": {...}}}``, a DVC
-    metrics file) and ``examples_path`` (JSON: text samples, or arithmetic predictions with their
-    targets, per seed). Test metrics are logged into each seed's MLflow training run, so one run
-    per seed carries the same metric names for every variant. Seeds are evaluated concurrently
-    on a CPU (see :mod:`lmablate.parallel`).
-    """
-    ds = cfg.dataset(dataset)
-    cfg.check_variant(variant)
-    data = TokenData.load(tokens_dir)
-    tok = load_tokenizer(tokens_dir)
-    device = resolve_device(cfg.train.device)
-    problems = []
-    if ds.kind == "arithmetic":
-        problems = (raw_dir / "test.txt").read_text(encoding="utf-8").split()
-        problems = problems[:cfg.evaluate.max_problems]
-
-    def evaluate_seed(seed: int) -> tuple[dict, object]:
-        seed_dir = checkpoints_dir / f"seed_{seed}"
-        summary = fileio.read_json(seed_dir / "result.json")["summary"]
-        model, ckpt = load_checkpoint(seed_dir / "checkpoint.pt", device)
-        if ckpt["model_config"]["vocab_size"] != tok.vocab_size:
-            raise ValueError(f"{seed_dir / 'checkpoint.pt'}: vocab_size "
-                             f"{ckpt['model_config']['vocab_size']} does not match the data's "
-                             f"{tok.vocab_size} ({tokens_dir}); retrain")
-        loss = test_loss(model, data.test, cfg.evaluate.batch_size, cfg.evaluate.max_batches, device)
-        metrics = {**summary, "test_loss": loss, "perplexity": math.exp(loss),
-                   "bits_per_char": loss / math.log(2)}
-        if ds.kind == "arithmetic":
-            preds = arithmetic_predictions(model, tok, problems, cfg.evaluate.batch_size, device)
-            metrics.update(arithmetic_scores(problems, preds))
-            examples = [{"prompt": split_problem(p)[0], "target": split_problem(p)[1],
-                         "prediction": q} for p, q in zip(problems[:10], preds[:10])]
-        else:
-            examples = text_samples(model, tok, cfg.evaluate.n_samples,
-                                    cfg.evaluate.sample_tokens, cfg.evaluate.temperature, seed,
-                                    device)
-        flat = {k: v for k, v in metrics.items() if isinstance(v, float)}
-        for op, s in metrics.get("per_op", {}).items():
-            flat.update({f"{k}_{op}": v for k, v in s.items()})
-        tags = {"dataset": dataset, "variant": variant, "seed": seed, "stage": "final"}
-        with tracker.run(f"{dataset}-{variant}-seed{seed}", tags,
-                         run_id=summary.get("mlflow_run_id")):
-            tracker.set_tags(tags)
-            tracker.log_metrics(flat)
-        return metrics, examples
-
-    # Seeds in threads of this process (evaluation draws no global random numbers).
-    workers = worker_count(cfg.train, len(cfg.seeds), device, all_at_once=True)
-    done = map_jobs(evaluate_seed, cfg.seeds, workers, threads_per_worker(cfg.train, workers))
-    runs = {f"seed_{seed}": metrics for seed, (metrics, _) in zip(cfg.seeds, done)}
-    examples = {f"seed_{seed}": ex for seed, (_, ex) in zip(cfg.seeds, done)}
-    result = {"dataset": dataset, "variant": variant, "runs": runs}
-    fileio.write_json(metrics_path, result)
-    fileio.write_json(examples_path, examples)
-    return result

@@ -1,0 +1,84 @@
+"""Stage ``evaluate``: the test metrics of every seed's checkpoint of one dataset x variant.
+
+Metrics are defined in :mod:`lmablate.evaluation`. They are written as a DVC metrics file and
+logged into each seed's MLflow training run, so one run per seed carries the same metric names
+for every variant.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from .. import fileio
+from ..arithmetic import split_problem
+from ..checkpoint import load_checkpoint
+from ..config import StudyConfig
+from ..device import resolve_device
+from ..evaluation import arithmetic_predictions, arithmetic_scores, test_loss, text_samples
+from ..parallel import map_jobs, threads_per_worker, worker_count
+from ..tokenizer import load_tokenizer
+from ..tokens import TokenData
+from ..tracking import NullTracker
+
+
+def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, raw_dir: Path,
+        checkpoints_dir: Path, metrics_path: Path, examples_path: Path,
+        tracker: NullTracker) -> dict:
+    """Evaluate every seed's checkpoint of ``dataset`` x ``variant``.
+
+    Writes ``metrics_path`` (JSON ``{"dataset", "variant", "runs": {"seed_<s>": {...}}}``, a DVC
+    metrics file) and ``examples_path`` (JSON: text samples, or arithmetic predictions with their
+    targets, per seed). Test metrics are logged into each seed's MLflow training run, so one run
+    per seed carries the same metric names for every variant. Seeds are evaluated concurrently
+    on a CPU (see :mod:`lmablate.parallel`).
+    """
+    ds = cfg.dataset(dataset)
+    cfg.check_variant(variant)
+    data = TokenData.load(tokens_dir)
+    tok = load_tokenizer(tokens_dir)
+    device = resolve_device(cfg.runtime.device)
+    problems = []
+    if ds.kind == "arithmetic":
+        problems = (raw_dir / "test.txt").read_text(encoding="utf-8").split()
+        problems = problems[:cfg.evaluate.max_problems]
+
+    def evaluate_seed(seed: int) -> tuple[dict, object]:
+        seed_dir = checkpoints_dir / f"seed_{seed}"
+        summary = fileio.read_json(seed_dir / "result.json")["summary"]
+        model, ckpt = load_checkpoint(seed_dir / "checkpoint.pt", device)
+        if ckpt["model_config"]["vocab_size"] != tok.vocab_size:
+            raise ValueError(f"{seed_dir / 'checkpoint.pt'}: vocab_size "
+                             f"{ckpt['model_config']['vocab_size']} does not match the data's "
+                             f"{tok.vocab_size} ({tokens_dir}); retrain")
+        loss = test_loss(model, data.test, cfg.evaluate.batch_size, cfg.evaluate.max_batches, device)
+        metrics = {**summary, "test_loss": loss, "perplexity": math.exp(loss),
+                   "bits_per_char": loss / math.log(2)}
+        if ds.kind == "arithmetic":
+            preds = arithmetic_predictions(model, tok, problems, cfg.evaluate.batch_size, device)
+            metrics.update(arithmetic_scores(problems, preds))
+            examples = [{"prompt": split_problem(p)[0], "target": split_problem(p)[1],
+                         "prediction": q} for p, q in zip(problems[:10], preds[:10])]
+        else:
+            examples = text_samples(model, tok, cfg.evaluate.n_samples,
+                                    cfg.evaluate.sample_tokens, cfg.evaluate.temperature, seed,
+                                    device)
+        flat = {k: v for k, v in metrics.items() if isinstance(v, float)}
+        for op, s in metrics.get("per_op", {}).items():
+            flat.update({f"{k}_{op}": v for k, v in s.items()})
+        tags = {"dataset": dataset, "variant": variant, "seed": seed, "stage": "final"}
+        with tracker.run(f"{dataset}-{variant}-seed{seed}", tags,
+                         run_id=summary.get("mlflow_run_id")):
+            tracker.set_tags(tags)
+            tracker.log_metrics(flat)
+        return metrics, examples
+
+    # Seeds in threads of this process (evaluation draws no global random numbers).
+    workers = worker_count(cfg.runtime, len(cfg.seeds), device, all_at_once=True)
+    done = map_jobs(evaluate_seed, cfg.seeds, workers, threads_per_worker(cfg.runtime, workers))
+    runs = {f"seed_{seed}": metrics for seed, (metrics, _) in zip(cfg.seeds, done)}
+    examples = {f"seed_{seed}": ex for seed, (_, ex) in zip(cfg.seeds, done)}
+    result = {"dataset": dataset, "variant": variant, "runs": runs}
+    fileio.write_json(metrics_path, result)
+    fileio.write_json(examples_path, examples)
+    return result

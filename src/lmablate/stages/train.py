@@ -1,0 +1,139 @@
+"""Stage ``train``: every seed of one dataset x variant, with the tuned learning rate and width.
+
+Each seed is one MLflow run tagged dataset/variant/seed/stage. A seed whose ``result.json``
+carries the current fingerprint is kept; an interrupted one resumes from its ``resume.pt``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import fileio
+from ..checkpoint import code_version, load_resume, save_checkpoint
+from ..config import ModelConfig, StudyConfig, fingerprint
+from ..device import resolve_device
+from ..model import count_params, flops_per_token
+from ..parallel import map_jobs, threads_per_worker, use_processes, worker_count
+from ..tokens import TokenData
+from ..tracking import make_tracker
+from ..training import GRAD_STATS_COLUMNS, HISTORY_COLUMNS, DivergenceError, train_model
+from ..variants import preflight, resolve_model_config
+
+
+@dataclass(frozen=True)
+class SeedJob:
+    """One seed's training run, picklable for a worker process."""
+
+    cfg: StudyConfig
+    dataset: str
+    variant: str
+    model_cfg: ModelConfig
+    lr: float
+    seed: int
+    tokens_dir: Path
+    seed_dir: Path
+
+
+def seed_fingerprint(job: SeedJob, data: TokenData) -> str:
+    """What a seed's result depends on: model, training settings, lr, seed, the code of a run,
+    its data and the device type it computes on (never the runtime settings that only change
+    speed: ``runtime.workers``, ``threads``, ``parallel``)."""
+    device = resolve_device(job.cfg.runtime.device)
+    return fingerprint(job.model_cfg, job.cfg.train, job.lr, job.seed, code_version(),
+                       data.fingerprint(), device.type)
+
+
+def train_seed(job: SeedJob) -> dict:
+    """Train one seed (in this or a worker process) and record it as one MLflow run.
+
+    Writes ``seed_dir/checkpoint.pt`` and ``seed_dir/result.json`` (``fingerprint``,
+    ``summary``, ``history``, ``grad_stats``). A seed whose ``result.json`` has the current
+    fingerprint is not trained again; an interrupted one resumes from ``seed_dir/resume.pt``.
+    Returns the ``result.json`` content.
+
+    Raises:
+        DivergenceError: the loss became NaN/inf (names dataset, variant, seed and step).
+    """
+    cfg, seed = job.cfg, job.seed
+    data = TokenData.load(job.tokens_dir)
+    fp = seed_fingerprint(job, data)
+    result_path, resume_path = job.seed_dir / "result.json", job.seed_dir / "resume.pt"
+    if result_path.exists() and (job.seed_dir / "checkpoint.pt").exists():
+        done = fileio.read_json(result_path)
+        if done.get("fingerprint") == fp:
+            return done
+    tracker = make_tracker(cfg.tracking)
+    device = resolve_device(cfg.runtime.device)
+    n_params, n_non_emb = count_params(job.model_cfg)
+    fpt = flops_per_token(job.model_cfg)
+    tags = {"dataset": job.dataset, "variant": job.variant, "seed": seed, "stage": "train"}
+    what = f"dataset {job.dataset}, variant {job.variant}, seed {seed}"
+    resumed = load_resume(resume_path, fp)
+    run_id = resumed["meta"].get("mlflow_run_id") if resumed else None
+    with tracker.run(f"{job.dataset}-{job.variant}-seed{seed}", tags, run_id=run_id) as run_id:
+        if resumed is None:
+            tracker.log_params({**job.model_cfg.to_dict(), "lr": job.lr,
+                                "steps": cfg.train.steps, "batch_size": cfg.train.batch_size,
+                                "seed": seed, "n_params": n_params,
+                                "n_params_non_embedding": n_non_emb, "flops_per_token": fpt,
+                                "device": device.type})
+        try:
+            result = train_model(job.model_cfg, cfg.train, data, seed=seed, lr=job.lr,
+                                 steps=cfg.train.steps, device=device, tracker=tracker,
+                                 desc=f"{job.dataset}/{job.variant}/seed {seed}",
+                                 resume_path=resume_path, fingerprint=fp,
+                                 resume_meta={"mlflow_run_id": run_id})
+        except DivergenceError as exc:
+            raise DivergenceError(f"{what}: {exc}") from None
+        summary = {"seed": seed, "lr": job.lr, "d_model": job.model_cfg.d_model,
+                   "n_params": n_params, "n_params_non_embedding": n_non_emb,
+                   "flops_per_token": fpt, "val_loss": result.val_loss,
+                   "train_seconds": result.train_seconds,
+                   "tokens_per_second": result.tokens_per_second,
+                   "device": device.type, "mlflow_run_id": run_id}
+        tracker.log_metrics({k: summary[k] for k in ("val_loss", "train_seconds",
+                                                     "tokens_per_second")})
+        save_checkpoint(job.seed_dir / "checkpoint.pt", result.model, result.optimizer,
+                        job.model_cfg, step=cfg.train.steps,
+                        meta={"dataset": job.dataset, "variant": job.variant, "seed": seed})
+        done = {"fingerprint": fp, "summary": summary, "history": result.history,
+                "grad_stats": [{"seed": seed, **g} for g in result.grad_stats]}
+        fileio.write_json(result_path, done)
+        resume_path.unlink(missing_ok=True)
+        tracker.log_artifact(job.seed_dir / "checkpoint.pt", "checkpoint")
+    return done
+
+
+def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, best_path: Path,
+        checkpoints_dir: Path, history_path: Path, grad_stats_path: Path) -> dict:
+    """Train ``variant`` on ``dataset`` for every seed with the tuned lr and d_model.
+
+    Seeds run concurrently on a CPU (threads or processes, see :mod:`lmablate.parallel`). Writes
+    ``checkpoints_dir/seed_<s>/checkpoint.pt`` and ``result.json`` per seed (see
+    :func:`train_seed`; interrupted seeds resume, finished ones are kept),
+    ``history_path`` (CSV, columns :data:`~lmablate.training.HISTORY_COLUMNS`, a DVC plot) and
+    ``grad_stats_path`` (CSV, :data:`~lmablate.training.GRAD_STATS_COLUMNS`).
+
+    Raises:
+        ConfigError / ValueError: unknown dataset or variant, data too small for the context,
+            the model fails the causality pre-flight. All raised before the first step.
+        DivergenceError: a run's loss became NaN/inf (names dataset, variant, seed and step).
+    """
+    cfg.dataset(dataset)
+    best = fileio.read_json(best_path)
+    data = TokenData.load(tokens_dir)
+    model_cfg = resolve_model_config(cfg, variant, data.vocab_size, best["d_model"])
+    data.check_fits(model_cfg.context_length, f"{dataset}")
+    preflight(model_cfg, f"variant {variant!r}")
+    jobs = [SeedJob(cfg, dataset, variant, model_cfg, best["lr"], seed, tokens_dir,
+                    checkpoints_dir / f"seed_{seed}") for seed in cfg.seeds]
+    workers = worker_count(cfg.runtime, len(jobs), resolve_device(cfg.runtime.device),
+                           all_at_once=True)
+    results = map_jobs(train_seed, jobs, workers, threads_per_worker(cfg.runtime, workers),
+                       processes=use_processes(cfg.runtime, [model_cfg]))
+    fileio.write_csv(history_path, [row for r in results for row in r["history"]],
+                     HISTORY_COLUMNS)
+    fileio.write_csv(grad_stats_path, [row for r in results for row in r["grad_stats"]],
+                     GRAD_STATS_COLUMNS)
+    return {f"seed_{r['summary']['seed']}": r["summary"] for r in results}

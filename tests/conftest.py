@@ -1,0 +1,137 @@
+"""Shared fixtures: the one tiny profile every test starts from, a tiny project on disk, and a
+runner for the ``lmablate`` command in its own process."""
+
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import pytest
+import yaml
+
+from lmablate import config
+from lmablate.config import StudyConfig
+from lmablate.stages import generate, tokenize
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+# The tiny profile: params.yaml with every size cut down so that a stage runs in a second.
+# Tests change what they exercise through ``tiny_params(overrides)``, never by hand-building a
+# profile of their own.
+TINY = {
+    "study": {"seeds": [0], "variants": ["baseline", "rope"], "datasets": ["arithmetic"]},
+    "datasets": {"arithmetic": {"n_train": 2000, "n_test": 16}},
+    "model": {"context_length": 16, "n_layers": 1, "n_heads": 2, "d_model": 16},
+    "train": {"steps": 4, "eval_interval": 2, "eval_iters": 1, "warmup_steps": 0,
+              "batch_size": 4},
+    "tune": {"n_trials": 2, "steps": 2, "d_model_choices": [16]},
+    "evaluate": {"max_batches": 1, "batch_size": 8, "max_problems": 8},
+    "tracking": {"enabled": False},
+}
+
+
+def merge(base: dict, changes: Mapping[str, Any]) -> dict:
+    """``base`` with ``changes`` merged in recursively (mappings merge, anything else replaces)."""
+    out = copy.deepcopy(base)
+    for key, value in changes.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def tiny_params(overrides: Mapping[str, Any] | None = None) -> dict:
+    """The repository's ``params.yaml`` with :data:`TINY`, then ``overrides``, merged in."""
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    return merge(merge(raw, TINY), overrides or {})
+
+
+@dataclass
+class Project:
+    """A folder holding tiny ``params.yaml`` and one dataset's data in ``raw/`` and ``tokens/``
+    (see :func:`make_project`), and the config read from it."""
+
+    path: Path
+    cfg: StudyConfig
+
+    def write_params(self, change: Callable[[dict], None]) -> None:
+        """Apply ``change`` to the raw params and write them back, unvalidated (``cfg`` keeps
+        the config the project was made with)."""
+        raw = yaml.safe_load((self.path / "params.yaml").read_text())
+        change(raw)
+        (self.path / "params.yaml").write_text(yaml.safe_dump(raw))
+
+
+def make_project(path: Path, overrides: Mapping[str, Any] | None = None,
+                 dataset: str = "arithmetic") -> Project:
+    """Write tiny params (Optuna storage inside ``path``) and ``dataset``'s raw text and tokens
+    into ``path/raw`` and ``path/tokens``."""
+    path.mkdir(parents=True, exist_ok=True)
+    raw = tiny_params(merge({"tune": {"storage": f"sqlite:///{path / 'optuna.db'}"}},
+                            overrides or {}))
+    (path / "params.yaml").write_text(yaml.safe_dump(raw))
+    cfg = config.load(path / "params.yaml")
+    generate.run(cfg.dataset(dataset), path / "raw")
+    tokenize.run(cfg.dataset(dataset), path / "raw", path / "tokens")
+    return Project(path, cfg)
+
+
+@pytest.fixture()
+def project(tmp_path: Path) -> Project:
+    """A tiny arithmetic project in a fresh temporary folder."""
+    return make_project(tmp_path)
+
+
+@pytest.fixture(scope="session", name="tiny_params")
+def tiny_params_fixture() -> Callable[..., dict]:
+    """:func:`tiny_params`, for tests that write params of their own."""
+    return tiny_params
+
+
+@pytest.fixture(scope="session", name="make_project")
+def make_project_fixture() -> Callable[..., Project]:
+    """:func:`make_project`, for projects with overrides or in module-scoped folders."""
+    return make_project
+
+
+def _env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", **(extra or {})}
+    for name in ("MLFLOW_TRACKING_URI", "LMABLATE_OPTUNA_STORAGE"):
+        if not (extra and name in extra):
+            env.pop(name, None)
+    return env
+
+
+def start_lmablate(args: list[str], cwd: Path, env: Mapping[str, str] | None = None,
+                   **kw: Any) -> subprocess.Popen:
+    """Start ``lmablate <args>`` as its own process in ``cwd`` (a worker as on another machine),
+    with stores from the environment only where ``env`` sets them."""
+    return subprocess.Popen([sys.executable, "-m", "lmablate.cli", *args], cwd=cwd,
+                            env=_env(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, **kw)
+
+
+def run_command(cmd: list[str], cwd: Path, timeout: float | None = None,
+                env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run a command (``dvc``, ``lmablate``, ``git``) of this environment to completion."""
+    return subprocess.run(cmd, cwd=cwd, env=_env(env), capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.fixture(scope="session", name="start_lmablate")
+def start_lmablate_fixture() -> Callable[..., subprocess.Popen]:
+    """:func:`start_lmablate`: the CLI in a process of its own."""
+    return start_lmablate
+
+
+@pytest.fixture(scope="session", name="run_command")
+def run_command_fixture() -> Callable[..., subprocess.CompletedProcess]:
+    """:func:`run_command`: a command of this environment, run to completion."""
+    return run_command
