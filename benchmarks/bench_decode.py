@@ -7,7 +7,7 @@ trained for ``--train-steps`` steps on freshly generated arithmetic data (params
 with ``--problems`` test problems), so its predictions are not trivial. Then, on the device
 lmablate picks:
 
-* lmablate: ``lmablate.evaluate.arithmetic_predictions`` (all problems of a batch at once, KV
+* lmablate: ``lmablate.evaluation.arithmetic_predictions`` (all problems of a batch at once, KV
   cache, greedy), at ``evaluate.batch_size`` from params.yaml (the pipeline setting), 256, 512
   and one batch of everything, in one thread of jobs; then at ``evaluate.batch_size`` and 256
   with one job thread per core (``workers=``; the evaluate stage instead runs the seeds'
@@ -31,10 +31,13 @@ import common  # first: it disables tqdm before torch imports it
 
 import torch
 
-from lmablate.evaluate import arithmetic_predictions, arithmetic_scores, split_problem
+from lmablate.arithmetic import split_problem
+from lmablate.device import autocast
+from lmablate.evaluation import arithmetic_predictions, arithmetic_scores
 from lmablate.parallel import cpu_count
 from lmablate.tokenizer import load_tokenizer
-from lmablate.train import TokenData, autocast, train_model
+from lmablate.tokens import TokenData
+from lmablate.training import train_model
 
 
 @torch.no_grad()

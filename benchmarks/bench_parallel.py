@@ -4,15 +4,17 @@
                                         [--rounds 1]
 
 A representative slice of the study, run in this process on the device lmablate picks:
-``lmablate.tune.run``, ``lmablate.train.run`` (every seed of params.yaml) and
-``lmablate.evaluate.run`` for each variant on one dataset, tracking off, a fresh temp-file SQLite
-Optuna storage per run. The arms (``dataclasses.replace`` on params.yaml's train section):
+``lmablate.stages.tune.run``, ``lmablate.stages.train.run`` (every seed of params.yaml) and
+``lmablate.stages.evaluate.run`` for each variant on one dataset, tracking off, a fresh temp-file
+SQLite Optuna storage per run. The arms (``dataclasses.replace`` on params.yaml's runtime
+section):
 
-* serial: ``train.workers: 1, threads: 0`` -> one job at a time with every core's thread;
-* threads (params.yaml): ``train.workers: 0, threads: 0, parallel: threads`` -> trials (Optuna's
-  ``n_jobs``), seeds and evaluations side by side in threads with one intra-op thread each;
-* processes: the same in spawned worker processes (``train.parallel: processes``), each of which
-  imports torch again.
+* serial: ``runtime.workers: 1, threads: 0`` -> one job at a time with every core's thread;
+* threads (params.yaml): ``runtime.workers: 0, threads: 0, parallel: threads`` -> trials
+  (Optuna's ``n_jobs``), seeds and evaluations side by side in threads with one intra-op thread
+  each;
+* processes: the same in spawned worker processes (``runtime.parallel: processes``), each of
+  which imports torch again.
 
 Arms rotate (serial, threads, processes, then threads, processes, serial, ...) over
 ``--rounds`` and the median per arm is reported. Pruning differs when trials run side by side,
@@ -37,9 +39,12 @@ import common  # first: it disables tqdm before torch imports it
 
 import optuna
 
-from lmablate import evaluate, train, tune
 from lmablate.parallel import threads_per_worker, worker_count
+from lmablate.stages import evaluate, train, tune
+from lmablate.tokens import TokenData
 from lmablate.tracking import NullTracker
+from lmablate.training import train_model
+from lmablate.tuning import FINISHED
 
 STAGES = ("tune", "train", "evaluate")
 
@@ -65,7 +70,7 @@ def run_slice(cfg, dataset: str, variants: list[str], tokens: Path, raw: Path | 
         times["evaluate"] += t3 - t2
         study = optuna.load_study(study_name=best["study_name"], storage=cfg.tune.storage_url)
         steps["tune"] += sum(max(t.intermediate_values) for t in study.trials
-                             if t.state in tune.FINISHED and t.intermediate_values)
+                             if t.state in FINISHED and t.intermediate_values)
         steps["train"] += cfg.train.steps * len(cfg.seeds)
     return {"times": times, "steps": steps, "total": sum(times.values()),
             "total_steps": steps["tune"] + steps["train"]}
@@ -85,17 +90,18 @@ def main() -> None:
     base = common.load_default_config()
     variants = args.variants.split(",")
     arms = {
-        "serial": dataclasses.replace(base.train, workers=1, threads=0),
-        "threads": dataclasses.replace(base.train, workers=0, threads=0, parallel="threads"),
-        "processes": dataclasses.replace(base.train, workers=0, threads=0, parallel="processes"),
+        "serial": dataclasses.replace(base.runtime, workers=1, threads=0),
+        "threads": dataclasses.replace(base.runtime, workers=0, threads=0, parallel="threads"),
+        "processes": dataclasses.replace(base.runtime, workers=0, threads=0,
+                                         parallel="processes"),
     }
-    for name, tc in arms.items():
-        w, ws = worker_count(tc, base.tune.n_trials, device), worker_count(
-            tc, len(base.seeds), device, all_at_once=True)
+    for name, rc in arms.items():
+        w, ws = worker_count(rc, base.tune.n_trials, device), worker_count(
+            rc, len(base.seeds), device, all_at_once=True)
         kind = "process(es)" if name == "processes" else "thread(s)"
-        print(f"{name:<9}: train.workers={tc.workers} threads={tc.threads} parallel="
-              f"{tc.parallel} -> trials {w}, seeds {ws} {kind} at a time x "
-              f"{threads_per_worker(tc, w)} intra-op thread(s)")
+        print(f"{name:<9}: runtime.workers={rc.workers} threads={rc.threads} parallel="
+              f"{rc.parallel} -> trials {w}, seeds {ws} {kind} at a time x "
+              f"{threads_per_worker(rc, w)} intra-op thread(s)")
     print(f"slice    : tune ({base.tune.n_trials} trials x {base.tune.steps} steps, pruner "
           f"{base.tune.pruner}, report every {base.tune.report_interval}) + train "
           f"({len(base.seeds)} seeds x {base.train.steps} steps) + evaluate of "
@@ -117,12 +123,12 @@ def main() -> None:
                                  "or use --dataset arithmetic")
         # One-time costs (torch._dynamo is imported by the first optimizer step, ~1.2 s) are paid
         # here, not by whichever arm runs first.
-        warm = train.TokenData.load(tokens)
-        train.train_model(base.model_config("baseline", warm.vocab_size), base.train, warm,
-                          seed=0, lr=1e-3, steps=2, device=device)
+        warm = TokenData.load(tokens)
+        train_model(base.model_config("baseline", warm.vocab_size), base.train, warm,
+                    seed=0, lr=1e-3, steps=2, device=device)
         for i, name in enumerate(order):
             cfg = dataclasses.replace(
-                base, train=arms[name],
+                base, runtime=arms[name],
                 tune=dataclasses.replace(base.tune, storage=f"sqlite:///{tmp}/optuna-{i}.db"))
             results[name].append(run_slice(cfg, args.dataset, variants, tokens, raw,
                                            tmp / f"run-{i}"))

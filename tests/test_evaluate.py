@@ -9,10 +9,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lmablate.config import ModelConfig
-from lmablate.data import format_problem
-from lmablate.evaluate import (arithmetic_predictions, arithmetic_scores, split_problem,
-                               test_loss as windowed_test_loss)
+from lmablate.config import DataError, ModelConfig
+from lmablate.arithmetic import format_problem, split_problem
+from lmablate.evaluation import (arithmetic_predictions, arithmetic_scores,
+                                 test_loss as windowed_test_loss)
 from lmablate.model import GPT
 from lmablate.tokenizer import CharTokenizer
 
@@ -60,11 +60,11 @@ def test_batched_cached_decoding_equals_one_at_a_time(position):
     assert len({p.rstrip("$") for p in reference}) > 1
 
 
-def test_predictions_need_one_prompt_and_answer_length():
+def test_predictions_refuse_a_problem_out_of_format_before_decoding():
     tok = CharTokenizer(ALPHABET)
     model = GPT(ModelConfig(vocab_size=tok.vocab_size, d_model=16, n_layers=1, n_heads=2,
                             context_length=40)).eval()
-    with pytest.raises(ValueError, match="one prompt and answer length"):
+    with pytest.raises(DataError, match=r"'\$\(1\+2\)=3\$' is not allowed; expected 36 characters"):
         arithmetic_predictions(model, tok, [PROBLEMS[0], "$(1+2)=3$"], 2, torch.device("cpu"))
 
 

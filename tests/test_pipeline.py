@@ -2,45 +2,38 @@
 
 import csv
 import json
-import os
 import shutil
 import sqlite3
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
 VARIANTS = ["baseline", "swiglu", "rope"]
 SEEDS = [0, 1, 2]
 
 
-def tiny_params(corpus: Path) -> dict:
-    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
-    raw["study"].update(seeds=SEEDS, variants=VARIANTS)
-    raw["datasets"]["shakespeare"] = {"kind": "text", "source": str(corpus),
-                                      "split": {"val": 0.1, "test": 0.1}}
-    raw["datasets"]["arithmetic"].update(n_train=2000, n_test=64)
-    raw["model"].update(context_length=32, n_layers=1, n_heads=2, d_model=16)
-    raw["train"].update(steps=12, eval_interval=6, eval_iters=2, warmup_steps=2, batch_size=8)
-    raw["tune"].update(n_trials=2, steps=6, d_model_choices=[16])
-    raw["evaluate"].update(max_batches=2, batch_size=32, max_problems=64, n_samples=1,
-                           sample_tokens=20)
-    return raw
-
-
-def run(cmd, cwd, **kw):
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
-    env.pop("MLFLOW_TRACKING_URI", None)
-    env.pop("LMABLATE_OPTUNA_STORAGE", None)
-    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, **kw)
+def pipeline_overrides(corpus: Path) -> dict:
+    """Both datasets (Shakespeare from a local corpus), three variants and seeds, tracking on."""
+    return {
+        "study": {"seeds": SEEDS, "variants": VARIANTS,
+                  "datasets": ["shakespeare", "arithmetic"]},
+        "datasets": {"shakespeare": {"kind": "text", "source": str(corpus), "sha256": None,
+                                     "max_chars": None, "split": {"val": 0.1, "test": 0.1}},
+                     "arithmetic": {"n_test": 64}},
+        "model": {"context_length": 32},
+        "train": {"steps": 12, "eval_interval": 6, "eval_iters": 2, "warmup_steps": 2,
+                  "batch_size": 8},
+        "tune": {"steps": 6},
+        "evaluate": {"max_batches": 2, "batch_size": 32, "max_problems": 64, "n_samples": 1,
+                     "sample_tokens": 20},
+        "tracking": {"enabled": True},
+    }
 
 
 @pytest.fixture(scope="module")
-def study(tmp_path_factory):
+def study(tmp_path_factory, tiny_params, run_command):
     work = tmp_path_factory.mktemp("study")
     for name in ("dvc.yaml", "pyproject.toml"):
         shutil.copy(ROOT / name, work / name)
@@ -48,10 +41,11 @@ def study(tmp_path_factory):
     corpus = work / "corpus.txt"
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     corpus.write_text((text * (40_000 // len(text) + 1))[:40_000], encoding="utf-8")
-    (work / "params.yaml").write_text(yaml.safe_dump(tiny_params(corpus), sort_keys=False))
-    assert run(["git", "init", "-q"], work).returncode == 0
-    assert run(["dvc", "init", "-q"], work).returncode == 0
-    first = run(["dvc", "repro"], work, timeout=1500)
+    params = tiny_params(pipeline_overrides(corpus))
+    (work / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    assert run_command(["git", "init", "-q"], work).returncode == 0
+    assert run_command(["dvc", "init", "-q"], work).returncode == 0
+    first = run_command(["dvc", "repro"], work, timeout=1500)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     return work
 
@@ -93,19 +87,45 @@ def test_repro_records_trials_and_runs(study):
 
 
 @pytest.mark.slow
-def test_second_repro_does_nothing(study):
-    again = run(["dvc", "repro"], study, timeout=600)
+def test_second_repro_does_nothing(study, run_command):
+    again = run_command(["dvc", "repro"], study, timeout=600)
     assert again.returncode == 0, again.stderr[-2000:]
     assert "Running stage" not in again.stdout
-    status = run(["dvc", "status"], study)
+    status = run_command(["dvc", "status"], study)
     assert "up to date" in status.stdout
 
 
 @pytest.mark.slow
-def test_bad_variant_fails_before_work(study):
-    res = run(["lmablate", "train", "arithmetic", "mamba", "--tokens", "data/tokens/arithmetic",
+def test_bad_variant_fails_before_work(study, run_command):
+    res = run_command(["lmablate", "train", "arithmetic", "mamba", "--tokens", "data/tokens/arithmetic",
                "--best", "runs/arithmetic/baseline/best.json", "--checkpoints", "out/ck",
                "--history", "out/h.csv", "--grad-stats", "out/g.csv"], study)
     assert res.returncode == 2
     assert "variant='mamba'" in res.stderr and "baseline" in res.stderr
     assert not (study / "out").exists()
+
+
+def changed_stages(study: Path, source: str, run_command) -> set[str]:
+    """The stages ``dvc status`` calls changed after a comment is appended to ``source``
+    (restored afterwards)."""
+    path = study / "src" / "lmablate" / source
+    original = path.read_bytes()
+    path.write_bytes(original + b"\n# an edit\n")
+    try:
+        status = run_command(["dvc", "status", "--json"], study)
+    finally:
+        path.write_bytes(original)
+    assert status.returncode == 0, status.stderr[-2000:]
+    return set(json.loads(status.stdout))
+
+
+@pytest.mark.slow
+def test_an_edit_reruns_exactly_the_stages_that_import_the_module(study, run_command):
+    assert changed_stages(study, "analysis/figures.py", run_command) == {"report"}
+    after_model = changed_stages(study, "model.py", run_command)
+    pairs = [f"{d}-{v}" for d in ("shakespeare", "arithmetic") for v in VARIANTS]
+    assert after_model == {f"{stage}@{p}" for stage in ("tune", "train", "evaluate")
+                           for p in pairs} | {"report"}
+    assert changed_stages(study, "corpus.py", run_command) == {
+        "generate@shakespeare", "generate@arithmetic", "tokenize@shakespeare",
+        "tokenize@arithmetic"}

@@ -2,7 +2,7 @@
 PostgreSQL server from Debian's binaries, and one SQLite file), MLflow against a tracking server,
 and one-line errors for a database or tracking server that cannot be reached.
 
-Each worker is a separate ``lmablate`` process with ``train.workers: 1``, exactly as a worker on
+Each worker is a separate ``lmablate`` process with ``runtime.workers: 1``, exactly as a worker on
 another machine would be; the processes share nothing but the database.
 """
 
@@ -24,11 +24,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lmablate import config
-from lmablate.data import generate
-from lmablate.tokenizer import tokenize
-
-from test_cli import tiny_raw
 
 N_TRIALS = 6
 DATASET, VARIANT = "arithmetic", "baseline"
@@ -42,34 +37,29 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def lmablate(args: list[str], cwd: Path, env: dict[str, str] | None = None, **kw):
-    """Start ``lmablate <args>`` as its own process (a worker as on another machine)."""
-    return subprocess.Popen([sys.executable, "-m", "lmablate.cli", *args], cwd=cwd,
-                            env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, **kw)
-
-
 def tune_args(out: str) -> list[str]:
     return ["tune", DATASET, VARIANT, "--tokens", "tokens", "--best", f"{out}/best.json",
             "--trials", f"{out}/trials.csv"]
 
 
-def make_project(path: Path, change=None) -> Path:
-    """Tiny params (tracking off, one worker per process) and tokenized arithmetic data."""
-    raw = tiny_raw()
-    raw["train"].update(workers=1, threads=1, device="cpu")
-    # enough steps that the two workers' trials overlap in time
-    raw["tune"].update(n_trials=N_TRIALS, steps=60, lr_low=1e-3, lr_high=3e-2,
-                       heartbeat_seconds=2)
-    raw["tune"]["storage"] = f"sqlite:///{path / 'optuna.db'}"
-    if change:
-        change(raw)
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "params.yaml").write_text(yaml.safe_dump(raw))
-    cfg = config.load(path / "params.yaml")
-    generate(cfg.dataset(DATASET), path / "raw")
-    tokenize(cfg.dataset(DATASET), path / "raw", path / "tokens")
-    return path
+# one worker per process, and enough steps that the two workers' trials overlap in time
+SCALE_OUT = {
+    "runtime": {"workers": 1, "threads": 1, "device": "cpu"},
+    "tune": {"n_trials": N_TRIALS, "steps": 60, "lr_low": 1e-3, "lr_high": 3e-2,
+             "heartbeat_seconds": 2},
+}
+
+
+@pytest.fixture()
+def scale_project(make_project):
+    """``make(path, change=None)``: a tiny project for one-worker processes at ``path``, with
+    ``change`` applied to its params; returns the folder."""
+    def make(path: Path, change=None) -> Path:
+        project = make_project(path, SCALE_OUT)
+        if change:
+            project.write_params(change)
+        return project.path
+    return make
 
 
 # ---------------------------------------------------------------------------------------------
@@ -173,13 +163,13 @@ def trial_numbers(stderr: str) -> list[int]:
     return [int(n) for n in re.findall(r"Trial (\d+) (?:finished|pruned)", stderr)]
 
 
-def run_two_workers(project: Path, storage_url: str) -> tuple[object, list[list[int]]]:
+def run_two_workers(start_lmablate, project: Path, storage_url: str) -> tuple[object, list[list[int]]]:
     """Start two ``lmablate tune`` workers at once on the study in ``storage_url``; returns the
     study and the trial numbers each worker ran."""
     import optuna
 
     env = {"LMABLATE_OPTUNA_STORAGE": storage_url}
-    workers = [lmablate(tune_args(f"out{w}"), project, env) for w in (0, 1)]
+    workers = [start_lmablate(tune_args(f"out{w}"), project, env) for w in (0, 1)]
     outputs = [w.communicate(timeout=WORKER_TIMEOUT) for w in workers]
     for w, (_, err) in zip(workers, outputs):
         assert w.returncode == 0, err[-3000:]
@@ -215,15 +205,15 @@ def check_study(project: Path, study, per_worker: list[list[int]]) -> None:
     assert bests[0]["trial"] == study.best_trial.number
 
 
-def test_two_workers_share_a_postgresql_study(postgres, tmp_path):
-    project = make_project(tmp_path)
+def test_two_workers_share_a_postgresql_study(postgres, tmp_path, scale_project, start_lmablate):
+    project = scale_project(tmp_path)
     url = postgres.create_database("optuna_two_workers")
-    study, per_worker = run_two_workers(project, url)
+    study, per_worker = run_two_workers(start_lmablate, project, url)
     check_study(project, study, per_worker)
     print(f"PostgreSQL study {study.study_name}: trials per worker "
           f"{[len(n) for n in per_worker]} {per_worker}")
     # A third worker (e.g. a re-run of the DVC stage) finds the study finished: no new trial.
-    proc = lmablate(tune_args("out2"), project, {"LMABLATE_OPTUNA_STORAGE": url})
+    proc = start_lmablate(tune_args("out2"), project, {"LMABLATE_OPTUNA_STORAGE": url})
     _, err = proc.communicate(timeout=WORKER_TIMEOUT)
     assert proc.returncode == 0, err[-3000:]
     assert trial_numbers(err) == []
@@ -231,10 +221,10 @@ def test_two_workers_share_a_postgresql_study(postgres, tmp_path):
     assert len(study.get_trials(deepcopy=False)) == len(study.trials)
 
 
-def test_two_workers_share_a_sqlite_study(tmp_path):
-    project = make_project(tmp_path)
+def test_two_workers_share_a_sqlite_study(tmp_path, scale_project, start_lmablate):
+    project = scale_project(tmp_path)
     url = f"sqlite:///{tmp_path / 'shared.db'}"
-    study, per_worker = run_two_workers(project, url)
+    study, per_worker = run_two_workers(start_lmablate, project, url)
     check_study(project, study, per_worker)
     print(f"SQLite study {study.study_name}: trials per worker "
           f"{[len(n) for n in per_worker]} {per_worker}")
@@ -245,7 +235,7 @@ def test_surplus_trials_are_recognised(tmp_path):
     """With n_trials=2, a third trial created before any finished is surplus."""
     import optuna
 
-    from lmablate.tune import is_surplus, make_storage
+    from lmablate.tuning import is_surplus, make_storage
 
     study = optuna.create_study(storage=make_storage(f"sqlite:///{tmp_path / 'o.db'}"))
     trials = [study.ask() for _ in range(3)]
@@ -263,9 +253,9 @@ def fresh_storage(request, tmp_path):
 
 def test_workers_starting_together_on_a_fresh_database(fresh_storage, tmp_path):
     """Workers that connect at the same moment to an empty database race to create Optuna's
-    tables; every one of them must come up (lmablate.tune.make_storage retries)."""
+    tables; every one of them must come up (lmablate.tuning.make_storage retries)."""
     # a barrier: every process imports lmablate (and torch) first, then all connect at once
-    code = ("import sys, time; from pathlib import Path; from lmablate.tune import make_storage; "
+    code = ("import sys, time; from pathlib import Path; from lmablate.tuning import make_storage; "
             "Path(f'ready-{sys.argv[2]}').touch()\n"
             "while len(list(Path().glob('ready-*'))) < 3: time.sleep(0.005)\n"
             "make_storage(sys.argv[1])")
@@ -280,13 +270,13 @@ def test_workers_starting_together_on_a_fresh_database(fresh_storage, tmp_path):
 # Unreachable stores: one line, exit 2, nothing written
 
 
-def test_unreachable_optuna_database(tmp_path):
+def test_unreachable_optuna_database(tmp_path, scale_project, start_lmablate):
     pytest.importorskip("psycopg2", reason="pip install 'lmablate[postgres]' (psycopg2-binary)")
-    project = make_project(tmp_path)
+    project = scale_project(tmp_path)
     port = free_port()
     url = f"postgresql+psycopg2://lmablate:secret@127.0.0.1:{port}/optuna"
     start = time.monotonic()
-    proc = lmablate(tune_args("out"), project, {"LMABLATE_OPTUNA_STORAGE": url})
+    proc = start_lmablate(tune_args("out"), project, {"LMABLATE_OPTUNA_STORAGE": url})
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 2, err[-3000:]
     lines = err.strip().splitlines()
@@ -299,11 +289,11 @@ def test_unreachable_optuna_database(tmp_path):
     assert not (project / "out").exists()
 
 
-def test_unreachable_mlflow_server(tmp_path):
-    project = make_project(tmp_path, lambda r: r["tracking"].update(enabled=True))
+def test_unreachable_mlflow_server(tmp_path, scale_project, start_lmablate):
+    project = scale_project(tmp_path, lambda r: r["tracking"].update(enabled=True))
     uri = f"http://127.0.0.1:{free_port()}"
     start = time.monotonic()
-    proc = lmablate(tune_args("out"), project, {"MLFLOW_TRACKING_URI": uri})
+    proc = start_lmablate(tune_args("out"), project, {"MLFLOW_TRACKING_URI": uri})
     _, err = proc.communicate(timeout=300)
     elapsed = time.monotonic() - start
     assert proc.returncode == 2, err[-3000:]
@@ -361,10 +351,10 @@ def mlflow_server(tmp_path):
         log.close()
 
 
-def test_mlflow_tracking_server(mlflow_server, tmp_path):
+def test_mlflow_tracking_server(mlflow_server, tmp_path, scale_project, start_lmablate):
     from mlflow import MlflowClient
 
-    project = make_project(tmp_path / "project", lambda r: (
+    project = scale_project(tmp_path / "project", lambda r: (
         r["tracking"].update(enabled=True, experiment="scale-out"),
         r["tune"].update(n_trials=2, steps=4)))
     env = {"MLFLOW_TRACKING_URI": mlflow_server}
@@ -372,7 +362,7 @@ def test_mlflow_tracking_server(mlflow_server, tmp_path):
                  ["train", DATASET, VARIANT, "--tokens", "tokens", "--best", "out/best.json",
                   "--checkpoints", "out/ck", "--history", "out/history.csv",
                   "--grad-stats", "out/grad.csv"]):
-        proc = lmablate(args, project, env)
+        proc = start_lmablate(args, project, env)
         _, err = proc.communicate(timeout=WORKER_TIMEOUT)
         assert proc.returncode == 0, err[-3000:]
     # nothing was written to the embedded default store

@@ -1,4 +1,4 @@
-"""Stage ``tokenize`` (lmablate.tokenizer): vocabulary, unknown symbol, splits, token files."""
+"""Stage ``tokenize`` and lmablate.tokenizer: vocabulary, unknown symbol, splits, token files."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 from lmablate.config import DatasetConfig, SplitConfig
-from lmablate.data import generate
+from lmablate.stages.generate import run as generate
+from lmablate.stages.tokenize import run as tokenize
 from lmablate.tokenizer import (UNK, UNK_ID, CharTokenizer, TokenizerError, load_split,
-                                load_tokenizer, split_text, tokenize)
+                                load_tokenizer, split_text)
 
 TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n"
 

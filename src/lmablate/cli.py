@@ -6,8 +6,9 @@ really reads, writes and imports. The config is loaded and validated once, befor
 Expected failures (bad params, bad input files, a model that fails its pre-flight check,
 divergence) print one line ``lmablate: error: ...`` and exit 2.
 
-Stage modules are imported by name (:data:`STAGES`) only when their command runs: a stage then
-imports exactly its own closure of project modules, which is what ``dvc.yaml`` lists as deps.
+Stage modules are imported by name (:data:`STAGES`) only when their command runs, and each
+one's ``main(cfg, args)`` takes it from there: a command then imports exactly this module's and
+its stage's closure of project modules, which is what ``dvc.yaml`` lists as deps.
 """
 
 from __future__ import annotations
@@ -18,13 +19,14 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import ConfigError, StudyConfig, load
+from .config import ConfigError, load
 
 
 @dataclass(frozen=True)
 class Stage:
-    """A subcommand: the stage module it runs, and its path options (``--<name>``, the
-    ``dest`` spelled with underscores) split into the paths it reads and those it writes."""
+    """A subcommand: the stage module whose ``main(cfg, args)`` it runs, and its path options
+    (``--<name>``, read as ``args.<name>`` with underscores) split into the paths it reads and
+    those it writes."""
 
     module: str
     help: str
@@ -53,35 +55,6 @@ STAGES: dict[str, Stage] = {
 }
 
 
-def _tracker(cfg: StudyConfig):
-    from .tracking import make_tracker
-
-    return make_tracker(cfg.tracking)
-
-
-def _run_stage(cfg: StudyConfig, a: argparse.Namespace) -> None:
-    """Validate the dataset and variant named on the command line, then call the stage's
-    ``run`` with the paths in the order its signature takes them."""
-    stage = importlib.import_module(STAGES[a.command].module)
-    if a.command == "generate":
-        stage.run(cfg.dataset(a.dataset), a.out)
-    elif a.command == "tokenize":
-        stage.run(cfg.dataset(a.dataset), a.raw, a.out)
-    elif a.command == "tune":
-        cfg.check_variant(a.variant)
-        stage.run(cfg, a.dataset, a.variant, a.tokens, a.best, a.trials, _tracker(cfg))
-    elif a.command == "train":
-        cfg.check_variant(a.variant)
-        stage.run(cfg, a.dataset, a.variant, a.tokens, a.best, a.checkpoints, a.history,
-                  a.grad_stats)
-    elif a.command == "evaluate":
-        cfg.check_variant(a.variant)
-        stage.run(cfg, a.dataset, a.variant, a.tokens, a.raw, a.checkpoints, a.metrics,
-                  a.examples, _tracker(cfg))
-    else:
-        stage.run(cfg, a.runs, a.tokens, a.out, _tracker(cfg))
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The ``lmablate`` parser: ``--params`` and one subparser per entry of :data:`STAGES`."""
     p = argparse.ArgumentParser(prog="lmablate", description=__doc__.splitlines()[0])
@@ -106,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         cfg = load(args.params)
-        _run_stage(cfg, args)
+        importlib.import_module(STAGES[args.command].module).main(cfg, args)
     except (ConfigError, ValueError, FileNotFoundError, RuntimeError) as exc:
         print(f"lmablate: error: {exc}", file=sys.stderr)
         return 2

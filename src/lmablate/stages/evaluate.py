@@ -7,6 +7,7 @@ for every variant.
 
 from __future__ import annotations
 
+import argparse
 import math
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from ..evaluation import arithmetic_predictions, arithmetic_scores, test_loss, t
 from ..parallel import map_jobs, threads_per_worker, worker_count
 from ..tokenizer import load_tokenizer
 from ..tokens import TokenData
-from ..tracking import NullTracker
+from ..tracking import NullTracker, make_tracker
 
 
 def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, raw_dir: Path,
@@ -82,3 +83,11 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, raw_dir:
     fileio.write_json(metrics_path, result)
     fileio.write_json(examples_path, examples)
     return result
+
+
+def main(cfg: StudyConfig, args: argparse.Namespace) -> None:
+    """``lmablate evaluate <dataset> <variant> --tokens DIR --raw DIR --checkpoints DIR
+    --metrics FILE --examples FILE``."""
+    cfg.check_variant(args.variant)
+    run(cfg, args.dataset, args.variant, args.tokens, args.raw, args.checkpoints, args.metrics,
+        args.examples, make_tracker(cfg.tracking))

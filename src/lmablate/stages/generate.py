@@ -12,13 +12,14 @@ Output files (UTF-8, ``\\n`` line ends, each written atomically):
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import time
 from pathlib import Path
 
 from .. import fileio
 from ..arithmetic import generate_arithmetic
-from ..config import DatasetConfig
+from ..config import DatasetConfig, StudyConfig
 from ..corpus import load_text_corpus
 
 
@@ -64,3 +65,8 @@ def run(cfg: DatasetConfig, out_dir: Path) -> dict:
                    test_chars=len(test_text), test_lines=_count_lines(test_text),
                    seconds=round(time.perf_counter() - start, 3))
     return summary
+
+
+def main(cfg: StudyConfig, args: argparse.Namespace) -> None:
+    """``lmablate generate <dataset> --out DIR``."""
+    run(cfg.dataset(args.dataset), args.out)

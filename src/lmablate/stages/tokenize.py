@@ -7,10 +7,11 @@ Reads ``corpus.txt`` (and ``test.txt``) from the raw folder, splits it, builds t
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 from .. import fileio
-from ..config import DatasetConfig
+from ..config import DatasetConfig, StudyConfig
 from ..corpus import read_text_file
 from ..tokenizer import SPLITS, UNK_ID, CharTokenizer, TokenizerError, split_text
 
@@ -82,3 +83,8 @@ def run(cfg: DatasetConfig, raw_dir: Path, out_dir: Path) -> dict:
     }
     fileio.write_json(out_dir / "meta.json", meta, indent=1)
     return meta
+
+
+def main(cfg: StudyConfig, args: argparse.Namespace) -> None:
+    """``lmablate tokenize <dataset> --raw DIR --out DIR``."""
+    run(cfg.dataset(args.dataset), args.raw, args.out)

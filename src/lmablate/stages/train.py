@@ -6,6 +6,7 @@ carries the current fingerprint is kept; an interrupted one resumes from its ``r
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -137,3 +138,11 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, best_pat
     fileio.write_csv(grad_stats_path, [row for r in results for row in r["grad_stats"]],
                      GRAD_STATS_COLUMNS)
     return {f"seed_{r['summary']['seed']}": r["summary"] for r in results}
+
+
+def main(cfg: StudyConfig, args: argparse.Namespace) -> None:
+    """``lmablate train <dataset> <variant> --tokens DIR --best FILE --checkpoints DIR
+    --history FILE --grad-stats FILE``."""
+    cfg.check_variant(args.variant)
+    run(cfg, args.dataset, args.variant, args.tokens, args.best, args.checkpoints, args.history,
+        args.grad_stats)

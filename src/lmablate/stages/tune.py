@@ -9,6 +9,7 @@ several trials run at once (Optuna's parallel workers: threads by default, see
 
 from __future__ import annotations
 
+import argparse
 import threading
 import time
 from dataclasses import dataclass
@@ -172,3 +173,10 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, best_pat
     fileio.write_csv(trials_path, study.trials_dataframe())
     fileio.write_json(best_path, result)
     return result
+
+
+def main(cfg: StudyConfig, args: argparse.Namespace) -> None:
+    """``lmablate tune <dataset> <variant> --tokens DIR --best FILE --trials FILE``."""
+    cfg.check_variant(args.variant)
+    run(cfg, args.dataset, args.variant, args.tokens, args.best, args.trials,
+        make_tracker(cfg.tracking))
