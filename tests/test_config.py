@@ -9,6 +9,7 @@ import yaml
 
 from lmablate import config
 from lmablate.config import ConfigError, ModelConfig
+from lmablate.fingerprint import NOT_A_RESULT, fingerprint
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -128,8 +129,8 @@ def test_missing_file_and_bad_yaml(tmp_path):
 def test_fingerprint_changes_with_settings(raw):
     cfg = config.parse(raw)
     other = config.parse(mutate(raw, "tune.steps", 7))
-    assert config.fingerprint(cfg.tune) != config.fingerprint(other.tune)
-    assert config.fingerprint(cfg.tune) == config.fingerprint(config.parse(raw).tune)
+    assert fingerprint(cfg.tune) != fingerprint(other.tune)
+    assert fingerprint(cfg.tune) == fingerprint(config.parse(raw).tune)
 
 
 @pytest.mark.parametrize("key,value", [("tune.storage", "sqlite:///elsewhere.db"),
@@ -137,17 +138,17 @@ def test_fingerprint_changes_with_settings(raw):
 def test_fingerprint_ignores_where_and_how_often(raw, key, value):
     cfg, other = config.parse(raw), config.parse(mutate(raw, key, value))
     assert cfg.tune != other.tune
-    assert config.fingerprint(cfg.tune) == config.fingerprint(other.tune)
+    assert fingerprint(cfg.tune) == fingerprint(other.tune)
 
 
 def test_every_result_setting_enters_the_fingerprint_and_no_runtime_setting_does(raw):
     """The rule is field metadata, not a list: each field of train/tune/model/dataset changes
     the fingerprint unless it is marked NOT_A_RESULT, and every runtime field is so marked."""
     cfg = config.parse(raw)
-    assert all(f.metadata == config.NOT_A_RESULT for f in dataclasses.fields(config.RuntimeConfig))
+    assert all(f.metadata == NOT_A_RESULT for f in dataclasses.fields(config.RuntimeConfig))
     for section in (cfg.train, cfg.tune):
         for f in dataclasses.fields(section):
-            if not f.init or f.metadata == config.NOT_A_RESULT:
+            if not f.init or f.metadata == NOT_A_RESULT:
                 continue
             value = getattr(section, f.name)
             changed = {int: lambda v: v + 1, float: lambda v: v * 0.5,
@@ -155,4 +156,4 @@ def test_every_result_setting_enters_the_fingerprint_and_no_runtime_setting_does
             if isinstance(value, str):
                 continue  # a choice: the numeric fields check the same rule
             other = dataclasses.replace(section, **{f.name: changed[type(value)](value)})
-            assert config.fingerprint(other) != config.fingerprint(section), f.name
+            assert fingerprint(other) != fingerprint(section), f.name

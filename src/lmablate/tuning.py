@@ -15,7 +15,8 @@ import warnings
 
 import optuna
 
-from .config import StudyConfig, TrainConfig, fingerprint
+from .config import StudyConfig, TrainConfig
+from .fingerprint import fingerprint
 
 # Trials that count towards ``tune.n_trials``: a pruned trial is a finished trial too; a running
 # one will finish (or, if its worker died, be failed by the heartbeat check and retried).

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from .. import fileio
 from ..checkpoint import code_version, load_resume, save_checkpoint
-from ..config import ModelConfig, StudyConfig, fingerprint
+from ..config import ModelConfig, StudyConfig
+from ..fingerprint import fingerprint
 from ..device import resolve_device
 from ..model import count_params, flops_per_token
 from ..parallel import map_jobs, threads_per_worker, use_processes, worker_count

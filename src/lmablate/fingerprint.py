@@ -1,0 +1,37 @@
+"""The one fingerprint rule: what identifies a result, so that it is reused exactly when its
+inputs are the same (Optuna studies by name, finished seeds, resume states)."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from typing import Any, Mapping
+
+# Field metadata for settings that cannot change a result (where results are stored, how often a
+# heartbeat is sent, how many threads compute them): :func:`fingerprint` skips these fields.
+# Every other init field of a config dataclass is part of the fingerprint it is passed to.
+NOT_A_RESULT = {"fingerprint": False}
+
+
+def fingerprint(*parts: Any) -> str:
+    """First 10 hex digits of the sha256 of ``parts`` as canonical JSON.
+
+    The one rule for every fingerprint (Optuna study names, finished seeds, resume states): a
+    config dataclass contributes each init field except those marked :data:`NOT_A_RESULT`
+    (nested dataclasses likewise); mappings, lists and scalars contribute their JSON.
+
+    Raises:
+        TypeError: a part that is neither JSON-serialisable nor a dataclass or mapping.
+    """
+    blob = json.dumps(parts, sort_keys=True, default=_jsonable)
+    return hashlib.sha256(blob.encode()).hexdigest()[:10]
+
+
+def _jsonable(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj):
+        return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)
+                if f.init and f.metadata.get("fingerprint", True)}
+    if isinstance(obj, Mapping):
+        return dict(obj)
+    raise TypeError(type(obj))
