@@ -523,3 +523,37 @@ def test_every_table_follows_the_configured_variant_order(tmp_path):
         rows = [line.split(" | ")[0].lstrip("| ") for line in section.splitlines()
                 if line.startswith(tuple(f"| {v} |" for v in want))]
         assert rows[:3] == want and rows[3:6] == want, ds  # summary table, then tuned table
+
+
+def test_statistics_follow_the_categorical_order_not_the_row_order():
+    rng = np.random.default_rng(7)
+    df = _random_ablation(rng, n_seeds=3, variants=("v2", "baseline", "v1"), datasets=("b", "a"))
+    df = df.sample(frac=1.0, random_state=3).reset_index(drop=True)  # rows in no order at all
+    ordered = collect.with_order(df, ["a", "b"], ["baseline", "v1", "v2"])
+    s = statistics.summarise(ordered, ["test_loss", "char_accuracy"])
+    assert list(s[["dataset", "variant", "metric"]].itertuples(index=False, name=None)) == [
+        (d, v, m) for d in ("a", "b") for v in ("baseline", "v1", "v2")
+        for m in ("test_loss", "char_accuracy")]
+    c = statistics.compare(ordered)
+    assert list(c[["dataset", "metric", "variant"]].itertuples(index=False, name=None)) == [
+        (d, m, v) for d in ("a", "b") for m in ("test_loss", "char_accuracy")
+        for v in ("v1", "v2")]
+    for table in (s, c):  # the order travels with the tables
+        assert list(table["variant"].cat.categories) == ["baseline", "v1", "v2"]
+    # every mean is pandas' groupby mean over the seeds in row order (as with plain columns and
+    # sort=False), to the last bit: the group order does not change the order of the sums
+    for metric in ("test_loss", "char_accuracy"):
+        plain = df.groupby(["dataset", "variant"], sort=False)[metric].mean()
+        got = s[s["metric"] == metric].set_index(["dataset", "variant"])["mean"]
+        assert {k: got[k] for k in plain.index} == plain.to_dict()
+
+
+def test_summary_means_are_groupby_means_over_seeds_in_row_order(built):
+    # bit-for-bit: a groupby that reorders a group's rows changes the last bit of some means
+    _, _, out = built
+    a = pd.read_csv(out["ablation"])
+    s = pd.read_csv(out["summary"]).set_index(["dataset", "variant", "metric"])
+    for metric in statistics.METRICS:
+        want = a.dropna(subset=[metric]).groupby(["dataset", "variant"], sort=False)[metric].mean()
+        for (ds, var), mean in want.items():
+            assert s.loc[(ds, var, metric), "mean"] == mean, (ds, var, metric)

@@ -113,10 +113,13 @@ def summarise(df: pd.DataFrame, metrics: Sequence[str] | None = None) -> pd.Data
                    var_name="metric", value_name="value")
     long["value"] = pd.to_numeric(long["value"], errors="coerce").astype(float)
     long = long.dropna(subset=["value"])
-    # a categorical metric sorts the groups in the requested order, after dataset and variant
+    # a categorical metric sorts in the requested order, after dataset and variant
     long["metric"] = pd.Categorical(long["metric"], categories=metrics, ordered=True)
-    out = (long.groupby(["dataset", "variant", "metric"], observed=True)["value"]
-           .agg(n="count", mean="mean", std="std").reset_index())
+    # sort=False, then sort the result: groupby's sorted path may reorder a group's rows and so
+    # change the last bit of its mean; this way every mean sums its seeds in row order
+    out = (long.groupby(["dataset", "variant", "metric"], observed=True, sort=False)["value"]
+           .agg(n="count", mean="mean", std="std")
+           .sort_index(kind="stable").reset_index())
     out["metric"] = out["metric"].astype(str)
     out["ci95_low"], out["ci95_high"] = _mean_interval(
         out["mean"], out["std"] / np.sqrt(out["n"]), out["n"])
