@@ -1,7 +1,7 @@
-"""The study's analysis, one job per module (the ``report`` stage, :mod:`lmablate.stages.report`, runs them).
+"""The study's analysis, one job per module; the ``report`` stage (lmablate.stages.report) runs it.
 
-* :mod:`~lmablate.analysis.collect`: read ``runs/<dataset>/<variant>/`` into :class:`~lmablate.analysis.collect.RunOutputs`, in study order.
-* :mod:`~lmablate.analysis.statistics`: Student-t intervals over seeds, paired t-tests against the baseline, Holm's correction.
-* :mod:`~lmablate.analysis.figures`: the seaborn figures, one ``plot_*`` function each, written as PNG.
-* :mod:`~lmablate.analysis.markdown`: the text of ``report.md`` from the tables, the config and the figures.
+* :mod:`~lmablate.analysis.collect`: read ``runs/`` into ``RunOutputs``, in the study order.
+* :mod:`~lmablate.analysis.statistics`: t-intervals over seeds, paired t-tests, Holm's correction.
+* :mod:`~lmablate.analysis.figures`: the seaborn figures, one ``plot_*`` function each, as PNG.
+* :mod:`~lmablate.analysis.markdown`: the text of ``report.md`` from the tables and the config.
 """

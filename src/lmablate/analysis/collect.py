@@ -283,13 +283,15 @@ def restrict_to_study(cfg: StudyConfig, runs: RunOutputs) -> tuple[RunOutputs, l
         results).
     """
     ablation, notes = _restrict_to_study(cfg, runs.ablation)
-    wanted = set(cfg.datasets), set(cfg.study_variants)
+
+    def configured(by_run: dict[tuple[str, str], Any]) -> dict[tuple[str, str], Any]:
+        return {(d, v): x for (d, v), x in by_run.items()
+                if d in cfg.datasets and v in cfg.study_variants}
+
     kept = dataclasses.replace(
         runs, ablation=ablation, history=_filter(runs.history, cfg),
         trials=_filter(runs.trials, cfg), grad=_filter(runs.grad, cfg),
-        per_op=_filter(runs.per_op, cfg),
-        samples={k: v for k, v in runs.samples.items() if k[0] in wanted[0] and k[1] in wanted[1]},
-        predictions={k: v for k, v in runs.predictions.items()
-                     if k[0] in wanted[0] and k[1] in wanted[1]})
-    return _ordered(kept, list(cfg.datasets), variant_order(cfg.study_variants,
-                                                            cfg.study_variants)), notes
+        per_op=_filter(runs.per_op, cfg), samples=configured(runs.samples),
+        predictions=configured(runs.predictions))
+    variants = variant_order(cfg.study_variants, cfg.study_variants)
+    return _ordered(kept, list(cfg.datasets), variants), notes

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from lmablate import fileio
-from lmablate.analysis import figures as fig
+from lmablate.analysis import figures as plots
 from lmablate.analysis.collect import (ABLATION_COLUMNS, BASELINE, collect, present,
                                        restrict_to_study)
 from lmablate.analysis.markdown import render_markdown
@@ -93,14 +93,14 @@ def model_figures(cfg: StudyConfig, runs_dir: Path, tokens_dir: Path,
         if not maps:
             continue
         path = figures_dir / f"attention_{dataset}.png"
-        fig.plot_attention(maps, chars, f"{dataset}: last-layer attention (mean over heads), "
-                           f"held-out text, seed {seed}", path)
+        plots.plot_attention(maps, chars, f"{dataset}: last-layer attention (mean over heads), "
+                             f"held-out text, seed {seed}", path)
         written.append((dataset, f"{dataset}: last-layer attention weights on a held-out "
                         "sequence, per variant", path))
         path = figures_dir / f"embeddings_{dataset}.png"
         labels = [tok.decode([i]) for i in range(tok.vocab_size)]
-        fig.plot_embedding_pca(embs, labels, f"{dataset}: token embeddings, first two "
-                               f"principal components (seed {seed})", path)
+        plots.plot_embedding_pca(embs, labels, f"{dataset}: token embeddings, first two "
+                                 f"principal components (seed {seed})", path)
         written.append((dataset, f"{dataset}: token embeddings (PCA), per variant", path))
     return written
 
@@ -153,25 +153,25 @@ def build_report(cfg: StudyConfig, runs_dir: Path, out_dir: Path,
     for ds in present(ablation["dataset"]):
         figures += [
             (ds, f"{ds}: validation loss vs step (mean ± 1 SD over seeds)",
-             fig.plot_val_loss_curves(runs.history, ds, fig_dir / f"val_loss_curves_{ds}.png")),
+             plots.plot_val_loss_curves(runs.history, ds, fig_dir / f"val_loss_curves_{ds}.png")),
             (ds, f"{ds}: test loss per variant (dots: seeds; diamond: mean ± 95% t-interval)",
-             fig.plot_test_loss(ablation, ds, fig_dir / f"test_loss_{ds}.png")),
+             plots.plot_test_loss(ablation, ds, fig_dir / f"test_loss_{ds}.png")),
             (ds, f"{ds}: test-loss difference to baseline (paired 95% t-interval, Holm)",
-             fig.plot_forest(comparisons, ds, fig_dir / f"forest_{ds}.png", "test_loss")),
+             plots.plot_forest(comparisons, ds, fig_dir / f"forest_{ds}.png", "test_loss")),
         ]
         if ds in op_datasets:
             single = len(op_datasets) == 1  # one arithmetic dataset: no suffix in the name
             for metric in ("exact_match", "char_accuracy"):
                 name = f"{metric}_by_op.png" if single else f"{metric}_by_op_{ds}.png"
                 figures.append((ds, f"{ds}: {METRICS[metric][0]} by operation x variant",
-                                fig.plot_by_op_heatmap(per_op, fig_dir / name, metric, [ds])))
+                                plots.plot_by_op_heatmap(per_op, fig_dir / name, metric, [ds])))
         figures += [
             (ds, f"{ds}: tuning trials, learning rate vs validation loss",
-             fig.plot_tuning(runs.trials, ds, fig_dir / f"tuning_{ds}.png", cfg.tune.steps)),
+             plots.plot_tuning(runs.trials, ds, fig_dir / f"tuning_{ds}.png", cfg.tune.steps)),
             (ds, f"{ds}: non-embedding parameters vs test loss",
-             fig.plot_params_vs_loss(ablation, ds, fig_dir / f"params_vs_loss_{ds}.png")),
+             plots.plot_params_vs_loss(ablation, ds, fig_dir / f"params_vs_loss_{ds}.png")),
             (ds, f"{ds}: fraction of near-zero gradients per parameter group",
-             fig.plot_grad_flow(runs.grad, ds, fig_dir / f"grad_flow_{ds}.png")),
+             plots.plot_grad_flow(runs.grad, ds, fig_dir / f"grad_flow_{ds}.png")),
         ]
     figures += [(ds, cap, Path(p)) for ds, cap, p in extra_figures]
     written = [(ds, cap, p) for ds, cap, p in figures if p is not None]
