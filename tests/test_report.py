@@ -1,4 +1,5 @@
-"""Tests of lmablate.report on a synthetic runs/ tree whose truth is known by construction.
+"""Tests of lmablate.analysis and the report stage on a synthetic runs/ tree whose truth is
+known by construction.
 
 Fixture (2 datasets x 3 variants x 3 seeds): every seed has its own offset shared by all
 variants (so pairing by seed matters), then
@@ -12,6 +13,8 @@ variants (so pairing by seed matters), then
 
 from __future__ import annotations
 
+import csv
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -21,7 +24,9 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from lmablate import config, report
+from lmablate import config
+from lmablate.analysis import collect, figures, statistics
+from lmablate.stages import report
 
 VARIANTS = ("baseline", "gelu", "rmsnorm")
 DATASETS = ("shakespeare", "arithmetic")
@@ -140,7 +145,8 @@ ENV = {"hardware": "2-core test CPU", "torch": "9.9.9-test", "wall_seconds": {"t
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory):
+def study_root(tmp_path_factory):
+    """runs/ of the configured study plus a stale variant "old" that is not part of it."""
     root = tmp_path_factory.mktemp("study")
     write_runs(root / "runs")
     # a stale variant directory that is not part of the configured study
@@ -149,6 +155,12 @@ def built(tmp_path_factory):
     doc = json.loads((root / "runs/shakespeare/old/metrics.json").read_text())
     doc["variant"] = "old"
     (root / "runs/shakespeare/old/metrics.json").write_text(json.dumps(doc))
+    return root
+
+
+@pytest.fixture(scope="module")
+def built(study_root):
+    root = study_root
     cfg = make_cfg()
     out = report.build_report(cfg, root / "runs", root / "reports", environment=ENV)
     return cfg, root / "reports", out
@@ -157,7 +169,7 @@ def built(tmp_path_factory):
 def test_ablation_csv_schema_and_one_row_per_run(built):
     _, out_dir, out = built
     df = pd.read_csv(out["ablation"])
-    assert list(df.columns) == report.ABLATION_COLUMNS == [
+    assert list(df.columns) == collect.ABLATION_COLUMNS == [
         "dataset", "variant", "seed", "n_params", "n_params_non_embedding", "flops_per_token",
         "lr", "d_model", "val_loss", "test_loss", "perplexity", "bits_per_char",
         "char_accuracy", "exact_match", "train_seconds", "tokens_per_second"]
@@ -192,7 +204,7 @@ def test_summary_csv_schema_and_interval(built):
 def test_summary_single_seed_has_no_interval():
     df = pd.DataFrame({"dataset": ["d"], "variant": ["baseline"], "seed": [0],
                        "test_loss": [1.5]})
-    s = report.summarise(df)
+    s = statistics.summarise(df)
     assert s.loc[0, "n"] == 1 and s.loc[0, "mean"] == 1.5
     assert np.isnan(s.loc[0, "std"]) and np.isnan(s.loc[0, "ci95_low"])
 
@@ -200,7 +212,7 @@ def test_summary_single_seed_has_no_interval():
 def test_comparisons_schema_and_verdicts(built):
     _, _, out = built
     c = pd.read_csv(out["comparisons"])
-    assert list(c.columns) == report.COMPARISON_COLUMNS
+    assert list(c.columns) == statistics.COMPARISON_COLUMNS
     got = {(r.dataset, r.metric, r.variant): r.verdict for r in c.itertuples()}
     assert got == EXPECTED_VERDICTS
     assert (c["baseline"] == "baseline").all()
@@ -323,17 +335,225 @@ def test_attention_and_embedding_hooks(tmp_path):
     logits = rng.normal(size=(5, t, t)) + np.triu(np.full((t, t), -1e9), 1)
     maps = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
     panels = {f"variant {i}": m for i, m in enumerate(maps)}
-    p = report.plot_attention(panels, tokens, "test, seed 0", tmp_path / "attn.png")
+    p = figures.plot_attention(panels, tokens, "test, seed 0", tmp_path / "attn.png")
     assert p.read_bytes()[:4] == b"\x89PNG"
     chars = list("abcXYZ019 .,\n")
     embs = {"a": rng.normal(size=(len(chars), 8)), "b": rng.normal(size=(len(chars), 4))}
-    p = report.plot_embedding_pca(embs, chars, "emb", tmp_path / "emb.png")
+    p = figures.plot_embedding_pca(embs, chars, "emb", tmp_path / "emb.png")
     assert p.read_bytes()[:4] == b"\x89PNG"
     with pytest.raises(ValueError):
-        report.plot_attention({"x": maps[0][:-1]}, tokens, "bad", tmp_path / "bad.png")
+        figures.plot_attention({"x": maps[0][:-1]}, tokens, "bad", tmp_path / "bad.png")
     with pytest.raises(ValueError):
-        report.plot_attention({}, tokens, "bad", tmp_path / "bad.png")
+        figures.plot_attention({}, tokens, "bad", tmp_path / "bad.png")
     with pytest.raises(ValueError):
-        report.plot_embedding_pca({"x": rng.normal(size=(3, 8))}, chars, "bad",
+        figures.plot_embedding_pca({"x": rng.normal(size=(3, 8))}, chars, "bad",
                                   tmp_path / "bad.png")
     assert not (tmp_path / "bad.png").exists()
+
+
+def test_collect_returns_typed_run_outputs_in_default_order(study_root):
+    runs = collect.collect(study_root / "runs")
+    assert isinstance(runs, collect.RunOutputs) and dataclasses.is_dataclass(runs)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        runs.ablation = pd.DataFrame()
+    for name in ("ablation", "history", "trials", "grad", "per_op"):
+        frame = getattr(runs, name)
+        assert isinstance(frame, pd.DataFrame) and len(frame), name
+        for col in ("dataset", "variant"):
+            assert isinstance(frame[col].dtype, pd.CategoricalDtype), (name, col)
+            assert frame[col].cat.ordered, (name, col)
+    assert list(runs.ablation.columns) == collect.ABLATION_COLUMNS
+    assert list(runs.per_op.columns) == collect.PER_OP_COLUMNS
+    assert len(runs.ablation) == 2 * 3 * 3 + 3  # the study plus the stale "old" variant
+    assert len(runs.per_op) == 3 * 3 * len(OPS)  # arithmetic only
+    # without a config: datasets alphabetically, baseline first, other variants alphabetically
+    assert list(runs.ablation["dataset"].cat.categories) == sorted(DATASETS)
+    assert list(runs.ablation["variant"].cat.categories) == ["baseline", "gelu", "old", "rmsnorm"]
+    assert list(runs.ablation[["dataset", "variant", "seed"]].itertuples(index=False)) == sorted(
+        runs.ablation[["dataset", "variant", "seed"]].itertuples(index=False),
+        key=lambda r: (sorted(DATASETS).index(r[0]),
+                       ["baseline", "gelu", "old", "rmsnorm"].index(r[1]), r[2]))
+    assert set(runs.samples) == {("shakespeare", v) for v in (*VARIANTS, "old")}
+    assert set(runs.predictions) == {("arithmetic", v) for v in VARIANTS}
+    assert runs.predictions[("arithmetic", "gelu")]["seed_1"][1]["prediction"] == "6310000000$"
+    assert runs.samples[("shakespeare", "rmsnorm")]["seed_2"][1] == "second"
+
+
+def test_restrict_to_study_sets_config_order_with_baseline_first(study_root):
+    cfg = make_cfg(variants=("rmsnorm", "baseline", "gelu"))
+    runs, notes = collect.restrict_to_study(cfg, collect.collect(study_root / "runs"))
+    want = ["baseline", "rmsnorm", "gelu"]
+    for name in ("ablation", "history", "trials", "grad", "per_op"):
+        frame = getattr(runs, name)
+        assert list(frame["dataset"].cat.categories) == list(DATASETS), name
+        assert list(frame["variant"].cat.categories) == want, name
+        assert "old" not in set(frame["variant"]), name
+    assert collect.present(runs.ablation["variant"]) == want
+    assert list(pd.unique(runs.ablation["variant"].astype(str))) == want
+    assert ("shakespeare", "old") not in runs.samples
+    assert len(notes) == 1 and "shakespeare/old/seed 0" in notes[0]
+
+
+def test_variant_order_helpers():
+    assert collect.variant_order(["z", "a", "baseline", "m", "a"], ["m", "z"]) == [
+        "baseline", "m", "z", "a"]
+    assert collect.variant_order(["b", "a"]) == ["a", "b"]
+    cat = pd.Series(pd.Categorical(["y", "x", "y"], categories=["z", "y", "x"], ordered=True))
+    assert collect.present(cat) == ["y", "x"]  # unobserved "z" left out, category order kept
+    assert collect.present(pd.Series(["y", "x", "y"])) == ["y", "x"]  # plain: first appearance
+    with pytest.raises(ValueError, match="not among"):
+        collect.with_order(pd.DataFrame({"variant": ["a", "b"]}), variants=["a"])
+
+
+def _random_ablation(rng, n_seeds, variants=("baseline", "v1", "v2"), datasets=("d1", "d2")):
+    """An ablation-like table of random test losses and accuracies."""
+    rows = []
+    for ds in datasets:
+        for var in variants:
+            for seed in range(n_seeds):
+                rows.append({"dataset": ds, "variant": var, "seed": seed,
+                             "test_loss": rng.normal(1.5, 0.1),
+                             "char_accuracy": rng.uniform(0, 1)})
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_summarise_interval_is_scipy_t_interval(seed):
+    rng = np.random.default_rng(seed)
+    df = _random_ablation(rng, n_seeds=int(rng.integers(2, 9)))
+    # a constant cell (zero variance) and a single-seed cell
+    df.loc[(df["dataset"] == "d1") & (df["variant"] == "v1"), "test_loss"] = 1.25
+    df.loc[(df["dataset"] == "d2") & (df["variant"] == "v2") & (df["seed"] > 0),
+           "char_accuracy"] = np.nan
+    s = statistics.summarise(df, ["test_loss", "char_accuracy"])
+    assert len(s) == 2 * 3 * 2
+    for r in s.itertuples():
+        x = df.loc[(df["dataset"] == r.dataset) & (df["variant"] == r.variant),
+                   r.metric].dropna().to_numpy()
+        assert r.n == len(x)
+        assert r.mean == pytest.approx(x.mean(), rel=1e-14)
+        if len(x) < 2:
+            assert np.isnan(r.std) and np.isnan(r.ci95_low) and np.isnan(r.ci95_high)
+            assert statistics.t_interval(x) == pytest.approx((math.nan, math.nan), nan_ok=True)
+            continue
+        assert r.std == pytest.approx(x.std(ddof=1), rel=1e-12, abs=1e-15)
+        if np.ptp(x) == 0:  # scipy rejects a zero scale: the interval is the point itself
+            assert r.ci95_low == r.ci95_high == r.mean
+            assert statistics.t_interval(x) == (x[0], x[0])
+            continue
+        want = stats.t.interval(statistics.CONFIDENCE, len(x) - 1, loc=x.mean(),
+                                scale=stats.sem(x))
+        assert (r.ci95_low, r.ci95_high) == pytest.approx(want, rel=1e-12)
+        assert r.ci95_low < r.mean < r.ci95_high
+        # the figures' errorbar callable is the same interval, computed the same way
+        assert statistics.t_interval(x) == tuple(float(v) for v in want)
+
+
+@pytest.mark.filterwarnings("ignore:Precision loss:RuntimeWarning")  # scipy, zero variance
+@pytest.mark.parametrize("seed", range(5))
+def test_compare_interval_is_ttest_rel_confidence_interval(seed):
+    rng = np.random.default_rng(100 + seed)
+    n_seeds = int(rng.integers(statistics.MIN_SEEDS_FOR_TEST, 9))
+    df = _random_ablation(rng, n_seeds, variants=("baseline", "v1", "v2", "same", "shifted"))
+    base = df["variant"] == "baseline"
+    for var, shift in (("same", 0.0), ("shifted", 0.25)):
+        # zero-variance differences: all zero (test undefined) and all equal to `shift`
+        df.loc[df["variant"] == var, "test_loss"] = df.loc[base, "test_loss"].to_numpy() + shift
+    c = statistics.compare(df, metrics=("test_loss", "char_accuracy"))
+    assert len(c) == 2 * 2 * 4
+    for r in c.itertuples():
+        pick = lambda v: (df.loc[(df["dataset"] == r.dataset) & (df["variant"] == v)]
+                          .sort_values("seed")[r.metric].to_numpy())
+        a, b = pick(r.variant), pick("baseline")
+        res = stats.ttest_rel(a, b)
+        with np.errstate(all="ignore"):
+            low, high = res.confidence_interval(confidence_level=statistics.CONFIDENCE)
+        assert r.n_pairs == n_seeds
+        assert r.mean_diff == pytest.approx((a - b).mean(), rel=1e-12, abs=1e-15)
+        assert (r.ci95_low, r.ci95_high) == (float(low), float(high))
+        if r.metric == "test_loss" and r.variant == "same":
+            assert r.ci95_low == r.ci95_high == 0.0
+            assert np.isnan(r.p_value) and np.isnan(r.p_holm)
+            assert r.verdict == statistics.VERDICT_NSD
+            continue
+        if r.metric == "test_loss" and r.variant == "shifted":
+            assert r.ci95_low == pytest.approx(0.25) and r.ci95_high == pytest.approx(0.25)
+            assert r.p_value == pytest.approx(0.0, abs=1e-12)
+            assert r.verdict == statistics.VERDICT_WORSE
+            continue
+        assert (r.t_stat, r.p_value) == (float(res.statistic), float(res.pvalue))
+        assert r.ci95_low < r.mean_diff < r.ci95_high
+
+
+def test_every_table_follows_the_configured_variant_order(tmp_path):
+    write_runs(tmp_path / "runs")
+    configured = ("rmsnorm", "baseline", "gelu")
+    cfg = make_cfg(variants=configured)
+    out = report.build_report(cfg, tmp_path / "runs", tmp_path / "reports")
+    want = ["baseline", "rmsnorm", "gelu"]  # baseline first, then as configured
+    datasets = list(cfg.datasets)
+    assert datasets == ["shakespeare", "arithmetic"]  # not alphabetical: the order is tested
+    tables = {name: list(csv.DictReader(out[name].open(encoding="utf-8")))
+              for name in ("ablation", "summary", "comparisons")}
+    for name, rows in tables.items():
+        # plain strings in the files, blocks of datasets in config order
+        assert all(type(r["variant"]) is str and type(r["dataset"]) is str for r in rows)
+        assert list(dict.fromkeys(r["dataset"] for r in rows)) == datasets, name
+    for ds in datasets:
+        for name, key in (("ablation", "seed"), ("summary", "metric"),
+                          ("comparisons", "metric")):
+            rows = [r for r in tables[name] if r["dataset"] == ds]
+            groups = list(dict.fromkeys(r[key] for r in rows))
+            for g in groups:
+                seq = [r["variant"] for r in rows if r[key] == g]
+                expected = [v for v in want if v != "baseline"] if name == "comparisons" else want
+                assert seq == expected, (name, ds, g)
+            if name != "comparisons":  # variants outermost within a dataset
+                blocks = list(dict.fromkeys(r["variant"] for r in rows))
+                assert blocks == want, (name, ds)
+        summary_metrics = [r["metric"] for r in tables["summary"]
+                           if r["dataset"] == ds and r["variant"] == "baseline"]
+        assert summary_metrics == [m for m in statistics.METRICS if m in summary_metrics]
+    comp_metrics = list(dict.fromkeys(r["metric"] for r in tables["comparisons"]
+                                      if r["dataset"] == "arithmetic"))
+    assert comp_metrics == list(statistics.COMPARED_METRICS)
+    md = out["report"].read_text(encoding="utf-8")
+    for ds in datasets:
+        section = md.split(f"## {ds}\n", 1)[1].split("\n## ", 1)[0]
+        rows = [line.split(" | ")[0].lstrip("| ") for line in section.splitlines()
+                if line.startswith(tuple(f"| {v} |" for v in want))]
+        assert rows[:3] == want and rows[3:6] == want, ds  # summary table, then tuned table
+
+
+def test_statistics_follow_the_categorical_order_not_the_row_order():
+    rng = np.random.default_rng(7)
+    df = _random_ablation(rng, n_seeds=3, variants=("v2", "baseline", "v1"), datasets=("b", "a"))
+    df = df.sample(frac=1.0, random_state=3).reset_index(drop=True)  # rows in no order at all
+    ordered = collect.with_order(df, ["a", "b"], ["baseline", "v1", "v2"])
+    s = statistics.summarise(ordered, ["test_loss", "char_accuracy"])
+    assert list(s[["dataset", "variant", "metric"]].itertuples(index=False, name=None)) == [
+        (d, v, m) for d in ("a", "b") for v in ("baseline", "v1", "v2")
+        for m in ("test_loss", "char_accuracy")]
+    c = statistics.compare(ordered)
+    assert list(c[["dataset", "metric", "variant"]].itertuples(index=False, name=None)) == [
+        (d, m, v) for d in ("a", "b") for m in ("test_loss", "char_accuracy")
+        for v in ("v1", "v2")]
+    for table in (s, c):  # the order travels with the tables
+        assert list(table["variant"].cat.categories) == ["baseline", "v1", "v2"]
+    # every mean is pandas' groupby mean over the seeds in row order (as with plain columns and
+    # sort=False), to the last bit: the group order does not change the order of the sums
+    for metric in ("test_loss", "char_accuracy"):
+        plain = df.groupby(["dataset", "variant"], sort=False)[metric].mean()
+        got = s[s["metric"] == metric].set_index(["dataset", "variant"])["mean"]
+        assert {k: got[k] for k in plain.index} == plain.to_dict()
+
+
+def test_summary_means_are_groupby_means_over_seeds_in_row_order(built):
+    # bit-for-bit: a groupby that reorders a group's rows changes the last bit of some means
+    _, _, out = built
+    a = pd.read_csv(out["ablation"])
+    s = pd.read_csv(out["summary"]).set_index(["dataset", "variant", "metric"])
+    for metric in statistics.METRICS:
+        want = a.dropna(subset=[metric]).groupby(["dataset", "variant"], sort=False)[metric].mean()
+        for (ds, var), mean in want.items():
+            assert s.loc[(ds, var, metric), "mean"] == mean, (ds, var, metric)

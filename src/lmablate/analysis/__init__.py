@@ -1,0 +1,7 @@
+"""The study's analysis, one job per module; the ``report`` stage (lmablate.stages.report) runs it.
+
+* :mod:`~lmablate.analysis.collect`: read ``runs/`` into ``RunOutputs``, in the study order.
+* :mod:`~lmablate.analysis.statistics`: t-intervals over seeds, paired t-tests, Holm's correction.
+* :mod:`~lmablate.analysis.figures`: the seaborn figures, one ``plot_*`` function each, as PNG.
+* :mod:`~lmablate.analysis.markdown`: the text of ``report.md`` from the tables and the config.
+"""

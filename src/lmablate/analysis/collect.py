@@ -1,0 +1,297 @@
+"""Reading what the train/evaluate/tune stages wrote under ``runs/<dataset>/<variant>/``.
+
+:func:`collect` gathers every run into one :class:`RunOutputs`; :func:`restrict_to_study` keeps
+the runs the config asks for and lists the missing and ignored ones.
+
+The order of datasets and variants is set here, once: every frame's ``dataset`` and ``variant``
+columns are ordered :class:`pandas.Categorical` (datasets in config order; variants with
+``baseline`` first, then in config order, then any others alphabetically), and every table,
+figure and section of the report follows that order instead of sorting again. A category may be
+absent from a frame (a variant with no runs yet): :func:`present` lists the ones that occur.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from lmablate import fileio
+from lmablate.config import StudyConfig
+
+BASELINE = "baseline"  # the variant every other is compared with; first in every table
+
+ABLATION_COLUMNS = [
+    "dataset", "variant", "seed", "n_params", "n_params_non_embedding", "flops_per_token", "lr",
+    "d_model", "val_loss", "test_loss", "perplexity", "bits_per_char", "char_accuracy",
+    "exact_match", "train_seconds", "tokens_per_second",
+]
+# Stored as integers when every present value is integral (pandas' nullable Int64, so NaN stays
+# possible and the CSV shows 104321 rather than 104321.0).
+_INTEGER_COLUMNS = ("seed", "n_params", "n_params_non_embedding", "flops_per_token", "d_model")
+PER_OP_COLUMNS = ["dataset", "variant", "seed", "op", "char_accuracy", "exact_match"]
+
+
+@dataclass(frozen=True, eq=False)
+class RunOutputs:
+    """Everything the stages wrote under ``runs/``, one frame per kind of file.
+
+    Every frame has ``dataset`` and ``variant`` columns as ordered categoricals (the study order,
+    see the module docstring); an optional file that no run wrote gives an empty frame.
+    ``eq=False``: frames have no single truth value, so instances compare by identity.
+
+    Attributes:
+        ablation: one row per dataset x variant x seed, columns :data:`ABLATION_COLUMNS`, sorted
+            by dataset, variant, seed. Units: losses in nats/token, accuracies as fractions in
+            [0, 1], ``train_seconds`` in s, ``tokens_per_second`` in tokens/s, ``lr`` per step.
+            NaN where a metric does not apply (``exact_match`` of a text corpus).
+        history: the ``history.csv`` files stacked (``seed, step, tokens, train_loss, val_loss,
+            lr, elapsed_seconds``), in file order.
+        trials: Optuna's ``trials_dataframe()`` CSVs (``trials.csv``) stacked, in file order.
+        grad: the ``grad_stats.csv`` files stacked (``seed, group, frac_near_zero, ...``).
+        per_op: arithmetic results per operation, columns :data:`PER_OP_COLUMNS`.
+        samples: ``{(dataset, variant): {"seed_<n>": [generated text, ...]}}`` (text corpora).
+        predictions: ``{(dataset, variant): {"seed_<n>": [{"prompt", "target",
+            "prediction"}, ...]}}`` (arithmetic: greedy-decoded test problems).
+
+    The raw frames (history, trials, grad, per_op) keep the row order of the files: the figures
+    draw their points in row order, and overlapping markers are stacked in that order.
+    """
+
+    ablation: pd.DataFrame
+    history: pd.DataFrame
+    trials: pd.DataFrame
+    grad: pd.DataFrame
+    per_op: pd.DataFrame
+    samples: dict[tuple[str, str], dict[str, list[str]]]
+    predictions: dict[tuple[str, str], dict[str, list[dict[str, str]]]]
+
+
+# --------------------------------------------------------------------------------------------
+# The study order
+# --------------------------------------------------------------------------------------------
+
+def variant_order(variants: Iterable[str], configured: Sequence[str] = ()) -> list[str]:
+    """``variants`` (duplicates dropped) with ``baseline`` first, then those in ``configured``
+    in that order, then any others alphabetically."""
+    present = set(variants)
+    head = [v for v in dict.fromkeys([BASELINE, *configured]) if v in present]
+    return head + sorted(present - set(head))
+
+
+def present(values: pd.Series) -> list[str]:
+    """The values that occur in ``values``, in its categorical order (in order of first
+    appearance for a plain column). Unobserved categories are left out."""
+    if isinstance(values.dtype, pd.CategoricalDtype):
+        seen = set(values.dropna())
+        return [str(c) for c in values.cat.categories if c in seen]
+    return [str(v) for v in pd.unique(values.dropna())]
+
+
+def _categorical(values: pd.Series, order: Sequence[str]) -> pd.Series:
+    return pd.Series(pd.Categorical(values.astype(str), categories=list(order), ordered=True),
+                     index=values.index, name=values.name)
+
+
+def with_order(df: pd.DataFrame, datasets: Sequence[str] | None = None,
+               variants: Sequence[str] | None = None) -> pd.DataFrame:
+    """``df`` with its ``dataset``/``variant`` columns as ordered categoricals.
+
+    Args:
+        datasets, variants: the categories in order. ``None`` keeps a column that is categorical
+            already and orders a plain one by first appearance (so a hand-made frame keeps the
+            order of its rows). Values outside the given categories raise.
+
+    Rows are not moved. An empty frame without these columns is returned unchanged.
+
+    Raises:
+        ValueError: a value of ``df`` is not among the given categories.
+    """
+    out = df.copy()
+    for col, order in (("dataset", datasets), ("variant", variants)):
+        if col not in out:
+            continue
+        if order is None:
+            if isinstance(out[col].dtype, pd.CategoricalDtype):
+                continue
+            order = present(out[col])
+        extra = sorted(set(out[col].astype(str)) - set(order))
+        if extra:
+            raise ValueError(f"{col} {', '.join(extra)} not among the categories {list(order)}")
+        out[col] = _categorical(out[col], order)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Collecting the stage outputs
+# --------------------------------------------------------------------------------------------
+
+def _seed_of(key: str, run: Mapping[str, Any]) -> int:
+    """The run's seed: its ``seed`` field, else the number in its ``seed_<n>`` key."""
+    if run.get("seed") is not None:
+        return int(run["seed"])
+    return int(str(key).rsplit("_", 1)[-1])
+
+
+def maybe_int(series: pd.Series) -> pd.Series:
+    """``series`` as nullable ``Int64`` when every non-missing value is integral (to within
+    ``np.isclose``), else as float; non-numbers become NaN."""
+    values = pd.to_numeric(series, errors="coerce")
+    finite = values.dropna()
+    if len(finite) and np.all(np.isclose(finite, np.round(finite))):
+        return values.round().astype("Int64")
+    return values.astype(float)
+
+
+def _read_csv_tagged(path: Path, dataset: str, variant: str) -> pd.DataFrame | None:
+    if not path.is_file():
+        return None
+    df = pd.read_csv(path)
+    df.insert(0, "variant", variant)
+    df.insert(0, "dataset", dataset)
+    return df
+
+
+def _stack(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def _ordered(runs: RunOutputs, datasets: Sequence[str], variants: Sequence[str]) -> RunOutputs:
+    """``runs`` with the study order set on every frame; the ablation table sorted by it."""
+    frames = {f: with_order(getattr(runs, f), datasets, variants)
+              for f in ("ablation", "history", "trials", "grad", "per_op")}
+    frames["ablation"] = frames["ablation"].sort_values(
+        ["dataset", "variant", "seed"], kind="stable", ignore_index=True)
+    return dataclasses.replace(runs, **frames)
+
+
+def collect(runs_dir: Path) -> RunOutputs:
+    """Read every ``<runs_dir>/<dataset>/<variant>/`` that holds a ``metrics.json``.
+
+    Reads ``metrics.json`` (per seed: sizes, tuned ``lr``/``d_model``, losses, accuracies and
+    ``per_op`` results), and where present ``history.csv``, ``trials.csv``, ``grad_stats.csv``
+    and ``examples.json``. Datasets are ordered alphabetically and variants by
+    :func:`variant_order` (baseline first); :func:`restrict_to_study` sets the config's order.
+
+    Missing optional files give empty frames / absent keys, never errors; a folder without
+    ``metrics.json`` is skipped. A run without a ``seed`` field takes it from its ``seed_<n>``
+    key.
+
+    Raises:
+        ValueError: a ``metrics.json`` or ``examples.json`` is not valid JSON.
+    """
+    runs_dir = Path(runs_dir)
+    rows, per_op_rows = [], []
+    histories, trials, grads = [], [], []
+    samples: dict[tuple[str, str], dict] = {}
+    predictions: dict[tuple[str, str], dict] = {}
+    for metrics_path in sorted(runs_dir.glob("*/*/metrics.json")):
+        run_dir = metrics_path.parent
+        doc = fileio.read_json(metrics_path)
+        dataset = str(doc.get("dataset") or run_dir.parent.name)
+        variant = str(doc.get("variant") or run_dir.name)
+        for key, run in (doc.get("runs") or {}).items():
+            seed = _seed_of(key, run)
+            row = {col: run.get(col) for col in ABLATION_COLUMNS[3:]}
+            rows.append({"dataset": dataset, "variant": variant, "seed": seed, **row})
+            for op, values in (run.get("per_op") or {}).items():
+                per_op_rows.append({
+                    "dataset": dataset, "variant": variant, "seed": seed, "op": op,
+                    "char_accuracy": (values or {}).get("char_accuracy"),
+                    "exact_match": (values or {}).get("exact_match"),
+                })
+        for name, sink in (("history.csv", histories), ("trials.csv", trials),
+                           ("grad_stats.csv", grads)):
+            df = _read_csv_tagged(run_dir / name, dataset, variant)
+            if df is not None:
+                sink.append(df)
+        if (run_dir / "examples.json").is_file():
+            # Per seed: text samples (strings) or arithmetic predictions (dicts).
+            examples = fileio.read_json(run_dir / "examples.json")
+            first = next((v[0] for v in examples.values() if v), None)
+            sink = predictions if isinstance(first, dict) else samples
+            sink[(dataset, variant)] = examples
+
+    ablation = pd.DataFrame(rows, columns=ABLATION_COLUMNS)
+    for col in ABLATION_COLUMNS[2:]:
+        if col in _INTEGER_COLUMNS:
+            ablation[col] = maybe_int(ablation[col])
+        else:
+            ablation[col] = pd.to_numeric(ablation[col], errors="coerce").astype(float)
+    per_op = pd.DataFrame(per_op_rows, columns=PER_OP_COLUMNS)
+    for col in ("char_accuracy", "exact_match"):
+        per_op[col] = pd.to_numeric(per_op[col], errors="coerce").astype(float)
+
+    runs = RunOutputs(ablation=ablation, history=_stack(histories), trials=_stack(trials),
+                      grad=_stack(grads), per_op=per_op, samples=samples,
+                      predictions=predictions)
+    frames = [runs.ablation, runs.history, runs.trials, runs.grad, runs.per_op]
+    datasets = sorted({str(d) for f in frames if "dataset" in f for d in f["dataset"]})
+    variants = variant_order(str(v) for f in frames if "variant" in f for v in f["variant"])
+    return _ordered(runs, datasets, variants)
+
+
+# --------------------------------------------------------------------------------------------
+# Restricting to the configured study
+# --------------------------------------------------------------------------------------------
+
+def _restrict_to_study(cfg: StudyConfig, ablation: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """Keep the runs the config asks for; describe missing and ignored (stale) runs."""
+    notes = []
+    keep = (ablation["dataset"].isin(list(cfg.datasets))
+            & ablation["variant"].isin(list(cfg.study_variants))
+            & ablation["seed"].isin(list(cfg.seeds)))
+    ignored = ablation[~keep]
+    if len(ignored):
+        names = sorted({f"{r.dataset}/{r.variant}/seed {r.seed}" for r in ignored.itertuples()})
+        notes.append(f"{len(ignored)} run(s) under the runs directory are not part of the "
+                     f"configured study and were ignored: {', '.join(names[:10])}"
+                     f"{' ...' if len(names) > 10 else ''}.")
+    kept = ablation[keep]
+    found = set(zip(kept["dataset"], kept["variant"], kept["seed"].astype(int)))
+    missing = [f"{d}/{v}/seed {s}" for d in cfg.datasets for v in cfg.study_variants
+               for s in cfg.seeds if (d, v, s) not in found]
+    if missing:
+        notes.append(f"{len(missing)} configured run(s) have no results: "
+                     f"{', '.join(missing[:10])}{' ...' if len(missing) > 10 else ''}.")
+    return kept, notes
+
+
+def _filter(df: pd.DataFrame, cfg: StudyConfig) -> pd.DataFrame:
+    """The rows of ``df`` that belong to the configured datasets, variants and seeds."""
+    if df.empty:
+        return df
+    keep = df["dataset"].isin(list(cfg.datasets)) & df["variant"].isin(list(cfg.study_variants))
+    if "seed" in df:
+        keep &= df["seed"].isin(list(cfg.seeds))
+    return df[keep]
+
+
+def restrict_to_study(cfg: StudyConfig, runs: RunOutputs) -> tuple[RunOutputs, list[str]]:
+    """The runs of the configured datasets x variants x seeds, in the study order.
+
+    Returns:
+        ``(runs, notes)``: the kept runs with every frame's categories set to the config's
+        datasets (in config order) and variants (:func:`variant_order` of
+        ``cfg.study_variants``: baseline first, then config order), the ablation table sorted by
+        them; ``notes`` are sentences for the report naming the ignored runs (present under
+        ``runs/`` but not configured: stale results) and the missing ones (configured, no
+        results).
+    """
+    ablation, notes = _restrict_to_study(cfg, runs.ablation)
+
+    def configured(by_run: dict[tuple[str, str], Any]) -> dict[tuple[str, str], Any]:
+        return {(d, v): x for (d, v), x in by_run.items()
+                if d in cfg.datasets and v in cfg.study_variants}
+
+    kept = dataclasses.replace(
+        runs, ablation=ablation, history=_filter(runs.history, cfg),
+        trials=_filter(runs.trials, cfg), grad=_filter(runs.grad, cfg),
+        per_op=_filter(runs.per_op, cfg), samples=configured(runs.samples),
+        predictions=configured(runs.predictions))
+    variants = variant_order(cfg.study_variants, cfg.study_variants)
+    return _ordered(kept, list(cfg.datasets), variants), notes

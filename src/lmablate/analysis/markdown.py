@@ -1,0 +1,348 @@
+"""The text of ``report.md``: methodology, per-dataset tables, verdicts, figures and samples.
+
+Every number is taken from the tables of :mod:`lmablate.analysis.statistics`, the runs of
+:mod:`lmablate.analysis.collect` and the config; none is typed by hand. Tables list variants in
+the study order carried by the frames' categorical ``variant`` column (baseline first).
+
+Units in the text: losses in nats/token (bits/char = loss / ln 2), accuracies as fractions,
+times in seconds, throughput in tokens/s.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from lmablate.analysis.collect import RunOutputs, present
+from lmablate.analysis.statistics import (ALPHA, CONFIDENCE, METRICS, MIN_SEEDS_FOR_TEST,
+                                          VERDICT_BETTER, VERDICT_FEW, VERDICT_WORSE)
+from lmablate.config import StudyConfig
+
+VERDICT_MARKS = {VERDICT_BETTER: "▲", VERDICT_WORSE: "▼"}
+
+
+def _md_table(df: pd.DataFrame) -> str:
+    """A GitHub-flavoured markdown table (kept local so the report needs no ``tabulate``)."""
+    def cell(v: Any) -> str:
+        return str(v).replace("|", "\\|").replace("\n", " ")
+    header = "| " + " | ".join(cell(c) for c in df.columns) + " |"
+    rule = "|" + "|".join("---" for _ in df.columns) + "|"
+    body = ["| " + " | ".join(cell(v) for v in row) + " |"
+            for row in df.itertuples(index=False, name=None)]
+    return "\n".join([header, rule, *body])
+
+
+def _num(x: Any, digits: int = 3) -> str:
+    """Fixed-point with ``digits`` decimals, "–" for missing."""
+    if x is None or (isinstance(x, float) and not math.isfinite(x)) or pd.isna(x):
+        return "–"
+    return f"{float(x):.{digits}f}"
+
+
+def _int(x: Any) -> str:
+    if x is None or pd.isna(x):
+        return "–"
+    return f"{int(round(float(x))):,}"
+
+
+def _p(x: Any) -> str:
+    if x is None or pd.isna(x):
+        return "–"
+    return "<0.001" if x < 0.001 else f"{x:.3f}"
+
+
+def _digits(metric: str) -> int:
+    return {"perplexity": 2, "train_seconds": 1, "tokens_per_second": 0}.get(metric, 3)
+
+
+def _fence(text: str) -> str:
+    """A code block whose fence is longer than any backtick run inside ``text`` (a generated
+    sample may well contain ``` and would otherwise close the block)."""
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return f"{fence}text\n{text}\n{fence}"
+
+
+def _code_span(text: str) -> str:
+    text = str(text).replace("\n", "\\n")
+    return f"`` {text} ``" if "`" in text else f"`{text}`"
+
+
+def _summary_table(summary: pd.DataFrame, dataset: str, order: Sequence[str]) -> str:
+    s = summary[summary["dataset"] == dataset]
+    metrics = [m for m in METRICS if m in set(s["metric"])
+               and m not in ("train_seconds", "tokens_per_second")]
+    rows = []
+    for variant in order:
+        v = s[s["variant"] == variant].set_index("metric")
+        if v.empty:
+            continue
+        row = {"variant": variant, "seeds": int(v["n"].max())}
+        for m in metrics:
+            label, unit, _ = METRICS[m]
+            head = f"{label} ({unit})" if unit else label
+            if m not in v.index:
+                row[head] = "–"
+                continue
+            r = v.loc[m]
+            digits = _digits(m)
+            if np.isfinite(r["ci95_low"]):
+                half = (r["ci95_high"] - r["ci95_low"]) / 2
+                row[head] = f"{_num(r['mean'], digits)} ± {_num(half, digits)}"
+            else:
+                row[head] = f"{_num(r['mean'], digits)} (no CI, n={int(r['n'])})"
+        rows.append(row)
+    return _md_table(pd.DataFrame(rows)) if rows else "_No results._"
+
+
+def _comparison_table(comparisons: pd.DataFrame, dataset: str) -> str:
+    c = comparisons[comparisons["dataset"] == dataset]
+    if c.empty:
+        return ("_No comparisons: they need runs of the baseline and of at least one other "
+                "variant on this dataset._")
+    rows = []
+    for _, r in c.iterrows():
+        label, unit, higher = METRICS[r["metric"]]
+        digits = _digits(r["metric"])
+        verdict = r["verdict"]
+        mark = VERDICT_MARKS.get(verdict, "")
+        shown = f"**{mark} {verdict}**" if mark else verdict
+        ci = (f"[{_num(r['ci95_low'], digits)}, {_num(r['ci95_high'], digits)}]"
+              if np.isfinite(r["ci95_low"]) else "–")
+        rows.append({
+            "metric": f"{label} ({'higher' if higher else 'lower'} is better)",
+            "variant": r["variant"],
+            "paired seeds": int(r["n_pairs"]),
+            "baseline mean": _num(r["baseline_mean"], digits),
+            "variant mean": _num(r["variant_mean"], digits),
+            "Δ (variant − baseline)": _num(r["mean_diff"], digits),
+            "95% CI of Δ": ci,
+            "p (paired t)": _p(r["p_value"]),
+            "p (Holm)": _p(r["p_holm"]),
+            "verdict": shown,
+        })
+    return _md_table(pd.DataFrame(rows))
+
+
+def _tuned_table(ablation: pd.DataFrame, dataset: str, order: Sequence[str]) -> str:
+    d = ablation[ablation["dataset"] == dataset]
+    rows = []
+    for variant in order:
+        v = d[d["variant"] == variant]
+        if v.empty:
+            continue
+        lrs = v["lr"].dropna().unique()
+        widths = v["d_model"].dropna().unique()
+        rows.append({
+            "variant": variant,
+            # tuning picks one value per dataset x variant; several would mean stale runs
+            "lr": ", ".join(f"{x:.3g}" for x in lrs) or "–",
+            "d_model": ", ".join(_int(x) for x in widths) or "–",
+            "parameters": _int(v["n_params"].max()),
+            "non-embedding parameters": _int(v["n_params_non_embedding"].max()),
+            "FLOPs/token": _int(v["flops_per_token"].max()),
+            "throughput (tokens/s, mean)": _int(v["tokens_per_second"].mean()),
+            "train time (s, mean)": _num(v["train_seconds"].mean(), 1),
+        })
+    return _md_table(pd.DataFrame(rows)) if rows else "_No runs._"
+
+
+def _samples_section(runs: RunOutputs, dataset: str, order: Sequence[str],
+                     seeds: Sequence[int], max_chars: int = 600,
+                     n_predictions: int = 5) -> list[str]:
+    """The first generated sample (text corpora) or the first ``n_predictions`` decoded
+    problems (arithmetic) of each variant's first seed that has any."""
+    lines: list[str] = []
+
+    def first_seed_key(by_seed: Mapping[str, Any]) -> str | None:
+        keys = [k for k in by_seed if by_seed[k]]
+        preferred = [f"seed_{s}" for s in seeds if f"seed_{s}" in keys]
+        return (preferred or sorted(keys) or [None])[0]
+
+    samples = runs.samples
+    shown = [(v, samples[(dataset, v)]) for v in order if (dataset, v) in samples]
+    if shown:
+        lines += ["### Samples", "",
+                  "First sample of the first seed of each variant (truncated to "
+                  f"{max_chars} characters).", ""]
+        for variant, by_seed in shown:
+            key = first_seed_key(by_seed)
+            if key is None:
+                continue
+            text = str(by_seed[key][0])[:max_chars]
+            lines += [f"**{variant}** ({key}):", "", _fence(text), ""]
+    predictions = runs.predictions
+    shown = [(v, predictions[(dataset, v)]) for v in order if (dataset, v) in predictions]
+    if shown:
+        lines += ["### Predictions", "",
+                  f"Up to {n_predictions} greedy-decoded test problems of the first seed of each "
+                  "variant.", ""]
+        for variant, by_seed in shown:
+            key = first_seed_key(by_seed)
+            if key is None:
+                continue
+            rows = [{"prompt": _code_span(p.get("prompt", "")),
+                     "target": _code_span(p.get("target", "")),
+                     "prediction": _code_span(p.get("prediction", "")),
+                     "correct": "✓" if p.get("prediction") == p.get("target") else "✗"}
+                    for p in by_seed[key][:n_predictions]]
+            lines += [f"**{variant}** ({key}):", "", _md_table(pd.DataFrame(rows)), ""]
+    return lines
+
+
+def _methodology(cfg: StudyConfig, ablation: pd.DataFrame,
+                 environment: Mapping[str, Any] | None) -> list[str]:
+    tr, tu, m, ev = cfg.train, cfg.tune, cfg.model, cfg.evaluate
+    datasets = ", ".join(f"{name} ({d.kind})" for name, d in cfg.datasets.items())
+    changes = [f"{v}: " + ", ".join(f"{k}={val}" for k, val in cfg.variants[v].items())
+               for v in cfg.study_variants if cfg.variants.get(v)]
+    tokens = tr.steps * tr.batch_size * m.context_length
+    text = (
+        f"Each of {len(cfg.study_variants)} variants was trained on each of "
+        f"{len(cfg.datasets)} datasets ({datasets}) with {len(cfg.seeds)} seeds "
+        f"({', '.join(map(str, cfg.seeds))}); the same seeds are used for every variant, so "
+        f"results can be paired by seed. "
+        f"The baseline is a {m.n_layers}-layer GPT with {m.n_heads} heads, {m.ffn} "
+        f"feed-forward, {m.norm_placement}-{m.norm}, {m.position} positions and a context of "
+        f"{m.context_length} characters" + (f"; the variants change {'; '.join(changes)}. "
+                                            if changes else ". ") +
+        f"Before training, the learning rate (log-uniform in [{tu.lr_low:g}, {tu.lr_high:g}]) "
+        f"and d_model (one of {', '.join(map(str, tu.d_model_choices))}) were tuned per "
+        f"dataset x variant with Optuna: {tu.n_trials} trials of {tu.steps} steps each, "
+        f"objective validation loss, {tu.pruner} pruner, sampler seed {tu.sampler_seed}; the "
+        f"tuned values (per variant below) replace the configured learning rate {tr.lr:g} and "
+        f"width {m.d_model}. "
+        f"Each run then trained for {tr.steps} optimizer steps of {tr.batch_size} sequences x "
+        f"{m.context_length} tokens ({tokens:,} tokens), {tr.lr_schedule} learning-rate "
+        f"schedule with {tr.warmup_steps} warm-up steps, weight decay {tr.weight_decay:g}, "
+        f"betas ({tr.beta1:g}, {tr.beta2:g}), gradient clipping at {tr.grad_clip:g}, "
+        f"validation every {tr.eval_interval} steps over {tr.eval_iters} batches. "
+        f"Test loss is measured on up to {ev.max_batches} batches of held-out data; arithmetic "
+        f"answers are greedy-decoded for up to {ev.max_problems} test problems."
+    )
+    if cfg.match_params:
+        text += " Widths were adjusted so that every variant matches the baseline's parameter count."
+    stats_text = (
+        f"Statistics: each table gives the mean over seeds ± the half-width of its "
+        f"{CONFIDENCE:.0%} Student-t interval. Variants are compared with the baseline by a "
+        f"two-sided paired t-test on the per-seed differences (scipy.stats.ttest_rel); the "
+        f"p-values of all variants within a dataset x metric are corrected with Holm's method "
+        f"(statsmodels multipletests) at a family-wise α = {ALPHA}. With fewer than "
+        f"{MIN_SEEDS_FOR_TEST} paired seeds no test is run."
+    )
+    lines = ["## Methodology", "", text, "", stats_text, ""]
+    env = dict(environment or {})
+    hardware = next((env[k] for k in ("hardware", "device", "gpu", "cpu") if env.get(k)), None)
+    torch_v = next((env[k] for k in ("torch", "torch_version") if env.get(k)), None)
+    total = ablation["train_seconds"].sum(min_count=1)
+    if hardware or torch_v:
+        sentence = (f"Runs executed on {hardware or 'unrecorded hardware'} with torch "
+                    f"{torch_v or '(version not recorded)'}")
+    else:
+        sentence = "Environment not recorded"
+    if pd.notna(total):
+        sentence += (f"; training took {total:,.1f} s in total over {len(ablation)} runs "
+                     f"(sum of train_seconds)")
+    lines += [sentence + ".", ""]
+    if env:
+        lines += ["Environment:", ""]
+        for key, value in env.items():
+            if isinstance(value, Mapping):
+                value = ", ".join(f"{k}={_env_value(v)}" for k, v in value.items())
+            lines.append(f"- {key}: {_env_value(value)}")
+        lines.append("")
+    return lines
+
+
+def _env_value(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:,.1f}" if abs(v) >= 10 else f"{v:.3g}"
+    return str(v)
+
+
+def render_markdown(cfg: StudyConfig, runs: RunOutputs, summary: pd.DataFrame,
+                    comparisons: pd.DataFrame,
+                    figures: Sequence[tuple[str | None, str, str]],
+                    environment: Mapping[str, Any] | None = None,
+                    notes: Sequence[str] = ()) -> str:
+    """The text of ``report.md`` (GitHub-flavoured Markdown, ``\n`` line ends, one final
+    newline).
+
+    Args:
+        cfg: the study config, for the methodology paragraph.
+        runs: the study's runs (:func:`~lmablate.analysis.collect.restrict_to_study`): the
+            ablation table, samples and predictions. Its datasets and variants, in their
+            categorical order, give the sections and the rows of every table.
+        summary: :func:`~lmablate.analysis.statistics.summarise` of ``runs.ablation``.
+        comparisons: :func:`~lmablate.analysis.statistics.compare` of ``runs.ablation``.
+        figures: ``(dataset or None, caption, relative path)`` per figure written; each appears
+            in its dataset's section (None: in the closing section), linked relatively.
+        environment: free-form facts for the methodology paragraph (see
+            :func:`lmablate.stages.report.build_report`).
+        notes: extra lines for the data section (e.g. missing or ignored runs).
+    """
+    ablation = runs.ablation
+    order = present(ablation["variant"])
+    datasets = present(ablation["dataset"])
+    lines = [
+        "# Ablation study report", "",
+        f"{len(ablation)} runs: {len(datasets)} dataset(s) x "
+        f"{ablation['variant'].nunique()} variant(s) x {ablation['seed'].nunique()} seed(s). "
+        "Generated by `lmablate.report` "
+        "from the run outputs; every number below is computed, none typed by hand.", "",
+        "**How to read this report.** Losses are cross-entropy in nats per character (lower is "
+        "better); bits/char = loss / ln 2. Tables show the mean over seeds ± the half-width of "
+        f"its {CONFIDENCE:.0%} t-interval. A variant is called better or worse than the "
+        f"baseline only when the paired t-test survives Holm's correction (α = {ALPHA}): "
+        f"**▲ better** / **▼ worse**; anything else is \"no significant difference\", which "
+        "is not evidence that the variants are equal. Raw numbers are in `ablation.csv`, "
+        "`summary.csv` (long format: one row per dataset x variant x metric) and "
+        "`comparisons.csv`.", "",
+    ]
+    lines += _methodology(cfg, ablation, environment)
+    if notes:
+        lines += ["Data notes:", "", *[f"- {n}" for n in notes], ""]
+
+    for ds in datasets:
+        lines += [f"## {ds}", ""]
+        lines += [f"### Summary (mean ± {CONFIDENCE:.0%} CI half-width over seeds)", "",
+                  _summary_table(summary, ds, order), ""]
+        s = summary[summary["dataset"] == ds]
+        if len(s) and int(s["n"].min()) < 2:
+            lines += ["Some cells rest on a single seed: their spread, and hence their "
+                      "confidence interval, cannot be estimated.", ""]
+        lines += ["### Comparison with the baseline", "", _comparison_table(comparisons, ds), ""]
+        c = comparisons[comparisons["dataset"] == ds]
+        if len(c) and (c["verdict"] == VERDICT_FEW).any():
+            few = list(pd.unique(c.loc[c["verdict"] == VERDICT_FEW, "variant"]))
+            lines += [f"Too few seeds to conclude for {', '.join(few)}: fewer than "
+                      f"{MIN_SEEDS_FOR_TEST} seeds pair with the baseline, so no test was run "
+                      "and the differences shown are descriptive only.", ""]
+        if len(c):
+            wins = c[c["verdict"] == VERDICT_BETTER]
+            losses = c[c["verdict"] == VERDICT_WORSE]
+            def listing(rows: pd.DataFrame) -> str:
+                return ", ".join(f"{r.variant} ({METRICS[r.metric][0]})"
+                                 for r in rows.itertuples()) or "none"
+            lines += [f"Significantly better than the baseline: {listing(wins)}. "
+                      f"Significantly worse: {listing(losses)}.", ""]
+        lines += ["### Tuned hyper-parameters, size and throughput", "",
+                  _tuned_table(ablation, ds, order), ""]
+        ds_figs = [(cap, rel) for d, cap, rel in figures if d == ds]
+        if ds_figs:
+            lines += ["### Figures", ""]
+            for caption, rel in ds_figs:
+                lines += [f"**{caption}**", "", f"![{Path(rel).stem}]({rel})", ""]
+        lines += _samples_section(runs, ds, order, cfg.seeds)
+    other = [(cap, rel) for d, cap, rel in figures if d is None]
+    if other:
+        lines += ["## Other figures", ""]
+        for caption, rel in other:
+            lines += [f"**{caption}**", "", f"![{Path(rel).stem}]({rel})", ""]
+    return "\n".join(lines).rstrip() + "\n"
+

@@ -1,0 +1,213 @@
+"""Stage ``report``: the study's tables, statistics, figures and ``report.md``.
+
+Reads what the train/evaluate/tune stages wrote under ``runs/<dataset>/<variant>/`` (and the
+first-seed checkpoints and the tokenized test splits, for the model figures) and writes, under
+``out_dir`` (normally ``reports/``):
+
+* ``ablation.csv``   one row per dataset x variant x seed
+  (:data:`~lmablate.analysis.collect.ABLATION_COLUMNS`).
+* ``summary.csv``    *long* format, one row per dataset x variant x metric
+  (:data:`~lmablate.analysis.statistics.SUMMARY_COLUMNS`): number of seeds, mean, sample SD and
+  a two-sided 95% Student-t interval of the mean. Long rather than wide so every metric has the
+  same five statistics, a metric that does not apply (exact match on Shakespeare) simply has no
+  row, and the file is one ``pivot`` away from any wide table.
+* ``comparisons.csv`` every variant against ``baseline``, paired by seed
+  (:data:`~lmablate.analysis.statistics.COMPARISON_COLUMNS`): paired t-test and Holm's
+  step-down correction within each dataset x metric.
+* ``figures/*.png``  the seaborn figures of :mod:`lmablate.analysis.figures`, plus the last
+  layer's attention maps and a PCA of the token embeddings drawn from the checkpoints.
+* ``report.md``      the human-readable report (:mod:`lmablate.analysis.markdown`).
+
+Rows of every table follow the study order (datasets as configured, baseline first, then the
+configured variants), set once by :func:`lmablate.analysis.collect.restrict_to_study`. The
+report and the tables are then logged as artifacts of an MLflow summary run.
+
+Units: losses are natural-log cross-entropy per character token (nats/token); bits per char =
+loss / ln 2; perplexity = exp(loss); accuracies are fractions in [0, 1]; times in seconds.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from lmablate import fileio
+from lmablate.analysis import figures as plots
+from lmablate.analysis.collect import (ABLATION_COLUMNS, BASELINE, collect, present,
+                                       restrict_to_study)
+from lmablate.analysis.markdown import render_markdown
+from lmablate.analysis.statistics import METRICS, compare, summarise
+from lmablate.checkpoint import load_checkpoint
+from lmablate.config import StudyConfig
+from lmablate.tokenizer import load_split, load_tokenizer
+from lmablate.tracking import NullTracker
+
+ATTENTION_TOKENS = 48  # length of the held-out sequence shown in attention heatmaps (tokens)
+
+
+def environment() -> dict:
+    """Hardware and software the study ran on, for the methodology paragraph."""
+    gpu = f", GPU {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ", no GPU"
+    return {"hardware": f"{os.cpu_count()} CPU cores ({platform.machine()}){gpu}",
+            "torch": torch.__version__, "python": platform.python_version(),
+            "platform": platform.platform(terse=True)}
+
+
+@torch.no_grad()
+def model_figures(cfg: StudyConfig, runs_dir: Path, tokens_dir: Path,
+                  figures_dir: Path) -> list[tuple[str, str, Path]]:
+    """Per dataset, from each variant's first-seed checkpoint
+    (``<runs_dir>/<dataset>/<variant>/checkpoints/seed_<seed>/checkpoint.pt``): the last
+    layer's attention weights (mean over heads) on the first :data:`ATTENTION_TOKENS` tokens of
+    the held-out test split, and a 2-D PCA of the token embeddings. Variants without a
+    checkpoint are left out; a dataset with none gets no figure.
+
+    Returns:
+        ``(dataset, caption, path)`` per figure written under ``figures_dir``.
+
+    Raises:
+        FileNotFoundError: the tokenizer or test split of a configured dataset is missing
+            under ``tokens_dir``.
+    """
+    written = []
+    seed = cfg.seeds[0]
+    for dataset in cfg.datasets:
+        tok = load_tokenizer(tokens_dir / dataset)
+        test = load_split(tokens_dir / dataset, "test")
+        maps, embs, chars = {}, {}, []
+        for variant in cfg.study_variants:
+            ckpt = runs_dir / dataset / variant / "checkpoints" / f"seed_{seed}" / "checkpoint.pt"
+            if not ckpt.exists():
+                continue
+            model, _ = load_checkpoint(ckpt)
+            T = min(ATTENTION_TOKENS, model.cfg.context_length, len(test))
+            idx = torch.from_numpy(np.asarray(test[:T], dtype=np.int64))[None]  # (1, T)
+            maps[variant] = model.attention_maps(idx)[-1, 0].mean(0).numpy()  # (T, T)
+            chars = [tok.decode([i]) for i in idx[0].tolist()]
+            embs[variant] = model.wte.weight.numpy()  # (vocab_size, d_model)
+        if not maps:
+            continue
+        path = figures_dir / f"attention_{dataset}.png"
+        plots.plot_attention(maps, chars, f"{dataset}: last-layer attention (mean over heads), "
+                             f"held-out text, seed {seed}", path)
+        written.append((dataset, f"{dataset}: last-layer attention weights on a held-out "
+                        "sequence, per variant", path))
+        path = figures_dir / f"embeddings_{dataset}.png"
+        labels = [tok.decode([i]) for i in range(tok.vocab_size)]
+        plots.plot_embedding_pca(embs, labels, f"{dataset}: token embeddings, first two "
+                                 f"principal components (seed {seed})", path)
+        written.append((dataset, f"{dataset}: token embeddings (PCA), per variant", path))
+    return written
+
+
+def build_report(cfg: StudyConfig, runs_dir: Path, out_dir: Path,
+                 environment: dict | None = None,
+                 extra_figures: Sequence[tuple[str | None, str, Path]] = ()) -> dict:
+    """Collect the runs, compute statistics, draw figures and write the report.
+
+    Args:
+        cfg: the study config; its datasets, variants and seeds select the runs (others under
+            ``runs_dir`` are ignored and listed in the report) and its settings are written into
+            the methodology paragraph.
+        runs_dir: the ``runs/`` tree (``<dataset>/<variant>/metrics.json`` etc.).
+        out_dir: where to write (created if needed); existing files are replaced atomically.
+        environment: free-form facts for the methodology paragraph, e.g. ``{"hardware": "1x
+            H100", "torch": "2.13.0", "python": "3.11.9", "wall_seconds": {"tune": 812.0}}``;
+            the keys ``hardware``/``device`` and ``torch``/``torch_version`` are used in the
+            prose, every key is listed.
+        extra_figures: ``(dataset or None, caption, path under out_dir)`` of figures drawn
+            elsewhere (from checkpoints: attention maps, embeddings) to embed in the report.
+
+    Returns:
+        ``{"report", "ablation", "summary", "comparisons": Path, "figures": [Path, ...]}``.
+
+    Raises:
+        FileNotFoundError: no ``metrics.json`` of the configured study under ``runs_dir``.
+    """
+    runs_dir, out_dir = Path(runs_dir), Path(out_dir)
+    runs, notes = restrict_to_study(cfg, collect(runs_dir))
+    ablation = runs.ablation
+    if ablation.empty:
+        raise FileNotFoundError(
+            f"report: no results of the configured study under {runs_dir} (expected "
+            f"<dataset>/<variant>/metrics.json for datasets {', '.join(cfg.datasets)})")
+    summary = summarise(ablation)
+    comparisons = compare(ablation, baseline=BASELINE)
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {
+        "ablation": fileio.write_csv(out_dir / "ablation.csv", ablation, ABLATION_COLUMNS),
+        "summary": fileio.write_csv(out_dir / "summary.csv", summary),
+        "comparisons": fileio.write_csv(out_dir / "comparisons.csv", comparisons),
+    }
+
+    fig_dir = out_dir / "figures"
+    per_op = runs.per_op
+    op_datasets = set(present(per_op["dataset"]))
+    figures: list[tuple[str | None, str, Path | None]] = []
+    for ds in present(ablation["dataset"]):
+        figures += [
+            (ds, f"{ds}: validation loss vs step (mean ± 1 SD over seeds)",
+             plots.plot_val_loss_curves(runs.history, ds, fig_dir / f"val_loss_curves_{ds}.png")),
+            (ds, f"{ds}: test loss per variant (dots: seeds; diamond: mean ± 95% t-interval)",
+             plots.plot_test_loss(ablation, ds, fig_dir / f"test_loss_{ds}.png")),
+            (ds, f"{ds}: test-loss difference to baseline (paired 95% t-interval, Holm)",
+             plots.plot_forest(comparisons, ds, fig_dir / f"forest_{ds}.png", "test_loss")),
+        ]
+        if ds in op_datasets:
+            single = len(op_datasets) == 1  # one arithmetic dataset: no suffix in the name
+            for metric in ("exact_match", "char_accuracy"):
+                name = f"{metric}_by_op.png" if single else f"{metric}_by_op_{ds}.png"
+                figures.append((ds, f"{ds}: {METRICS[metric][0]} by operation x variant",
+                                plots.plot_by_op_heatmap(per_op, fig_dir / name, metric, [ds])))
+        figures += [
+            (ds, f"{ds}: tuning trials, learning rate vs validation loss",
+             plots.plot_tuning(runs.trials, ds, fig_dir / f"tuning_{ds}.png", cfg.tune.steps)),
+            (ds, f"{ds}: non-embedding parameters vs test loss",
+             plots.plot_params_vs_loss(ablation, ds, fig_dir / f"params_vs_loss_{ds}.png")),
+            (ds, f"{ds}: fraction of near-zero gradients per parameter group",
+             plots.plot_grad_flow(runs.grad, ds, fig_dir / f"grad_flow_{ds}.png")),
+        ]
+    figures += [(ds, cap, Path(p)) for ds, cap, p in extra_figures]
+    written = [(ds, cap, p) for ds, cap, p in figures if p is not None]
+    md = render_markdown(
+        cfg, runs, summary, comparisons,
+        [(ds, cap, p.relative_to(out_dir).as_posix()) for ds, cap, p in written],
+        environment, notes)
+    paths["report"] = out_dir / "report.md"
+    fileio.write_text(paths["report"], md)
+    paths["figures"] = [p for _, _, p in written]
+    return paths
+
+
+def run(cfg: StudyConfig, runs_dir: Path, tokens_dir: Path, out_dir: Path,
+        tracker: NullTracker) -> dict:
+    """Write the report under ``out_dir`` and log it to an MLflow summary run.
+
+    Draws the model figures from the checkpoints first, then :func:`build_report` with this
+    machine's :func:`environment`; logs ``report.md``, the three tables (artifact folder
+    ``tables``) and ``figures/`` to a run named ``study-summary``.
+
+    Returns:
+        :func:`build_report`'s paths.
+
+    Raises:
+        FileNotFoundError: no results of the configured study under ``runs_dir``, or a
+            dataset's tokenizer or test split is missing under ``tokens_dir``.
+    """
+    runs_dir, tokens_dir, out_dir = Path(runs_dir), Path(tokens_dir), Path(out_dir)
+    figures_dir = out_dir / "figures"
+    figures_dir.mkdir(parents=True, exist_ok=True)
+    extra = model_figures(cfg, runs_dir, tokens_dir, figures_dir)
+    result = build_report(cfg, runs_dir, out_dir, environment(), extra_figures=extra)
+    with tracker.run("study-summary", {"stage": "report"}):
+        tracker.log_artifact(out_dir / "report.md")
+        for name in ("ablation.csv", "summary.csv", "comparisons.csv"):
+            tracker.log_artifact(out_dir / name, "tables")
+        tracker.log_artifact(figures_dir, "figures")
+    return result
