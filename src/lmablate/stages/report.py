@@ -28,6 +28,7 @@ loss / ln 2; perplexity = exp(loss); accuracies are fractions in [0, 1]; times i
 
 from __future__ import annotations
 
+import argparse
 import os
 import platform
 from pathlib import Path
@@ -45,7 +46,7 @@ from lmablate.analysis.statistics import METRICS, compare, summarise
 from lmablate.checkpoint import load_checkpoint
 from lmablate.config import StudyConfig
 from lmablate.tokenizer import load_split, load_tokenizer
-from lmablate.tracking import NullTracker
+from lmablate.tracking import NullTracker, make_tracker
 
 ATTENTION_TOKENS = 48  # length of the held-out sequence shown in attention heatmaps (tokens)
 
@@ -211,3 +212,8 @@ def run(cfg: StudyConfig, runs_dir: Path, tokens_dir: Path, out_dir: Path,
             tracker.log_artifact(out_dir / name, "tables")
         tracker.log_artifact(figures_dir, "figures")
     return result
+
+
+def main(cfg: StudyConfig, args: argparse.Namespace) -> None:
+    """``lmablate report --runs DIR --tokens DIR --out DIR``."""
+    run(cfg, args.runs, args.tokens, args.out, make_tracker(cfg.tracking))
