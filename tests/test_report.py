@@ -557,3 +557,18 @@ def test_summary_means_are_groupby_means_over_seeds_in_row_order(built):
         want = a.dropna(subset=[metric]).groupby(["dataset", "variant"], sort=False)[metric].mean()
         for (ds, var), mean in want.items():
             assert s.loc[(ds, var, metric), "mean"] == mean, (ds, var, metric)
+
+
+def test_the_same_runs_give_byte_identical_reports(built, tmp_path):
+    """Figures with random jitter included: the report is a pure function of the runs, and
+    drawing it leaves numpy's global random state as it was."""
+    cfg, out_dir, _ = built
+    np.random.seed(123)
+    before = np.random.get_state()[1].copy()
+    report.build_report(cfg, out_dir.parent / "runs", tmp_path / "again", environment=ENV)
+    assert np.array_equal(np.random.get_state()[1], before)
+    written = sorted(p.relative_to(tmp_path / "again") for p in (tmp_path / "again").rglob("*")
+                     if p.is_file())
+    assert Path("figures") / "test_loss_arithmetic.png" in written
+    for rel in written:
+        assert (tmp_path / "again" / rel).read_bytes() == (out_dir / rel).read_bytes(), rel

@@ -40,6 +40,8 @@ VERDICT_COLORS = {
     VERDICT_FEW: "#b0b0b0",
 }
 
+JITTER_SEED = 0  # the strip plot's horizontal jitter (see plot_test_loss)
+
 
 @contextmanager
 def _figure(path: Path, figsize: tuple[float, float] = (7.5, 4.5), nrows: int = 1,
@@ -105,8 +107,15 @@ def plot_test_loss(ablation: pd.DataFrame, dataset: str, path: Path) -> Path | N
     order = present(d["variant"])
     with _figure(path, figsize=(max(6.0, 1.1 * len(order) + 2.5), 4.5)) as (fig, axes):
         ax = axes[0, 0]
-        sns.stripplot(data=d, x="variant", y="test_loss", order=order, color="0.5", size=5,
-                      alpha=0.75, jitter=0.12, ax=ax)
+        # seaborn draws the jitter from numpy's global generator: seed it for this call only,
+        # so that the same runs always give the same figure (and the caller's state is kept)
+        state = np.random.get_state()
+        np.random.seed(JITTER_SEED)
+        try:
+            sns.stripplot(data=d, x="variant", y="test_loss", order=order, color="0.5", size=5,
+                          alpha=0.75, jitter=0.12, ax=ax)
+        finally:
+            np.random.set_state(state)
         sns.pointplot(data=d, x="variant", y="test_loss", order=order, errorbar=t_interval,
                       color="C3", markers="D", linestyle="none", capsize=0.15, ax=ax)
         base = d.loc[d["variant"] == BASELINE, "test_loss"]
