@@ -157,3 +157,19 @@ def test_every_result_setting_enters_the_fingerprint_and_no_runtime_setting_does
                 continue  # a choice: the numeric fields check the same rule
             other = dataclasses.replace(section, **{f.name: changed[type(value)](value)})
             assert fingerprint(other) != fingerprint(section), f.name
+
+
+def test_study_name_covers_what_a_trial_computes_and_nothing_else(raw):
+    """A trial validates every tune.report_interval steps and trains tune.steps steps, so
+    train.eval_interval and train.steps do not name the study; runtime settings never do."""
+    from lmablate.tuning import study_name
+
+    def name(path=None, value=None):
+        cfg = config.parse(mutate(raw, path, value) if path else raw)
+        return study_name(cfg, "arithmetic", "baseline")
+
+    assert name("train.eval_interval", 7) == name("train.steps", 999) == name()
+    assert name("runtime.workers", 3) == name("runtime.parallel", "processes") == name()
+    assert name("tune.report_interval", 7) != name()
+    assert name("train.eval_iters", 3) != name()
+    assert name("train.warmup_steps", 3) != name()
