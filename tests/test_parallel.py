@@ -48,6 +48,9 @@ def assert_same_runs(tmp: Path, a: str, b: str, seeds) -> None:
     pd.testing.assert_frame_equal(ha, hb, check_exact=True)
     assert len(ha) == len(seeds) * 3  # steps 10, 20, 30 per seed
     for seed in seeds:
+        # the same state saves to the same bytes (torch.save names its archive after the file)
+        ca, cb = (tmp / out / "ck" / f"seed_{seed}" / "checkpoint.pt" for out in (a, b))
+        assert ca.read_bytes() == cb.read_bytes(), seed
         wa, wb = weights(tmp, a, seed), weights(tmp, b, seed)
         assert wa.keys() == wb.keys()
         for k in wa:

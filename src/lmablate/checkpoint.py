@@ -14,6 +14,7 @@ Two files per seed, both written atomically with ``torch.save``:
 from __future__ import annotations
 
 import hashlib
+import io
 from pathlib import Path
 from typing import Any
 
@@ -37,14 +38,24 @@ def code_version() -> str:
     return h.hexdigest()[:16]
 
 
+def _save(path: Path, obj: Any) -> None:
+    """``torch.save`` of ``obj`` to ``path``, atomically and byte-reproducibly.
+
+    Saved to a path, torch names the zip archive's folder after the file, which for an atomic
+    write is a random temporary name: the same state would give other bytes on every save.
+    Saved to a buffer, the folder is always ``archive``.
+    """
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    fileio.write_bytes(path, buffer.getvalue())
+
+
 def save_checkpoint(path: Path, model: GPT, optimizer: torch.optim.Optimizer,
                     model_cfg: ModelConfig, *, step: int, meta: dict) -> None:
     """Save ``model_cfg`` (as a dict), the weights, the optimizer state, ``step`` and ``meta``
-    to ``path`` atomically."""
-    state = {"model_config": model_cfg.to_dict(), "model": model.state_dict(),
-             "optimizer": optimizer.state_dict(), "step": step, "meta": meta}
-    with fileio.atomic_path(path) as tmp:
-        torch.save(state, tmp)
+    to ``path`` atomically; the same state always gives the same bytes."""
+    _save(path, {"model_config": model_cfg.to_dict(), "model": model.state_dict(),
+                 "optimizer": optimizer.state_dict(), "step": step, "meta": meta})
 
 
 def load_checkpoint(path: Path, device: torch.device | str = "cpu") -> tuple[GPT, dict]:
@@ -65,8 +76,7 @@ def load_checkpoint(path: Path, device: torch.device | str = "cpu") -> tuple[GPT
 
 def save_resume(path: Path, state: dict[str, Any]) -> None:
     """Write a resume state (a dict holding at least ``fingerprint``) to ``path`` atomically."""
-    with fileio.atomic_path(path) as tmp:
-        torch.save(state, tmp)
+    _save(path, state)
 
 
 def load_resume(path: Path | None, fingerprint: str) -> dict | None:
