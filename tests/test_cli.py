@@ -2,7 +2,6 @@
 and no output written. Stage functions on tiny real data: tune -> train -> evaluate."""
 
 import json
-from pathlib import Path
 
 import pytest
 

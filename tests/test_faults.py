@@ -5,14 +5,13 @@ import dataclasses
 import json
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import optuna
 import pytest
 import torch
-from lmablate import config, tuning
+from lmablate import tuning
 from lmablate.config import TrainConfig
 from lmablate.stages import tune
 from lmablate.tokens import TokenData

@@ -22,7 +22,6 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-import yaml
 
 
 N_TRIALS = 6

@@ -18,8 +18,9 @@ from typing import Any, Mapping
 import yaml
 
 from .fingerprint import NOT_A_RESULT
-from .validation import (ConfigError, DataError, check_choice, check_int, check_positive, fail,
+from .validation import (ConfigError, check_choice, check_int, check_positive, fail,
                          from_mapping)
+from .validation import DataError  # noqa: F401 - re-exported for the data modules and tests
 
 # Allowed component strings. The model's registries are keyed by exactly these names; a test
 # checks that the two agree, so the config can validate without importing torch.

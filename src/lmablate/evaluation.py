@@ -14,7 +14,6 @@ Definitions (seed 000, made deterministic):
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 import torch
