@@ -16,6 +16,7 @@ import yaml
 
 from lmablate import config
 from lmablate.config import StudyConfig
+from lmablate.model import flops_per_token
 from lmablate.stages import generate, tokenize
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,13 +25,34 @@ BIN = Path(sys.executable).parent
 # The tiny profile: params.yaml with every size cut down so that a stage runs in a second.
 # Tests change what they exercise through ``tiny_params(overrides)``, never by hand-building a
 # profile of their own.
+TINY_MODEL = {"context_length": 16, "n_layers": 1, "n_heads": 2, "d_model": 16}
+TINY_BATCH = 4
+
+
+def budget_for(steps: int, model: Mapping[str, Any] | None = None,
+               batch_size: int = TINY_BATCH) -> float:
+    """The training FLOPs (``train.budget_flops``) that buy exactly ``steps`` optimizer steps of
+    the tiny baseline with ``model`` overrides (e.g. another ``d_model``)."""
+    cfg = config.ModelConfig(**{**TINY_MODEL, **(model or {})})
+    return float(steps * batch_size * cfg.context_length * flops_per_token(cfg))
+
+
+def budgets(steps: int, model: Mapping[str, Any] | None = None,
+            batch_size: int = TINY_BATCH) -> dict[str, float]:
+    """``train.budget_flops`` of both datasets for ``steps`` steps (see :func:`budget_for`)."""
+    b = budget_for(steps, model, batch_size)
+    return {"arithmetic": b, "shakespeare": b}
+
+
 TINY = {
     "study": {"seeds": [0], "variants": ["baseline", "rope"], "datasets": ["arithmetic"]},
     "datasets": {"arithmetic": {"n_train": 2000, "n_test": 16}},
-    "model": {"context_length": 16, "n_layers": 1, "n_heads": 2, "d_model": 16},
-    "train": {"steps": 4, "eval_interval": 2, "eval_iters": 1, "warmup_steps": 0,
-              "batch_size": 4},
-    "tune": {"n_trials": 2, "steps": 2, "d_model_choices": [16]},
+    "model": TINY_MODEL,
+    # final runs 4 steps, trials half of that, reporting twice
+    "train": {"budget_flops": budgets(4), "eval_interval": 2, "eval_iters": 1,
+              "warmup_steps": 0, "batch_size": TINY_BATCH},
+    "tune": {"n_trials": 2, "trials_per_batch": 2, "n_startup_trials": 1,
+             "budget_fraction": 0.5, "reports": 2, "d_model_choices": [16]},
     "evaluate": {"max_batches": 1, "batch_size": 8, "max_problems": 8},
     "tracking": {"enabled": False},
 }

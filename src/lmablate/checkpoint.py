@@ -29,12 +29,14 @@ from .model import GPT
 RUN_MODULES = ("model.py", "training.py", "tokens.py", "device.py")
 
 
-def code_version() -> str:
-    """First 16 hex digits of the sha256 of :data:`RUN_MODULES` (the model, the training loop
-    and its batches): part of every training fingerprint."""
+def code_version(modules: tuple[str, ...] = RUN_MODULES) -> str:
+    """First 16 hex digits of the sha256 of ``modules`` (paths relative to the package; by
+    default :data:`RUN_MODULES`, the model, the training loop and its batches): part of every
+    training fingerprint and every Optuna study name."""
     h = hashlib.sha256()
-    for name in RUN_MODULES:
-        h.update(Path(__file__).with_name(name).read_bytes())
+    for name in modules:
+        h.update(name.encode())
+        h.update((Path(__file__).parent / name).read_bytes())
     return h.hexdigest()[:16]
 
 

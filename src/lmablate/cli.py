@@ -34,6 +34,7 @@ class Stage:
     writes: tuple[str, ...] = ()
     variant: bool = False
     dataset: bool = True
+    replicate: bool = False  # ``--replicate N``: the N-th re-tuning with another sampler seed
 
 
 STAGES: dict[str, Stage] = {
@@ -43,7 +44,7 @@ STAGES: dict[str, Stage] = {
                       "character vocabulary and train/val/test token arrays",
                       reads=("raw",), writes=("out",)),
     "tune": Stage("lmablate.stages.tune", "Optuna search over lr and d_model",
-                  reads=("tokens",), writes=("best", "trials"), variant=True),
+                  reads=("tokens",), writes=("best", "trials"), variant=True, replicate=True),
     "train": Stage("lmablate.stages.train", "train on every seed with the tuned values",
                    reads=("tokens", "best"),
                    writes=("checkpoints", "history", "grad-stats"), variant=True),
@@ -67,6 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
             s.add_argument("dataset")
         if stage.variant:
             s.add_argument("variant")
+        if stage.replicate:
+            s.add_argument("--replicate", type=int, default=0, metavar="N",
+                           help="re-tune with sampler seed tune.sampler_seed + N (default 0)")
         for opt in stage.reads:
             s.add_argument(f"--{opt}", type=Path, required=True, help="read")
         for opt in stage.writes:

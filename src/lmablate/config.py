@@ -31,7 +31,7 @@ NORM_PLACEMENT_CHOICES = ("pre", "post")
 POSITION_CHOICES = ("learned", "sinusoidal", "rope", "alibi", "none")
 DEVICE_CHOICES = ("auto", "cpu", "cuda", "mps")
 LR_SCHEDULE_CHOICES = ("constant", "cosine")
-PRUNER_CHOICES = ("none", "median", "percentile", "hyperband")
+PRUNER_CHOICES = ("none", "median", "percentile")
 PARALLEL_CHOICES = ("threads", "processes")
 DATASET_KINDS = ("arithmetic", "text")
 
@@ -201,12 +201,17 @@ class DatasetConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Optimisation of one run. ``steps`` are optimizer steps of ``batch_size`` sequences of
-    ``context_length`` tokens; ``eval_interval`` in steps; ``eval_iters`` batches per estimate.
-    Every field changes what a run computes, so all of them enter its fingerprint; settings
-    that only change how fast it is computed live in :class:`RuntimeConfig`."""
+    """Optimisation of one run at equal training compute.
 
-    steps: int = 300
+    ``budget_flops`` maps each dataset to the training FLOPs every final run of that dataset
+    spends (:mod:`lmablate.budget` turns it into a step count for the run's own width:
+    budget / (``flops_per_token`` x ``batch_size`` x ``context_length``)). A step is one
+    optimizer step of ``batch_size`` sequences; ``warmup_steps`` and ``eval_interval`` are in
+    steps, ``eval_iters`` in batches per estimate. Every field changes what a run computes;
+    settings that only change how fast it is computed live in :class:`RuntimeConfig`.
+    """
+
+    budget_flops: Mapping[str, float] = field(default_factory=dict)
     batch_size: int = 16
     lr: float = 3e-4
     weight_decay: float = 0.1
@@ -219,7 +224,13 @@ class TrainConfig:
     eval_iters: int = 10
 
     def __post_init__(self) -> None:
-        for key in ("steps", "batch_size", "eval_interval", "eval_iters"):
+        if not isinstance(self.budget_flops, Mapping) or not self.budget_flops:
+            fail("train.budget_flops", self.budget_flops,
+                 "expected a mapping of dataset name -> training FLOPs per run (e.g. 1.0e+12)")
+        for name, flops in self.budget_flops.items():
+            check_positive(f"train.budget_flops.{name}", flops)
+        object.__setattr__(self, "budget_flops", dict(self.budget_flops))
+        for key in ("batch_size", "eval_interval", "eval_iters"):
             check_int(f"train.{key}", getattr(self, key))
         check_int("train.warmup_steps", self.warmup_steps, minimum=0)
         check_positive("train.lr", self.lr)
@@ -231,14 +242,25 @@ class TrainConfig:
                 fail(f"train.{key}", v, "expected a number in [0, 1)")
         check_choice("train.lr_schedule", self.lr_schedule, LR_SCHEDULE_CHOICES)
 
+    def for_dataset(self, name: str) -> "TrainConfig":
+        """These settings with only dataset ``name``'s budget: what a run on ``name`` depends on,
+        so that another dataset's budget never enters its fingerprint.
+
+        Raises:
+            ConfigError: ``name`` has no budget.
+        """
+        if name not in self.budget_flops:
+            fail("train.budget_flops", dict(self.budget_flops), f"no budget for dataset {name!r}")
+        return dataclasses.replace(self, budget_flops={name: self.budget_flops[name]})
+
 
 @dataclass(frozen=True)
 class RuntimeConfig:
     """Where and how concurrently the stages compute: never part of a fingerprint.
 
     ``workers`` concurrent seeds / Optuna trials on a CPU (0 = auto, see
-    :mod:`lmablate.parallel`), ``threads`` torch intra-op threads per worker (0 = the cores
-    shared between workers), ``parallel`` whether workers are threads of the stage or spawned
+    :mod:`lmablate.parallel`; each computes with one intra-op thread, as more would change the
+    last bits of results), ``parallel`` whether workers are threads of the stage or spawned
     processes. ``tests/test_parallel.py`` shows these give bit-identical results. ``device`` picks
     the hardware (``auto``: CUDA, then MPS, then CPU); the device *type* a run resolved to is
     recorded with its result and enters its fingerprint, since bf16 autocast on CUDA computes
@@ -247,11 +269,9 @@ class RuntimeConfig:
 
     device: str = field(default="auto", metadata=NOT_A_RESULT)
     workers: int = field(default=0, metadata=NOT_A_RESULT)
-    threads: int = field(default=0, metadata=NOT_A_RESULT)
     parallel: str = field(default="threads", metadata=NOT_A_RESULT)
 
     def __post_init__(self) -> None:
-        check_int("runtime.threads", self.threads, minimum=0)
         check_int("runtime.workers", self.workers, minimum=0)
         check_choice("runtime.device", self.device, DEVICE_CHOICES)
         check_choice("runtime.parallel", self.parallel, PARALLEL_CHOICES)
@@ -260,29 +280,50 @@ class RuntimeConfig:
 @dataclass(frozen=True)
 class TuneConfig:
     """Optuna search per dataset x variant: learning rate (log-uniform in [lr_low, lr_high]) and
-    ``d_model`` (categorical). Objective: validation loss after ``steps`` training steps.
+    ``d_model`` (categorical), at equal compute.
+
+    Each trial trains ``budget_fraction`` of its dataset's ``train.budget_flops`` (a narrow
+    model trains more steps, not fewer) on seed ``seed``, which is not a final seed, and
+    reports its validation loss ``reports`` times, at equal fractions of its budget. Trials are
+    proposed ``trials_per_batch`` at a time by TPE (Bergstra et al. 2011), whose first
+    ``n_startup_trials`` are random; a trial is judged by the pruner only against trials of
+    earlier batches, and never during warm-up or start-up, so the study is the same however
+    many run at once (:mod:`lmablate.tuning`).
 
     ``storage`` is an Optuna storage URL (``sqlite:///optuna.db``, ``postgresql://...``); the
     environment variable ``LMABLATE_OPTUNA_STORAGE`` overrides it.
     """
 
-    n_trials: int = 4
-    steps: int = 100
+    n_trials: int = 12
+    trials_per_batch: int = 4
+    n_startup_trials: int = 4
+    budget_fraction: float = 0.25
+    reports: int = 8
+    seed: int = 1000
     lr_low: float = 1e-4
     lr_high: float = 1e-2
-    d_model_choices: tuple[int, ...] = (32, 64)
+    d_model_choices: tuple[int, ...] = (32, 48, 64, 96)
     storage: str = field(default="sqlite:///optuna.db", metadata=NOT_A_RESULT)
     sampler_seed: int = 0
-    pruner: str = "median"
+    pruner: str = "percentile"
     percentile: float = 25.0  # pruner "percentile": prune below the best `percentile`% of trials
-    report_interval: int = 10  # steps between the validation losses a trial reports for pruning
     # a trial silent for 4 heartbeats is failed and retried
     heartbeat_seconds: int = field(default=10, metadata=NOT_A_RESULT)
 
     def __post_init__(self) -> None:
-        check_int("tune.n_trials", self.n_trials)
-        check_int("tune.heartbeat_seconds", self.heartbeat_seconds)
-        check_int("tune.steps", self.steps)
+        for key in ("n_trials", "trials_per_batch", "n_startup_trials", "reports",
+                    "heartbeat_seconds"):
+            check_int(f"tune.{key}", getattr(self, key))
+        if self.n_trials > 1 and self.n_startup_trials >= self.n_trials:
+            fail("tune.n_startup_trials", self.n_startup_trials,
+                 f"must be below tune.n_trials={self.n_trials}, or TPE never leaves its random "
+                 "start-up")
+        check_int("tune.seed", self.seed, minimum=0)
+        check_int("tune.sampler_seed", self.sampler_seed, minimum=0)
+        if (isinstance(self.budget_fraction, bool)
+                or not isinstance(self.budget_fraction, (int, float))
+                or not 0.0 < self.budget_fraction <= 1.0):
+            fail("tune.budget_fraction", self.budget_fraction, "expected a number in (0, 1]")
         check_positive("tune.lr_low", self.lr_low)
         check_positive("tune.lr_high", self.lr_high)
         if self.lr_low >= self.lr_high:
@@ -291,8 +332,10 @@ class TuneConfig:
             fail("tune.d_model_choices", self.d_model_choices, "expected a non-empty list")
         for d in self.d_model_choices:
             check_int("tune.d_model_choices", d)
+        if len(set(self.d_model_choices)) != len(self.d_model_choices):
+            fail("tune.d_model_choices", list(self.d_model_choices), "widths must be distinct")
+        object.__setattr__(self, "d_model_choices", tuple(sorted(self.d_model_choices)))
         check_choice("tune.pruner", self.pruner, PRUNER_CHOICES)
-        check_int("tune.report_interval", self.report_interval)
         if (isinstance(self.percentile, bool) or not isinstance(self.percentile, (int, float))
                 or not 0.0 < self.percentile < 100.0):
             fail("tune.percentile", self.percentile, "expected a number in (0, 100)")
@@ -457,6 +500,13 @@ def parse(raw: Mapping[str, Any]) -> StudyConfig:
         runtime=from_mapping(RuntimeConfig, raw.get("runtime"), "runtime"),
         match_params=bool(study.get("match_params", False)),
     )
+    if cfg.tune.seed in cfg.seeds:
+        fail("tune.seed", cfg.tune.seed, f"must not be one of study.seeds {list(cfg.seeds)}: a "
+             "final seed would then have been seen by tuning")
+    missing = [d for d in cfg.datasets if d not in cfg.train.budget_flops]
+    if missing:
+        fail("train.budget_flops", cfg.train.budget_flops,
+             f"give a budget for every dataset of the study (missing: {', '.join(missing)})")
     for d in cfg.tune.d_model_choices:
         if d % model.n_heads:
             fail("tune.d_model_choices", d, f"every width must be divisible by n_heads={model.n_heads}")

@@ -79,7 +79,7 @@ def arithmetic_predictions(model, tok: CharTokenizer, problems: list[str], batch
     if workers == 1:  # e.g. inside the evaluate stage's seed threads: leave torch's threads be
         batches = [decode(start) for start in starts]
     else:
-        batches = map_jobs(decode, starts, workers, max(1, torch.get_num_threads() // workers))
+        batches = map_jobs(decode, starts, workers)
     return [pred for batch in batches for pred in batch]
 
 

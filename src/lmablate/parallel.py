@@ -55,9 +55,12 @@ def worker_count(cfg: RuntimeConfig, n_jobs: int, device: torch.device, *,
     return max(1, min(cfg.workers or auto, n_jobs))
 
 
-def threads_per_worker(cfg: RuntimeConfig, workers: int) -> int:
-    """``runtime.threads`` if set, else the CPU cores shared evenly between the workers (>= 1)."""
-    return cfg.threads or max(1, cpu_count() // workers)
+# Torch intra-op threads of every job, whatever the worker count. PyTorch's CPU kernels split
+# their reductions by thread, so the thread count changes the last bits of a result (measured: a
+# tuning trial's val loss 1.888890028 with 1 thread, 1.888889551 with 2). One thread per job
+# makes results the same at any runtime.workers; the cores are used by running jobs side by
+# side instead.
+INTRA_OP_THREADS = 1
 
 
 def use_processes(cfg: RuntimeConfig, models: Iterable[ModelConfig]) -> bool:
@@ -76,10 +79,10 @@ def _init_worker(threads: int, parent: int) -> None:
         os._exit(1)
 
 
-def map_jobs(fn: Callable[[J], R], jobs: Sequence[J], workers: int, threads: int, *,
+def map_jobs(fn: Callable[[J], R], jobs: Sequence[J], workers: int, *,
              processes: bool = False) -> list[R]:
-    """``[fn(job) for job in jobs]``, up to ``workers`` at a time, each job with ``threads``
-    torch intra-op threads.
+    """``[fn(job) for job in jobs]``, up to ``workers`` at a time, each job with
+    :data:`INTRA_OP_THREADS` torch intra-op threads.
 
     Jobs run in threads of this process, or with ``processes`` in spawned worker processes
     (``fn`` must then be a module-level function and the jobs picklable). Results keep the jobs'
@@ -90,15 +93,15 @@ def map_jobs(fn: Callable[[J], R], jobs: Sequence[J], workers: int, threads: int
     before = torch.get_num_threads()
     try:
         if workers <= 1:
-            torch.set_num_threads(threads)
+            torch.set_num_threads(INTRA_OP_THREADS)
             return [fn(job) for job in jobs]
         pool: Executor
         if processes:
             ctx = multiprocessing.get_context("spawn")  # fork after torch/OpenMP start-up can hang
             pool = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker,
-                                       initargs=(threads, os.getpid()))
+                                       initargs=(INTRA_OP_THREADS, os.getpid()))
         else:
-            torch.set_num_threads(threads)  # process-wide: every thread's kernels use this many
+            torch.set_num_threads(INTRA_OP_THREADS)  # process-wide: every thread's kernels
             pool = ThreadPoolExecutor(workers, thread_name_prefix="lmablate-job")
         with pool:
             futures = [pool.submit(fn, job) for job in jobs]

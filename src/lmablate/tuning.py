@@ -1,35 +1,60 @@
-"""Optuna for the ``tune`` stage: storage, pruner, the study's name, and the trial-count rule.
+"""Optuna for the ``tune`` stage: a deterministic, batched study per dataset x variant.
 
-A study per dataset x variant lives in persistent Optuna storage (SQLite by default, a shared
-PostgreSQL for several machines), named by dataset, variant and the fingerprint of every setting
-that affects the objective: an interrupted run resumes its study; a changed setting starts a
-fresh one. Several workers (threads, processes or machines) share one study and together finish
-exactly ``tune.n_trials`` trials (:func:`is_surplus`).
+Optuna's own parallel ``optimize`` is not reproducible: which point a trial gets and whether it
+is pruned depend on which other trials happened to finish first. Here the study is a pure
+function of its settings, code and data, however many workers (threads, processes, machines)
+run its trials:
+
+- Trials are numbered by *slot* (0 .. ``tune.n_trials`` - 1) and proposed in batches of
+  ``tune.trials_per_batch`` (:func:`propose`): TPE (Bergstra et al. 2011) in a throwaway
+  in-memory study that holds exactly the finished trials of earlier batches, in slot order,
+  seeded by ``tune.sampler_seed`` and the batch index.
+- The proposals are queued in the shared storage (WAITING trials carrying their slot); any
+  worker claims one (:func:`claim`), trains it and tells the result.
+- A trial is pruned (:func:`should_prune`) only against the finished trials of earlier batches,
+  never during the learning-rate warm-up, and never while it is one of the
+  ``tune.n_startup_trials`` start-up trials.
+- A slot's result is its first finished trial (:func:`slot_results`); a retry after a worker
+  died, or the same proposal queued twice by two machines, computes the same thing.
+
+The study lives in persistent storage (SQLite by default, a shared PostgreSQL for several
+machines), named by dataset, variant and the fingerprint of everything the objective depends on
+(:func:`study_name`): settings, code and data. An interrupted run resumes its study; a change
+starts a fresh one.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
+import threading
 import time
 import warnings
+from typing import Any
 
 import optuna
+from optuna.distributions import CategoricalDistribution, FloatDistribution
+from optuna.trial import FrozenTrial, TrialState
 
-from .config import StudyConfig, TrainConfig
+from .checkpoint import RUN_MODULES, code_version
+from .config import StudyConfig, TrainConfig, TuneConfig
 from .fingerprint import fingerprint
 
-# Trials that count towards ``tune.n_trials``: a pruned trial is a finished trial too; a running
-# one will finish (or, if its worker died, be failed by the heartbeat check and retried).
-FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
-COUNTED = FINISHED + (optuna.trial.TrialState.RUNNING,)
+SLOT = "slot"  # user attribute: the trial's place in the study (0 .. n_trials - 1)
+OUTCOME = "outcome"  # user attribute "diverged": a FAIL that is a result, not a lost worker
+DIVERGED = "diverged"
+# Modules whose code decides a trial's result besides the training code (RUN_MODULES).
+TUNE_MODULES = RUN_MODULES + ("budget.py", "tuning.py", "variants.py", "stages/tune.py")
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
 def make_storage(url: str, heartbeat_seconds: int = 10) -> optuna.storages.BaseStorage:
     """Optuna RDB storage for ``url``, with a heartbeat so that a trial whose worker died is
-    marked FAIL and retried (Optuna's RetryFailedTrialCallback) instead of staying RUNNING.
-    SQLite gets a generous lock timeout so that parallel workers wait rather than fail with
-    "database is locked"; PostgreSQL a connect timeout so that an unreachable host fails soon.
+    marked FAIL and queued again with the same slot and parameters (Optuna's
+    RetryHeartbeatStaleTrialCallback) instead of staying RUNNING. SQLite gets a generous lock timeout
+    so that parallel workers wait rather than fail with "database is locked"; PostgreSQL a
+    connect timeout so that an unreachable host fails soon.
 
     Raises:
         RuntimeError: the database cannot be reached or used, or its driver is missing (the
@@ -73,66 +98,205 @@ def make_storage(url: str, heartbeat_seconds: int = 10) -> optuna.storages.BaseS
         "tune.storage to a reachable database") from None
 
 
-def make_pruner(name: str, n_startup_trials: int, percentile: float = 25.0,
-                n_warmup_steps: int = 1) -> optuna.pruners.BasePruner:
+def make_pruner(tune: TuneConfig) -> optuna.pruners.BasePruner:
     """Optuna's pruner for ``tune.pruner``: ``median`` (MedianPruner: stop a trial whose val loss
-    is worse than the median of finished trials at the same step), ``percentile``
-    (PercentilePruner: worse than the best ``percentile`` %), ``hyperband`` (HyperbandPruner,
-    Li et al. 2018) or ``none``. Median and percentile prune once ``n_startup_trials`` trials
-    have finished, at reports after step ``n_warmup_steps``."""
-    if name == "median":
-        return optuna.pruners.MedianPruner(n_startup_trials=n_startup_trials,
-                                           n_warmup_steps=n_warmup_steps)
-    if name == "percentile":
-        return optuna.pruners.PercentilePruner(percentile, n_startup_trials=n_startup_trials,
-                                               n_warmup_steps=n_warmup_steps)
-    if name == "hyperband":
-        return optuna.pruners.HyperbandPruner()
+    is worse than the median of finished trials at the same report), ``percentile``
+    (PercentilePruner: worse than the best ``tune.percentile`` %) or ``none``. It only ever sees
+    the finished trials of earlier batches (:func:`should_prune`), and only once
+    ``tune.n_startup_trials`` of them have completed."""
+    if tune.pruner == "median":
+        return optuna.pruners.MedianPruner(n_startup_trials=tune.n_startup_trials,
+                                           n_warmup_steps=0)
+    if tune.pruner == "percentile":
+        return optuna.pruners.PercentilePruner(tune.percentile,
+                                               n_startup_trials=tune.n_startup_trials,
+                                               n_warmup_steps=0)
     return optuna.pruners.NopPruner()
 
 
-def trial_train_config(cfg: StudyConfig) -> TrainConfig:
-    """The training settings of one trial: ``train`` with ``tune.steps`` steps and a validation
-    loss every ``tune.report_interval`` steps (what the pruner sees)."""
-    return dataclasses.replace(cfg.train, steps=cfg.tune.steps,
-                               eval_interval=cfg.tune.report_interval)
+def search_space(tune: TuneConfig) -> dict[str, optuna.distributions.BaseDistribution]:
+    """``lr`` log-uniform in [``lr_low``, ``lr_high``] and ``d_model`` among the choices."""
+    return {"lr": FloatDistribution(tune.lr_low, tune.lr_high, log=True),
+            "d_model": CategoricalDistribution(list(tune.d_model_choices))}
 
 
-def study_name(cfg: StudyConfig, dataset: str, variant: str) -> str:
-    """``<dataset>-<variant>-<fingerprint>``. The fingerprint (:func:`lmablate.config.fingerprint`)
+def trial_train_config(cfg: StudyConfig, dataset: str, steps: int) -> TrainConfig:
+    """The training settings of a trial of ``steps`` steps on ``dataset``: ``train`` with a
+    validation loss every ``steps / tune.reports`` steps (what the pruner sees)."""
+    return dataclasses.replace(cfg.train.for_dataset(dataset),
+                               eval_interval=max(1, steps // cfg.tune.reports))
+
+
+def study_name(cfg: StudyConfig, dataset: str, variant: str, data_fingerprint: str,
+               sampler_seed: int) -> str:
+    """``<dataset>-<variant>-<fingerprint>``. The fingerprint (:func:`lmablate.fingerprint`)
     covers every input of the objective: the dataset, the baseline model and the variant's
-    overrides, a trial's training settings (:func:`trial_train_config`), the tune settings, the
-    seed trials train on and ``study.match_params``."""
+    overrides, the training settings with the dataset's budget, the tune settings (with
+    ``sampler_seed``, which a re-tuning replaces), ``study.match_params``, the code of
+    :data:`TUNE_MODULES` and the training data. So an edit of ``model.py`` starts a new study
+    instead of returning trials trained by the old code."""
     fp = fingerprint(cfg.dataset(dataset), cfg.model, cfg.variants[variant],
-                     trial_train_config(cfg), cfg.tune, cfg.seeds[0], cfg.match_params)
+                     cfg.train.for_dataset(dataset),
+                     dataclasses.replace(cfg.tune, sampler_seed=sampler_seed), cfg.match_params,
+                     code_version(TUNE_MODULES), data_fingerprint)
     return f"{dataset}-{variant}-{fp}"
 
 
-def load_study(cfg: StudyConfig, dataset: str, variant: str, sampler_seed: int) -> optuna.Study:
-    """Create or load the study of ``dataset`` x ``variant`` in ``tune.storage``."""
-    return optuna.create_study(
-        study_name=study_name(cfg, dataset, variant),
-        storage=make_storage(cfg.tune.storage_url, cfg.tune.heartbeat_seconds),
-        load_if_exists=True, direction="minimize",
-        sampler=optuna.samplers.TPESampler(seed=sampler_seed),
-        # No trial is judged during its learning-rate warm-up: early losses mostly say how fast
-        # the learning rate ramps up, and pruning there cost the best trial in benchmarks.
-        pruner=make_pruner(cfg.tune.pruner, n_startup_trials=max(1, cfg.tune.n_trials // 4),
-                           percentile=cfg.tune.percentile,
-                           n_warmup_steps=max(1, cfg.train.warmup_steps)))
+def load_study(storage: optuna.storages.BaseStorage, name: str) -> optuna.Study:
+    """Create or load study ``name`` (minimising val loss). Its sampler is never asked for a
+    point: every trial is queued with fixed parameters by :func:`propose`."""
+    return optuna.create_study(study_name=name, storage=storage, load_if_exists=True,
+                               direction="minimize",
+                               sampler=optuna.samplers.RandomSampler(seed=0))
 
 
-class SurplusTrial(Exception):
-    """A trial that another worker's trials made one too many (see :func:`is_surplus`)."""
+def slot_results(study: optuna.Study) -> dict[int, FrozenTrial]:
+    """Each slot's result: its first finished trial (COMPLETE, PRUNED, or FAIL because the run
+    diverged), by trial number. Later finished trials of a slot (a retry, or a proposal queued
+    twice) computed the same thing and are ignored."""
+    done: dict[int, FrozenTrial] = {}
+    for t in sorted(study.get_trials(deepcopy=False), key=lambda t: t.number):
+        slot = t.user_attrs.get(SLOT)
+        if slot is None or slot in done:
+            continue
+        if t.state in (TrialState.COMPLETE, TrialState.PRUNED) or (
+                t.state == TrialState.FAIL and t.user_attrs.get(OUTCOME) == DIVERGED):
+            done[slot] = t
+    return done
 
 
-def is_surplus(study: optuna.Study, trial: optuna.Trial, n_trials: int) -> bool:
-    """True if ``n_trials`` counted trials were created before ``trial``.
+def batch_of(tune: TuneConfig, slot: int) -> range:
+    """The slots proposed together with ``slot``."""
+    start = slot - slot % tune.trials_per_batch
+    return range(start, min(start + tune.trials_per_batch, tune.n_trials))
 
-    MaxTrialsCallback checks the count before a worker creates its next trial, so two workers
-    whose trials end at the same moment can both start one more. Optuna numbers trials one at a
-    time (it locks the study row), so counting the trials numbered below this one is exact: a
-    surplus trial ends as FAIL without training, and the study keeps exactly ``n_trials``
-    finished trials."""
-    return sum(t.number < trial.number
-               for t in study.get_trials(deepcopy=False, states=COUNTED)) >= n_trials
+
+def _history_study(tune: TuneConfig, history: list[FrozenTrial], sampler=None) -> optuna.Study:
+    """An in-memory study holding ``history`` in order: what TPE and the pruner may see."""
+    study = optuna.create_study(direction="minimize", sampler=sampler,
+                                pruner=optuna.pruners.NopPruner())
+    space = search_space(tune)
+    for t in history:
+        study.add_trial(optuna.trial.create_trial(
+            state=t.state, params=t.params, distributions=space,
+            value=t.value if t.state == TrialState.COMPLETE else None,
+            intermediate_values=t.intermediate_values))
+    return study
+
+
+def propose(tune: TuneConfig, results: dict[int, FrozenTrial], slots: range,
+            sampler_seed: int) -> list[dict[str, Any]]:
+    """Parameters for ``slots`` (one batch), from the finished trials of the slots before it.
+
+    TPE (multivariate, with a constant liar so that one batch spreads out) is seeded by
+    ``sampler_seed`` and the batch's first slot, and sees the earlier slots in slot order: the
+    same history gives the same proposals, whoever computes them and whenever.
+    """
+    history = [results[s] for s in range(slots.start)]
+    sampler = optuna.samplers.TPESampler(
+        seed=sampler_seed * 1_000_003 + slots.start, n_startup_trials=tune.n_startup_trials,
+        multivariate=True, constant_liar=True)
+    study = _history_study(tune, history, sampler)
+    return [study.ask(search_space(tune)).params for _ in slots]
+
+
+def should_prune(tune: TuneConfig, pruner: optuna.pruners.BasePruner, earlier: optuna.Study,
+                 slot: int, step: int, warmup_steps: int, intermediate: dict[int, float]) -> bool:
+    """Whether the trial of ``slot``, at optimizer ``step`` with val losses ``intermediate``
+    (report index -> nats/token), is to stop. Never for a start-up slot, nor during the
+    ``warmup_steps`` of learning-rate warm-up (early losses mostly say how fast the learning
+    rate ramps up); otherwise ``pruner`` against ``earlier`` (:func:`earlier_trials`)."""
+    if slot < tune.n_startup_trials or step <= warmup_steps:
+        return False
+    trial = optuna.trial.create_trial(state=TrialState.RUNNING,
+                                      intermediate_values=dict(intermediate))
+    return pruner.prune(earlier, trial)
+
+
+def earlier_trials(tune: TuneConfig, study: optuna.Study, slot: int) -> optuna.Study:
+    """The in-memory study of the finished trials of the batches before ``slot``'s, in slot
+    order: what :func:`should_prune` judges ``slot``'s trial against.
+
+    Raises:
+        RuntimeError: an earlier slot has no result yet (its batch was not finished first).
+    """
+    results = slot_results(study)
+    start = batch_of(tune, slot).start
+    missing = [s for s in range(start) if s not in results]
+    if missing:
+        raise RuntimeError(f"study {study.study_name}: slot {slot} started before slots "
+                           f"{missing} of earlier batches finished")
+    return _history_study(tune, [results[s] for s in range(start)])
+
+
+_CLAIM_LOCK = threading.Lock()
+
+
+def claim(study: optuna.Study) -> optuna.Trial | None:
+    """Take one queued (WAITING) trial of ``study`` for this worker, or None if none is left.
+
+    The storage moves a trial from WAITING to RUNNING for one caller only, so threads,
+    processes and machines never train the same queued trial twice, and, unlike
+    ``study.ask()``, no trial is ever sampled outside :func:`propose`. (This is Optuna's own
+    ``Study._pop_waiting_trial_id`` without the fallback to a new trial; it goes through the
+    study's storage object so that the trial is known to the study's cache.)"""
+    storage = study._storage
+    # SQLite has no SELECT ... FOR UPDATE, so two connections can both see a trial WAITING and
+    # both take it: the lock makes the threads of a process take turns. Between processes on
+    # one SQLite file the race remains; the loser notices when it writes to the finished trial
+    # (UpdateFinishedTrialError, see lmablate.stages.tune.run_trial), and its work was the same
+    # as the winner's anyway.
+    with _CLAIM_LOCK:
+        for t in storage.get_all_trials(study._study_id, deepcopy=False,
+                                        states=(TrialState.WAITING,)):
+            try:
+                if storage.set_trial_state_values(t._trial_id, state=TrialState.RUNNING):
+                    return optuna.Trial(study, t._trial_id)
+            except optuna.exceptions.UpdateFinishedTrialError:
+                continue
+    return None
+
+
+class Heartbeat:
+    """Records the heartbeat of a running trial every ``interval`` seconds in a daemon thread,
+    as Optuna's ``optimize`` does, so that a trial whose worker died is failed and retried by
+    :func:`optuna.storages.fail_stale_trials`. A context manager."""
+
+    def __init__(self, study: optuna.Study, trial: optuna.Trial, interval: float):
+        self.storage, self.trial_id, self.interval = study._storage, trial._trial_id, interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, daemon=True)
+
+    def _beat(self) -> None:
+        while True:
+            self.storage.record_heartbeat(self.trial_id)
+            if self._stop.wait(self.interval):
+                return
+
+    def __enter__(self) -> "Heartbeat":
+        if isinstance(self.storage, optuna.storages._heartbeat.BaseHeartbeat):
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+
+def on_edge(tune: TuneConfig, params: dict[str, Any]) -> list[str]:
+    """The tuned values that sit on the edge of their search range: ``lr`` within 5% of the
+    log-range of a bound, ``d_model`` the smallest or largest choice (when there are several).
+    Such a value says the range may have cut off the optimum."""
+    flags = []
+    span = math.log(tune.lr_high / tune.lr_low)
+    where = math.log(params["lr"] / tune.lr_low) / span
+    if where <= 0.05:
+        flags.append("lr at lower bound")
+    elif where >= 0.95:
+        flags.append("lr at upper bound")
+    choices = tune.d_model_choices
+    if len(choices) > 1 and params["d_model"] in (choices[0], choices[-1]):
+        which = "smallest" if params["d_model"] == choices[0] else "largest"
+        flags.append(f"d_model the {which} choice")
+    return flags

@@ -27,12 +27,16 @@ BASELINE = "baseline"  # the variant every other is compared with; first in ever
 
 ABLATION_COLUMNS = [
     "dataset", "variant", "seed", "n_params", "n_params_non_embedding", "flops_per_token", "lr",
-    "d_model", "val_loss", "test_loss", "perplexity", "bits_per_char", "char_accuracy",
+    "d_model", "steps", "tokens", "train_flops", "val_loss", "test_loss", "perplexity", "bits_per_char", "char_accuracy",
     "exact_match", "train_seconds", "tokens_per_second",
 ]
 # Stored as integers when every present value is integral (pandas' nullable Int64, so NaN stays
 # possible and the CSV shows 104321 rather than 104321.0).
-_INTEGER_COLUMNS = ("seed", "n_params", "n_params_non_embedding", "flops_per_token", "d_model")
+_INTEGER_COLUMNS = ("seed", "n_params", "n_params_non_embedding", "flops_per_token", "d_model",
+                    "steps", "tokens", "train_flops")
+# Timings are not in metrics.json (they differ from run to run); they come from each seed's
+# training result, runs/<dataset>/<variant>/checkpoints/seed_<s>/result.json.
+TIMING_COLUMNS = ("train_seconds", "tokens_per_second")
 PER_OP_COLUMNS = ["dataset", "variant", "seed", "op", "char_accuracy", "exact_match"]
 
 
@@ -197,6 +201,10 @@ def collect(runs_dir: Path) -> RunOutputs:
         for key, run in (doc.get("runs") or {}).items():
             seed = _seed_of(key, run)
             row = {col: run.get(col) for col in ABLATION_COLUMNS[3:]}
+            result_path = run_dir / "checkpoints" / f"seed_{seed}" / "result.json"
+            if result_path.is_file():
+                summary = fileio.read_json(result_path).get("summary", {})
+                row.update({col: summary.get(col, row[col]) for col in TIMING_COLUMNS})
             rows.append({"dataset": dataset, "variant": variant, "seed": seed, **row})
             for op, values in (run.get("per_op") or {}).items():
                 per_op_rows.append({

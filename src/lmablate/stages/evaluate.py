@@ -17,11 +17,16 @@ from ..checkpoint import load_checkpoint
 from ..config import StudyConfig
 from ..device import resolve_device
 from ..evaluation import arithmetic_predictions, arithmetic_scores, test_loss, text_samples
-from ..parallel import map_jobs, threads_per_worker, worker_count
+from ..parallel import map_jobs, worker_count
 from ..tokenizer import load_tokenizer
 from ..tokens import TokenData
 from ..tracking import NullTracker, make_tracker
 
+
+# Summary fields of a training run that differ from run to run (timings, MLflow's random run
+# id): kept in the seed's result.json and in MLflow, left out of metrics.json so that the same
+# commit and params give the same bytes.
+NOT_REPRODUCIBLE = ("train_seconds", "tokens_per_second", "mlflow_run_id")
 
 def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, raw_dir: Path,
         checkpoints_dir: Path, metrics_path: Path, examples_path: Path,
@@ -53,7 +58,8 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, raw_dir:
                              f"{ckpt['model_config']['vocab_size']} does not match the data's "
                              f"{tok.vocab_size} ({tokens_dir}); retrain")
         loss = test_loss(model, data.test, cfg.evaluate.batch_size, cfg.evaluate.max_batches, device)
-        metrics = {**summary, "test_loss": loss, "perplexity": math.exp(loss),
+        reproducible = {k: v for k, v in summary.items() if k not in NOT_REPRODUCIBLE}
+        metrics = {**reproducible, "test_loss": loss, "perplexity": math.exp(loss),
                    "bits_per_char": loss / math.log(2)}
         if ds.kind == "arithmetic":
             preds = arithmetic_predictions(model, tok, problems, cfg.evaluate.batch_size, device)
@@ -76,7 +82,7 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, raw_dir:
 
     # Seeds in threads of this process (evaluation draws no global random numbers).
     workers = worker_count(cfg.runtime, len(cfg.seeds), device, all_at_once=True)
-    done = map_jobs(evaluate_seed, cfg.seeds, workers, threads_per_worker(cfg.runtime, workers))
+    done = map_jobs(evaluate_seed, cfg.seeds, workers)
     runs = {f"seed_{seed}": metrics for seed, (metrics, _) in zip(cfg.seeds, done)}
     examples = {f"seed_{seed}": ex for seed, (_, ex) in zip(cfg.seeds, done)}
     result = {"dataset": dataset, "variant": variant, "runs": runs}

@@ -1,4 +1,5 @@
-"""Stage ``train``: every seed of one dataset x variant, with the tuned learning rate and width.
+"""Stage ``train``: every seed of one dataset x variant, with the tuned learning rate and width,
+for the steps that spend the dataset's training budget at that width (:mod:`lmablate.budget`).
 
 Each seed is one MLflow run tagged dataset/variant/seed/stage. A seed whose ``result.json``
 carries the current fingerprint is kept; an interrupted one resumes from its ``resume.pt``.
@@ -11,12 +12,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import fileio
+from ..budget import run_steps, tokens_per_step, training_flops
 from ..checkpoint import code_version, load_resume, save_checkpoint
 from ..config import ModelConfig, StudyConfig
 from ..fingerprint import fingerprint
 from ..device import resolve_device
 from ..model import count_params, flops_per_token
-from ..parallel import map_jobs, threads_per_worker, use_processes, worker_count
+from ..parallel import map_jobs, use_processes, worker_count
 from ..tokens import TokenData
 from ..tracking import make_tracker
 from ..training import GRAD_STATS_COLUMNS, HISTORY_COLUMNS, DivergenceError, train_model
@@ -33,17 +35,19 @@ class SeedJob:
     model_cfg: ModelConfig
     lr: float
     seed: int
+    steps: int
     tokens_dir: Path
     seed_dir: Path
 
 
 def seed_fingerprint(job: SeedJob, data: TokenData) -> str:
-    """What a seed's result depends on: model, training settings, lr, seed, the code of a run,
-    its data and the device type it computes on (never the runtime settings that only change
-    speed: ``runtime.workers``, ``threads``, ``parallel``)."""
+    """What a seed's result depends on: model, training settings (with its dataset's budget
+    only), steps, lr, seed, the code of a run, its data and the device type it computes on
+    (never the runtime settings that only change speed: ``runtime.workers``, ``threads``,
+    ``parallel``)."""
     device = resolve_device(job.cfg.runtime.device)
-    return fingerprint(job.model_cfg, job.cfg.train, job.lr, job.seed, code_version(),
-                       data.fingerprint(), device.type)
+    return fingerprint(job.model_cfg, job.cfg.train.for_dataset(job.dataset), job.steps, job.lr,
+                       job.seed, code_version(), data.fingerprint(), device.type)
 
 
 def train_seed(job: SeedJob) -> dict:
@@ -76,13 +80,13 @@ def train_seed(job: SeedJob) -> dict:
     with tracker.run(f"{job.dataset}-{job.variant}-seed{seed}", tags, run_id=run_id) as run_id:
         if resumed is None:
             tracker.log_params({**job.model_cfg.to_dict(), "lr": job.lr,
-                                "steps": cfg.train.steps, "batch_size": cfg.train.batch_size,
+                                "steps": job.steps, "batch_size": cfg.train.batch_size,
                                 "seed": seed, "n_params": n_params,
                                 "n_params_non_embedding": n_non_emb, "flops_per_token": fpt,
                                 "device": device.type})
         try:
             result = train_model(job.model_cfg, cfg.train, data, seed=seed, lr=job.lr,
-                                 steps=cfg.train.steps, device=device, tracker=tracker,
+                                 steps=job.steps, device=device, tracker=tracker,
                                  desc=f"{job.dataset}/{job.variant}/seed {seed}",
                                  resume_path=resume_path, fingerprint=fp,
                                  resume_meta={"mlflow_run_id": run_id})
@@ -90,14 +94,17 @@ def train_seed(job: SeedJob) -> dict:
             raise DivergenceError(f"{what}: {exc}") from None
         summary = {"seed": seed, "lr": job.lr, "d_model": job.model_cfg.d_model,
                    "n_params": n_params, "n_params_non_embedding": n_non_emb,
-                   "flops_per_token": fpt, "val_loss": result.val_loss,
+                   "flops_per_token": fpt, "steps": job.steps,
+                   "tokens": job.steps * tokens_per_step(job.model_cfg, cfg.train.batch_size),
+                   "train_flops": training_flops(job.model_cfg, cfg.train.batch_size, job.steps),
+                   "val_loss": result.val_loss,
                    "train_seconds": result.train_seconds,
                    "tokens_per_second": result.tokens_per_second,
                    "device": device.type, "mlflow_run_id": run_id}
         tracker.log_metrics({k: summary[k] for k in ("val_loss", "train_seconds",
                                                      "tokens_per_second")})
         save_checkpoint(job.seed_dir / "checkpoint.pt", result.model, result.optimizer,
-                        job.model_cfg, step=cfg.train.steps,
+                        job.model_cfg, step=job.steps,
                         meta={"dataset": job.dataset, "variant": job.variant, "seed": seed})
         done = {"fingerprint": fp, "summary": summary, "history": result.history,
                 "grad_stats": [{"seed": seed, **g} for g in result.grad_stats]}
@@ -128,11 +135,12 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, best_pat
     model_cfg = resolve_model_config(cfg, variant, data.vocab_size, best["d_model"])
     data.check_fits(model_cfg.context_length, f"{dataset}")
     preflight(model_cfg, f"variant {variant!r}")
-    jobs = [SeedJob(cfg, dataset, variant, model_cfg, best["lr"], seed, tokens_dir,
+    steps = run_steps(cfg, dataset, model_cfg)
+    jobs = [SeedJob(cfg, dataset, variant, model_cfg, best["lr"], seed, steps, tokens_dir,
                     checkpoints_dir / f"seed_{seed}") for seed in cfg.seeds]
     workers = worker_count(cfg.runtime, len(jobs), resolve_device(cfg.runtime.device),
                            all_at_once=True)
-    results = map_jobs(train_seed, jobs, workers, threads_per_worker(cfg.runtime, workers),
+    results = map_jobs(train_seed, jobs, workers,
                        processes=use_processes(cfg.runtime, [model_cfg]))
     fileio.write_csv(history_path, [row for r in results for row in r["history"]],
                      HISTORY_COLUMNS)

@@ -1,182 +1,251 @@
-"""Stage ``tune``: an Optuna study per dataset x variant over learning rate and width.
+"""Stage ``tune``: a deterministic Optuna study per dataset x variant over learning rate and width.
 
-Objective: validation loss (nats/token) after ``tune.steps`` training steps on the study's first
-seed. Each trial is an MLflow run nested under one parent run per dataset x variant. On a CPU,
-several trials run at once (Optuna's parallel workers: threads by default, see
-:mod:`lmablate.parallel`); more machines join the same study through shared storage
-(:mod:`lmablate.tuning`).
+Objective: validation loss (nats/token) after a trial's share of the dataset's training budget
+(``tune.budget_fraction`` of ``train.budget_flops``), on the tuning seed ``tune.seed``, which is
+not a final seed. Trials are proposed a batch at a time and judged only against earlier batches
+(:mod:`lmablate.tuning`), so the study is the same at any ``runtime.workers``, in threads,
+processes or on several machines sharing one storage. Each trial is an MLflow run nested under
+one parent run per dataset x variant.
 """
 
 from __future__ import annotations
 
 import argparse
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import optuna
+from optuna.trial import TrialState
 
 from .. import fileio
+from ..budget import run_steps, training_flops, trial_steps
 from ..config import StudyConfig
 from ..device import resolve_device
-from ..parallel import map_jobs, threads_per_worker, use_processes, worker_count
+from ..parallel import map_jobs, use_processes, worker_count
 from ..tokens import TokenData
 from ..tracking import NullTracker, make_tracker
 from ..training import DivergenceError, train_model
-from ..tuning import (COUNTED, FINISHED, SurplusTrial, is_surplus, load_study,
-                      trial_train_config)
+from ..tuning import (DIVERGED, OUTCOME, SLOT, Heartbeat, batch_of, claim, earlier_trials,
+                      load_study, make_pruner, make_storage, on_edge, propose, should_prune,
+                      slot_results, study_name, trial_train_config)
 from ..variants import preflight, resolve_model_config
+
+TRIALS_COLUMNS = ("number", "batch", "state", "value", "params_lr", "params_d_model", "steps",
+                  "last_step", "flops", "fail_reason")
 
 
 @dataclass(frozen=True)
 class TuneJob:
-    """One Optuna worker (``n_jobs`` trials at a time in threads), picklable for a process."""
+    """One worker: claims queued trials of the study until none is left. Picklable for a
+    process."""
 
     cfg: StudyConfig
     dataset: str
     variant: str
     tokens_dir: Path
-    worker: int
+    study_name: str
     parent_run_id: str | None
-    n_jobs: int = 1
 
 
 def tune_worker(job: TuneJob) -> int:
-    """Run trials of the shared study until ``tune.n_trials`` have finished, ``job.n_jobs`` at a
-    time (Optuna's ``n_jobs`` threads); returns how many this worker ran. Each trial is an MLflow
-    run under the dataset x variant's parent run and reports its val loss every
-    ``tune.report_interval`` steps to the pruner."""
-    cfg, tune = job.cfg, job.cfg.tune
-    train_cfg = trial_train_config(cfg)
-    tracker = make_tracker(cfg.tracking)
+    """Run queued trials of ``job.study_name`` until the queue is empty; returns how many this
+    worker ran."""
+    cfg = job.cfg
+    storage = make_storage(cfg.tune.storage_url, cfg.tune.heartbeat_seconds)
+    study = load_study(storage, job.study_name)
     data = TokenData.load(job.tokens_dir)
     device = resolve_device(cfg.runtime.device)
-    # Each worker gets its own sampler seed: the same seed would propose the same points.
-    study = load_study(cfg, job.dataset, job.variant, tune.sampler_seed + job.worker)
-    tags = {"dataset": job.dataset, "variant": job.variant, "stage": "tune",
-            "optuna_study": study.study_name}
-    ran, lock = 0, threading.Lock()  # trials of this worker, counted across its threads
-
-    def objective(trial: optuna.Trial) -> float:
-        nonlocal ran
-        if is_surplus(study, trial, tune.n_trials):
-            study.stop()
-            reason = f"surplus: {tune.n_trials} trials had started before it (tune.n_trials)"
-            trial.set_user_attr("fail_reason", reason)
-            raise SurplusTrial(reason)
-        with lock:
-            ran += 1
-        lr = trial.suggest_float("lr", tune.lr_low, tune.lr_high, log=True)
-        d_model = trial.suggest_categorical("d_model", list(tune.d_model_choices))
-        model_cfg = resolve_model_config(cfg, job.variant, data.vocab_size, d_model)
-
-        def report(step: int, val_loss: float) -> None:
-            trial.report(val_loss, step)
-            if trial.should_prune():
-                tracker.set_tags({"state": "PRUNED"})
-                raise optuna.TrialPruned(f"pruned at step {step}: val_loss {val_loss:.4f}")
-
-        with tracker.run(f"trial-{trial.number}", {**tags, "trial": trial.number},
-                         parent_run_id=job.parent_run_id):
-            tracker.log_params({"lr": lr, "d_model": d_model, "trial": trial.number})
-            try:
-                result = train_model(model_cfg, train_cfg, data, seed=cfg.seeds[0], lr=lr,
-                                     steps=tune.steps, device=device, on_eval=report,
-                                     tracker=tracker,
-                                     desc=f"{job.dataset}/{job.variant}/trial {trial.number}")
-            except DivergenceError as exc:
-                trial.set_user_attr("fail_reason", str(exc))
-                tracker.set_tags({"state": "FAILED", "fail_reason": str(exc)})
-                raise
-            return result.val_loss
-
-    if sum(t.state in COUNTED for t in study.trials) < tune.n_trials:
-        # MaxTrialsCallback counts trials in the shared storage, so resumed studies and several
-        # workers (processes or machines) stop together at n_trials; n_trials also caps this
-        # worker should every trial diverge.
-        study.optimize(objective, n_trials=tune.n_trials, n_jobs=job.n_jobs,
-                       catch=(DivergenceError, SurplusTrial),
-                       callbacks=[optuna.study.MaxTrialsCallback(tune.n_trials, states=COUNTED)])
+    tracker = make_tracker(cfg.tracking)
+    ran = 0
+    while (trial := claim(study)) is not None:
+        run_trial(job, study, trial, data, device, tracker)
+        ran += 1
     return ran
 
 
-def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, best_path: Path,
-        trials_path: Path, tracker: NullTracker) -> dict:
-    """Run (or resume) the study until ``tune.n_trials`` trials have finished.
+def run_trial(job: TuneJob, study: optuna.Study, trial: optuna.Trial, data: TokenData,
+              device, tracker: NullTracker) -> None:
+    """Train the queued ``trial`` and tell the study its result: COMPLETE with the final val
+    loss, PRUNED (with the reason), or FAIL with ``outcome: diverged`` and the reason. Any other
+    error fails the trial and is raised. If another process took the same trial and finished it
+    first (see :func:`lmablate.tuning.claim`), this one stops quietly."""
+    try:
+        _train_trial(job, study, trial, data, device, tracker)
+    except optuna.exceptions.UpdateFinishedTrialError:
+        pass
 
-    Writes ``best_path`` (JSON: lr, d_model, val_loss, study_name, trial, n_trials) and
-    ``trials_path`` (CSV from ``study.trials_dataframe()``). Each trial is an MLflow run nested
-    under one parent run per dataset x variant. A diverging trial (NaN/inf loss) is recorded as
-    FAIL with its reason and the study goes on.
+
+def _train_trial(job: TuneJob, study: optuna.Study, trial: optuna.Trial, data: TokenData,
+                 device, tracker: NullTracker) -> None:
+    cfg, tune = job.cfg, job.cfg.tune
+    slot = trial.user_attrs[SLOT]
+    lr = trial.suggest_float("lr", tune.lr_low, tune.lr_high, log=True)
+    d_model = trial.suggest_categorical("d_model", list(tune.d_model_choices))
+    model_cfg = resolve_model_config(cfg, job.variant, data.vocab_size, d_model)
+    steps = trial_steps(cfg, job.dataset, model_cfg)
+    train_cfg = trial_train_config(cfg, job.dataset, steps)
+    earlier, pruner = earlier_trials(tune, study, slot), make_pruner(tune)
+    reports: dict[int, float] = {}
+
+    def report(step: int, val_loss: float) -> None:
+        index = step // train_cfg.eval_interval  # 1 .. tune.reports: the same share of compute
+        trial.report(val_loss, index)
+        reports[index] = val_loss
+        trial.set_user_attr("last_step", step)
+        if should_prune(tune, pruner, earlier, slot, step, cfg.train.warmup_steps, reports):
+            raise optuna.TrialPruned(f"pruned at step {step} of {steps}: val_loss "
+                                     f"{val_loss:.4f}")
+
+    tags = {"dataset": job.dataset, "variant": job.variant, "stage": "tune",
+            "optuna_study": study.study_name, "trial": slot}
+    with tracker.run(f"trial-{slot}", tags, parent_run_id=job.parent_run_id), \
+            Heartbeat(study, trial, tune.heartbeat_seconds):
+        tracker.log_params({"lr": lr, "d_model": d_model, "trial": slot, "steps": steps})
+        trial.set_user_attr("steps", steps)
+        try:
+            result = train_model(model_cfg, train_cfg, data, seed=tune.seed, lr=lr, steps=steps,
+                                 device=device, on_eval=report, tracker=tracker,
+                                 desc=f"{job.dataset}/{job.variant}/trial {slot}")
+        except optuna.TrialPruned as exc:
+            trial.set_user_attr("fail_reason", str(exc))
+            tracker.set_tags({"state": "PRUNED", "pruned_reason": str(exc)})
+            study.tell(trial, state=TrialState.PRUNED)
+            return
+        except DivergenceError as exc:
+            trial.set_user_attr(OUTCOME, DIVERGED)
+            trial.set_user_attr("fail_reason", str(exc))
+            tracker.set_tags({"state": "FAILED", "fail_reason": str(exc)})
+            study.tell(trial, state=TrialState.FAIL)
+            return
+        except optuna.exceptions.UpdateFinishedTrialError:
+            raise
+        except BaseException:
+            study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
+            raise
+        study.tell(trial, result.val_loss)
+
+
+def _queue_batch(cfg: StudyConfig, study: optuna.Study, sampler_seed: int) -> range | None:
+    """Queue the proposals of the first unfinished batch that are neither finished, queued nor
+    running; returns that batch, or None when every slot has its result."""
+    tune = cfg.tune
+    results = slot_results(study)
+    todo = [s for s in range(tune.n_trials) if s not in results]
+    if not todo:
+        return None
+    batch = batch_of(tune, todo[0])
+    live = {t.user_attrs.get(SLOT) for t in study.get_trials(
+        deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING))}
+    missing = [s for s in batch if s not in results and s not in live]
+    if missing:
+        params = propose(tune, results, batch, sampler_seed)
+        for s in missing:
+            study.enqueue_trial(params[s - batch.start], user_attrs={SLOT: s})
+    return batch
+
+
+def trials_frame(cfg: StudyConfig, dataset: str, results: dict) -> list[dict]:
+    """One row per slot (:data:`TRIALS_COLUMNS`): its params, state, value (final val loss, or
+    the last reported one of a pruned trial), steps planned and trained, FLOPs spent."""
+    rows = []
+    for slot in sorted(results):
+        t = results[slot]
+        steps, last = t.user_attrs.get("steps", 0), t.user_attrs.get("last_step", 0)
+        value = t.value if t.value is not None else (
+            t.intermediate_values[max(t.intermediate_values)] if t.intermediate_values else None)
+        rows.append({"number": slot, "batch": slot // cfg.tune.trials_per_batch,
+                     "state": t.state.name, "value": value, "params_lr": t.params["lr"],
+                     "params_d_model": t.params["d_model"], "steps": steps, "last_step": last,
+                     "flops": None, "fail_reason": t.user_attrs.get("fail_reason", "")})
+    return rows
+
+
+def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, best_path: Path,
+        trials_path: Path, tracker: NullTracker, replicate: int = 0) -> dict:
+    """Run (or resume) the study until each of its ``tune.n_trials`` slots has a result.
+
+    ``replicate`` > 0 re-tunes with sampler seed ``tune.sampler_seed + replicate`` (a separate
+    study): how much the tuned result owes to the sampler's luck.
+
+    Writes ``best_path`` (JSON: ``lr``, ``d_model``, ``val_loss``, ``slot``, ``on_edge`` flags,
+    trial counts, tuning steps and FLOPs, ``study_name``; the same bytes on every run of the same
+    commit, params and data) and ``trials_path`` (CSV, :data:`TRIALS_COLUMNS`, one row per slot).
+    A diverging trial (NaN/inf loss) is a result (FAIL, ``outcome: diverged``) and the study
+    goes on.
 
     Raises:
-        ConfigError / ValueError: unknown dataset or variant, data too small, a model that fails
-            the causality pre-flight; raised before the first trial.
-        RuntimeError: no trial finished successfully.
+        ConfigError / ValueError: unknown dataset or variant, data too small, a budget too small
+            for a width, a model that fails the causality pre-flight; raised before any trial.
+        RuntimeError: no trial completed.
     """
     cfg.dataset(dataset)
     cfg.check_variant(variant)
+    tune = cfg.tune
     data = TokenData.load(tokens_dir)
     data.check_fits(cfg.model.context_length, dataset)
     models = [resolve_model_config(cfg, variant, data.vocab_size, d_model)
-              for d_model in cfg.tune.d_model_choices]
+              for d_model in tune.d_model_choices]
     for model_cfg in models:
         preflight(model_cfg, f"variant {variant!r}")
+        trial_steps(cfg, dataset, model_cfg)  # a budget too small for a width fails here
+        run_steps(cfg, dataset, model_cfg)
     processes = use_processes(cfg.runtime, models)
-    tune = cfg.tune
-    study = load_study(cfg, dataset, variant, tune.sampler_seed)
-    tags = {"dataset": dataset, "variant": variant, "stage": "tune",
-            "optuna_study": study.study_name}
-    with tracker.run(f"tune-{dataset}-{variant}", tags) as parent_run_id:
-        tracker.log_params({"n_trials": tune.n_trials, "steps": tune.steps,
+    sampler_seed = tune.sampler_seed + replicate
+    storage = make_storage(tune.storage_url, tune.heartbeat_seconds)
+    name = study_name(cfg, dataset, variant, data.fingerprint(), sampler_seed)
+    study = load_study(storage, name)
+    tags = {"dataset": dataset, "variant": variant, "stage": "tune", "optuna_study": name,
+            "replicate": replicate}
+    with tracker.run(f"tune-{dataset}-{variant}" + (f"-r{replicate}" if replicate else ""),
+                     tags) as parent_run_id:
+        tracker.log_params({"n_trials": tune.n_trials, "trials_per_batch": tune.trials_per_batch,
+                            "budget_fraction": tune.budget_fraction,
                             "lr_low": tune.lr_low, "lr_high": tune.lr_high,
-                            "d_model_choices": list(tune.d_model_choices), "pruner": tune.pruner})
-        while True:
-            trials = study.trials
-            finished = sum(t.state in FINISHED for t in trials)
-            if finished >= tune.n_trials:
-                break
-            if sum(t.state in COUNTED for t in trials) >= tune.n_trials:
-                # Trials still RUNNING: live workers elsewhere, or workers that were killed.
-                # Wait; Optuna fails a trial whose heartbeat stopped and queues a retry.
+                            "d_model_choices": list(tune.d_model_choices), "pruner": tune.pruner,
+                            "sampler_seed": sampler_seed})
+        while (batch := _queue_batch(cfg, study, sampler_seed)) is not None:
+            waiting = sum(t.user_attrs.get(SLOT) in batch for t in study.get_trials(
+                deepcopy=False, states=(TrialState.WAITING,)))
+            if waiting:
+                workers = worker_count(cfg.runtime, waiting, resolve_device(cfg.runtime.device))
+                job = TuneJob(cfg, dataset, variant, tokens_dir, name, parent_run_id)
+                map_jobs(tune_worker, [job] * workers, workers, processes=processes)
+            else:
+                # The batch's trials run elsewhere (another machine), or on a worker that died:
+                # wait; Optuna fails a trial whose heartbeat stopped and queues it again.
                 optuna.storages.fail_stale_trials(study)
                 time.sleep(tune.heartbeat_seconds)
-                continue
-            remaining = tune.n_trials - finished
-            workers = worker_count(cfg.runtime, remaining, resolve_device(cfg.runtime.device))
-            threads = threads_per_worker(cfg.runtime, workers)
-            if processes:
-                jobs = [TuneJob(cfg, dataset, variant, tokens_dir, w, parent_run_id)
-                        for w in range(workers)]
-                map_jobs(tune_worker, jobs, workers, threads, processes=True)
-            else:
-                map_jobs(tune_worker, [TuneJob(cfg, dataset, variant, tokens_dir, 0,
-                                               parent_run_id, n_jobs=workers)], 1, threads)
-            now = study.trials
-            if (sum(t.state in FINISHED for t in now) == finished
-                    and sum(t.state in COUNTED for t in now) < tune.n_trials):
-                break  # every new trial failed (e.g. diverged); reported below
-        trials = study.trials
-        if not any(t.state == optuna.trial.TrialState.COMPLETE for t in trials):
-            raise RuntimeError(f"tune {dataset}/{variant}: no trial of study {study.study_name} "
-                               "completed; see the failed trials' fail_reason in Optuna or MLflow")
-        best = study.best_trial
+        results = slot_results(study)
+        complete = {s: t for s, t in results.items() if t.state == TrialState.COMPLETE}
+        if not complete:
+            raise RuntimeError(f"tune {dataset}/{variant}: no trial of study {name} completed; "
+                               "see the trials' fail_reason in trials.csv, Optuna or MLflow")
+        slot = min(complete, key=lambda s: (complete[s].value, s))
+        best = complete[slot]
+        rows = trials_frame(cfg, dataset, results)
+        for row in rows:
+            model_cfg = resolve_model_config(cfg, variant, data.vocab_size, row["params_d_model"])
+            row["flops"] = training_flops(model_cfg, cfg.train.batch_size, row["last_step"])
         result = {"lr": best.params["lr"], "d_model": best.params["d_model"],
-                  "val_loss": best.value, "study_name": study.study_name, "trial": best.number,
-                  "n_trials": sum(t.state in FINISHED for t in trials),
-                  # training steps spent: each trial's last reported step (pruned ones stop early)
-                  "steps": sum(max(t.intermediate_values, default=0)
-                               for t in trials if t.state in FINISHED)}
+                  "val_loss": best.value, "slot": slot,
+                  "on_edge": on_edge(tune, best.params),
+                  "n_trials": len(results), "n_complete": len(complete),
+                  "n_pruned": sum(t.state == TrialState.PRUNED for t in results.values()),
+                  "n_diverged": sum(t.state == TrialState.FAIL for t in results.values()),
+                  "steps": sum(r["last_step"] for r in rows),
+                  "flops": sum(r["flops"] for r in rows),
+                  "sampler_seed": sampler_seed, "study_name": name}
         tracker.log_metrics({"best_val_loss": best.value})
         tracker.log_params({"best_lr": result["lr"], "best_d_model": result["d_model"]})
-    fileio.write_csv(trials_path, study.trials_dataframe())
+    fileio.write_csv(trials_path, rows, TRIALS_COLUMNS)
     fileio.write_json(best_path, result)
     return result
 
 
 def main(cfg: StudyConfig, args: argparse.Namespace) -> None:
-    """``lmablate tune <dataset> <variant> --tokens DIR --best FILE --trials FILE``."""
+    """``lmablate tune <dataset> <variant> --tokens DIR --best FILE --trials FILE
+    [--replicate N]``."""
     cfg.check_variant(args.variant)
     run(cfg, args.dataset, args.variant, args.tokens, args.best, args.trials,
-        make_tracker(cfg.tracking))
+        make_tracker(cfg.tracking), replicate=getattr(args, "replicate", 0))

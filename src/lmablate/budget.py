@@ -1,0 +1,73 @@
+"""Equal training compute: a dataset's FLOPs budget turned into a run's step count.
+
+Variants are compared at equal training compute, not at equal steps: at a fixed step count the
+wider model nearly always wins, so a width chosen by tuning would decide the verdict. Every final
+run of a dataset spends ``train.budget_flops[dataset]``; every tuning trial spends
+``tune.budget_fraction`` of it. A run's step count follows from its own width:
+
+    steps = budget / (flops_per_token x batch_size x context_length)
+
+with ``flops_per_token`` = 6 N + 6 n_layers n_ctx d_model (Kaplan et al. 2020, Table 1; see
+:func:`lmablate.model.flops_per_token`), so a narrow model trains more steps, not fewer.
+"""
+
+from __future__ import annotations
+
+from .config import ModelConfig, StudyConfig
+from .model import flops_per_token
+from .validation import ConfigError
+
+
+def tokens_per_step(model_cfg: ModelConfig, batch_size: int) -> int:
+    """Tokens per optimizer step: ``batch_size`` sequences of ``context_length`` tokens."""
+    return batch_size * model_cfg.context_length
+
+
+def training_flops(model_cfg: ModelConfig, batch_size: int, steps: int) -> int:
+    """Training FLOPs of ``steps`` optimizer steps (forward + backward, Kaplan et al. 2020)."""
+    return steps * tokens_per_step(model_cfg, batch_size) * flops_per_token(model_cfg)
+
+
+def steps_for_budget(budget_flops: float, model_cfg: ModelConfig, batch_size: int, *,
+                     multiple_of: int = 1, what: str = "run") -> int:
+    """The step count whose training FLOPs come closest to ``budget_flops``, rounded to a
+    multiple of ``multiple_of`` (tuning trials report at equal fractions of their budget).
+
+    The rounding misses the budget by at most half a step (times ``multiple_of``): under 1% from
+    50 steps on, which every run of the shipped profiles exceeds (tests/test_budget.py).
+
+    Raises:
+        ConfigError: the budget buys less than one step (names the budget, the model width and
+            the FLOPs of one step).
+    """
+    per_step = tokens_per_step(model_cfg, batch_size) * flops_per_token(model_cfg)
+    steps = multiple_of * round(budget_flops / (per_step * multiple_of))
+    if steps < multiple_of:
+        raise ConfigError(
+            f"params: train.budget_flops={budget_flops:.3g} buys no {what} of d_model="
+            f"{model_cfg.d_model} ({per_step * multiple_of:.3g} FLOPs for {multiple_of} step(s)); "
+            "allowed: a larger budget")
+    return steps
+
+
+def run_steps(cfg: StudyConfig, dataset: str, model_cfg: ModelConfig) -> int:
+    """Steps of a final run of ``model_cfg`` on ``dataset``: the dataset's whole budget.
+
+    Raises:
+        ConfigError: no budget for ``dataset``, or too small a one (see :func:`steps_for_budget`).
+    """
+    budget = cfg.train.for_dataset(dataset).budget_flops[dataset]
+    return steps_for_budget(budget, model_cfg, cfg.train.batch_size, what="final run")
+
+
+def trial_steps(cfg: StudyConfig, dataset: str, model_cfg: ModelConfig) -> int:
+    """Steps of a tuning trial of ``model_cfg`` on ``dataset``: ``tune.budget_fraction`` of the
+    dataset's budget, a multiple of ``tune.reports`` so that every report falls at the same
+    fraction of the trial's compute whatever its width.
+
+    Raises:
+        ConfigError: no budget for ``dataset``, or too small a one (see :func:`steps_for_budget`).
+    """
+    budget = cfg.train.for_dataset(dataset).budget_flops[dataset] * cfg.tune.budget_fraction
+    return steps_for_budget(budget, model_cfg, cfg.train.batch_size,
+                            multiple_of=cfg.tune.reports, what="tuning trial")
