@@ -10,6 +10,7 @@ import shutil
 import tarfile
 import time
 from collections import Counter
+from decimal import ROUND_HALF_UP, Decimal, localcontext
 from pathlib import Path
 
 import pytest
@@ -76,6 +77,112 @@ def test_extremes_fit_the_fields():
     assert format_problem("5.00", "-", 5) == "$(0000005.00-0000000005)=00.0000000$"
 
 
+# Every problem of the default data (params.yaml: n_train 20000, n_test 1000, seed 1234) whose
+# answer changed when answers became exact: all are ties (exact result ending in 5 in the third
+# decimal), which the old float64 computation rounded down where half up rounds up. The first
+# value is the old answer; those marked * were wrong under half-to-even as well.
+DEFAULT_DATA_TIES = [  # (set, index, a, op, b, old answer, answer)
+    ("train", 533, "756.25", "*", "384.74", "290959.62", "290959.63"),
+    ("train", 650, "139.70", "*", "678.65", "94807.40", "94807.41"),
+    ("train", 896, "404.95", "*", "435.70", "176436.71", "176436.72"),  # *
+    ("train", 1313, "70.10", "*", "628.85", "44082.38", "44082.39"),
+    ("train", 1947, "690.50", "*", "498.35", "344110.67", "344110.68"),  # *
+    ("train", 2805, "399.90", "*", "118.45", "47368.15", "47368.16"),  # *
+    ("train", 4299, "716.18", "*", "273.75", "196054.27", "196054.28"),  # *
+    ("train", 4828, "271.78", "*", "783.25", "212871.68", "212871.69"),
+    ("train", 5250, "863.50", "*", "837.05", "722792.67", "722792.68"),  # *
+    ("train", 5698, "373.89", "/", "618", "0.60", "0.61"),
+    ("train", 5988, "44.25", "*", "104.58", "4627.66", "4627.67"),
+    ("train", 6567, "722.18", "*", "633.75", "457681.57", "457681.58"),  # *
+    ("train", 6923, "893.50", "*", "951.35", "850031.22", "850031.23"),
+    ("train", 7906, "95.10", "*", "520.25", "49475.77", "49475.78"),  # *
+    ("train", 8596, "463.50", "*", "524.55", "243128.92", "243128.93"),
+    ("train", 8614, "772.50", "*", "7.67", "5925.07", "5925.08"),  # *
+    ("train", 8818, "509.34", "*", "685.75", "349279.90", "349279.91"),
+    ("train", 10070, "916.25", "*", "276.78", "253599.67", "253599.68"),  # *
+    ("train", 11503, "939.70", "*", "338.65", "318229.40", "318229.41"),
+    ("train", 13860, "148", "/", "32", "4.62", "4.63"),
+    ("train", 14180, "207.69", "/", "2", "103.84", "103.85"),
+    ("train", 15122, "246.98", "/", "186.40", "1.32", "1.33"),
+    ("train", 16026, "951.50", "*", "441.33", "419925.49", "419925.50"),  # *
+    ("train", 16267, "171.98", "*", "322.75", "55506.54", "55506.55"),
+    ("train", 16677, "615", "/", "984", "0.62", "0.63"),
+    ("train", 18035, "726.33", "/", "62", "11.71", "11.72"),  # *
+    ("train", 18590, "847", "/", "280", "3.02", "3.03"),
+    ("train", 18898, "13.59", "/", "906", "0.01", "0.02"),  # *
+    ("train", 19104, "746.50", "*", "837.29", "625036.98", "625036.99"),
+    ("train", 19648, "384.75", "*", "566.74", "218053.21", "218053.22"),  # *
+    ("test", 646, "903.63", "/", "2", "451.81", "451.82"),  # *
+]
+
+
+def _line(a: str, op: str, b: str, answer: str) -> str:
+    """The expected line, built by hand from unpadded parts."""
+    return f"$({a.rjust(10, '0')}{op}{b.rjust(10, '0')})={answer.rjust(10, '0')[::-1]}$"
+
+
+def _exact_answer(a: str, op: str, b: str) -> tuple[str, bool]:
+    """(``a op b`` in exact decimal arithmetic written by the documented rule, whether the
+    exact result is a tie at the third decimal). At 40 digits a non-terminating quotient
+    (denominator <= 1e5, so at least 5e-8 away from any tie) never rounds onto a tie."""
+    with localcontext() as ctx:
+        ctx.prec = 40
+        x, y = Decimal(a), Decimal(b)
+        exact = {"+": x + y, "-": x - y, "*": x * y, "/": x / y}[op]
+        tie = (exact * 100) % 1 == Decimal("0.5")
+        if "." not in a + b and op != "/":
+            return str(int(exact)), tie
+        return str(exact.quantize(Decimal("0.01"), rounding=ROUND_HALF_UP)), tie
+
+
+@pytest.mark.parametrize("which, index, a, op, b, old, answer", DEFAULT_DATA_TIES)
+def test_ties_round_half_up(which, index, a, op, b, old, answer):
+    assert _exact_answer(a, op, b) == (answer, True)
+    assert format_problem(a, op, b) == _line(a, op, b, answer)
+
+
+def test_default_data_has_the_exact_answers():
+    train, test = generate_arithmetic(20_000, 1_000, seed=1234)  # params.yaml's defaults
+    sets = {"train": train, "test": test}
+    for which, index, a, op, b, old, answer in DEFAULT_DATA_TIES:
+        assert sets[which][index] == _line(a, op, b, answer)
+    for line in train + test:
+        a, op, b, ans = _parse(line)
+        a, b = a.lstrip("0"), b.lstrip("0")
+        assert line == _line(a, op, b, _exact_answer(a, op, b)[0])
+
+
+def test_every_answer_is_the_exact_decimal_rounded_half_up():
+    """Property over 100k random problems (about 160 ``*`` and 50 ``/`` ties among them)."""
+    train, _ = generate_arithmetic(100_000, 0, seed=2024)
+    ties = Counter()
+    for line in train:
+        a, op, b, _ = _parse(line)
+        a, b = a.lstrip("0"), b.lstrip("0")
+        answer, tie = _exact_answer(a, op, b)
+        assert line == _line(a, op, b, answer)
+        ties[op] += tie
+    assert ties["*"] > 100 and ties["/"] > 25 and not ties["+"] and not ties["-"]
+
+
+def test_rounding_rule_at_the_edges():
+    assert format_problem(1, "/", 8) == _line("1", "/", "8", "0.13")  # 0.125, tie: up
+    assert format_problem("0.01", "/", 2) == _line("0.01", "/", "2", "0.01")  # 0.005: up
+    assert format_problem("0.01", "/", 3) == _line("0.01", "/", "3", "0.00")  # 0.0033...
+    assert format_problem("0.01", "/", 1000) == _line("0.01", "/", "1000", "0.00")
+    assert format_problem("0.05", "*", "0.10") == _line("0.05", "*", "0.10", "0.01")  # 0.005
+    assert format_problem("0.01", "*", "0.01") == _line("0.01", "*", "0.01", "0.00")
+    assert format_problem(2, "/", 3) == _line("2", "/", "3", "0.67")  # 0.666...: nearest
+
+
+@pytest.mark.parametrize("op_idx, a_int, a_cents", [
+    (4, False, 100), (-1, False, 100), (0, False, 0), (0, False, 100_001), (0, True, 150),
+])
+def test_format_problems_rejects_out_of_range_arrays(op_idx, a_int, a_cents):
+    with pytest.raises(DataError):
+        arithmetic.format_problems([op_idx], [a_int], [a_cents], [True], [100])
+
+
 @pytest.fixture(scope="module")
 def problems():
     return generate_arithmetic(4000, 400, seed=7)
@@ -105,13 +212,12 @@ def test_generated_lines_have_the_exact_shape(problems):
 
 
 def test_generated_answers_are_right(problems):
-    ops = {"+": float.__add__, "-": float.__sub__, "*": float.__mul__, "/": float.__truediv__}
     n_decimal_operands = 0
     for line in problems[0] + problems[1]:
         a, op, b, ans = _parse(line)
         both_int = "." not in a and "." not in b
         n_decimal_operands += ("." in a) + ("." in b)
-        assert abs(_number(ans) - round(ops[op](float(a), float(b)), 2)) <= 0.005 + 1e-9, line
+        assert _number(ans) == float(_exact_answer(a.lstrip("0"), op, b.lstrip("0"))[0]), line
         assert ("." not in ans) == (both_int and op != "/"), line
         assert format_problem(a, op, b) == line  # the vectorised path agrees with the rule
     n = 2 * len(problems[0] + problems[1])

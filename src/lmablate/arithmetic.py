@@ -7,8 +7,11 @@ One problem per line::
 ``$(`` + operand a + op + operand b + ``)=`` + the *reversed* answer + ``$``. Operands lie in
 (0, 1000]: half are integers 1..1000 (``910``), half have exactly two decimals (``2.08``, drawn
 as integer cents 1..100000 and divided by 100). Operands and answer are left-padded with ``0``
-to 10 characters (``-134.14`` -> ``000-134.14``); the answer is rounded to two decimals and
-written with two decimals, except that integer ``+ - *`` integer is written as an integer.
+to 10 characters (``-134.14`` -> ``000-134.14``); the answer is written with two decimals,
+except that integer ``+ - *`` integer is written as an integer. Answers are exact: computed in
+integer hundredths, and where the exact result has more than two decimals (``*`` of two decimal
+operands, ``/``) rounded to the nearest hundredth with ties rounded half up
+(``863.50*837.05`` = 722792.675 -> ``722792.68``; see :func:`format_problems`).
 Every line is :data:`LINE_LENGTH` (36) characters long.
 
 Everything else is derived from these constants: the offset of the operator
@@ -115,8 +118,9 @@ class Operand:
 
     @property
     def value(self) -> float:
-        """The number as a float (a decimal is ``cents / 100``, as the generator computes it)."""
-        return float(self.cents // 100) if self.is_integer else self.cents / 100
+        """The number as a float, ``cents / 100`` (for display; answers are computed exactly
+        from :attr:`cents`, never from this float)."""
+        return self.cents / 100
 
     @property
     def text(self) -> str:
@@ -124,26 +128,48 @@ class Operand:
         return _operand_text(self.cents, self.is_integer)
 
 
+def _texts(hundredths: np.ndarray, as_integer: np.ndarray) -> list[str]:
+    """Exact numbers of hundredths (int64) written as integers (where ``as_integer``; they
+    must be multiples of 100) or with two decimals: ``91000`` -> ``"910"``, ``-13414`` ->
+    ``"-134.14"``, ``0`` -> ``"0.00"`` (never ``"-0.00"``).
+
+    The two-decimal form is ``f"{h / 100:.2f}"``, exact for ``|h| < 1e12`` (answers here are
+    at most 1e8): the float is within 1e-4 of ``h / 100``, well inside the 0.005 that ``.2f``
+    rounds away, and ``0 / 100`` is ``+0.0``. Twice as fast as formatting ``divmod(h, 100)``.
+    """
+    hundredths = np.asarray(hundredths, dtype=np.int64)
+    whole, scaled = (hundredths // 100).tolist(), (hundredths / 100).tolist()
+    return [str(w) if i else f"{x:.2f}"
+            for i, w, x in zip(np.asarray(as_integer, dtype=bool).tolist(), whole, scaled)]
+
 
 def _operand_text(cents: int, is_integer: bool) -> str:
-    return str(cents // 100) if is_integer else f"{cents / 100:.2f}"
+    return _texts(np.array([cents]), np.array([is_integer]))[0]
 
 
-def _two_decimals(x: float) -> str:
-    """``f"{x:.2f}"`` without a negative zero."""
-    s = f"{x:.2f}"
-    return "0.00" if s == "-0.00" else s
+def _divide_half_up(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+    """``num / den`` rounded to the nearest integer, ties up; elementwise, ``num >= 0``,
+    ``den > 0`` (int64, exact)."""
+    quotient, remainder = np.divmod(num, den)
+    return quotient + (2 * remainder >= den)
 
 
-def _apply(op: str, x, y):
-    """``x op y``, elementwise on numpy arrays."""
+def _answer_hundredths(op: str, a_cents: np.ndarray, b_cents: np.ndarray) -> np.ndarray:
+    """``a op b`` in hundredths, exact, rounded half up where the exact result has more than
+    two decimals; elementwise on int64 arrays of operands in hundredths (1..100000).
+
+    ``+ -``: exact. ``*``: the exact product has four decimals (``a_cents * b_cents`` ten-
+    thousandths, at most 1e10, so int64 is exact), rounded to hundredths. ``/``: the exact
+    rational quotient (``100 * a_cents / b_cents`` hundredths) rounded to the nearest
+    hundredth; a non-terminating quotient is never a tie.
+    """
     if op == "+":
-        return x + y
+        return a_cents + b_cents
     if op == "-":
-        return x - y
+        return a_cents - b_cents
     if op == "*":
-        return x * y
-    return x / y
+        return _divide_half_up(a_cents * b_cents, np.int64(100))
+    return _divide_half_up(100 * a_cents, b_cents)
 
 
 def _assemble(a: str, op: str, b: str, answer: str) -> str:
@@ -155,29 +181,42 @@ def _assemble(a: str, op: str, b: str, answer: str) -> str:
 def format_problems(op_idx: np.ndarray, a_int: np.ndarray, a_cents: np.ndarray,
                     b_int: np.ndarray, b_cents: np.ndarray) -> list[str]:
     """Problem lines (no ``\n``) for arrays of operator indices into :data:`OPS`, and of the
-    operands as (is_integer bool, value in cents int64).
+    operands as (is_integer bool, value in cents int64, i.e. hundredths: ``910`` -> 91000,
+    ``2.08`` -> 208).
 
-    The answer is computed in float64 and written ``f"{ans:.2f}"`` (negative zero written
-    ``0.00``), except integer ``+ - *`` integer, computed and written as an exact integer. A
-    decimal operand's value is ``cents / 100``, an integer's ``cents // 100``.
+    The answer rule: the answer is computed exactly in integer hundredths (no floats) and
+    written with two decimals (``-134.14``; zero is ``0.00``, never ``-0.00``), except integer
+    ``+ - *`` integer, written as an integer (``803``). ``+`` and ``-`` are exact. ``*`` is
+    exact unless both operands are decimals: then the product has four decimals and is
+    rounded to two. ``/`` (always two decimals, even integer / integer) is the exact quotient
+    rounded to two decimals. Rounding is to the nearest hundredth, **ties half up** (Python's
+    ``decimal.ROUND_HALF_UP``; every rounded result is positive, so this is also half away
+    from zero). A tie means the exact result ends in a 5 in the third decimal and nothing
+    after it: ``863.50*837.05`` = 722792.675 -> ``722792.68``, ``148/32`` = 4.625 -> ``4.63``,
+    ``207.69/2`` = 103.845 -> ``103.85``. A non-terminating quotient (``400/344`` =
+    1.16279...) is never a tie and rounds to the nearest (``1.16``).
+
+    Raises:
+        DataError: an operator index outside :data:`OPS`, or an operand outside what
+            :class:`Operand` allows (decimals 1..100000 hundredths, integers 100..100000 and
+            a multiple of 100).
     """
     op_idx = np.asarray(op_idx, dtype=np.int64)
     a_int, b_int = np.asarray(a_int, dtype=bool), np.asarray(b_int, dtype=bool)
     a_cents, b_cents = np.asarray(a_cents, dtype=np.int64), np.asarray(b_cents, dtype=np.int64)
-    a_val = np.where(a_int, (a_cents // 100).astype(np.float64), a_cents / 100)
-    b_val = np.where(b_int, (b_cents // 100).astype(np.float64), b_cents / 100)
-    ans_float = np.zeros(len(op_idx))
-    ans_int = np.zeros(len(op_idx), dtype=np.int64)
+    if np.any((op_idx < 0) | (op_idx >= len(OPS))):
+        raise DataError(f"operator index out of 0..{len(OPS) - 1} is not allowed")
+    for is_int, cents in ((a_int, a_cents), (b_int, b_cents)):
+        if np.any((cents < 1) | (cents > MAX_CENTS) | (is_int & (cents % 100 != 0))):
+            raise DataError("operand out of range is not allowed; expected integers 1..1000 "
+                            "(100..100000 hundredths) or decimals 0.01..1000.00")
+    hundredths = np.zeros(len(op_idx), dtype=np.int64)
     for k, op in enumerate(OPS):
         sel = op_idx == k
-        ans_float[sel] = _apply(op, a_val[sel], b_val[sel])
-        if op != "/":
-            ans_int[sel] = _apply(op, a_cents[sel] // 100, b_cents[sel] // 100)
-    exact = a_int & b_int & (op_idx != OPS.index("/"))
-    answers = [str(i) if e else _two_decimals(f)
-               for e, i, f in zip(exact.tolist(), ans_int.tolist(), ans_float.tolist())]
-    a_text = [_operand_text(c, i) for c, i in zip(a_cents.tolist(), a_int.tolist())]
-    b_text = [_operand_text(c, i) for c, i in zip(b_cents.tolist(), b_int.tolist())]
+        hundredths[sel] = _answer_hundredths(op, a_cents[sel], b_cents[sel])
+    as_integer = a_int & b_int & (op_idx != OPS.index("/"))  # hundredths a multiple of 100
+    answers = _texts(hundredths, as_integer)
+    a_text, b_text = _texts(a_cents, a_int), _texts(b_cents, b_int)
     ops = [OPS[k] for k in op_idx.tolist()]
     return [_assemble(*parts) for parts in zip(a_text, ops, b_text, answers)]
 
