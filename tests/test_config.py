@@ -33,8 +33,12 @@ def test_committed_params_are_valid(raw):
 def test_seed_scale_profile_is_valid():
     cfg = config.load(ROOT / "profiles" / "seed-scale.yaml")
     assert cfg.model.n_layers == 8 and cfg.model.n_heads == 8 and cfg.model.context_length == 128
-    assert cfg.train.steps == 5000 and cfg.train.batch_size == 16
+    assert cfg.train.batch_size == 16
     assert cfg.datasets["arithmetic"].n_train == 3_000_000
+    # seed 000's compute: 5000 steps at d_model 96
+    from lmablate.budget import run_steps
+    for ds in cfg.datasets:
+        assert run_steps(cfg, ds, cfg.model_config("baseline", 65, d_model=96)) == 5000
 
 
 def test_variant_overrides_apply(raw):
@@ -62,8 +66,22 @@ BAD = [
     ("colour", "red", "unknown key colour"),
     ("train.lr", -1.0, "train.lr"),
     ("train.lr", 0, "train.lr"),
-    ("train.steps", "many", "train.steps"),
-    ("train.steps", 2.5, "train.steps"),
+    ("train.steps", 300, "unknown key train.steps"),
+    ("train.batch_size", "many", "train.batch_size"),
+    ("train.batch_size", 2.5, "train.batch_size"),
+    ("train.budget_flops", {"shakespeare": 1e12}, "missing: arithmetic"),
+    ("train.budget_flops", {"shakespeare": 1e12, "arithmetic": "1.0e12"},
+     "train.budget_flops.arithmetic"),
+    ("train.budget_flops", {"shakespeare": 1e12, "arithmetic": -1.0},
+     "train.budget_flops.arithmetic"),
+    ("train.budget_flops", 1e12, "train.budget_flops"),
+    ("tune.seed", 2, "must not be one of study.seeds"),
+    ("tune.n_startup_trials", 8, "tune.n_startup_trials"),
+    ("tune.budget_fraction", 0.0, "tune.budget_fraction"),
+    ("tune.budget_fraction", 1.5, "tune.budget_fraction"),
+    ("tune.trials_per_batch", 0, "tune.trials_per_batch"),
+    ("tune.d_model_choices", [32, 32], "distinct"),
+    ("tune.pruner", "hyperband", "tune.pruner"),
     ("model.d_model", 66, "divisible by n_heads"),
     ("model.ffn", "swish", "model.ffn"),
     ("model.position", "relative", "model.position"),
@@ -80,7 +98,7 @@ BAD = [
     ("tune.pruner", "random", "tune.pruner"),
     ("tune.percentile", 100, "tune.percentile"),
     ("tune.percentile", True, "tune.percentile"),
-    ("tune.report_interval", 0, "tune.report_interval"),
+    ("tune.reports", 0, "tune.reports"),
     ("runtime.parallel", "mpi", "runtime.parallel"),
     ("datasets.arithmetic.n_train", 0, "n_train"),
     ("datasets.arithmetic.kind", "algebra", "kind"),
@@ -128,7 +146,7 @@ def test_missing_file_and_bad_yaml(tmp_path):
 
 def test_fingerprint_changes_with_settings(raw):
     cfg = config.parse(raw)
-    other = config.parse(mutate(raw, "tune.steps", 7))
+    other = config.parse(mutate(raw, "tune.budget_fraction", 0.5))
     assert fingerprint(cfg.tune) != fingerprint(other.tune)
     assert fingerprint(cfg.tune) == fingerprint(config.parse(raw).tune)
 
@@ -152,7 +170,8 @@ def test_every_result_setting_enters_the_fingerprint_and_no_runtime_setting_does
                 continue
             value = getattr(section, f.name)
             changed = {int: lambda v: v + 1, float: lambda v: v * 0.5,
-                       tuple: lambda v: v + (v[-1] * 2,)}
+                       tuple: lambda v: v + (v[-1] * 2,),
+                       dict: lambda v: {k: x * 0.5 for k, x in v.items()}}
             if isinstance(value, str):
                 continue  # a choice: the numeric fields check the same rule
             other = dataclasses.replace(section, **{f.name: changed[type(value)](value)})
@@ -160,16 +179,21 @@ def test_every_result_setting_enters_the_fingerprint_and_no_runtime_setting_does
 
 
 def test_study_name_covers_what_a_trial_computes_and_nothing_else(raw):
-    """A trial validates every tune.report_interval steps and trains tune.steps steps, so
-    train.eval_interval and train.steps do not name the study; runtime settings never do."""
+    """A trial's steps follow from its dataset's budget and tune.budget_fraction, and it reports
+    tune.reports times, so train.eval_interval and the other dataset's budget do not name the
+    study; runtime settings never do; the data and the code do."""
     from lmablate.tuning import study_name
 
-    def name(path=None, value=None):
+    def name(path=None, value=None, data="d4t4", sampler_seed=0):
         cfg = config.parse(mutate(raw, path, value) if path else raw)
-        return study_name(cfg, "arithmetic", "baseline")
+        return study_name(cfg, "arithmetic", "baseline", data, sampler_seed)
 
-    assert name("train.eval_interval", 7) == name("train.steps", 999) == name()
+    assert name("train.eval_interval", 7) == name("train.budget_flops.shakespeare", 1e9) == name()
     assert name("runtime.workers", 3) == name("runtime.parallel", "processes") == name()
-    assert name("tune.report_interval", 7) != name()
+    assert name("tune.storage", "sqlite:///x.db") == name()
+    assert name("tune.reports", 7) != name()
+    assert name("train.budget_flops.arithmetic", 1e9) != name()
     assert name("train.eval_iters", 3) != name()
     assert name("train.warmup_steps", 3) != name()
+    assert name(data="other") != name()
+    assert name(sampler_seed=1) != name()

@@ -1,5 +1,5 @@
 """Concurrent jobs: seeds trained in threads give the weights and histories they give alone;
-dropout moves jobs to processes; Optuna's threaded trials keep the trial count exact."""
+dropout moves jobs to processes; a tuning study gives the same bytes at any worker count."""
 
 import dataclasses
 import threading
@@ -9,16 +9,21 @@ import optuna
 import pandas as pd
 import pytest
 import torch
-from lmablate import parallel, tuning
+from lmablate import budget, parallel, tuning
 from lmablate.config import ModelConfig, RuntimeConfig
 from lmablate.stages import train, tune
 from lmablate.tracking import NullTracker
 
+from conftest import budgets
+
 PARALLEL = {
     "study": {"seeds": [0, 1, 2], "variants": ["baseline"]},
-    "train": {"steps": 30, "eval_interval": 10, "eval_iters": 2, "warmup_steps": 2},
-    "tune": {"n_trials": 5, "steps": 20, "report_interval": 5},
-    "runtime": {"threads": 1},
+    "train": {"budget_flops": budgets(30), "eval_interval": 10, "eval_iters": 2,
+              "warmup_steps": 2},
+    # 3 batches of 2; the narrow model trains 32 steps per trial, the wide one 8
+    "tune": {"n_trials": 6, "trials_per_batch": 2, "n_startup_trials": 2, "reports": 4,
+             "budget_fraction": 1.0, "d_model_choices": [16, 32], "lr_low": 1e-3,
+             "lr_high": 1e-1},
 }
 
 
@@ -77,7 +82,7 @@ def test_changing_runtime_settings_does_not_retrain_a_finished_seed(project):
     ck = tmp / "kept" / "ck"
     stamps = {p: p.stat().st_mtime_ns for p in ck.glob("seed_*/*")}
     assert len(stamps) == 2 * len(cfg.seeds)  # checkpoint.pt and result.json per seed
-    again = train_all(cfg, tmp, "kept", workers=3, threads=2, parallel="processes")
+    again = train_all(cfg, tmp, "kept", workers=3, parallel="processes")
     assert again == first
     assert {p: p.stat().st_mtime_ns for p in ck.glob("seed_*/*")} == stamps
     # ...whereas a setting that changes the result does retrain
@@ -108,8 +113,6 @@ def test_worker_count_rules():
                                  all_at_once=True) == cores
     assert parallel.worker_count(RuntimeConfig(workers=5), 3, cpu) == 3
     assert parallel.worker_count(RuntimeConfig(workers=5), 3, gpu) == 1
-    assert parallel.threads_per_worker(RuntimeConfig(threads=0), cores) == 1
-    assert parallel.threads_per_worker(RuntimeConfig(threads=3), 2) == 3
 
 
 def test_use_processes_only_for_dropout_or_when_asked():
@@ -128,7 +131,7 @@ def test_map_jobs_keeps_order_raises_and_restores_threads():
         assert torch.get_num_threads() == 1
         return x * x
 
-    assert parallel.map_jobs(job, range(6), 3, 1) == [x * x for x in range(6)]
+    assert parallel.map_jobs(job, range(6), 3) == [x * x for x in range(6)]
     assert any(name.startswith("lmablate-job") for name in seen)
     assert torch.get_num_threads() == before
 
@@ -138,23 +141,73 @@ def test_map_jobs_keeps_order_raises_and_restores_threads():
         return x
 
     with pytest.raises(ValueError, match="job 2 failed"):
-        parallel.map_jobs(fails, range(4), 2, 1)
+        parallel.map_jobs(fails, range(4), 2)
     assert torch.get_num_threads() == before
 
 
-def test_threaded_trials_finish_exactly_n_trials(project):
+def tune_all(cfg, tmp: Path, out: str, **runtime_changes) -> dict:
+    """Tune from empty storage in ``tmp/out`` with ``runtime_changes``."""
+    cfg = dataclasses.replace(
+        cfg, runtime=dataclasses.replace(cfg.runtime, **runtime_changes),
+        tune=dataclasses.replace(cfg.tune, storage=f"sqlite:///{tmp / out / 'optuna.db'}"))
+    (tmp / out).mkdir()
+    return tune.run(cfg, "arithmetic", "baseline", tmp / "tokens", tmp / out / "best.json",
+                    tmp / out / "trials.csv", NullTracker())
+
+
+def test_tuning_gives_the_same_bytes_twice_and_at_any_worker_count(project):
     cfg, tmp = project
-    cfg = dataclasses.replace(cfg, runtime=dataclasses.replace(cfg.runtime, workers=2))
-    out = tmp / "tune"
-    best = tune.run(cfg, "arithmetic", "baseline", tmp / "tokens", out / "best.json",
-                    out / "trials.csv", NullTracker())
-    study = optuna.load_study(study_name=best["study_name"], storage=cfg.tune.storage_url)
-    states = [t.state for t in study.trials]
-    finished = [s for s in states if s in tuning.FINISHED]
-    assert len(finished) == cfg.tune.n_trials == best["n_trials"]
-    assert optuna.trial.TrialState.RUNNING not in states
-    # every finished trial reported every tune.report_interval steps up to where it stopped
-    for t in study.trials:
-        if t.state in tuning.FINISHED:
-            steps = sorted(t.intermediate_values)
-            assert steps == list(range(5, steps[-1] + 1, 5))
+    tune_all(cfg, tmp, "tune-1", workers=1)
+    for other in ("tune-1-again", "tune-2", "tune-processes"):
+        tune_all(cfg, tmp, other, workers=1 if other == "tune-1-again" else 2,
+                 parallel="processes" if other == "tune-processes" else "threads")
+        for name in ("best.json", "trials.csv"):
+            assert (tmp / other / name).read_bytes() == (tmp / "tune-1" / name).read_bytes(), \
+                (other, name)
+    # the comparison is not vacuous: trials differ, both widths were tried, some were pruned
+    trials = pd.read_csv(tmp / "tune-1" / "trials.csv")
+    assert trials["value"].nunique() == len(trials) == cfg.tune.n_trials
+    assert set(trials["params_d_model"]) == {16, 32}
+    assert (trials["state"] == "PRUNED").any()
+
+
+def test_tuning_follows_the_protocol(project):
+    """Batches of trials_per_batch, start-up trials never pruned, no pruning in warm-up, each
+    trial spending its share of the budget and reporting at equal fractions of it."""
+    cfg, tmp = project
+    best = tune_all(cfg, tmp, "protocol", workers=2)
+    study = optuna.load_study(study_name=best["study_name"],
+                              storage=f"sqlite:///{tmp / 'protocol' / 'optuna.db'}")
+    trials = study.get_trials()
+    assert [t.user_attrs[tuning.SLOT] for t in trials] == list(range(cfg.tune.n_trials))
+    assert best["n_trials"] == cfg.tune.n_trials
+    assert best["n_complete"] >= cfg.tune.n_startup_trials
+    for t in trials:
+        slot, steps = t.user_attrs[tuning.SLOT], t.user_attrs["steps"]
+        model = cfg.model_config("baseline", 10, d_model=t.params["d_model"])
+        assert steps == {16: 32, 32: 8}[t.params["d_model"]]
+        assert abs(budget.training_flops(model, cfg.train.batch_size, steps)
+                   / cfg.train.budget_flops["arithmetic"] - 1) < 0.25
+        reports = sorted(t.intermediate_values)
+        if t.state == optuna.trial.TrialState.COMPLETE:
+            assert reports == list(range(1, cfg.tune.reports + 1))
+        else:
+            assert t.state == optuna.trial.TrialState.PRUNED
+            assert slot >= cfg.tune.n_startup_trials
+            assert t.user_attrs["last_step"] > cfg.train.warmup_steps
+    assert best["on_edge"] == tuning.on_edge(cfg.tune, {"lr": best["lr"],
+                                                        "d_model": best["d_model"]})
+
+
+def test_proposals_depend_only_on_earlier_batches_and_the_seed(project):
+    cfg, _ = project
+    first = tuning.propose(cfg.tune, {}, range(0, 2), sampler_seed=0)
+    assert first == tuning.propose(cfg.tune, {}, range(0, 2), sampler_seed=0)
+    assert first != tuning.propose(cfg.tune, {}, range(0, 2), sampler_seed=1)
+    assert first[0] != first[1]
+    space = tuning.search_space(cfg.tune)
+    done = {s: optuna.trial.create_trial(params=p, distributions=space, value=float(s))
+            for s, p in enumerate(first)}
+    second = tuning.propose(cfg.tune, done, range(2, 4), sampler_seed=0)
+    assert second == tuning.propose(cfg.tune, done, range(2, 4), sampler_seed=0)
+    assert second != first

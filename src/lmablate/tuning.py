@@ -135,8 +135,9 @@ def study_name(cfg: StudyConfig, dataset: str, variant: str, data_fingerprint: s
     ``sampler_seed``, which a re-tuning replaces), ``study.match_params``, the code of
     :data:`TUNE_MODULES` and the training data. So an edit of ``model.py`` starts a new study
     instead of returning trials trained by the old code."""
-    fp = fingerprint(cfg.dataset(dataset), cfg.model, cfg.variants[variant],
-                     cfg.train.for_dataset(dataset),
+    # a trial validates tune.reports times, whatever train.eval_interval says
+    train = dataclasses.replace(cfg.train.for_dataset(dataset), eval_interval=1)
+    fp = fingerprint(cfg.dataset(dataset), cfg.model, cfg.variants[variant], train,
                      dataclasses.replace(cfg.tune, sampler_seed=sampler_seed), cfg.match_params,
                      code_version(TUNE_MODULES), data_fingerprint)
     return f"{dataset}-{variant}-{fp}"
