@@ -11,19 +11,23 @@ from pathlib import Path
 import optuna
 import pytest
 import torch
+import yaml
 from lmablate import tuning
-from lmablate.config import TrainConfig
 from lmablate.stages import tune
 from lmablate.tokens import TokenData
 from lmablate.tracking import NullTracker
 from lmablate.training import train_model
 from lmablate.variants import resolve_model_config
 
+from conftest import budgets
+
 # Faults need runs long enough to be interrupted: more data, wider models, more steps.
 FAULTS = {
     "study": {"variants": ["baseline"]},
-    "train": {"steps": 200, "eval_interval": 10, "warmup_steps": 5},
-    "tune": {"n_trials": 4, "steps": 60, "heartbeat_seconds": 1, "pruner": "none"},
+    "train": {"budget_flops": budgets(200), "eval_interval": 10, "warmup_steps": 5},
+    # trials of 60 steps, two at a time
+    "tune": {"n_trials": 4, "trials_per_batch": 2, "n_startup_trials": 2, "reports": 4,
+             "budget_fraction": 0.3, "heartbeat_seconds": 1, "pruner": "none"},
     "runtime": {"workers": 1},
 }
 
@@ -54,7 +58,7 @@ def test_resume_in_process_equals_uninterrupted(project):
     data = TokenData.load(project / "tokens")
     model_cfg = resolve_model_config(cfg, "baseline", data.vocab_size, 16)
     kw = dict(seed=0, lr=3e-3, steps=60, device=torch.device("cpu"))
-    train_cfg = TrainConfig(**{**cfg.train.__dict__, "steps": 60})
+    train_cfg = cfg.train
     full = train_model(model_cfg, train_cfg, data, **kw)
 
     class Crash(Exception):
@@ -81,7 +85,7 @@ def test_resume_in_process_equals_uninterrupted(project):
 
 def test_kill_9_during_train_then_rerun_gives_the_same_result(project, start_lmablate):
     # seconds of training: time to kill it
-    project.write_params(lambda r: r["train"].update(steps=3000, eval_interval=50))
+    project.write_params(lambda r: r["train"].update(budget_flops=budgets(3000), eval_interval=50))
     project = project.path
     reference = start_lmablate(train_cmd("ref"), project)
     assert reference.wait(timeout=300) == 0, reference.stderr.read()
@@ -110,7 +114,8 @@ def test_kill_9_during_tune_keeps_trials_and_finishes_the_count(project, start_l
     tune_cmd = ["tune", "arithmetic", "baseline", "--tokens", "tokens", "--best", "t/best.json",
                 "--trials", "t/trials.csv"]
     victim = start_lmablate(tune_cmd, project)
-    name = tuning.study_name(cfg, "arithmetic", "baseline")
+    name = tuning.study_name(cfg, "arithmetic", "baseline",
+                             TokenData.load(project / "tokens").fingerprint(), 0)
     storage = cfg.tune.storage_url
 
     def n_complete() -> int:
@@ -130,6 +135,15 @@ def test_kill_9_during_tune_keeps_trials_and_finishes_the_count(project, start_l
     assert states.count(optuna.trial.TrialState.COMPLETE) == 4
     assert optuna.trial.TrialState.RUNNING not in states
     assert json.loads((project / "t" / "best.json").read_text())["n_trials"] == 4
+    # the killed trial was failed and run again from its queued slot: the same bytes as a run
+    # that was never killed (its own, fresh storage)
+    raw = yaml.safe_load((project / "params.yaml").read_text())
+    raw["tune"]["storage"] = f"sqlite:///{project / 'ref.db'}"
+    (project / "ref.yaml").write_text(yaml.safe_dump(raw))
+    reference = start_lmablate(["--params", "ref.yaml", *tune_cmd[:5], "--best", "r/best.json",
+                                "--trials", "r/trials.csv"], project)
+    assert reference.wait(timeout=300) == 0, reference.stderr.read()
+    assert (project / "r" / "best.json").read_bytes() == (project / "t" / "best.json").read_bytes()
 
 
 def test_final_run_divergence_names_dataset_variant_seed_and_step(project, start_lmablate):
@@ -142,19 +156,21 @@ def test_final_run_divergence_names_dataset_variant_seed_and_step(project, start
 
 def test_diverging_trial_is_failed_with_reason_and_the_study_goes_on(project):
     cfg = dataclasses.replace(project.cfg, tune=dataclasses.replace(
-        project.cfg.tune, lr_low=1e-3, lr_high=1e7, n_trials=4, steps=20))
+        project.cfg.tune, lr_low=1e-3, lr_high=1e7, n_trials=4, budget_fraction=0.1))
     project = project.path
     try:
         tune.run(cfg, "arithmetic", "baseline", project / "tokens", project / "b.json",
                  project / "t.csv", NullTracker())
     except RuntimeError as exc:  # every trial may diverge at such rates
         assert "no trial" in str(exc)
-    study = optuna.load_study(study_name=tuning.study_name(cfg, "arithmetic", "baseline"),
-                              storage=cfg.tune.storage_url)
+    name = tuning.study_name(cfg, "arithmetic", "baseline",
+                             TokenData.load(project / "tokens").fingerprint(), 0)
+    study = optuna.load_study(study_name=name, storage=cfg.tune.storage_url)
     failed = [t for t in study.trials if t.state == optuna.trial.TrialState.FAIL]
     assert failed, "some trial at a learning rate up to 1e7 should diverge"
     assert all("training loss is" in t.user_attrs["fail_reason"] for t in failed)
-    assert len(study.trials) >= 4
+    assert all(t.user_attrs[tuning.OUTCOME] == tuning.DIVERGED for t in failed)
+    assert len(study.trials) == 4  # a divergence is a result: its slot is not run again
 
 
 def children(pid: int) -> set[int]:
