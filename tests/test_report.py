@@ -64,8 +64,10 @@ def make_cfg(seeds=(0, 1, 2), variants=VARIANTS):
         },
         "model": {"n_layers": 2, "n_heads": 4, "d_model": 64, "context_length": 48},
         "variants": {"baseline": {}, "gelu": {"ffn": "gelu"}, "rmsnorm": {"norm": "rmsnorm"}},
-        "train": {"steps": 321, "batch_size": 12, "eval_interval": 50},
-        "tune": {"n_trials": 6, "steps": 77, "d_model_choices": [32, 64]},
+        "train": {"budget_flops": {"shakespeare": 2.4e11, "arithmetic": 1.2e11},
+                  "batch_size": 12, "eval_interval": 50},
+        "tune": {"n_trials": 6, "trials_per_batch": 3, "n_startup_trials": 3,
+                 "budget_fraction": 0.2, "d_model_choices": [32, 64]},
     }
     return config.parse(raw)
 
@@ -86,7 +88,10 @@ def write_runs(root: Path, seeds=(0, 1, 2), variants=VARIANTS, grad_for=("shakes
                 run = {
                     "seed": seed, "n_params": PARAMS[var] + 5_000,
                     "n_params_non_embedding": PARAMS[var], "flops_per_token": 6 * PARAMS[var],
-                    "lr": 0.002 + 0.001 * v_idx, "d_model": 64, "val_loss": test - 0.01,
+                    "lr": 0.002 + 0.001 * v_idx, "d_model": 64, "steps": 1000 + v_idx,
+                    "tokens": (1000 + v_idx) * 12 * 48,
+                    "train_flops": (1000 + v_idx) * 12 * 48 * 6 * PARAMS[var],
+                    "val_loss": test - 0.01,
                     "test_loss": test, "perplexity": math.exp(test),
                     "bits_per_char": test / math.log(2), "train_seconds": 10.0 + i,
                     "tokens_per_second": 40_000.0 + 1000 * v_idx, "mlflow_run_id": f"r{i}{var}",
@@ -171,8 +176,9 @@ def test_ablation_csv_schema_and_one_row_per_run(built):
     df = pd.read_csv(out["ablation"])
     assert list(df.columns) == collect.ABLATION_COLUMNS == [
         "dataset", "variant", "seed", "n_params", "n_params_non_embedding", "flops_per_token",
-        "lr", "d_model", "val_loss", "test_loss", "perplexity", "bits_per_char",
-        "char_accuracy", "exact_match", "train_seconds", "tokens_per_second"]
+        "lr", "d_model", "steps", "tokens", "train_flops", "val_loss", "test_loss",
+        "perplexity", "bits_per_char", "char_accuracy", "exact_match", "train_seconds",
+        "tokens_per_second"]
     assert len(df) == 2 * 3 * 3
     assert not df.duplicated(["dataset", "variant", "seed"]).any()
     assert set(df["variant"]) == set(VARIANTS)  # the stale "old" variant is ignored
@@ -314,13 +320,16 @@ def test_report_markdown(built):
     assert "**▲ better**" in md and "**▼ worse**" in md
     assert "How to read this report" in md
     # methodology from the config and the environment, not typed by hand
-    assert f"{cfg.train.steps} optimizer steps of {cfg.train.batch_size} sequences" in md
+    assert "Compared at equal training compute" in md.split("## Methodology")[0]
+    assert "| shakespeare | baseline | 64 | 1,000 | 576,000 | 3.46e+11 | 144.0% |" in md
+    assert f"optimizer steps of {cfg.train.batch_size} sequences x 48 tokens" in md
+    assert "FLOPs: shakespeare 2.4e+11, arithmetic 1.2e+11" in md
     assert f"context of {cfg.model.context_length} characters" in md
-    assert f"{cfg.tune.n_trials} trials of {cfg.tune.steps} steps" in md
+    assert f"{cfg.tune.n_trials} trials, each spending 0.2 of the budget on seed 1000" in md
     assert "3 seeds (0, 1, 2)" in md
     assert "2-core test CPU" in md and "torch 9.9.9-test" in md
     # tuned lr / d_model, parameter counts, throughput
-    assert "| baseline | 0.002 | 64 | 105,000 | 100,000 | 600,000 | 40,000 |" in md
+    assert "| baseline | 0.002 | 64 | 1,000 | 105,000 | 100,000 | 600,000 | 40,000 |" in md
     # samples in a code block whose fence survives the ``` inside the sample
     assert "````text\nROMEO (gelu, seed 0):" in md
     assert "`$(0000000782+0000000021)=`" in md and "✗" in md

@@ -214,11 +214,11 @@ def plot_by_op_heatmap(per_op: pd.DataFrame, path: Path, metric: str = "exact_ma
     return Path(path)
 
 
-def plot_tuning(trials: pd.DataFrame, dataset: str, path: Path,
-                steps: int | None = None) -> Path | None:
+def plot_tuning(trials: pd.DataFrame, dataset: str, path: Path) -> Path | None:
     """Optuna trials: learning rate (log x-axis) against the trial's validation loss
-    (nats/token), colour = variant, marker = d_model. Completed trials are solid, pruned trials
-    faded (their value is the last reported intermediate loss), failed trials omitted; a star
+    (nats/token) at the end of its share of the budget, colour = variant, marker = d_model.
+    Completed trials are solid, pruned trials faded (their value is the loss they were pruned
+    at, earlier in their budget), failed trials omitted; a star
     marks each variant's best completed trial. Returns ``path``, or None without trials."""
     t = trials[trials["dataset"] == dataset] if len(trials) else trials
     if t.empty or "params_lr" not in t or "value" not in t:
@@ -269,10 +269,9 @@ def plot_tuning(trials: pd.DataFrame, dataset: str, path: Path,
         labels += ["best completed trial", "faded: pruned trial"]
         ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.01, 1.0))
         n_done, n_pruned = len(done), len(pruned)
-        after = f" after {steps} steps" if steps else ""
         ax.set_title(f"{dataset}: tuning trials ({n_done} completed, {n_pruned} pruned)")
         ax.set_xlabel("learning rate (log scale)")
-        ax.set_ylabel(f"validation loss{after} (nats/token)")
+        ax.set_ylabel("val loss at trial end, pruned: at pruning\n(nats/token)")
     return Path(path)
 
 

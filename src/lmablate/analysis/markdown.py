@@ -143,12 +143,36 @@ def _tuned_table(ablation: pd.DataFrame, dataset: str, order: Sequence[str]) -> 
             # tuning picks one value per dataset x variant; several would mean stale runs
             "lr": ", ".join(f"{x:.3g}" for x in lrs) or "–",
             "d_model": ", ".join(_int(x) for x in widths) or "–",
+            "steps": ", ".join(_int(x) for x in v["steps"].dropna().unique()) or "–",
             "parameters": _int(v["n_params"].max()),
             "non-embedding parameters": _int(v["n_params_non_embedding"].max()),
             "FLOPs/token": _int(v["flops_per_token"].max()),
             "throughput (tokens/s, mean)": _int(v["tokens_per_second"].mean()),
             "train time (s, mean)": _num(v["train_seconds"].mean(), 1),
         })
+    return _md_table(pd.DataFrame(rows)) if rows else "_No runs._"
+
+
+def _compute_table(cfg: StudyConfig, ablation: pd.DataFrame, datasets: Sequence[str],
+                   order: Sequence[str]) -> str:
+    """Per dataset x variant: tuned width, steps, tokens and training FLOPs of its final runs,
+    and those FLOPs as a share of the dataset's budget."""
+    rows = []
+    for ds in datasets:
+        budget = cfg.train.budget_flops.get(ds)
+        for variant in order:
+            v = ablation[(ablation["dataset"] == ds) & (ablation["variant"] == variant)]
+            if v.empty:
+                continue
+            flops = v["train_flops"].dropna()
+            rows.append({
+                "dataset": ds, "variant": variant,
+                "d_model": ", ".join(_int(x) for x in v["d_model"].dropna().unique()) or "–",
+                "steps": ", ".join(_int(x) for x in v["steps"].dropna().unique()) or "–",
+                "tokens": _int(v["tokens"].max()),
+                "training FLOPs": f"{flops.max():.3g}" if len(flops) else "–",
+                "of budget": (f"{flops.max() / budget:.1%}" if len(flops) and budget else "–"),
+            })
     return _md_table(pd.DataFrame(rows)) if rows else "_No runs._"
 
 
@@ -201,7 +225,7 @@ def _methodology(cfg: StudyConfig, ablation: pd.DataFrame,
     datasets = ", ".join(f"{name} ({d.kind})" for name, d in cfg.datasets.items())
     changes = [f"{v}: " + ", ".join(f"{k}={val}" for k, val in cfg.variants[v].items())
                for v in cfg.study_variants if cfg.variants.get(v)]
-    tokens = tr.steps * tr.batch_size * m.context_length
+    budgets = ", ".join(f"{name} {tr.budget_flops[name]:.3g}" for name in cfg.datasets)
     text = (
         f"Each of {len(cfg.study_variants)} variants was trained on each of "
         f"{len(cfg.datasets)} datasets ({datasets}) with {len(cfg.seeds)} seeds "
@@ -211,14 +235,19 @@ def _methodology(cfg: StudyConfig, ablation: pd.DataFrame,
         f"feed-forward, {m.norm_placement}-{m.norm}, {m.position} positions and a context of "
         f"{m.context_length} characters" + (f"; the variants change {'; '.join(changes)}. "
                                             if changes else ". ") +
+        f"Every final run of a dataset spends the same training compute (FLOPs: {budgets}; "
+        f"6 N + 6 n_layers n_ctx d_model per token, Kaplan et al. 2020), so its number of "
+        f"optimizer steps of {tr.batch_size} sequences x {m.context_length} tokens follows "
+        f"from its width. "
         f"Before training, the learning rate (log-uniform in [{tu.lr_low:g}, {tu.lr_high:g}]) "
         f"and d_model (one of {', '.join(map(str, tu.d_model_choices))}) were tuned per "
-        f"dataset x variant with Optuna: {tu.n_trials} trials of {tu.steps} steps each, "
-        f"objective validation loss, {tu.pruner} pruner, sampler seed {tu.sampler_seed}; the "
-        f"tuned values (per variant below) replace the configured learning rate {tr.lr:g} and "
-        f"width {m.d_model}. "
-        f"Each run then trained for {tr.steps} optimizer steps of {tr.batch_size} sequences x "
-        f"{m.context_length} tokens ({tokens:,} tokens), {tr.lr_schedule} learning-rate "
+        f"dataset x variant with Optuna's TPE sampler: {tu.n_trials} trials, each spending "
+        f"{tu.budget_fraction:g} of the budget on seed {tu.seed} (not a final seed), proposed "
+        f"{tu.trials_per_batch} at a time ({tu.n_startup_trials} random start-up trials), "
+        f"objective validation loss, {tu.pruner} pruner judging a trial only against earlier "
+        f"batches and never in warm-up, sampler seed {tu.sampler_seed}; the tuned values (per "
+        f"variant below) replace the configured learning rate {tr.lr:g} and width {m.d_model}. "
+        f"Each run then trained with a {tr.lr_schedule} learning-rate "
         f"schedule with {tr.warmup_steps} warm-up steps, weight decay {tr.weight_decay:g}, "
         f"betas ({tr.beta1:g}, {tr.beta2:g}), gradient clipping at {tr.grad_clip:g}, "
         f"validation every {tr.eval_interval} steps over {tr.eval_iters} batches. "
@@ -226,7 +255,8 @@ def _methodology(cfg: StudyConfig, ablation: pd.DataFrame,
         f"answers are greedy-decoded for up to {ev.max_problems} test problems."
     )
     if cfg.match_params:
-        text += " Widths were adjusted so that every variant matches the baseline's parameter count."
+        text += (" Each variant's feed-forward width was adjusted so that its non-embedding "
+                 "parameter count matches the baseline's at the same d_model.")
     stats_text = (
         f"Statistics: each table gives the mean over seeds ± the half-width of its "
         f"{CONFIDENCE:.0%} Student-t interval. Variants are compared with the baseline by a "
@@ -303,6 +333,10 @@ def render_markdown(cfg: StudyConfig, runs: RunOutputs, summary: pd.DataFrame,
         "is not evidence that the variants are equal. Raw numbers are in `ablation.csv`, "
         "`summary.csv` (long format: one row per dataset x variant x metric) and "
         "`comparisons.csv`.", "",
+        "**Compared at equal training compute.** Within a dataset every final run spends the "
+        "same training FLOPs (`train.budget_flops`); each variant's width was tuned, and its "
+        "step count follows from that width, so a narrower model trains more steps:", "",
+        _compute_table(cfg, ablation, datasets, order), "",
     ]
     lines += _methodology(cfg, ablation, environment)
     if notes:

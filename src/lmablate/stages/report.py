@@ -168,7 +168,7 @@ def build_report(cfg: StudyConfig, runs_dir: Path, out_dir: Path,
                                 plots.plot_by_op_heatmap(per_op, fig_dir / name, metric, [ds])))
         figures += [
             (ds, f"{ds}: tuning trials, learning rate vs validation loss",
-             plots.plot_tuning(runs.trials, ds, fig_dir / f"tuning_{ds}.png", cfg.tune.steps)),
+             plots.plot_tuning(runs.trials, ds, fig_dir / f"tuning_{ds}.png")),
             (ds, f"{ds}: non-embedding parameters vs test loss",
              plots.plot_params_vs_loss(ablation, ds, fig_dir / f"params_vs_loss_{ds}.png")),
             (ds, f"{ds}: fraction of near-zero gradients per parameter group",
