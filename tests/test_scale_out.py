@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import budgets
 
 N_TRIALS = 6
 DATASET, VARIANT = "arithmetic", "baseline"
@@ -43,9 +44,10 @@ def tune_args(out: str) -> list[str]:
 
 # one worker per process, and enough steps that the two workers' trials overlap in time
 SCALE_OUT = {
-    "runtime": {"workers": 1, "threads": 1, "device": "cpu"},
-    "tune": {"n_trials": N_TRIALS, "steps": 60, "lr_low": 1e-3, "lr_high": 3e-2,
-             "heartbeat_seconds": 2},
+    "runtime": {"workers": 1, "device": "cpu"},
+    "train": {"budget_flops": budgets(60)},
+    "tune": {"n_trials": N_TRIALS, "trials_per_batch": 2, "n_startup_trials": 2, "reports": 4,
+             "budget_fraction": 1.0, "lr_low": 1e-3, "lr_high": 3e-2, "heartbeat_seconds": 2},
 }
 
 
@@ -157,14 +159,9 @@ def postgres():
 # Two workers, one study
 
 
-def trial_numbers(stderr: str) -> list[int]:
-    """Numbers of the trials this worker finished, from Optuna's log lines."""
-    return [int(n) for n in re.findall(r"Trial (\d+) (?:finished|pruned)", stderr)]
-
-
-def run_two_workers(start_lmablate, project: Path, storage_url: str) -> tuple[object, list[list[int]]]:
+def run_two_workers(start_lmablate, project: Path, storage_url: str) -> object:
     """Start two ``lmablate tune`` workers at once on the study in ``storage_url``; returns the
-    study and the trial numbers each worker ran."""
+    study."""
     import optuna
 
     env = {"LMABLATE_OPTUNA_STORAGE": storage_url}
@@ -176,71 +173,84 @@ def run_two_workers(start_lmablate, project: Path, storage_url: str) -> tuple[ob
     names = [json.loads((project / f"out{w}" / "best.json").read_text())["study_name"]
              for w in (0, 1)]
     assert names[0] == names[1]
-    study = optuna.load_study(study_name=names[0], storage=storage_url)
-    return study, [trial_numbers(err) for _, err in outputs]
+    return optuna.load_study(study_name=names[0], storage=storage_url)
 
 
-def check_study(project: Path, study, per_worker: list[list[int]]) -> None:
-    """Exactly N_TRIALS finished trials, none running, none lost, none run twice."""
+def check_study(project: Path, study, start_lmablate) -> None:
+    """Every slot has its result, nothing is left running or queued, both workers trained
+    trials, and both wrote the bytes that one worker alone writes on a fresh database."""
     import optuna
+
+    from lmablate.tuning import SLOT, slot_results
 
     S = optuna.trial.TrialState
     trials = study.get_trials(deepcopy=False)
-    finished = [t for t in trials if t.state in (S.COMPLETE, S.PRUNED)]
-    assert len(finished) == N_TRIALS, [(t.number, t.state) for t in trials]
-    # Two workers whose trials end together may both start one more; the later of the two is
-    # failed at once as surplus (lmablate.tune.is_surplus) without training.
-    others = [t for t in trials if t not in finished]
-    assert all(t.state == S.FAIL and t.user_attrs["fail_reason"].startswith("surplus")
-               for t in others), [(t.number, t.state, t.user_attrs) for t in others]
-    numbers = [t.number for t in trials]
-    assert sorted(numbers) == list(range(len(trials)))  # unique, no gaps
-    ran = [n for nums in per_worker for n in nums]
-    assert sorted(ran) == sorted(t.number for t in finished)  # each trial run by one worker once
-    assert all(per_worker), f"a worker ran no trial: {per_worker}"
-    # Each worker waits for the other's last trial, then writes the same result.
-    bests = [json.loads((project / f"out{w}" / "best.json").read_text()) for w in (0, 1)]
-    assert bests[0] == bests[1] and bests[0]["n_trials"] == N_TRIALS
-    assert bests[0]["trial"] == study.best_trial.number
+    assert sorted(slot_results(study)) == list(range(N_TRIALS))
+    assert not [t for t in trials if t.state in (S.RUNNING, S.WAITING)]
+    # a slot queued twice (two workers proposing the same batch at once) has the same params
+    for slot in range(N_TRIALS):
+        params = [t.params for t in trials if t.user_attrs[SLOT] == slot]
+        assert all(p == params[0] for p in params), (slot, params)
+    workers = {t.user_attrs.get("worker") for t in trials if t.state in (S.COMPLETE, S.PRUNED)}
+    assert len(workers) == 2, f"a worker ran no trial: {workers}"
+    bests = [(project / f"out{w}" / "best.json").read_bytes() for w in (0, 1)]
+    assert bests[0] == bests[1]
+    alone = start_lmablate(tune_args("alone"), project,
+                           {"LMABLATE_OPTUNA_STORAGE": f"sqlite:///{project / 'alone.db'}"})
+    _, err = alone.communicate(timeout=WORKER_TIMEOUT)
+    assert alone.returncode == 0, err[-3000:]
+    assert (project / "alone" / "best.json").read_bytes() == bests[0]
 
 
 def test_two_workers_share_a_postgresql_study(postgres, tmp_path, scale_project, start_lmablate):
     project = scale_project(tmp_path)
     url = postgres.create_database("optuna_two_workers")
-    study, per_worker = run_two_workers(start_lmablate, project, url)
-    check_study(project, study, per_worker)
-    print(f"PostgreSQL study {study.study_name}: trials per worker "
-          f"{[len(n) for n in per_worker]} {per_worker}")
+    study = run_two_workers(start_lmablate, project, url)
+    check_study(project, study, start_lmablate)
     # A third worker (e.g. a re-run of the DVC stage) finds the study finished: no new trial.
+    before = len(study.get_trials(deepcopy=False))
     proc = start_lmablate(tune_args("out2"), project, {"LMABLATE_OPTUNA_STORAGE": url})
     _, err = proc.communicate(timeout=WORKER_TIMEOUT)
     assert proc.returncode == 0, err[-3000:]
-    assert trial_numbers(err) == []
     assert json.loads((project / "out2" / "best.json").read_text())["n_trials"] == N_TRIALS
-    assert len(study.get_trials(deepcopy=False)) == len(study.trials)
+    assert len(study.get_trials(deepcopy=False)) == before
 
 
 def test_two_workers_share_a_sqlite_study(tmp_path, scale_project, start_lmablate):
     project = scale_project(tmp_path)
     url = f"sqlite:///{tmp_path / 'shared.db'}"
-    study, per_worker = run_two_workers(start_lmablate, project, url)
-    check_study(project, study, per_worker)
-    print(f"SQLite study {study.study_name}: trials per worker "
-          f"{[len(n) for n in per_worker]} {per_worker}")
+    study = run_two_workers(start_lmablate, project, url)
+    check_study(project, study, start_lmablate)
 
 
 @pytest.mark.filterwarnings("ignore:Heartbeat of storage")
-def test_surplus_trials_are_recognised(tmp_path):
-    """With n_trials=2, a third trial created before any finished is surplus."""
+def test_a_queued_trial_is_claimed_by_one_worker_only(tmp_path):
+    """Eight threads race to claim three queued trials: each is taken exactly once, and no
+    trial is ever created by the race (lmablate.tuning.claim never samples)."""
+    import threading
+
     import optuna
 
-    from lmablate.tuning import is_surplus, make_storage
+    from lmablate.tuning import claim, load_study, make_storage
 
-    study = optuna.create_study(storage=make_storage(f"sqlite:///{tmp_path / 'o.db'}"))
-    trials = [study.ask() for _ in range(3)]
-    assert [is_surplus(study, t, 2) for t in trials] == [False, False, True]
-    study.tell(trials[0], state=optuna.trial.TrialState.FAIL)  # e.g. its worker died
-    assert [is_surplus(study, t, 2) for t in trials[1:]] == [False, False]
+    study = load_study(make_storage(f"sqlite:///{tmp_path / 'o.db'}"), "claims")
+    for slot in range(3):
+        study.enqueue_trial({"x": float(slot)}, user_attrs={"slot": slot})
+    taken, barrier = [], threading.Barrier(8)
+
+    def worker():
+        barrier.wait()
+        while (trial := claim(study)) is not None:
+            taken.append(trial.number)
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(taken) == [0, 1, 2]
+    assert len(study.get_trials()) == 3
+    assert all(t.state == optuna.trial.TrialState.RUNNING for t in study.get_trials())
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -355,7 +365,7 @@ def test_mlflow_tracking_server(mlflow_server, tmp_path, scale_project, start_lm
 
     project = scale_project(tmp_path / "project", lambda r: (
         r["tracking"].update(enabled=True, experiment="scale-out"),
-        r["tune"].update(n_trials=2, steps=4)))
+        r["tune"].update(n_trials=2, n_startup_trials=1, budget_fraction=0.5)))
     env = {"MLFLOW_TRACKING_URI": mlflow_server}
     for args in (tune_args("out"),
                  ["train", DATASET, VARIANT, "--tokens", "tokens", "--best", "out/best.json",

@@ -11,6 +11,8 @@ one parent run per dataset x variant.
 from __future__ import annotations
 
 import argparse
+import os
+import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,6 +105,7 @@ def _train_trial(job: TuneJob, study: optuna.Study, trial: optuna.Trial, data: T
             Heartbeat(study, trial, tune.heartbeat_seconds):
         tracker.log_params({"lr": lr, "d_model": d_model, "trial": slot, "steps": steps})
         trial.set_user_attr("steps", steps)
+        trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
         try:
             result = train_model(model_cfg, train_cfg, data, seed=tune.seed, lr=lr, steps=steps,
                                  device=device, on_eval=report, tracker=tracker,
