@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from conftest import budgets
+
 ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = ["baseline", "swiglu", "rope"]
 SEEDS = [0, 1, 2]
@@ -19,22 +21,22 @@ def pipeline_overrides(corpus: Path) -> dict:
     return {
         "study": {"seeds": SEEDS, "variants": VARIANTS,
                   "datasets": ["shakespeare", "arithmetic"]},
-        "datasets": {"shakespeare": {"kind": "text", "source": str(corpus), "sha256": None,
+        "datasets": {"shakespeare": {"kind": "text", "source": corpus.name, "sha256": None,
                                      "max_chars": None, "split": {"val": 0.1, "test": 0.1}},
                      "arithmetic": {"n_test": 64}},
         "model": {"context_length": 32},
-        "train": {"steps": 12, "eval_interval": 6, "eval_iters": 2, "warmup_steps": 2,
-                  "batch_size": 8},
-        "tune": {"steps": 6},
+        # final runs of 12 steps, trials of 6
+        "train": {"budget_flops": budgets(12, {"context_length": 32}, batch_size=8),
+                  "eval_interval": 6, "eval_iters": 2, "warmup_steps": 2, "batch_size": 8},
         "evaluate": {"max_batches": 2, "batch_size": 32, "max_problems": 64, "n_samples": 1,
                      "sample_tokens": 20},
         "tracking": {"enabled": True},
     }
 
 
-@pytest.fixture(scope="module")
-def study(tmp_path_factory, tiny_params, run_command):
-    work = tmp_path_factory.mktemp("study")
+def repro_from_scratch(work: Path, tiny_params, run_command, **runtime) -> Path:
+    """A fresh project in ``work`` (sources, dvc.yaml, params with ``runtime`` changes), after
+    one ``dvc repro``."""
     for name in ("dvc.yaml", "pyproject.toml"):
         shutil.copy(ROOT / name, work / name)
     shutil.copytree(ROOT / "src", work / "src", ignore=shutil.ignore_patterns("__pycache__"))
@@ -42,12 +44,30 @@ def study(tmp_path_factory, tiny_params, run_command):
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     corpus.write_text((text * (40_000 // len(text) + 1))[:40_000], encoding="utf-8")
     params = tiny_params(pipeline_overrides(corpus))
+    params["runtime"].update(runtime)
     (work / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     assert run_command(["git", "init", "-q"], work).returncode == 0
     assert run_command(["dvc", "init", "-q"], work).returncode == 0
     first = run_command(["dvc", "repro"], work, timeout=1500)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     return work
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory, tiny_params, run_command):
+    return repro_from_scratch(tmp_path_factory.mktemp("study"), tiny_params, run_command)
+
+
+@pytest.mark.slow
+def test_a_second_study_from_scratch_gives_the_same_bytes_at_another_worker_count(
+        study, tmp_path, tiny_params, run_command):
+    again = repro_from_scratch(tmp_path, tiny_params, run_command, workers=1)
+    results = sorted(p.relative_to(study) for pattern in ("runs/*/*/best.json",
+                                                           "runs/*/*/metrics.json")
+                     for p in study.glob(pattern)) + [Path("reports/comparisons.csv")]
+    assert len(results) == 2 * 2 * len(VARIANTS) + 1
+    for path in results:
+        assert (again / path).read_bytes() == (study / path).read_bytes(), path
 
 
 @pytest.mark.slow
