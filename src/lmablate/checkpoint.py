@@ -26,12 +26,12 @@ from .model import GPT
 
 # The modules whose code defines what a training run computes: a resume state written by other
 # code is not resumed (see code_version).
-RUN_MODULES = ("model.py", "training.py", "tokens.py", "device.py")
+RUN_MODULES = ("model.py", "training.py", "batched.py", "tokens.py", "device.py")
 
 
 def code_version() -> str:
     """First 16 hex digits of the sha256 of :data:`RUN_MODULES` (the model, the training loop
-    and its batches): part of every training fingerprint."""
+    and its batches, the batched loop): part of every training fingerprint."""
     h = hashlib.sha256()
     for name in RUN_MODULES:
         h.update(Path(__file__).with_name(name).read_bytes())
