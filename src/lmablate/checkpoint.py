@@ -26,12 +26,12 @@ from .model import GPT
 
 # The modules whose code defines what a training run computes: a resume state written by other
 # code is not resumed (see code_version).
-RUN_MODULES = ("model.py", "training.py", "tokens.py", "device.py")
+RUN_MODULES = ("model.py", "training.py", "batched.py", "tokens.py", "device.py")
 
 
 def code_version(modules: tuple[str, ...] = RUN_MODULES) -> str:
     """First 16 hex digits of the sha256 of ``modules`` (paths relative to the package; by
-    default :data:`RUN_MODULES`, the model, the training loop and its batches): part of every
+    default :data:`RUN_MODULES`, the model, the training loop and its batches, the batched loop): part of every
     training fingerprint and every Optuna study name."""
     h = hashlib.sha256()
     for name in modules:

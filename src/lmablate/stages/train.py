@@ -3,16 +3,19 @@ for the steps that spend the dataset's training budget at that width (:mod:`lmab
 
 Each seed is one MLflow run tagged dataset/variant/seed/stage. A seed whose ``result.json``
 carries the current fingerprint is kept; an interrupted one resumes from its ``resume.pt``.
+Seeds train as concurrent jobs on a CPU and as one batched model on a GPU (see :func:`run`).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 
 from .. import fileio
 from ..budget import run_steps, tokens_per_step, training_flops
+from ..batched import batched_on, train_seeds
 from ..checkpoint import code_version, load_resume, save_checkpoint
 from ..config import ModelConfig, StudyConfig
 from ..fingerprint import fingerprint
@@ -20,8 +23,9 @@ from ..device import resolve_device
 from ..model import count_params, flops_per_token
 from ..parallel import map_jobs, use_processes, worker_count
 from ..tokens import TokenData
-from ..tracking import make_tracker
-from ..training import GRAD_STATS_COLUMNS, HISTORY_COLUMNS, DivergenceError, train_model
+from ..tracking import NullTracker, make_tracker
+from ..training import (GRAD_STATS_COLUMNS, HISTORY_COLUMNS, DivergenceError, TrainResult,
+                        train_model)
 from ..variants import preflight, resolve_model_config
 
 
@@ -50,6 +54,59 @@ def seed_fingerprint(job: SeedJob, data: TokenData) -> str:
                        job.seed, code_version(), data.fingerprint(), device.type)
 
 
+def _finished(job: SeedJob, fp: str) -> dict | None:
+    """The seed's ``result.json`` if it and its checkpoint exist with fingerprint ``fp``."""
+    result_path = job.seed_dir / "result.json"
+    if result_path.exists() and (job.seed_dir / "checkpoint.pt").exists():
+        done = fileio.read_json(result_path)
+        if done.get("fingerprint") == fp:
+            return done
+    return None
+
+
+def _run_name_tags(job: SeedJob) -> tuple[str, dict]:
+    """A seed's MLflow run name and tags."""
+    return (f"{job.dataset}-{job.variant}-seed{job.seed}",
+            {"dataset": job.dataset, "variant": job.variant, "seed": job.seed, "stage": "train"})
+
+
+def _run_params(job: SeedJob, device) -> dict:
+    """The params a seed's MLflow run records once, when it starts."""
+    n_params, n_non_emb = count_params(job.model_cfg)
+    return {**job.model_cfg.to_dict(), "lr": job.lr, "steps": job.steps,
+            "batch_size": job.cfg.train.batch_size, "seed": job.seed, "n_params": n_params,
+            "n_params_non_embedding": n_non_emb, "flops_per_token": flops_per_token(job.model_cfg),
+            "device": device.type}
+
+
+def _finish(job: SeedJob, fp: str, result: TrainResult, tracker: NullTracker,
+            run_id: str | None, device) -> dict:
+    """Record a trained seed: summary metrics to ``tracker``, ``checkpoint.pt`` and
+    ``result.json`` written, ``resume.pt`` removed, the checkpoint logged as an artifact.
+    Returns the ``result.json`` content."""
+    n_params, n_non_emb = count_params(job.model_cfg)
+    summary = {"seed": job.seed, "lr": job.lr, "d_model": job.model_cfg.d_model,
+               "n_params": n_params, "n_params_non_embedding": n_non_emb,
+               "flops_per_token": flops_per_token(job.model_cfg), "steps": job.steps,
+               "tokens": job.steps * tokens_per_step(job.model_cfg, job.cfg.train.batch_size),
+               "train_flops": training_flops(job.model_cfg, job.cfg.train.batch_size, job.steps),
+               "val_loss": result.val_loss,
+               "train_seconds": result.train_seconds,
+               "tokens_per_second": result.tokens_per_second,
+               "device": device.type, "mlflow_run_id": run_id}
+    tracker.log_metrics({k: summary[k] for k in ("val_loss", "train_seconds",
+                                                 "tokens_per_second")})
+    save_checkpoint(job.seed_dir / "checkpoint.pt", result.model, result.optimizer,
+                    job.model_cfg, step=job.steps,
+                    meta={"dataset": job.dataset, "variant": job.variant, "seed": job.seed})
+    done = {"fingerprint": fp, "summary": summary, "history": result.history,
+            "grad_stats": [{"seed": job.seed, **g} for g in result.grad_stats]}
+    fileio.write_json(job.seed_dir / "result.json", done)
+    (job.seed_dir / "resume.pt").unlink(missing_ok=True)
+    tracker.log_artifact(job.seed_dir / "checkpoint.pt", "checkpoint")
+    return done
+
+
 def train_seed(job: SeedJob) -> dict:
     """Train one seed (in this or a worker process) and record it as one MLflow run.
 
@@ -64,26 +121,18 @@ def train_seed(job: SeedJob) -> dict:
     cfg, seed = job.cfg, job.seed
     data = TokenData.load(job.tokens_dir)
     fp = seed_fingerprint(job, data)
-    result_path, resume_path = job.seed_dir / "result.json", job.seed_dir / "resume.pt"
-    if result_path.exists() and (job.seed_dir / "checkpoint.pt").exists():
-        done = fileio.read_json(result_path)
-        if done.get("fingerprint") == fp:
-            return done
+    done = _finished(job, fp)
+    if done is not None:
+        return done
     tracker = make_tracker(cfg.tracking)
     device = resolve_device(cfg.runtime.device)
-    n_params, n_non_emb = count_params(job.model_cfg)
-    fpt = flops_per_token(job.model_cfg)
-    tags = {"dataset": job.dataset, "variant": job.variant, "seed": seed, "stage": "train"}
-    what = f"dataset {job.dataset}, variant {job.variant}, seed {seed}"
+    resume_path = job.seed_dir / "resume.pt"
     resumed = load_resume(resume_path, fp)
     run_id = resumed["meta"].get("mlflow_run_id") if resumed else None
-    with tracker.run(f"{job.dataset}-{job.variant}-seed{seed}", tags, run_id=run_id) as run_id:
+    name, tags = _run_name_tags(job)
+    with tracker.run(name, tags, run_id=run_id) as run_id:
         if resumed is None:
-            tracker.log_params({**job.model_cfg.to_dict(), "lr": job.lr,
-                                "steps": job.steps, "batch_size": cfg.train.batch_size,
-                                "seed": seed, "n_params": n_params,
-                                "n_params_non_embedding": n_non_emb, "flops_per_token": fpt,
-                                "device": device.type})
+            tracker.log_params(_run_params(job, device))
         try:
             result = train_model(job.model_cfg, cfg.train, data, seed=seed, lr=job.lr,
                                  steps=job.steps, device=device, tracker=tracker,
@@ -91,34 +140,63 @@ def train_seed(job: SeedJob) -> dict:
                                  resume_path=resume_path, fingerprint=fp,
                                  resume_meta={"mlflow_run_id": run_id})
         except DivergenceError as exc:
-            raise DivergenceError(f"{what}: {exc}") from None
-        summary = {"seed": seed, "lr": job.lr, "d_model": job.model_cfg.d_model,
-                   "n_params": n_params, "n_params_non_embedding": n_non_emb,
-                   "flops_per_token": fpt, "steps": job.steps,
-                   "tokens": job.steps * tokens_per_step(job.model_cfg, cfg.train.batch_size),
-                   "train_flops": training_flops(job.model_cfg, cfg.train.batch_size, job.steps),
-                   "val_loss": result.val_loss,
-                   "train_seconds": result.train_seconds,
-                   "tokens_per_second": result.tokens_per_second,
-                   "device": device.type, "mlflow_run_id": run_id}
-        tracker.log_metrics({k: summary[k] for k in ("val_loss", "train_seconds",
-                                                     "tokens_per_second")})
-        save_checkpoint(job.seed_dir / "checkpoint.pt", result.model, result.optimizer,
-                        job.model_cfg, step=job.steps,
-                        meta={"dataset": job.dataset, "variant": job.variant, "seed": seed})
-        done = {"fingerprint": fp, "summary": summary, "history": result.history,
-                "grad_stats": [{"seed": seed, **g} for g in result.grad_stats]}
-        fileio.write_json(result_path, done)
-        resume_path.unlink(missing_ok=True)
-        tracker.log_artifact(job.seed_dir / "checkpoint.pt", "checkpoint")
-    return done
+            raise DivergenceError(
+                f"dataset {job.dataset}, variant {job.variant}, seed {seed}: {exc}") from None
+        return _finish(job, fp, result, tracker, run_id, device)
+
+
+def train_seeds_batched(jobs: list[SeedJob]) -> list[dict]:
+    """Train the seeds of one dataset x variant (same model config and lr) together as one
+    batched model (:func:`lmablate.batched.train_seeds`), recording each seed as
+    :func:`train_seed` does: its own MLflow run, ``checkpoint.pt``, ``result.json``; finished
+    seeds are kept, interrupted ones resume from their ``resume.pt``. Returns the
+    ``result.json`` contents in ``jobs``' order.
+
+    Raises:
+        DivergenceError: a seed's loss became NaN/inf (names dataset, variant, seed and step).
+    """
+    first = jobs[0]
+    cfg = first.cfg
+    data = TokenData.load(first.tokens_dir)
+    device = resolve_device(cfg.runtime.device)
+    fps = {job.seed: seed_fingerprint(job, data) for job in jobs}
+    done = {job.seed: _finished(job, fps[job.seed]) for job in jobs}
+    todo = [job for job in jobs if done[job.seed] is None]
+    if todo:
+        tracker = make_tracker(cfg.tracking)
+        with contextlib.ExitStack() as stack:  # every seed's run open; FAILED if one raises
+            runs = []
+            for job in todo:
+                resumed = load_resume(job.seed_dir / "resume.pt", fps[job.seed])
+                name, tags = _run_name_tags(job)
+                run = stack.enter_context(tracker.open_run(
+                    name, tags, run_id=resumed["meta"].get("mlflow_run_id") if resumed else None))
+                if resumed is None:
+                    run.log_params(_run_params(job, device))
+                runs.append(run)
+            try:
+                results = train_seeds(
+                    first.model_cfg, cfg.train, data, seeds=[job.seed for job in todo],
+                    lr=first.lr, steps=first.steps, device=device, trackers=runs,
+                    desc=f"{first.dataset}/{first.variant}",
+                    resume_paths=[job.seed_dir / "resume.pt" for job in todo],
+                    fingerprints=[fps[job.seed] for job in todo],
+                    resume_meta=[{"mlflow_run_id": run.run_id} for run in runs])
+            except DivergenceError as exc:
+                raise DivergenceError(f"dataset {first.dataset}, variant {first.variant}, seed "
+                                      f"{getattr(exc, 'seed', '?')}: {exc}") from None
+            for job, run, result in zip(todo, runs, results):
+                done[job.seed] = _finish(job, fps[job.seed], result, run, run.run_id, device)
+    return [done[job.seed] for job in jobs]
 
 
 def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, best_path: Path,
         checkpoints_dir: Path, history_path: Path, grad_stats_path: Path) -> dict:
     """Train ``variant`` on ``dataset`` for every seed with the tuned lr and d_model.
 
-    Seeds run concurrently on a CPU (threads or processes, see :mod:`lmablate.parallel`). Writes
+    On a CPU, seeds run concurrently as threads or processes (see :mod:`lmablate.parallel`); on
+    a GPU (:func:`lmablate.batched.batched_on`) the seeds of a model without dropout train
+    together as one batched model (:func:`train_seeds_batched`). Writes
     ``checkpoints_dir/seed_<s>/checkpoint.pt`` and ``result.json`` per seed (see
     :func:`train_seed`; interrupted seeds resume, finished ones are kept),
     ``history_path`` (CSV, columns :data:`~lmablate.training.HISTORY_COLUMNS`, a DVC plot) and
@@ -138,10 +216,15 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, best_pat
     steps = run_steps(cfg, dataset, model_cfg)
     jobs = [SeedJob(cfg, dataset, variant, model_cfg, best["lr"], seed, steps, tokens_dir,
                     checkpoints_dir / f"seed_{seed}") for seed in cfg.seeds]
-    workers = worker_count(cfg.runtime, len(jobs), resolve_device(cfg.runtime.device),
-                           all_at_once=True)
-    results = map_jobs(train_seed, jobs, workers,
-                       processes=use_processes(cfg.runtime, [model_cfg]))
+    device = resolve_device(cfg.runtime.device)
+    if batched_on(device) and model_cfg.dropout == 0:
+        # one path per device type and model (both in the fingerprint), never per setting:
+        # batched and per-seed results agree to fp32 rounding only
+        results = train_seeds_batched(jobs)
+    else:
+        workers = worker_count(cfg.runtime, len(jobs), device, all_at_once=True)
+        results = map_jobs(train_seed, jobs, workers,
+                           processes=use_processes(cfg.runtime, [model_cfg]))
     fileio.write_csv(history_path, [row for r in results for row in r["history"]],
                      HISTORY_COLUMNS)
     fileio.write_csv(grad_stats_path, [row for r in results for row in r["grad_stats"]],

@@ -1,0 +1,292 @@
+"""The seeds of one model config trained as one batched model: S GPTs in a single forward.
+
+:func:`train_seeds` does what :func:`~lmablate.training.train_model` does for each of S seeds,
+but with the S models' parameters stacked along a leading seed axis and the forward run through
+``torch.func.vmap(functional_call(...))``: one kernel launch per layer op for all seeds instead
+of S, which is what keeps a GPU busy with models this small. Every seed keeps its own
+initialisation, batch order, gradient clipping and divergence check, so each seed's trajectory
+equals ``train_model`` for that seed alone up to fp32 rounding (batched matmuls may sum in another
+order; ``tests/test_batched.py``), not bit for bit. :func:`batched_on` is the one rule that says
+where the train stage uses this path.
+
+Shapes: S seeds, B batch, T tokens; a stacked parameter is (S, *shape of the seed's parameter).
+Losses are mean cross-entropy in nats per token, per seed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.func import functional_call, stack_module_state, vmap
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from tqdm.auto import tqdm
+
+from .checkpoint import load_resume, save_resume
+from .config import ModelConfig, TrainConfig
+from .device import autocast
+from .model import GLOBAL_RNG_LOCK, GPT
+from .tokens import TokenData, get_batch
+from .tracking import NullTracker
+from .training import (VAL_BATCH_SEED, DivergenceError, TrainResult, gradient_stats,
+                       make_optimizer, make_scheduler)
+
+
+def batched_on(device: torch.device) -> bool:
+    """Whether the train stage trains a variant's seeds with :func:`train_seeds` on ``device``.
+
+    A fixed function of the device type (part of every seed's fingerprint), never a runtime
+    setting: the two paths agree only to fp32 rounding, and a result must not depend on how
+    fast it was computed. On the CPU, seeds as threads win (``benchmarks/bench_batched_seeds.py``:
+    vmap's batched kernels gain nothing on a few cores that threads do not already use); on an
+    accelerator one small model leaves the device mostly idle, so the seeds go together.
+    """
+    return device.type in ("cuda", "mps")
+
+
+def _attention_backend(device: torch.device) -> contextlib.AbstractContextManager:
+    """SDPA backends for the vmapped forward. SDPA's fused CPU kernel has no vmap batching rule
+    and vmap would run it once per seed in a Python loop (with a performance warning); the math
+    backend is made of matmuls and a softmax, which batch over the seed axis. CUDA's flash and
+    memory-efficient kernels do have batching rules, so CUDA keeps PyTorch's choice."""
+    if device.type == "cuda":
+        return contextlib.nullcontext()
+    return sdpa_kernel([SDPBackend.MATH])
+
+
+def make_stacked_optimizer(params: dict[str, torch.Tensor], cfg: TrainConfig, lr: float,
+                           device: torch.device) -> torch.optim.AdamW:
+    """AdamW over stacked (S, ...) parameters, grouped as :func:`~lmablate.training.make_optimizer`
+    groups one seed's: weight decay on the seed's matrices (stacked dim - 1 >= 2) only. AdamW is
+    elementwise, so each seed's slice takes the step it would take alone. Parameters keep
+    ``params``' order (that of ``model.parameters()``), so the state of parameter i is the state
+    of the single-seed optimizer's parameter i."""
+    decay = [p for p in params.values() if p.dim() - 1 >= 2]
+    no_decay = [p for p in params.values() if p.dim() - 1 < 2]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay},
+              {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=lr, betas=(cfg.beta1, cfg.beta2),
+                             fused=device.type in ("cuda", "cpu"))
+
+
+@torch.no_grad()
+def clip_grad_norm_per_seed_(grads: list[torch.Tensor], max_norm: float) -> torch.Tensor:
+    """Clip each seed's gradients in place as ``torch.nn.utils.clip_grad_norm_`` would clip that
+    seed's alone: total 2-norm over all of the seed's gradients, scaled by
+    min(1, max_norm / (norm + 1e-6)).
+
+    Args:
+        grads: stacked gradients, each (S, ...).
+    Returns:
+        the seeds' total norms before clipping, (S,).
+    """
+    norms = torch.stack([torch.linalg.vector_norm(g.flatten(1), 2, dim=1) for g in grads])  # (P,S)
+    total = torch.linalg.vector_norm(norms, 2, dim=0)  # (S,)
+    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    for g in grads:
+        g.mul_(coef.view(-1, *([1] * (g.dim() - 1))))
+    return total
+
+
+def _seed_optimizer_state(stacked: dict, s: int) -> dict:
+    """Seed ``s``'s slice of a stacked AdamW ``state_dict()``, in the single-seed format (cloned,
+    so that saving it does not save every seed's storage)."""
+    state = {i: {k: v if k == "step" else v[s].clone() for k, v in st.items()}
+             for i, st in stacked["state"].items()}
+    return {"state": state, "param_groups": stacked["param_groups"]}
+
+
+def _stack_optimizer_states(states: list[dict]) -> dict:
+    """Single-seed AdamW ``state_dict()``s (same step) stacked into one for the stacked
+    optimizer."""
+    first = states[0]
+    state = {i: {k: v if k == "step" else torch.stack([s["state"][i][k] for s in states])
+                 for k, v in st.items()}
+             for i, st in first["state"].items()}
+    return {"state": state, "param_groups": first["param_groups"]}
+
+
+def train_seeds(model_cfg: ModelConfig, cfg: TrainConfig, data: TokenData, *, seeds: list[int],
+                lr: float, steps: int, device: torch.device,
+                trackers: list[NullTracker] | None = None, desc: str = "train",
+                resume_paths: list[Path] | None = None, fingerprints: list[str] | None = None,
+                resume_meta: list[dict] | None = None) -> list[TrainResult]:
+    """Train one GPT per seed in ``seeds`` for ``steps`` steps, all seeds in one batched model.
+
+    Each seed gets what :func:`~lmablate.training.train_model` gives it: the same initial weights,
+    training batches, learning-rate schedule, clipping, history rows, validation batches,
+    gradient statistics and resume states; one :class:`~lmablate.training.TrainResult` per seed,
+    in ``seeds``' order. ``train_seconds`` of a seed is the wall time of the batched run it was
+    part of, so its ``tokens_per_second`` counts its own tokens only.
+
+    ``trackers[i]`` receives seed i's metrics (it must log to that seed's run, see
+    :meth:`lmablate.tracking.NullTracker.open_run`). With ``resume_paths``, seed i's state is
+    saved to ``resume_paths[i]`` at every eval interval in ``train_model``'s format, tagged
+    ``fingerprints[i]`` with ``resume_meta[i]``; a saved state with that fingerprint is resumed,
+    by this function or by ``train_model``. Seeds whose states stand at the same step train
+    together; seeds at different steps (or without a state) train as separate groups, one group
+    after another.
+
+    Raises:
+        ValueError: ``model_cfg.dropout`` > 0 (masks would come from the process-wide RNG, not
+            per seed; use ``train_model``), or the per-seed lists differ in length from ``seeds``.
+        DivergenceError: a seed's training loss is NaN/inf (names the seed, step and lr; the
+            first such seed in ``seeds``' order).
+    """
+    if model_cfg.dropout > 0:
+        raise ValueError(f"train_seeds does not support dropout ({model_cfg.dropout}): its masks "
+                         "come from the process-wide RNG; train each seed with train_model")
+    n = len(seeds)
+    trackers = trackers or [NullTracker() for _ in seeds]
+    resume_paths = resume_paths or [None] * n
+    fingerprints = fingerprints or [""] * n
+    resume_meta = resume_meta or [{} for _ in seeds]
+    for name, values in (("trackers", trackers), ("resume_paths", resume_paths),
+                         ("fingerprints", fingerprints), ("resume_meta", resume_meta)):
+        if len(values) != n:
+            raise ValueError(f"{name} has {len(values)} entries for {n} seeds")
+
+    states = [load_resume(p, fp) for p, fp in zip(resume_paths, fingerprints)]
+    groups: dict[int, list[int]] = {}
+    for i, state in enumerate(states):
+        groups.setdefault(state["step"] if state else 0, []).append(i)
+    results: list[TrainResult | None] = [None] * n
+    for at in sorted(groups):
+        idx = groups[at]
+        for i, result in zip(idx, _train_group(
+                model_cfg, cfg, data, seeds=[seeds[i] for i in idx], lr=lr, steps=steps,
+                device=device, trackers=[trackers[i] for i in idx], desc=desc,
+                resume_paths=[resume_paths[i] for i in idx],
+                fingerprints=[fingerprints[i] for i in idx],
+                resume_meta=[resume_meta[i] for i in idx], states=[states[i] for i in idx])):
+            results[i] = result
+    return results  # type: ignore[return-value]
+
+
+def _train_group(model_cfg: ModelConfig, cfg: TrainConfig, data: TokenData, *, seeds: list[int],
+                 lr: float, steps: int, device: torch.device, trackers: list, desc: str,
+                 resume_paths: list, fingerprints: list[str], resume_meta: list[dict],
+                 states: list[dict | None]) -> list[TrainResult]:
+    """:func:`train_seeds` for seeds whose ``states`` (all None, or all at one step) agree."""
+    S, T, B = len(seeds), model_cfg.context_length, cfg.batch_size
+    models = []
+    for seed, state in zip(seeds, states):
+        with GLOBAL_RNG_LOCK:  # train_model's initialisation, seed by seed
+            torch.manual_seed(seed)
+            model = GPT(model_cfg).to(device)
+        if state is not None:
+            model.load_state_dict(state["model"])
+        models.append(model)
+    # Stacked leaves (S, ...); tied weights appear once, functional_call re-ties them. The
+    # non-persistent buffers (position tables, ALiBi slopes) are the same for every seed and
+    # are read from ``base``.
+    params, _ = stack_module_state(models)
+    base = models[0]
+
+    def seed_loss(p: dict, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return functional_call(base, p, (x, y))[1]
+
+    train_loss = vmap(seed_loss, in_dims=(0, 0, 0))  # (S,B,T) batches -> (S,)
+    val_loss = vmap(seed_loss, in_dims=(0, None, None))  # shared (B,T) batch -> (S,)
+    opt = make_stacked_optimizer(params, cfg, lr, device)
+    sched = make_scheduler(opt, cfg, steps)
+    g_train = [torch.Generator().manual_seed(seed) for seed in seeds]
+    g_val = torch.Generator().manual_seed(VAL_BATCH_SEED)
+    val_batches = [get_batch(data.val, B, T, g_val, device) for _ in range(cfg.eval_iters)]
+
+    histories: list[list[dict]] = [[] for _ in seeds]
+    train_time = [0.0] * S
+    first = 1
+    if states[0] is not None:
+        opt.load_state_dict(_stack_optimizer_states([s["optimizer"] for s in states]))
+        sched.load_state_dict(states[0]["scheduler"])  # the same lr at the same step
+        for i, state in enumerate(states):
+            g_train[i].set_state(state["rng_train"])
+            histories[i], train_time[i] = state["history"], state["train_time"]
+        # No dropout here, so the process-wide RNG (train_model restores it for dropout) is
+        # never drawn from and is left alone.
+        first = states[0]["step"] + 1
+    now = time.perf_counter()
+    starts = [now - (h[-1]["elapsed_seconds"] if h else 0.0) for h in histories]
+
+    def sync_models() -> None:
+        """Copy the stacked weights into the per-seed GPTs (for their state dicts)."""
+        with torch.no_grad():
+            for s, model in enumerate(models):
+                for name, p in model.named_parameters():
+                    p.copy_(params[name][s])
+
+    running: list[list[float]] = [[] for _ in seeds]
+    bar = tqdm(range(first, steps + 1), desc=desc, mininterval=2.0, leave=False,
+               initial=first - 1, total=steps)
+    for step in bar:
+        t0 = time.perf_counter()
+        xs, ys = zip(*(get_batch(data.train, B, T, g, device) for g in g_train))
+        x, y = torch.stack(xs), torch.stack(ys)  # (S, B, T)
+        with autocast(device), _attention_backend(device):
+            losses = train_loss(params, x, y)  # (S,)
+        opt.zero_grad(set_to_none=True)
+        # Seeds share no parameter, so d(sum)/d(seed s's slice) is seed s's own gradient.
+        losses.sum().backward()
+        if cfg.grad_clip:
+            clip_grad_norm_per_seed_([p.grad for p in params.values()], cfg.grad_clip)
+        opt.step()
+        sched.step()
+        values = losses.tolist()
+        dt = time.perf_counter() - t0
+        for s, value in enumerate(values):
+            train_time[s] += dt
+            if not math.isfinite(value):
+                err = DivergenceError(f"{desc}, seed {seeds[s]}: training loss is {value} at "
+                                      f"step {step} (lr={lr:g}); lower the learning rate")
+                err.seed = seeds[s]  # type: ignore[attr-defined]
+                raise err
+            running[s].append(value)
+        if step % cfg.eval_interval == 0 or step == steps:
+            with torch.no_grad(), autocast(device), _attention_backend(device):
+                base.eval()
+                val = torch.stack([val_loss(params, vx, vy) for vx, vy in val_batches])  # (n,S)
+                base.train()
+            val_losses = val.float().mean(dim=0).tolist()
+            lr_now = sched.get_last_lr()[0]
+            if any(p is not None for p in resume_paths):
+                sync_models()
+                opt_state, sched_state = opt.state_dict(), sched.state_dict()
+            for s, seed in enumerate(seeds):
+                row = {"seed": seed, "step": step, "tokens": step * B * T,
+                       "train_loss": float(np.mean(running[s])), "val_loss": val_losses[s],
+                       "lr": lr_now, "elapsed_seconds": time.perf_counter() - starts[s]}
+                running[s] = []
+                histories[s].append(row)
+                trackers[s].log_metrics({k: row[k] for k in ("train_loss", "val_loss", "lr")},
+                                        step=step)
+                if resume_paths[s] is not None:
+                    save_resume(resume_paths[s], {
+                        "fingerprint": fingerprints[s], "step": step,
+                        "model": models[s].state_dict(),
+                        "optimizer": _seed_optimizer_state(opt_state, s),
+                        "scheduler": sched_state, "rng_train": g_train[s].get_state(),
+                        "rng_global": torch.get_rng_state(), "history": histories[s],
+                        "train_time": train_time[s], "meta": resume_meta[s] or {}})
+            bar.set_postfix(val_loss=f"{min(val_losses):.3f}")
+    bar.close()
+
+    sync_models()
+    opt_state = opt.state_dict()
+    results = []
+    for s, model in enumerate(models):
+        for name, p in model.named_parameters():  # the last step's gradients, as train_model
+            grad = params[name].grad
+            p.grad = None if grad is None else grad[s].clone()
+        seed_opt = make_optimizer(model, cfg, lr, device)
+        seed_opt.load_state_dict(_seed_optimizer_state(opt_state, s))
+        results.append(TrainResult(
+            model=model, optimizer=seed_opt, history=histories[s],
+            val_loss=histories[s][-1]["val_loss"], train_seconds=train_time[s],
+            tokens_per_second=steps * B * T / max(train_time[s], 1e-9),
+            grad_stats=gradient_stats(model)))
+    return results
