@@ -20,7 +20,7 @@ PARALLEL = {
     "study": {"seeds": [0, 1, 2], "variants": ["baseline"]},
     "train": {"budget_flops": budgets(30), "eval_interval": 10, "eval_iters": 2,
               "warmup_steps": 2},
-    # 3 batches of 2; the narrow model trains 32 steps per trial, the wide one 8
+    # 3 batches of 2; the narrow model trains 30 steps per trial, the wide one 8
     "tune": {"n_trials": 6, "trials_per_batch": 2, "n_startup_trials": 2, "reports": 4,
              "budget_fraction": 1.0, "d_model_choices": [16, 32], "lr_low": 1e-3,
              "lr_high": 1e-1},
@@ -185,9 +185,9 @@ def test_tuning_follows_the_protocol(project):
     for t in trials:
         slot, steps = t.user_attrs[tuning.SLOT], t.user_attrs["steps"]
         model = cfg.model_config("baseline", 10, d_model=t.params["d_model"])
-        assert steps == {16: 32, 32: 8}[t.params["d_model"]]
+        assert steps == {16: 30, 32: 8}[t.params["d_model"]]
         assert abs(budget.training_flops(model, cfg.train.batch_size, steps)
-                   / cfg.train.budget_flops["arithmetic"] - 1) < 0.25
+                   / cfg.train.budget_flops["arithmetic"] - 1) < 0.05
         reports = sorted(t.intermediate_values)
         if t.state == optuna.trial.TrialState.COMPLETE:
             assert reports == list(range(1, cfg.tune.reports + 1))

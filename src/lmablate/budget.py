@@ -62,12 +62,16 @@ def run_steps(cfg: StudyConfig, dataset: str, model_cfg: ModelConfig) -> int:
 
 def trial_steps(cfg: StudyConfig, dataset: str, model_cfg: ModelConfig) -> int:
     """Steps of a tuning trial of ``model_cfg`` on ``dataset``: ``tune.budget_fraction`` of the
-    dataset's budget, a multiple of ``tune.reports`` so that every report falls at the same
-    fraction of the trial's compute whatever its width.
+    dataset's budget (its ``tune.reports`` validation losses fall every ``steps // reports``
+    steps, at the same fractions of its compute whatever its width).
 
     Raises:
         ConfigError: no budget for ``dataset``, or too small a one (see :func:`steps_for_budget`).
     """
     budget = cfg.train.for_dataset(dataset).budget_flops[dataset] * cfg.tune.budget_fraction
-    return steps_for_budget(budget, model_cfg, cfg.train.batch_size,
-                            multiple_of=cfg.tune.reports, what="tuning trial")
+    steps = steps_for_budget(budget, model_cfg, cfg.train.batch_size, what="tuning trial")
+    if steps < cfg.tune.reports:
+        raise ConfigError(f"params: tune.budget_fraction={cfg.tune.budget_fraction} buys {steps} "
+                          f"steps of a tuning trial at d_model={model_cfg.d_model}; allowed: at "
+                          f"least tune.reports={cfg.tune.reports} steps")
+    return steps

@@ -92,6 +92,8 @@ def _train_trial(job: TuneJob, study: optuna.Study, trial: optuna.Trial, data: T
 
     def report(step: int, val_loss: float) -> None:
         index = step // train_cfg.eval_interval  # 1 .. tune.reports: the same share of compute
+        if index in reports:
+            return  # the last step after the last report: its loss is the trial's value
         trial.report(val_loss, index)
         reports[index] = val_loss
         trial.set_user_attr("last_step", step)

@@ -1,0 +1,52 @@
+"""Equal training compute: a dataset's FLOPs budget turned into each run's step count."""
+
+from pathlib import Path
+
+import pytest
+from lmablate import config
+from lmablate.budget import run_steps, steps_for_budget, training_flops, trial_steps
+from lmablate.config import ConfigError, ModelConfig
+from lmablate.model import flops_per_token
+
+ROOT = Path(__file__).resolve().parents[1]
+PROFILES = [ROOT / "params.yaml", *sorted((ROOT / "profiles").glob("*.yaml"))]
+
+
+@pytest.mark.parametrize("path", PROFILES, ids=[p.name for p in PROFILES])
+def test_every_final_run_of_a_shipped_profile_spends_its_budget_within_one_percent(path):
+    """...and every tuning trial its share within half a step (trials are short: at d_model 96
+    a trial on arithmetic is 27 steps, where half a step is 1.9%)."""
+    cfg = config.load(path)
+    for ds in cfg.datasets:
+        budget = cfg.train.budget_flops[ds]
+        for variant in cfg.study_variants:
+            for d_model in cfg.tune.d_model_choices:
+                model = cfg.model_config(variant, vocab_size=65, d_model=d_model)
+                final = training_flops(model, cfg.train.batch_size, run_steps(cfg, ds, model))
+                assert abs(final / budget - 1) < 0.01, (ds, variant, d_model)
+                trial = training_flops(model, cfg.train.batch_size, trial_steps(cfg, ds, model))
+                per_step = training_flops(model, cfg.train.batch_size, 1)
+                assert abs(trial - budget * cfg.tune.budget_fraction) <= per_step / 2, \
+                    (ds, variant, d_model)
+
+
+def test_a_narrower_model_trains_more_steps_on_the_same_budget():
+    narrow, wide = ModelConfig(d_model=32), ModelConfig(d_model=96)
+    budget = 1e11
+    assert steps_for_budget(budget, narrow, 16) > 3 * steps_for_budget(budget, wide, 16)
+
+
+def test_steps_round_to_the_closest_multiple():
+    model = ModelConfig(d_model=64, context_length=64)
+    per_step = 16 * 64 * flops_per_token(model)
+    assert steps_for_budget(100.4 * per_step, model, 16) == 100
+    assert steps_for_budget(100.6 * per_step, model, 16) == 101
+    assert steps_for_budget(101 * per_step, model, 16, multiple_of=8) == 104
+    assert training_flops(model, 16, 100) == 100 * per_step
+
+
+def test_a_budget_that_buys_no_step_is_a_config_error():
+    model = ModelConfig(d_model=64)
+    with pytest.raises(ConfigError, match=r"train\.budget_flops=1e\+06 buys no final run of "
+                                          r"d_model=64"):
+        steps_for_budget(1e6, model, 16, what="final run")
