@@ -11,8 +11,10 @@ does any work. This benchmark measures that cost the way DVC pays it: each arm (
 ``--reference``'s ``src``; ``current``: this checkout's ``src``, through ``PYTHONPATH``) gets a
 tiny project of its own (params.yaml with every size cut down: 1 seed, 4 training steps, 2
 Optuna trials of 2 steps, a d_model 16 one-layer model; tracking on with the default SQLite
-MLflow store ``sqlite:///mlflow.db``; ``runtime.threads: 1`` so that a busy machine's
-oversubscribed OpenMP threads do not swamp the few steps), and its ``tune``, ``train`` and
+MLflow store ``sqlite:///mlflow.db``; ``runtime.workers: 1, threads: 1``: trials one after
+another, so that both arms' Optuna searches and so their MLflow records are the same, and one
+intra-op thread, so that a busy machine's oversubscribed OpenMP threads do not swamp the few
+steps), and its ``tune``, ``train`` and
 ``evaluate`` commands are timed from process start to exit as ``subprocess.run`` sees them.
 Before each repetition the Optuna study is deleted and the checkpoints removed, so every run
 does its (trivial) work again; the MLflow database grows as in a real study. One untimed
@@ -25,7 +27,9 @@ torch._dynamo, MLflow, its genai part, pandas, the SQLite store, Optuna, GitPyth
 top-level import statements; importtime itself adds some overhead), and timers in a separate
 process with torch and MLflow already imported: opening the MLflow store and starting one run
 (``make_tracker`` + ``tracker.run``), and the first optimizer step of ``train_step`` vs the
-second. Nothing is asserted; only the ratios within one run are comparable.
+second. At the end, the two arms' MLflow records (runs, status, tags, params, metrics, artifacts; no
+ids, times or timing metrics) are compared. Nothing is asserted; only the ratios within one run
+are comparable.
 """
 
 from __future__ import annotations
@@ -58,7 +62,7 @@ TINY = {
     "tune": {"n_trials": 2, "steps": 2, "d_model_choices": [16], "storage": "sqlite:///optuna.db"},
     "evaluate": {"max_batches": 1, "batch_size": 8, "max_problems": 8},
     "tracking": {"enabled": True, "uri": "sqlite:///mlflow.db"},
-    "runtime": {"threads": 1},
+    "runtime": {"workers": 1, "threads": 1},
 }
 DATASET, VARIANT = "arithmetic", "baseline"
 COMMANDS = {
@@ -130,7 +134,8 @@ def import_breakdown(stderr: str) -> dict[str, float]:
     """Seconds per :data:`IMPORT_GROUPS` entry and ``all imports`` from ``-X importtime``."""
     rows = []
     for line in stderr.splitlines():
-        m = re.match(r"import time:\s+(\d+) \|\s+(\d+) \|( *)(\S+)", line)
+        # search, not match: a progress bar's \r-line may precede the entry on its line
+        m = re.search(r"import time:\s+(\d+) \|\s+(\d+) \|( *)(\S+)", line)
         if m:
             rows.append((int(m[2]) / 1e6, len(m[3]) // 2, m[4]))
     out = {"all imports": sum(cum for cum, depth, _ in rows if depth == 0)}
@@ -174,6 +179,36 @@ TIMERS = textwrap.dedent("""
 """)
 
 
+# Differ between any two runs of the same work: times, and what names a run's identity.
+VOLATILE_METRICS = ("train_seconds", "tokens_per_second")
+
+
+def mlflow_records(project: Path) -> list[dict]:
+    """The project's MLflow runs in start order, without ids and times: name, status, tags
+    (a parent as its run name), params, metrics (key, step and, except timings, value) and
+    artifact files."""
+    import sqlite3
+
+    with sqlite3.connect(project / "mlflow.db") as db:
+        runs = db.execute("select run_uuid, name, status, artifact_uri from runs "
+                          "order by start_time, run_uuid").fetchall()
+        names = {r[0]: r[1] for r in runs}
+        out = []
+        for run_id, name, status, uri in runs:
+            tags = dict(db.execute("select key, value from tags where run_uuid=?", (run_id,)))
+            if "mlflow.parentRunId" in tags:
+                tags["mlflow.parentRunId"] = names.get(tags["mlflow.parentRunId"], "?")
+            params = dict(db.execute("select key, value from params where run_uuid=?", (run_id,)))
+            metrics = sorted((k, s, None if k in VOLATILE_METRICS else v) for k, v, s in db.execute(
+                "select key, value, step from metrics where run_uuid=?", (run_id,)))
+            root = Path(uri.removeprefix("file://")) if uri else None
+            artifacts = sorted(str(f.relative_to(root)) for f in root.rglob("*")
+                               if f.is_file()) if root and root.is_dir() else []
+            out.append({"name": name, "status": status, "tags": tags, "params": params,
+                        "metrics": metrics, "artifacts": artifacts})
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reference", type=Path, required=True,
@@ -186,9 +221,9 @@ def main() -> None:
     print(machine_header("stage start-up: one lmablate process per stage, reference vs current",
                          resolve_device("auto")))
     print(f"reference: {ref_src}\ncurrent  : {ROOT / 'src'}")
-    print(f"project  : tiny (1 seed, train 4 steps, tune 2 trials x 2 steps, d_model 16, 1 layer, "
-          f"runtime.threads 1), tracking on, MLflow store sqlite:///mlflow.db, {args.repeats} "
-          "repeats, interleaved; median [min..max]")
+    print("project  : tiny (1 seed, train 4 steps, tune 2 trials x 2 steps, d_model 16, 1 layer, "
+          "runtime.workers 1, threads 1), tracking on, MLflow store sqlite:///mlflow.db, "
+          f"{args.repeats} repeats, interleaved; median [min..max]")
 
     t_start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench-startup-") as tmp:
@@ -221,6 +256,7 @@ def main() -> None:
                 arm.prepare(stage)
                 imports[arm.name, stage] = import_breakdown(
                     arm.lmablate(COMMANDS[stage], ("-X", "importtime"))[1])
+        records = {arm.name: mlflow_records(arm.project) for arm in arms}
         for arm in arms:
             timers[arm.name] = json.loads(arm.python(["-c", TIMERS]).stdout.strip()
                                           .splitlines()[-1])
@@ -246,6 +282,16 @@ def main() -> None:
         t = timers[arm.name]
         print(f"   {arm.name:9s} " + "  ".join(
             f"{k} {v:.3f}" if "imported" not in k else f"{k}: {bool(v)}" for k, v in t.items()))
+    ref, cur = records["reference"], records["current"]
+    same = ref == cur
+    print(f"\nMLflow records of the stage runs above (runs, status, tags, params, metrics "
+          f"except {', '.join(VOLATILE_METRICS)}, artifacts): {len(ref)} runs reference, "
+          f"{len(cur)} current -> {'identical' if same else 'DIFFERENT'}")
+    if not same:
+        for i, (a, b) in enumerate(zip(ref, cur)):
+            if a != b:
+                print(f"   first difference, run {i}: reference {a}\n   current {b}")
+                break
     print(f"\n(benchmark wall time {time.perf_counter() - t_start:.0f} s)")
 
 

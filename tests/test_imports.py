@@ -9,9 +9,11 @@ itself has long imported everything.
 from __future__ import annotations
 
 import json
+import sqlite3
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -98,3 +100,36 @@ def test_optimizer_results_bitwise_equal_to_torchs_own_path():
     print(same, same_plain)
     """).stdout.split()
     assert out[-2:] == ["True", "True"]
+
+
+def test_stage_command_records_its_mlflow_run_and_exits(project, start_lmablate):
+    # A command ends through lmablate.cli.exit_now (no interpreter teardown): its MLflow run
+    # must still be ended and committed, its files written, and its status passed on.
+    project.write_params(lambda raw: raw["tracking"].update(enabled=True))
+    (project.path / "best.json").write_text(json.dumps({"lr": 1e-3, "d_model": 16}))
+    proc = start_lmablate(["train", "arithmetic", "baseline", "--tokens", "tokens", "--best",
+                           "best.json", "--checkpoints", "ck", "--history", "history.csv",
+                           "--grad-stats", "grads.csv"], project.path)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    assert (project.path / "ck/seed_0/checkpoint.pt").is_file()
+    assert (project.path / "history.csv").read_text().count("\n") == 3  # header + 2 evals
+    with sqlite3.connect(project.path / "mlflow.db") as db:
+        runs = db.execute("select run_uuid, status, artifact_uri from runs").fetchall()
+        assert [status for _, status, _ in runs] == ["FINISHED"]
+        run_id, _, uri = runs[0]
+        tags = dict(db.execute("select key, value from tags where run_uuid=?", (run_id,)))
+        params = dict(db.execute("select key, value from params where run_uuid=?", (run_id,)))
+        metrics = {k for (k,) in db.execute("select key from metrics where run_uuid=?",
+                                            (run_id,))}
+    assert {k: tags[k] for k in ("dataset", "variant", "seed", "stage")} == {
+        "dataset": "arithmetic", "variant": "baseline", "seed": "0", "stage": "train"}
+    assert params["lr"] == "0.001" and params["steps"] == "4"
+    assert {"train_loss", "val_loss", "lr", "train_seconds", "tokens_per_second"} <= metrics
+    assert (Path(uri.removeprefix("file://")) / "checkpoint" / "checkpoint.pt").is_file()
+
+    bad = start_lmablate(["train", "arithmetic", "mamba", "--tokens", "tokens", "--best",
+                          "best.json", "--checkpoints", "ck2", "--history", "h2.csv",
+                          "--grad-stats", "g2.csv"], project.path)
+    _, err = bad.communicate(timeout=300)
+    assert bad.returncode == 2 and err.startswith("lmablate: error: ")
