@@ -23,7 +23,7 @@ per-stage cost). Arms and stages run interleaved (ref tune, cur tune, ref train,
 other load on the machine affects both alike.
 
 Breakdown, per arm and stage, from extra runs: ``python -X importtime`` (imports of torch,
-torch._dynamo, MLflow, its genai part, pandas, the SQLite store, Optuna, GitPython; "all imports" is the sum of the
+torch._dynamo, MLflow, pandas, MLflow's SQLite store, Optuna, GitPython; "all imports" is the sum of the
 top-level import statements; importtime itself adds some overhead), and timers in a separate
 process with torch and MLflow already imported: opening the MLflow store and starting one run
 (``make_tracker`` + ``tracker.run``), and the first optimizer step of ``train_step`` vs the
@@ -76,7 +76,7 @@ COMMANDS = {
                  "--examples", "runs/examples.json"],
 }
 # Import groups of the breakdown: the first (outermost) import of each, cumulative.
-IMPORT_GROUPS = ("torch", "torch._dynamo", "mlflow", "mlflow.genai", "pandas",
+IMPORT_GROUPS = ("torch", "torch._dynamo", "mlflow", "pandas",
                  "mlflow.store.tracking.sqlalchemy_store", "optuna", "git")
 
 
