@@ -14,8 +14,12 @@ its stage's closure of project modules, which is what ``dvc.yaml`` lists as deps
 from __future__ import annotations
 
 import argparse
+import atexit
+import gc
 import importlib
+import os
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,16 +82,57 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def import_stage(name: str):
+    """Import stage module ``name`` with the cyclic garbage collector paused: importing torch
+    (and Optuna) allocates some 10^6 objects that all live to the end, and the collections they
+    trigger scan them again and again, a quarter of the import time. Nothing collectable is
+    made meanwhile, and the collector resumes afterwards."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return importlib.import_module(name)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def exit_now(status: int) -> None:
+    """End the process with ``status`` without the interpreter's teardown.
+
+    Tearing down the modules and objects of torch and MLflow takes 0.7-1.5 s on a 2-core
+    machine (every stage process pays it, 83 times per study) and does nothing a stage needs:
+    its files are written and closed, MLflow's runs are ended and committed. What does matter
+    still runs: the ``atexit`` handlers (MLflow, logging, multiprocessing, weakref finalizers)
+    and the flush of stdout and stderr. If a non-daemon thread is still running, the normal
+    exit (which waits for it) is kept."""
+    if any(t is not threading.main_thread() and not t.daemon and t.is_alive()
+           for t in threading.enumerate()):
+        return
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            status = status or 1
+    os._exit(status)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``lmablate`` console script; returns the exit status."""
+    """Entry point of the ``lmablate`` console script; returns the exit status.
+
+    Run as a command (``argv`` None: the console script, ``python -m lmablate.cli``), the
+    process ends here through :func:`exit_now`; called with ``argv`` (tests), it returns."""
     args = build_parser().parse_args(argv)
+    status = 0
     try:
         cfg = load(args.params)
-        importlib.import_module(STAGES[args.command].module).main(cfg, args)
+        import_stage(STAGES[args.command].module).main(cfg, args)
     except (ConfigError, ValueError, FileNotFoundError, RuntimeError) as exc:
         print(f"lmablate: error: {exc}", file=sys.stderr)
-        return 2
-    return 0
+        status = 2
+    if argv is None:
+        exit_now(status)
+    return status
 
 
 if __name__ == "__main__":

@@ -224,7 +224,9 @@ class TrainConfig:
     eval_iters: int = 10
 
     def __post_init__(self) -> None:
-        if not isinstance(self.budget_flops, Mapping) or not self.budget_flops:
+        # may be empty here (a library caller passes steps itself); parse() requires a budget
+        # for every dataset of the study
+        if not isinstance(self.budget_flops, Mapping):
             fail("train.budget_flops", self.budget_flops,
                  "expected a mapping of dataset name -> training FLOPs per run (e.g. 1.0e+12)")
         for name, flops in self.budget_flops.items():

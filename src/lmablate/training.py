@@ -9,13 +9,16 @@ so comparisons across variants are paired. Losses are mean cross-entropy in nats
 from __future__ import annotations
 
 import math
+import sys
 import time
+import types
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import torch
+from torch.optim import optimizer as torch_optimizer
 from tqdm.auto import tqdm
 
 from .checkpoint import load_resume, save_resume
@@ -44,8 +47,86 @@ def make_optimizer(model: GPT, cfg: TrainConfig, lr: float, device: torch.device
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay},
               {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=lr, betas=(cfg.beta1, cfg.beta2),
-                             fused=device.type in ("cuda", "cpu"))
+    return without_dynamo(torch.optim.AdamW, groups, lr=lr, betas=(cfg.beta1, cfg.beta2),
+                          fused=device.type in ("cuda", "cpu"))
+
+
+# torch.optim imports torch._dynamo (1.2 s, a quarter of a tune or train stage's start-up)
+# although nothing here compiles: Optimizer.add_param_group, zero_grad, state_dict,
+# load_state_dict and the functional adam() are wrapped in torch._disable_dynamo, which imports
+# torch._dynamo on the first call, and Optimizer.step in _use_grad_for_differentiable, which
+# imports it to call graph_break(). Outside torch.compile both wrappers do nothing (disable()
+# switches off a frame evaluator that is not installed; graph_break() is a no-op), and nothing
+# can be compiling while torch._dynamo has not been imported. So until something imports it, the
+# wrapped functions are called directly: same kernels, same arguments, bitwise the same results
+# (tests/test_imports.py). Once torch._dynamo is imported, torch's own wrappers run again. A
+# torch whose wrappers look different is left alone (then it only costs the import).
+_DISABLE_DYNAMO_CODE = torch._disable_dynamo(lambda: None).__code__
+_USE_GRAD_CODE = torch_optimizer._use_grad_for_differentiable(lambda: None).__code__
+
+
+def _closure(fn: types.FunctionType) -> dict:
+    """The free variables of a closure, by name."""
+    return dict(zip(fn.__code__.co_freevars, (c.cell_contents for c in fn.__closure__ or ())))
+
+
+class _EagerUnlessDynamo:
+    """Stands in for ``torch._dynamo.disable(fn)`` in the cache that torch._disable_dynamo's
+    wrapper reads (``fn.__dynamo_disable``): calls ``fn`` directly while torch._dynamo is not
+    imported, and from then on the real ``disable(fn)``."""
+
+    def __init__(self, fn: Callable, recursive: bool):
+        self.fn, self.recursive = fn, recursive
+
+    def __call__(self, *args, **kwargs):
+        if "torch._dynamo" not in sys.modules:
+            return self.fn(*args, **kwargs)
+        import torch._dynamo
+
+        real = torch._dynamo.disable(self.fn, self.recursive, wrapping=False)
+        setattr(self.fn, "__dynamo_disable", real)
+        return real(*args, **kwargs)
+
+
+def without_dynamo(cls: type[torch.optim.Optimizer], *args, **kwargs) -> torch.optim.Optimizer:
+    """``cls(*args, **kwargs)``, made not to import torch._dynamo until something else does
+    (see above)."""
+    if "torch._dynamo" in sys.modules:
+        return cls(*args, **kwargs)
+    owners = [c for c in cls.__mro__ if c is not object]
+    for owner in owners + [sys.modules[c.__module__] for c in owners]:
+        for value in list(vars(owner).values()):
+            if not isinstance(value, types.FunctionType):
+                continue
+            for f in [value, *_closure(value).values()]:  # adam() holds its wrapper in a closure
+                if isinstance(f, types.FunctionType) and f.__code__ is _DISABLE_DYNAMO_CODE:
+                    wrapped = _closure(f)
+                    if "__dynamo_disable" not in vars(wrapped["fn"]):
+                        setattr(wrapped["fn"], "__dynamo_disable",
+                                _EagerUnlessDynamo(wrapped["fn"], wrapped["recursive"]))
+    opt = cls(*args, **kwargs)
+    hooked = type(opt).step  # profile_hook_step(_use_grad_for_differentiable(step))
+    use_grad = getattr(hooked, "__wrapped__", None)
+    raw = getattr(use_grad, "__wrapped__", None)
+    if getattr(use_grad, "__code__", None) is not _USE_GRAD_CODE or raw is None:
+        return opt
+
+    def step(self, closure=None):
+        # profile_hook_step and _use_grad without graph_break(); with hooks, or once
+        # torch._dynamo is imported, torch's own step.
+        if ("torch._dynamo" in sys.modules or self._optimizer_step_pre_hooks
+                or self._optimizer_step_post_hooks or torch_optimizer._global_optimizer_pre_hooks
+                or torch_optimizer._global_optimizer_post_hooks):
+            return hooked(self, closure)
+        with torch.autograd.profiler.record_function(
+                f"Optimizer.step#{type(self).__name__}.step"):
+            with torch.set_grad_enabled(self.defaults["differentiable"]):
+                out = raw(self, closure)
+            self._optimizer_step_code()
+        return out
+
+    opt.step = types.MethodType(step, opt)
+    return opt
 
 
 def make_scheduler(opt: torch.optim.Optimizer, cfg: TrainConfig, steps: int):
