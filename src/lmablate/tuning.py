@@ -261,7 +261,9 @@ def claim(study: optuna.Study) -> optuna.Trial | None:
 class Heartbeat:
     """Records the heartbeat of a running trial every ``interval`` seconds in a daemon thread,
     as Optuna's ``optimize`` does, so that a trial whose worker died is failed and retried by
-    :func:`optuna.storages.fail_stale_trials`. A context manager."""
+    :func:`optuna.storages.fail_stale_trials`. A context manager. (Optuna's private
+    ``get_heartbeat_thread`` in its place left a killed trial RUNNING for good: the rerun in
+    ``tests/test_faults.py`` waited until its timeout.)"""
 
     def __init__(self, study: optuna.Study, trial: optuna.Trial, interval: float):
         self.storage, self.trial_id, self.interval = study._storage, trial._trial_id, interval

@@ -150,7 +150,7 @@ def _queue_batch(cfg: StudyConfig, study: optuna.Study, sampler_seed: int) -> ra
     return batch
 
 
-def trials_frame(cfg: StudyConfig, dataset: str, results: dict) -> list[dict]:
+def trials_frame(cfg: StudyConfig, variant: str, vocab_size: int, results: dict) -> list[dict]:
     """One row per slot (:data:`TRIALS_COLUMNS`): its params, state, value (final val loss, or
     the last reported one of a pruned trial), steps planned and trained, FLOPs spent."""
     rows = []
@@ -162,7 +162,10 @@ def trials_frame(cfg: StudyConfig, dataset: str, results: dict) -> list[dict]:
         rows.append({"number": slot, "batch": slot // cfg.tune.trials_per_batch,
                      "state": t.state.name, "value": value, "params_lr": t.params["lr"],
                      "params_d_model": t.params["d_model"], "steps": steps, "last_step": last,
-                     "flops": None, "fail_reason": t.user_attrs.get("fail_reason", "")})
+                     "flops": training_flops(
+                         resolve_model_config(cfg, variant, vocab_size, t.params["d_model"]),
+                         cfg.train.batch_size, last),
+                     "fail_reason": t.user_attrs.get("fail_reason", "")})
     return rows
 
 
@@ -228,10 +231,7 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, best_pat
                                "see the trials' fail_reason in trials.csv, Optuna or MLflow")
         slot = min(complete, key=lambda s: (complete[s].value, s))
         best = complete[slot]
-        rows = trials_frame(cfg, dataset, results)
-        for row in rows:
-            model_cfg = resolve_model_config(cfg, variant, data.vocab_size, row["params_d_model"])
-            row["flops"] = training_flops(model_cfg, cfg.train.batch_size, row["last_step"])
+        rows = trials_frame(cfg, variant, data.vocab_size, results)
         result = {"lr": best.params["lr"], "d_model": best.params["d_model"],
                   "val_loss": best.value, "slot": slot,
                   "on_edge": on_edge(tune, best.params),
