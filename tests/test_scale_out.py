@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -159,13 +160,45 @@ def postgres():
 # Two workers, one study
 
 
+def trial_of(storage, proc: subprocess.Popen, states=None):
+    """Wait until worker ``proc`` has taken a trial (in one of ``states``, any state if None) of
+    the study in ``storage``; returns that trial. Fails if the worker ends first."""
+    deadline = time.monotonic() + WORKER_TIMEOUT
+    while time.monotonic() < deadline:
+        for study in storage.get_all_studies():
+            for t in storage.get_all_trials(study._study_id, deepcopy=False, states=states):
+                if t.user_attrs.get("worker", "").endswith(f":{proc.pid}"):
+                    return t
+        if proc.poll() is not None:
+            pytest.fail(f"worker {proc.pid} ended before it took a trial: "
+                        f"{proc.stderr.read()[-3000:]}")
+        time.sleep(0.05)
+    pytest.fail(f"worker {proc.pid} took no trial in {WORKER_TIMEOUT} s")
+
+
 def run_two_workers(start_lmablate, project: Path, storage_url: str) -> object:
-    """Start two ``lmablate tune`` workers at once on the study in ``storage_url``; returns the
-    study."""
+    """Two ``lmablate tune`` workers on the study in ``storage_url``; returns the study.
+
+    How the trials fall to the workers is arranged, not left to timing: on a loaded machine one
+    worker could start late and find the study finished by the other. Worker 0 starts first and
+    is stopped (SIGSTOP) once it is training a trial; worker 1 then starts and finds the rest of
+    the first batch queued; worker 0 continues (SIGCONT) once worker 1 has taken a trial. Both
+    then go on claiming trials side by side."""
     import optuna
 
+    from lmablate.tuning import make_storage
+
+    storage = make_storage(storage_url)  # Optuna's tables exist before the workers connect
     env = {"LMABLATE_OPTUNA_STORAGE": storage_url}
-    workers = [start_lmablate(tune_args(f"out{w}"), project, env) for w in (0, 1)]
+    first = start_lmablate(tune_args("out0"), project, env)
+    trial_of(storage, first, states=(optuna.trial.TrialState.RUNNING,))
+    os.kill(first.pid, signal.SIGSTOP)
+    try:
+        second = start_lmablate(tune_args("out1"), project, env)
+        trial_of(storage, second)
+    finally:
+        os.kill(first.pid, signal.SIGCONT)
+    workers = [first, second]
     outputs = [w.communicate(timeout=WORKER_TIMEOUT) for w in workers]
     for w, (_, err) in zip(workers, outputs):
         assert w.returncode == 0, err[-3000:]
