@@ -197,3 +197,41 @@ def test_study_name_covers_what_a_trial_computes_and_nothing_else(raw):
     assert name("train.warmup_steps", 3) != name()
     assert name(data="other") != name()
     assert name(sampler_seed=1) != name()
+
+
+@pytest.mark.parametrize("source", ["model.py", "training.py", "tuning.py"])
+def test_an_edited_source_file_names_a_new_study(tmp_path, source):
+    """A copy of the package with a comment appended to ``source`` computes another study name
+    than an unedited copy (which matches this package): the edited code starts a new study."""
+    import shutil
+    import subprocess
+    import sys
+
+    import lmablate
+
+    code = ("import sys, yaml; from lmablate import config; from lmablate.tuning import "
+            "study_name; cfg = config.parse(yaml.safe_load(open(sys.argv[1]))); "
+            "print(study_name(cfg, 'arithmetic', 'baseline', 'd4t4', 0))")
+
+    def name_in_copy(edit: bool) -> str:
+        root = tmp_path / ("edited" if edit else "unedited")
+        package = root / "lmablate"
+        shutil.copytree(Path(lmablate.__file__).parent, package,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        if edit:
+            with open(package / source, "a") as f:
+                f.write("\n# an edit\n")
+        check = "import lmablate, sys; sys.stdout.write(lmablate.__file__)"
+        where = subprocess.run([sys.executable, "-c", check], env={"PYTHONPATH": str(root)},
+                               capture_output=True, text=True, check=True).stdout
+        assert Path(where).parent == package  # the copy, not the installed package
+        return subprocess.run([sys.executable, "-c", code, str(ROOT / "params.yaml")],
+                              env={"PYTHONPATH": str(root)}, capture_output=True, text=True,
+                              check=True).stdout.strip()
+
+    from lmablate.tuning import study_name
+
+    here = study_name(config.parse(yaml.safe_load((ROOT / "params.yaml").read_text())),
+                      "arithmetic", "baseline", "d4t4", 0)
+    assert name_in_copy(edit=False) == here
+    assert name_in_copy(edit=True) != here
