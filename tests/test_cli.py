@@ -94,3 +94,41 @@ def test_checkpoint_vocabulary_mismatch(project, capsys):
                      "--examples", "out/e.json"]) == 2
     assert "vocab_size" in capsys.readouterr().err
     assert not (project.path / "out" / "m.json").exists()
+
+
+def train_args(best, out, replicate):
+    return ["train", "arithmetic", "baseline", "--tokens", "tokens", "--best", best,
+            "--checkpoints", f"{out}/ck", "--history", f"{out}/h.csv", "--grad-stats",
+            f"{out}/g.csv", "--replicate", str(replicate)]
+
+
+def test_a_retuning_is_its_own_study_and_trains_only_as_its_replicate(project, capsys):
+    assert cli.main(tune_args()) == 0
+    assert cli.main(["tune", "arithmetic", "baseline", "--replicate", "1", "--tokens", "tokens",
+                     "--best", "r1/best.json", "--trials", "r1/trials.csv"]) == 0
+    best, again = (json.loads((project.path / d / "best.json").read_text())
+                   for d in ("out", "r1"))
+    assert again["sampler_seed"] == best["sampler_seed"] + 1
+    assert again["study_name"] != best["study_name"]
+    # the study's own values trained as replicate 1 (or the other way round): refused
+    for path, replicate in (("out/best.json", 1), ("r1/best.json", 0)):
+        assert cli.main(train_args(path, "bad", replicate)) == 2
+        err = capsys.readouterr().err
+        assert f"--replicate {replicate}" in err and "sampler seed" in err
+        assert not (project.path / "bad").exists()
+    assert cli.main(train_args("r1/best.json", "r1", 1)) == 0
+    assert cli.main(["evaluate", "arithmetic", "baseline", "--replicate", "1", "--tokens",
+                     "tokens", "--raw", "raw", "--checkpoints", "r1/ck", "--metrics",
+                     "r1/metrics.json", "--examples", "r1/examples.json"]) == 0
+    metrics = json.loads((project.path / "r1" / "metrics.json").read_text())
+    assert metrics["replicate"] == 1
+    assert metrics["runs"]["seed_0"]["lr"] == again["lr"]
+
+
+def test_a_negative_replicate_is_refused_by_the_parser(project, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["tune", "arithmetic", "baseline", "--replicate", "-1", "--tokens", "tokens",
+                  "--best", "out/best.json", "--trials", "out/trials.csv"])
+    assert exit_.value.code == 2
+    assert "'-1' is not an integer >= 0" in capsys.readouterr().err
+    assert not (project.path / "out").exists()

@@ -122,6 +122,8 @@ def test_stage_depends_on_what_it_reads_and_outputs_what_it_writes(name):
     command = re.search(r"lmablate (\w+)", body["cmd"]).group(1)
     values = option_values(body["cmd"])
     declared = cli.STAGES[command]
+    if declared.replicate:  # a number, not a path
+        values.pop("replicate", None)
     assert set(values) == set(declared.reads) | set(declared.writes), body["cmd"]
     deps = entries(body, "deps")
     outs = entries(body, "outs") | entries(body, "metrics") | entries(body, "plots")

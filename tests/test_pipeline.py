@@ -62,10 +62,11 @@ def study(tmp_path_factory, tiny_params, run_command):
 def test_a_second_study_from_scratch_gives_the_same_bytes_at_another_worker_count(
         study, tmp_path, tiny_params, run_command):
     again = repro_from_scratch(tmp_path, tiny_params, run_command, workers=1)
-    results = sorted(p.relative_to(study) for pattern in ("runs/*/*/best.json",
-                                                           "runs/*/*/metrics.json")
-                     for p in study.glob(pattern)) + [Path("reports/comparisons.csv")]
-    assert len(results) == 2 * 2 * len(VARIANTS) + 1
+    results = sorted(p.relative_to(study) for pattern in (
+        "runs/*/*/best.json", "runs/*/*/metrics.json", "runs/*/baseline/replicate_1/best.json",
+        "runs/*/baseline/replicate_1/metrics.json") for p in study.glob(pattern))
+    results += [Path("reports/comparisons.csv"), Path("reports/tuning_variation.csv")]
+    assert len(results) == 2 * 2 * len(VARIANTS) + 2 * 2 + 2
     for path in results:
         assert (again / path).read_bytes() == (study / path).read_bytes(), path
 
@@ -87,6 +88,12 @@ def test_repro_writes_report_tables_and_figures(study):
         assert f"figures/{f.name}" in report
     comparisons = list(csv.DictReader((study / "reports" / "comparisons.csv").open()))
     assert {r["variant"] for r in comparisons} == {"swiglu", "rope"}
+    # the baseline tuned again (sampler seed + 1), its values trained on the same seeds
+    variation = list(csv.DictReader((study / "reports" / "tuning_variation.csv").open()))
+    assert {(r["dataset"], r["variant"], r["replicate"], r["n_pairs"]) for r in variation
+            if r["metric"] == "test_loss"} == {(d, "baseline", "1", str(len(SEEDS)))
+                                               for d in ("shakespeare", "arithmetic")}
+    assert "### How much the tuning varies" in report
 
 
 @pytest.mark.slow
@@ -94,14 +101,17 @@ def test_repro_records_trials_and_runs(study):
     with sqlite3.connect(study / "mlflow.db") as db:
         tags = db.execute("select key, value from tags").fetchall()
     stages = [v for k, v in tags if k == "stage"]
-    assert stages.count("final") == 2 * len(VARIANTS) * len(SEEDS)
-    assert stages.count("tune") >= 2 * len(VARIANTS) * 2  # parents and nested trials
+    # every variant's seeds, and the re-tuned baseline's (tags replicate 1)
+    assert stages.count("final") == 2 * (len(VARIANTS) + 1) * len(SEEDS)
+    replicates = [v for k, v in tags if k == "replicate"]
+    assert replicates.count("1") == 2 * (1 + len(SEEDS))  # the re-tuning and its final runs
+    assert stages.count("tune") >= 2 * (len(VARIANTS) + 1) * 2  # parents and nested trials
     with sqlite3.connect(study / "optuna.db") as db:
         studies = db.execute("select count(*) from studies").fetchone()[0]
         finished = db.execute("select count(*) from trials where state in "
                               "('COMPLETE', 'PRUNED')").fetchone()[0]
-    assert studies == 2 * len(VARIANTS)
-    assert finished == 2 * len(VARIANTS) * 2
+    assert studies == 2 * (len(VARIANTS) + 1)
+    assert finished == 2 * (len(VARIANTS) + 1) * 2
     metrics = json.loads((study / "runs" / "arithmetic" / "rope" / "metrics.json").read_text())
     assert set(metrics["runs"]) == {f"seed_{s}" for s in SEEDS}
 
@@ -145,7 +155,9 @@ def test_an_edit_reruns_exactly_the_stages_that_import_the_module(study, run_com
     after_model = changed_stages(study, "model.py", run_command)
     pairs = [f"{d}-{v}" for d in ("shakespeare", "arithmetic") for v in VARIANTS]
     assert after_model == {f"{stage}@{p}" for stage in ("tune", "train", "evaluate")
-                           for p in pairs} | {"report"}
+                           for p in pairs} | {f"{stage}@{d}" for stage in (
+                               "retune", "retrain", "reevaluate")
+                                              for d in ("shakespeare", "arithmetic")} | {"report"}
     assert changed_stages(study, "corpus.py", run_command) == {
         "generate@shakespeare", "generate@arithmetic", "tokenize@shakespeare",
         "tokenize@arithmetic"}

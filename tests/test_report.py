@@ -160,7 +160,22 @@ def study_root(tmp_path_factory):
     doc = json.loads((root / "runs/shakespeare/old/metrics.json").read_text())
     doc["variant"] = "old"
     (root / "runs/shakespeare/old/metrics.json").write_text(json.dumps(doc))
+    write_replicate(root / "runs" / "shakespeare" / "baseline")
     return root
+
+
+REPLICATE_SHIFT = (0.01, 0.02, 0.06)  # test-loss change per seed of the re-tuned baseline
+
+
+def write_replicate(variant_dir: Path) -> None:
+    """``replicate_1/metrics.json`` beside a variant's runs, as ``lmablate evaluate
+    --replicate 1`` writes it: the same seeds, another lr and width, shifted test losses."""
+    doc = json.loads((variant_dir / "metrics.json").read_text())
+    for shift, run in zip(REPLICATE_SHIFT, doc["runs"].values()):
+        run.update(lr=0.004, d_model=32, test_loss=run["test_loss"] + shift)
+    doc["replicate"] = 1
+    (variant_dir / "replicate_1").mkdir()
+    (variant_dir / "replicate_1" / "metrics.json").write_text(json.dumps(doc))
 
 
 @pytest.fixture(scope="module")
@@ -581,3 +596,43 @@ def test_the_same_runs_give_byte_identical_reports(built, tmp_path):
     assert Path("figures") / "test_loss_arithmetic.png" in written
     for rel in written:
         assert (tmp_path / "again" / rel).read_bytes() == (out_dir / rel).read_bytes(), rel
+
+
+def test_a_retuned_baseline_is_measured_against_the_baseline_not_taken_for_a_variant(built):
+    cfg, out_dir, out = built
+    ablation = pd.read_csv(out["ablation"])
+    assert len(ablation) == len(DATASETS) * len(VARIANTS) * 3  # no replicate row among them
+    variation = pd.read_csv(out["tuning_variation"])
+    assert list(variation.columns) == statistics.TUNING_VARIATION_COLUMNS
+    # only Shakespeare's baseline has a re-tuning, and Shakespeare has test loss only
+    assert variation[["dataset", "variant", "replicate", "metric"]].values.tolist() == [
+        ["shakespeare", "baseline", 1, "test_loss"]]
+    row = variation.iloc[0]
+    original = ablation[(ablation["dataset"] == "shakespeare")
+                        & (ablation["variant"] == "baseline")]
+    assert (row["lr"], row["d_model"]) == (original["lr"].iloc[0], 64)
+    assert (row["replicate_lr"], row["replicate_d_model"]) == (0.004, 32)
+    assert row["n_pairs"] == 3
+    assert row["mean_diff"] == pytest.approx(np.mean(REPLICATE_SHIFT), abs=1e-12)
+    low, high = stats.t.interval(0.95, 2, loc=np.mean(REPLICATE_SHIFT),
+                                 scale=stats.sem(REPLICATE_SHIFT))
+    assert (row["ci95_low"], row["ci95_high"]) == (pytest.approx(low), pytest.approx(high))
+    md = out["report"].read_text()
+    shakespeare, arithmetic = md.split("## shakespeare")[1], md.split("## arithmetic")[1]
+    shakespeare = shakespeare.split("## arithmetic")[0]
+    assert "### How much the tuning varies" in shakespeare
+    assert "### How much the tuning varies" not in arithmetic
+    assert f"| baseline | 1 | test loss (lower is better) | {row['lr']:.3g}, 64 | 0.004, 32 | 3 |" \
+        in shakespeare
+
+
+def test_tuning_variation_of_an_identical_retuning_is_zero():
+    rng = np.random.default_rng(0)
+    ablation = _random_ablation(rng, 4).assign(lr=0.003, d_model=64)
+    same = ablation[ablation["variant"] == "v1"].assign(replicate=1)
+    variation = statistics.tuning_variation(ablation, same)
+    metrics = [m for m in statistics.COMPARED_METRICS if m in ablation]
+    assert len(variation) == 2 * len(metrics) > 0  # d1, d2 x every compared metric
+    assert (variation["mean_diff"] == 0).all()
+    assert (variation["ci95_low"] == 0).all() and (variation["ci95_high"] == 0).all()
+    assert statistics.tuning_variation(ablation, same.iloc[:0]).empty

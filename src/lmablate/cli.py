@@ -38,7 +38,9 @@ class Stage:
     writes: tuple[str, ...] = ()
     variant: bool = False
     dataset: bool = True
-    replicate: bool = False  # ``--replicate N``: the N-th re-tuning with another sampler seed
+    # ``--replicate N``: the N-th re-tuning with another sampler seed (tune), or the final runs
+    # of its values (train, evaluate: their MLflow runs are named and tagged with N)
+    replicate: bool = False
 
 
 STAGES: dict[str, Stage] = {
@@ -51,13 +53,25 @@ STAGES: dict[str, Stage] = {
                   reads=("tokens",), writes=("best", "trials"), variant=True, replicate=True),
     "train": Stage("lmablate.stages.train", "train on every seed with the tuned values",
                    reads=("tokens", "best"),
-                   writes=("checkpoints", "history", "grad-stats"), variant=True),
+                   writes=("checkpoints", "history", "grad-stats"), variant=True,
+                   replicate=True),
     "evaluate": Stage("lmablate.stages.evaluate", "test metrics of every seed",
                       reads=("tokens", "raw", "checkpoints"), writes=("metrics", "examples"),
-                      variant=True),
+                      variant=True, replicate=True),
     "report": Stage("lmablate.stages.report", "tables, statistics and figures of the study",
                     reads=("runs", "tokens"), writes=("out",), dataset=False),
 }
+
+
+def _count(text: str) -> int:
+    """An integer >= 0 (argparse type)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= 0")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -73,8 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
         if stage.variant:
             s.add_argument("variant")
         if stage.replicate:
-            s.add_argument("--replicate", type=int, default=0, metavar="N",
-                           help="re-tune with sampler seed tune.sampler_seed + N (default 0)")
+            s.add_argument("--replicate", type=_count, default=0, metavar="N",
+                           help="the re-tuning with sampler seed tune.sampler_seed + N "
+                                "(default 0: the study's own tuning)")
         for opt in stage.reads:
             s.add_argument(f"--{opt}", type=Path, required=True, help="read")
         for opt in stage.writes:

@@ -38,6 +38,9 @@ _INTEGER_COLUMNS = ("seed", "n_params", "n_params_non_embedding", "flops_per_tok
 # training result, runs/<dataset>/<variant>/checkpoints/seed_<s>/result.json.
 TIMING_COLUMNS = ("train_seconds", "tokens_per_second")
 PER_OP_COLUMNS = ["dataset", "variant", "seed", "op", "char_accuracy", "exact_match"]
+# The final runs of a re-tuning (``runs/<dataset>/<variant>/replicate_<N>/``): the ablation
+# columns with the replicate number N after the variant.
+REPLICATE_COLUMNS = [*ABLATION_COLUMNS[:2], "replicate", *ABLATION_COLUMNS[2:]]
 
 
 @dataclass(frozen=True, eq=False)
@@ -61,6 +64,10 @@ class RunOutputs:
         samples: ``{(dataset, variant): {"seed_<n>": [generated text, ...]}}`` (text corpora).
         predictions: ``{(dataset, variant): {"seed_<n>": [{"prompt", "target",
             "prediction"}, ...]}}`` (arithmetic: greedy-decoded test problems).
+        replicates: the final runs of re-tunings with another sampler seed
+            (``<dataset>/<variant>/replicate_<N>/metrics.json``), columns
+            :data:`REPLICATE_COLUMNS`, sorted by dataset, variant, replicate, seed. Never part
+            of ``ablation``: they measure how much tuning varies, they are not a variant.
 
     The raw frames (history, trials, grad, per_op) keep the row order of the files: the figures
     draw their points in row order, and overlapping markers are stacked in that order.
@@ -73,6 +80,8 @@ class RunOutputs:
     per_op: pd.DataFrame
     samples: dict[tuple[str, str], dict[str, list[str]]]
     predictions: dict[tuple[str, str], dict[str, list[dict[str, str]]]]
+    replicates: pd.DataFrame = dataclasses.field(
+        default_factory=lambda: pd.DataFrame(columns=REPLICATE_COLUMNS))
 
 
 # --------------------------------------------------------------------------------------------
@@ -167,14 +176,56 @@ def _stack(frames: list[pd.DataFrame]) -> pd.DataFrame:
 def _ordered(runs: RunOutputs, datasets: Sequence[str], variants: Sequence[str]) -> RunOutputs:
     """``runs`` with the study order set on every frame; the ablation table sorted by it."""
     frames = {f: with_order(getattr(runs, f), datasets, variants)
-              for f in ("ablation", "history", "trials", "grad", "per_op")}
+              for f in ("ablation", "history", "trials", "grad", "per_op", "replicates")}
     frames["ablation"] = frames["ablation"].sort_values(
         ["dataset", "variant", "seed"], kind="stable", ignore_index=True)
+    frames["replicates"] = frames["replicates"].sort_values(
+        ["dataset", "variant", "replicate", "seed"], kind="stable", ignore_index=True)
     return dataclasses.replace(runs, **frames)
 
 
+def _typed(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` (ablation or replicate columns) with its numbers typed: integer columns as
+    nullable Int64 where integral (:func:`maybe_int`), the others as float."""
+    for col in df.columns:
+        if col in _INTEGER_COLUMNS or col == "replicate":
+            df[col] = maybe_int(df[col])
+        elif col not in ("dataset", "variant"):
+            df[col] = pd.to_numeric(df[col], errors="coerce").astype(float)
+    return df
+
+
+def _read_metrics(metrics_path: Path, run_dir: Path | None = None
+                  ) -> tuple[str, str, list[dict], list[dict]]:
+    """One ``metrics.json``: ``(dataset, variant, seed rows, per-op rows)``. A seed row has
+    :data:`ABLATION_COLUMNS`, its timings from ``checkpoints/seed_<s>/result.json`` next to
+    the metrics file. Dataset and variant come from the file, else from the folders
+    ``<dataset>/<variant>/`` (``run_dir``, default the file's folder)."""
+    run_dir = run_dir or metrics_path.parent
+    doc = fileio.read_json(metrics_path)
+    dataset = str(doc.get("dataset") or run_dir.parent.name)
+    variant = str(doc.get("variant") or run_dir.name)
+    rows, per_op_rows = [], []
+    for key, run in (doc.get("runs") or {}).items():
+        seed = _seed_of(key, run)
+        row = {col: run.get(col) for col in ABLATION_COLUMNS[3:]}
+        result_path = metrics_path.parent / "checkpoints" / f"seed_{seed}" / "result.json"
+        if result_path.is_file():
+            summary = fileio.read_json(result_path).get("summary", {})
+            row.update({col: summary.get(col, row[col]) for col in TIMING_COLUMNS})
+        rows.append({"dataset": dataset, "variant": variant, "seed": seed, **row})
+        for op, values in (run.get("per_op") or {}).items():
+            per_op_rows.append({
+                "dataset": dataset, "variant": variant, "seed": seed, "op": op,
+                "char_accuracy": (values or {}).get("char_accuracy"),
+                "exact_match": (values or {}).get("exact_match"),
+            })
+    return dataset, variant, rows, per_op_rows
+
+
 def collect(runs_dir: Path) -> RunOutputs:
-    """Read every ``<runs_dir>/<dataset>/<variant>/`` that holds a ``metrics.json``.
+    """Read every ``<runs_dir>/<dataset>/<variant>/`` that holds a ``metrics.json``, and every
+    re-tuning's ``<runs_dir>/<dataset>/<variant>/replicate_<N>/metrics.json``.
 
     Reads ``metrics.json`` (per seed: sizes, tuned ``lr``/``d_model``, losses, accuracies and
     ``per_op`` results), and where present ``history.csv``, ``trials.csv``, ``grad_stats.csv``
@@ -195,23 +246,9 @@ def collect(runs_dir: Path) -> RunOutputs:
     predictions: dict[tuple[str, str], dict] = {}
     for metrics_path in sorted(runs_dir.glob("*/*/metrics.json")):
         run_dir = metrics_path.parent
-        doc = fileio.read_json(metrics_path)
-        dataset = str(doc.get("dataset") or run_dir.parent.name)
-        variant = str(doc.get("variant") or run_dir.name)
-        for key, run in (doc.get("runs") or {}).items():
-            seed = _seed_of(key, run)
-            row = {col: run.get(col) for col in ABLATION_COLUMNS[3:]}
-            result_path = run_dir / "checkpoints" / f"seed_{seed}" / "result.json"
-            if result_path.is_file():
-                summary = fileio.read_json(result_path).get("summary", {})
-                row.update({col: summary.get(col, row[col]) for col in TIMING_COLUMNS})
-            rows.append({"dataset": dataset, "variant": variant, "seed": seed, **row})
-            for op, values in (run.get("per_op") or {}).items():
-                per_op_rows.append({
-                    "dataset": dataset, "variant": variant, "seed": seed, "op": op,
-                    "char_accuracy": (values or {}).get("char_accuracy"),
-                    "exact_match": (values or {}).get("exact_match"),
-                })
+        dataset, variant, seed_rows, op_rows = _read_metrics(metrics_path)
+        rows += seed_rows
+        per_op_rows += op_rows
         for name, sink in (("history.csv", histories), ("trials.csv", trials),
                            ("grad_stats.csv", grads)):
             df = _read_csv_tagged(run_dir / name, dataset, variant)
@@ -224,20 +261,25 @@ def collect(runs_dir: Path) -> RunOutputs:
             sink = predictions if isinstance(first, dict) else samples
             sink[(dataset, variant)] = examples
 
-    ablation = pd.DataFrame(rows, columns=ABLATION_COLUMNS)
-    for col in ABLATION_COLUMNS[2:]:
-        if col in _INTEGER_COLUMNS:
-            ablation[col] = maybe_int(ablation[col])
-        else:
-            ablation[col] = pd.to_numeric(ablation[col], errors="coerce").astype(float)
+    replicate_rows = []
+    for metrics_path in sorted(runs_dir.glob("*/*/replicate_*/metrics.json")):
+        number = metrics_path.parent.name.removeprefix("replicate_")
+        if not number.isdigit():
+            continue
+        replicate = int(number)
+        _, _, seed_rows, _ = _read_metrics(metrics_path, metrics_path.parent.parent)
+        replicate_rows += [{**row, "replicate": replicate} for row in seed_rows]
+
+    ablation = _typed(pd.DataFrame(rows, columns=ABLATION_COLUMNS))
     per_op = pd.DataFrame(per_op_rows, columns=PER_OP_COLUMNS)
     for col in ("char_accuracy", "exact_match"):
         per_op[col] = pd.to_numeric(per_op[col], errors="coerce").astype(float)
 
     runs = RunOutputs(ablation=ablation, history=_stack(histories), trials=_stack(trials),
                       grad=_stack(grads), per_op=per_op, samples=samples,
-                      predictions=predictions)
-    frames = [runs.ablation, runs.history, runs.trials, runs.grad, runs.per_op]
+                      predictions=predictions,
+                      replicates=_typed(pd.DataFrame(replicate_rows, columns=REPLICATE_COLUMNS)))
+    frames = [runs.ablation, runs.history, runs.trials, runs.grad, runs.per_op, runs.replicates]
     datasets = sorted({str(d) for f in frames if "dataset" in f for d in f["dataset"]})
     variants = variant_order(str(v) for f in frames if "variant" in f for v in f["variant"])
     return _ordered(runs, datasets, variants)
@@ -297,7 +339,8 @@ def restrict_to_study(cfg: StudyConfig, runs: RunOutputs) -> tuple[RunOutputs, l
                 if d in cfg.datasets and v in cfg.study_variants}
 
     kept = dataclasses.replace(
-        runs, ablation=ablation, history=_filter(runs.history, cfg),
+        runs, ablation=ablation, replicates=_filter(runs.replicates, cfg),
+        history=_filter(runs.history, cfg),
         trials=_filter(runs.trials, cfg), grad=_filter(runs.grad, cfg),
         per_op=_filter(runs.per_op, cfg), samples=configured(runs.samples),
         predictions=configured(runs.predictions))

@@ -129,6 +129,37 @@ def _comparison_table(comparisons: pd.DataFrame, dataset: str) -> str:
     return _md_table(pd.DataFrame(rows))
 
 
+def _tuning_variation_section(variation: pd.DataFrame, dataset: str) -> list[str]:
+    """The re-tunings of ``dataset`` (:func:`~lmablate.analysis.statistics.tuning_variation`):
+    tuned values and the paired difference of each metric; no lines if there is none."""
+    v = variation[variation["dataset"] == dataset]
+    if v.empty:
+        return []
+    rows = []
+    for _, r in v.iterrows():
+        label, _, higher = METRICS[r["metric"]]
+        digits = _digits(r["metric"])
+        ci = (f"[{_num(r['ci95_low'], digits)}, {_num(r['ci95_high'], digits)}]"
+              if np.isfinite(r["ci95_low"]) else "–")
+        rows.append({
+            "variant": r["variant"], "replicate": int(r["replicate"]),
+            "metric": f"{label} ({'higher' if higher else 'lower'} is better)",
+            "lr, d_model": f"{r['lr']:.3g}, {int(r['d_model'])}",
+            "re-tuned lr, d_model": f"{r['replicate_lr']:.3g}, {int(r['replicate_d_model'])}",
+            "paired seeds": int(r["n_pairs"]),
+            "mean": _num(r["mean"], digits),
+            "re-tuned mean": _num(r["replicate_mean"], digits),
+            "Δ (re-tuned − original)": _num(r["mean_diff"], digits),
+            "95% CI of Δ": ci,
+        })
+    return ["### How much the tuning varies", "",
+            "The variant tuned again from scratch with another sampler seed "
+            "(`tune.sampler_seed` + replicate), and its values trained on the same final seeds. "
+            "An effect against the baseline no larger than this Δ may owe as much to the "
+            "tuner's luck as to the feature.", "",
+            _md_table(pd.DataFrame(rows)), ""]
+
+
 def _tuned_table(ablation: pd.DataFrame, dataset: str, order: Sequence[str]) -> str:
     d = ablation[ablation["dataset"] == dataset]
     rows = []
@@ -299,7 +330,8 @@ def render_markdown(cfg: StudyConfig, runs: RunOutputs, summary: pd.DataFrame,
                     comparisons: pd.DataFrame,
                     figures: Sequence[tuple[str | None, str, str]],
                     environment: Mapping[str, Any] | None = None,
-                    notes: Sequence[str] = ()) -> str:
+                    notes: Sequence[str] = (),
+                    variation: pd.DataFrame | None = None) -> str:
     """The text of ``report.md`` (GitHub-flavoured Markdown, ``\n`` line ends, one final
     newline).
 
@@ -315,6 +347,8 @@ def render_markdown(cfg: StudyConfig, runs: RunOutputs, summary: pd.DataFrame,
         environment: free-form facts for the methodology paragraph (see
             :func:`lmablate.stages.report.build_report`).
         notes: extra lines for the data section (e.g. missing or ignored runs).
+        variation: :func:`~lmablate.analysis.statistics.tuning_variation` of the runs; each
+            dataset's rows are shown after its comparison with the baseline.
     """
     ablation = runs.ablation
     order = present(ablation["variant"])
@@ -365,6 +399,8 @@ def render_markdown(cfg: StudyConfig, runs: RunOutputs, summary: pd.DataFrame,
                                  for r in rows.itertuples()) or "none"
             lines += [f"Significantly better than the baseline: {listing(wins)}. "
                       f"Significantly worse: {listing(losses)}.", ""]
+        if variation is not None:
+            lines += _tuning_variation_section(variation, ds)
         lines += ["### Tuned hyper-parameters, size and throughput", "",
                   _tuned_table(ablation, ds, order), ""]
         ds_figs = [(cap, rel) for d, cap, rel in figures if d == ds]

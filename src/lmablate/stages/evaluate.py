@@ -28,13 +28,14 @@ from ..tracking import NullTracker, make_tracker
 # commit and params give the same bytes.
 NOT_REPRODUCIBLE = ("train_seconds", "tokens_per_second", "mlflow_run_id")
 
+
 def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, raw_dir: Path,
         checkpoints_dir: Path, metrics_path: Path, examples_path: Path,
-        tracker: NullTracker) -> dict:
+        tracker: NullTracker, replicate: int = 0) -> dict:
     """Evaluate every seed's checkpoint of ``dataset`` x ``variant``.
 
-    Writes ``metrics_path`` (JSON ``{"dataset", "variant", "runs": {"seed_<s>": {...}}}``, a DVC
-    metrics file) and ``examples_path`` (JSON: text samples, or arithmetic predictions with their
+    Writes ``metrics_path`` (JSON ``{"dataset", "variant", "runs": {"seed_<s>": {...}}}``, plus
+    ``"replicate": N`` for the final runs of the N-th re-tuning; a DVC metrics file) and ``examples_path`` (JSON: text samples, or arithmetic predictions with their
     targets, per seed). Test metrics are logged into each seed's MLflow training run, so one run
     per seed carries the same metric names for every variant. Seeds are evaluated concurrently
     on a CPU (see :mod:`lmablate.parallel`).
@@ -73,8 +74,10 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, raw_dir:
         flat = {k: v for k, v in metrics.items() if isinstance(v, float)}
         for op, s in metrics.get("per_op", {}).items():
             flat.update({f"{k}_{op}": v for k, v in s.items()})
-        tags = {"dataset": dataset, "variant": variant, "seed": seed, "stage": "final"}
-        with tracker.run(f"{dataset}-{variant}-seed{seed}", tags,
+        tags = {"dataset": dataset, "variant": variant, "seed": seed, "stage": "final",
+                "replicate": replicate}
+        with tracker.run(f"{dataset}-{variant}-seed{seed}"
+                         + (f"-r{replicate}" if replicate else ""), tags,
                          run_id=summary.get("mlflow_run_id")):
             tracker.set_tags(tags)
             tracker.log_metrics(flat)
@@ -85,7 +88,8 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, raw_dir:
     done = map_jobs(evaluate_seed, cfg.seeds, workers)
     runs = {f"seed_{seed}": metrics for seed, (metrics, _) in zip(cfg.seeds, done)}
     examples = {f"seed_{seed}": ex for seed, (_, ex) in zip(cfg.seeds, done)}
-    result = {"dataset": dataset, "variant": variant, "runs": runs}
+    result = {"dataset": dataset, "variant": variant,
+              **({"replicate": replicate} if replicate else {}), "runs": runs}
     fileio.write_json(metrics_path, result)
     fileio.write_json(examples_path, examples)
     return result
@@ -93,7 +97,7 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, raw_dir:
 
 def main(cfg: StudyConfig, args: argparse.Namespace) -> None:
     """``lmablate evaluate <dataset> <variant> --tokens DIR --raw DIR --checkpoints DIR
-    --metrics FILE --examples FILE``."""
+    --metrics FILE --examples FILE [--replicate N]``."""
     cfg.check_variant(args.variant)
     run(cfg, args.dataset, args.variant, args.tokens, args.raw, args.checkpoints, args.metrics,
-        args.examples, make_tracker(cfg.tracking))
+        args.examples, make_tracker(cfg.tracking), replicate=getattr(args, "replicate", 0))

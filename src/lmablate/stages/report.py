@@ -14,6 +14,10 @@ first-seed checkpoints and the tokenized test splits, for the model figures) and
 * ``comparisons.csv`` every variant against ``baseline``, paired by seed
   (:data:`~lmablate.analysis.statistics.COMPARISON_COLUMNS`): paired t-test and Holm's
   step-down correction within each dataset x metric.
+* ``tuning_variation.csv`` the re-tunings (``runs/<dataset>/<variant>/replicate_<N>/``)
+  against their variant, paired by seed
+  (:data:`~lmablate.analysis.statistics.TUNING_VARIATION_COLUMNS`): how much a result owes to
+  the tuner's sampler seed.
 * ``figures/*.png``  the seaborn figures of :mod:`lmablate.analysis.figures`, plus the last
   layer's attention maps and a PCA of the token embeddings drawn from the checkpoints.
 * ``report.md``      the human-readable report (:mod:`lmablate.analysis.markdown`).
@@ -42,7 +46,8 @@ from lmablate.analysis import figures as plots
 from lmablate.analysis.collect import (ABLATION_COLUMNS, BASELINE, collect, present,
                                        restrict_to_study)
 from lmablate.analysis.markdown import render_markdown
-from lmablate.analysis.statistics import METRICS, compare, summarise
+from lmablate.analysis.statistics import (METRICS, TUNING_VARIATION_COLUMNS, compare,
+                                          summarise, tuning_variation)
 from lmablate.checkpoint import load_checkpoint
 from lmablate.config import StudyConfig
 from lmablate.tokenizer import load_split, load_tokenizer
@@ -125,7 +130,8 @@ def build_report(cfg: StudyConfig, runs_dir: Path, out_dir: Path,
             elsewhere (from checkpoints: attention maps, embeddings) to embed in the report.
 
     Returns:
-        ``{"report", "ablation", "summary", "comparisons": Path, "figures": [Path, ...]}``.
+        ``{"report", "ablation", "summary", "comparisons", "tuning_variation": Path,
+        "figures": [Path, ...]}``.
 
     Raises:
         FileNotFoundError: no ``metrics.json`` of the configured study under ``runs_dir``.
@@ -139,12 +145,15 @@ def build_report(cfg: StudyConfig, runs_dir: Path, out_dir: Path,
             f"<dataset>/<variant>/metrics.json for datasets {', '.join(cfg.datasets)})")
     summary = summarise(ablation)
     comparisons = compare(ablation, baseline=BASELINE)
+    variation = tuning_variation(ablation, runs.replicates)
 
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {
         "ablation": fileio.write_csv(out_dir / "ablation.csv", ablation, ABLATION_COLUMNS),
         "summary": fileio.write_csv(out_dir / "summary.csv", summary),
         "comparisons": fileio.write_csv(out_dir / "comparisons.csv", comparisons),
+        "tuning_variation": fileio.write_csv(out_dir / "tuning_variation.csv", variation,
+                                             TUNING_VARIATION_COLUMNS),
     }
 
     fig_dir = out_dir / "figures"
@@ -179,7 +188,7 @@ def build_report(cfg: StudyConfig, runs_dir: Path, out_dir: Path,
     md = render_markdown(
         cfg, runs, summary, comparisons,
         [(ds, cap, p.relative_to(out_dir).as_posix()) for ds, cap, p in written],
-        environment, notes)
+        environment, notes, variation)
     paths["report"] = out_dir / "report.md"
     fileio.write_text(paths["report"], md)
     paths["figures"] = [p for _, _, p in written]
@@ -208,7 +217,7 @@ def run(cfg: StudyConfig, runs_dir: Path, tokens_dir: Path, out_dir: Path,
     result = build_report(cfg, runs_dir, out_dir, environment(), extra_figures=extra)
     with tracker.run("study-summary", {"stage": "report"}):
         tracker.log_artifact(out_dir / "report.md")
-        for name in ("ablation.csv", "summary.csv", "comparisons.csv"):
+        for name in ("ablation.csv", "summary.csv", "comparisons.csv", "tuning_variation.csv"):
             tracker.log_artifact(out_dir / name, "tables")
         tracker.log_artifact(figures_dir, "figures")
     return result

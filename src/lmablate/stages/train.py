@@ -42,6 +42,7 @@ class SeedJob:
     steps: int
     tokens_dir: Path
     seed_dir: Path
+    replicate: int = 0  # the re-tuning whose values these are: names the MLflow run only
 
 
 def seed_fingerprint(job: SeedJob, data: TokenData) -> str:
@@ -65,9 +66,11 @@ def _finished(job: SeedJob, fp: str) -> dict | None:
 
 
 def _run_name_tags(job: SeedJob) -> tuple[str, dict]:
-    """A seed's MLflow run name and tags."""
-    return (f"{job.dataset}-{job.variant}-seed{job.seed}",
-            {"dataset": job.dataset, "variant": job.variant, "seed": job.seed, "stage": "train"})
+    """A seed's MLflow run name and tags (a re-tuning's runs end in ``-r<N>``)."""
+    return (f"{job.dataset}-{job.variant}-seed{job.seed}"
+            + (f"-r{job.replicate}" if job.replicate else ""),
+            {"dataset": job.dataset, "variant": job.variant, "seed": job.seed, "stage": "train",
+             "replicate": job.replicate})
 
 
 def _run_params(job: SeedJob, device) -> dict:
@@ -191,8 +194,12 @@ def train_seeds_batched(jobs: list[SeedJob]) -> list[dict]:
 
 
 def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, best_path: Path,
-        checkpoints_dir: Path, history_path: Path, grad_stats_path: Path) -> dict:
+        checkpoints_dir: Path, history_path: Path, grad_stats_path: Path,
+        replicate: int = 0) -> dict:
     """Train ``variant`` on ``dataset`` for every seed with the tuned lr and d_model.
+
+    ``replicate`` N > 0: ``best_path`` is the N-th re-tuning's (``lmablate tune --replicate
+    N``), and the seeds' MLflow runs say so; the training itself does not depend on N.
 
     On a CPU, seeds run concurrently as threads or processes (see :mod:`lmablate.parallel`); on
     a GPU (:func:`lmablate.batched.batched_on`) the seeds of a model without dropout train
@@ -204,18 +211,24 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, best_pat
 
     Raises:
         ConfigError / ValueError: unknown dataset or variant, data too small for the context,
-            the model fails the causality pre-flight. All raised before the first step.
+            the model fails the causality pre-flight, ``best_path`` comes from another
+            replicate's tuning. All raised before the first step.
         DivergenceError: a run's loss became NaN/inf (names dataset, variant, seed and step).
     """
     cfg.dataset(dataset)
     best = fileio.read_json(best_path)
+    expected = cfg.tune.sampler_seed + replicate
+    if best.get("sampler_seed", expected) != expected:
+        raise ValueError(f"{best_path}: tuned with sampler seed {best['sampler_seed']}, but "
+                         f"--replicate {replicate} means tune.sampler_seed + {replicate} = "
+                         f"{expected}")
     data = TokenData.load(tokens_dir)
     model_cfg = resolve_model_config(cfg, variant, data.vocab_size, best["d_model"])
     data.check_fits(model_cfg.context_length, f"{dataset}")
     preflight(model_cfg, f"variant {variant!r}")
     steps = run_steps(cfg, dataset, model_cfg)
     jobs = [SeedJob(cfg, dataset, variant, model_cfg, best["lr"], seed, steps, tokens_dir,
-                    checkpoints_dir / f"seed_{seed}") for seed in cfg.seeds]
+                    checkpoints_dir / f"seed_{seed}", replicate) for seed in cfg.seeds]
     device = resolve_device(cfg.runtime.device)
     if batched_on(device) and model_cfg.dropout == 0:
         # one path per device type and model (both in the fingerprint), never per setting:
@@ -234,7 +247,7 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, best_pat
 
 def main(cfg: StudyConfig, args: argparse.Namespace) -> None:
     """``lmablate train <dataset> <variant> --tokens DIR --best FILE --checkpoints DIR
-    --history FILE --grad-stats FILE``."""
+    --history FILE --grad-stats FILE [--replicate N]``."""
     cfg.check_variant(args.variant)
     run(cfg, args.dataset, args.variant, args.tokens, args.best, args.checkpoints, args.history,
-        args.grad_stats)
+        args.grad_stats, replicate=getattr(args, "replicate", 0))
