@@ -108,7 +108,10 @@ def test_worker_count_rules():
     cpu, gpu = torch.device("cpu"), torch.device("cuda")
     cores = parallel.cpu_count()
     assert parallel.worker_count(RuntimeConfig(workers=0), 100, cpu) == cores
-    assert parallel.worker_count(RuntimeConfig(workers=0), 100, cpu, all_at_once=True) == 2 * cores
+    assert parallel.worker_count(RuntimeConfig(workers=0), 100, cpu,
+                                 all_at_once=True) == parallel.JOBS_PER_CORE * cores
+    assert parallel.worker_count(RuntimeConfig(workers=0), 5, cpu, all_at_once=True) == min(
+        5, parallel.JOBS_PER_CORE * cores)
     assert parallel.worker_count(RuntimeConfig(workers=0, parallel="processes"), 100, cpu,
                                  all_at_once=True) == cores
     assert parallel.worker_count(RuntimeConfig(workers=5), 3, cpu) == 3
