@@ -199,3 +199,23 @@ def test_kill_9_of_a_stage_takes_its_worker_processes_with_it(project, start_lma
     victim.send_signal(signal.SIGKILL)
     victim.wait()
     wait_for(lambda: not any(alive(p) for p in workers), 10, "the workers to exit")
+
+
+def test_a_trial_whose_worker_died_right_after_taking_it_is_queued_again(tmp_path):
+    """A worker killed between claiming a trial and its heartbeat thread's first beat: the
+    trial still has a heartbeat (claim records one first), so it goes stale and is queued again
+    with its slot, instead of staying RUNNING for good."""
+    from lmablate.tuning import SLOT, claim, load_study, make_storage
+
+    study = load_study(make_storage(f"sqlite:///{tmp_path / 'o.db'}", heartbeat_seconds=1), "s")
+    study.enqueue_trial({"x": 1.0}, user_attrs={SLOT: 0})
+    taken = claim(study)  # ... and the worker dies here: no Heartbeat thread ever starts
+    assert taken is not None
+    S = optuna.trial.TrialState
+    deadline = time.monotonic() + 30
+    while study.get_trials(deepcopy=False)[0].state == S.RUNNING and time.monotonic() < deadline:
+        time.sleep(0.5)
+        optuna.storages.fail_stale_trials(study)
+    trials = study.get_trials(deepcopy=False)
+    assert [t.state for t in trials] == [S.FAIL, S.WAITING]
+    assert trials[1].user_attrs[SLOT] == 0

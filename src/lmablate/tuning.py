@@ -250,6 +250,10 @@ def claim(study: optuna.Study) -> optuna.Trial | None:
     with _CLAIM_LOCK:
         for t in storage.get_all_trials(study._study_id, deepcopy=False,
                                         states=(TrialState.WAITING,)):
+            # A heartbeat first: Optuna never fails a RUNNING trial that has no heartbeat at
+            # all, so a worker killed between taking the trial and its first beat would leave
+            # the slot RUNNING for good, and every later worker waiting on it.
+            storage.record_heartbeat(t._trial_id)
             try:
                 if storage.set_trial_state_values(t._trial_id, state=TrialState.RUNNING):
                     return optuna.Trial(study, t._trial_id)

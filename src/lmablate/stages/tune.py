@@ -61,7 +61,9 @@ def tune_worker(job: TuneJob) -> int:
     tracker = make_tracker(cfg.tracking)
     ran = 0
     while (trial := claim(study)) is not None:
-        run_trial(job, study, trial, data, device, tracker)
+        # beating from the moment the trial is taken (see lmablate.tuning.claim)
+        with Heartbeat(study, trial, cfg.tune.heartbeat_seconds):
+            run_trial(job, study, trial, data, device, tracker)
         ran += 1
     return ran
 
@@ -103,8 +105,7 @@ def _train_trial(job: TuneJob, study: optuna.Study, trial: optuna.Trial, data: T
 
     tags = {"dataset": job.dataset, "variant": job.variant, "stage": "tune",
             "optuna_study": study.study_name, "trial": slot}
-    with tracker.run(f"trial-{slot}", tags, parent_run_id=job.parent_run_id), \
-            Heartbeat(study, trial, tune.heartbeat_seconds):
+    with tracker.run(f"trial-{slot}", tags, parent_run_id=job.parent_run_id):
         tracker.log_params({"lr": lr, "d_model": d_model, "trial": slot, "steps": steps})
         trial.set_user_attr("steps", steps)
         trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
