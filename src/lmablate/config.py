@@ -18,8 +18,8 @@ from typing import Any, Mapping
 import yaml
 
 from .fingerprint import NOT_A_RESULT
-from .validation import (ConfigError, check_choice, check_int, check_positive, fail,
-                         from_mapping)
+from .validation import (ConfigError, check_choice, check_int, check_interval,
+                         check_positive, fail, from_mapping)
 from .validation import DataError  # noqa: F401 - re-exported for the data modules and tests
 
 # Allowed component strings. The model's registries are keyed by exactly these names; a test
@@ -322,10 +322,8 @@ class TuneConfig:
                  "start-up")
         check_int("tune.seed", self.seed, minimum=0)
         check_int("tune.sampler_seed", self.sampler_seed, minimum=0)
-        if (isinstance(self.budget_fraction, bool)
-                or not isinstance(self.budget_fraction, (int, float))
-                or not 0.0 < self.budget_fraction <= 1.0):
-            fail("tune.budget_fraction", self.budget_fraction, "expected a number in (0, 1]")
+        check_interval("tune.budget_fraction", self.budget_fraction, 0, 1,
+                            include_high=True)
         check_positive("tune.lr_low", self.lr_low)
         check_positive("tune.lr_high", self.lr_high)
         if self.lr_low >= self.lr_high:
@@ -338,9 +336,7 @@ class TuneConfig:
             fail("tune.d_model_choices", list(self.d_model_choices), "widths must be distinct")
         object.__setattr__(self, "d_model_choices", tuple(sorted(self.d_model_choices)))
         check_choice("tune.pruner", self.pruner, PRUNER_CHOICES)
-        if (isinstance(self.percentile, bool) or not isinstance(self.percentile, (int, float))
-                or not 0.0 < self.percentile < 100.0):
-            fail("tune.percentile", self.percentile, "expected a number in (0, 100)")
+        check_interval("tune.percentile", self.percentile, 0, 100)
 
     @property
     def storage_url(self) -> str:

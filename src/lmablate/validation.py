@@ -38,6 +38,16 @@ def check_positive(key: str, value: Any, *, allow_zero: bool = False) -> None:
         fail(key, value, "expected a number >= 0" if allow_zero else "expected a number > 0")
 
 
+def check_interval(key: str, value: Any, low: float, high: float, *,
+                        include_high: bool = False) -> None:
+    """``value`` must be a number with ``low < value < high`` (``<= high`` with
+    ``include_high``); else a :class:`ConfigError` naming ``key``, the value and the interval."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    ok = ok and low < value and (value <= high if include_high else value < high)
+    if not ok:
+        fail(key, value, f"expected a number in ({low:g}, {high:g}{']' if include_high else ')'}")
+
+
 def check_int(key: str, value: Any, *, minimum: int = 1) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         fail(key, value, f"expected an integer >= {minimum}")
