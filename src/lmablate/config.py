@@ -323,7 +323,7 @@ class TuneConfig:
         check_int("tune.seed", self.seed, minimum=0)
         check_int("tune.sampler_seed", self.sampler_seed, minimum=0)
         check_interval("tune.budget_fraction", self.budget_fraction, 0, 1,
-                            include_high=True)
+                       include_high=True)
         check_positive("tune.lr_low", self.lr_low)
         check_positive("tune.lr_high", self.lr_high)
         if self.lr_low >= self.lr_high:

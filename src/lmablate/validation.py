@@ -39,7 +39,7 @@ def check_positive(key: str, value: Any, *, allow_zero: bool = False) -> None:
 
 
 def check_interval(key: str, value: Any, low: float, high: float, *,
-                        include_high: bool = False) -> None:
+                   include_high: bool = False) -> None:
     """``value`` must be a number with ``low < value < high`` (``<= high`` with
     ``include_high``); else a :class:`ConfigError` naming ``key``, the value and the interval."""
     ok = isinstance(value, (int, float)) and not isinstance(value, bool)
