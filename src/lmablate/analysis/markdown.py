@@ -100,6 +100,19 @@ def _summary_table(summary: pd.DataFrame, dataset: str, order: Sequence[str]) ->
     return _md_table(pd.DataFrame(rows)) if rows else "_No results._"
 
 
+def _interval(row: Mapping[str, Any], digits: int) -> str:
+    """``[ci95_low, ci95_high]`` of a table row, or "–" where there is no interval."""
+    if not np.isfinite(row["ci95_low"]):
+        return "–"
+    return f"[{_num(row['ci95_low'], digits)}, {_num(row['ci95_high'], digits)}]"
+
+
+def _metric_label(metric: str) -> str:
+    """``test loss (lower is better)``: the metric's label and direction."""
+    label, _, higher = METRICS[metric]
+    return f"{label} ({'higher' if higher else 'lower'} is better)"
+
+
 def _comparison_table(comparisons: pd.DataFrame, dataset: str) -> str:
     c = comparisons[comparisons["dataset"] == dataset]
     if c.empty:
@@ -107,21 +120,18 @@ def _comparison_table(comparisons: pd.DataFrame, dataset: str) -> str:
                 "variant on this dataset._")
     rows = []
     for _, r in c.iterrows():
-        label, unit, higher = METRICS[r["metric"]]
         digits = _digits(r["metric"])
         verdict = r["verdict"]
         mark = VERDICT_MARKS.get(verdict, "")
         shown = f"**{mark} {verdict}**" if mark else verdict
-        ci = (f"[{_num(r['ci95_low'], digits)}, {_num(r['ci95_high'], digits)}]"
-              if np.isfinite(r["ci95_low"]) else "–")
         rows.append({
-            "metric": f"{label} ({'higher' if higher else 'lower'} is better)",
+            "metric": _metric_label(r["metric"]),
             "variant": r["variant"],
             "paired seeds": int(r["n_pairs"]),
             "baseline mean": _num(r["baseline_mean"], digits),
             "variant mean": _num(r["variant_mean"], digits),
             "Δ (variant − baseline)": _num(r["mean_diff"], digits),
-            "95% CI of Δ": ci,
+            "95% CI of Δ": _interval(r, digits),
             "p (paired t)": _p(r["p_value"]),
             "p (Holm)": _p(r["p_holm"]),
             "verdict": shown,
@@ -137,20 +147,17 @@ def _tuning_variation_section(variation: pd.DataFrame, dataset: str) -> list[str
         return []
     rows = []
     for _, r in v.iterrows():
-        label, _, higher = METRICS[r["metric"]]
         digits = _digits(r["metric"])
-        ci = (f"[{_num(r['ci95_low'], digits)}, {_num(r['ci95_high'], digits)}]"
-              if np.isfinite(r["ci95_low"]) else "–")
         rows.append({
             "variant": r["variant"], "replicate": int(r["replicate"]),
-            "metric": f"{label} ({'higher' if higher else 'lower'} is better)",
+            "metric": _metric_label(r["metric"]),
             "lr, d_model": f"{r['lr']:.3g}, {int(r['d_model'])}",
             "re-tuned lr, d_model": f"{r['replicate_lr']:.3g}, {int(r['replicate_d_model'])}",
             "paired seeds": int(r["n_pairs"]),
             "mean": _num(r["mean"], digits),
             "re-tuned mean": _num(r["replicate_mean"], digits),
             "Δ (re-tuned − original)": _num(r["mean_diff"], digits),
-            "95% CI of Δ": ci,
+            "95% CI of Δ": _interval(r, digits),
         })
     return ["### How much the tuning varies", "",
             "The variant tuned again from scratch with another sampler seed "
