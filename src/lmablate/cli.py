@@ -41,6 +41,10 @@ class Stage:
     # ``--replicate N``: the N-th re-tuning with another sampler seed (tune), or the final runs
     # of its values (train, evaluate: their MLflow runs are named and tagged with N)
     replicate: bool = False
+    # records MLflow runs: the command starts MLflow in a sidecar process first thing
+    # (lmablate.tracking.start_sidecar), so that it is ready by the time the stage has imported
+    # torch and read its inputs
+    tracks: bool = False
 
 
 STAGES: dict[str, Stage] = {
@@ -50,16 +54,17 @@ STAGES: dict[str, Stage] = {
                       "character vocabulary and train/val/test token arrays",
                       reads=("raw",), writes=("out",)),
     "tune": Stage("lmablate.stages.tune", "Optuna search over lr and d_model",
-                  reads=("tokens",), writes=("best", "trials"), variant=True, replicate=True),
+                  reads=("tokens",), writes=("best", "trials"), variant=True, replicate=True,
+                  tracks=True),
     "train": Stage("lmablate.stages.train", "train on every seed with the tuned values",
                    reads=("tokens", "best"),
                    writes=("checkpoints", "history", "grad-stats"), variant=True,
-                   replicate=True),
+                   replicate=True, tracks=True),
     "evaluate": Stage("lmablate.stages.evaluate", "test metrics of every seed",
                       reads=("tokens", "raw", "checkpoints"), writes=("metrics", "examples"),
-                      variant=True, replicate=True),
+                      variant=True, replicate=True, tracks=True),
     "report": Stage("lmablate.stages.report", "tables, statistics and figures of the study",
-                    reads=("runs", "tokens"), writes=("out",), dataset=False),
+                    reads=("runs", "tokens"), writes=("out",), dataset=False, tracks=True),
 }
 
 
@@ -141,7 +146,11 @@ def main(argv: list[str] | None = None) -> int:
     status = 0
     try:
         cfg = load(args.params)
-        import_stage(STAGES[args.command].module).main(cfg, args)
+        stage = STAGES[args.command]
+        if stage.tracks and cfg.tracking.enabled and argv is None:
+            from .tracking import start_sidecar
+            start_sidecar(cfg.tracking)
+        import_stage(stage.module).main(cfg, args)
     except (ConfigError, ValueError, FileNotFoundError, RuntimeError) as exc:
         print(f"lmablate: error: {exc}", file=sys.stderr)
         status = 2

@@ -11,6 +11,9 @@ import contextlib
 import gc
 import logging
 import os
+import subprocess
+import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Iterator, Mapping
@@ -61,7 +64,8 @@ class NullTracker:
 
     @contextlib.contextmanager
     def open_run(self, name: str, tags: Mapping[str, Any] | None = None, *,
-                 run_id: str | None = None) -> Iterator["NullTracker"]:
+                 run_id: str | None = None,
+                 parent_run_id: str | None = None) -> Iterator["NullTracker"]:
         """Like :meth:`run`, but the run is not made this thread's active run: yields a tracker
         bound to it (its id in ``run_id``), so that one thread can log to several runs at once
         (the seeds of :func:`lmablate.batched.train_seeds`)."""
@@ -70,41 +74,238 @@ class NullTracker:
         yield bound
 
 
-class MlflowRunTracker(NullTracker):
-    """Logs to one MLflow run by id through ``MlflowClient`` (the records MLflow's fluent calls
-    would write to that run), whatever this thread's active run is."""
+class MlflowStore:
+    """The MLflow calls a tracker needs, on one tracking URI and experiment, through
+    ``MlflowClient``: the records MLflow's fluent API (``start_run``, ``log_metrics``, ...) would
+    write, with run ids passed explicitly so that any thread (or another process, see
+    :class:`Sidecar`) can log to any run.
 
-    def __init__(self, client, run_id: str):
-        self._client, self.run_id = client, run_id
+    Args:
+        uri: the tracking URI (``sqlite:///...``, ``postgresql://...``, ``http://...``).
+        experiment: the experiment's name; created if missing, as ``mlflow.set_experiment``.
+
+    Raises:
+        TrackingError: the store cannot be reached or the experiment cannot be set (e.g. a server
+            URI that does not answer), at construction.
+    """
+
+    def __init__(self, uri: str, experiment: str):
+        with gc_paused():  # MLflow's import, then the first store opened (SQLAlchemy, alembic)
+            import mlflow  # slow import, only where a run is recorded
+            from mlflow.entities import LifecycleStage
+
+            # MLflow logs alembic migrations and the like at INFO on first use of a SQLite store.
+            logging.getLogger("alembic").setLevel(logging.WARNING)
+            os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+            os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+            self.uri = uri
+            self.client = mlflow.MlflowClient(tracking_uri=uri)
+            try:  # what mlflow.set_experiment does
+                exp = self.client.get_experiment_by_name(experiment)
+                if exp is None:
+                    self.experiment_id = self.client.create_experiment(experiment)
+                elif exp.lifecycle_stage == LifecycleStage.DELETED:
+                    raise RuntimeError(f"experiment {experiment!r} is deleted; restore it "
+                                       "(mlflow experiments restore) or pick another name")
+                else:
+                    self.experiment_id = exp.experiment_id
+            except Exception as exc:  # noqa: BLE001 - any backend failure means "unreachable"
+                raise TrackingError(
+                    f"MLflow tracking store {uri!r} cannot be used ({type(exc).__name__}: "
+                    f"{str(exc).splitlines()[0][:200]}); set MLFLOW_TRACKING_URI or tracking.uri "
+                    "to a reachable store, or tracking.enabled: false") from None
+
+    def start_run(self, name: str, tags: Mapping[str, str], run_id: str | None = None,
+                  parent_run_id: str | None = None) -> str:
+        """Create a run named ``name`` with ``tags``, MLflow's context tags (``mlflow.user``,
+        ``mlflow.source.name``, ``mlflow.source.git.commit``, ...) and, with ``parent_run_id``,
+        ``mlflow.parentRunId``; or, with ``run_id``, set that run RUNNING again and add ``tags``.
+        Returns the run's id."""
+        from mlflow.entities import RunTag
+        from mlflow.tracking.context import registry
+        from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
+
+        if run_id:
+            self.client.update_run(run_id, status="RUNNING")
+            if tags:
+                self.client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
+            return run_id
+        tags = {**tags, MLFLOW_RUN_NAME: name}
+        if parent_run_id:
+            tags[MLFLOW_PARENT_RUN_ID] = parent_run_id
+        return self.client.create_run(self.experiment_id, tags=registry.resolve_tags(tags),
+                                      run_name=name).info.run_id
+
+    def end_run(self, run_id: str, status: str) -> None:
+        """End run ``run_id`` with ``status`` (``FINISHED`` or ``FAILED``)."""
+        self.client.set_terminated(run_id, status)
+
+    def log_batch(self, run_id: str, params: Mapping[str, str] | None = None,
+                  metrics: list[tuple[str, float, int, int]] | None = None,
+                  tags: Mapping[str, str] | None = None) -> None:
+        """Log ``params``, ``metrics`` ((key, value, timestamp in ms, step) each) and ``tags``
+        to run ``run_id`` in one call."""
+        from mlflow.entities import Metric, Param, RunTag
+
+        self.client.log_batch(run_id, params=[Param(k, v) for k, v in (params or {}).items()],
+                              metrics=[Metric(*m) for m in metrics or []],
+                              tags=[RunTag(k, v) for k, v in (tags or {}).items()])
+
+    def log_artifact(self, run_id: str, path: str, artifact_path: str | None = None) -> None:
+        """Copy file or directory ``path`` (absolute) into run ``run_id``'s artifacts."""
+        if Path(path).is_dir():
+            self.client.log_artifacts(run_id, path, artifact_path=artifact_path)
+        elif Path(path).exists():
+            self.client.log_artifact(run_id, path, artifact_path=artifact_path)
+
+
+class Sidecar:
+    """A child process that imports MLflow, opens its store and makes the calls of
+    :class:`MlflowStore` for this process.
+
+    MLflow's import and the opening of its store take about 2 s of pure Python (1.2 s import,
+    0.6 s SQLAlchemy and alembic), which a thread cannot overlap with torch's import (both hold
+    the GIL). The ``lmablate`` command starts the sidecar first thing (:func:`start_sidecar`),
+    so that on a second core MLflow gets ready while the stage imports torch and reads its data.
+    Every call waits for its answer, so a record is written when the call returns, as
+    in-process, and an MLflow error is raised where the call was made. The child is given the
+    caller's ``sys.argv`` (for MLflow's ``mlflow.source.*`` tags), environment and working
+    directory at its start, and ends when this process closes its end of the pipe (at exit, or
+    when it dies).
+
+    Raises:
+        TrackingError: from any call, when the child failed or is gone.
+    """
+
+    def __init__(self, open_first: tuple[str, str] | None = None):
+        from multiprocessing.connection import Connection
+
+        child_reads, parent_writes = os.pipe()
+        parent_reads, child_writes = os.pipe()
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", f"import lmablate.tracking as t; t._serve({child_reads}, "
+             f"{child_writes})"], pass_fds=(child_reads, child_writes), stdin=subprocess.DEVNULL)
+        os.close(child_reads)
+        os.close(child_writes)
+        self._send = Connection(parent_writes, readable=False)
+        self._recv = Connection(parent_reads, writable=False)
+        self._lock = threading.Lock()
+        self._send.send(("argv", list(sys.argv)))
+        # Stores asked to open before anyone waits for them: key -> reply, None until read.
+        self._opened: dict[tuple[str, str], tuple[bool, Any] | None] = {}
+        if open_first:
+            self._send.send(("open", open_first))
+            self._opened[open_first] = None
+
+    def _exchange(self, op: str, request: tuple | None) -> tuple[bool, Any]:
+        """Send ``request`` (if any) and read the next reply; the caller holds the lock."""
+        try:
+            if request is not None:
+                self._send.send(request)
+            return self._recv.recv()
+        except (OSError, EOFError):
+            raise TrackingError(f"the MLflow sidecar process exited (status "
+                                f"{self._proc.poll()}) before answering {op!r}") from None
+
+    def call(self, op: str, *args: Any) -> Any:
+        """Run :class:`MlflowStore` method ``op`` in the child (or, for ``"open"``, make the
+        store of ``args`` = (uri, experiment)), return what it returned."""
+        with self._lock:  # requests are answered one by one, in order
+            for key, reply in self._opened.items():  # replies to opens sent ahead
+                if reply is None:
+                    self._opened[key] = self._exchange("open", None)
+            if op == "open" and args in self._opened:
+                ok, value = self._opened[args]  # type: ignore[misc]
+            else:
+                ok, value = self._exchange(op, (op, args))
+        if not ok:
+            raise TrackingError(value)
+        return value
+
+
+def _serve(reads: int, writes: int) -> None:
+    """The :class:`Sidecar` child: answers ``(op, args)`` requests with ``(True, result)`` or
+    ``(False, message)`` until the parent closes the pipe. ``("open", (uri, experiment))`` makes
+    an :class:`MlflowStore` (kept per URI and experiment); ``(name, (key, *args))`` calls its
+    method ``name``."""
+    from multiprocessing.connection import Connection
+
+    recv, send = Connection(reads, writable=False), Connection(writes, readable=False)
+    stores: dict[tuple[str, str], MlflowStore] = {}
+    while True:
+        try:
+            op, args = recv.recv()
+        except (EOFError, OSError):
+            os._exit(0)  # no teardown: every call has been answered, its record written
+        if op == "argv":
+            sys.argv = args  # MLflow's context tags read the command from sys.argv
+            continue
+        try:
+            if op == "open":
+                if args not in stores:
+                    stores[args] = MlflowStore(*args)
+                send.send((True, None))
+            elif op in ("start_run", "end_run", "log_batch", "log_artifact"):
+                send.send((True, getattr(stores[args[0]], op)(*args[1:])))
+            else:
+                send.send((False, f"unknown MLflow sidecar request {op!r}"))
+        except Exception as exc:  # noqa: BLE001 - every failure goes back to the caller
+            first = (str(exc).splitlines() or [""])[0][:300]
+            send.send((False, str(exc) if isinstance(exc, TrackingError)
+                       else f"MLflow {op}: {type(exc).__name__}: {first}"))
+
+
+class _RemoteStore:
+    """:class:`MlflowStore`'s methods, run by the :class:`Sidecar`."""
+
+    def __init__(self, sidecar: Sidecar, uri: str, experiment: str):
+        self._sidecar, self._key = sidecar, (uri, experiment)
+        sidecar.call("open", *self._key)
+
+    def __getattr__(self, op: str):
+        return lambda *args: self._sidecar.call(op, self._key, *args)
+
+
+_SIDECAR: Sidecar | None = None
+
+
+def start_sidecar(cfg: TrackingConfig) -> None:
+    """Start this process's :class:`Sidecar` and have it open ``cfg``'s store; every later
+    :class:`MlflowTracker` of this process logs through it. For commands that record runs: the
+    child imports MLflow whether or not a run is recorded."""
+    global _SIDECAR
+    if _SIDECAR is None:
+        _SIDECAR = Sidecar((cfg.tracking_uri, cfg.experiment))
+
+
+class MlflowRunTracker(NullTracker):
+    """Logs to one MLflow run by id, whatever this thread's active run is."""
+
+    def __init__(self, store: MlflowStore, run_id: str):
+        self._store, self.run_id = store, run_id
 
     def log_params(self, params: Mapping[str, Any]) -> None:
-        from mlflow.entities import Param
-
-        self._client.log_batch(self.run_id, params=[Param(k, str(v)) for k, v in params.items()])
+        self._store.log_batch(self.run_id, {k: str(v) for k, v in params.items()})
 
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
-        from mlflow.entities import Metric
-
         now = int(time.time() * 1000)
-        clean = [Metric(k, float(v), now, step or 0) for k, v in metrics.items() if v is not None]
+        clean = [(k, float(v), now, step or 0) for k, v in metrics.items() if v is not None]
         if clean:
-            self._client.log_batch(self.run_id, metrics=clean)
+            self._store.log_batch(self.run_id, None, clean)
 
     def log_artifact(self, path: str | os.PathLike, artifact_path: str | None = None) -> None:
-        path = Path(path)
-        if path.is_dir():
-            self._client.log_artifacts(self.run_id, str(path), artifact_path=artifact_path)
-        elif path.exists():
-            self._client.log_artifact(self.run_id, str(path), artifact_path=artifact_path)
+        self._store.log_artifact(self.run_id, str(Path(path).absolute()), artifact_path)
 
     def set_tags(self, tags: Mapping[str, Any]) -> None:
-        from mlflow.entities import RunTag
-
-        self._client.log_batch(self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+        self._store.log_batch(self.run_id, None, None, {k: str(v) for k, v in tags.items()})
 
 
 class MlflowTracker(NullTracker):
     """MLflow-backed tracker: one experiment per study, runs nested where asked.
+
+    Like MLflow's fluent API, each thread has its own stack of active runs (:meth:`run`), and
+    ``log_*`` go to the top one. The calls go to an :class:`MlflowStore` in this process, or to
+    the process's :class:`Sidecar` when the command started one; the records are the same.
 
     Args:
         cfg: tracking settings; ``MLFLOW_TRACKING_URI`` overrides ``cfg.uri``.
@@ -115,90 +316,81 @@ class MlflowTracker(NullTracker):
     """
 
     def __init__(self, cfg: TrackingConfig):
-        with gc_paused():
-            import mlflow  # slow import, only when tracking is on
-
-        # MLflow logs alembic migrations and the like at INFO on first use of a SQLite store.
-        logging.getLogger("alembic").setLevel(logging.WARNING)
-        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
-        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
-        self._mlflow = mlflow
         self.uri = cfg.tracking_uri
-        mlflow.set_tracking_uri(self.uri)
-        try:
-            with gc_paused():  # the first store opened imports SQLAlchemy, alembic, MLflow's models
-                self._experiment_id = mlflow.set_experiment(cfg.experiment).experiment_id
-        except Exception as exc:  # noqa: BLE001 - any backend failure means "unreachable"
-            raise TrackingError(
-                f"MLflow tracking store {self.uri!r} cannot be used ({type(exc).__name__}: "
-                f"{str(exc).splitlines()[0][:200]}); set MLFLOW_TRACKING_URI or tracking.uri "
-                "to a reachable store, or tracking.enabled: false"
-            ) from None
+        self._store = (MlflowStore(self.uri, cfg.experiment) if _SIDECAR is None
+                       else _RemoteStore(_SIDECAR, self.uri, cfg.experiment))
+        self._local = threading.local()
+
+    def _stack(self) -> list[MlflowRunTracker]:
+        if not hasattr(self._local, "stack"):
+            self._local.stack = []
+        return self._local.stack
+
+    def _top(self) -> MlflowRunTracker:
+        stack = self._stack()
+        if not stack:
+            raise TrackingError("no active MLflow run in this thread; log inside tracker.run()")
+        return stack[-1]
 
     @property
     def active_run_id(self) -> str | None:  # type: ignore[override]
-        run = self._mlflow.active_run()
-        return run.info.run_id if run else None
+        stack = self._stack()
+        return stack[-1].run_id if stack else None
 
     @contextlib.contextmanager
     def run(self, name: str, tags: Mapping[str, Any] | None = None, *, nested: bool = False,
             run_id: str | None = None, parent_run_id: str | None = None) -> Iterator[str]:
-        """Start (or, with ``run_id``, reopen) a run; yields its id. ``parent_run_id`` nests it
-        under a run of another process (Optuna workers). Ends it on exit, marking it FAILED if
-        the body raised."""
-        tags = {k: str(v) for k, v in (tags or {}).items()}
-        with self._mlflow.start_run(run_id=run_id, run_name=None if run_id else name,
-                                    nested=nested or parent_run_id is not None,
-                                    parent_run_id=parent_run_id, tags=tags) as active:
-            yield active.info.run_id
+        """Start (or, with ``run_id``, reopen) a run and make it this thread's active run; yields
+        its id. Nested under this thread's active run with ``nested``, or under ``parent_run_id``
+        (a run of another thread or process: Optuna workers). Ends it on exit, marking it FAILED
+        if the body raised.
+
+        Raises:
+            TrackingError: a run is already active in this thread and neither ``nested`` nor
+                ``parent_run_id`` is given (as ``mlflow.start_run``).
+        """
+        stack = self._stack()
+        if stack and not (nested or parent_run_id):
+            raise TrackingError(f"run {stack[-1].run_id} is already active in this thread; "
+                                "end it first or start this one with nested=True")
+        parent = parent_run_id or (stack[-1].run_id if stack else None)
+        with self.open_run(name, tags, run_id=run_id, parent_run_id=parent) as bound:
+            stack.append(bound)
+            try:
+                yield bound.run_id
+            finally:
+                stack.pop()
 
     @contextlib.contextmanager
     def open_run(self, name: str, tags: Mapping[str, Any] | None = None, *,
-                 run_id: str | None = None) -> Iterator[MlflowRunTracker]:
+                 run_id: str | None = None,
+                 parent_run_id: str | None = None) -> Iterator[MlflowRunTracker]:
         """Start (or, with ``run_id``, reopen) a run as :meth:`run` does (same name, tags and
         MLflow's context tags such as ``mlflow.user`` and ``mlflow.source.name``), without
         making it this thread's active run; yields a :class:`MlflowRunTracker` bound to it.
         Ends it on exit, marking it FAILED if the body raised."""
-        from mlflow.entities import RunTag
-        from mlflow.tracking.context import registry
-        from mlflow.utils.mlflow_tags import MLFLOW_RUN_NAME
-
-        client = self._mlflow.MlflowClient(tracking_uri=self.uri)
         tags = {k: str(v) for k, v in (tags or {}).items()}
-        if run_id:
-            client.update_run(run_id, status="RUNNING")
-            if tags:
-                client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
-        else:
-            resolved = registry.resolve_tags({**tags, MLFLOW_RUN_NAME: name})
-            run_id = client.create_run(self._experiment_id, tags=resolved,
-                                       run_name=name).info.run_id
+        run_id = self._store.start_run(name, tags, run_id, parent_run_id)
         status = "FINISHED"
         try:
-            yield MlflowRunTracker(client, run_id)
+            yield MlflowRunTracker(self._store, run_id)
         except BaseException:
             status = "FAILED"
             raise
         finally:
-            client.set_terminated(run_id, status)
+            self._store.end_run(run_id, status)
 
     def log_params(self, params: Mapping[str, Any]) -> None:
-        self._mlflow.log_params({k: v for k, v in params.items()})
+        self._top().log_params(params)
 
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
-        clean = {k: float(v) for k, v in metrics.items() if v is not None}
-        if clean:
-            self._mlflow.log_metrics(clean, step=step)
+        self._top().log_metrics(metrics, step)
 
     def log_artifact(self, path: str | os.PathLike, artifact_path: str | None = None) -> None:
-        path = Path(path)
-        if path.is_dir():
-            self._mlflow.log_artifacts(str(path), artifact_path=artifact_path)
-        elif path.exists():
-            self._mlflow.log_artifact(str(path), artifact_path=artifact_path)
+        self._top().log_artifact(path, artifact_path)
 
     def set_tags(self, tags: Mapping[str, Any]) -> None:
-        self._mlflow.set_tags({k: str(v) for k, v in tags.items()})
+        self._top().set_tags(tags)
 
 
 def make_tracker(cfg: TrackingConfig) -> NullTracker:

@@ -1,0 +1,132 @@
+"""MLflow tracking: the records a tracker writes, in this process or through the sidecar process
+that stage commands use (lmablate.tracking.Sidecar), and its errors."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from pathlib import Path
+
+import pytest
+
+from lmablate import tracking
+from lmablate.config import TrackingConfig
+from lmablate.tracking import MlflowTracker, Sidecar, TrackingError
+
+
+def record_a_study(tracker: MlflowTracker, artifact: Path) -> None:
+    """The calls the stages make: a parent run with nested runs from other threads, a run
+    reopened by id, a failed run, params, metrics at steps, tags and an artifact."""
+    with tracker.run("tune", {"stage": "tune"}) as parent:
+        tracker.log_params({"n_trials": 2, "lr_high": 0.1})
+
+        def trial(i: int) -> None:
+            with tracker.run(f"trial-{i}", {"trial": i}, parent_run_id=parent):
+                tracker.log_metrics({"val_loss": 3.0 - i, "skip": None}, step=10)
+                tracker.log_metrics({"val_loss": 2.5 - i}, step=20)
+        threads = [threading.Thread(target=trial, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        with tracker.run("inner", nested=True):
+            tracker.set_tags({"state": "PRUNED"})
+    with tracker.run("train", {"seed": 0}) as run_id:
+        tracker.log_artifact(artifact, "checkpoint")
+    with tracker.run("train", {"stage": "final"}, run_id=run_id):  # evaluate reopens it
+        tracker.log_metrics({"test_loss": 1.25})
+    with tracker.open_run("seed-1", {"seed": 1}) as bound:
+        bound.log_params({"lr": 0.003})
+        bound.log_metrics({"val_loss": 2.0}, step=5)
+    with pytest.raises(ZeroDivisionError), tracker.run("diverged"):
+        1 / 0
+
+
+def records(db: Path) -> list[tuple]:
+    """Every run's name, status, nesting, tags, params, metrics and artifact files, in a form
+    that two stores can be compared in (run ids and times left out)."""
+    with sqlite3.connect(db) as con:
+        runs = con.execute("select run_uuid, name, status, artifact_uri from runs").fetchall()
+        names = {uuid: name for uuid, name, _, _ in runs}
+        out = []
+        for uuid, name, status, uri in runs:
+            tags = dict(con.execute("select key, value from tags where run_uuid=?", (uuid,)))
+            parent = names.get(tags.pop("mlflow.parentRunId", None))
+            params = sorted(con.execute("select key, value from params where run_uuid=?",
+                                        (uuid,)))
+            metrics = sorted(con.execute("select key, value, step from metrics where run_uuid=?",
+                                         (uuid,)))
+            files = sorted(str(p.relative_to(uri.removeprefix("file://")))
+                           for p in Path(uri.removeprefix("file://")).rglob("*") if p.is_file())
+            out.append((name, status, parent, sorted(tags.items()), params, metrics, files))
+    return sorted(out, key=repr)
+
+
+@pytest.fixture
+def artifact(tmp_path):
+    path = tmp_path / "checkpoint.pt"
+    path.write_bytes(b"weights")
+    return path
+
+
+def test_the_sidecar_writes_the_records_an_in_process_tracker_writes(tmp_path, artifact,
+                                                                       monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    dbs = {}
+    for arm in ("local", "sidecar"):
+        arm_dir = tmp_path / arm
+        arm_dir.mkdir()
+        monkeypatch.chdir(arm_dir)  # MLflow's default artifact root is ./mlruns
+        cfg = TrackingConfig(uri=f"sqlite:///{arm_dir / 'mlflow.db'}", experiment="study")
+        monkeypatch.setattr(tracking, "_SIDECAR", Sidecar((cfg.tracking_uri, cfg.experiment))
+                            if arm == "sidecar" else None)
+        tracker = tracking.make_tracker(cfg)
+        assert isinstance(tracker._store, tracking._RemoteStore) == (arm == "sidecar")
+        record_a_study(tracker, artifact)
+        dbs[arm] = records(arm_dir / "mlflow.db")
+    assert dbs["sidecar"] == dbs["local"]
+    by_name = {r[0]: r for r in dbs["sidecar"]}
+    assert len(dbs["sidecar"]) == 7
+    assert by_name["trial-0"][2] == by_name["inner"][2] == "tune"  # nested under the parent
+    assert by_name["diverged"][1] == "FAILED" and by_name["train"][1] == "FINISHED"
+    assert ("test_loss", 1.25, 0) in by_name["train"][5]
+    assert by_name["train"][6] == ["checkpoint/checkpoint.pt"]
+    tags = dict(by_name["seed-1"][3])
+    assert tags["seed"] == "1" and tags["mlflow.runName"] == "seed-1"
+    assert "mlflow.user" in tags and "mlflow.source.name" in tags  # MLflow's context tags
+
+
+def test_an_unreachable_store_fails_when_the_tracker_is_made(tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    cfg = TrackingConfig(uri="http://127.0.0.1:9", experiment="study")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setattr(tracking, "_SIDECAR", Sidecar((cfg.tracking_uri, cfg.experiment)))
+    with pytest.raises(TrackingError, match=r"MLflow tracking store 'http://127.0.0.1:9' cannot"
+                                            r" be used .*tracking.enabled: false"):
+        tracking.make_tracker(cfg)
+
+
+def test_a_sidecar_that_died_gives_a_tracking_error_not_a_hang(tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    cfg = TrackingConfig(uri=f"sqlite:///{tmp_path / 'mlflow.db'}", experiment="study")
+    sidecar = Sidecar()
+    monkeypatch.setattr(tracking, "_SIDECAR", sidecar)
+    monkeypatch.chdir(tmp_path)
+    tracker = tracking.make_tracker(cfg)
+    sidecar._proc.kill()
+    sidecar._proc.wait()
+    with pytest.raises(TrackingError, match="sidecar process exited .* before answering "
+                                            "'start_run'"):
+        with tracker.run("late"):
+            pass
+
+
+def test_logging_outside_a_run_is_an_error(tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.chdir(tmp_path)
+    tracker = MlflowTracker(TrackingConfig(uri=f"sqlite:///{tmp_path / 'mlflow.db'}"))
+    with pytest.raises(TrackingError, match="no active MLflow run in this thread"):
+        tracker.log_metrics({"val_loss": 1.0})
+    with tracker.run("outer"), pytest.raises(TrackingError, match="already active"):
+        with tracker.run("second"):
+            pass
