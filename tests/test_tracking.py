@@ -3,8 +3,13 @@ that stage commands use (lmablate.tracking.Sidecar), and its errors."""
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import signal
 import sqlite3
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -130,3 +135,33 @@ def test_logging_outside_a_run_is_an_error(tmp_path, monkeypatch):
     with tracker.run("outer"), pytest.raises(TrackingError, match="already active"):
         with tracker.run("second"):
             pass
+
+
+def test_a_command_interrupted_with_ctrl_c_records_its_run_as_failed(project, start_lmablate):
+    # Ctrl-C in a terminal reaches the whole process group, the sidecar included: the sidecar
+    # must outlive the command, which ends its runs FAILED through it.
+    from conftest import budgets
+
+    def change(raw):
+        raw["tracking"].update(enabled=True)
+        raw["train"].update(budget_flops=budgets(10**6), eval_interval=1)
+        raw["runtime"] = {"workers": 1}
+    project.write_params(change)
+    (project.path / "best.json").write_text(json.dumps({"lr": 1e-3, "d_model": 16}))
+    proc = start_lmablate(["train", "arithmetic", "baseline", "--tokens", "tokens", "--best",
+                           "best.json", "--checkpoints", "ck", "--history", "history.csv",
+                           "--grad-stats", "grads.csv"], project.path, start_new_session=True)
+    db = project.path / "mlflow.db"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:  # until training has begun
+        if db.exists():
+            with contextlib.suppress(sqlite3.OperationalError), sqlite3.connect(db) as con:
+                if con.execute("select count(*) from metrics").fetchone()[0]:
+                    break
+        time.sleep(0.2)
+    assert proc.poll() is None, proc.communicate()[1][-3000:]
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0 and "KeyboardInterrupt" in err
+    with sqlite3.connect(db) as con:
+        assert con.execute("select status from runs").fetchall() == [("FAILED",)]

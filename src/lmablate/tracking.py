@@ -228,8 +228,12 @@ def _serve(reads: int, writes: int) -> None:
     ``(False, message)`` until the parent closes the pipe. ``("open", (uri, experiment))`` makes
     an :class:`MlflowStore` (kept per URI and experiment); ``(name, (key, *args))`` calls its
     method ``name``."""
+    import signal
     from multiprocessing.connection import Connection
 
+    # Ctrl-C reaches the whole process group: the parent turns it into FAILED runs, which it
+    # records through this process, so this one must outlive it and end at the pipe's EOF.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     recv, send = Connection(reads, writable=False), Connection(writes, readable=False)
     stores: dict[tuple[str, str], MlflowStore] = {}
     while True:
