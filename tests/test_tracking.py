@@ -137,6 +137,13 @@ def test_logging_outside_a_run_is_an_error(tmp_path, monkeypatch):
             pass
 
 
+def as_in_a_terminal() -> None:
+    """SIGINT at its default, as for a command a terminal runs: a shell without job control
+    starts its background jobs (a CI script run with ``&``, say) with SIGINT ignored, and the
+    children inherit that."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_a_command_interrupted_with_ctrl_c_records_its_run_as_failed(project, start_lmablate):
     # Ctrl-C in a terminal reaches the whole process group, the sidecar included: the sidecar
     # must outlive the command, which ends its runs FAILED through it.
@@ -150,7 +157,8 @@ def test_a_command_interrupted_with_ctrl_c_records_its_run_as_failed(project, st
     (project.path / "best.json").write_text(json.dumps({"lr": 1e-3, "d_model": 16}))
     proc = start_lmablate(["train", "arithmetic", "baseline", "--tokens", "tokens", "--best",
                            "best.json", "--checkpoints", "ck", "--history", "history.csv",
-                           "--grad-stats", "grads.csv"], project.path, start_new_session=True)
+                           "--grad-stats", "grads.csv"], project.path, start_new_session=True,
+                          preexec_fn=as_in_a_terminal)
     db = project.path / "mlflow.db"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:  # until training has begun
