@@ -36,14 +36,15 @@ from lmablate import batched
 from lmablate.model import GPT
 from lmablate.parallel import INTRA_OP_THREADS, map_jobs, worker_count
 from lmablate.tokens import TokenData, get_batch
-from lmablate.training import make_scheduler, train_model
+from lmablate.training import decayed_parameter_names, make_scheduler, train_model
 
 
-def foreach_adamw(params, cfg, lr, device):
+def foreach_adamw(params, cfg, lr, device, decayed):
     """make_stacked_optimizer's groups with the for-each AdamW instead of the fused one."""
-    groups = [{"params": [p for p in params.values() if p.dim() - 1 >= 2],
+    groups = [{"params": [p for n, p in params.items() if n in decayed],
                "weight_decay": cfg.weight_decay},
-              {"params": [p for p in params.values() if p.dim() - 1 < 2], "weight_decay": 0.0}]
+              {"params": [p for n, p in params.items() if n not in decayed],
+               "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=lr, betas=(cfg.beta1, cfg.beta2), foreach=True)
 
 
@@ -57,7 +58,8 @@ def compile_probe(model_cfg, train_cfg, data, seeds, steps, device, lr) -> None:
             torch.manual_seed(s)
             models.append(GPT(model_cfg).to(device))
         params, _ = stack_module_state(models)
-        opt = batched.make_stacked_optimizer(params, train_cfg, lr, device)
+        opt = batched.make_stacked_optimizer(params, train_cfg, lr, device,
+                                             decayed_parameter_names(models[0]))
         return models[0], params, opt, make_scheduler(opt, train_cfg, steps)
 
     def make_fwd(base):

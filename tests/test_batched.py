@@ -87,6 +87,36 @@ def test_tied_weights_stay_tied_and_follow_the_run_alone(project):
                                        steps=STEPS, device=CPU), result)
 
 
+@pytest.mark.parametrize("variant", ["baseline", "llama"])
+@pytest.mark.parametrize("tie", [False, True])
+def test_weight_decay_falls_on_linear_weight_matrices_only_alone_and_batched(variant, tie):
+    from lmablate.config import ModelConfig, TrainConfig
+    from lmablate.model import GPT
+    from lmablate.training import make_optimizer
+    kw = {"llama": dict(norm="rmsnorm", position="rope", ffn="swiglu")}.get(variant, {})
+    cfg = ModelConfig(vocab_size=11, d_model=16, n_layers=2, n_heads=2, context_length=8,
+                      tie_weights=tie, **kw)
+    model = GPT(cfg)
+    expected = {n for n, p in model.named_parameters()
+                if n.endswith(".weight") and p.dim() == 2 and not n.startswith(("wte", "position"))
+                and not (tie and n == "lm_head.weight")}
+    assert any(n.startswith("blocks.") for n in expected)
+    assert ("lm_head.weight" in expected) == (not tie)
+    tcfg = TrainConfig(weight_decay=0.1)
+    opt = make_optimizer(model, tcfg, 1e-3, torch.device("cpu"))
+    names = {id(p): n for n, p in model.named_parameters()}
+    decayed = {names[id(p)] for g in opt.param_groups if g["weight_decay"] for p in g["params"]}
+    assert decayed == expected  # no embedding, position table, bias or gain
+    assert "wte.weight" not in decayed and not any("norm" in n for n in decayed)
+    # the stacked optimizer groups the same parameters, in the same order
+    params, _ = torch.func.stack_module_state([model, GPT(cfg)])
+    stacked = batched.make_stacked_optimizer(params, tcfg, 1e-3, torch.device("cpu"),
+                                             batched.decayed_parameter_names(model))
+    by_id = {id(p): n for n, p in params.items()}
+    assert ([[by_id[id(p)] for p in g["params"]] for g in stacked.param_groups]
+            == [[names[id(p)] for p in g["params"]] for g in opt.param_groups])
+
+
 def test_clipping_every_step_still_follows_the_run_alone(project):
     cfg, data, _ = project
     train_cfg = dataclasses.replace(cfg.train, grad_clip=0.05)  # below every gradient norm here

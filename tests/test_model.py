@@ -342,6 +342,18 @@ def test_sinusoidal_table_follows_vaswani():
         assert pe[p, 2 * i + 1] == pytest.approx(math.cos(angle), abs=1e-6)
 
 
+def test_sinusoidal_scales_token_embeddings_by_sqrt_d_model_as_vaswani_and_learned_does_not():
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 32)
+    sinusoidal = M.SinusoidalPosition(make_cfg(position="sinusoidal", d_model=32))
+    torch.testing.assert_close(sinusoidal.embed(x, 3), x * math.sqrt(32) + sinusoidal.pe[3:8])
+    learned = M.LearnedPosition(make_cfg(position="learned", d_model=32))
+    torch.testing.assert_close(learned.embed(x, 3), x + learned.wpe.weight[3:8])
+    for scheme in ("rope", "alibi", "none"):  # the others leave the embeddings as they are
+        assert torch.equal(M.POSITIONS[scheme](make_cfg(position=scheme, d_model=32)).embed(x, 3),
+                           x)
+
+
 def test_alibi_slopes_follow_press_et_al():
     assert M.alibi_slopes(8) == pytest.approx([2.0 ** -k for k in range(1, 9)])
     assert M.alibi_slopes(4) == pytest.approx([2.0 ** -k for k in (2, 4, 6, 8)])

@@ -18,11 +18,13 @@ import dataclasses
 import json
 import math
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 import pandas as pd
 import pytest
 from scipy import stats
+from statsmodels.stats.multitest import multipletests
 
 from lmablate import config
 from lmablate.analysis import collect, figures, statistics
@@ -494,19 +496,122 @@ def test_compare_interval_is_ttest_rel_confidence_interval(seed):
             low, high = res.confidence_interval(confidence_level=statistics.CONFIDENCE)
         assert r.n_pairs == n_seeds
         assert r.mean_diff == pytest.approx((a - b).mean(), rel=1e-12, abs=1e-15)
+        if r.metric == "test_loss" and r.variant in ("same", "shifted"):
+            # a difference with no spread: no test, no p-value, no Holm family member
+            shift = 0.0 if r.variant == "same" else 0.25
+            assert r.verdict == statistics.VERDICT_IDENTICAL
+            assert np.isnan(r.p_value) and np.isnan(r.p_holm) and np.isnan(r.mde)
+            assert not r.reject_holm and r.sd_diff == 0.0
+            for bound in (r.ci95_low, r.ci95_high, r.ci_holm_low, r.ci_holm_high):
+                assert bound == pytest.approx(shift, abs=1e-12)
+            continue
         assert (r.ci95_low, r.ci95_high) == (float(low), float(high))
-        if r.metric == "test_loss" and r.variant == "same":
-            assert r.ci95_low == r.ci95_high == 0.0
-            assert np.isnan(r.p_value) and np.isnan(r.p_holm)
-            assert r.verdict == statistics.VERDICT_NSD
-            continue
-        if r.metric == "test_loss" and r.variant == "shifted":
-            assert r.ci95_low == pytest.approx(0.25) and r.ci95_high == pytest.approx(0.25)
-            assert r.p_value == pytest.approx(0.0, abs=1e-12)
-            assert r.verdict == statistics.VERDICT_WORSE
-            continue
         assert (r.t_stat, r.p_value) == (float(res.statistic), float(res.pvalue))
         assert r.ci95_low < r.mean_diff < r.ci95_high
+        # the Holm-adjusted interval holds the raw one and excludes 0 exactly on rejection
+        slack = 1e-12 * max(1.0, abs(r.ci95_low), abs(r.ci95_high))  # two ways to round
+        assert r.ci_holm_low <= r.ci95_low + slack and r.ci95_high <= r.ci_holm_high + slack
+        assert (r.ci_holm_low > 0 or r.ci_holm_high < 0) == r.reject_holm
+    # the identical rows (test loss of same and shifted) are left out of the Holm family
+    for (ds, metric), g in c.groupby(["dataset", "metric"], observed=True):
+        tested = g[g["verdict"] != statistics.VERDICT_IDENTICAL]
+        assert len(tested) == (2 if metric == "test_loss" else 4)
+        _, want, _, _ = multipletests(tested["p_value"], alpha=statistics.ALPHA, method="holm")
+        assert list(tested["p_holm"]) == pytest.approx(list(want), rel=1e-12)
+
+
+def test_a_constant_nonzero_difference_gets_no_verdict_and_no_p_value():
+    # the reported case: baseline exact match 0 on every seed, a variant 0.001 on every seed
+    df = pd.DataFrame({"dataset": "arithmetic", "seed": [0, 1, 2] * 2,
+                       "variant": ["baseline"] * 3 + ["v"] * 3,
+                       "exact_match": [0.0] * 3 + [0.001] * 3})
+    r = statistics.compare(df, metrics=("exact_match",)).iloc[0]
+    assert r["verdict"] == "identical on every seed"
+    assert np.isnan(r["p_value"]) and np.isnan(r["p_holm"]) and not r["reject_holm"]
+    assert r["mean_diff"] == pytest.approx(0.001)
+
+
+def test_holm_interval_is_the_plain_interval_for_one_comparison_and_bonferroni_at_m_p():
+    mean, sem, df = 0.3, 0.1, 4
+    plain = stats.t.interval(0.95, df, loc=mean, scale=sem)
+    assert statistics.holm_interval(mean, sem, df, 0.02, 0.02) == pytest.approx(plain)
+    bonferroni = stats.t.interval(1 - 0.05 / 3, df, loc=mean, scale=sem)
+    assert statistics.holm_interval(mean, sem, df, 0.01, 0.03) == pytest.approx(bonferroni)
+
+
+def test_minimum_detectable_effect_is_detected_with_the_stated_power():
+    # the noncentral t power of the paired test at the MDE is the stated 80%
+    sd, n, alpha = 0.02, 5, 0.05 / 4
+    mde = statistics.min_detectable_effect(sd, n, alpha)
+    df, nc = n - 1, mde / (sd / math.sqrt(n))
+    crit = stats.t.ppf(1 - alpha / 2, df)
+    power = stats.nct.sf(crit, df, nc) + stats.nct.cdf(-crit, df, nc)
+    assert power == pytest.approx(statistics.POWER, abs=1e-6)
+    # more seeds detect smaller effects; twice the spread doubles the MDE
+    assert statistics.min_detectable_effect(sd, 10, alpha) < mde
+    assert statistics.min_detectable_effect(2 * sd, n, alpha) == pytest.approx(2 * mde)
+    assert math.isnan(statistics.min_detectable_effect(sd, 1))
+
+
+def _decoded(solved: Sequence[bool], width: int = 3) -> list[dict]:
+    """Decoded problems: problem i is right when solved[i], else wrong in every character."""
+    return [{"prompt": f"q{i}", "target": "12$"[:width],
+             "prediction": "12$"[:width] if ok else "xy#"[:width]}
+            for i, ok in enumerate(solved)]
+
+
+def test_problem_by_problem_comparison_on_a_constructed_example_with_a_known_answer():
+    # 100 problems, 2 seeds. The baseline solves problems 0-9 on both seeds; the variant solves
+    # problems 0-29 on both seeds: 20 problems differ, all in the variant's favour.
+    n = 100
+    base = [i < 10 for i in range(n)]
+    var = [i < 30 for i in range(n)]
+    few = [i < 20 for i in range(n)]  # 10 problems differ: few enough to enumerate the flips
+    predictions = {("arith", "baseline"): {"seed_0": _decoded(base), "seed_1": _decoded(base)},
+                   ("arith", "v"): {"seed_0": _decoded(var), "seed_1": _decoded(var)}}
+    c = statistics.compare_problems(predictions).set_index("metric")
+    em = c.loc["exact_match"]
+    assert (em["baseline_count"], em["variant_count"], em["total"]) == (20, 60, 200)
+    assert em["n_differing"] == 20 and em["mean_diff"] == pytest.approx(0.2)
+    assert em["verdict"] == statistics.VERDICT_BETTER
+    # 2**20 sign flips are too many to enumerate: drawn, p is (hits + 1) / (resamples + 1)
+    assert em["p_value"] == pytest.approx(1 / (statistics.PERMUTATION_RESAMPLES + 1))
+    # with 10 differences, all positive, the flips are enumerated: p = 2 * 2**-10 exactly, the
+    # exact McNemar (binomial) test on 10 discordant problems, none against the variant
+    exact = statistics.compare_problems(
+        {**predictions, ("arith", "v"): {"seed_0": _decoded(few), "seed_1": _decoded(few)}})
+    assert exact["p_value"].iloc[0] == pytest.approx(2 * 0.5 ** 10, rel=1e-9)
+    assert exact["p_value"].iloc[0] == pytest.approx(stats.binomtest(10, 10).pvalue, rel=1e-9)
+    d = np.array([1.0] * 20 + [0.0] * 80)  # per-problem differences, averaged over seeds
+    want = stats.t.interval(0.95, n - 1, loc=d.mean(), scale=d.std(ddof=1) / math.sqrt(n))
+    assert (em["ci95_low"], em["ci95_high"]) == pytest.approx(want, rel=1e-12)
+    ca = c.loc["char_accuracy"]  # a wrong answer here is wrong in all 3 characters
+    assert (ca["baseline_count"], ca["variant_count"], ca["total"]) == (60, 180, 600)
+
+
+def test_problem_by_problem_counts_a_split_decision_on_two_seeds_as_half_a_problem():
+    # problem 0: the variant solves it on seed 0 only; problem 1: the baseline on seed 1 only
+    base = {"seed_0": _decoded([False, False, False]), "seed_1": _decoded([False, True, False])}
+    var = {"seed_0": _decoded([True, False, False]), "seed_1": _decoded([False, False, False])}
+    c = statistics.compare_problems({("a", "baseline"): base, ("a", "v"): var})
+    em = c[c["metric"] == "exact_match"].iloc[0]
+    assert em["n_differing"] == 2 and em["mean_diff"] == 0.0
+    # two differences of +0.5 and -0.5: of the 4 sign flips, all have |sum| >= 0, p = 1
+    assert em["p_value"] == 1.0 and em["verdict"] == statistics.VERDICT_NSD
+
+
+def test_problem_by_problem_identical_outcomes_get_no_test():
+    same = {"seed_0": _decoded([True, False, False])}
+    c = statistics.compare_problems({("a", "baseline"): same, ("a", "v"): same})
+    assert set(c["verdict"]) == {"identical on every problem"}
+    assert c["p_value"].isna().all() and c["mean_diff"].eq(0).all()
+
+
+def test_problem_by_problem_refuses_variants_decoded_on_different_problems():
+    base = {"seed_0": _decoded([True, False])}
+    other = {"seed_0": [dict(p, prompt="other") for p in _decoded([True, False])]}
+    with pytest.raises(ValueError, match="problem 0 of v .*same test problems"):
+        statistics.compare_problems({("a", "baseline"): base, ("a", "v"): other})
 
 
 def test_every_table_follows_the_configured_variant_order(tmp_path):

@@ -32,8 +32,8 @@ from .device import autocast
 from .model import GLOBAL_RNG_LOCK, GPT
 from .tokens import TokenData, get_batch
 from .tracking import NullTracker
-from .training import (VAL_BATCH_SEED, DivergenceError, TrainResult, gradient_stats,
-                       make_optimizer, make_scheduler)
+from .training import (VAL_BATCH_SEED, DivergenceError, TrainResult, decayed_parameter_names,
+                       gradient_stats, make_optimizer, make_scheduler)
 
 
 def batched_on(device: torch.device) -> bool:
@@ -59,16 +59,17 @@ def _attention_backend(device: torch.device) -> contextlib.AbstractContextManage
 
 
 def make_stacked_optimizer(params: dict[str, torch.Tensor], cfg: TrainConfig, lr: float,
-                           device: torch.device) -> torch.optim.AdamW:
+                           device: torch.device, decayed: set[str]) -> torch.optim.AdamW:
     """AdamW over stacked (S, ...) parameters, grouped as :func:`~lmablate.training.make_optimizer`
-    groups one seed's: weight decay on the seed's matrices (stacked dim - 1 >= 2) only. AdamW is
-    elementwise, so each seed's slice takes the step it would take alone. Parameters keep
-    ``params``' order (that of ``model.parameters()``), so the state of parameter i is the state
-    of the single-seed optimizer's parameter i."""
-    decay = [p for p in params.values() if p.dim() - 1 >= 2]
-    no_decay = [p for p in params.values() if p.dim() - 1 < 2]
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay},
-              {"params": no_decay, "weight_decay": 0.0}]
+    groups one seed's: weight decay on the parameters named in ``decayed`` (the seed model's
+    :func:`~lmablate.training.decayed_parameter_names`: Linear weight matrices) only, in the
+    same two groups in the same order. AdamW is elementwise, so each seed's slice takes the step
+    it would take alone. Parameters keep ``params``' order (that of ``model.parameters()``), so
+    the state of parameter i is the state of the single-seed optimizer's parameter i."""
+    groups = [{"params": [p for n, p in params.items() if n in decayed],
+               "weight_decay": cfg.weight_decay},
+              {"params": [p for n, p in params.items() if n not in decayed],
+               "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=lr, betas=(cfg.beta1, cfg.beta2),
                              fused=device.type in ("cuda", "cpu"))
 
@@ -192,7 +193,7 @@ def _train_group(model_cfg: ModelConfig, cfg: TrainConfig, data: TokenData, *, s
 
     train_loss = vmap(seed_loss, in_dims=(0, 0, 0))  # (S,B,T) batches -> (S,)
     val_loss = vmap(seed_loss, in_dims=(0, None, None))  # shared (B,T) batch -> (S,)
-    opt = make_stacked_optimizer(params, cfg, lr, device)
+    opt = make_stacked_optimizer(params, cfg, lr, device, decayed_parameter_names(base))
     sched = make_scheduler(opt, cfg, steps)
     g_train = [torch.Generator().manual_seed(seed) for seed in seeds]
     g_val = torch.Generator().manual_seed(VAL_BATCH_SEED)

@@ -168,8 +168,11 @@ class SinusoidalPosition(Position):
     """Fixed sinusoids added to the tokens (Vaswani et al. 2017, sec. 3.5):
     PE(p, 2i) = sin(p / 10000^(2i/C)), PE(p, 2i+1) = cos(p / 10000^(2i/C)).
 
-    The table has RMS 1/sqrt(2) per coordinate and is added unscaled; unlike the paper (sec. 3.4)
-    token embeddings are not multiplied by sqrt(C), so every position scheme shares one embedding.
+    As in the paper (sec. 3.4, "we multiply those weights by sqrt(d_model)"), the token
+    embeddings are multiplied by sqrt(C) before the table is added: x * sqrt(C) + PE. The table
+    has RMS 1/sqrt(2) per coordinate; GPT-2's init gives embeddings of std 0.02, which unscaled
+    would be drowned by it at the start of training. Only this scheme scales: the baseline's
+    learned table and every other scheme see the embeddings as they are.
 
     Raises:
         ValueError: a position >= context_length.
@@ -183,10 +186,11 @@ class SinusoidalPosition(Position):
         pe[:, 0::2] = torch.sin(p * inv_freq)
         pe[:, 1::2] = torch.cos(p * inv_freq)
         self.register_buffer("pe", pe, persistent=False)  # (ctx, C); rebuilt, never trained
+        self.scale = math.sqrt(cfg.d_model)  # Vaswani et al. sec. 3.4
 
     def embed(self, x: Tensor, pos: int) -> Tensor:
         _check_range(pos, x.size(1), self.context_length)
-        return x + self.pe[pos:pos + x.size(1)].to(x.dtype)
+        return x * self.scale + self.pe[pos:pos + x.size(1)].to(x.dtype)
 
 
 def _rotate_pairs(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:

@@ -41,6 +41,9 @@ PER_OP_COLUMNS = ["dataset", "variant", "seed", "op", "char_accuracy", "exact_ma
 # The final runs of a re-tuning (``runs/<dataset>/<variant>/replicate_<N>/``): the ablation
 # columns with the replicate number N after the variant.
 REPLICATE_COLUMNS = [*ABLATION_COLUMNS[:2], "replicate", *ABLATION_COLUMNS[2:]]
+# What tuning chose per dataset x variant (``best.json``); ``on_edge`` joins its flags with "; ".
+TUNED_COLUMNS = ["dataset", "variant", "lr", "d_model", "val_loss", "on_edge", "n_trials",
+                 "n_complete", "n_pruned"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -68,6 +71,9 @@ class RunOutputs:
             (``<dataset>/<variant>/replicate_<N>/metrics.json``), columns
             :data:`REPLICATE_COLUMNS`, sorted by dataset, variant, replicate, seed. Never part
             of ``ablation``: they measure how much tuning varies, they are not a variant.
+        tuned: the tuned values of each dataset x variant (``best.json``), columns
+            :data:`TUNED_COLUMNS`: ``lr`` per step, ``d_model``, the best trial's ``val_loss``
+            (nats/token, at its share of the budget) and the range-edge flags.
 
     The raw frames (history, trials, grad, per_op) keep the row order of the files: the figures
     draw their points in row order, and overlapping markers are stacked in that order.
@@ -82,6 +88,8 @@ class RunOutputs:
     predictions: dict[tuple[str, str], dict[str, list[dict[str, str]]]]
     replicates: pd.DataFrame = dataclasses.field(
         default_factory=lambda: pd.DataFrame(columns=REPLICATE_COLUMNS))
+    tuned: pd.DataFrame = dataclasses.field(
+        default_factory=lambda: pd.DataFrame(columns=TUNED_COLUMNS))
 
 
 # --------------------------------------------------------------------------------------------
@@ -176,9 +184,12 @@ def _stack(frames: list[pd.DataFrame]) -> pd.DataFrame:
 def _ordered(runs: RunOutputs, datasets: Sequence[str], variants: Sequence[str]) -> RunOutputs:
     """``runs`` with the study order set on every frame; the ablation table sorted by it."""
     frames = {f: with_order(getattr(runs, f), datasets, variants)
-              for f in ("ablation", "history", "trials", "grad", "per_op", "replicates")}
+              for f in ("ablation", "history", "trials", "grad", "per_op", "replicates",
+                        "tuned")}
     frames["ablation"] = frames["ablation"].sort_values(
         ["dataset", "variant", "seed"], kind="stable", ignore_index=True)
+    frames["tuned"] = frames["tuned"].sort_values(["dataset", "variant"], kind="stable",
+                                                  ignore_index=True)
     frames["replicates"] = frames["replicates"].sort_values(
         ["dataset", "variant", "replicate", "seed"], kind="stable", ignore_index=True)
     return dataclasses.replace(runs, **frames)
@@ -228,8 +239,8 @@ def collect(runs_dir: Path) -> RunOutputs:
     re-tuning's ``<runs_dir>/<dataset>/<variant>/replicate_<N>/metrics.json``.
 
     Reads ``metrics.json`` (per seed: sizes, tuned ``lr``/``d_model``, losses, accuracies and
-    ``per_op`` results), and where present ``history.csv``, ``trials.csv``, ``grad_stats.csv``
-    and ``examples.json``. Datasets are ordered alphabetically and variants by
+    ``per_op`` results), and where present ``history.csv``, ``trials.csv``, ``grad_stats.csv``,
+    ``best.json`` and ``examples.json``. Datasets are ordered alphabetically and variants by
     :func:`variant_order` (baseline first); :func:`restrict_to_study` sets the config's order.
 
     Missing optional files give empty frames / absent keys, never errors; a folder without
@@ -241,7 +252,7 @@ def collect(runs_dir: Path) -> RunOutputs:
     """
     runs_dir = Path(runs_dir)
     rows, per_op_rows = [], []
-    histories, trials, grads = [], [], []
+    histories, trials, grads, tuned_rows = [], [], [], []
     samples: dict[tuple[str, str], dict] = {}
     predictions: dict[tuple[str, str], dict] = {}
     for metrics_path in sorted(runs_dir.glob("*/*/metrics.json")):
@@ -254,6 +265,11 @@ def collect(runs_dir: Path) -> RunOutputs:
             df = _read_csv_tagged(run_dir / name, dataset, variant)
             if df is not None:
                 sink.append(df)
+        if (run_dir / "best.json").is_file():
+            best = fileio.read_json(run_dir / "best.json")
+            tuned_rows.append({"dataset": dataset, "variant": variant,
+                               **{c: best.get(c) for c in TUNED_COLUMNS[2:]},
+                               "on_edge": "; ".join(best.get("on_edge") or [])})
         if (run_dir / "examples.json").is_file():
             # Per seed: text samples (strings) or arithmetic predictions (dicts).
             examples = fileio.read_json(run_dir / "examples.json")
@@ -278,8 +294,10 @@ def collect(runs_dir: Path) -> RunOutputs:
     runs = RunOutputs(ablation=ablation, history=_stack(histories), trials=_stack(trials),
                       grad=_stack(grads), per_op=per_op, samples=samples,
                       predictions=predictions,
-                      replicates=_typed(pd.DataFrame(replicate_rows, columns=REPLICATE_COLUMNS)))
-    frames = [runs.ablation, runs.history, runs.trials, runs.grad, runs.per_op, runs.replicates]
+                      replicates=_typed(pd.DataFrame(replicate_rows, columns=REPLICATE_COLUMNS)),
+                      tuned=pd.DataFrame(tuned_rows, columns=TUNED_COLUMNS))
+    frames = [runs.ablation, runs.history, runs.trials, runs.grad, runs.per_op, runs.replicates,
+              runs.tuned]
     datasets = sorted({str(d) for f in frames if "dataset" in f for d in f["dataset"]})
     variants = variant_order(str(v) for f in frames if "variant" in f for v in f["variant"])
     return _ordered(runs, datasets, variants)
@@ -340,7 +358,7 @@ def restrict_to_study(cfg: StudyConfig, runs: RunOutputs) -> tuple[RunOutputs, l
 
     kept = dataclasses.replace(
         runs, ablation=ablation, replicates=_filter(runs.replicates, cfg),
-        history=_filter(runs.history, cfg),
+        history=_filter(runs.history, cfg), tuned=_filter(runs.tuned, cfg),
         trials=_filter(runs.trials, cfg), grad=_filter(runs.grad, cfg),
         per_op=_filter(runs.per_op, cfg), samples=configured(runs.samples),
         predictions=configured(runs.predictions))

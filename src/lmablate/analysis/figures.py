@@ -10,6 +10,12 @@ fractions in [0, 1]; parameter counts are counts; learning rates per optimizer s
 
 :func:`plot_attention` and :func:`plot_embedding_pca` take plain arrays, so the caller decides
 which model and which input to visualise (the report stage loads checkpoints for them).
+
+Colours: the figures that colour by variant take ``palette`` (variant -> colour, e.g. from
+:func:`lmablate.analysis.families.family_palette`, which gives each family of variants its own
+hue); without it every variant gets its own categorical colour. Reference losses (e.g. n-gram
+models' test losses, label -> nats/token) are drawn by :func:`plot_val_loss_curves` and
+:func:`plot_test_loss` as labelled grey horizontal lines.
 """
 
 from __future__ import annotations
@@ -23,14 +29,17 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 from matplotlib.figure import Figure
+from matplotlib.legend_handler import HandlerLine2D
 from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
 from matplotlib.ticker import (FuncFormatter, LogLocator, NullFormatter,
                                StrMethodFormatter)
 
 from lmablate import fileio
 from lmablate.analysis.collect import BASELINE, maybe_int, present
 from lmablate.analysis.statistics import (ALPHA, METRICS, VERDICT_BETTER, VERDICT_FEW,
-                                          VERDICT_NSD, VERDICT_WORSE, t_interval)
+                                          VERDICT_IDENTICAL, VERDICT_NSD, VERDICT_WORSE,
+                                          t_interval)
 
 DPI = 110
 VERDICT_COLORS = {
@@ -38,9 +47,19 @@ VERDICT_COLORS = {
     VERDICT_WORSE: "#d73027",
     VERDICT_NSD: "#4d4d4d",
     VERDICT_FEW: "#b0b0b0",
+    VERDICT_IDENTICAL: "#5b7a99",  # blue-grey: a result, but not a tested one
 }
 
 JITTER_SEED = 0  # the strip plot's horizontal jitter (see plot_test_loss)
+
+# (colour, dash pattern) of the 1st, 2nd, ... reference line: grey tones so that they read as
+# background, distinct dashes so that they can be told apart without colour
+REFERENCE_STYLES = [("0.35", (0, (7, 3))), ("0.5", (0, (2, 2))), ("0.25", (0, (7, 2, 1.5, 2))),
+                    ("0.6", (0, (1, 1))), ("0.4", (0, (12, 3)))]
+# plot_test_loss draws a reference only within this many data ranges beyond the data (the
+# seeds and the means' intervals): a far reference (a unigram model ~1.3 nats above the
+# variants) would squash the differences between variants into a few pixels
+REFERENCE_WINDOW = 1.5
 
 
 @contextmanager
@@ -67,6 +86,46 @@ def _palette(order: Sequence[str]) -> dict[str, Any]:
                                              len(order))))
 
 
+def _variant_palette(order: Sequence[str], palette: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The colour of each variant of ``order``: from ``palette`` (variant -> colour) when given,
+    else :func:`_palette`.
+
+    Raises:
+        ValueError: ``palette`` has no colour for a variant of ``order``.
+    """
+    if palette is None:
+        return _palette(order)
+    missing = [v for v in order if v not in palette]
+    if missing:
+        raise ValueError(f"palette has no colour for the variants {missing}")
+    return {v: palette[v] for v in order}
+
+
+def _draw_references(ax: Any, references: Mapping[str, float] | None,
+                     window: tuple[float, float] | None = None) -> list[Line2D]:
+    """Draw each reference (label -> loss, nats/token) as a grey dashed horizontal line; return
+    the legend handles, labelled ``"<label>: <value>"`` (3 decimals).
+
+    A reference outside ``window`` (y-axis units) is not drawn but gets a handle reading
+    ``"<label>: <value> (off the axis, above|below)"`` with an up/down marker. Non-finite
+    values are left out.
+    """
+    handles = []
+    finite = [(k, float(v)) for k, v in (references or {}).items() if np.isfinite(v)]
+    for i, (name, value) in enumerate(finite):
+        colour, dash = REFERENCE_STYLES[i % len(REFERENCE_STYLES)]
+        label = f"{name}: {value:.3f}"
+        if window is not None and not window[0] <= value <= window[1]:
+            above = value > window[1]
+            handles.append(Line2D([], [], color=colour, marker="^" if above else "v",
+                                  linestyle="none",
+                                  label=f"{label} (off the axis, {'above' if above else 'below'})"))
+            continue
+        ax.axhline(value, color=colour, linestyle=dash, linewidth=1.3, zorder=1.5)
+        handles.append(Line2D([], [], color=colour, linestyle=dash, linewidth=1.3, label=label))
+    return handles
+
+
 def _rotate_if_crowded(ax: Any, n: int) -> None:
     if n > 4:
         ax.tick_params(axis="x", labelrotation=30)
@@ -74,10 +133,21 @@ def _rotate_if_crowded(ax: Any, n: int) -> None:
             label.set_horizontalalignment("right")
 
 
-def plot_val_loss_curves(history: pd.DataFrame, dataset: str, path: Path) -> Path | None:
+def plot_val_loss_curves(history: pd.DataFrame, dataset: str, path: Path, *,
+                         palette: Mapping[str, Any] | None = None,
+                         references: Mapping[str, float] | None = None) -> Path | None:
     """Validation loss (nats/token) against optimizer step, one line per variant: the mean over
     seeds with a band of +-1 SD over seeds (SD, not a bootstrap CI: 3 seeds make a poor
-    bootstrap). Returns ``path``, or None if there is no history for ``dataset``."""
+    bootstrap).
+
+    Args:
+        palette: variant -> colour (e.g. :func:`~lmablate.analysis.families.family_palette`);
+            None: one categorical colour per variant.
+        references: label -> loss (nats/token), e.g. n-gram baselines; each is a grey dashed
+            horizontal line, named with its value in the legend. All are drawn, whatever their
+            value: the curves start near log(vocab size) and pass most references.
+
+    Returns ``path``, or None if there is no history for ``dataset``."""
     h = history[history["dataset"] == dataset] if len(history) else history
     if h.empty or "val_loss" not in h:
         return None
@@ -87,20 +157,35 @@ def plot_val_loss_curves(history: pd.DataFrame, dataset: str, path: Path) -> Pat
     with _figure(path, figsize=(8.5, 4.8)) as (fig, axes):
         ax = axes[0, 0]
         sns.lineplot(data=h, x="step", y="val_loss", hue="variant", hue_order=order,
-                     palette=_palette(order), errorbar="sd", marker="o", markersize=4, ax=ax)
+                     palette=_variant_palette(order, palette), errorbar="sd", marker="o",
+                     markersize=4, ax=ax)
+        handles, labels = ax.get_legend_handles_labels()
+        refs = _draw_references(ax, references)
         ax.set_title(f"{dataset}: validation loss during training\n"
                      f"(mean over {n_seeds} seed(s), band = ±1 SD)")
         ax.set_xlabel("optimizer step")
         ax.set_ylabel("validation loss (nats/token)")
         # outside the axes: with a dozen variants an inner legend hides the curves
-        ax.legend(title="variant", loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+        ax.legend(handles + refs, labels + [r.get_label() for r in refs],
+                  title="variant" + (" / reference (nats/token)" if refs else ""),
+                  loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
     return Path(path)
 
 
-def plot_test_loss(ablation: pd.DataFrame, dataset: str, path: Path) -> Path | None:
+def plot_test_loss(ablation: pd.DataFrame, dataset: str, path: Path, *,
+                   references: Mapping[str, float] | None = None) -> Path | None:
     """Test loss (nats/token) per variant: each seed as a grey dot, the mean as a diamond with
     its 95% Student-t interval (the same interval as summary.csv); a dotted line marks the
-    baseline mean. Returns ``path``, or None without test losses for ``dataset``."""
+    baseline mean.
+
+    Args:
+        references: label -> loss (nats/token), e.g. n-gram baselines. A reference within
+            :data:`REFERENCE_WINDOW` data ranges of the data (seeds and intervals) is a grey
+            dashed line named with its value in the legend; a farther one is not drawn, so as
+            not to squash the variants' differences, and the legend names it as
+            ``"<label>: <value> (off the axis, above)"`` (or below).
+
+    Returns ``path``, or None without test losses for ``dataset``."""
     d = ablation[(ablation["dataset"] == dataset)].dropna(subset=["test_loss"])
     if d.empty:
         return None
@@ -126,61 +211,120 @@ def plot_test_loss(ablation: pd.DataFrame, dataset: str, path: Path) -> Path | N
         if len(base):
             ax.axhline(base.mean(), color="0.3", linestyle=":", linewidth=1)
             handles.append(Line2D([], [], color="0.3", linestyle=":", label="baseline mean"))
+        handles += _draw_references(ax, references, _reference_window(d))
         ax.set_title(f"{dataset}: test loss per variant")
         ax.set_xlabel("variant")
         ax.set_ylabel("test loss (nats/token)")
-        ax.legend(handles=handles, loc="best")
+        ax.legend(handles=handles, loc="best", fontsize=8)
         _rotate_if_crowded(ax, len(order))
     return Path(path)
 
 
+def _reference_window(d: pd.DataFrame) -> tuple[float, float]:
+    """The test losses (nats/token) within which :func:`plot_test_loss` draws references: the
+    range of the seeds' losses and of the means' t-intervals, widened on each side by
+    :data:`REFERENCE_WINDOW` times its width (times 5% of the loss when all are equal)."""
+    values = list(d["test_loss"].astype(float))
+    for _, losses in d.groupby("variant", observed=True)["test_loss"]:
+        values += [float(v) for v in t_interval(losses)]
+    finite = [v for v in values if np.isfinite(v)]
+    low, high = min(finite), max(finite)
+    span = high - low if high > low else 0.05 * max(abs(high), 1.0)
+    return low - REFERENCE_WINDOW * span, high + REFERENCE_WINDOW * span
+
+
 def plot_forest(comparisons: pd.DataFrame, dataset: str, path: Path,
                 metric: str = "test_loss") -> Path | None:
-    """Forest plot of ``variant - baseline`` in ``metric`` per variant: the mean paired
-    difference and its 95% t-interval, coloured by the Holm-corrected verdict, with the Holm
-    p-value written beside it; a vertical line at 0 (no difference). Returns ``path``, or None
-    when ``dataset`` has no comparison for ``metric``."""
-    c = comparisons[(comparisons["dataset"] == dataset) & (comparisons["metric"] == metric)]
-    c = c.dropna(subset=["mean_diff"])
+    """Forest plot of ``variant - baseline`` in ``metric`` (the metric's unit) per variant,
+    paired by seed: the mean difference as a diamond coloured by the Holm-corrected verdict,
+    its raw 95% t-interval as a thin line with caps and its Holm-adjusted interval
+    (``ci_holm_low``..``ci_holm_high``, when given) as a thick translucent bar; a vertical line
+    at 0 (no difference). A text column right of the axes gives each variant's Holm p-value
+    (``*`` = significant), ``"identical on every seed"`` or ``"n=2: no test"``: outside the
+    data area, no label can hide a marker or an interval. The legend (verdicts, interval kinds)
+    is below the figure. Returns ``path``, or None when ``dataset`` has no comparison for
+    ``metric``."""
+    c = _forest_rows(comparisons, dataset, metric)
     if c.empty:
         return None
-    c = c[c["variant"] != BASELINE].reset_index(drop=True)  # rows already in variant order
-    c["y"] = np.arange(len(c))
-    label, unit, higher = METRICS[metric]
-    with _figure(path, figsize=(7.5, 1.0 + 0.6 * len(c) + 1.2)) as (fig, axes):
-        ax = axes[0, 0]
-        ax.axvline(0, color="black", linewidth=1, linestyle="--")
-        for _, r in c.iterrows():
-            colour = VERDICT_COLORS[r["verdict"]]
-            if np.isfinite(r["ci95_low"]):
-                # caps keep a narrow interval visible behind its marker
-                ax.errorbar(r["mean_diff"], r["y"], fmt="none", ecolor=colour, elinewidth=2,
-                            capsize=6, capthick=2,
-                            xerr=[[r["mean_diff"] - r["ci95_low"]],
-                                  [r["ci95_high"] - r["mean_diff"]]])
-        sns.scatterplot(data=c, x="mean_diff", y="y", hue="verdict",
-                        hue_order=[v for v in VERDICT_COLORS if v in set(c["verdict"])],
-                        palette=VERDICT_COLORS, s=90, marker="D", zorder=3, ax=ax)
-        for _, r in c.iterrows():
-            right = r["ci95_high"] if np.isfinite(r["ci95_high"]) else r["mean_diff"]
-            if r["verdict"] == VERDICT_FEW:
-                note = f"n={r['n_pairs']}: no test"
-            else:
-                star = " *" if r["reject_holm"] else ""
-                note = f"p_Holm={r['p_holm']:.2g}{star}" if np.isfinite(r["p_holm"]) else "p n/a"
-            ax.annotate(note, (right, r["y"]), xytext=(6, 0), textcoords="offset points",
-                        va="center", fontsize=8)
-        ax.set_yticks(c["y"], c["variant"])
-        ax.set_ylim(len(c) - 0.5, -0.5)  # first variant on top, as in the tables
-        ax.margins(x=0.25)
-        better = "> 0" if higher else "< 0"
-        ax.set_xlabel(f"Δ {label} (variant − baseline){', ' + unit if unit else ''}; "
-                      f"{better} = better")
-        ax.set_ylabel("variant")
-        ax.set_title(f"{dataset}: difference to baseline in {label}\n"
-                     f"paired by seed, 95% t-interval; * = significant after Holm (α={ALPHA})")
-        ax.legend(title="verdict", loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    with _figure(path, figsize=(8.0, 2.4 + 0.45 * len(c))) as (fig, axes):
+        _draw_forest(fig, axes[0, 0], c, dataset, metric)
     return Path(path)
+
+
+def _forest_rows(comparisons: pd.DataFrame, dataset: str, metric: str) -> pd.DataFrame:
+    """The rows of the forest plot, in variant order, with ``y`` = 0, 1, ...; the Holm interval
+    columns are NaN when ``comparisons`` has none."""
+    c = comparisons[(comparisons["dataset"] == dataset) & (comparisons["metric"] == metric)]
+    c = c.dropna(subset=["mean_diff"])
+    c = c[c["variant"] != BASELINE].reset_index(drop=True)  # rows already in variant order
+    for col in ("ci95_low", "ci95_high", "ci_holm_low", "ci_holm_high", "p_holm"):
+        c[col] = c[col].astype(float) if col in c else np.nan
+    c["y"] = np.arange(len(c))
+    return c
+
+
+def _forest_note(r: pd.Series) -> str:
+    """The text beside a forest-plot row: its Holm p-value, or why it has none."""
+    if r["verdict"] == VERDICT_FEW:
+        return f"n={int(r['n_pairs'])}: no test" if pd.notna(r["n_pairs"]) else "no test"
+    if r["verdict"] == VERDICT_IDENTICAL:
+        return VERDICT_IDENTICAL
+    if not np.isfinite(r["p_holm"]):
+        return "p n/a"
+    star = " *" if pd.notna(r.get("reject_holm")) and bool(r["reject_holm"]) else ""
+    return f"p_Holm={r['p_holm']:.2g}{star}"
+
+
+def _draw_forest(fig: Figure, ax: Any, c: pd.DataFrame, dataset: str, metric: str) -> None:
+    """Draw :func:`plot_forest`'s rows ``c`` (from :func:`_forest_rows`) on ``ax`` of ``fig``."""
+    ax.axvline(0, color="black", linewidth=1, linestyle="--")
+    for _, r in c.iterrows():
+        colour = VERDICT_COLORS[r["verdict"]]
+        if np.isfinite(r["ci_holm_low"]) and np.isfinite(r["ci_holm_high"]):
+            ax.barh(r["y"], r["ci_holm_high"] - r["ci_holm_low"], left=r["ci_holm_low"],
+                    height=0.5, color=colour, alpha=0.3, linewidth=0, zorder=1)
+        if np.isfinite(r["ci95_low"]) and np.isfinite(r["ci95_high"]):
+            # caps keep a narrow interval visible behind its marker
+            ax.errorbar(r["mean_diff"], r["y"], fmt="none", ecolor=colour, elinewidth=1.3,
+                        capsize=5, capthick=1.3, zorder=2,
+                        xerr=[[r["mean_diff"] - r["ci95_low"]],
+                              [r["ci95_high"] - r["mean_diff"]]])
+    verdicts = [v for v in VERDICT_COLORS if v in set(c["verdict"])]
+    sns.scatterplot(data=c, x="mean_diff", y="y", hue="verdict", hue_order=verdicts,
+                    palette=VERDICT_COLORS, s=70, marker="D", edgecolor="white", zorder=3,
+                    legend=False, ax=ax)
+    for _, r in c.iterrows():
+        # x in axes fraction, y in data: a column right of the axes, whatever the data
+        ax.annotate(_forest_note(r), xy=(1.02, r["y"]), xycoords=("axes fraction", "data"),
+                    va="center", ha="left", fontsize=8, annotation_clip=False)
+    ax.set_yticks(c["y"], c["variant"])
+    ax.set_ylim(len(c) - 0.5, -0.5)  # first variant on top, as in the tables
+    ax.margins(x=0.08)
+    label, unit, higher = METRICS[metric]
+    better = "> 0" if higher else "< 0"
+    ax.set_xlabel(f"Δ {label} (variant − baseline){', ' + unit if unit else ''}; "
+                  f"{better} = better")
+    ax.set_ylabel("variant")
+    ax.set_title(f"{dataset}: difference to baseline in {label}, paired by seed\n"
+                 "thin line with caps: 95% t-interval; thick bar: Holm-adjusted interval\n"
+                 f"p_Holm: Holm-corrected p-value, * = significant (α={ALPHA})")
+    _forest_legend(fig, verdicts)
+
+
+def _forest_legend(fig: Figure, verdicts: Sequence[str]) -> None:
+    """The forest plot's legend, below the figure: outside the axes and away from the p-value
+    column at their right, it can cover neither."""
+    raw = Line2D([], [], color="0.3", linewidth=1.3, marker="|", markersize=9,
+                 markeredgewidth=1.3)
+    handles = [Line2D([], [], color=VERDICT_COLORS[v], marker="D", markeredgecolor="white",
+                      markersize=8, linestyle="none") for v in verdicts]
+    handles += [raw, Patch(facecolor="0.3", alpha=0.3, linewidth=0)]
+    labels = [*verdicts, "95% t-interval (raw)", "Holm-adjusted interval"]
+    # two markers on the raw interval's sample: the caps at its ends
+    fig.legend(handles, labels, loc="outside lower center", ncol=3, fontsize=8,
+               title="verdict (colour) and intervals", title_fontsize=8,
+               handler_map={raw: HandlerLine2D(numpoints=2)})
 
 
 def plot_by_op_heatmap(per_op: pd.DataFrame, path: Path, metric: str = "exact_match",
@@ -214,12 +358,14 @@ def plot_by_op_heatmap(per_op: pd.DataFrame, path: Path, metric: str = "exact_ma
     return Path(path)
 
 
-def plot_tuning(trials: pd.DataFrame, dataset: str, path: Path) -> Path | None:
-    """Optuna trials: learning rate (log x-axis) against the trial's validation loss
-    (nats/token) at the end of its share of the budget, colour = variant, marker = d_model.
-    Completed trials are solid, pruned trials faded (their value is the loss they were pruned
-    at, earlier in their budget), failed trials omitted; a star
-    marks each variant's best completed trial. Returns ``path``, or None without trials."""
+def plot_tuning(trials: pd.DataFrame, dataset: str, path: Path, *,
+                palette: Mapping[str, Any] | None = None) -> Path | None:
+    """Optuna trials: learning rate (log x-axis) against the trial's ``value``, its validation
+    loss (nats/token) at its last report: for a completed trial the end of its share of the
+    budget, for a pruned trial the report at which it was pruned (earlier, so usually higher;
+    drawn faded). Colour = variant (``palette``: variant -> colour; None: one categorical
+    colour each), marker = d_model; failed trials omitted; a star marks each variant's best
+    completed trial. Returns ``path``, or None without trials."""
     t = trials[trials["dataset"] == dataset] if len(trials) else trials
     if t.empty or "params_lr" not in t or "value" not in t:
         return None
@@ -229,7 +375,7 @@ def plot_tuning(trials: pd.DataFrame, dataset: str, path: Path) -> Path | None:
     if t.empty:
         return None
     order = present(t["variant"])
-    palette = _palette(order)
+    palette = _variant_palette(order, palette)
     style = None
     markers: Any = True
     style_order = None
@@ -271,13 +417,17 @@ def plot_tuning(trials: pd.DataFrame, dataset: str, path: Path) -> Path | None:
         n_done, n_pruned = len(done), len(pruned)
         ax.set_title(f"{dataset}: tuning trials ({n_done} completed, {n_pruned} pruned)")
         ax.set_xlabel("learning rate (log scale)")
-        ax.set_ylabel("val loss at trial end, pruned: at pruning\n(nats/token)")
+        # what "value" is: a pruned trial's loss is from its pruning step, not the trial end
+        ax.set_ylabel("val loss at trial's last report (nats/token)\n"
+                      "faded = pruned: at its pruning report")
     return Path(path)
 
 
-def plot_params_vs_loss(ablation: pd.DataFrame, dataset: str, path: Path) -> Path | None:
+def plot_params_vs_loss(ablation: pd.DataFrame, dataset: str, path: Path, *,
+                        palette: Mapping[str, Any] | None = None) -> Path | None:
     """Non-embedding parameter count against test loss (nats/token), one point per seed,
-    colour and marker = variant. Shows whether a variant's gain is just extra capacity.
+    colour and marker = variant (``palette``: variant -> colour; None: one categorical colour
+    each). Shows whether a variant's gain is just extra capacity.
     Returns ``path``, or None without parameter counts for ``dataset``."""
     d = ablation[ablation["dataset"] == dataset].dropna(
         subset=["test_loss", "n_params_non_embedding"]).copy()
@@ -288,7 +438,8 @@ def plot_params_vs_loss(ablation: pd.DataFrame, dataset: str, path: Path) -> Pat
     with _figure(path, figsize=(7.5, 4.5)) as (fig, axes):
         ax = axes[0, 0]
         sns.scatterplot(data=d, x="n_params_non_embedding", y="test_loss", hue="variant",
-                        hue_order=order, palette=_palette(order), style="variant",
+                        hue_order=order, palette=_variant_palette(order, palette),
+                        style="variant",
                         style_order=order, s=70, alpha=0.85, ax=ax)
         ax.xaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))  # exact counts
         ax.margins(x=0.1)

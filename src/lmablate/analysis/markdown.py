@@ -19,8 +19,10 @@ import numpy as np
 import pandas as pd
 
 from lmablate.analysis.collect import RunOutputs, present
-from lmablate.analysis.statistics import (ALPHA, CONFIDENCE, METRICS, MIN_SEEDS_FOR_TEST,
-                                          VERDICT_BETTER, VERDICT_FEW, VERDICT_WORSE)
+from lmablate.analysis.limits import limits_section
+from lmablate.analysis.statistics import (ALPHA, CONFIDENCE, METRICS, MIN_SEEDS_FOR_TEST, POWER,
+                                          VERDICT_BETTER, VERDICT_FEW, VERDICT_IDENTICAL,
+                                          VERDICT_WORSE)
 from lmablate.config import StudyConfig
 
 VERDICT_MARKS = {VERDICT_BETTER: "▲", VERDICT_WORSE: "▼"}
@@ -73,7 +75,10 @@ def _code_span(text: str) -> str:
     return f"`` {text} ``" if "`" in text else f"`{text}`"
 
 
-def _summary_table(summary: pd.DataFrame, dataset: str, order: Sequence[str]) -> str:
+def _summary_table(summary: pd.DataFrame, dataset: str, order: Sequence[str],
+                   references: pd.DataFrame | None = None) -> str:
+    """Mean ± CI half-width per variant and metric, then one italic row per reference point of
+    ``dataset`` (``references``: the report stage's reference table) in the same columns."""
     s = summary[summary["dataset"] == dataset]
     metrics = [m for m in METRICS if m in set(s["metric"])
                and m not in ("train_seconds", "tokens_per_second")]
@@ -97,14 +102,31 @@ def _summary_table(summary: pd.DataFrame, dataset: str, order: Sequence[str]) ->
             else:
                 row[head] = f"{_num(r['mean'], digits)} (no CI, n={int(r['n'])})"
         rows.append(row)
+    if rows and references is not None:
+        r = references[references["dataset"] == dataset]
+        for name in pd.unique(r["reference"]):
+            row = {"variant": f"_reference: {name}_", "seeds": "–"}
+            for head in list(rows[0])[2:]:
+                row[head] = "–"
+            for x in r[r["reference"] == name].itertuples():
+                values = {x.metric: x.value}
+                if x.metric == "test_loss":  # the same cross-entropy in the derived units
+                    values.update(bits_per_char=x.value / math.log(2),
+                                  perplexity=math.exp(x.value))
+                for m, value in values.items():
+                    label, unit, _ = METRICS[m]
+                    head = f"{label} ({unit})" if unit else label
+                    if head in row:
+                        row[head] = _num(value, _digits(m))
+            rows.append(row)
     return _md_table(pd.DataFrame(rows)) if rows else "_No results._"
 
 
-def _interval(row: Mapping[str, Any], digits: int) -> str:
-    """``[ci95_low, ci95_high]`` of a table row, or "–" where there is no interval."""
-    if not np.isfinite(row["ci95_low"]):
+def _interval(row: Mapping[str, Any], digits: int, prefix: str = "ci95") -> str:
+    """``[<prefix>_low, <prefix>_high]`` of a table row, or "–" where there is no interval."""
+    if not np.isfinite(row[f"{prefix}_low"]):
         return "–"
-    return f"[{_num(row['ci95_low'], digits)}, {_num(row['ci95_high'], digits)}]"
+    return f"[{_num(row[f'{prefix}_low'], digits)}, {_num(row[f'{prefix}_high'], digits)}]"
 
 
 def _metric_label(metric: str) -> str:
@@ -131,12 +153,53 @@ def _comparison_table(comparisons: pd.DataFrame, dataset: str) -> str:
             "baseline mean": _num(r["baseline_mean"], digits),
             "variant mean": _num(r["variant_mean"], digits),
             "Δ (variant − baseline)": _num(r["mean_diff"], digits),
-            "95% CI of Δ": _interval(r, digits),
+            "95% CI of Δ (raw)": _interval(r, digits),
+            "CI of Δ (Holm-adjusted)": _interval(r, digits, "ci_holm"),
             "p (paired t)": _p(r["p_value"]),
             "p (Holm)": _p(r["p_holm"]),
+            "MDE": _num(r["mde"], digits),
             "verdict": shown,
         })
     return _md_table(pd.DataFrame(rows))
+
+
+def _count(n: Any, total: Any) -> str:
+    return f"{_int(n)} of {_int(total)}"
+
+
+def _problem_table(problems: pd.DataFrame, dataset: str) -> list[str]:
+    """The per-problem comparison of ``dataset`` (:func:`~lmablate.analysis.statistics.
+    compare_problems`): counts, rates, intervals, test and verdict; no lines without one."""
+    p = problems[problems["dataset"] == dataset] if len(problems) else problems
+    if p.empty:
+        return []
+    rows = []
+    for _, r in p.iterrows():
+        unit = "problems solved" if r["metric"] == "exact_match" else "answer characters right"
+        verdict = r["verdict"]
+        mark = VERDICT_MARKS.get(verdict, "")
+        rows.append({
+            "metric": _metric_label(r["metric"]),
+            "variant": r["variant"],
+            "baseline": f"{_count(r['baseline_count'], r['total'])} {unit}",
+            "variant ": f"{_count(r['variant_count'], r['total'])}",
+            "Δ rate": _num(r["mean_diff"], 4),
+            "95% CI of Δ (raw)": _interval(r, 4),
+            "CI of Δ (Holm-adjusted)": _interval(r, 4, "ci_holm"),
+            "problems that differ": f"{_int(r['n_differing'])} of {_int(r['n_problems'])}",
+            "p (sign-flip)": _p(r["p_value"]),
+            "p (Holm)": _p(r["p_holm"]),
+            "verdict": f"**{mark} {verdict}**" if mark else verdict,
+        })
+    first = p.iloc[0]
+    return ["### Problem by problem", "",
+            f"The same {_int(first['n_problems'])} test problems, decoded by every variant on "
+            f"{_int(first['n_seeds'])} seeds, paired problem by problem: the per-problem "
+            "difference is averaged over seeds (a problem's seeds are not independent), tested "
+            "with a sign-flip permutation test over problems (on one seed, McNemar's exact "
+            "test) and Holm-corrected over the variants. The t-interval over problems is the "
+            "large-sample one; with few problems that differ, trust the test.", "",
+            _md_table(pd.DataFrame(rows)), ""]
 
 
 def _tuning_variation_section(variation: pd.DataFrame, dataset: str) -> list[str]:
@@ -300,8 +363,18 @@ def _methodology(cfg: StudyConfig, ablation: pd.DataFrame,
         f"{CONFIDENCE:.0%} Student-t interval. Variants are compared with the baseline by a "
         f"two-sided paired t-test on the per-seed differences (scipy.stats.ttest_rel); the "
         f"p-values of all variants within a dataset x metric are corrected with Holm's method "
-        f"(statsmodels multipletests) at a family-wise α = {ALPHA}. With fewer than "
-        f"{MIN_SEEDS_FOR_TEST} paired seeds no test is run."
+        f"(statsmodels multipletests) at a family-wise α = {ALPHA}. Next to the raw "
+        f"{CONFIDENCE:.0%} interval of Δ stands its Holm-adjusted interval, the t-interval at "
+        f"level 1 − α·p/p_Holm, which excludes 0 exactly when the verdict is better or worse. "
+        f"A difference that is the same on every seed has no spread to test against: it is "
+        f"reported as \"{VERDICT_IDENTICAL}\", without a p-value. MDE is the smallest true "
+        f"difference the paired t-test would detect with {POWER:.0%} power at the observed SD "
+        f"of the differences and Holm's strictest level α/m (statsmodels TTestPower). With "
+        f"fewer than {MIN_SEEDS_FOR_TEST} paired seeds no test is run. Arithmetic answers are "
+        f"also compared problem by problem (sign-flip permutation test over the same test "
+        f"problems, Holm-corrected). Reference points come from the data: n-gram "
+        f"cross-entropies of the test split under train-split counts, and scores of answers "
+        f"that ignore the question."
     )
     lines = ["## Methodology", "", text, "", stats_text, ""]
     env = dict(environment or {})
@@ -338,7 +411,11 @@ def render_markdown(cfg: StudyConfig, runs: RunOutputs, summary: pd.DataFrame,
                     figures: Sequence[tuple[str | None, str, str]],
                     environment: Mapping[str, Any] | None = None,
                     notes: Sequence[str] = (),
-                    variation: pd.DataFrame | None = None) -> str:
+                    variation: pd.DataFrame | None = None, *,
+                    problems: pd.DataFrame | None = None,
+                    detectable: pd.DataFrame | None = None,
+                    references: pd.DataFrame | None = None,
+                    tuned: pd.DataFrame | None = None) -> str:
     """The text of ``report.md`` (GitHub-flavoured Markdown, ``\n`` line ends, one final
     newline).
 
@@ -356,7 +433,20 @@ def render_markdown(cfg: StudyConfig, runs: RunOutputs, summary: pd.DataFrame,
         notes: extra lines for the data section (e.g. missing or ignored runs).
         variation: :func:`~lmablate.analysis.statistics.tuning_variation` of the runs; each
             dataset's rows are shown after its comparison with the baseline.
+        problems: :func:`~lmablate.analysis.statistics.compare_problems` (arithmetic).
+        detectable: :func:`~lmablate.analysis.statistics.detectable_effects`.
+        references: the report stage's reference points (``dataset, reference, metric,
+            value, detail``), shown in the summary tables.
+        tuned: :attr:`~lmablate.analysis.collect.RunOutputs.tuned` (range-edge flags).
+
+    The section "What this study can and cannot say" (:mod:`lmablate.analysis.limits`) follows
+    the introduction; it is written from the same frames.
     """
+    empty = pd.DataFrame(columns=["dataset", "metric", "verdict", "reference", "on_edge"])
+    problems = problems if problems is not None else empty
+    detectable = detectable if detectable is not None else empty
+    references = references if references is not None else empty
+    tuned = tuned if tuned is not None else runs.tuned
     ablation = runs.ablation
     order = present(ablation["variant"])
     datasets = present(ablation["dataset"])
@@ -368,17 +458,22 @@ def render_markdown(cfg: StudyConfig, runs: RunOutputs, summary: pd.DataFrame,
         "from the run outputs; every number below is computed, none typed by hand.", "",
         "**How to read this report.** Losses are cross-entropy in nats per character (lower is "
         "better); bits/char = loss / ln 2. Tables show the mean over seeds ± the half-width of "
-        f"its {CONFIDENCE:.0%} t-interval. A variant is called better or worse than the "
+        f"its {CONFIDENCE:.0%} t-interval; italic rows are reference points computed from the "
+        f"data. A variant is called better or worse than the "
         f"baseline only when the paired t-test survives Holm's correction (α = {ALPHA}): "
-        f"**▲ better** / **▼ worse**; anything else is \"no significant difference\", which "
-        "is not evidence that the variants are equal. Raw numbers are in `ablation.csv`, "
-        "`summary.csv` (long format: one row per dataset x variant x metric) and "
-        "`comparisons.csv`.", "",
+        f"**▲ better** / **▼ worse**, and then its Holm-adjusted interval excludes 0; anything "
+        f"else is \"no significant difference\", which is not evidence that the variants are "
+        f"equal: MDE says how large a difference the study could have missed. Raw numbers are "
+        "in `ablation.csv`, `summary.csv` (long format: one row per dataset x variant x "
+        "metric), `comparisons.csv`, `problem_comparisons.csv`, `detectable_effects.csv`, "
+        "`references.csv`, `tuned.csv` and `tuning_variation.csv`.", "",
         "**Compared at equal training compute.** Within a dataset every final run spends the "
         "same training FLOPs (`train.budget_flops`); each variant's width was tuned, and its "
         "step count follows from that width, so a narrower model trains more steps:", "",
         _compute_table(cfg, ablation, datasets, order), "",
     ]
+    lines += limits_section(dict(cfg.train.budget_flops), ablation, summary, comparisons,
+                            problems, detectable, references, variation, tuned)
     lines += _methodology(cfg, ablation, environment)
     if notes:
         lines += ["Data notes:", "", *[f"- {n}" for n in notes], ""]
@@ -386,7 +481,7 @@ def render_markdown(cfg: StudyConfig, runs: RunOutputs, summary: pd.DataFrame,
     for ds in datasets:
         lines += [f"## {ds}", ""]
         lines += [f"### Summary (mean ± {CONFIDENCE:.0%} CI half-width over seeds)", "",
-                  _summary_table(summary, ds, order), ""]
+                  _summary_table(summary, ds, order, references), ""]
         s = summary[summary["dataset"] == ds]
         if len(s) and int(s["n"].min()) < 2:
             lines += ["Some cells rest on a single seed: their spread, and hence their "
@@ -406,6 +501,7 @@ def render_markdown(cfg: StudyConfig, runs: RunOutputs, summary: pd.DataFrame,
                                  for r in rows.itertuples()) or "none"
             lines += [f"Significantly better than the baseline: {listing(wins)}. "
                       f"Significantly worse: {listing(losses)}.", ""]
+        lines += _problem_table(problems, ds)
         if variation is not None:
             lines += _tuning_variation_section(variation, ds)
         lines += ["### Tuned hyper-parameters, size and throughput", "",

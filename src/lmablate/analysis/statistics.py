@@ -8,6 +8,11 @@
   method (Holm 1979, "A simple sequentially rejective multiple test procedure", Scand. J.
   Statist. 6:65-70; ``statsmodels.stats.multitest.multipletests(method="holm")``).
 
+* :func:`detectable_effects`: per dataset x metric, the smallest difference the paired test
+  could detect with 80% power at the study's seed count, given the observed spread.
+* :func:`compare_problems`: arithmetic variants against the baseline problem by problem (the
+  same test problems for every variant), with counts of solved problems.
+
 Units are those of the metrics (:data:`METRICS`): losses in nats/token, bits per char,
 perplexity unitless, accuracies as fractions in [0, 1], times in seconds.
 """
@@ -16,7 +21,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -28,12 +33,13 @@ from lmablate.analysis.collect import BASELINE, present, with_order
 ALPHA = 0.05  # family-wise error rate of the Holm-corrected comparisons
 CONFIDENCE = 0.95  # level of every interval in the report
 MIN_SEEDS_FOR_TEST = 3  # with 2 pairs a t-test has 1 degree of freedom: no power, no verdict
+POWER = 0.8  # power at which the minimum detectable effect is stated (Cohen 1988's convention)
 
 SUMMARY_COLUMNS = ["dataset", "variant", "metric", "n", "mean", "std", "ci95_low", "ci95_high"]
 COMPARISON_COLUMNS = [
     "dataset", "metric", "higher_is_better", "baseline", "variant", "n_pairs", "baseline_mean",
-    "variant_mean", "mean_diff", "ci95_low", "ci95_high", "t_stat", "p_value", "p_holm",
-    "reject_holm", "verdict",
+    "variant_mean", "mean_diff", "sd_diff", "ci95_low", "ci95_high", "ci_holm_low",
+    "ci_holm_high", "t_stat", "p_value", "p_holm", "reject_holm", "mde", "verdict",
 ]
 
 # metric -> (label, unit, higher_is_better); the order is the order of the summary tables.
@@ -54,6 +60,7 @@ VERDICT_BETTER = "better"
 VERDICT_WORSE = "worse"
 VERDICT_NSD = "no significant difference"
 VERDICT_FEW = "too few seeds"
+VERDICT_IDENTICAL = "identical on every seed"  # a constant difference: no spread, no test
 
 
 def _mean_interval(mean: Any, sem: Any, n: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -127,22 +134,76 @@ def summarise(df: pd.DataFrame, metrics: Sequence[str] | None = None) -> pd.Data
     return out[SUMMARY_COLUMNS]
 
 
-def _paired_test(variant: np.ndarray, base: np.ndarray) -> dict[str, float]:
-    """Paired t-test of ``variant - base`` (``scipy.stats.ttest_rel``) and the
-    :data:`CONFIDENCE` t-interval of the mean difference (its ``confidence_interval``).
+def _constant(diff: np.ndarray) -> bool:
+    """Whether every difference is the same number (to rounding: 1e-12 of its size), so that
+    there is no spread to test against."""
+    return bool(np.ptp(diff) <= 1e-12 * max(1.0, float(np.max(np.abs(diff)))))
 
-    All differences zero gives t = p = NaN (the test is undefined; treated as "no significant
-    difference" by :func:`compare`) and the interval (0, 0); constant non-zero differences give
-    p = 0 and the interval (mean, mean).
-    """
+
+def _paired_test(variant: np.ndarray, base: np.ndarray) -> dict[str, float]:
+    """Paired t-test of ``variant - base`` (``scipy.stats.ttest_rel``), the
+    :data:`CONFIDENCE` t-interval of the mean difference (its ``confidence_interval``) and the
+    sample SD of the differences. Only for differences with a spread (not :func:`_constant`)."""
     diff = variant - base
-    with warnings.catch_warnings(), np.errstate(all="ignore"):
-        # zero-variance differences make scipy warn about precision loss / division by zero
-        warnings.simplefilter("ignore", RuntimeWarning)
-        res = stats.ttest_rel(variant, base)
-        low, high = res.confidence_interval(confidence_level=CONFIDENCE)
-    return {"mean_diff": float(diff.mean()), "ci95_low": float(low), "ci95_high": float(high),
-            "t_stat": float(res.statistic), "p_value": float(res.pvalue)}
+    res = stats.ttest_rel(variant, base)
+    low, high = res.confidence_interval(confidence_level=CONFIDENCE)
+    return {"mean_diff": float(diff.mean()), "sd_diff": float(diff.std(ddof=1)),
+            "ci95_low": float(low), "ci95_high": float(high), "t_stat": float(res.statistic),
+            "p_value": float(res.pvalue)}
+
+
+def holm_interval(mean: float, sem: float, df: float, p_value: float, p_holm: float,
+                  alpha: float = ALPHA) -> tuple[float, float]:
+    """The Student-t interval of a mean difference at the level its Holm-adjusted p-value is
+    judged at: level ``1 - alpha * p_value / p_holm``.
+
+    For a t-test, the interval at level 1 - g excludes 0 exactly when p < g; with
+    g = alpha * p / p_Holm that is when p_Holm < alpha, i.e. exactly when Holm's procedure
+    (Holm 1979) rejects, so interval and verdict cannot disagree. For a single comparison it is
+    the plain (1 - alpha) interval; for Bonferroni's p_adj = m p it would be Bonferroni's
+    simultaneous interval at 1 - alpha/m. It is wider than the unadjusted interval whenever the
+    adjustment raised p. In the unit of ``mean``; ``(nan, nan)`` if an input is missing.
+    """
+    if not all(np.isfinite([mean, sem, df, p_value, p_holm])) or p_holm <= 0:
+        return (math.nan, math.nan)
+    level = 1.0 - alpha * p_value / p_holm
+    if sem == 0:
+        return (mean, mean)
+    low, high = stats.t.interval(level, df, loc=mean, scale=sem)
+    return (float(low), float(high))
+
+
+def min_detectable_effect(sd: float, n: int, alpha: float = ALPHA,
+                          power: float = POWER) -> float:
+    """Smallest true mean difference a two-sided paired t-test on ``n`` pairs detects with
+    probability ``power`` at level ``alpha``, when the differences have SD ``sd``:
+    d * sd, where d is the standardised effect size solved from the noncentral t power function
+    (``statsmodels.stats.power.TTestPower().solve_power``; Cohen 1988, ch. 2). In the unit of
+    ``sd``; NaN with ``n`` < 2 or a missing ``sd``."""
+    if n < 2 or not np.isfinite(sd):
+        return math.nan
+    from statsmodels.stats.power import TTestPower  # imported on use: only the report needs it
+    d = TTestPower().solve_power(effect_size=None, nobs=n, alpha=alpha, power=power,
+                                 alternative="two-sided")
+    return float(d) * sd
+
+
+def _holm(rows: list[dict], family: list[int], alpha: float, higher: bool) -> None:
+    """Holm's step-down correction over ``rows[i]`` for i in ``family``, in place: ``p_holm``,
+    ``reject_holm``, the Holm-adjusted interval (:func:`holm_interval`, from ``_sem``/``_df``)
+    and the better/worse verdict of each rejected row."""
+    if not family:
+        return
+    reject, p_holm, _, _ = multipletests([rows[i]["p_value"] for i in family], alpha=alpha,
+                                         method="holm")
+    for i, rej, p in zip(family, reject, p_holm):
+        r = rows[i]
+        r["p_holm"], r["reject_holm"] = float(p), bool(rej)
+        r["ci_holm_low"], r["ci_holm_high"] = holm_interval(
+            r["mean_diff"], r.pop("_sem"), r.pop("_df"), r["p_value"], float(p), alpha)
+        if rej:
+            improved = (r["mean_diff"] > 0) == higher
+            r["verdict"] = VERDICT_BETTER if improved else VERDICT_WORSE
 
 
 def compare(df: pd.DataFrame, baseline: str = BASELINE, alpha: float = ALPHA,
@@ -151,26 +212,34 @@ def compare(df: pd.DataFrame, baseline: str = BASELINE, alpha: float = ALPHA,
 
     Method: for each dataset x metric x variant, keep the seeds on which both the variant and
     the baseline have a value; the difference ``variant - baseline`` per seed is summarised by
-    its mean and :data:`CONFIDENCE` Student-t interval, and tested with the two-sided paired
-    t-test (``scipy.stats.ttest_rel`` and ``.confidence_interval()``). Within each dataset x
-    metric the p-values of all variants form one family, corrected with Holm's step-down method
-    (Holm 1979; ``statsmodels.stats.multitest.multipletests(method="holm")``) at family-wise
-    ``alpha``.
+    its mean, sample SD and :data:`CONFIDENCE` Student-t interval, and tested with the two-sided
+    paired t-test (``scipy.stats.ttest_rel`` and ``.confidence_interval()``). Within each
+    dataset x metric the p-values of all tested variants form one family, corrected with Holm's
+    step-down method (Holm 1979; ``statsmodels.stats.multitest.multipletests(method="holm")``)
+    at family-wise ``alpha``; ``ci_holm_low``/``ci_holm_high`` is the interval at the level the
+    Holm-adjusted p-value is judged at (:func:`holm_interval`), which excludes 0 exactly when the
+    verdict is better or worse.
 
     Verdict: ``"too few seeds"`` when fewer than :data:`MIN_SEEDS_FOR_TEST` seeds pair up (no
-    test, not in the Holm family); else ``"better"``/``"worse"`` when Holm rejects (direction
-    from the sign of the mean difference and whether the metric is higher-is-better: test loss
-    lower is better, exact match and char accuracy higher is better); else
-    ``"no significant difference"`` (also when the test is undefined: all differences zero).
+    test, not in the Holm family); ``"identical on every seed"`` when the difference is the same
+    number on every seed, zero or not (a t-test would divide by a zero spread and give p = 0 or
+    NaN: no test, no p-value, not in the family; the interval is the point); else
+    ``"better"``/``"worse"`` when Holm rejects (direction from the sign of the mean difference
+    and whether the metric is higher-is-better: test loss lower is better, exact match and char
+    accuracy higher is better); else ``"no significant difference"``.
+
+    ``mde`` is :func:`min_detectable_effect` at the row's SD of differences, pairs and level
+    ``alpha / m`` (m = the family's size: Holm's first, strictest threshold), so an effect of
+    that size would be found with 80% power wherever it fell in the ranking.
 
     A metric is compared on a dataset only if the baseline has a value for it there (so exact
     match and char accuracy only on arithmetic). A dataset without a baseline gives no rows.
 
     Returns:
-        Columns :data:`COMPARISON_COLUMNS`; ``mean_diff`` and the interval in the metric's unit.
-        Rows by dataset, then metric (in ``metrics`` order), then variant, datasets and
-        variants in the order of ``df`` (categorical, as :func:`summarise`), whose ``dataset``
-        and ``variant`` dtypes they keep.
+        Columns :data:`COMPARISON_COLUMNS`; ``mean_diff``, ``sd_diff``, the intervals and
+        ``mde`` in the metric's unit. Rows by dataset, then metric (in ``metrics`` order), then
+        variant, datasets and variants in the order of ``df`` (categorical, as
+        :func:`summarise`), whose ``dataset`` and ``variant`` dtypes they keep.
     """
     df = with_order(df)
     rows = []
@@ -191,38 +260,210 @@ def compare(df: pd.DataFrame, baseline: str = BASELINE, alpha: float = ALPHA,
             for variant in variants:
                 pair = wide[[baseline, variant]].dropna()  # seeds both have: the pairing
                 n = len(pair)
+                diff = (pair[variant] - pair[baseline]).to_numpy(float)
                 row = {
                     "dataset": dataset, "metric": metric, "higher_is_better": higher,
                     "baseline": baseline, "variant": variant, "n_pairs": n,
                     "baseline_mean": float(pair[baseline].mean()) if n else math.nan,
                     "variant_mean": float(pair[variant].mean()) if n else math.nan,
-                    "mean_diff": (float((pair[variant] - pair[baseline]).mean()) if n
-                                  else math.nan),
-                    "ci95_low": math.nan, "ci95_high": math.nan, "t_stat": math.nan,
-                    "p_value": math.nan, "p_holm": math.nan, "reject_holm": False,
+                    "mean_diff": float(diff.mean()) if n else math.nan,
+                    "sd_diff": float(diff.std(ddof=1)) if n > 1 else math.nan,
+                    "ci95_low": math.nan, "ci95_high": math.nan, "ci_holm_low": math.nan,
+                    "ci_holm_high": math.nan, "t_stat": math.nan, "p_value": math.nan,
+                    "p_holm": math.nan, "reject_holm": False, "mde": math.nan,
                     "verdict": VERDICT_FEW,
                 }
-                if n >= MIN_SEEDS_FOR_TEST:
+                if n >= MIN_SEEDS_FOR_TEST and _constant(diff):
+                    row.update(verdict=VERDICT_IDENTICAL, sd_diff=0.0,
+                               **dict.fromkeys(("ci95_low", "ci95_high", "ci_holm_low",
+                                                "ci_holm_high"), float(diff.mean())))
+                elif n >= MIN_SEEDS_FOR_TEST:
                     row.update(_paired_test(pair[variant].to_numpy(float),
                                             pair[baseline].to_numpy(float)))
-                    row["verdict"] = VERDICT_NSD
-                    if np.isfinite(row["p_value"]):
-                        family.append(len(rows))
+                    row.update(verdict=VERDICT_NSD, _sem=row["sd_diff"] / math.sqrt(n),
+                               _df=n - 1)
+                    family.append(len(rows))
                 rows.append(row)
-            if family:
-                reject, p_holm, _, _ = multipletests([rows[i]["p_value"] for i in family],
-                                                     alpha=alpha, method="holm")
-                for i, rej, p in zip(family, reject, p_holm):
-                    rows[i]["p_holm"] = float(p)
-                    rows[i]["reject_holm"] = bool(rej)
-                    if rej:
-                        improved = (rows[i]["mean_diff"] > 0) == higher
-                        rows[i]["verdict"] = VERDICT_BETTER if improved else VERDICT_WORSE
+            _holm(rows, family, alpha, higher)
+            for i in family:
+                rows[i]["mde"] = min_detectable_effect(rows[i]["sd_diff"], rows[i]["n_pairs"],
+                                                       alpha / len(family))
     out = pd.DataFrame(rows, columns=COMPARISON_COLUMNS)
     out["reject_holm"] = out["reject_holm"].astype(bool)
     out["higher_is_better"] = out["higher_is_better"].astype(bool)
     for col in ("dataset", "variant"):
         out[col] = out[col].astype(str).astype(df[col].dtype)
+    return out
+
+
+DETECTABLE_COLUMNS = ["dataset", "metric", "n_seeds", "n_compared", "alpha", "power",
+                      "sd_diff", "mde", "mde_unadjusted"]
+
+
+def detectable_effects(comparisons: pd.DataFrame, alpha: float = ALPHA,
+                       power: float = POWER) -> pd.DataFrame:
+    """Per dataset x metric, the smallest difference to the baseline the study could detect.
+
+    ``sd_diff`` is the pooled SD of the per-seed differences over the tested variants (root
+    mean square of their ``sd_diff``: the observed seed-to-seed spread of a paired
+    difference); ``mde`` is :func:`min_detectable_effect` at that SD, the median number of
+    paired seeds, ``power`` and level ``alpha / n_compared`` (Holm's first threshold: any
+    variant with a true effect this large is found with at least this power);
+    ``mde_unadjusted`` the same at level ``alpha`` (a single planned comparison). Variants
+    "identical on every seed" or with too few seeds are left out of the pooling. In the
+    metric's unit; NaN where no variant was tested.
+
+    Returns:
+        Columns :data:`DETECTABLE_COLUMNS`, one row per dataset x metric of ``comparisons``, in
+        its order.
+    """
+    rows = []
+    if comparisons.empty:
+        return pd.DataFrame(columns=DETECTABLE_COLUMNS)
+    for (dataset, metric), c in comparisons.groupby(["dataset", "metric"], observed=True,
+                                                    sort=False):
+        tested = c[c["verdict"].isin([VERDICT_BETTER, VERDICT_WORSE, VERDICT_NSD])]
+        m = len(tested)
+        sd = float(np.sqrt(np.mean(np.square(tested["sd_diff"])))) if m else math.nan
+        n = int(np.median(tested["n_pairs"])) if m else int(c["n_pairs"].max())
+        rows.append({"dataset": dataset, "metric": metric, "n_seeds": n, "n_compared": m,
+                     "alpha": alpha, "power": power, "sd_diff": sd,
+                     "mde": min_detectable_effect(sd, n, alpha / max(m, 1), power),
+                     "mde_unadjusted": min_detectable_effect(sd, n, alpha, power)})
+    out = pd.DataFrame(rows, columns=DETECTABLE_COLUMNS)
+    out["dataset"] = out["dataset"].astype(str).astype(comparisons["dataset"].dtype)
+    return out
+
+
+PROBLEM_COLUMNS = [
+    "dataset", "metric", "baseline", "variant", "n_problems", "n_seeds", "baseline_count",
+    "variant_count", "total", "baseline_rate", "variant_rate", "n_differing", "mean_diff",
+    "ci95_low", "ci95_high", "ci_holm_low", "ci_holm_high", "p_value", "p_holm", "reject_holm",
+    "verdict",
+]
+VERDICT_SAME_PROBLEMS = "identical on every problem"
+PERMUTATION_RESAMPLES = 9999  # sign flips drawn when there are too many to enumerate
+PERMUTATION_SEED = 0
+
+
+def problem_outcomes(predictions: Sequence[Mapping[str, str]]) -> tuple[np.ndarray, np.ndarray]:
+    """Per problem of one seed's decoded test problems: whether it was solved (exact match, 0/1)
+    and its share of correct answer characters (character accuracy), both (N,) float arrays;
+    the means over problems are :func:`lmablate.evaluation.arithmetic_scores`' numbers."""
+    exact, chars = [], []
+    for p in predictions:
+        target, pred = str(p["target"]), str(p["prediction"])
+        hits = [a == b for a, b in zip(pred.ljust(len(target)), target)]
+        chars.append(sum(hits) / len(target))
+        exact.append(float(all(hits)))
+    return np.asarray(exact), np.asarray(chars)
+
+
+def sign_flip_test(diff: np.ndarray) -> float:
+    """Two-sided p-value of the paired sign-flip permutation test of mean(diff) = 0 (Fisher
+    1935; ``scipy.stats.permutation_test(permutation_type="samples")``): under the null every
+    difference is as likely to have either sign. Zero differences are dropped, which leaves the
+    statistic's permutation distribution unchanged; the flips are enumerated exactly when there
+    are at most :data:`PERMUTATION_RESAMPLES` of them, else drawn with seed
+    :data:`PERMUTATION_SEED`. On 0/1 outcomes of one seed this is the exact McNemar test
+    (McNemar 1947) on the discordant pairs. NaN without a non-zero difference."""
+    d = np.asarray(diff, dtype=float)
+    d = d[d != 0]
+    if d.size == 0:
+        return math.nan
+    res = stats.permutation_test((d,), np.sum, permutation_type="samples",
+                                 n_resamples=PERMUTATION_RESAMPLES, alternative="two-sided",
+                                 random_state=np.random.default_rng(PERMUTATION_SEED))
+    return float(min(1.0, res.pvalue))
+
+
+def compare_problems(predictions: Mapping[tuple[str, str], Mapping[str, Sequence[Mapping]]],
+                     baseline: str = BASELINE, alpha: float = ALPHA,
+                     variants: Sequence[str] | None = None) -> pd.DataFrame:
+    """Arithmetic variants against ``baseline`` problem by problem: exact match and character
+    accuracy over the same test problems, paired by problem and seed.
+
+    Method: for each variant, the seeds both it and the baseline decoded, and the problems (by
+    position in ``test.txt``) both have. Per problem i the difference
+    d_i = mean over those seeds of (variant - baseline) outcome (solved 0/1, or the share of
+    correct answer characters); averaging over seeds first keeps one problem's seeds together,
+    since they are not independent. The test is :func:`sign_flip_test` on the d_i (for exact
+    match on one seed: McNemar's exact test); the interval is the :data:`CONFIDENCE`
+    Student-t interval of the mean of the d_i over problems (its large-sample form, which can
+    be narrower than the exact test implies when only a few problems differ: see
+    ``n_differing``). Holm's correction runs over the variants of each metric, with
+    :func:`holm_interval`. All d_i zero gives ``"identical on every problem"`` and no test.
+
+    Counts: ``baseline_count``/``variant_count`` of ``total`` (problems x seeds): problems
+    solved, or answer characters right (``total`` then counts characters).
+
+    Args:
+        predictions: ``{(dataset, variant): {"seed_<n>": [{"prompt", "target", "prediction"},
+            ...]}}`` (:attr:`~lmablate.analysis.collect.RunOutputs.predictions`).
+        variants: the order of the rows (default: that of ``predictions``).
+
+    Returns:
+        Columns :data:`PROBLEM_COLUMNS`; rates, differences and intervals as fractions in
+        [0, 1] (differences in [-1, 1]).
+
+    Raises:
+        ValueError: a variant's problems are not the baseline's (a prompt differs at the same
+            position): they were not decoded on the same test set.
+    """
+    rows = []
+    datasets = list(dict.fromkeys(d for d, _ in predictions))
+    for dataset in datasets:
+        if (dataset, baseline) not in predictions:
+            continue
+        order = [v for v in (variants or [v for d, v in predictions if d == dataset])
+                 if (dataset, v) in predictions and v != baseline]
+        base = predictions[(dataset, baseline)]
+        for metric, which in (("exact_match", 0), ("char_accuracy", 1)):
+            family = []
+            for variant in order:
+                other = predictions[(dataset, variant)]
+                seeds = [k for k in base if k in other and base[k] and other[k]]
+                if not seeds:
+                    continue
+                n = min(min(len(base[k]), len(other[k])) for k in seeds)
+                for k in seeds:
+                    for i, (a, b) in enumerate(zip(base[k][:n], other[k][:n])):
+                        if a["prompt"] != b["prompt"]:
+                            raise ValueError(
+                                f"{dataset}: problem {i} of {variant} ({k}) is {b['prompt']!r}, "
+                                f"the baseline's is {a['prompt']!r}; evaluate both on the same "
+                                "test problems")
+                b_out = np.stack([problem_outcomes(base[k][:n])[which] for k in seeds])
+                v_out = np.stack([problem_outcomes(other[k][:n])[which] for k in seeds])
+                d = (v_out - b_out).mean(axis=0)  # (n problems,)
+                width = len(str(base[seeds[0]][0]["target"])) if metric == "char_accuracy" else 1
+                row = {
+                    "dataset": dataset, "metric": metric, "baseline": baseline,
+                    "variant": variant, "n_problems": n, "n_seeds": len(seeds),
+                    "baseline_count": int(round(b_out.sum() * width)),
+                    "variant_count": int(round(v_out.sum() * width)),
+                    "total": n * len(seeds) * width, "baseline_rate": float(b_out.mean()),
+                    "variant_rate": float(v_out.mean()),
+                    "n_differing": int(np.count_nonzero(d)), "mean_diff": float(d.mean()),
+                    "ci95_low": math.nan, "ci95_high": math.nan, "ci_holm_low": math.nan,
+                    "ci_holm_high": math.nan, "p_value": math.nan, "p_holm": math.nan,
+                    "reject_holm": False, "verdict": VERDICT_SAME_PROBLEMS,
+                }
+                if np.count_nonzero(d):
+                    sem = float(d.std(ddof=1) / math.sqrt(n)) if n > 1 else math.nan
+                    row["ci95_low"], row["ci95_high"] = _mean_interval(d.mean(), sem, n)
+                    row.update(p_value=sign_flip_test(d), verdict=VERDICT_NSD, _sem=sem,
+                               _df=n - 1)
+                    family.append(len(rows))
+                else:
+                    row.update(dict.fromkeys(("ci95_low", "ci95_high", "ci_holm_low",
+                                              "ci_holm_high"), 0.0))
+                rows.append(row)
+            _holm(rows, family, alpha, higher=True)
+    out = pd.DataFrame(rows, columns=PROBLEM_COLUMNS)
+    for col in ("ci95_low", "ci95_high"):
+        out[col] = out[col].astype(float)
+    out["reject_holm"] = out["reject_holm"].astype(bool)
     return out
 
 

@@ -35,9 +35,11 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, raw_dir:
     """Evaluate every seed's checkpoint of ``dataset`` x ``variant``.
 
     Writes ``metrics_path`` (JSON ``{"dataset", "variant", "runs": {"seed_<s>": {...}}}``, plus
-    ``"replicate": N`` for the final runs of the N-th re-tuning; a DVC metrics file) and ``examples_path`` (JSON: text samples, or arithmetic predictions with their
-    targets, per seed). Test metrics are logged into each seed's MLflow training run, so one run
-    per seed carries the same metric names for every variant. Seeds are evaluated concurrently
+    ``"replicate": N`` for the final runs of the N-th re-tuning; a DVC metrics file) and
+    ``examples_path`` (JSON, per seed: text samples, or the prediction of every arithmetic test
+    problem with its prompt and target, in the order of ``test.txt``). Test metrics are logged
+    into each seed's MLflow training run, so one run per seed carries the same metric names
+    for every variant. Seeds are evaluated concurrently
     on a CPU (see :mod:`lmablate.parallel`).
     """
     ds = cfg.dataset(dataset)
@@ -65,8 +67,9 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, raw_dir:
         if ds.kind == "arithmetic":
             preds = arithmetic_predictions(model, tok, problems, cfg.evaluate.batch_size, device)
             metrics.update(arithmetic_scores(problems, preds))
+            # every problem, in test.txt's order: the report pairs variants problem by problem
             examples = [{"prompt": split_problem(p)[0], "target": split_problem(p)[1],
-                         "prediction": q} for p, q in zip(problems[:10], preds[:10])]
+                         "prediction": q} for p, q in zip(problems, preds)]
         else:
             examples = text_samples(model, tok, cfg.evaluate.n_samples,
                                     cfg.evaluate.sample_tokens, cfg.evaluate.temperature, seed,

@@ -14,6 +14,14 @@ first-seed checkpoints and the tokenized test splits, for the model figures) and
 * ``comparisons.csv`` every variant against ``baseline``, paired by seed
   (:data:`~lmablate.analysis.statistics.COMPARISON_COLUMNS`): paired t-test and Holm's
   step-down correction within each dataset x metric.
+* ``problem_comparisons.csv`` arithmetic variants against the baseline problem by problem
+  (:data:`~lmablate.analysis.statistics.PROBLEM_COLUMNS`): counts solved, sign-flip test, Holm.
+* ``detectable_effects.csv`` per dataset x metric, the smallest difference the study could
+  detect (:data:`~lmablate.analysis.statistics.DETECTABLE_COLUMNS`).
+* ``references.csv`` reference points computed from the data (:data:`REFERENCE_COLUMNS`):
+  n-gram cross-entropies of the test split, and constant answers to the arithmetic problems.
+* ``tuned.csv`` what tuning chose per dataset x variant, with its range-edge flags
+  (:data:`~lmablate.analysis.collect.TUNED_COLUMNS`).
 * ``tuning_variation.csv`` the re-tunings (``runs/<dataset>/<variant>/replicate_<N>/``)
   against their variant, paired by seed
   (:data:`~lmablate.analysis.statistics.TUNING_VARIATION_COLUMNS`): how much a result owes to
@@ -39,21 +47,72 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
+import pandas as pd
 import torch
 
 from lmablate import fileio
 from lmablate.analysis import figures as plots
-from lmablate.analysis.collect import (ABLATION_COLUMNS, BASELINE, collect, present,
-                                       restrict_to_study)
+from lmablate.analysis.collect import (ABLATION_COLUMNS, BASELINE, TUNED_COLUMNS, RunOutputs,
+                                       collect, present, restrict_to_study)
+from lmablate.analysis.families import family_palette, variant_family
 from lmablate.analysis.markdown import render_markdown
-from lmablate.analysis.statistics import (METRICS, TUNING_VARIATION_COLUMNS, compare,
-                                          summarise, tuning_variation)
+from lmablate.analysis.statistics import (DETECTABLE_COLUMNS, METRICS, PROBLEM_COLUMNS,
+                                          TUNING_VARIATION_COLUMNS, compare, compare_problems,
+                                          detectable_effects, summarise, tuning_variation)
+from lmablate import references as refs
 from lmablate.checkpoint import load_checkpoint
 from lmablate.config import StudyConfig
 from lmablate.tokenizer import load_split, load_tokenizer
 from lmablate.tracking import NullTracker, make_tracker
 
 ATTENTION_TOKENS = 48  # length of the held-out sequence shown in attention heatmaps (tokens)
+REFERENCE_COLUMNS = ["dataset", "reference", "metric", "value", "detail"]
+
+
+def reference_table(cfg: StudyConfig, tokens_dir: Path, runs: RunOutputs) -> pd.DataFrame:
+    """Reference points computed from the data, one row per dataset x reference x metric.
+
+    * Every dataset: the unigram, bigram and trigram cross-entropy (nats/token) of its test
+      split under counts of its train split (:func:`lmablate.references.ngram_references`,
+      smoothing :data:`lmablate.references.NGRAM_SMOOTHING`), metric ``test_loss``.
+    * Arithmetic: answers that ignore the question, scored on the decoded test problems (the
+      baseline's first seed's targets, the same for every variant): all zeros, the best
+      constant answer for character accuracy (the per-position mode) and for exact match (the
+      most frequent answer) (:mod:`lmablate.references`); metrics ``char_accuracy`` and
+      ``exact_match`` as fractions, ``detail`` the answer as written (reversed, as the model
+      writes it).
+
+    Returns:
+        Columns :data:`REFERENCE_COLUMNS`.
+
+    Raises:
+        FileNotFoundError / TokenizerError: a dataset's tokens are missing under ``tokens_dir``.
+    """
+    rows = []
+    for dataset, ds in cfg.datasets.items():
+        tok = load_tokenizer(tokens_dir / dataset)
+        train = np.asarray(load_split(tokens_dir / dataset, "train"))
+        test = np.asarray(load_split(tokens_dir / dataset, "test"))
+        for name, value in refs.ngram_references(train, test, tok.vocab_size).items():
+            rows.append({"dataset": dataset, "reference": name, "metric": "test_loss",
+                         "value": value, "detail": refs.NGRAM_SMOOTHING})
+        by_seed = runs.predictions.get((dataset, BASELINE)) or {}
+        first = next((v for v in by_seed.values() if v), None)
+        if ds.kind != "arithmetic" or not first:
+            continue
+        targets = [str(p["target"]) for p in first]
+        answers = [("all zeros", refs.constant_answer_scores(
+                        targets, refs.all_zeros_answer(len(targets[0]))), ("char_accuracy",
+                                                                            "exact_match")),
+                   ("best constant answer", refs.best_constant_answer(targets),
+                    ("char_accuracy",)),
+                   ("most frequent answer", refs.most_frequent_answer(targets),
+                    ("exact_match",))]
+        for name, score, metrics in answers:
+            for metric in metrics:
+                rows.append({"dataset": dataset, "reference": name, "metric": metric,
+                             "value": score[metric], "detail": f"`{score['answer']}`"})
+    return pd.DataFrame(rows, columns=REFERENCE_COLUMNS)
 
 
 def environment() -> dict:
@@ -113,7 +172,8 @@ def model_figures(cfg: StudyConfig, runs_dir: Path, tokens_dir: Path,
 
 def build_report(cfg: StudyConfig, runs_dir: Path, out_dir: Path,
                  environment: dict | None = None,
-                 extra_figures: Sequence[tuple[str | None, str, Path]] = ()) -> dict:
+                 extra_figures: Sequence[tuple[str | None, str, Path]] = (),
+                 tokens_dir: Path | None = None) -> dict:
     """Collect the runs, compute statistics, draw figures and write the report.
 
     Args:
@@ -128,9 +188,12 @@ def build_report(cfg: StudyConfig, runs_dir: Path, out_dir: Path,
             prose, every key is listed.
         extra_figures: ``(dataset or None, caption, path under out_dir)`` of figures drawn
             elsewhere (from checkpoints: attention maps, embeddings) to embed in the report.
+        tokens_dir: the tokenized datasets (``<tokens_dir>/<dataset>/``), for the reference
+            points (:func:`reference_table`); None leaves them out (empty references.csv).
 
     Returns:
-        ``{"report", "ablation", "summary", "comparisons", "tuning_variation": Path,
+        ``{"report", "ablation", "summary", "comparisons", "problem_comparisons",
+        "detectable_effects", "references", "tuned", "tuning_variation": Path,
         "figures": [Path, ...]}``.
 
     Raises:
@@ -145,28 +208,49 @@ def build_report(cfg: StudyConfig, runs_dir: Path, out_dir: Path,
             f"<dataset>/<variant>/metrics.json for datasets {', '.join(cfg.datasets)})")
     summary = summarise(ablation)
     comparisons = compare(ablation, baseline=BASELINE)
+    problems = compare_problems(runs.predictions, baseline=BASELINE,
+                                variants=present(ablation["variant"]))
+    detectable = detectable_effects(comparisons)
     variation = tuning_variation(ablation, runs.replicates)
+    references = (reference_table(cfg, tokens_dir, runs) if tokens_dir is not None
+                  else pd.DataFrame(columns=REFERENCE_COLUMNS))
 
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {
         "ablation": fileio.write_csv(out_dir / "ablation.csv", ablation, ABLATION_COLUMNS),
         "summary": fileio.write_csv(out_dir / "summary.csv", summary),
         "comparisons": fileio.write_csv(out_dir / "comparisons.csv", comparisons),
+        "problem_comparisons": fileio.write_csv(out_dir / "problem_comparisons.csv", problems,
+                                                PROBLEM_COLUMNS),
+        "detectable_effects": fileio.write_csv(out_dir / "detectable_effects.csv", detectable,
+                                               DETECTABLE_COLUMNS),
+        "references": fileio.write_csv(out_dir / "references.csv", references,
+                                       REFERENCE_COLUMNS),
+        "tuned": fileio.write_csv(out_dir / "tuned.csv", runs.tuned, TUNED_COLUMNS),
         "tuning_variation": fileio.write_csv(out_dir / "tuning_variation.csv", variation,
                                              TUNING_VARIATION_COLUMNS),
     }
+    palette = family_palette({v: variant_family(cfg.variants.get(v) or {})
+                              for v in present(ablation["variant"])})
 
     fig_dir = out_dir / "figures"
     per_op = runs.per_op
     op_datasets = set(present(per_op["dataset"]))
     figures: list[tuple[str | None, str, Path | None]] = []
     for ds in present(ablation["dataset"]):
+        r = references[(references["dataset"] == ds) & (references["metric"] == "test_loss")]
+        lines = {f"{x.reference} ({refs.NGRAM_SHORT})": x.value for x in r.itertuples()}
         figures += [
-            (ds, f"{ds}: validation loss vs step (mean ± 1 SD over seeds)",
-             plots.plot_val_loss_curves(runs.history, ds, fig_dir / f"val_loss_curves_{ds}.png")),
-            (ds, f"{ds}: test loss per variant (dots: seeds; diamond: mean ± 95% t-interval)",
-             plots.plot_test_loss(ablation, ds, fig_dir / f"test_loss_{ds}.png")),
-            (ds, f"{ds}: test-loss difference to baseline (paired 95% t-interval, Holm)",
+            (ds, f"{ds}: validation loss vs step (mean ± 1 SD over seeds; grey lines: n-gram "
+                 "references of the test split)",
+             plots.plot_val_loss_curves(runs.history, ds, fig_dir / f"val_loss_curves_{ds}.png",
+                                        palette=palette, references=lines)),
+            (ds, f"{ds}: test loss per variant (dots: seeds; diamond: mean ± 95% t-interval; "
+                 "grey lines: n-gram references)",
+             plots.plot_test_loss(ablation, ds, fig_dir / f"test_loss_{ds}.png",
+                                  references=lines)),
+            (ds, f"{ds}: test-loss difference to baseline (paired by seed: raw 95% t-interval "
+                 "and Holm-adjusted interval)",
              plots.plot_forest(comparisons, ds, fig_dir / f"forest_{ds}.png", "test_loss")),
         ]
         if ds in op_datasets:
@@ -177,9 +261,10 @@ def build_report(cfg: StudyConfig, runs_dir: Path, out_dir: Path,
                                 plots.plot_by_op_heatmap(per_op, fig_dir / name, metric, [ds])))
         figures += [
             (ds, f"{ds}: tuning trials, learning rate vs validation loss",
-             plots.plot_tuning(runs.trials, ds, fig_dir / f"tuning_{ds}.png")),
+             plots.plot_tuning(runs.trials, ds, fig_dir / f"tuning_{ds}.png", palette=palette)),
             (ds, f"{ds}: non-embedding parameters vs test loss",
-             plots.plot_params_vs_loss(ablation, ds, fig_dir / f"params_vs_loss_{ds}.png")),
+             plots.plot_params_vs_loss(ablation, ds, fig_dir / f"params_vs_loss_{ds}.png",
+                                       palette=palette)),
             (ds, f"{ds}: fraction of near-zero gradients per parameter group",
              plots.plot_grad_flow(runs.grad, ds, fig_dir / f"grad_flow_{ds}.png")),
         ]
@@ -188,7 +273,8 @@ def build_report(cfg: StudyConfig, runs_dir: Path, out_dir: Path,
     md = render_markdown(
         cfg, runs, summary, comparisons,
         [(ds, cap, p.relative_to(out_dir).as_posix()) for ds, cap, p in written],
-        environment, notes, variation)
+        environment, notes, variation, problems=problems, detectable=detectable,
+        references=references, tuned=runs.tuned)
     paths["report"] = out_dir / "report.md"
     fileio.write_text(paths["report"], md)
     paths["figures"] = [p for _, _, p in written]
@@ -200,7 +286,7 @@ def run(cfg: StudyConfig, runs_dir: Path, tokens_dir: Path, out_dir: Path,
     """Write the report under ``out_dir`` and log it to an MLflow summary run.
 
     Draws the model figures from the checkpoints first, then :func:`build_report` with this
-    machine's :func:`environment`; logs ``report.md``, the three tables (artifact folder
+    machine's :func:`environment`; logs ``report.md``, the tables (artifact folder
     ``tables``) and ``figures/`` to a run named ``study-summary``.
 
     Returns:
@@ -214,10 +300,13 @@ def run(cfg: StudyConfig, runs_dir: Path, tokens_dir: Path, out_dir: Path,
     figures_dir = out_dir / "figures"
     figures_dir.mkdir(parents=True, exist_ok=True)
     extra = model_figures(cfg, runs_dir, tokens_dir, figures_dir)
-    result = build_report(cfg, runs_dir, out_dir, environment(), extra_figures=extra)
+    result = build_report(cfg, runs_dir, out_dir, environment(), extra_figures=extra,
+                          tokens_dir=tokens_dir)
     with tracker.run("study-summary", {"stage": "report"}):
         tracker.log_artifact(out_dir / "report.md")
-        for name in ("ablation.csv", "summary.csv", "comparisons.csv", "tuning_variation.csv"):
+        for name in ("ablation.csv", "summary.csv", "comparisons.csv", "problem_comparisons.csv",
+                     "detectable_effects.csv", "references.csv", "tuned.csv",
+                     "tuning_variation.csv"):
             tracker.log_artifact(out_dir / name, "tables")
         tracker.log_artifact(figures_dir, "figures")
     return result

@@ -1,0 +1,234 @@
+"""The report's "What this study can and cannot say" section, written from the study's tables.
+
+Every sentence is computed from the frames the report stage writes as CSVs (``ablation``,
+``summary``, ``comparisons``, ``problem_comparisons``, ``detectable_effects``, ``references``,
+``tuning_variation``, ``tuned``); nothing is typed by hand, so the section follows the results
+of any profile. It states, per dataset: the training each model got, where the variants sit
+between the data's reference points, the exact-match floor, the seed count and the smallest
+difference the study could detect, how much the tuning itself varies, and every flag raised
+(a tuned value on the edge of its range, a difference identical on every seed, a variant
+trained at another width than the baseline).
+
+Units: losses in nats/token (one token is one character), accuracies as fractions.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import pandas as pd
+
+from lmablate.analysis.collect import BASELINE, present
+from lmablate.analysis.statistics import (ALPHA, METRICS, POWER, VERDICT_BETTER,
+                                          VERDICT_IDENTICAL, VERDICT_WORSE)
+
+TITLE = "What this study can and cannot say"
+
+
+def _names(items: Sequence[str]) -> str:
+    items = list(items)
+    if len(items) <= 2:
+        return " and ".join(items)
+    return ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def _mean(summary: pd.DataFrame, dataset: str, metric: str) -> pd.Series:
+    """variant -> mean over seeds of ``metric`` on ``dataset`` (study order)."""
+    s = summary[(summary["dataset"] == dataset) & (summary["metric"] == metric)]
+    return s.set_index(s["variant"].astype(str))["mean"]
+
+
+def _training(ablation: pd.DataFrame, dataset: str, budget: float | None) -> str:
+    d = ablation[ablation["dataset"] == dataset]
+    tokens, flops = d["tokens"].dropna().astype(float), d["train_flops"].dropna().astype(float)
+    widths = sorted({int(w) for w in d["d_model"].dropna()})
+    def span(lo: float, hi: float, fmt: str) -> str:
+        a, b = format(lo, fmt), format(hi, fmt)
+        return a if a == b else f"{a} to {b}"
+
+    text = (f"Each final run trained on {span(tokens.min(), tokens.max(), ',.0f')} tokens "
+            f"({span(flops.min(), flops.max(), '.3g')} training FLOPs")
+    text += f" of a {budget:.3g} budget)" if budget else ")"
+    text += (f" at d_model {_names([str(w) for w in widths])}. Every conclusion holds for "
+             "models of this size trained this long; it need not hold at another scale.")
+    return text
+
+
+def _between_references(summary: pd.DataFrame, references: pd.DataFrame,
+                        dataset: str) -> list[str]:
+    """Where each variant's test loss sits among the n-gram references of ``dataset``."""
+    refs = references[(references["dataset"] == dataset)
+                      & (references["metric"] == "test_loss")]
+    losses = _mean(summary, dataset, "test_loss")
+    if refs.empty or losses.empty:
+        return []
+    refs = refs.sort_values("value", ascending=False)
+    named = ", ".join(f"{r.reference} {r.value:.3f}" for r in refs.itertuples())
+    best = refs.iloc[-1]
+    below = [v for v, x in losses.items() if x < best["value"]]
+    text = (f"Test loss against n-gram references of this data ({named} nats/char; "
+            f"{refs['detail'].iloc[0]}): the variants reach {losses.min():.3f} to "
+            f"{losses.max():.3f}. ")
+    if len(below) == len(losses):
+        margin = best["value"] - losses
+        step = refs["value"].iloc[-2] - best["value"] if len(refs) > 1 else math.nan
+        text += (f"All {len(losses)} are below the {best['reference']} reference, by "
+                 f"{margin.min():.3f} to {margin.max():.3f}")
+        text += (f" (the {best['reference']} is {step:.3f} below the "
+                 f"{refs['reference'].iloc[-2]})." if math.isfinite(step) else ".")
+    else:
+        above = [v for v in losses.index if v not in below]
+        text += (f"{len(below)} of {len(losses)} are below the {best['reference']} reference; "
+                 f"{_names(above)} are not: they have learned no more than "
+                 f"{best['reference']} statistics, and a difference among such models says "
+                 "little about the feature at a scale where it matters.")
+    return [text]
+
+
+def _answer_floors(summary: pd.DataFrame, references: pd.DataFrame, problems: pd.DataFrame,
+                   dataset: str) -> list[str]:
+    """Exact match and character accuracy against constant answers (arithmetic)."""
+    lines = []
+    for metric in ("exact_match", "char_accuracy"):
+        refs = references[(references["dataset"] == dataset) & (references["metric"] == metric)]
+        means = _mean(summary, dataset, metric)
+        if refs.empty or means.empty:
+            continue
+        top = refs.loc[refs["value"].idxmax()]
+        label = METRICS[metric][0]
+        floors = "; ".join(f"{r.reference} ({r.detail}) {r.value:.3f}"
+                           for r in refs.itertuples())
+        above = [v for v, x in means.items() if x > top["value"]]
+        text = (f"{label.capitalize()} against answers that ignore the question: {floors}. "
+                f"The variants score {means.min():.3f} to {means.max():.3f}; ")
+        if not above:
+            text += (f"none beats the {top['reference']}, so {label} shows no variant "
+                     "reading the question yet, and its comparisons say nothing about the "
+                     "features.")
+        else:
+            text += (f"{len(above)} of {len(means)} beat the {top['reference']} "
+                     f"({top['value']:.3f}).")
+        if metric == "exact_match":
+            p = problems[(problems["dataset"] == dataset) & (problems["metric"] == metric)]
+            if len(p):
+                total = int(p["total"].iloc[0])
+                solved = {BASELINE: int(p["baseline_count"].iloc[0]),
+                          **{str(r.variant): int(r.variant_count) for r in p.itertuples()}}
+                text += (" Problems solved, of " f"{total:,} (test problems x seeds): "
+                         + ", ".join(f"{v} {n:,}" for v, n in solved.items()) + ".")
+        lines.append(text)
+    return lines
+
+
+def _power(detectable: pd.DataFrame, dataset: str) -> list[str]:
+    d = detectable[detectable["dataset"] == dataset]
+    if d.empty:
+        return []
+    parts = []
+    for r in d.itertuples():
+        label, unit, _ = METRICS[r.metric]
+        if not math.isfinite(r.mde):
+            parts.append(f"{label}: not estimable (no variant with a spread to test)")
+            continue
+        parts.append(f"{label} {r.mde:.3g} {unit} ({r.mde_unadjusted:.3g} for one planned "
+                     f"comparison; SD of a paired difference {r.sd_diff:.3g})")
+    n = int(d["n_seeds"].max())
+    m = int(d["n_compared"].max())
+    return [f"With {n} seeds per variant, {m} variants compared at family-wise α = {ALPHA} "
+            f"(Holm) and {POWER:.0%} power, the smallest true difference to the baseline "
+            f"the study could detect is: {'; '.join(parts)}. A smaller effect is likely to "
+            "end as \"no significant difference\", which is not evidence that the variants "
+            "are equal."]
+
+
+def _tuning(variation: pd.DataFrame, comparisons: pd.DataFrame, dataset: str) -> list[str]:
+    v = variation[(variation["dataset"] == dataset) & (variation["metric"] == "test_loss")]
+    if v.empty:
+        return []
+    r = v.iloc[0]
+    bound = max(abs(r["ci95_low"]), abs(r["ci95_high"]), abs(r["mean_diff"]))
+    c = comparisons[(comparisons["dataset"] == dataset) & (comparisons["metric"] == "test_loss")]
+    within = [str(x.variant) for x in c.itertuples() if abs(x.mean_diff) <= bound]
+    text = (f"Tuning luck: the {r['variant']} tuned again with another sampler seed "
+            f"(lr {r['lr']:.3g} -> {r['replicate_lr']:.3g}, d_model {int(r['d_model'])} -> "
+            f"{int(r['replicate_d_model'])}) moved its test loss by {r['mean_diff']:+.4f} "
+            f"(95% CI [{r['ci95_low']:.4f}, {r['ci95_high']:.4f}]), so an effect up to about "
+            f"{bound:.3f} nats/char may owe as much to the tuner as to the feature. ")
+    text += (f"Test-loss effects of that size or less here: {_names(within)}." if within
+             else "Every variant's test-loss effect here is larger than that.")
+    return [text]
+
+
+def _flags(comparisons: pd.DataFrame, problems: pd.DataFrame, tuned: pd.DataFrame,
+           ablation: pd.DataFrame, dataset: str) -> list[str]:
+    lines = []
+    t = tuned[(tuned["dataset"] == dataset) & tuned["on_edge"].fillna("").astype(bool)]
+    if len(t):
+        lines.append("Tuned values on the edge of their search range (the optimum may lie "
+                     "outside it): " + "; ".join(f"{r.variant}: {r.on_edge}"
+                                                 for r in t.itertuples()) + ".")
+    same = comparisons[(comparisons["dataset"] == dataset)
+                       & (comparisons["verdict"] == VERDICT_IDENTICAL)]
+    if len(same):
+        lines.append("Differences identical on every seed (no spread, so no test and no "
+                     "verdict): " + "; ".join(
+                         f"{r.variant} in {METRICS[r.metric][0]} (Δ = {r.mean_diff:.3g})"
+                         for r in same.itertuples()) + ".")
+    d = ablation[ablation["dataset"] == dataset]
+    base_w = set(d.loc[d["variant"] == BASELINE, "d_model"].dropna().astype(int))
+    other = sorted({str(v) for v, w in zip(d["variant"], d["d_model"])
+                    if pd.notna(w) and int(w) not in base_w})
+    if other and base_w:
+        widths = {v: sorted(set(d.loc[d["variant"] == v, "d_model"].astype(int)))
+                  for v in other}
+        lines.append(f"Trained at another width than the baseline (d_model "
+                     f"{_names([str(w) for w in sorted(base_w)])}): " + "; ".join(
+                         f"{v} at {_names([str(w) for w in ws])}" for v, ws in widths.items())
+                     + ". Equal compute then means different parameter counts and steps, and "
+                     "the comparison mixes the feature with the width.")
+    elif base_w:
+        lines.append(f"Every variant trained at the baseline's width (d_model "
+                     f"{_names([str(w) for w in sorted(base_w)])}).")
+    called = comparisons[(comparisons["dataset"] == dataset)
+                         & comparisons["verdict"].isin([VERDICT_BETTER, VERDICT_WORSE])]
+    called_p = problems[(problems["dataset"] == dataset)
+                        & problems["verdict"].isin([VERDICT_BETTER, VERDICT_WORSE])]
+    verdicts = [f"{r.variant} {r.verdict} in {METRICS[r.metric][0]}" for r in called.itertuples()]
+    verdicts += [f"{r.variant} {r.verdict} in {METRICS[r.metric][0]} (per problem)"
+                 for r in called_p.itertuples()]
+    lines.append("What it can say: " + (_names(verdicts) + " than the baseline, each at "
+                                         f"family-wise α = {ALPHA} after Holm's correction."
+                                         if verdicts else
+                                         "no variant differs from the baseline beyond chance."))
+    return lines
+
+
+def limits_section(cfg_budgets: dict[str, float], ablation: pd.DataFrame,
+                   summary: pd.DataFrame, comparisons: pd.DataFrame,
+                   problems: pd.DataFrame, detectable: pd.DataFrame,
+                   references: pd.DataFrame, variation: pd.DataFrame | None,
+                   tuned: pd.DataFrame) -> list[str]:
+    """Markdown lines of the section, one bullet list per dataset of ``ablation``.
+
+    Args:
+        cfg_budgets: ``train.budget_flops`` (dataset -> FLOPs).
+        ablation, summary, comparisons, variation, tuned: the report's frames
+            (:mod:`lmablate.analysis.collect`, :mod:`lmablate.analysis.statistics`).
+        problems: :func:`~lmablate.analysis.statistics.compare_problems` (may be empty).
+        detectable: :func:`~lmablate.analysis.statistics.detectable_effects`.
+        references: columns ``dataset, reference, metric, value, detail`` (the report stage's
+            reference table; losses in nats/token, accuracies as fractions).
+    """
+    lines = [f"## {TITLE}", ""]
+    variation = variation if variation is not None else pd.DataFrame(
+        columns=["dataset", "metric"])
+    for ds in present(ablation["dataset"]):
+        bullets = [_training(ablation, ds, cfg_budgets.get(ds))]
+        bullets += _between_references(summary, references, ds)
+        bullets += _answer_floors(summary, references, problems, ds)
+        bullets += _power(detectable, ds)
+        bullets += _tuning(variation, comparisons, ds)
+        bullets += _flags(comparisons, problems, tuned, ablation, ds)
+        lines += [f"**{ds}**", "", *[f"- {b}" for b in bullets], ""]
+    return lines

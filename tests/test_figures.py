@@ -1,0 +1,358 @@
+"""Tests of lmablate.analysis.families (variant families and their colours) and of what the
+figures of lmablate.analysis.figures show: reference lines, the forest plot's intervals and
+labels, the tuning figure's axis, the palette argument.
+
+The figures are inspected, not just written: a fixture records the matplotlib Figure each
+``plot_*`` call draws (it wraps ``figures._figure``), and text and artist positions are
+measured on an Agg renderer. Frames are small and synthetic, written under ``tmp_path``.
+"""
+
+from __future__ import annotations
+
+import colorsys
+import itertools
+import math
+from contextlib import contextmanager
+
+import numpy as np
+import pandas as pd
+import pytest
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.colors import to_rgb
+
+from lmablate.analysis import figures, statistics
+from lmablate.analysis.families import FAMILIES, family_palette, variant_family
+
+# the variants of params.yaml (overrides of the baseline model config), in study order
+VARIANTS = {
+    "baseline": {},
+    "gelu": {"ffn": "gelu"},
+    "swiglu": {"ffn": "swiglu"},
+    "geglu": {"ffn": "geglu"},
+    "rmsnorm": {"norm": "rmsnorm"},
+    "post_norm": {"norm_placement": "post"},
+    "sinusoidal": {"position": "sinusoidal"},
+    "rope": {"position": "rope"},
+    "alibi": {"position": "alibi"},
+    "nope": {"position": "none"},
+    "gqa": {"n_kv_heads": 2},
+    "mqa": {"n_kv_heads": 1},
+    "llama": {"norm": "rmsnorm", "position": "rope", "ffn": "swiglu"},
+}
+EXPECTED_FAMILIES = {
+    "baseline": "baseline", "gelu": "FFN", "swiglu": "FFN", "geglu": "FFN",
+    "rmsnorm": "norm", "post_norm": "norm",
+    "sinusoidal": "position", "rope": "position", "alibi": "position", "nope": "position",
+    "gqa": "attention", "mqa": "attention", "llama": "combined",
+}
+ORDER = list(VARIANTS)
+REFERENCES = {"unigram (KN)": 3.30, "bigram (KN)": 2.48, "trigram (KN)": 2.20}
+DS = "shakespeare"
+
+
+@pytest.fixture
+def drawn(monkeypatch):
+    """The Figures drawn by ``plot_*`` calls in the test, in call order."""
+    figs = []
+    original = figures._figure
+
+    @contextmanager
+    def recording(*args, **kwargs):
+        with original(*args, **kwargs) as (fig, axes):
+            figs.append(fig)
+            yield fig, axes
+
+    monkeypatch.setattr(figures, "_figure", recording)
+    return figs
+
+
+def renderer_of(fig):
+    """An Agg renderer of ``fig`` after a full draw (constrained layout included)."""
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    return canvas.get_renderer()
+
+
+def drawn_extents(ax, renderer, pad_px=8.0):
+    """Display boxes of everything drawn in ``ax``'s data area: collections (interval lines,
+    markers; padded by ``pad_px`` for the marker size), patches (bars) and lines (caps)."""
+    boxes = []
+    for coll in ax.collections:
+        lim = coll.get_datalim(ax.transData)  # in data units; empty collections give inf
+        if np.isfinite(lim.get_points()).all():
+            boxes.append(lim.transformed(ax.transData).padded(pad_px))
+    boxes += [a.get_window_extent(renderer) for a in [*ax.patches, *ax.lines]]
+    return boxes
+
+
+def legend_texts(fig):
+    legends = [*fig.legends, *(ax.get_legend() for ax in fig.axes)]
+    return [t.get_text() for leg in legends if leg is not None for t in leg.get_texts()]
+
+
+def horizontal_lines(ax):
+    """The y values of ``ax``'s horizontal lines spanning the axes (axhline)."""
+    ys = []
+    for line in ax.lines:
+        x, y = np.asarray(line.get_xdata(), float), np.asarray(line.get_ydata(), float)
+        if len(y) == 2 and y[0] == y[1] and list(x) == [0.0, 1.0]:
+            ys.append(float(y[0]))
+    return ys
+
+
+def categorical(df):
+    df["variant"] = pd.Categorical(df["variant"], [v for v in ORDER if v in set(df["variant"])])
+    return df
+
+
+def ablation_frame(variants=ORDER, seeds=(0, 1, 2)):
+    """Test losses 1.95 .. 2.10 nats/token, a per-seed spread of 0.01."""
+    rows = [{"dataset": DS, "variant": v, "seed": s,
+             "test_loss": 1.95 + 0.15 * i / max(len(variants) - 1, 1) + 0.005 * s,
+             "n_params_non_embedding": 100_000 + 500 * i}
+            for i, v in enumerate(variants) for s in seeds]
+    return categorical(pd.DataFrame(rows))
+
+
+def history_frame(variants=ORDER):
+    """Validation curves from log(vocab) ~ 4.2 down to ~2.0."""
+    rows = [{"dataset": DS, "variant": v, "seed": s, "step": step,
+             "val_loss": 2.0 + 0.01 * i + (4.2 - 2.0) * math.exp(-step / 60)}
+            for i, v in enumerate(variants) for s in range(3) for step in range(0, 301, 50)]
+    return categorical(pd.DataFrame(rows))
+
+
+def comparison_row(variant, verdict, mean_diff, half_width, holm_half_width=None, p=0.01,
+                   n_pairs=3):
+    low, high = mean_diff - half_width, mean_diff + half_width
+    holm = half_width * 1.5 if holm_half_width is None else holm_half_width
+    return {"dataset": DS, "metric": "test_loss", "higher_is_better": False,
+            "baseline": "baseline", "variant": variant, "n_pairs": n_pairs,
+            "mean_diff": mean_diff, "ci95_low": low, "ci95_high": high,
+            "ci_holm_low": mean_diff - holm, "ci_holm_high": mean_diff + holm,
+            "p_value": p / 3, "p_holm": p, "reject_holm": p < statistics.ALPHA,
+            "verdict": verdict}
+
+
+def comparisons_frame(rows):
+    c = pd.DataFrame(rows).reindex(columns=statistics.COMPARISON_COLUMNS)
+    return categorical(c)
+
+
+# ---- families -------------------------------------------------------------------------------
+
+def test_variant_family_of_every_configured_variant():
+    assert {v: variant_family(o) for v, o in VARIANTS.items()} == EXPECTED_FAMILIES
+
+
+def test_variant_family_is_other_for_unknown_keys_and_combined_across_families():
+    assert variant_family({"dropout": 0.1}) == "other"
+    assert variant_family({"rope_base": 500_000}) == "position"
+    assert variant_family({"n_heads": 8, "n_kv_heads": 2}) == "attention"
+    assert variant_family({"ffn": "swiglu", "ffn_hidden": 256}) == "FFN"
+    assert variant_family({"ffn": "swiglu", "dropout": 0.1}) == "combined"
+    assert set(EXPECTED_FAMILIES.values()) <= set(FAMILIES)
+
+
+@pytest.fixture
+def palette():
+    return family_palette({v: variant_family(o) for v, o in VARIANTS.items()})
+
+
+def test_family_palette_gives_every_variant_a_clearly_distinct_colour_in_order(palette):
+    assert list(palette) == ORDER
+    for a, b in itertools.combinations(ORDER, 2):
+        distance = float(np.linalg.norm(np.subtract(palette[a], palette[b])))
+        assert distance > 0.2, (a, b, distance)  # RGB in [0, 1]: 0.2 is a visible step
+
+
+def _hue_distance(a, b):
+    d = abs(colorsys.rgb_to_hls(*a)[0] - colorsys.rgb_to_hls(*b)[0])
+    return min(d, 1 - d)  # hue is an angle: 0.99 is next to 0.01
+
+
+def test_family_palette_variants_of_a_family_are_closer_in_hue_than_to_other_families(palette):
+    by_family = {}
+    for v, f in EXPECTED_FAMILIES.items():
+        if f != "baseline":  # a grey has no hue
+            by_family.setdefault(f, []).append(palette[v])
+    for fam, other in itertools.permutations(by_family, 2):
+        within = max((_hue_distance(a, b) for a, b in itertools.combinations(by_family[fam], 2)),
+                     default=0.0)
+        between = min(_hue_distance(a, b) for a in by_family[fam] for b in by_family[other])
+        assert within < between, (fam, other, within, between)
+
+
+def test_family_palette_baseline_is_darkest_and_no_shade_is_near_white(palette):
+    lightness = {v: colorsys.rgb_to_hls(*c)[1] for v, c in palette.items()}
+    assert min(lightness, key=lightness.get) == "baseline"
+    assert lightness["baseline"] < 0.15
+    assert max(lightness.values()) < 0.8  # the pale end of a colour map vanishes on white
+
+
+def test_family_palette_rejects_an_unknown_family():
+    with pytest.raises(ValueError, match="unknown families"):
+        family_palette({"x": "attn"})
+
+
+# ---- palette argument -----------------------------------------------------------------------
+
+def _legend_colours(ax):
+    leg = ax.get_legend()
+    return {t.get_text(): to_rgb(h.get_color()) for t, h in zip(leg.get_texts(),
+                                                                  leg.legend_handles)
+            if hasattr(h, "get_color")}
+
+
+def test_val_loss_curves_use_the_given_palette_and_keep_the_study_order(drawn, tmp_path,
+                                                                         palette):
+    assert figures.plot_val_loss_curves(history_frame(), DS, tmp_path / "v.png",
+                                        palette=palette) == tmp_path / "v.png"
+    ax = drawn[0].axes[0]
+    colours = _legend_colours(ax)
+    assert [t for t in colours if t in VARIANTS] == ORDER
+    for v in ORDER:
+        assert np.allclose(colours[v], palette[v]), v
+
+
+def test_params_vs_loss_uses_the_given_palette(drawn, tmp_path, palette):
+    figures.plot_params_vs_loss(ablation_frame(), DS, tmp_path / "p.png", palette=palette)
+    colours = _legend_colours(drawn[0].axes[0])
+    for v in ORDER:
+        assert np.allclose(colours[v], palette[v]), v
+
+
+def test_a_palette_without_a_variant_is_an_error_naming_it(tmp_path, palette):
+    partial = {v: c for v, c in palette.items() if v != "rope"}
+    with pytest.raises(ValueError, match="rope"):
+        figures.plot_val_loss_curves(history_frame(), DS, tmp_path / "v.png", palette=partial)
+
+
+# ---- reference lines ------------------------------------------------------------------------
+
+def test_val_loss_curves_draw_a_labelled_line_at_every_reference(drawn, tmp_path):
+    figures.plot_val_loss_curves(history_frame(), DS, tmp_path / "v.png", references=REFERENCES)
+    ax = drawn[0].axes[0]
+    assert sorted(horizontal_lines(ax)) == sorted(REFERENCES.values())
+    texts = legend_texts(drawn[0])
+    for name, value in REFERENCES.items():
+        assert f"{name}: {value:.3f}" in texts
+
+
+def test_test_loss_draws_a_near_reference_and_names_a_far_one_off_the_axis(drawn, tmp_path):
+    refs = {"unigram (KN)": 3.30, "trigram (KN)": 2.20, "floor": 0.50}
+    figures.plot_test_loss(ablation_frame(), DS, tmp_path / "t.png", references=refs)
+    fig = drawn[0]
+    ax = fig.axes[0]
+    lines = horizontal_lines(ax)
+    assert 2.20 in lines
+    assert 3.30 not in lines and 0.50 not in lines
+    texts = legend_texts(fig)
+    assert "trigram (KN): 2.200" in texts
+    assert "unigram (KN): 3.300 (off the axis, above)" in texts
+    assert "floor: 0.500 (off the axis, below)" in texts
+    renderer_of(fig)
+    low, high = ax.get_ylim()
+    assert high < 3.30 and low > 0.50  # the far references do not stretch the axis
+    assert high - low < 1.0  # and the variants' 0.15-nat spread stays readable
+
+
+def test_test_loss_without_references_draws_only_the_baseline_mean(drawn, tmp_path):
+    figures.plot_test_loss(ablation_frame(), DS, tmp_path / "t.png")
+    assert len(horizontal_lines(drawn[0].axes[0])) == 1
+
+
+# ---- forest plot ----------------------------------------------------------------------------
+
+def wide_forest_frame():
+    """12 variants, the later ones with intervals reaching the right edge of the data."""
+    verdicts = [statistics.VERDICT_BETTER, statistics.VERDICT_WORSE, statistics.VERDICT_NSD]
+    rows = [comparison_row(v, verdicts[i % 3], mean_diff=-0.05 + 0.02 * i,
+                           half_width=0.01 + 0.02 * i, p=0.001 * (i + 1))
+            for i, v in enumerate(ORDER[1:])]
+    return comparisons_frame(rows)
+
+
+def test_forest_labels_lie_right_of_the_data_area_clear_of_markers_intervals_and_legend(
+        drawn, tmp_path):
+    c = wide_forest_frame()
+    assert figures.plot_forest(c, DS, tmp_path / "f.png") == tmp_path / "f.png"
+    fig = drawn[0]
+    ax = fig.axes[0]
+    renderer = renderer_of(fig)
+    notes = ax.texts
+    assert len(notes) == len(c)
+    data_area = ax.get_window_extent(renderer)
+    drawn_data = drawn_extents(ax, renderer)
+    assert len(drawn_data) > 2 * len(c)  # the intervals and markers were found
+    legend = fig.legends[0].get_window_extent(renderer)
+    for note in notes:
+        box = note.get_window_extent(renderer)
+        assert not box.overlaps(data_area), note.get_text()
+        assert not any(box.overlaps(d) for d in drawn_data), note.get_text()
+        assert not box.overlaps(legend), note.get_text()
+        # and not cut off by the figure's edge
+        assert fig.bbox.x0 <= box.x0 and box.x1 <= fig.bbox.x1, note.get_text()
+        assert fig.bbox.y0 <= box.y0 and box.y1 <= fig.bbox.y1, note.get_text()
+    # the labels are in the variants' rows, one per row, in order
+    ys = [note.xy[1] for note in notes]
+    assert ys == list(range(len(c)))
+    assert notes[0].get_text() == "p_Holm=0.001 *"
+
+
+def test_forest_draws_the_raw_interval_and_the_holm_interval_and_names_both(drawn, tmp_path):
+    row = comparison_row("gelu", statistics.VERDICT_BETTER, mean_diff=-0.1, half_width=0.02,
+                         holm_half_width=0.04, p=0.004)
+    figures.plot_forest(comparisons_frame([row]), DS, tmp_path / "f.png")
+    fig = drawn[0]
+    ax = fig.axes[0]
+    bars = [(p.get_x(), p.get_x() + p.get_width()) for p in ax.patches]
+    assert np.allclose(bars, [(-0.14, -0.06)])  # the Holm interval, as a bar
+    segments = [s for coll in ax.collections if hasattr(coll, "get_segments")
+                for s in coll.get_segments()]
+    assert any(np.allclose(sorted(s[:, 0]), [-0.12, -0.08]) for s in segments)  # raw interval
+    texts = legend_texts(fig)
+    assert "95% t-interval (raw)" in texts and "Holm-adjusted interval" in texts
+    assert "Holm" in ax.get_title() and "95% t-interval" in ax.get_title()
+
+
+def test_forest_marks_a_difference_identical_on_every_seed(drawn, tmp_path):
+    rows = [comparison_row("gelu", statistics.VERDICT_NSD, -0.01, 0.02, p=0.6),
+            {**comparison_row("rmsnorm", statistics.VERDICT_IDENTICAL, 0.0, 0.0),
+             "p_value": np.nan, "p_holm": np.nan, "ci_holm_low": np.nan,
+             "ci_holm_high": np.nan, "reject_holm": False},
+            {**comparison_row("rope", statistics.VERDICT_FEW, 0.03, np.nan, n_pairs=2),
+             "p_holm": np.nan}]
+    figures.plot_forest(comparisons_frame(rows), DS, tmp_path / "f.png")
+    fig = drawn[0]
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.texts] == [
+        "p_Holm=0.6", statistics.VERDICT_IDENTICAL, "n=2: no test"]
+    marker_colours = [to_rgb(c) for coll in ax.collections if hasattr(coll, "get_offsets")
+                      and len(coll.get_offsets()) == 3 for c in coll.get_facecolors()]
+    assert np.allclose(marker_colours[1],
+                       to_rgb(figures.VERDICT_COLORS[statistics.VERDICT_IDENTICAL]))
+    assert statistics.VERDICT_IDENTICAL in legend_texts(fig)
+
+
+def test_forest_draws_comparisons_without_holm_interval_columns(drawn, tmp_path):
+    row = comparison_row("gelu", statistics.VERDICT_BETTER, -0.1, 0.02, p=0.004)
+    old = comparisons_frame([row]).drop(columns=["ci_holm_low", "ci_holm_high"])
+    assert figures.plot_forest(old, DS, tmp_path / "f.png") == tmp_path / "f.png"
+    assert len(drawn[0].axes[0].patches) == 0  # no Holm bar to draw
+
+
+# ---- tuning ---------------------------------------------------------------------------------
+
+def test_tuning_y_label_says_the_value_is_the_last_report_and_pruned_ones_at_pruning(
+        drawn, tmp_path):
+    trials = categorical(pd.DataFrame({
+        "dataset": DS, "variant": ["baseline"] * 4 + ["gelu"] * 4,
+        "params_lr": [3e-4, 1e-3, 3e-3, 8e-3] * 2, "value": [2.6, 2.4, 2.9, 3.1] * 2,
+        "params_d_model": [32, 64, 64, 32] * 2,
+        "state": ["COMPLETE", "COMPLETE", "PRUNED", "FAIL"] * 2}))
+    figures.plot_tuning(trials, DS, tmp_path / "tune.png")
+    label = drawn[0].axes[0].get_ylabel()
+    assert "last report" in label and "nats/token" in label
+    assert "pruned" in label and "pruning" in label
+    assert "after" not in label  # not a fixed step count: pruned trials stop earlier
