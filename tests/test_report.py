@@ -17,6 +17,7 @@ import csv
 import dataclasses
 import json
 import math
+import re
 from pathlib import Path
 from typing import Sequence
 
@@ -354,6 +355,53 @@ def test_report_markdown(built):
     assert "not part of the configured study" in md and "shakespeare/old" in md
 
 
+def test_limits_section_is_written_from_the_report_tables(built):
+    cfg, out_dir, out = built
+    md = out["report"].read_text()
+    assert md.index("## What this study can and cannot say") < md.index("## Methodology")
+    section = md.split("## What this study can and cannot say")[1].split("## Methodology")[0]
+    parts = dict(zip(*[iter(re.split(r"\*\*(shakespeare|arithmetic)\*\*", section)[1:])] * 2))
+    assert set(parts) == {"shakespeare", "arithmetic"}
+    detectable = pd.read_csv(out["detectable_effects"])
+    for r in detectable.itertuples():  # the minimum detectable effects, as in the CSV
+        assert f"{r.mde:.3g} {statistics.METRICS[r.metric][1]}" in parts[r.dataset]
+        assert f"With {r.n_seeds} seeds per variant" in parts[r.dataset]
+    # the better/worse verdicts, and nothing else, are what the study can say
+    for ds in DATASETS:
+        called = [f"{v} {verdict} in {statistics.METRICS[m][0]}"
+                  for (d, m, v), verdict in EXPECTED_VERDICTS.items()
+                  if d == ds and verdict in ("better", "worse")]
+        listing = called[0] if len(called) == 1 else ", ".join(called[:-1]) + " and " + called[-1]
+        assert f"What it can say: {listing} than the baseline" in parts[ds]
+    assert "Every variant trained at the baseline's width (d_model 64)." in parts["shakespeare"]
+    assert "tokens (" in parts["shakespeare"] and "at d_model 64" in parts["shakespeare"]
+
+
+def test_limits_section_flags_edges_identical_seeds_and_other_widths(tmp_path):
+    write_runs(tmp_path / "runs")
+    run_dir = tmp_path / "runs" / "shakespeare" / "rmsnorm"
+    doc = json.loads((run_dir / "metrics.json").read_text())
+    base = json.loads((tmp_path / "runs/shakespeare/baseline/metrics.json").read_text())
+    for key, run in doc["runs"].items():  # 0.05 worse on every seed, at another width
+        run["test_loss"] = base["runs"][key]["test_loss"] + 0.05
+        run["d_model"] = 32
+    (run_dir / "metrics.json").write_text(json.dumps(doc))
+    (run_dir / "best.json").write_text(json.dumps(
+        {"lr": 0.03, "d_model": 32, "val_loss": 2.0, "on_edge": ["lr at upper bound"],
+         "n_trials": 6, "n_complete": 5, "n_pruned": 1}))
+    out = report.build_report(make_cfg(), tmp_path / "runs", tmp_path / "reports")
+    md = out["report"].read_text()
+    section = md.split("## What this study can and cannot say")[1].split("## Methodology")[0]
+    assert "rmsnorm: lr at upper bound" in section
+    assert "rmsnorm in test loss (Δ = 0.05)" in section and "identical on every seed" in section
+    assert "Trained at another width than the baseline (d_model 64): rmsnorm at 32" in section
+    tuned = pd.read_csv(out["tuned"])
+    assert tuned.to_dict("records") == [
+        {"dataset": "shakespeare", "variant": "rmsnorm", "lr": 0.03, "d_model": 32,
+         "val_loss": 2.0, "on_edge": "lr at upper bound", "n_trials": 6, "n_complete": 5,
+         "n_pruned": 1}]
+
+
 def test_attention_and_embedding_hooks(tmp_path):
     rng = np.random.default_rng(0)
     tokens = list("To be, or not\nto be")
@@ -574,8 +622,9 @@ def test_problem_by_problem_comparison_on_a_constructed_example_with_a_known_ans
     assert (em["baseline_count"], em["variant_count"], em["total"]) == (20, 60, 200)
     assert em["n_differing"] == 20 and em["mean_diff"] == pytest.approx(0.2)
     assert em["verdict"] == statistics.VERDICT_BETTER
-    # 2**20 sign flips are too many to enumerate: drawn, p is (hits + 1) / (resamples + 1)
-    assert em["p_value"] == pytest.approx(1 / (statistics.PERMUTATION_RESAMPLES + 1))
+    # 2**20 sign flips are too many to enumerate: drawn; no draw is as extreme, and scipy's
+    # two-sided p is twice the one-sided (hits + 1) / (resamples + 1)
+    assert em["p_value"] == pytest.approx(2 / (statistics.PERMUTATION_RESAMPLES + 1))
     # with 10 differences, all positive, the flips are enumerated: p = 2 * 2**-10 exactly, the
     # exact McNemar (binomial) test on 10 discordant problems, none against the variant
     exact = statistics.compare_problems(

@@ -157,7 +157,7 @@ def _comparison_table(comparisons: pd.DataFrame, dataset: str) -> str:
             "CI of Δ (Holm-adjusted)": _interval(r, digits, "ci_holm"),
             "p (paired t)": _p(r["p_value"]),
             "p (Holm)": _p(r["p_holm"]),
-            "MDE": _num(r["mde"], digits),
+            "MDE (80% power)": _num(r["mde"], digits),
             "verdict": shown,
         })
     return _md_table(pd.DataFrame(rows))
