@@ -372,7 +372,8 @@ def test_limits_section_is_written_from_the_report_tables(built):
                   for (d, m, v), verdict in EXPECTED_VERDICTS.items()
                   if d == ds and verdict in ("better", "worse")]
         listing = called[0] if len(called) == 1 else ", ".join(called[:-1]) + " and " + called[-1]
-        assert f"What it can say: {listing} than the baseline" in parts[ds]
+        assert f"over training seeds (paired by seed, Holm at family-wise α = 0.05): {listing} " \
+               "than the baseline." in parts[ds]
     assert "Every variant trained at the baseline's width (d_model 64)." in parts["shakespeare"]
     assert "tokens (" in parts["shakespeare"] and "at d_model 64" in parts["shakespeare"]
 

@@ -198,7 +198,10 @@ def _problem_table(problems: pd.DataFrame, dataset: str) -> list[str]:
             "difference is averaged over seeds (a problem's seeds are not independent), tested "
             "with a sign-flip permutation test over problems (on one seed, McNemar's exact "
             "test) and Holm-corrected over the variants. The t-interval over problems is the "
-            "large-sample one; with few problems that differ, trust the test.", "",
+            "large-sample one; with few problems that differ, trust the test. The unit is the "
+            "problem and the models are these trained seeds: a verdict here generalises to "
+            "other problems, not to other training seeds, which the comparison above (paired "
+            "by seed) tests.", "",
             _md_table(pd.DataFrame(rows)), ""]
 
 
