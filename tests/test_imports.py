@@ -124,8 +124,15 @@ def test_stage_command_records_its_mlflow_run_and_exits(project, start_lmablate)
                                             (run_id,))}
     assert {k: tags[k] for k in ("dataset", "variant", "seed", "stage")} == {
         "dataset": "arithmetic", "variant": "baseline", "seed": "0", "stage": "train"}
-    assert params["lr"] == "0.001" and params["steps"] == "4"
+    assert params["peak_lr"] == "0.001" and params["steps"] == "4" and "lr" not in params
     assert {"train_loss", "val_loss", "lr", "train_seconds", "tokens_per_second"} <= metrics
+    with sqlite3.connect(project.path / "mlflow.db") as db:
+        steps = {key: [s for (s,) in db.execute(
+                     "select step from metrics where run_uuid=? and key=? order by step",
+                     (run_id, key))] for key in metrics}
+    # curves hold step-indexed values only: no summary point at step 0, none twice
+    assert steps["val_loss"] == sorted(set(steps["val_loss"])) and 0 not in steps["val_loss"]
+    assert steps["train_seconds"] == steps["tokens_per_second"] == [4]
     assert (Path(uri.removeprefix("file://")) / "checkpoint" / "checkpoint.pt").is_file()
 
     bad = start_lmablate(["train", "arithmetic", "mamba", "--tokens", "tokens", "--best",

@@ -182,6 +182,15 @@ def test_tuning_follows_the_protocol(project):
     study = optuna.load_study(study_name=best["study_name"],
                               storage=f"sqlite:///{tmp / 'protocol' / 'optuna.db'}")
     trials = study.get_trials()
+    # the storage alone says what the study tunes and what its objective is
+    assert study.metric_names == ["val_loss"]
+    assert study.user_attrs == {
+        "dataset": "arithmetic", "variant": "baseline",
+        "budget_flops": cfg.train.budget_flops["arithmetic"],
+        "trial_budget_fraction": cfg.tune.budget_fraction,
+        "lr_range": [cfg.tune.lr_low, cfg.tune.lr_high],
+        "d_model_choices": list(cfg.tune.d_model_choices),
+        "sampler_seed": cfg.tune.sampler_seed}
     assert [t.user_attrs[tuning.SLOT] for t in trials] == list(range(cfg.tune.n_trials))
     assert best["n_trials"] == cfg.tune.n_trials
     assert best["n_complete"] >= cfg.tune.n_startup_trials

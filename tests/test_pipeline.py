@@ -65,8 +65,10 @@ def test_a_second_study_from_scratch_gives_the_same_bytes_at_another_worker_coun
     results = sorted(p.relative_to(study) for pattern in (
         "runs/*/*/best.json", "runs/*/*/metrics.json", "runs/*/baseline/replicate_1/best.json",
         "runs/*/baseline/replicate_1/metrics.json") for p in study.glob(pattern))
-    results += [Path("reports/comparisons.csv"), Path("reports/tuning_variation.csv")]
-    assert len(results) == 2 * 2 * len(VARIANTS) + 2 * 2 + 2
+    results += [Path("reports") / name for name in (
+        "comparisons.csv", "tuning_variation.csv", "problem_comparisons.csv",
+        "detectable_effects.csv", "references.csv", "tuned.csv")]
+    assert len(results) == 2 * 2 * len(VARIANTS) + 2 * 2 + 6
     for path in results:
         assert (again / path).read_bytes() == (study / path).read_bytes(), path
 

@@ -403,6 +403,21 @@ def test_limits_section_flags_edges_identical_seeds_and_other_widths(tmp_path):
          "n_pruned": 1}]
 
 
+def test_the_report_stage_ends_with_the_report_path_and_the_mlflow_ui_command(monkeypatch):
+    paths = {"report": Path("reports/report.md"), "figures": [Path("a.png"), Path("b.png")]}
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    cfg = make_cfg()
+    assert report.where_to_look(cfg, paths).splitlines() == [
+        "report: reports/report.md (2 figures, tables next to it)",
+        "MLflow UI: mlflow ui --backend-store-uri sqlite:///mlflow.db  "
+        "(then http://127.0.0.1:5000, experiment 'lmablate')"]
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://10.0.0.5:5000")
+    assert report.where_to_look(cfg, paths).splitlines()[1] == (
+        "MLflow UI: http://10.0.0.5:5000 (experiment 'lmablate')")
+    off = dataclasses.replace(cfg, tracking=dataclasses.replace(cfg.tracking, enabled=False))
+    assert len(report.where_to_look(off, paths).splitlines()) == 1
+
+
 def test_attention_and_embedding_hooks(tmp_path):
     rng = np.random.default_rng(0)
     tokens = list("To be, or not\nto be")

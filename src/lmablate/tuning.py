@@ -36,6 +36,11 @@ import optuna
 from optuna.distributions import CategoricalDistribution, FloatDistribution
 from optuna.trial import FrozenTrial, TrialState
 
+# Optuna's INFO lines contradict each other here: every tune stage printed "A new study
+# created" and then, as its trial workers opened the same study, "Using an existing study".
+# Warnings still show; the stage prints its own summary.
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
 from .checkpoint import RUN_MODULES, code_version
 from .config import StudyConfig, TrainConfig, TuneConfig
 from .fingerprint import fingerprint
@@ -149,6 +154,24 @@ def load_study(storage: optuna.storages.BaseStorage, name: str) -> optuna.Study:
     return optuna.create_study(study_name=name, storage=storage, load_if_exists=True,
                                direction="minimize",
                                sampler=optuna.samplers.RandomSampler(seed=0))
+
+
+def describe_study(study: optuna.Study, dataset: str, variant: str, budget_flops: float,
+                   tune: TuneConfig, sampler_seed: int) -> None:
+    """Name the objective (``val_loss``, nats/token) and record what the study tunes as its
+    user attributes: dataset, variant, the dataset's budget (FLOPs), each trial's share of it,
+    the search ranges and the sampler seed, so that the storage alone (optuna-dashboard, a
+    PostgreSQL shared by workers) says what a study is. Setting them again writes the same
+    values; nothing here changes a trial."""
+    with warnings.catch_warnings():  # set_metric_names is marked experimental
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        study.set_metric_names(["val_loss"])
+    for key, value in {"dataset": dataset, "variant": variant, "budget_flops": budget_flops,
+                       "trial_budget_fraction": tune.budget_fraction,
+                       "lr_range": [tune.lr_low, tune.lr_high],
+                       "d_model_choices": list(tune.d_model_choices),
+                       "sampler_seed": sampler_seed}.items():
+        study.set_user_attr(key, value)
 
 
 def slot_results(study: optuna.Study) -> dict[int, FrozenTrial]:

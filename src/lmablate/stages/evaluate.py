@@ -74,7 +74,9 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, raw_dir:
             examples = text_samples(model, tok, cfg.evaluate.n_samples,
                                     cfg.evaluate.sample_tokens, cfg.evaluate.temperature, seed,
                                     device)
-        flat = {k: v for k, v in metrics.items() if isinstance(v, float)}
+        # only what evaluation measured (the training summary is in the run already), at the
+        # run's last step: a value without a step would be a point at step 0 of its curve
+        flat = {k: v for k, v in metrics.items() if isinstance(v, float) and k not in summary}
         for op, s in metrics.get("per_op", {}).items():
             flat.update({f"{k}_{op}": v for k, v in s.items()})
         tags = {"dataset": dataset, "variant": variant, "seed": seed, "stage": "final",
@@ -83,7 +85,7 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, raw_dir:
                          + (f"-r{replicate}" if replicate else ""), tags,
                          run_id=summary.get("mlflow_run_id")):
             tracker.set_tags(tags)
-            tracker.log_metrics(flat)
+            tracker.log_metrics(flat, step=summary["steps"])
         return metrics, examples
 
     # Seeds in threads of this process (evaluation draws no global random numbers).

@@ -312,6 +312,22 @@ def run(cfg: StudyConfig, runs_dir: Path, tokens_dir: Path, out_dir: Path,
     return result
 
 
+def where_to_look(cfg: StudyConfig, paths: dict) -> str:
+    """The lines the report stage ends with: where the report is, and the command that opens
+    the MLflow UI on this study's runs (when tracking is on)."""
+    lines = [f"report: {paths['report']} ({len(paths['figures'])} figures, tables next to it)"]
+    if cfg.tracking.enabled:
+        uri = cfg.tracking.tracking_uri
+        if uri.startswith(("http://", "https://")):
+            lines.append(f"MLflow UI: {uri} (experiment {cfg.tracking.experiment!r})")
+        else:
+            lines.append(f"MLflow UI: mlflow ui --backend-store-uri {uri}  "
+                         f"(then http://127.0.0.1:5000, experiment {cfg.tracking.experiment!r})")
+    return "\n".join(lines)
+
+
 def main(cfg: StudyConfig, args: argparse.Namespace) -> None:
-    """``lmablate report --runs DIR --tokens DIR --out DIR``."""
-    run(cfg, args.runs, args.tokens, args.out, make_tracker(cfg.tracking))
+    """``lmablate report --runs DIR --tokens DIR --out DIR``; ends by printing
+    :func:`where_to_look`."""
+    paths = run(cfg, args.runs, args.tokens, args.out, make_tracker(cfg.tracking))
+    print(where_to_look(cfg, paths), flush=True)

@@ -76,7 +76,8 @@ def _run_name_tags(job: SeedJob) -> tuple[str, dict]:
 def _run_params(job: SeedJob, device) -> dict:
     """The params a seed's MLflow run records once, when it starts."""
     n_params, n_non_emb = count_params(job.model_cfg)
-    return {**job.model_cfg.to_dict(), "lr": job.lr, "steps": job.steps,
+    # peak_lr: the tuned peak of the schedule; the metric "lr" is the schedule's value per step
+    return {**job.model_cfg.to_dict(), "peak_lr": job.lr, "steps": job.steps,
             "batch_size": job.cfg.train.batch_size, "seed": job.seed, "n_params": n_params,
             "n_params_non_embedding": n_non_emb, "flops_per_token": flops_per_token(job.model_cfg),
             "device": device.type}
@@ -97,8 +98,10 @@ def _finish(job: SeedJob, fp: str, result: TrainResult, tracker: NullTracker,
                "train_seconds": result.train_seconds,
                "tokens_per_second": result.tokens_per_second,
                "device": device.type, "mlflow_run_id": run_id}
-    tracker.log_metrics({k: summary[k] for k in ("val_loss", "train_seconds",
-                                                 "tokens_per_second")})
+    # at the last step, not at step 0: val_loss is in the history there already, and a value
+    # logged without a step would add a point at 0 to every curve
+    tracker.log_metrics({k: summary[k] for k in ("train_seconds", "tokens_per_second")},
+                        step=job.steps)
     save_checkpoint(job.seed_dir / "checkpoint.pt", result.model, result.optimizer,
                     job.model_cfg, step=job.steps,
                     meta={"dataset": job.dataset, "variant": job.variant, "seed": job.seed})

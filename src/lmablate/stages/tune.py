@@ -29,7 +29,7 @@ from ..tokens import TokenData
 from ..tracking import NullTracker, make_tracker
 from ..training import DivergenceError, train_model
 from ..tuning import (DIVERGED, OUTCOME, SLOT, Heartbeat, batch_of, claim, earlier_trials,
-                      load_study, make_pruner, make_storage, on_edge, propose, should_prune,
+                      describe_study, load_study, make_pruner, make_storage, on_edge, propose, should_prune,
                       slot_results, study_name, trial_train_config)
 from ..variants import preflight, resolve_model_config
 
@@ -106,7 +106,7 @@ def _train_trial(job: TuneJob, study: optuna.Study, trial: optuna.Trial, data: T
     tags = {"dataset": job.dataset, "variant": job.variant, "stage": "tune",
             "optuna_study": study.study_name, "trial": slot}
     with tracker.run(f"trial-{slot}", tags, parent_run_id=job.parent_run_id):
-        tracker.log_params({"lr": lr, "d_model": d_model, "trial": slot, "steps": steps})
+        tracker.log_params({"peak_lr": lr, "d_model": d_model, "trial": slot, "steps": steps})
         trial.set_user_attr("steps", steps)
         trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
         try:
@@ -204,6 +204,8 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, best_pat
     storage = make_storage(tune.storage_url, tune.heartbeat_seconds)
     name = study_name(cfg, dataset, variant, data.fingerprint(), sampler_seed)
     study = load_study(storage, name)
+    describe_study(study, dataset, variant, cfg.train.budget_flops[dataset], tune,
+                   sampler_seed)
     tags = {"dataset": dataset, "variant": variant, "stage": "tune", "optuna_study": name,
             "replicate": replicate}
     with tracker.run(f"tune-{dataset}-{variant}" + (f"-r{replicate}" if replicate else ""),
