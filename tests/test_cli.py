@@ -2,6 +2,7 @@
 and no output written. Stage functions on tiny real data: tune -> train -> evaluate."""
 
 import json
+import re
 
 import pytest
 
@@ -18,19 +19,34 @@ def tune_args(variant="baseline"):
             "--trials", "out/trials.csv"]
 
 
-def test_stages_run_on_tiny_data(project):
+def last_line(capsys) -> str:
+    return capsys.readouterr().out.strip().splitlines()[-1]
+
+
+def test_stages_run_on_tiny_data_and_each_ends_with_one_summary_line(project, capsys):
     assert cli.main(tune_args("rope")) == 0
     best = json.loads((project.path / "out" / "best.json").read_text())
     assert best["d_model"] == 16 and 0 < best["lr"] and best["n_trials"] == 2
+    assert re.fullmatch(
+        rf"lmablate tune arithmetic rope: done in \d+\.\d s; 2 trials \(2 complete, 0 pruned, "
+        rf"0 diverged\); best val_loss {best['val_loss']:.4f} at lr {best['lr']:.3g}, "
+        rf"d_model 16( \(.*\))?", last_line(capsys))
     assert cli.main(["train", "arithmetic", "rope", "--tokens", "tokens", "--best", "out/best.json",
                      "--checkpoints", "out/ck", "--history", "out/history.csv",
                      "--grad-stats", "out/grad.csv"]) == 0
     header = (project.path / "out" / "history.csv").read_text().splitlines()[0]
     assert header == "seed,step,tokens,train_loss,val_loss,lr,elapsed_seconds"
+    assert re.fullmatch(r"lmablate train arithmetic rope: done in \d+\.\d s; 1 seeds x \d+ steps "
+                        r"at d_model 16, lr \S+; final val_loss \d\.\d{4} to \d\.\d{4}",
+                        last_line(capsys))
     assert cli.main(["evaluate", "arithmetic", "rope", "--tokens", "tokens", "--raw", "raw",
                      "--checkpoints", "out/ck", "--metrics", "out/metrics.json",
                      "--examples", "out/examples.json"]) == 0
     run = json.loads((project.path / "out" / "metrics.json").read_text())["runs"]["seed_0"]
+    assert re.fullmatch(
+        rf"lmablate evaluate arithmetic rope: done in \d+\.\d s; 1 seeds; test_loss "
+        rf"{run['test_loss']:.4f} to {run['test_loss']:.4f}, exact match "
+        rf"{run['exact_match']:.3f} to {run['exact_match']:.3f}", last_line(capsys))
     assert set(run["per_op"]) == {"add", "sub", "mul", "div"}
     assert run["bits_per_char"] == pytest.approx(run["test_loss"] / 0.6931471805599453)
     # a resumed tune with the same settings finds its finished study and runs no new trial

@@ -24,12 +24,12 @@ import numpy as np
 import torch
 from torch.func import functional_call, stack_module_state, vmap
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from tqdm.auto import tqdm
 
 from .checkpoint import load_resume, save_resume
 from .config import ModelConfig, TrainConfig
 from .device import autocast
 from .model import GLOBAL_RNG_LOCK, GPT
+from .progress import progress
 from .tokens import TokenData, get_batch
 from .tracking import NullTracker
 from .training import (VAL_BATCH_SEED, DivergenceError, TrainResult, decayed_parameter_names,
@@ -222,8 +222,7 @@ def _train_group(model_cfg: ModelConfig, cfg: TrainConfig, data: TokenData, *, s
                     p.copy_(params[name][s])
 
     running: list[list[float]] = [[] for _ in seeds]
-    bar = tqdm(range(first, steps + 1), desc=desc, mininterval=2.0, leave=False,
-               initial=first - 1, total=steps)
+    bar = progress(range(first, steps + 1), desc=desc, initial=first - 1, total=steps)
     for step in bar:
         t0 = time.perf_counter()
         xs, ys = zip(*(get_batch(data.train, B, T, g, device) for g in g_train))

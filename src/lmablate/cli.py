@@ -19,6 +19,7 @@ import gc
 import importlib
 import os
 import sys
+import time
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -150,7 +151,16 @@ def main(argv: list[str] | None = None) -> int:
         if stage.tracks and cfg.tracking.enabled and argv is None:
             from .tracking import start_sidecar
             start_sidecar(cfg.tracking)
-        import_stage(stage.module).main(cfg, args)
+        start = time.perf_counter()
+        summary = import_stage(stage.module).main(cfg, args)
+        # one line per stage, what it did and how long it took: bars are erased when done
+        what = " ".join(str(getattr(args, k)) for k in ("dataset", "variant")
+                        if getattr(args, k, None))
+        if getattr(args, "replicate", 0):
+            what += f" (replicate {args.replicate})"
+        print(f"lmablate {args.command}{' ' + what if what else ''}: done in "
+              f"{time.perf_counter() - start:.1f} s" + (f"; {summary}" if summary else ""),
+              flush=True)
     except (ConfigError, ValueError, FileNotFoundError, RuntimeError) as exc:
         print(f"lmablate: error: {exc}", file=sys.stderr)
         status = 2

@@ -21,6 +21,7 @@ import torch
 from .arithmetic import OP_NAMES, problem_op, split_problem
 from .device import autocast
 from .parallel import map_jobs
+from .progress import progress
 from .tokenizer import CharTokenizer
 
 
@@ -48,12 +49,14 @@ def test_loss(model, tokens: np.ndarray, batch_size: int, max_batches: int,
 
 
 def arithmetic_predictions(model, tok: CharTokenizer, problems: list[str], batch_size: int,
-                           device: torch.device, workers: int = 1) -> list[str]:
+                           device: torch.device, workers: int = 1,
+                           desc: str = "decoding") -> list[str]:
     """Greedy, batched, KV-cached completions of each problem's prompt (see module doc).
 
     Batches of ``batch_size`` problems are decoded ``workers`` at a time in threads (on a CPU;
     each batch is independent, so the predictions do not depend on ``workers``).
-    Returns one predicted answer string per problem, as long as its target.
+    Returns one predicted answer string per problem, as long as its target. With one worker
+    a progress bar named ``desc`` counts the batches (:func:`lmablate.progress.progress`).
 
     Raises:
         DataError: a problem not in the format of :mod:`lmablate.arithmetic` (which gives every
@@ -77,7 +80,7 @@ def arithmetic_predictions(model, tok: CharTokenizer, problems: list[str], batch
     starts = range(0, len(prompts), batch_size)
     workers = min(workers, len(starts)) if device.type == "cpu" else 1
     if workers == 1:  # e.g. inside the evaluate stage's seed threads: leave torch's threads be
-        batches = [decode(start) for start in starts]
+        batches = [decode(start) for start in progress(starts, desc=desc, total=len(starts))]
     else:
         batches = map_jobs(decode, starts, workers)
     return [pred for batch in batches for pred in batch]

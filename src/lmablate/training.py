@@ -19,12 +19,12 @@ from typing import Callable
 import numpy as np
 import torch
 from torch.optim import optimizer as torch_optimizer
-from tqdm.auto import tqdm
 
 from .checkpoint import load_resume, save_resume
 from .config import ModelConfig, TrainConfig
 from .device import autocast
 from .model import GLOBAL_RNG_LOCK, GPT
+from .progress import progress
 from .tokens import TokenData, get_batch
 from .tracking import NullTracker
 
@@ -244,8 +244,7 @@ def train_model(model_cfg: ModelConfig, cfg: TrainConfig, data: TokenData, *, se
         result.history, train_time, first = state["history"], state["train_time"], state["step"] + 1
     start = time.perf_counter() - (result.history[-1]["elapsed_seconds"] if result.history else 0)
 
-    bar = tqdm(range(first, steps + 1), desc=desc, mininterval=2.0, leave=False,
-               initial=first - 1, total=steps)
+    bar = progress(range(first, steps + 1), desc=desc, initial=first - 1, total=steps)
     for step in bar:
         t0 = time.perf_counter()
         x, y = get_batch(data.train, B, T, g_train, device)

@@ -65,7 +65,8 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, raw_dir:
         metrics = {**reproducible, "test_loss": loss, "perplexity": math.exp(loss),
                    "bits_per_char": loss / math.log(2)}
         if ds.kind == "arithmetic":
-            preds = arithmetic_predictions(model, tok, problems, cfg.evaluate.batch_size, device)
+            preds = arithmetic_predictions(model, tok, problems, cfg.evaluate.batch_size, device,
+                                           desc=f"{dataset}/{variant}/seed {seed}: decoding")
             metrics.update(arithmetic_scores(problems, preds))
             # every problem, in test.txt's order: the report pairs variants problem by problem
             examples = [{"prompt": split_problem(p)[0], "target": split_problem(p)[1],
@@ -100,9 +101,16 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, raw_dir:
     return result
 
 
-def main(cfg: StudyConfig, args: argparse.Namespace) -> None:
+def main(cfg: StudyConfig, args: argparse.Namespace) -> str:
     """``lmablate evaluate <dataset> <variant> --tokens DIR --raw DIR --checkpoints DIR
     --metrics FILE --examples FILE [--replicate N]``."""
     cfg.check_variant(args.variant)
-    run(cfg, args.dataset, args.variant, args.tokens, args.raw, args.checkpoints, args.metrics,
-        args.examples, make_tracker(cfg.tracking), replicate=getattr(args, "replicate", 0))
+    runs = run(cfg, args.dataset, args.variant, args.tokens, args.raw, args.checkpoints,
+               args.metrics, args.examples, make_tracker(cfg.tracking),
+               replicate=getattr(args, "replicate", 0))["runs"].values()
+    line = (f"{len(runs)} seeds; test_loss {min(r['test_loss'] for r in runs):.4f} to "
+            f"{max(r['test_loss'] for r in runs):.4f}")
+    if all("exact_match" in r for r in runs):
+        line += (f", exact match {min(r['exact_match'] for r in runs):.3f} to "
+                 f"{max(r['exact_match'] for r in runs):.3f}")
+    return line

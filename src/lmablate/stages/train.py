@@ -248,9 +248,13 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, best_pat
     return {f"seed_{r['summary']['seed']}": r["summary"] for r in results}
 
 
-def main(cfg: StudyConfig, args: argparse.Namespace) -> None:
+def main(cfg: StudyConfig, args: argparse.Namespace) -> str:
     """``lmablate train <dataset> <variant> --tokens DIR --best FILE --checkpoints DIR
     --history FILE --grad-stats FILE [--replicate N]``."""
     cfg.check_variant(args.variant)
-    run(cfg, args.dataset, args.variant, args.tokens, args.best, args.checkpoints, args.history,
-        args.grad_stats, replicate=getattr(args, "replicate", 0))
+    runs = run(cfg, args.dataset, args.variant, args.tokens, args.best, args.checkpoints,
+               args.history, args.grad_stats, replicate=getattr(args, "replicate", 0))
+    losses = [r["val_loss"] for r in runs.values()]
+    first = next(iter(runs.values()))
+    return (f"{len(runs)} seeds x {first['steps']:,} steps at d_model {first['d_model']}, "
+            f"lr {first['lr']:.3g}; final val_loss {min(losses):.4f} to {max(losses):.4f}")

@@ -251,9 +251,13 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, best_pat
     return result
 
 
-def main(cfg: StudyConfig, args: argparse.Namespace) -> None:
+def main(cfg: StudyConfig, args: argparse.Namespace) -> str:
     """``lmablate tune <dataset> <variant> --tokens DIR --best FILE --trials FILE
     [--replicate N]``."""
     cfg.check_variant(args.variant)
-    run(cfg, args.dataset, args.variant, args.tokens, args.best, args.trials,
-        make_tracker(cfg.tracking), replicate=getattr(args, "replicate", 0))
+    r = run(cfg, args.dataset, args.variant, args.tokens, args.best, args.trials,
+            make_tracker(cfg.tracking), replicate=getattr(args, "replicate", 0))
+    return (f"{r['n_trials']} trials ({r['n_complete']} complete, {r['n_pruned']} pruned, "
+            f"{r['n_diverged']} diverged); best val_loss {r['val_loss']:.4f} at lr "
+            f"{r['lr']:.3g}, d_model {r['d_model']}"
+            + (f" ({'; '.join(r['on_edge'])})" if r["on_edge"] else ""))

@@ -1,0 +1,47 @@
+"""Progress bars: tqdm on a terminal, plain lines with no control codes in a log."""
+
+from __future__ import annotations
+
+import io
+import re
+
+from lmablate import progress as P
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_plain_lines_drop_escape_codes_and_turn_each_refresh_into_a_line():
+    out = io.StringIO()
+    P.PlainLines(out).write("\r  a: 10%|#\x1b[A\r  a: 20%|##\n\x1b[2K\n")
+    assert out.getvalue() == "  a: 10%|#\n  a: 20%|##\n"
+
+
+def test_a_log_gets_no_line_for_a_short_step():
+    out = io.StringIO()
+    for _ in P.progress(range(50), desc="trial 3", stream=out):
+        pass
+    assert out.getvalue() == ""  # shorter than LOG_INTERVAL: the stage summary says it
+
+
+def test_a_log_gets_plain_progress_lines_with_rate_and_eta_for_a_long_step(monkeypatch):
+    monkeypatch.setattr(P, "LOG_INTERVAL", 0.0)  # every step is "long" and refreshes
+    out = io.StringIO()
+    for _ in P.progress(range(5, 20), desc="seed 0", total=20, initial=5, stream=out):
+        pass
+    text = out.getvalue()
+    assert "\r" not in text and "\x1b" not in text
+    lines = text.splitlines()
+    assert len(lines) >= 2 and all(line.startswith("seed 0:") for line in lines)
+    assert "20/20" in lines[-1]  # it ends with a line saying it finished
+    assert re.search(r"<\d\d:\d\d", lines[1]) and "it/s" in lines[-1]  # ETA and rate
+
+
+def test_on_a_terminal_the_bar_refreshes_often_and_is_erased_when_done():
+    term = Terminal()
+    bar = P.progress(range(3), desc="trial 1", stream=term)
+    assert bar.mininterval == P.TERMINAL_INTERVAL <= 0.5 and not bar.leave
+    list(bar)
+    assert "\r" in term.getvalue()  # a live bar, redrawn in place
