@@ -22,6 +22,7 @@ first-seed checkpoints and the tokenized test splits, for the model figures) and
   n-gram cross-entropies of the test split, and constant answers to the arithmetic problems.
 * ``tuned.csv`` what tuning chose per dataset x variant, with its range-edge flags
   (:data:`~lmablate.analysis.collect.TUNED_COLUMNS`).
+* ``metrics/<dataset>/<variant>.json`` the study-level DVC metrics (:func:`study_metrics`).
 * ``tuning_variation.csv`` the re-tunings (``runs/<dataset>/<variant>/replicate_<N>/``)
   against their variant, paired by seed
   (:data:`~lmablate.analysis.statistics.TUNING_VARIATION_COLUMNS`): how much a result owes to
@@ -67,6 +68,31 @@ from lmablate.tracking import NullTracker, make_tracker
 
 ATTENTION_TOKENS = 48  # length of the held-out sequence shown in attention heatmaps (tokens)
 REFERENCE_COLUMNS = ["dataset", "reference", "metric", "value", "detail"]
+
+
+def study_metrics(summary: pd.DataFrame, comparisons: pd.DataFrame) -> dict[tuple[str, str], dict]:
+    """The study-level DVC metrics, one small dict per dataset x variant: seeds, mean test loss
+    (nats/token), its difference to the baseline's and the verdict (the baseline's are 0 and
+    "baseline"), and mean exact match (arithmetic). What ``dvc metrics show`` and ``dvc exp
+    show`` list; the per-seed and per-operation values stay in ``runs/`` and the CSVs."""
+    out: dict[tuple[str, str], dict] = {}
+    means = summary.set_index(["dataset", "variant", "metric"])
+    c = comparisons[comparisons["metric"] == "test_loss"].set_index(["dataset", "variant"])
+    for (dataset, variant), _ in summary.groupby(["dataset", "variant"], observed=True,
+                                                 sort=False):
+        if (dataset, variant, "test_loss") not in means.index:
+            continue
+        row = means.loc[(dataset, variant, "test_loss")]
+        doc = {"seeds": int(row["n"]), "test_loss": float(row["mean"])}
+        if variant == BASELINE:
+            doc.update(delta_test_loss=0.0, verdict="baseline")
+        elif (dataset, variant) in c.index:
+            doc.update(delta_test_loss=float(c.loc[(dataset, variant), "mean_diff"]),
+                       verdict=str(c.loc[(dataset, variant), "verdict"]))
+        if (dataset, variant, "exact_match") in means.index:
+            doc["exact_match"] = float(means.loc[(dataset, variant, "exact_match"), "mean"])
+        out[(str(dataset), str(variant))] = doc
+    return out
 
 
 def reference_table(cfg: StudyConfig, tokens_dir: Path, runs: RunOutputs) -> pd.DataFrame:
@@ -230,6 +256,14 @@ def build_report(cfg: StudyConfig, runs_dir: Path, out_dir: Path,
         "tuning_variation": fileio.write_csv(out_dir / "tuning_variation.csv", variation,
                                              TUNING_VARIATION_COLUMNS),
     }
+    metrics_dir = out_dir / "metrics"  # a DVC metrics directory: one file per dataset x variant
+    written = set()
+    for (dataset, variant), doc in study_metrics(summary, comparisons).items():
+        written.add(metrics_dir / dataset / f"{variant}.json")
+        fileio.write_json(metrics_dir / dataset / f"{variant}.json", doc)
+    for path in set(metrics_dir.glob("*/*.json")) - written:  # a variant no longer studied
+        path.unlink()
+    paths["metrics"] = metrics_dir
     palette = family_palette({v: variant_family(cfg.variants.get(v) or {})
                               for v in present(ablation["variant"])})
 
