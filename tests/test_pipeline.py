@@ -99,6 +99,28 @@ def test_repro_writes_report_tables_and_figures(study):
 
 
 @pytest.mark.slow
+def test_dvc_shows_one_metrics_row_per_variant_and_one_chart_per_dataset(study, run_command):
+    shown = run_command(["dvc", "metrics", "show", "--json"], study)
+    assert shown.returncode == 0, shown.stderr
+    files = json.loads(shown.stdout)[""]["data"]
+    rows = {path: doc["data"] for path, doc in files.items()}
+    assert sorted(rows) == sorted(f"reports/metrics/{d}/{v}.json"
+                                  for d in ("shakespeare", "arithmetic") for v in VARIANTS)
+    assert all(len(r) <= 5 for r in rows.values())  # a summary, not every seed's values
+    table = run_command(["dvc", "metrics", "show"], study, env={"COLUMNS": "200"})
+    assert max(len(line) for line in table.stdout.splitlines()) <= 200
+    plots = run_command(["dvc", "plots", "show", "--json"], study)
+    assert plots.returncode == 0, plots.stderr
+    charts = json.loads(plots.stdout)["data"]
+    assert sorted(charts) == ["reports/curves/arithmetic.csv", "reports/curves/shakespeare.csv"]
+    for chart in charts.values():
+        (spec,) = chart
+        points = spec["content"]["data"]["values"]
+        assert [v for v in dict.fromkeys(p["variant"] for p in points)] == VARIANTS
+        assert spec["content"]["encoding"]["color"]["field"] == "variant"
+
+
+@pytest.mark.slow
 def test_repro_records_trials_and_runs(study):
     with sqlite3.connect(study / "mlflow.db") as db:
         tags = db.execute("select key, value from tags").fetchall()

@@ -355,6 +355,44 @@ def test_report_markdown(built):
     assert "not part of the configured study" in md and "shakespeare/old" in md
 
 
+def test_study_metrics_are_one_small_file_per_dataset_and_variant(built):
+    cfg, out_dir, out = built
+    files = sorted(p.relative_to(out["metrics"]).as_posix()
+                   for p in out["metrics"].glob("*/*.json"))
+    assert files == sorted(f"{d}/{v}.json" for d in DATASETS for v in VARIANTS)
+    summary = pd.read_csv(out["summary"])
+    comparisons = pd.read_csv(out["comparisons"])
+    for ds in DATASETS:
+        for var in VARIANTS:
+            doc = json.loads((out["metrics"] / ds / f"{var}.json").read_text())
+            mean = summary[(summary["dataset"] == ds) & (summary["variant"] == var)
+                           & (summary["metric"] == "test_loss")]["mean"].item()
+            assert doc["seeds"] == 3 and doc["test_loss"] == mean
+            if var == "baseline":
+                assert (doc["delta_test_loss"], doc["verdict"]) == (0.0, "baseline")
+            else:
+                c = comparisons[(comparisons["dataset"] == ds) & (comparisons["variant"] == var)
+                                & (comparisons["metric"] == "test_loss")].iloc[0]
+                assert doc["delta_test_loss"] == c["mean_diff"]
+                assert doc["verdict"] == EXPECTED_VERDICTS[(ds, "test_loss", var)]
+            assert ("exact_match" in doc) == (ds == "arithmetic")
+            assert len(doc) <= 5  # a handful of columns in `dvc metrics show`, not every seed
+
+
+def test_mean_curves_average_the_seeds_at_each_step_in_study_order(built):
+    cfg, out_dir, out = built
+    curve = pd.read_csv(out["curves"] / "arithmetic.csv")
+    assert list(curve.columns) == report.CURVE_COLUMNS
+    assert list(dict.fromkeys(curve["variant"])) == list(VARIANTS)
+    history = collect.collect(out_dir.parent / "runs").history
+    h = history[(history["dataset"] == "arithmetic") & (history["variant"] == "gelu")]
+    row = curve[(curve["variant"] == "gelu") & (curve["step"] == 50)].iloc[0]
+    assert row["val_loss"] == pytest.approx(h.loc[h["step"] == 50, "val_loss"].mean())
+    assert row["seeds"] == 3
+    for _, c in curve.groupby("variant"):
+        assert c["step"].is_monotonic_increasing
+
+
 def test_limits_section_is_written_from_the_report_tables(built):
     cfg, out_dir, out = built
     md = out["report"].read_text()

@@ -272,7 +272,7 @@ def _train_group(model_cfg: ModelConfig, cfg: TrainConfig, data: TokenData, *, s
                         "scheduler": sched_state, "rng_train": g_train[s].get_state(),
                         "rng_global": torch.get_rng_state(), "history": histories[s],
                         "train_time": train_time[s], "meta": resume_meta[s] or {}})
-            bar.set_postfix(val_loss=f"{min(val_losses):.3f}")
+            bar.set_postfix(val_loss=f"{min(val_losses):.3f}", refresh=False)
     bar.close()
 
     sync_models()

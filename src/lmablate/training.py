@@ -262,7 +262,7 @@ def train_model(model_cfg: ModelConfig, cfg: TrainConfig, data: TokenData, *, se
             running = []
             result.history.append(row)
             tracker.log_metrics({k: row[k] for k in ("train_loss", "val_loss", "lr")}, step=step)
-            bar.set_postfix(val_loss=f"{val_loss:.3f}")
+            bar.set_postfix(val_loss=f"{val_loss:.3f}", refresh=False)
             if resume_path is not None:
                 save_resume(resume_path, {
                     "fingerprint": fingerprint, "step": step, "model": model.state_dict(),

@@ -23,6 +23,8 @@ first-seed checkpoints and the tokenized test splits, for the model figures) and
 * ``tuned.csv`` what tuning chose per dataset x variant, with its range-edge flags
   (:data:`~lmablate.analysis.collect.TUNED_COLUMNS`).
 * ``metrics/<dataset>/<variant>.json`` the study-level DVC metrics (:func:`study_metrics`).
+* ``curves/<dataset>.csv`` each variant's mean validation curve (:func:`mean_curves`), the data
+  of ``dvc plots show``.
 * ``tuning_variation.csv`` the re-tunings (``runs/<dataset>/<variant>/replicate_<N>/``)
   against their variant, paired by seed
   (:data:`~lmablate.analysis.statistics.TUNING_VARIATION_COLUMNS`): how much a result owes to
@@ -93,6 +95,23 @@ def study_metrics(summary: pd.DataFrame, comparisons: pd.DataFrame) -> dict[tupl
             doc["exact_match"] = float(means.loc[(dataset, variant, "exact_match"), "mean"])
         out[(str(dataset), str(variant))] = doc
     return out
+
+
+CURVE_COLUMNS = ["variant", "step", "val_loss", "seeds"]
+
+
+def mean_curves(history: pd.DataFrame, dataset: str) -> pd.DataFrame:
+    """The validation curve of each variant of ``dataset``: the mean over seeds of
+    ``val_loss`` (nats/token) at each evaluation step, with the number of seeds averaged;
+    columns :data:`CURVE_COLUMNS`, variants in the study order, steps ascending. What
+    ``dvc plots show`` overlays in one chart per dataset."""
+    if history.empty or "val_loss" not in history:
+        return pd.DataFrame(columns=CURVE_COLUMNS)
+    h = history[history["dataset"] == dataset].dropna(subset=["val_loss"])
+    out = (h.groupby(["variant", "step"], observed=True, sort=True)["val_loss"]
+           .agg(val_loss="mean", seeds="count").reset_index())
+    out["variant"] = out["variant"].astype(str)
+    return out[CURVE_COLUMNS]
 
 
 def reference_table(cfg: StudyConfig, tokens_dir: Path, runs: RunOutputs) -> pd.DataFrame:
@@ -264,6 +283,10 @@ def build_report(cfg: StudyConfig, runs_dir: Path, out_dir: Path,
     for path in set(metrics_dir.glob("*/*.json")) - written:  # a variant no longer studied
         path.unlink()
     paths["metrics"] = metrics_dir
+    curves_dir = out_dir / "curves"
+    for ds in present(ablation["dataset"]):
+        fileio.write_csv(curves_dir / f"{ds}.csv", mean_curves(runs.history, ds), CURVE_COLUMNS)
+    paths["curves"] = curves_dir
     palette = family_palette({v: variant_family(cfg.variants.get(v) or {})
                               for v in present(ablation["variant"])})
 
