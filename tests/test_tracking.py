@@ -101,6 +101,15 @@ def test_the_sidecar_writes_the_records_an_in_process_tracker_writes(tmp_path, a
     assert "mlflow.user" in tags and "mlflow.source.name" in tags  # MLflow's context tags
 
 
+def test_the_experiment_is_created_as_a_model_training_one_so_the_ui_opens_on_runs(tmp_path):
+    import mlflow
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracking.MlflowStore(uri, "study")
+    tracking.MlflowStore(uri, "study")  # found again, not created twice
+    (exp,) = mlflow.MlflowClient(uri).search_experiments(filter_string="name = 'study'")
+    assert exp.tags[tracking.EXPERIMENT_KIND_TAG] == "custom_model_development"
+
+
 def test_an_unreachable_store_fails_when_the_tracker_is_made(tmp_path, monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     cfg = TrackingConfig(uri="http://127.0.0.1:9", experiment="study")

@@ -20,6 +20,11 @@ from typing import Any, Iterator, Mapping
 
 from .config import TrackingConfig
 
+# The experiment's kind, as MLflow 3's UI reads it (its ExperimentKind enum): a model-training
+# experiment opens on the runs table instead of the GenAI "Traces" view.
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
+
 
 @contextlib.contextmanager
 def gc_paused() -> Iterator[None]:
@@ -103,7 +108,10 @@ class MlflowStore:
             try:  # what mlflow.set_experiment does
                 exp = self.client.get_experiment_by_name(experiment)
                 if exp is None:
-                    self.experiment_id = self.client.create_experiment(experiment)
+                    # MLflow 3's UI opens an experiment of no kind on its GenAI "Traces" view;
+                    # this kind opens it on the runs table
+                    self.experiment_id = self.client.create_experiment(
+                        experiment, tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
                 elif exp.lifecycle_stage == LifecycleStage.DELETED:
                     raise RuntimeError(f"experiment {experiment!r} is deleted; restore it "
                                        "(mlflow experiments restore) or pick another name")
