@@ -103,7 +103,8 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, raw_dir:
 
 def main(cfg: StudyConfig, args: argparse.Namespace) -> str:
     """``lmablate evaluate <dataset> <variant> --tokens DIR --raw DIR --checkpoints DIR
-    --metrics FILE --examples FILE [--replicate N]``."""
+    --metrics FILE --examples FILE [--replicate N]``. Returns the stage's summary line: seeds
+    and the range of test losses (nats/token), and of exact match on arithmetic."""
     cfg.check_variant(args.variant)
     runs = run(cfg, args.dataset, args.variant, args.tokens, args.raw, args.checkpoints,
                args.metrics, args.examples, make_tracker(cfg.tracking),

@@ -253,7 +253,8 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, best_pat
 
 def main(cfg: StudyConfig, args: argparse.Namespace) -> str:
     """``lmablate tune <dataset> <variant> --tokens DIR --best FILE --trials FILE
-    [--replicate N]``."""
+    [--replicate N]``. Returns the stage's summary line: trials by state, the best value and
+    where it was found (:func:`lmablate.cli.main` prints it with the stage's time)."""
     cfg.check_variant(args.variant)
     r = run(cfg, args.dataset, args.variant, args.tokens, args.best, args.trials,
             make_tracker(cfg.tracking), replicate=getattr(args, "replicate", 0))
