@@ -39,6 +39,12 @@ def test_a_log_gets_plain_progress_lines_with_rate_and_eta_for_a_long_step(monke
     assert re.search(r"<\d\d:\d\d", lines[1]) and "it/s" in lines[-1]  # ETA and rate
 
 
+def test_in_a_log_no_bar_is_redrawn_between_its_scheduled_lines():
+    bar = P.progress(range(3), desc="seed 1", stream=io.StringIO())
+    assert bar.mininterval == bar.maxinterval == bar.delay == P.LOG_INTERVAL and bar.leave
+    bar.close()
+
+
 def test_on_a_terminal_the_bar_refreshes_often_and_is_erased_when_done():
     term = Terminal()
     bar = P.progress(range(3), desc="trial 1", stream=term)

@@ -6,7 +6,9 @@ tqdm's rate and ETA, and is erased when done: the stage prints one summary line 
 (:func:`lmablate.cli.main`). When stderr is not a terminal (``dvc repro > log``, CI), tqdm's
 carriage returns and cursor-moving escape codes would fill the log with control characters, so
 the same bar is written as plain lines through :class:`PlainLines`: none for a step shorter
-than :data:`LOG_INTERVAL`, then one line every :data:`LOG_INTERVAL` seconds and one when it ends.
+than :data:`LOG_INTERVAL`, then one line every :data:`LOG_INTERVAL` seconds and one when it ends
+(``maxinterval`` too: tqdm's monitor thread would otherwise redraw a bar every 10 s, with the
+count of its last refresh).
 """
 
 from __future__ import annotations
@@ -49,5 +51,5 @@ def progress(iterable: Iterable, *, desc: str, total: int | None = None, initial
         return tqdm(iterable, desc=desc, total=total, initial=initial, file=stream,
                     mininterval=TERMINAL_INTERVAL, leave=False, dynamic_ncols=True)
     return tqdm(iterable, desc=desc, total=total, initial=initial, file=PlainLines(stream),
-                mininterval=LOG_INTERVAL, delay=LOG_INTERVAL, leave=True, ascii=True,
-                ncols=110)
+                mininterval=LOG_INTERVAL, maxinterval=LOG_INTERVAL, delay=LOG_INTERVAL,
+                leave=True, ascii=True, ncols=110)
