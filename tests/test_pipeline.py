@@ -48,6 +48,7 @@ def repro_from_scratch(work: Path, tiny_params, run_command, **runtime) -> Path:
     (work / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     assert run_command(["git", "init", "-q"], work).returncode == 0
     assert run_command(["dvc", "init", "-q"], work).returncode == 0
+    shutil.copytree(ROOT / ".dvc" / "plots", work / ".dvc" / "plots")  # the plot templates
     first = run_command(["dvc", "repro"], work, timeout=1500)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     return work
