@@ -418,25 +418,34 @@ def compare_problems(predictions: Mapping[tuple[str, str], Mapping[str, Sequence
         order = [v for v in (variants or [v for d, v in predictions if d == dataset])
                  if (dataset, v) in predictions and v != baseline]
         base = predictions[(dataset, baseline)]
+        # per variant, once: its seeds paired with the baseline's, the common problems (checked
+        # to be the same ones) and both sides' outcomes, (seeds, problems) per metric
+        paired = {}
+        base_out = {k: problem_outcomes(v) for k, v in base.items() if v}  # shared by variants
+        for variant in order:
+            other = predictions[(dataset, variant)]
+            seeds = [k for k in base if k in other and base[k] and other[k]]
+            if not seeds:
+                continue
+            n = min(min(len(base[k]), len(other[k])) for k in seeds)
+            for k in seeds:
+                for i, (a, b) in enumerate(zip(base[k][:n], other[k][:n])):
+                    if a["prompt"] != b["prompt"]:
+                        raise ValueError(
+                            f"{dataset}: problem {i} of {variant} ({k}) is {b['prompt']!r}, "
+                            f"the baseline's is {a['prompt']!r}; evaluate both on the same "
+                            "test problems")
+            b_out = [tuple(o[:n] for o in base_out[k]) for k in seeds]
+            v_out = [problem_outcomes(other[k][:n]) for k in seeds]
+            width = len(str(base[seeds[0]][0]["target"]))
+            paired[variant] = (seeds, n, width, b_out, v_out)
         for metric, which in (("exact_match", 0), ("char_accuracy", 1)):
             family = []
-            for variant in order:
-                other = predictions[(dataset, variant)]
-                seeds = [k for k in base if k in other and base[k] and other[k]]
-                if not seeds:
-                    continue
-                n = min(min(len(base[k]), len(other[k])) for k in seeds)
-                for k in seeds:
-                    for i, (a, b) in enumerate(zip(base[k][:n], other[k][:n])):
-                        if a["prompt"] != b["prompt"]:
-                            raise ValueError(
-                                f"{dataset}: problem {i} of {variant} ({k}) is {b['prompt']!r}, "
-                                f"the baseline's is {a['prompt']!r}; evaluate both on the same "
-                                "test problems")
-                b_out = np.stack([problem_outcomes(base[k][:n])[which] for k in seeds])
-                v_out = np.stack([problem_outcomes(other[k][:n])[which] for k in seeds])
+            for variant, (seeds, n, chars, b_all, v_all) in paired.items():
+                b_out = np.stack([o[which] for o in b_all])  # (seeds, problems)
+                v_out = np.stack([o[which] for o in v_all])
                 d = (v_out - b_out).mean(axis=0)  # (n problems,)
-                width = len(str(base[seeds[0]][0]["target"])) if metric == "char_accuracy" else 1
+                width = chars if metric == "char_accuracy" else 1
                 row = {
                     "dataset": dataset, "metric": metric, "baseline": baseline,
                     "variant": variant, "n_problems": n, "n_seeds": len(seeds),
