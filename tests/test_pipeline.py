@@ -2,6 +2,7 @@
 
 import csv
 import json
+import shlex
 import shutil
 import sqlite3
 from pathlib import Path
@@ -105,11 +106,30 @@ def test_dvc_shows_one_metrics_row_per_variant_and_one_chart_per_dataset(study, 
     assert shown.returncode == 0, shown.stderr
     files = json.loads(shown.stdout)[""]["data"]
     rows = {path: doc["data"] for path, doc in files.items()}
-    assert sorted(rows) == sorted(f"reports/metrics/{d}/{v}.json"
-                                  for d in ("shakespeare", "arithmetic") for v in VARIANTS)
+    datasets = ("shakespeare", "arithmetic")
+    assert sorted(rows) == sorted([f"reports/metrics/{d}/{v}.json" for d in datasets
+                                   for v in VARIANTS] + [f"reports/metrics/{d}.json"
+                                                         for d in datasets])
     assert all(len(r) <= 5 for r in rows.values())  # a summary, not every seed's values
     table = run_command(["dvc", "metrics", "show"], study, env={"COLUMNS": "200"})
     assert max(len(line) for line in table.stdout.splitlines()) <= 200
+    # the README's `dvc exp show` command: every column shown in a 200-column terminal (DVC
+    # lists experiments of a commit, so the project's configuration is committed first)
+    identity = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.org",
+                "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.org"}
+    for cmd in (["git", "add", "dvc.yaml", "params.yaml"], ["git", "commit", "-qm", "study"]):
+        assert run_command(cmd, study, env=identity).returncode == 0
+    (line,) = [ln for ln in (ROOT / "README.md").read_text().splitlines()
+               if ln.startswith("dvc exp show")]
+    shown = run_command(shlex.split(line) + ["--no-pager"], study, env={"COLUMNS": "200"})
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert max(len(ln) for ln in lines) <= 200 and "…" not in shown.stdout, shown.stdout
+    header = next(ln for ln in lines if "Experiment" in ln)
+    assert [f"reports/metrics/{d}.json:verdict" in header for d in datasets] == [True, True]
+    workspace = next(ln for ln in lines if ln.strip().startswith("workspace"))
+    for d in datasets:
+        assert rows[f"reports/metrics/{d}.json"]["verdict"] in workspace
     plots = run_command(["dvc", "plots", "show", "--json"], study)
     assert plots.returncode == 0, plots.stderr
     charts = json.loads(plots.stdout)["data"]

@@ -379,6 +379,28 @@ def test_study_metrics_are_one_small_file_per_dataset_and_variant(built):
             assert len(doc) <= 5  # a handful of columns in `dvc metrics show`, not every seed
 
 
+def test_each_dataset_has_one_metrics_row_naming_its_better_and_worse_variants(built):
+    cfg, out_dir, out = built
+    assert sorted(p.name for p in out["metrics"].glob("*.json")) == sorted(
+        f"{d}.json" for d in DATASETS)
+    docs = {ds: json.loads((out["metrics"] / f"{ds}.json").read_text()) for ds in DATASETS}
+    assert docs == {"shakespeare": {"seeds": 3, "verdict": "better: gelu"},
+                    "arithmetic": {"seeds": 3, "verdict": "better: gelu; worse: rmsnorm"}}
+    # the variants' rows use the same keys, so the dataset rows add no `dvc metrics show` column
+    variant_keys = set(json.loads((out["metrics"] / "arithmetic" / "gelu.json").read_text()))
+    assert set(docs["arithmetic"]) <= variant_keys
+
+
+def test_dataset_verdicts_say_so_when_no_variant_differs():
+    summary = pd.DataFrame({"dataset": ["d", "d"], "variant": ["baseline", "x"],
+                            "metric": ["test_loss"] * 2, "n": [4, 4], "mean": [1.0, 1.0]})
+    comparisons = pd.DataFrame({"dataset": ["d", "d"], "variant": ["x", "x"],
+                                "metric": ["test_loss", "exact_match"],
+                                "verdict": ["no significant difference", "better"]})
+    assert report.dataset_verdicts(summary, comparisons) == {
+        "d": {"seeds": 4, "verdict": "none better or worse"}}
+
+
 def test_mean_curves_average_the_seeds_at_each_step_in_study_order(built):
     cfg, out_dir, out = built
     curve = pd.read_csv(out["curves"] / "arithmetic.csv")
@@ -445,13 +467,14 @@ def test_the_report_stage_ends_with_the_report_path_and_the_mlflow_ui_command(mo
     paths = {"report": Path("reports/report.md"), "figures": [Path("a.png"), Path("b.png")]}
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     cfg = make_cfg()
-    assert report.where_to_look(cfg, paths).splitlines() == [
+    view = "#/experiments/3/runs?viewStateShareKey=final-runs&workflowType=machine_learning"
+    assert report.where_to_look(cfg, paths, view).splitlines() == [
         "report: reports/report.md (2 figures, tables next to it)",
-        "MLflow UI: mlflow ui --backend-store-uri sqlite:///mlflow.db  "
-        "(then http://127.0.0.1:5000, experiment 'lmablate')"]
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://10.0.0.5:5000")
-    assert report.where_to_look(cfg, paths).splitlines()[1] == (
-        "MLflow UI: http://10.0.0.5:5000 (experiment 'lmablate')")
+        "MLflow UI: mlflow ui --backend-store-uri sqlite:///mlflow.db",
+        f"  then open http://127.0.0.1:5000/{view}"]
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://10.0.0.5:5000/")
+    assert report.where_to_look(cfg, paths, view).splitlines()[1:] == [
+        f"MLflow UI: http://10.0.0.5:5000/{view}"]
     off = dataclasses.replace(cfg, tracking=dataclasses.replace(cfg.tracking, enabled=False))
     assert len(report.where_to_look(off, paths).splitlines()) == 1
 

@@ -110,6 +110,47 @@ def test_the_experiment_is_created_as_a_model_training_one_so_the_ui_opens_on_ru
     assert exp.tags[tracking.EXPERIMENT_KIND_TAG] == "custom_model_development"
 
 
+def test_the_experiment_carries_the_saved_runs_view_its_url_opens(tmp_path):
+    import mlflow
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = mlflow.MlflowClient(uri)
+    exp_id = client.create_experiment("study")  # made elsewhere: the view is added when opened
+    store = tracking.MlflowStore(uri, "study")
+    view = json.loads(client.get_experiment(exp_id).tags[tracking.RUNS_VIEW_TAG])
+    assert view["searchFilter"] == "tags.stage = 'final' AND tags.replicate = '0'"
+    assert "metrics.`test_loss`" in view["selectedColumns"]
+    assert "params.`peak_lr`" in view["selectedColumns"]
+    assert store.runs_view_url() == (f"#/experiments/{exp_id}/runs?viewStateShareKey="
+                                     f"{tracking.RUNS_VIEW_KEY}&workflowType=machine_learning")
+    # the filter is one MLflow's search accepts, and it finds the final runs only
+    final = store.start_run("final", {"stage": "final", "replicate": "0"})
+    store.start_run("trial", {"stage": "tune"})
+    store.start_run("retuned", {"stage": "final", "replicate": "1"})
+    found = client.search_runs([exp_id], filter_string=view["searchFilter"])
+    assert [r.info.run_id for r in found] == [final]
+
+
+def test_a_reopened_run_keeps_its_duration(tmp_path):
+    """evaluate adds its metrics to train's run: the UI's Duration stays the training's."""
+    import mlflow
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    store = tracking.MlflowStore(uri, "study")
+    run_id = store.start_run("seed-0", {})
+    store.end_run(run_id, "FINISHED")
+    ended = mlflow.MlflowClient(uri).get_run(run_id).info.end_time
+    time.sleep(0.05)
+    assert store.start_run("seed-0", {"stage": "final"}, run_id) == run_id
+    store.log_batch(run_id, metrics=[("test_loss", 1.5, 0, 10)])
+    store.end_run(run_id, "FINISHED")
+    info = mlflow.MlflowClient(uri).get_run(run_id).info
+    assert (info.status, info.end_time) == ("FINISHED", ended)
+    # a run that never ended (killed) ends now when reopened and ended
+    other = store.start_run("seed-1", {})
+    assert store.start_run("seed-1", {}, other) == other
+    store.end_run(other, "FINISHED")
+    assert mlflow.MlflowClient(uri).get_run(other).info.end_time > ended
+
+
 def test_an_unreachable_store_fails_when_the_tracker_is_made(tmp_path, monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     cfg = TrackingConfig(uri="http://127.0.0.1:9", experiment="study")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import json
 import logging
 import os
 import subprocess
@@ -24,6 +25,30 @@ from .config import TrackingConfig
 # experiment opens on the runs table instead of the GenAI "Traces" view.
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
+
+# A saved view of the runs table, as the UI's "Share" button saves one: an experiment tag
+# mlflow.sharedViewState.<key> holding the table's state as JSON, opened by the URL parameter
+# viewStateShareKey=<key>. This one lists the final runs (one per dataset x variant x seed) sorted
+# by name and grouped by dataset x variant, with the columns that compare variants, and every run
+# in the charts. Column ids are the UI's "<type>.`<key>`".
+RUNS_VIEW_KEY = "final-runs"
+RUNS_VIEW_TAG = f"mlflow.sharedViewState.{RUNS_VIEW_KEY}"
+RUNS_VIEW_COLUMNS = ("tags.`dataset`", "tags.`variant`", "tags.`seed`", "params.`d_model`",
+                     "params.`peak_lr`", "params.`steps`", "metrics.`test_loss`",
+                     "metrics.`bits_per_char`", "metrics.`exact_match`",
+                     "metrics.`char_accuracy`", "metrics.`val_loss`", "metrics.`train_seconds`")
+RUNS_VIEW = {
+    # the final runs of the study's variants, not those of the baseline tuned again
+    "searchFilter": "tags.stage = 'final' AND tags.replicate = '0'",
+    "orderByKey": "tags.`mlflow.runName`",
+    "orderByAsc": True,
+    "selectedColumns": list(RUNS_VIEW_COLUMNS),
+    "runsHiddenMode": "SHOW_ALL",
+    # one row and one chart line per dataset x variant, the seeds' average (rows expand to seeds)
+    "groupBy": {"aggregateFunction": "average",
+                "groupByKeys": [{"mode": "tag", "groupByData": "dataset"},
+                                {"mode": "tag", "groupByData": "variant"}]},
+}
 
 
 @contextlib.contextmanager
@@ -67,6 +92,11 @@ class NullTracker:
     def set_tags(self, tags: Mapping[str, Any]) -> None:
         pass
 
+    def runs_view_url(self) -> str | None:
+        """Where the MLflow UI shows the runs view (:meth:`MlflowStore.runs_view_url`); None
+        when nothing is recorded."""
+        return None
+
     @contextlib.contextmanager
     def open_run(self, name: str, tags: Mapping[str, Any] | None = None, *,
                  run_id: str | None = None,
@@ -105,6 +135,7 @@ class MlflowStore:
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
             self.uri = uri
             self.client = mlflow.MlflowClient(tracking_uri=uri)
+            self._end_times: dict[str, int] = {}  # reopened run id -> its earlier end (ms)
             try:  # what mlflow.set_experiment does
                 exp = self.client.get_experiment_by_name(experiment)
                 if exp is None:
@@ -117,6 +148,9 @@ class MlflowStore:
                                        "(mlflow experiments restore) or pick another name")
                 else:
                     self.experiment_id = exp.experiment_id
+                view = json.dumps(RUNS_VIEW, sort_keys=True)
+                if exp is None or exp.tags.get(RUNS_VIEW_TAG) != view:
+                    self.client.set_experiment_tag(self.experiment_id, RUNS_VIEW_TAG, view)
             except Exception as exc:  # noqa: BLE001 - any backend failure means "unreachable"
                 raise TrackingError(
                     f"MLflow tracking store {uri!r} cannot be used ({type(exc).__name__}: "
@@ -134,6 +168,11 @@ class MlflowStore:
         from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
 
         if run_id:
+            # A reopened run (evaluate adding its metrics to train's run) keeps the end time it
+            # had, so that the UI's Duration stays its training's, not the span to evaluation.
+            end_time = self.client.get_run(run_id).info.end_time
+            if end_time:
+                self._end_times[run_id] = end_time
             self.client.update_run(run_id, status="RUNNING")
             if tags:
                 self.client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
@@ -144,9 +183,17 @@ class MlflowStore:
         return self.client.create_run(self.experiment_id, tags=registry.resolve_tags(tags),
                                       run_name=name).info.run_id
 
+    def runs_view_url(self) -> str:
+        """The part of the MLflow UI's URL after its address that opens this experiment on the
+        saved runs view (:data:`RUNS_VIEW`), in the UI's machine-learning mode (MLflow 3 opens
+        in its GenAI mode otherwise)."""
+        return (f"#/experiments/{self.experiment_id}/runs?viewStateShareKey={RUNS_VIEW_KEY}"
+                "&workflowType=machine_learning")
+
     def end_run(self, run_id: str, status: str) -> None:
-        """End run ``run_id`` with ``status`` (``FINISHED`` or ``FAILED``)."""
-        self.client.set_terminated(run_id, status)
+        """End run ``run_id`` with ``status`` (``FINISHED`` or ``FAILED``), at the end time it
+        had before :meth:`start_run` reopened it, else now."""
+        self.client.set_terminated(run_id, status, end_time=self._end_times.pop(run_id, None))
 
     def log_batch(self, run_id: str, params: Mapping[str, str] | None = None,
                   metrics: list[tuple[str, float, int, int]] | None = None,
@@ -403,6 +450,9 @@ class MlflowTracker(NullTracker):
 
     def set_tags(self, tags: Mapping[str, Any]) -> None:
         self._top().set_tags(tags)
+
+    def runs_view_url(self) -> str | None:
+        return self._store.runs_view_url()
 
 
 def make_tracker(cfg: TrackingConfig) -> NullTracker:

@@ -22,7 +22,8 @@ first-seed checkpoints and the tokenized test splits, for the model figures) and
   n-gram cross-entropies of the test split, and constant answers to the arithmetic problems.
 * ``tuned.csv`` what tuning chose per dataset x variant, with its range-edge flags
   (:data:`~lmablate.analysis.collect.TUNED_COLUMNS`).
-* ``metrics/<dataset>/<variant>.json`` the study-level DVC metrics (:func:`study_metrics`).
+* ``metrics/<dataset>/<variant>.json`` the study-level DVC metrics (:func:`study_metrics`), and
+  ``metrics/<dataset>.json`` each dataset's verdicts (:func:`dataset_verdicts`).
 * ``curves/<dataset>.csv`` each variant's mean validation curve (:func:`mean_curves`), the data
   of ``dvc plots show``.
 * ``tuning_variation.csv`` the re-tunings (``runs/<dataset>/<variant>/replicate_<N>/``)
@@ -60,7 +61,8 @@ from lmablate.analysis.collect import (ABLATION_COLUMNS, BASELINE, TUNED_COLUMNS
 from lmablate.analysis.families import family_palette, variant_family
 from lmablate.analysis.markdown import render_markdown
 from lmablate.analysis.statistics import (DETECTABLE_COLUMNS, METRICS, PROBLEM_COLUMNS,
-                                          TUNING_VARIATION_COLUMNS, compare, compare_problems,
+                                          TUNING_VARIATION_COLUMNS, VERDICT_BETTER,
+                                          VERDICT_WORSE, compare, compare_problems,
                                           detectable_effects, summarise, tuning_variation)
 from lmablate import references as refs
 from lmablate.checkpoint import load_checkpoint
@@ -94,6 +96,29 @@ def study_metrics(summary: pd.DataFrame, comparisons: pd.DataFrame) -> dict[tupl
         if (dataset, variant, "exact_match") in means.index:
             doc["exact_match"] = float(means.loc[(dataset, variant, "exact_match"), "mean"])
         out[(str(dataset), str(variant))] = doc
+    return out
+
+
+def dataset_verdicts(summary: pd.DataFrame, comparisons: pd.DataFrame) -> dict[str, dict]:
+    """One study-level DVC metrics row per dataset: the seeds and, in the column the variants'
+    rows call ``verdict``, which variants were better and which worse than the baseline in test
+    loss (Holm-corrected, as in ``comparisons.csv``), in study order, e.g.
+    ``"better: swiglu, rope; worse: alibi"``, or ``"none better or worse"``.
+
+    The keys are those of :func:`study_metrics`, so ``dvc metrics show`` gains a row per dataset
+    and no column; ``dvc exp show --keep '...<dataset>.json:verdict'`` then lists, per
+    experiment, the study's answer in one short column per dataset (DVC names a column
+    ``path:key`` when the key is in several files)."""
+    out: dict[str, dict] = {}
+    c = comparisons[comparisons["metric"] == "test_loss"]
+    for dataset, rows in summary[summary["metric"] == "test_loss"].groupby(
+            "dataset", observed=True, sort=False):
+        cd = c[c["dataset"] == dataset]
+        parts = [f"{word}: {', '.join(map(str, cd.loc[cd['verdict'] == v, 'variant']))}"
+                 for word, v in (("better", VERDICT_BETTER), ("worse", VERDICT_WORSE))
+                 if (cd["verdict"] == v).any()]
+        out[str(dataset)] = {"seeds": int(rows["n"].max()),
+                             "verdict": "; ".join(parts) or "none better or worse"}
     return out
 
 
@@ -275,12 +300,16 @@ def build_report(cfg: StudyConfig, runs_dir: Path, out_dir: Path,
         "tuning_variation": fileio.write_csv(out_dir / "tuning_variation.csv", variation,
                                              TUNING_VARIATION_COLUMNS),
     }
-    metrics_dir = out_dir / "metrics"  # a DVC metrics directory: one file per dataset x variant
-    written = set()
-    for (dataset, variant), doc in study_metrics(summary, comparisons).items():
-        written.add(metrics_dir / dataset / f"{variant}.json")
-        fileio.write_json(metrics_dir / dataset / f"{variant}.json", doc)
-    for path in set(metrics_dir.glob("*/*.json")) - written:  # a variant no longer studied
+    # a DVC metrics directory: one file per dataset (the verdicts) and per dataset x variant
+    metrics_dir = out_dir / "metrics"
+    docs = {metrics_dir / f"{ds}.json": doc
+            for ds, doc in dataset_verdicts(summary, comparisons).items()}
+    docs.update({metrics_dir / ds / f"{var}.json": doc
+                 for (ds, var), doc in study_metrics(summary, comparisons).items()})
+    for path, doc in docs.items():
+        fileio.write_json(path, doc)
+    stale = set(metrics_dir.glob("*.json")) | set(metrics_dir.glob("*/*.json"))
+    for path in stale - set(docs):  # a variant or dataset no longer studied
         path.unlink()
     paths["metrics"] = metrics_dir
     curves_dir = out_dir / "curves"
@@ -369,22 +398,24 @@ def run(cfg: StudyConfig, runs_dir: Path, tokens_dir: Path, out_dir: Path,
     return result
 
 
-def where_to_look(cfg: StudyConfig, paths: dict) -> str:
+def where_to_look(cfg: StudyConfig, paths: dict, runs_view_url: str | None = None) -> str:
     """The lines the report stage ends with: where the report is, and the command that opens
-    the MLflow UI on this study's runs (when tracking is on)."""
+    the MLflow UI on this study's runs (when tracking is on), with the URL of the saved runs
+    view (``runs_view_url``, :meth:`lmablate.tracking.MlflowStore.runs_view_url`) if known."""
     lines = [f"report: {paths['report']} ({len(paths['figures'])} figures, tables next to it)"]
     if cfg.tracking.enabled:
         uri = cfg.tracking.tracking_uri
         if uri.startswith(("http://", "https://")):
-            lines.append(f"MLflow UI: {uri} (experiment {cfg.tracking.experiment!r})")
+            lines.append(f"MLflow UI: {uri.rstrip('/')}/{runs_view_url or ''}")
         else:
-            lines.append(f"MLflow UI: mlflow ui --backend-store-uri {uri}  "
-                         f"(then http://127.0.0.1:5000, experiment {cfg.tracking.experiment!r})")
+            lines.append(f"MLflow UI: mlflow ui --backend-store-uri {uri}")
+            lines.append(f"  then open http://127.0.0.1:5000/{runs_view_url or ''}")
     return "\n".join(lines)
 
 
 def main(cfg: StudyConfig, args: argparse.Namespace) -> None:
     """``lmablate report --runs DIR --tokens DIR --out DIR``; ends by printing
     :func:`where_to_look`."""
-    paths = run(cfg, args.runs, args.tokens, args.out, make_tracker(cfg.tracking))
-    print(where_to_look(cfg, paths), flush=True)
+    tracker = make_tracker(cfg.tracking)
+    paths = run(cfg, args.runs, args.tokens, args.out, tracker)
+    print(where_to_look(cfg, paths, tracker.runs_view_url()), flush=True)
