@@ -98,23 +98,70 @@ def test_dropout_active_in_train_mode_only():
     assert not torch.allclose(model(idx)[0], model(idx)[0])
 
 
-def test_sequence_longer_than_context_raises():
-    for position in POSITION_CHOICES:
-        model = make_model(make_cfg(position=position))
-        with pytest.raises(ValueError, match="context_length"):
-            model(tokens(1, CTX + 1))
-        with pytest.raises(ValueError, match="context_length"):
-            model.attention_maps(tokens(1, CTX + 1))
+def test_a_learned_table_refuses_sequences_past_it_with_a_clear_error():
+    model = make_model(make_cfg(position="learned"))
+    msg = (f"sequence of {CTX + 1} tokens exceeds the learned position table of {CTX} "
+           f"positions .* cannot run past its table")
+    with pytest.raises(ValueError, match=msg):
+        model(tokens(1, CTX + 1))
+    with pytest.raises(ValueError, match=msg):
+        model.attention_maps(tokens(1, CTX + 1))
+    with pytest.raises(ValueError, match="outside the table of context_length"):
+        model.position.embed(torch.zeros(1, 3, model.cfg.d_model), CTX - 2)
+    assert model.position.max_positions == CTX
 
 
-@pytest.mark.parametrize("position", ["learned", "sinusoidal", "rope"])
-def test_position_tables_refuse_positions_past_context(position):
-    cfg = make_cfg(position=position)
-    pos = M.POSITIONS[position](cfg)
-    x = torch.zeros(1, 3, cfg.d_model)
-    q = torch.zeros(1, cfg.n_heads, 3, cfg.head_dim)
-    with pytest.raises(ValueError, match="context_length"):
-        pos.embed(x, CTX - 2) if position != "rope" else pos.rotate(q, q, CTX - 2)
+EXTRAPOLATING = [p for p in POSITION_CHOICES if p != "learned"]
+
+
+@pytest.mark.parametrize("position", EXTRAPOLATING)
+def test_every_scheme_without_a_table_runs_at_four_times_its_context(position):
+    model = make_model(make_cfg(position=position))
+    assert model.position.max_positions is None
+    idx = tokens(2, 4 * CTX)
+    with torch.no_grad():
+        logits, loss = model(idx, idx)
+        assert logits.shape == (2, 4 * CTX, V) and torch.isfinite(logits).all()
+        # causal: the first context's logits are those of the first context alone
+        torch.testing.assert_close(logits[:, :CTX], model(idx[:, :CTX])[0], atol=1e-5, rtol=0)
+        # and the explicit-softmax path (attention maps) agrees with the fused one
+        maps = model.attention_maps(idx)
+    assert maps.shape[-2:] == (4 * CTX, 4 * CTX)
+    torch.testing.assert_close(maps.sum(-1), torch.ones(maps.shape[:-1]))
+    assert (maps.triu(1) == 0).all()
+
+
+@pytest.mark.parametrize("position", ["sinusoidal", "rope"])
+def test_positions_past_the_table_are_what_a_longer_table_holds(position):
+    short = M.POSITIONS[position](make_cfg(position=position))
+    long = M.POSITIONS[position](make_cfg(position=position, context_length=4 * CTX))
+    if position == "rope":
+        q = torch.randn(1, 4, 3 * CTX, 4)
+        got = short.rotate(q, q, CTX)  # positions CTX..4 CTX - 1, past the short table
+        want = long.rotate(q, q, CTX)
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+    else:
+        x = torch.randn(1, 3 * CTX, 16)
+        assert torch.equal(short.embed(x, CTX), long.embed(x, CTX))
+
+
+@pytest.mark.parametrize("position", EXTRAPOLATING)
+def test_the_causality_check_passes_at_four_times_the_context(position):
+    M.check_causality(make_cfg(position=position), length=4 * CTX)
+
+
+def test_the_causality_check_past_a_learned_table_is_a_clear_error():
+    with pytest.raises(ValueError, match="cannot run past its table"):
+        M.check_causality(make_cfg(position="learned"), length=2 * CTX)
+
+
+@pytest.mark.parametrize("position", ["sinusoidal", "rope"])
+def test_position_tables_refuse_negative_positions(position):
+    pos = M.POSITIONS[position](make_cfg(position=position))
+    x = torch.zeros(1, 3, 16)
+    q = torch.zeros(1, 4, 3, 4)
+    with pytest.raises(ValueError, match="position -1 is negative"):
+        pos.embed(x, -1) if position != "rope" else pos.rotate(q, q, -1)
 
 
 def test_vocab_size_must_be_set():
@@ -493,7 +540,7 @@ def test_kv_cache_refuses_overflow_and_wrong_batch():
     model = make_model(make_cfg())
     cache = model.init_cache(2)
     model(tokens(2, CTX - 1), cache=cache)
-    with pytest.raises(ValueError, match="context_length"):
+    with pytest.raises(ValueError, match=f"exceeds the KV cache's max_len={CTX}"):
         model(tokens(2, 2), cache=cache)
     with pytest.raises(ValueError, match="batch size"):
         model(tokens(3, 1), cache=model.init_cache(2))

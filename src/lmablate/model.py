@@ -119,6 +119,11 @@ def _check_range(pos: int, T: int, rows: int) -> None:
                          f"context_length={rows} rows")
 
 
+def _check_start(pos: int) -> None:
+    if pos < 0:
+        raise ValueError(f"position {pos} is negative")
+
+
 class Position(nn.Module):
     """Base of the position schemes: three hooks, all no-ops here. A scheme overrides one.
 
@@ -127,7 +132,13 @@ class Position(nn.Module):
     * ``attn_bias(T_q, T_k, offset) -> (nh, T_q, T_k) or None``: add to attention scores.
 
     ``pos``/``offset`` is the absolute position of the first of the T tokens (the KV-cache length).
+
+    ``max_positions`` is how many positions the scheme can encode: None for any number (computed
+    from the position, so a model trained on ``context_length`` tokens can be run on longer
+    sequences to measure length extrapolation, Press et al. 2022), or the size of a trained table.
     """
+
+    max_positions: int | None = None
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -149,7 +160,8 @@ class NoPosition(Position):
 
 
 class LearnedPosition(Position):
-    """Absolute learned table of ``context_length`` rows added to the tokens (GPT-1/GPT-2).
+    """Absolute learned table of ``context_length`` rows added to the tokens (GPT-1/GPT-2). It has
+    no row for a position past the training context, so it cannot extrapolate.
 
     Raises:
         ValueError: a position >= context_length.
@@ -157,6 +169,7 @@ class LearnedPosition(Position):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg)
+        self.max_positions = cfg.context_length
         self.wpe = nn.Embedding(cfg.context_length, cfg.d_model)
 
     def embed(self, x: Tensor, pos: int) -> Tensor:
@@ -174,23 +187,34 @@ class SinusoidalPosition(Position):
     would be drowned by it at the start of training. Only this scheme scales: the baseline's
     learned table and every other scheme see the embeddings as they are.
 
+    Rows past ``context_length`` are computed when asked for, with the same formula and the same
+    float32 operations, so they are what a longer table would hold.
+
     Raises:
-        ValueError: a position >= context_length.
+        ValueError: a negative position.
     """
 
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg)
-        p = torch.arange(cfg.context_length, dtype=torch.float32)[:, None]  # (ctx, 1)
         inv_freq = 10000.0 ** (-torch.arange(0, cfg.d_model, 2, dtype=torch.float32) / cfg.d_model)
-        pe = torch.zeros(cfg.context_length, cfg.d_model)
-        pe[:, 0::2] = torch.sin(p * inv_freq)
-        pe[:, 1::2] = torch.cos(p * inv_freq)
-        self.register_buffer("pe", pe, persistent=False)  # (ctx, C); rebuilt, never trained
+        self.register_buffer("inv_freq", inv_freq, persistent=False)  # (C/2,)
+        self.register_buffer("pe", self.table(0, cfg.context_length),
+                             persistent=False)  # (ctx, C); rebuilt, never trained
         self.scale = math.sqrt(cfg.d_model)  # Vaswani et al. sec. 3.4
 
+    def table(self, start: int, end: int) -> Tensor:
+        """PE rows of positions start..end-1: (end - start, C) float32."""
+        p = torch.arange(start, end, dtype=torch.float32, device=self.inv_freq.device)[:, None]
+        pe = torch.zeros(end - start, 2 * self.inv_freq.numel(), device=self.inv_freq.device)
+        pe[:, 0::2] = torch.sin(p * self.inv_freq)
+        pe[:, 1::2] = torch.cos(p * self.inv_freq)
+        return pe
+
     def embed(self, x: Tensor, pos: int) -> Tensor:
-        _check_range(pos, x.size(1), self.context_length)
-        return x * self.scale + self.pe[pos:pos + x.size(1)].to(x.dtype)
+        T = x.size(1)
+        _check_start(pos)
+        pe = self.pe[pos:pos + T] if pos + T <= self.context_length else self.table(pos, pos + T)
+        return x * self.scale + pe.to(x.dtype)
 
 
 def _rotate_pairs(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -204,24 +228,36 @@ class RoPE(Position):
     """Rotary embedding (Su et al. 2021, RoFormer, eq. 34): the pair (2i, 2i+1) of every query and
     key head at position m is rotated by m * theta_i, theta_i = base^(-2i/hs), i = 0..hs/2-1,
     base = ``cfg.rope_base``. Values are never rotated. Scores then depend on positions only
-    through n - m (eq. 16). Built from (ctx, hs/2) cos/sin tables, not dense rotation matrices.
+    through n - m (eq. 16). Built from (ctx, hs/2) cos/sin tables, not dense rotation matrices;
+    the angles of positions past ``context_length`` are computed when asked for, with the same
+    float32 operations, so they are what a longer table would hold.
 
     Raises:
-        ValueError: a position >= context_length.
+        ValueError: a negative position.
     """
 
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg)
         theta = cfg.rope_base ** (-torch.arange(0, cfg.head_dim, 2, dtype=torch.float32)
                                   / cfg.head_dim)  # (hs/2,)
-        angles = torch.outer(torch.arange(cfg.context_length, dtype=torch.float32), theta)
+        self.register_buffer("theta", theta, persistent=False)
+        angles = self.angles(0, cfg.context_length)
         self.register_buffer("cos", angles.cos(), persistent=False)  # (ctx, hs/2)
         self.register_buffer("sin", angles.sin(), persistent=False)
 
+    def angles(self, start: int, end: int) -> Tensor:
+        """m * theta_i for positions m = start..end-1: (end - start, hs/2) float32."""
+        m = torch.arange(start, end, dtype=torch.float32, device=self.theta.device)
+        return torch.outer(m, self.theta)
+
     def rotate(self, q: Tensor, k: Tensor, pos: int) -> tuple[Tensor, Tensor]:
         T = q.size(2)
-        _check_range(pos, T, self.context_length)
-        cos, sin = self.cos[pos:pos + T], self.sin[pos:pos + T]
+        _check_start(pos)
+        if pos + T <= self.context_length:
+            cos, sin = self.cos[pos:pos + T], self.sin[pos:pos + T]
+        else:
+            angles = self.angles(pos, pos + T)
+            cos, sin = angles.cos(), angles.sin()
         return _rotate_pairs(q, cos, sin), _rotate_pairs(k, cos, sin)
 
 
@@ -461,13 +497,20 @@ class GPT(nn.Module):
                 and the cache is advanced by T.
 
         Raises:
-            ValueError: the tokens would reach past ``context_length`` (or past the cache).
+            ValueError: the tokens would reach past the cache, or past the position table of a
+                scheme that has one (learned positions: ``context_length`` rows). Other schemes
+                run at any length (:attr:`Position.max_positions`), for length extrapolation.
         """
         B, T = idx.shape
         offset = 0 if cache is None else cache.pos
-        if offset + T > self.cfg.context_length:
+        if cache is not None and offset + T > cache.max_len:
             raise ValueError(f"sequence of {offset + T} tokens (cache {offset} + {T} new) exceeds "
-                             f"context_length={self.cfg.context_length}")
+                             f"the KV cache's max_len={cache.max_len}")
+        limit = self.position.max_positions
+        if limit is not None and offset + T > limit:
+            raise ValueError(f"sequence of {offset + T} tokens exceeds the {self.cfg.position} "
+                             f"position table of {limit} positions (context_length={limit}); "
+                             f"position '{self.cfg.position}' cannot run past its table")
         x = self.drop(self.position.embed(self.wte(idx), offset))  # (B, T, C)
         for block in self.blocks:
             x = block(x, self.position, cache)
@@ -479,12 +522,12 @@ class GPT(nn.Module):
         loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-1)
         return logits, loss
 
-    def init_cache(self, batch_size: int, device=None) -> KVCache:
-        """An empty :class:`KVCache` for ``batch_size`` sequences of up to context_length tokens,
-        on ``device`` (default: the model's) in the model's dtype."""
+    def init_cache(self, batch_size: int, device=None, max_len: int | None = None) -> KVCache:
+        """An empty :class:`KVCache` for ``batch_size`` sequences of up to ``max_len`` tokens
+        (default context_length), on ``device`` (default: the model's) in the model's dtype."""
         w = self.wte.weight
         return KVCache(self.cfg.n_layers, batch_size, self.cfg.n_query_groups,
-                       self.cfg.context_length, self.cfg.head_dim,
+                       max_len or self.cfg.context_length, self.cfg.head_dim,
                        device=device if device is not None else w.device, dtype=w.dtype)
 
     @torch.no_grad()
@@ -530,7 +573,7 @@ class GPT(nn.Module):
         softmax is materialised instead of fused. Rows sum to 1; entries above the diagonal are 0.
 
         Raises:
-            ValueError: T > context_length.
+            ValueError: T past the position table (as :meth:`forward`).
         """
         was_training = self.training
         attns = [b.attn for b in self.blocks]
@@ -627,25 +670,28 @@ class CausalityError(ValueError):
 
 
 def check_causality(cfg: ModelConfig, seed: int = 0, t: int | None = None,
-                    atol: float = 1e-5) -> None:
+                    atol: float = 1e-5, length: int | None = None) -> None:
     """Pre-flight check that a fresh fp32 ``GPT(cfg)`` cannot see the future.
 
-    Two sequences of context_length random tokens (batch 2) are run; the copy has every token
-    after position ``t`` changed. Logits at positions <= t must agree within ``atol``. With
-    ``t=None`` the cut is tried at 0, T/4, T/2 and T-2. Global RNG state is left untouched.
+    Two sequences of T = ``length`` (default context_length) random tokens (batch 2) are run;
+    the copy has every token after position ``t`` changed. Logits at positions <= t must agree
+    within ``atol``. With ``t=None`` the cut is tried at 0, T/4, T/2 and T-2. A ``length`` past
+    the context checks the mask and positions used for length extrapolation. Global RNG state is
+    left untouched.
 
     Raises:
         CausalityError: naming the config (ffn, norm, placement, position, kv heads) and the
             first position whose logits moved.
-        ValueError: ``cfg.vocab_size`` < 2, or ``t`` not in [0, context_length - 2].
+        ValueError: ``cfg.vocab_size`` < 2, ``t`` not in [0, T - 2], or a ``length`` past a
+            learned position table.
     """
     if cfg.vocab_size < 2:
         raise ValueError("check_causality needs cfg.vocab_size >= 2 to perturb tokens")
-    T, V = cfg.context_length, cfg.vocab_size
+    T, V = length or cfg.context_length, cfg.vocab_size
     cuts = [t] if t is not None else sorted({c for c in (0, T // 4, T // 2, T - 2) if c >= 0})
     for cut in cuts:
         if not 0 <= cut <= T - 2:
-            raise ValueError(f"t={cut} must be in [0, {T - 2}] for context_length={T}")
+            raise ValueError(f"t={cut} must be in [0, {T - 2}] for sequences of {T} tokens")
     with GLOBAL_RNG_LOCK, torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = GPT(cfg).float().eval()
