@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from lmablate.config import DataError, ModelConfig
 from lmablate.arithmetic import format_problem, split_problem
-from lmablate.evaluation import (arithmetic_predictions, arithmetic_scores,
+from lmablate.evaluation import (arithmetic_predictions, arithmetic_scores, extrapolation,
                                  test_loss as windowed_test_loss)
 from lmablate.model import GPT
 from lmablate.tokenizer import CharTokenizer
@@ -98,3 +98,46 @@ def test_test_loss_is_mean_cross_entropy_over_windows():
     assert got > math.log(7) * 0.5
     with pytest.raises(ValueError, match="need at least 9"):
         windowed_test_loss(model, tokens[:8], 2, 10, torch.device("cpu"))
+
+
+def _tiny(position: str) -> GPT:
+    torch.manual_seed(0)
+    return GPT(ModelConfig(vocab_size=7, d_model=16, n_layers=1, n_heads=2, context_length=8,
+                           position=position)).eval()
+
+
+@pytest.mark.parametrize("position", ["rope", "alibi", "sinusoidal", "none"])
+def test_extrapolation_is_the_loss_of_every_position_of_longer_windows(position):
+    model = _tiny(position)
+    tokens = np.random.default_rng(0).integers(0, 7, size=32 * 3 + 5).astype(np.uint8)
+    got = extrapolation(model, tokens, (1, 2, 4), bucket=4, batch_size=2, max_tokens=10_000,
+                        device=torch.device("cpu"))
+    assert list(got) == ["x1", "x2", "x4"]
+    for f in (1, 2, 4):
+        L = 8 * f
+        w = torch.from_numpy(tokens[:97].astype(np.int64))  # 3 windows of 32: the same tokens
+        x, y = w[:96].view(-1, L), w[1:97].view(-1, L)
+        with torch.no_grad():
+            nll = F.cross_entropy(model(x)[0].flatten(0, 1), y.flatten(), reduction="none")
+        nll = nll.view(-1, L).mean(0)  # (L,) mean over windows
+        r = got[f"x{f}"]
+        assert r["windows"] == 96 // L
+        assert r["test_loss"] == pytest.approx(nll.mean().item(), rel=1e-5)
+        assert r["position_loss"] == pytest.approx(nll.view(-1, 4).mean(1).tolist(), rel=1e-5)
+    # at factor 1 it is the windowed test loss over the same tokens
+    assert got["x1"]["test_loss"] == pytest.approx(
+        windowed_test_loss(model, tokens[:97], 16, 10, torch.device("cpu")), rel=1e-5)
+
+
+def test_a_learned_table_gets_na_past_its_context_not_an_error():
+    model = _tiny("learned")
+    tokens = np.random.default_rng(0).integers(0, 7, size=100).astype(np.uint8)
+    got = extrapolation(model, tokens, (1, 2, 4), 4, 2, 10_000, torch.device("cpu"))
+    assert got["x2"] == got["x4"] == "n/a (learned table of 8 positions)"
+    assert got["x1"]["test_loss"] > 0 and len(got["x1"]["position_loss"]) == 2
+
+
+def test_extrapolation_needs_one_window_of_the_longest_length():
+    with pytest.raises(ValueError, match="needs at least 33"):
+        extrapolation(_tiny("rope"), np.zeros(32, np.uint8), (1, 4), 4, 2, 10_000,
+                      torch.device("cpu"))

@@ -669,3 +669,20 @@ def test_init_scales():
     assert (block.attn.q.bias == 0).all()
     assert isinstance(model.norm_f, M.LayerNorm)
     assert isinstance(make_model(cfg.replace(norm_placement="post")).norm_f, torch.nn.Identity)
+
+
+def test_the_readme_variant_table_says_which_variants_run_past_their_context():
+    """The README's column is what the model does: a variant runs past its training context
+    exactly when its position scheme has no table of positions."""
+    from pathlib import Path
+    from lmablate import config
+    root = Path(__file__).resolve().parents[1]
+    cfg = config.load(root / "profiles" / "full.yaml")
+    text = (root / "README.md").read_text()
+    table = text[text.index("| variant | overrides |"):].split("\n\n")[0].splitlines()[2:]
+    rows = [ln.split("|") for ln in table]
+    said = {r[1].strip().strip("`"): r[4].strip() for r in rows}
+    assert set(said) == set(cfg.variants)
+    for variant, text in said.items():
+        model = M.GPT(cfg.model_config(variant, vocab_size=V))
+        assert (text == "yes") == (model.position.max_positions is None), variant

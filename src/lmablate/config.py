@@ -347,7 +347,9 @@ class TuneConfig:
 class EvaluateConfig:
     """Evaluation: test loss over up to ``max_batches`` batches; arithmetic greedy decoding of up
     to ``max_problems`` test problems, ``batch_size`` at a time; ``n_samples`` text samples of
-    ``sample_tokens`` tokens each."""
+    ``sample_tokens`` tokens each. Length extrapolation: the test loss on windows of each of
+    ``extrapolation_factors`` x context_length tokens (sorted, distinct, >= 1), broken down into
+    buckets of ``position_bucket`` positions (:func:`lmablate.evaluation.extrapolation`)."""
 
     max_batches: int = 50
     batch_size: int = 256
@@ -355,12 +357,24 @@ class EvaluateConfig:
     n_samples: int = 3
     sample_tokens: int = 300
     temperature: float = 0.8
+    extrapolation_factors: tuple[int, ...] = (1, 2, 4)
+    position_bucket: int = 16
 
     def __post_init__(self) -> None:
-        for key in ("max_batches", "batch_size", "max_problems", "sample_tokens"):
+        for key in ("max_batches", "batch_size", "max_problems", "sample_tokens",
+                    "position_bucket"):
             check_int(f"evaluate.{key}", getattr(self, key))
         check_int("evaluate.n_samples", self.n_samples, minimum=0)
         check_positive("evaluate.temperature", self.temperature)
+        factors = self.extrapolation_factors
+        if not isinstance(factors, (list, tuple)) or not factors:
+            fail("evaluate.extrapolation_factors", factors,
+                 "expected a non-empty list of whole multiples of context_length, e.g. [1, 2, 4]")
+        for f in factors:
+            check_int("evaluate.extrapolation_factors", f)
+        if len(set(factors)) != len(factors):
+            fail("evaluate.extrapolation_factors", list(factors), "factors must be distinct")
+        object.__setattr__(self, "extrapolation_factors", tuple(sorted(factors)))
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,9 @@ Definitions (seed 000, made deterministic):
   closing ``$``). After the first ``$`` the prediction is padded with ``$`` (seed 000 stops there
   and pads). Character accuracy = share of answer positions equal to the target; exact match =
   share of problems whose every answer position is right. Both overall and per operation.
+- length extrapolation: the test loss on windows of 1, 2, 4 ... x ``context_length`` tokens, by
+  position bucket, for the position schemes that run past the training context
+  (:func:`extrapolation`).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import math
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from .arithmetic import OP_NAMES, problem_op, split_problem
 from .device import autocast
@@ -46,6 +50,63 @@ def test_loss(model, tokens: np.ndarray, batch_size: int, max_batches: int,
         total += loss.float().item() * len(chunk)
         count += len(chunk)
     return total / count
+
+
+def not_extrapolating(model) -> str | None:
+    """Why ``model`` cannot be run past its training context: "n/a (learned table of N
+    positions)" for a position table, None for a scheme that runs at any length."""
+    limit = model.position.max_positions
+    return None if limit is None else f"n/a ({model.cfg.position} table of {limit} positions)"
+
+
+def extrapolation(model, tokens: np.ndarray, factors: tuple[int, ...], bucket: int,
+                  batch_size: int, max_tokens: int, device: torch.device) -> dict:
+    """Length extrapolation (Press et al. 2022, "Train Short, Test Long"): the test loss of
+    ``model`` on windows of f x context_length tokens for each factor f, and its breakdown by
+    position.
+
+    Every factor reads the same tokens: the first n x (max factor x context_length) tokens of
+    ``tokens``, with n as many windows of the longest length as fit in ``len(tokens) - 1`` and
+    ``max_tokens``, cut into non-overlapping windows of each length. The loss at a window's
+    position p predicts token p + 1 from the p + 1 tokens before it (from that window alone).
+
+    Returns ``{"x<f>": {"test_loss": nats/token, "length": window length in tokens, "bucket":
+    ``bucket``, "position_loss": [mean loss (nats/token) of positions b*bucket ..
+    (b+1)*bucket - 1, for each bucket b], "windows": number of windows}}``; a factor past a
+    learned position table maps to :func:`not_extrapolating`'s "n/a (...)" string instead.
+
+    Raises:
+        ValueError: ``tokens`` hold fewer than max factor x context_length + 1 tokens.
+    """
+    T = model.cfg.context_length
+    longest = max(factors) * T
+    n_long = min((len(tokens) - 1) // longest, max(1, max_tokens // longest))
+    if n_long < 1:
+        raise ValueError(f"test split has {len(tokens)} tokens; length extrapolation to "
+                         f"{max(factors)} x context_length needs at least {longest + 1}")
+    span = n_long * longest
+    out: dict[str, dict | str] = {}
+    for f in factors:
+        L = f * T
+        reason = not_extrapolating(model)
+        if reason is not None and L > model.position.max_positions:
+            out[f"x{f}"] = reason
+            continue
+        starts = np.arange(span // L) * L
+        total = np.zeros(L)
+        for chunk in np.array_split(starts, math.ceil(len(starts) / batch_size)):
+            w = torch.from_numpy(tokens[chunk[:, None] + np.arange(L + 1)].astype(np.int64))
+            w = w.to(device)
+            with torch.inference_mode(), autocast(device):
+                logits, _ = model(w[:, :-1])
+            nll = F.cross_entropy(logits.float().flatten(0, 1), w[:, 1:].flatten(),
+                                  reduction="none").view(len(chunk), L)  # (B, L) nats
+            total += nll.sum(0).double().cpu().numpy()
+        per_position = total / len(starts)  # (L,)
+        buckets = [float(per_position[b:b + bucket].mean()) for b in range(0, L, bucket)]
+        out[f"x{f}"] = {"test_loss": float(per_position.mean()), "length": L, "bucket": bucket,
+                        "position_loss": buckets, "windows": int(len(starts))}
+    return out
 
 
 def arithmetic_predictions(model, tok: CharTokenizer, problems: list[str], batch_size: int,

@@ -36,7 +36,8 @@ RUNS_VIEW_TAG = f"mlflow.sharedViewState.{RUNS_VIEW_KEY}"
 RUNS_VIEW_COLUMNS = ("tags.`dataset`", "tags.`variant`", "tags.`seed`", "params.`d_model`",
                      "params.`peak_lr`", "params.`steps`", "metrics.`test_loss`",
                      "metrics.`bits_per_char`", "metrics.`exact_match`",
-                     "metrics.`char_accuracy`", "metrics.`val_loss`", "metrics.`train_seconds`")
+                     "metrics.`char_accuracy`", "metrics.`test_loss_x4`", "metrics.`val_loss`",
+                     "metrics.`train_seconds`")
 RUNS_VIEW = {
     # the final runs of the study's variants, not those of the baseline tuned again
     "searchFilter": "tags.stage = 'final' AND tags.replicate = '0'",

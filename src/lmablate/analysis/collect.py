@@ -41,6 +41,11 @@ PER_OP_COLUMNS = ["dataset", "variant", "seed", "op", "char_accuracy", "exact_ma
 # The final runs of a re-tuning (``runs/<dataset>/<variant>/replicate_<N>/``): the ablation
 # columns with the replicate number N after the variant.
 REPLICATE_COLUMNS = [*ABLATION_COLUMNS[:2], "replicate", *ABLATION_COLUMNS[2:]]
+# Length extrapolation (evaluate's "extrapolation"): per seed and factor the test loss on windows
+# of factor x context_length tokens, or the reason there is none ("n/a (learned table of N
+# positions)"); and per position bucket its mean loss.
+EXTRAPOLATION_COLUMNS = ["dataset", "variant", "seed", "factor", "length", "test_loss", "note"]
+POSITION_LOSS_COLUMNS = ["dataset", "variant", "seed", "factor", "position", "loss"]
 # What tuning chose per dataset x variant (``best.json``); ``on_edge`` joins its flags with "; ".
 TUNED_COLUMNS = ["dataset", "variant", "lr", "d_model", "val_loss", "on_edge", "n_trials",
                  "n_complete", "n_pruned"]
@@ -74,6 +79,11 @@ class RunOutputs:
         tuned: the tuned values of each dataset x variant (``best.json``), columns
             :data:`TUNED_COLUMNS`: ``lr`` per step, ``d_model``, the best trial's ``val_loss``
             (nats/token, at its share of the budget) and the range-edge flags.
+        extrapolation: length extrapolation per dataset x variant x seed x factor, columns
+            :data:`EXTRAPOLATION_COLUMNS` (``length`` in tokens, ``test_loss`` in nats/token;
+            NaN with the reason in ``note`` where the scheme cannot run that long).
+        position_loss: the loss by position bucket at each factor, columns
+            :data:`POSITION_LOSS_COLUMNS` (``position``: the bucket's first position, 0-based).
 
     The raw frames (history, trials, grad, per_op) keep the row order of the files: the figures
     draw their points in row order, and overlapping markers are stacked in that order.
@@ -90,6 +100,10 @@ class RunOutputs:
         default_factory=lambda: pd.DataFrame(columns=REPLICATE_COLUMNS))
     tuned: pd.DataFrame = dataclasses.field(
         default_factory=lambda: pd.DataFrame(columns=TUNED_COLUMNS))
+    extrapolation: pd.DataFrame = dataclasses.field(
+        default_factory=lambda: pd.DataFrame(columns=EXTRAPOLATION_COLUMNS))
+    position_loss: pd.DataFrame = dataclasses.field(
+        default_factory=lambda: pd.DataFrame(columns=POSITION_LOSS_COLUMNS))
 
 
 # --------------------------------------------------------------------------------------------
@@ -185,7 +199,7 @@ def _ordered(runs: RunOutputs, datasets: Sequence[str], variants: Sequence[str])
     """``runs`` with the study order set on every frame; the ablation table sorted by it."""
     frames = {f: with_order(getattr(runs, f), datasets, variants)
               for f in ("ablation", "history", "trials", "grad", "per_op", "replicates",
-                        "tuned")}
+                        "tuned", "extrapolation", "position_loss")}
     frames["ablation"] = frames["ablation"].sort_values(
         ["dataset", "variant", "seed"], kind="stable", ignore_index=True)
     frames["tuned"] = frames["tuned"].sort_values(["dataset", "variant"], kind="stable",
@@ -206,9 +220,37 @@ def _typed(df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
+def _extrapolation_rows(dataset: str, variant: str, seed: int, run: Mapping[str, Any]
+                        ) -> tuple[list[dict], list[dict]]:
+    """A seed's ``extrapolation`` results as rows of :data:`EXTRAPOLATION_COLUMNS` and
+    :data:`POSITION_LOSS_COLUMNS`."""
+    rows, buckets = [], []
+    for key, r in (run.get("extrapolation") or {}).items():
+        factor = int(key.removeprefix("x"))
+        base = {"dataset": dataset, "variant": variant, "seed": seed, "factor": factor}
+        if not isinstance(r, dict):
+            rows.append({**base, "length": None, "test_loss": None, "note": str(r)})
+            continue
+        rows.append({**base, "length": r["length"], "test_loss": r["test_loss"], "note": ""})
+        buckets += [{**base, "position": i * r["bucket"], "loss": loss}
+                    for i, loss in enumerate(r["position_loss"])]
+    return rows, buckets
+
+
+def _numbers(df: pd.DataFrame) -> pd.DataFrame:
+    """An extrapolation frame with integer seed/factor/length/position and float losses."""
+    for col in df.columns:
+        if col in ("seed", "factor", "length", "position"):
+            df[col] = maybe_int(df[col])
+        elif col in ("test_loss", "loss"):
+            df[col] = pd.to_numeric(df[col], errors="coerce").astype(float)
+    return df
+
+
 def _read_metrics(metrics_path: Path, run_dir: Path | None = None
-                  ) -> tuple[str, str, list[dict], list[dict]]:
-    """One ``metrics.json``: ``(dataset, variant, seed rows, per-op rows)``. A seed row has
+                  ) -> tuple[str, str, list[dict], list[dict], tuple[list[dict], list[dict]]]:
+    """One ``metrics.json``: ``(dataset, variant, seed rows, per-op rows, (extrapolation rows,
+    position-loss rows))`` (:func:`_extrapolation_rows`). A seed row has
     :data:`ABLATION_COLUMNS`, its timings from ``checkpoints/seed_<s>/result.json`` next to
     the metrics file. Dataset and variant come from the file, else from the folders
     ``<dataset>/<variant>/`` (``run_dir``, default the file's folder)."""
@@ -216,9 +258,12 @@ def _read_metrics(metrics_path: Path, run_dir: Path | None = None
     doc = fileio.read_json(metrics_path)
     dataset = str(doc.get("dataset") or run_dir.parent.name)
     variant = str(doc.get("variant") or run_dir.name)
-    rows, per_op_rows = [], []
+    rows, per_op_rows, extrapolation, position_loss = [], [], [], []
     for key, run in (doc.get("runs") or {}).items():
         seed = _seed_of(key, run)
+        e_rows, p_rows = _extrapolation_rows(dataset, variant, seed, run)
+        extrapolation += e_rows
+        position_loss += p_rows
         row = {col: run.get(col) for col in ABLATION_COLUMNS[3:]}
         result_path = metrics_path.parent / "checkpoints" / f"seed_{seed}" / "result.json"
         if result_path.is_file():
@@ -231,7 +276,7 @@ def _read_metrics(metrics_path: Path, run_dir: Path | None = None
                 "char_accuracy": (values or {}).get("char_accuracy"),
                 "exact_match": (values or {}).get("exact_match"),
             })
-    return dataset, variant, rows, per_op_rows
+    return dataset, variant, rows, per_op_rows, (extrapolation, position_loss)
 
 
 def collect(runs_dir: Path) -> RunOutputs:
@@ -251,15 +296,17 @@ def collect(runs_dir: Path) -> RunOutputs:
         ValueError: a ``metrics.json`` or ``examples.json`` is not valid JSON.
     """
     runs_dir = Path(runs_dir)
-    rows, per_op_rows = [], []
+    rows, per_op_rows, extrapolation_rows, position_rows = [], [], [], []
     histories, trials, grads, tuned_rows = [], [], [], []
     samples: dict[tuple[str, str], dict] = {}
     predictions: dict[tuple[str, str], dict] = {}
     for metrics_path in sorted(runs_dir.glob("*/*/metrics.json")):
         run_dir = metrics_path.parent
-        dataset, variant, seed_rows, op_rows = _read_metrics(metrics_path)
+        dataset, variant, seed_rows, op_rows, (e_rows, p_rows) = _read_metrics(metrics_path)
         rows += seed_rows
         per_op_rows += op_rows
+        extrapolation_rows += e_rows
+        position_rows += p_rows
         for name, sink in (("history.csv", histories), ("trials.csv", trials),
                            ("grad_stats.csv", grads)):
             df = _read_csv_tagged(run_dir / name, dataset, variant)
@@ -283,7 +330,7 @@ def collect(runs_dir: Path) -> RunOutputs:
         if not number.isdigit():
             continue
         replicate = int(number)
-        _, _, seed_rows, _ = _read_metrics(metrics_path, metrics_path.parent.parent)
+        _, _, seed_rows, _, _ = _read_metrics(metrics_path, metrics_path.parent.parent)
         replicate_rows += [{**row, "replicate": replicate} for row in seed_rows]
 
     ablation = _typed(pd.DataFrame(rows, columns=ABLATION_COLUMNS))
@@ -295,7 +342,11 @@ def collect(runs_dir: Path) -> RunOutputs:
                       grad=_stack(grads), per_op=per_op, samples=samples,
                       predictions=predictions,
                       replicates=_typed(pd.DataFrame(replicate_rows, columns=REPLICATE_COLUMNS)),
-                      tuned=pd.DataFrame(tuned_rows, columns=TUNED_COLUMNS))
+                      tuned=pd.DataFrame(tuned_rows, columns=TUNED_COLUMNS),
+                      extrapolation=_numbers(pd.DataFrame(extrapolation_rows,
+                                                          columns=EXTRAPOLATION_COLUMNS)),
+                      position_loss=_numbers(pd.DataFrame(position_rows,
+                                                          columns=POSITION_LOSS_COLUMNS)))
     frames = [runs.ablation, runs.history, runs.trials, runs.grad, runs.per_op, runs.replicates,
               runs.tuned]
     datasets = sorted({str(d) for f in frames if "dataset" in f for d in f["dataset"]})
@@ -360,6 +411,8 @@ def restrict_to_study(cfg: StudyConfig, runs: RunOutputs) -> tuple[RunOutputs, l
         runs, ablation=ablation, replicates=_filter(runs.replicates, cfg),
         history=_filter(runs.history, cfg), tuned=_filter(runs.tuned, cfg),
         trials=_filter(runs.trials, cfg), grad=_filter(runs.grad, cfg),
+        extrapolation=_filter(runs.extrapolation, cfg),
+        position_loss=_filter(runs.position_loss, cfg),
         per_op=_filter(runs.per_op, cfg), samples=configured(runs.samples),
         predictions=configured(runs.predictions))
     variants = variant_order(cfg.study_variants, cfg.study_variants)

@@ -580,3 +580,42 @@ def plot_embedding_pca(embs: Mapping[str, np.ndarray], chars: Sequence[str], tit
         fig.suptitle(title)
     return Path(path)
 
+
+
+def plot_position_loss(curves: pd.DataFrame, dataset: str, context_length: int, path: Path, *,
+                       palette: Mapping[str, Any] | None = None,
+                       positions: Mapping[str, str] | None = None) -> Path | None:
+    """Test loss (nats/token) against token position, one line per variant, in the style of
+    Press et al. 2022, fig. 1: each variant at the longest length it can run (a learned position
+    table stops at ``context_length``), the mean over seeds of each position bucket, and a
+    dashed vertical line where the training context ends.
+
+    Args:
+        curves: :func:`lmablate.analysis.extrapolation.position_curves` of ``dataset``.
+        positions: variant -> its position scheme, named in the legend.
+
+    Returns ``path``, or None if ``curves`` is empty."""
+    if curves.empty:
+        return None
+    order = present(curves["variant"])
+    colours = _variant_palette(order, palette)
+    with _figure(path, figsize=(8.5, 4.8)) as (fig, axes):
+        ax = axes[0, 0]
+        for v in order:
+            c = curves[curves["variant"] == v]
+            label = v + (f" ({positions[v]})" if positions and v in positions else "")
+            ax.plot(c["position"] + 1, c["loss"], marker="o", markersize=3, color=colours[v],
+                    label=label)
+        ax.axvline(context_length, color="0.4", linestyle="--", linewidth=1.2)
+        ax.text(context_length, 1.0, " training context", transform=ax.get_xaxis_transform(),
+                va="top", ha="left", fontsize=8, color="0.3")
+        n_seeds = int(curves["seeds"].max())
+        ax.set_title(f"{dataset}: test loss by token position, up to "
+                     f"{int(curves['factor'].max())}x the training context\n"
+                     f"(mean over {n_seeds} seed(s); a point is a bucket of positions, "
+                     "drawn at its first)")
+        ax.set_xlabel("token position in the window (1-based)")
+        ax.set_ylabel("test loss (nats/token)")
+        ax.legend(title="variant (positions)", loc="upper left", bbox_to_anchor=(1.01, 1.0),
+                  fontsize=8)
+    return Path(path)

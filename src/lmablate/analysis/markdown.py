@@ -163,6 +163,59 @@ def _comparison_table(comparisons: pd.DataFrame, dataset: str) -> str:
     return _md_table(pd.DataFrame(rows))
 
 
+def _extrapolation_section(cfg: StudyConfig, table: pd.DataFrame, comparisons: pd.DataFrame,
+                           dataset: str, order: Sequence[str]) -> list[str]:
+    """"### Length extrapolation": per variant its position scheme and the test loss at each
+    factor x context_length (mean ± CI half-width over seeds, or why there is none), then the
+    difference to the reference variant at each factor with its Holm verdict."""
+    t = table[table["dataset"] == dataset] if len(table) else table
+    if t.empty:
+        return []
+    factors = sorted(int(f) for f in t["factor"].unique())
+    ctx = cfg.model.context_length
+    reference = (comparisons[comparisons["dataset"] == dataset]["reference"].iloc[0]
+                 if len(comparisons) and (comparisons["dataset"] == dataset).any() else None)
+    rows = []
+    for v in order:
+        tv = t[t["variant"] == v]
+        if tv.empty:
+            continue
+        row = {"variant": v, "positions": cfg.model_config(v, vocab_size=1).position}
+        for f in factors:
+            r = tv[tv["factor"] == f]
+            head = f"{f}x ({f * ctx} tokens)"
+            if r.empty:
+                row[head] = "–"
+            elif r.iloc[0]["note"]:
+                row[head] = str(r.iloc[0]["note"])
+            else:
+                r = r.iloc[0]
+                half = (r["ci95_high"] - r["mean"]) if pd.notna(r["ci95_high"]) else float("nan")
+                row[head] = _num(r["mean"]) + (f" ± {_num(half)}" if pd.notna(half) else "")
+        for f in factors:
+            c = comparisons[(comparisons["dataset"] == dataset) & (comparisons["variant"] == v)
+                            & (comparisons["metric"] == f"test_loss_x{f}")] \
+                if len(comparisons) else comparisons
+            head = f"Δ vs {reference} at {f}x"
+            if c.empty:
+                row[head] = "reference" if v == reference else "–"
+                continue
+            c = c.iloc[0]
+            mark = VERDICT_MARKS.get(c["verdict"], "")
+            row[head] = (f"{_num(c['mean_diff'])} {_interval(c, 3)}"
+                         + (f" **{mark} {c['verdict']}**" if mark else f" {c['verdict']}"))
+        rows.append(row)
+    return ["### Length extrapolation", "",
+            f"Test loss (nats/token) on windows of 1 to {max(factors)} times the training "
+            f"context of {ctx} tokens, the same test tokens at every length (mean ± 95% CI "
+            "half-width over seeds). A learned position table has no rows past the context, "
+            "so it is measured at 1x only. Δ is paired by seed against "
+            f"{reference}, with its raw 95% interval, Holm-corrected over the variants at each "
+            "length (▲ better / ▼ worse; lower loss is better). The figure \"test loss by "
+            "token position\" shows where along the window the loss changes.", "",
+            _md_table(pd.DataFrame(rows)), ""]
+
+
 def _count(n: Any, total: Any) -> str:
     return f"{_int(n)} of {_int(total)}"
 
@@ -418,7 +471,8 @@ def render_markdown(cfg: StudyConfig, runs: RunOutputs, summary: pd.DataFrame,
                     problems: pd.DataFrame | None = None,
                     detectable: pd.DataFrame | None = None,
                     references: pd.DataFrame | None = None,
-                    tuned: pd.DataFrame | None = None) -> str:
+                    tuned: pd.DataFrame | None = None,
+                    extrapolation: tuple[pd.DataFrame, pd.DataFrame] | None = None) -> str:
     """The text of ``report.md`` (GitHub-flavoured Markdown, ``\n`` line ends, one final
     newline).
 
@@ -441,6 +495,8 @@ def render_markdown(cfg: StudyConfig, runs: RunOutputs, summary: pd.DataFrame,
         references: the report stage's reference points (``dataset, reference, metric,
             value, detail``), shown in the summary tables.
         tuned: :attr:`~lmablate.analysis.collect.RunOutputs.tuned` (range-edge flags).
+        extrapolation: ``(table, comparisons)`` of :mod:`lmablate.analysis.extrapolation`,
+            shown per dataset as "Length extrapolation".
 
     The section "What this study can and cannot say" (:mod:`lmablate.analysis.limits`) follows
     the introduction; it is written from the same frames.
@@ -507,6 +563,8 @@ def render_markdown(cfg: StudyConfig, runs: RunOutputs, summary: pd.DataFrame,
         lines += _problem_table(problems, ds)
         if variation is not None:
             lines += _tuning_variation_section(variation, ds)
+        if extrapolation is not None:
+            lines += _extrapolation_section(cfg, *extrapolation, ds, order)
         lines += ["### Tuned hyper-parameters, size and throughput", "",
                   _tuned_table(ablation, ds, order), ""]
         ds_figs = [(cap, rel) for d, cap, rel in figures if d == ds]

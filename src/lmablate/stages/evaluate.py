@@ -16,7 +16,8 @@ from ..arithmetic import split_problem
 from ..checkpoint import load_checkpoint
 from ..config import StudyConfig
 from ..device import resolve_device
-from ..evaluation import arithmetic_predictions, arithmetic_scores, test_loss, text_samples
+from ..evaluation import (arithmetic_predictions, arithmetic_scores, extrapolation, test_loss,
+                          text_samples)
 from ..parallel import map_jobs, worker_count
 from ..tokenizer import load_tokenizer
 from ..tokens import TokenData
@@ -34,7 +35,9 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, raw_dir:
         tracker: NullTracker, replicate: int = 0) -> dict:
     """Evaluate every seed's checkpoint of ``dataset`` x ``variant``.
 
-    Writes ``metrics_path`` (JSON ``{"dataset", "variant", "runs": {"seed_<s>": {...}}}``, plus
+    Writes ``metrics_path`` (JSON ``{"dataset", "variant", "runs": {"seed_<s>": {...}}}``, each
+    seed's with its length extrapolation under ``"extrapolation"``
+    (:func:`lmablate.evaluation.extrapolation`), plus
     ``"replicate": N`` for the final runs of the N-th re-tuning; a DVC metrics file) and
     ``examples_path`` (JSON, per seed: text samples, or the prediction of every arithmetic test
     problem with its prompt and target, in the order of ``test.txt``). Test metrics are logged
@@ -64,6 +67,10 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, raw_dir:
         reproducible = {k: v for k, v in summary.items() if k not in NOT_REPRODUCIBLE}
         metrics = {**reproducible, "test_loss": loss, "perplexity": math.exp(loss),
                    "bits_per_char": loss / math.log(2)}
+        ev = cfg.evaluate
+        metrics["extrapolation"] = extrapolation(
+            model, data.test, ev.extrapolation_factors, ev.position_bucket, ev.batch_size,
+            ev.max_batches * ev.batch_size * model.cfg.context_length, device)
         if ds.kind == "arithmetic":
             preds = arithmetic_predictions(model, tok, problems, cfg.evaluate.batch_size, device,
                                            desc=f"{dataset}/{variant}/seed {seed}: decoding")
@@ -80,6 +87,9 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, raw_dir:
         flat = {k: v for k, v in metrics.items() if isinstance(v, float) and k not in summary}
         for op, s in metrics.get("per_op", {}).items():
             flat.update({f"{k}_{op}": v for k, v in s.items()})
+        # e.g. test_loss_x4; NaN past a learned table, so every variant's run has the same keys
+        flat.update({f"test_loss_{x}": r["test_loss"] if isinstance(r, dict) else math.nan
+                     for x, r in metrics["extrapolation"].items()})
         tags = {"dataset": dataset, "variant": variant, "seed": seed, "stage": "final",
                 "replicate": replicate}
         with tracker.run(f"{dataset}-{variant}-seed{seed}"

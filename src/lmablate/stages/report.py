@@ -58,6 +58,7 @@ from lmablate import fileio
 from lmablate.analysis import figures as plots
 from lmablate.analysis.collect import (ABLATION_COLUMNS, BASELINE, TUNED_COLUMNS, RunOutputs,
                                        collect, present, restrict_to_study)
+from lmablate.analysis import extrapolation as ex
 from lmablate.analysis.families import family_palette, variant_family
 from lmablate.analysis.markdown import render_markdown
 from lmablate.analysis.statistics import (DETECTABLE_COLUMNS, METRICS, PROBLEM_COLUMNS,
@@ -74,11 +75,15 @@ ATTENTION_TOKENS = 48  # length of the held-out sequence shown in attention heat
 REFERENCE_COLUMNS = ["dataset", "reference", "metric", "value", "detail"]
 
 
-def study_metrics(summary: pd.DataFrame, comparisons: pd.DataFrame) -> dict[tuple[str, str], dict]:
+def study_metrics(summary: pd.DataFrame, comparisons: pd.DataFrame,
+                  extrapolation: pd.DataFrame | None = None) -> dict[tuple[str, str], dict]:
     """The study-level DVC metrics, one small dict per dataset x variant: seeds, mean test loss
     (nats/token), its difference to the baseline's and the verdict (the baseline's are 0 and
-    "baseline"), and mean exact match (arithmetic). What ``dvc metrics show`` and ``dvc exp
-    show`` list; the per-seed and per-operation values stay in ``runs/`` and the CSVs."""
+    "baseline"), mean exact match (arithmetic), and the mean test loss at the longest length
+    of ``extrapolation`` (:func:`lmablate.analysis.extrapolation.extrapolation_table`) as
+    ``test_loss_x<f>``, "n/a" where the position scheme cannot run that long. What ``dvc
+    metrics show`` and ``dvc exp show`` list; the per-seed and per-operation values stay in
+    ``runs/`` and the CSVs."""
     out: dict[tuple[str, str], dict] = {}
     means = summary.set_index(["dataset", "variant", "metric"])
     c = comparisons[comparisons["metric"] == "test_loss"].set_index(["dataset", "variant"])
@@ -95,6 +100,14 @@ def study_metrics(summary: pd.DataFrame, comparisons: pd.DataFrame) -> dict[tupl
                        verdict=str(c.loc[(dataset, variant), "verdict"]))
         if (dataset, variant, "exact_match") in means.index:
             doc["exact_match"] = float(means.loc[(dataset, variant, "exact_match"), "mean"])
+        if extrapolation is not None and len(extrapolation):
+            e = extrapolation[(extrapolation["dataset"] == dataset)
+                              & (extrapolation["variant"] == variant)]
+            top = int(extrapolation["factor"].max())
+            e = e[e["factor"] == top]
+            if len(e):
+                value = e.iloc[0]["mean"]
+                doc[ex.metric_name(top)] = float(value) if pd.notna(value) else "n/a"
         out[(str(dataset), str(variant))] = doc
     return out
 
@@ -284,6 +297,8 @@ def build_report(cfg: StudyConfig, runs_dir: Path, out_dir: Path,
     variation = tuning_variation(ablation, runs.replicates)
     references = (reference_table(cfg, tokens_dir, runs) if tokens_dir is not None
                   else pd.DataFrame(columns=REFERENCE_COLUMNS))
+    extrapolation = (ex.extrapolation_table(runs.extrapolation),
+                     ex.extrapolation_comparisons(runs.extrapolation))
 
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {
@@ -299,13 +314,18 @@ def build_report(cfg: StudyConfig, runs_dir: Path, out_dir: Path,
         "tuned": fileio.write_csv(out_dir / "tuned.csv", runs.tuned, TUNED_COLUMNS),
         "tuning_variation": fileio.write_csv(out_dir / "tuning_variation.csv", variation,
                                              TUNING_VARIATION_COLUMNS),
+        "extrapolation": fileio.write_csv(out_dir / "extrapolation.csv", extrapolation[0],
+                                          ex.TABLE_COLUMNS),
+        "extrapolation_comparisons": fileio.write_csv(
+            out_dir / "extrapolation_comparisons.csv", extrapolation[1]),
     }
     # a DVC metrics directory: one file per dataset (the verdicts) and per dataset x variant
     metrics_dir = out_dir / "metrics"
     docs = {metrics_dir / f"{ds}.json": doc
             for ds, doc in dataset_verdicts(summary, comparisons).items()}
     docs.update({metrics_dir / ds / f"{var}.json": doc
-                 for (ds, var), doc in study_metrics(summary, comparisons).items()})
+                 for (ds, var), doc in study_metrics(summary, comparisons,
+                                                     extrapolation[0]).items()})
     for path, doc in docs.items():
         fileio.write_json(path, doc)
     stale = set(metrics_dir.glob("*.json")) | set(metrics_dir.glob("*/*.json"))
@@ -338,6 +358,13 @@ def build_report(cfg: StudyConfig, runs_dir: Path, out_dir: Path,
             (ds, f"{ds}: test-loss difference to baseline (paired by seed: raw 95% t-interval "
                  "and Holm-adjusted interval)",
              plots.plot_forest(comparisons, ds, fig_dir / f"forest_{ds}.png", "test_loss")),
+            (ds, f"{ds}: test loss by token position, past the training context (mean over "
+                 "seeds; length extrapolation)",
+             plots.plot_position_loss(
+                 ex.position_curves(runs.position_loss, ds), ds, cfg.model.context_length,
+                 fig_dir / f"extrapolation_{ds}.png", palette=palette,
+                 positions={v: cfg.model_config(v, vocab_size=1).position
+                            for v in present(ablation["variant"])})),
         ]
         if ds in op_datasets:
             single = len(op_datasets) == 1  # one arithmetic dataset: no suffix in the name
@@ -360,7 +387,7 @@ def build_report(cfg: StudyConfig, runs_dir: Path, out_dir: Path,
         cfg, runs, summary, comparisons,
         [(ds, cap, p.relative_to(out_dir).as_posix()) for ds, cap, p in written],
         environment, notes, variation, problems=problems, detectable=detectable,
-        references=references, tuned=runs.tuned)
+        references=references, tuned=runs.tuned, extrapolation=extrapolation)
     paths["report"] = out_dir / "report.md"
     fileio.write_text(paths["report"], md)
     paths["figures"] = [p for _, _, p in written]
