@@ -48,6 +48,9 @@ def test_stages_run_on_tiny_data_and_each_ends_with_one_summary_line(project, ca
         rf"{run['test_loss']:.4f} to {run['test_loss']:.4f}, exact match "
         rf"{run['exact_match']:.3f} to {run['exact_match']:.3f}", last_line(capsys))
     assert set(run["per_op"]) == {"add", "sub", "mul", "div"}
+    # rope runs past its context: a loss at every length of evaluate.extrapolation_factors
+    assert [x for x, r in run["extrapolation"].items() if isinstance(r, dict)] == [
+        "x1", "x2", "x4"]
     assert run["bits_per_char"] == pytest.approx(run["test_loss"] / 0.6931471805599453)
     # a resumed tune with the same settings finds its finished study and runs no new trial
     assert cli.main(tune_args("rope")) == 0
@@ -83,6 +86,18 @@ def test_split_too_small_for_context(project, capsys):
     assert cli.main(tune_args()) == 2
     err = capsys.readouterr().err
     assert "fewer than context_length + 1" in err and "split" in err
+    assert not (project.path / "out").exists()
+
+
+def test_extrapolation_longer_than_the_test_split_exits_2_before_reading_checkpoints(
+        project, capsys):
+    project.write_params(lambda r: r["evaluate"].update(extrapolation_factors=[1, 10_000]))
+    assert cli.main(["evaluate", "arithmetic", "rope", "--tokens", "tokens", "--raw", "raw",
+                     "--checkpoints", "no/such/dir", "--metrics", "out/m.json",
+                     "--examples", "out/e.json"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("lmablate: error: evaluate.extrapolation_factors: [1, 10000] needs a "
+                          "test split of at least")
     assert not (project.path / "out").exists()
 
 

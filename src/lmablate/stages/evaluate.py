@@ -14,8 +14,9 @@ from pathlib import Path
 from .. import fileio
 from ..arithmetic import split_problem
 from ..checkpoint import load_checkpoint
-from ..config import StudyConfig
+from ..config import DataError, StudyConfig
 from ..device import resolve_device
+from ..model import check_causality
 from ..evaluation import (arithmetic_predictions, arithmetic_scores, extrapolation, test_loss,
                           text_samples)
 from ..parallel import map_jobs, worker_count
@@ -49,6 +50,11 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, raw_dir:
     cfg.check_variant(variant)
     data = TokenData.load(tokens_dir)
     tok = load_tokenizer(tokens_dir)
+    longest = max(cfg.evaluate.extrapolation_factors) * cfg.model.context_length
+    if len(data.test) < longest + 1:  # before any checkpoint is read
+        raise DataError(f"evaluate.extrapolation_factors: {list(cfg.evaluate.extrapolation_factors)}"
+                        f" needs a test split of at least {longest + 1} tokens (the longest "
+                        f"window, {longest}, plus one); {tokens_dir} has {len(data.test)}")
     device = resolve_device(cfg.runtime.device)
     problems = []
     if ds.kind == "arithmetic":
@@ -63,6 +69,8 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, raw_dir:
             raise ValueError(f"{seed_dir / 'checkpoint.pt'}: vocab_size "
                              f"{ckpt['model_config']['vocab_size']} does not match the data's "
                              f"{tok.vocab_size} ({tokens_dir}); retrain")
+        if model.position.max_positions is None:  # run past its context below: mask and
+            check_causality(model.cfg, length=longest)  # positions must stay causal there
         loss = test_loss(model, data.test, cfg.evaluate.batch_size, cfg.evaluate.max_batches, device)
         reproducible = {k: v for k, v in summary.items() if k not in NOT_REPRODUCIBLE}
         metrics = {**reproducible, "test_loss": loss, "perplexity": math.exp(loss),
