@@ -130,6 +130,16 @@ def test_the_experiment_carries_the_saved_runs_view_its_url_opens(tmp_path):
     assert [r.info.run_id for r in found] == [final]
 
 
+def test_the_sidecar_answers_the_runs_view_url_as_the_store_does(tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setattr(tracking, "_SIDECAR", Sidecar())
+    monkeypatch.chdir(tmp_path)
+    tracker = tracking.make_tracker(TrackingConfig(uri=uri, experiment="study"))
+    assert tracker.runs_view_url() == tracking.MlflowStore(uri, "study").runs_view_url()
+    assert tracking.NullTracker().runs_view_url() is None
+
+
 def test_a_reopened_run_keeps_its_duration(tmp_path):
     """evaluate adds its metrics to train's run: the UI's Duration stays the training's."""
     import mlflow

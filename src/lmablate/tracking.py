@@ -305,7 +305,7 @@ def _serve(reads: int, writes: int) -> None:
                 if args not in stores:
                     stores[args] = MlflowStore(*args)
                 send.send((True, None))
-            elif op in ("start_run", "end_run", "log_batch", "log_artifact"):
+            elif op in ("start_run", "end_run", "log_batch", "log_artifact", "runs_view_url"):
                 send.send((True, getattr(stores[args[0]], op)(*args[1:])))
             else:
                 send.send((False, f"unknown MLflow sidecar request {op!r}"))
