@@ -15,7 +15,7 @@ from typing import Sequence
 
 import pandas as pd
 
-from .collect import BASELINE, present
+from .collect import BASELINE, maybe_int, present
 from .statistics import compare, summarise
 
 REFERENCE = "rope"  # the compared-with variant when the study has it
@@ -65,14 +65,18 @@ def extrapolation_table(extrapolation: pd.DataFrame) -> pd.DataFrame:
         if len(s):
             row.update({k: s.iloc[0][k] for k in ("n", "mean", "ci95_low", "ci95_high")})
         rows.append(row)
-    return pd.DataFrame(rows, columns=TABLE_COLUMNS)
+    table = pd.DataFrame(rows, columns=TABLE_COLUMNS)
+    for col in ("length", "n"):  # whole numbers, NaN where the scheme cannot run that long
+        table[col] = maybe_int(table[col])
+    return table
 
 
 def extrapolation_comparisons(extrapolation: pd.DataFrame) -> pd.DataFrame:
     """Every variant against the reference (:func:`reference_variant`) at each factor, paired
     by seed, Holm within each dataset x factor: the columns of
-    :func:`~lmablate.analysis.statistics.compare` (``metric`` = ``test_loss_x<f>``) plus
-    ``reference``. Variants without values at a factor (a learned table past its context) are
+    :func:`~lmablate.analysis.statistics.compare` (``metric`` = ``test_loss_x<f>``), with
+    ``reference`` (the variant compared with) and ``reference_mean`` in place of ``baseline``
+    and ``baseline_mean``. Variants without values at a factor (a learned table past its context) are
     not compared there."""
     if extrapolation.empty:
         return pd.DataFrame()
@@ -85,6 +89,7 @@ def extrapolation_comparisons(extrapolation: pd.DataFrame) -> pd.DataFrame:
             c = compare(d[["dataset", "variant", "seed", metric]].rename(
                 columns={metric: "test_loss"}), baseline=reference, metrics=["test_loss"])
             c = c[c["n_pairs"] > 0]  # no values at this length: a table that cannot run it
+            c = c.drop(columns="baseline").rename(columns={"baseline_mean": "reference_mean"})
             frames.append(c.assign(metric=metric, reference=reference))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
