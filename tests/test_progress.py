@@ -45,6 +45,22 @@ def test_in_a_log_no_bar_is_redrawn_between_its_scheduled_lines():
     bar.close()
 
 
+def test_in_a_log_tqdms_monitor_has_no_stale_count_to_redraw(monkeypatch):
+    """tqdm's monitor thread refreshes a bar whose miniters is above 1 once maxinterval has
+    passed, printing ``bar.n``, which iteration updates only when it prints itself. A log bar
+    keeps miniters at 1: the monitor leaves it alone, and every line it prints is current."""
+    monkeypatch.setattr(P, "LOG_INTERVAL", 0.0)
+    out = io.StringIO()
+    bar = P.progress(range(40), desc="seed 2", stream=out)
+    it = iter(bar)
+    for _ in range(25):
+        next(it)
+    assert bar.miniters == 1 and not bar.dynamic_miniters  # the monitor's condition is false
+    counts = [int(m) for m in re.findall(r"\| *(\d+)/40", out.getvalue())]
+    assert counts == sorted(counts) and counts[-1] >= 24  # in order, up to date
+    bar.close()
+
+
 def test_on_a_terminal_the_bar_refreshes_often_and_is_erased_when_done():
     term = Terminal()
     bar = P.progress(range(3), desc="trial 1", stream=term)

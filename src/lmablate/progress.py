@@ -7,8 +7,8 @@ tqdm's rate and ETA, and is erased when done: the stage prints one summary line 
 carriage returns and cursor-moving escape codes would fill the log with control characters, so
 the same bar is written as plain lines through :class:`PlainLines`: none for a step shorter
 than :data:`LOG_INTERVAL`, then one line every :data:`LOG_INTERVAL` seconds and one when it ends
-(``maxinterval`` too: tqdm's monitor thread would otherwise redraw a bar every 10 s, with the
-count of its last refresh).
+(``maxinterval`` and a fixed ``miniters`` of 1 too: tqdm's monitor thread would otherwise
+redraw a bar with the count of its last refresh).
 """
 
 from __future__ import annotations
@@ -50,6 +50,9 @@ def progress(iterable: Iterable, *, desc: str, total: int | None = None, initial
     if stream.isatty():
         return tqdm(iterable, desc=desc, total=total, initial=initial, file=stream,
                     mininterval=TERMINAL_INTERVAL, leave=False, dynamic_ncols=True)
+    # miniters=1: tqdm's monitor thread redraws a bar whose (dynamic) miniters grew above 1
+    # once maxinterval passes, with the count of its last print (iteration keeps the count in a
+    # local until it prints): a stale line in the log. At 1 the loop checks the clock each step.
     return tqdm(iterable, desc=desc, total=total, initial=initial, file=PlainLines(stream),
                 mininterval=LOG_INTERVAL, maxinterval=LOG_INTERVAL, delay=LOG_INTERVAL,
-                leave=True, ascii=True, ncols=110)
+                miniters=1, leave=True, ascii=True, ncols=110)
