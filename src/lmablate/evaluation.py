@@ -85,11 +85,11 @@ def extrapolation(model, tokens: np.ndarray, factors: tuple[int, ...], bucket: i
         raise ValueError(f"test split has {len(tokens)} tokens; length extrapolation to "
                          f"{max(factors)} x context_length needs at least {longest + 1}")
     span = n_long * longest
+    reason, limit = not_extrapolating(model), model.position.max_positions
     out: dict[str, dict | str] = {}
     for f in factors:
         L = f * T
-        reason = not_extrapolating(model)
-        if reason is not None and L > model.position.max_positions:
+        if limit is not None and L > limit:
             out[f"x{f}"] = reason
             continue
         starts = np.arange(span // L) * L

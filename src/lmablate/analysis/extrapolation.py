@@ -76,8 +76,8 @@ def extrapolation_comparisons(extrapolation: pd.DataFrame) -> pd.DataFrame:
     by seed, Holm within each dataset x factor: the columns of
     :func:`~lmablate.analysis.statistics.compare` (``metric`` = ``test_loss_x<f>``), with
     ``reference`` (the variant compared with) and ``reference_mean`` in place of ``baseline``
-    and ``baseline_mean``. Variants without values at a factor (a learned table past its context) are
-    not compared there."""
+    and ``baseline_mean``. Variants without values at a factor (a learned table past its
+    context) are not compared there."""
     if extrapolation.empty:
         return pd.DataFrame()
     wide, metrics = _wide(extrapolation)
@@ -103,17 +103,6 @@ def position_curves(position_loss: pd.DataFrame, dataset: str) -> pd.DataFrame:
         return pd.DataFrame(columns=["variant", "factor", "position", "loss", "seeds"])
     longest = p.groupby("variant", observed=True)["factor"].transform("max")
     p = p[p["factor"] == longest]
-    out = (p.groupby(["variant", "factor", "position"], observed=True, sort=True)["loss"]
-           .agg(loss="mean", seeds="count").reset_index())
-    return out
-
-
-def comparison_of(comparisons: pd.DataFrame, dataset: str, variant: str,
-                  factor: int) -> pd.Series | None:
-    """The row of ``comparisons`` for ``dataset`` x ``variant`` at ``factor``, or None."""
-    if comparisons.empty:
-        return None
-    c = comparisons[(comparisons["dataset"] == dataset) & (comparisons["variant"] == variant)
-                    & (comparisons["metric"] == metric_name(factor))]
-    return c.iloc[0] if len(c) else None
+    return (p.groupby(["variant", "factor", "position"], observed=True, sort=True)["loss"]
+            .agg(loss="mean", seeds="count").reset_index())
 

@@ -50,11 +50,12 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, raw_dir:
     cfg.check_variant(variant)
     data = TokenData.load(tokens_dir)
     tok = load_tokenizer(tokens_dir)
-    longest = max(cfg.evaluate.extrapolation_factors) * cfg.model.context_length
+    factors = list(cfg.evaluate.extrapolation_factors)
+    longest = max(factors) * cfg.model.context_length
     if len(data.test) < longest + 1:  # before any checkpoint is read
-        raise DataError(f"evaluate.extrapolation_factors: {list(cfg.evaluate.extrapolation_factors)}"
-                        f" needs a test split of at least {longest + 1} tokens (the longest "
-                        f"window, {longest}, plus one); {tokens_dir} has {len(data.test)}")
+        raise DataError(f"evaluate.extrapolation_factors: {factors} needs a test split of at "
+                        f"least {longest + 1} tokens (the longest window, {longest}, plus one); "
+                        f"{tokens_dir} has {len(data.test)}")
     device = resolve_device(cfg.runtime.device)
     problems = []
     if ds.kind == "arithmetic":
