@@ -930,3 +930,10 @@ def test_the_report_shows_length_extrapolation_with_na_for_learned_tables(tmp_pa
     doc = json.loads((out["metrics"] / "arithmetic" / "gelu.json").read_text())
     assert doc["test_loss_x4"] == "n/a"
     assert (tmp_path / "reports" / "figures" / "extrapolation_shakespeare.png").is_file()
+    positions = pd.read_csv(out["extrapolation_positions"])
+    # learned tables: factor 1 only, 48 positions in buckets of 16, the mean of 3 seeds
+    assert len(positions) == len(DATASETS) * len(VARIANTS) * 3
+    assert set(positions["factor"]) == {1} and set(positions["position"]) == {0, 16, 32}
+    assert set(positions["seeds"]) == {3}
+    assert positions["loss"].tolist() == pytest.approx(
+        [1.5 + 0.01 * (0 + 1 + 2) / 3] * len(positions))

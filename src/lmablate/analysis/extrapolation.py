@@ -21,6 +21,7 @@ from .statistics import compare, summarise
 REFERENCE = "rope"  # the compared-with variant when the study has it
 TABLE_COLUMNS = ["dataset", "variant", "factor", "length", "n", "mean", "ci95_low", "ci95_high",
                  "note"]
+CURVE_COLUMNS = ["variant", "factor", "position", "loss", "seeds"]
 
 
 def metric_name(factor: int) -> str:
@@ -96,11 +97,11 @@ def extrapolation_comparisons(extrapolation: pd.DataFrame) -> pd.DataFrame:
 
 def position_curves(position_loss: pd.DataFrame, dataset: str) -> pd.DataFrame:
     """The loss by position of each variant of ``dataset``, at the longest factor it was run
-    at: the mean over seeds per position bucket. Columns ``variant, factor, position, loss,
-    seeds``, variants in study order."""
+    at: the mean over seeds per position bucket (``position``: the bucket's first position,
+    0-based; ``loss`` in nats/token). Columns :data:`CURVE_COLUMNS`, variants in study order."""
     p = position_loss[position_loss["dataset"] == dataset]
     if p.empty:
-        return pd.DataFrame(columns=["variant", "factor", "position", "loss", "seeds"])
+        return pd.DataFrame(columns=CURVE_COLUMNS)
     longest = p.groupby("variant", observed=True)["factor"].transform("max")
     p = p[p["factor"] == longest]
     return (p.groupby(["variant", "factor", "position"], observed=True, sort=True)["loss"]

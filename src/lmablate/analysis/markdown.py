@@ -525,8 +525,8 @@ def render_markdown(cfg: StudyConfig, runs: RunOutputs, summary: pd.DataFrame,
         f"equal: MDE says how large a difference the study could have missed. Raw numbers are "
         "in `ablation.csv`, `summary.csv` (long format: one row per dataset x variant x "
         "metric), `comparisons.csv`, `problem_comparisons.csv`, `detectable_effects.csv`, "
-        "`references.csv`, `tuned.csv`, `tuning_variation.csv`, `extrapolation.csv` and "
-        "`extrapolation_comparisons.csv`.", "",
+        "`references.csv`, `tuned.csv`, `tuning_variation.csv`, `extrapolation.csv`, "
+        "`extrapolation_comparisons.csv` and `extrapolation_positions.csv`.", "",
         "**Compared at equal training compute.** Within a dataset every final run spends the "
         "same training FLOPs (`train.budget_flops`); each variant's width was tuned, and its "
         "step count follows from that width, so a narrower model trains more steps:", "",

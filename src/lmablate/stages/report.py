@@ -30,6 +30,9 @@ first-seed checkpoints and the tokenized test splits, for the model figures) and
   against their variant, paired by seed
   (:data:`~lmablate.analysis.statistics.TUNING_VARIATION_COLUMNS`): how much a result owes to
   the tuner's sampler seed.
+* ``extrapolation.csv``, ``extrapolation_comparisons.csv``, ``extrapolation_positions.csv``
+  length extrapolation (:mod:`lmablate.analysis.extrapolation`): the test loss at each multiple
+  of the context, its comparison with ``rope``, and the loss by position bucket.
 * ``figures/*.png``  the seaborn figures of :mod:`lmablate.analysis.figures`, plus the last
   layer's attention maps and a PCA of the token embeddings drawn from the checkpoints.
 * ``report.md``      the human-readable report (:mod:`lmablate.analysis.markdown`).
@@ -276,7 +279,8 @@ def build_report(cfg: StudyConfig, runs_dir: Path, out_dir: Path,
 
     Returns:
         ``{"report", "ablation", "summary", "comparisons", "problem_comparisons",
-        "detectable_effects", "references", "tuned", "tuning_variation": Path,
+        "detectable_effects", "references", "tuned", "tuning_variation", "extrapolation",
+        "extrapolation_comparisons", "extrapolation_positions", "metrics", "curves": Path,
         "figures": [Path, ...]}``.
 
     Raises:
@@ -318,6 +322,12 @@ def build_report(cfg: StudyConfig, runs_dir: Path, out_dir: Path,
                                           ex.TABLE_COLUMNS),
         "extrapolation_comparisons": fileio.write_csv(
             out_dir / "extrapolation_comparisons.csv", extrapolation[1]),
+        # the numbers behind the loss-by-position figures, every dataset in one table
+        "extrapolation_positions": fileio.write_csv(
+            out_dir / "extrapolation_positions.csv",
+            pd.concat([ex.position_curves(runs.position_loss, ds).assign(dataset=ds)
+                       for ds in present(ablation["dataset"])], ignore_index=True),
+            ["dataset", *ex.CURVE_COLUMNS]),
     }
     # a DVC metrics directory: one file per dataset (the verdicts) and per dataset x variant
     metrics_dir = out_dir / "metrics"
