@@ -90,6 +90,9 @@ def study_metrics(summary: pd.DataFrame, comparisons: pd.DataFrame,
     out: dict[tuple[str, str], dict] = {}
     means = summary.set_index(["dataset", "variant", "metric"])
     c = comparisons[comparisons["metric"] == "test_loss"].set_index(["dataset", "variant"])
+    # the longest length measured: its loss is the extrapolation metric
+    top = (int(extrapolation["factor"].max())
+           if extrapolation is not None and len(extrapolation) else None)
     for (dataset, variant), _ in summary.groupby(["dataset", "variant"], observed=True,
                                                  sort=False):
         if (dataset, variant, "test_loss") not in means.index:
@@ -103,11 +106,10 @@ def study_metrics(summary: pd.DataFrame, comparisons: pd.DataFrame,
                        verdict=str(c.loc[(dataset, variant), "verdict"]))
         if (dataset, variant, "exact_match") in means.index:
             doc["exact_match"] = float(means.loc[(dataset, variant, "exact_match"), "mean"])
-        if extrapolation is not None and len(extrapolation):
+        if top is not None:
             e = extrapolation[(extrapolation["dataset"] == dataset)
-                              & (extrapolation["variant"] == variant)]
-            top = int(extrapolation["factor"].max())
-            e = e[e["factor"] == top]
+                              & (extrapolation["variant"] == variant)
+                              & (extrapolation["factor"] == top)]
             if len(e):
                 value = e.iloc[0]["mean"]
                 doc[ex.metric_name(top)] = float(value) if pd.notna(value) else "n/a"
@@ -303,6 +305,8 @@ def build_report(cfg: StudyConfig, runs_dir: Path, out_dir: Path,
                   else pd.DataFrame(columns=REFERENCE_COLUMNS))
     extrapolation = (ex.extrapolation_table(runs.extrapolation),
                      ex.extrapolation_comparisons(runs.extrapolation))
+    position_curves = {ds: ex.position_curves(runs.position_loss, ds)
+                       for ds in present(ablation["dataset"])}
 
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {
@@ -325,8 +329,8 @@ def build_report(cfg: StudyConfig, runs_dir: Path, out_dir: Path,
         # the numbers behind the loss-by-position figures, every dataset in one table
         "extrapolation_positions": fileio.write_csv(
             out_dir / "extrapolation_positions.csv",
-            pd.concat([ex.position_curves(runs.position_loss, ds).assign(dataset=ds)
-                       for ds in present(ablation["dataset"])], ignore_index=True),
+            pd.concat([c.assign(dataset=ds) for ds, c in position_curves.items()],
+                      ignore_index=True),
             ["dataset", *ex.CURVE_COLUMNS]),
     }
     # a DVC metrics directory: one file per dataset (the verdicts) and per dataset x variant
@@ -371,7 +375,7 @@ def build_report(cfg: StudyConfig, runs_dir: Path, out_dir: Path,
             (ds, f"{ds}: test loss by token position, past the training context (mean over "
                  "seeds; length extrapolation)",
              plots.plot_position_loss(
-                 ex.position_curves(runs.position_loss, ds), ds, cfg.model.context_length,
+                 position_curves[ds], ds, cfg.model.context_length,
                  fig_dir / f"extrapolation_{ds}.png", palette=palette,
                  positions={v: cfg.model_config(v, vocab_size=1).position
                             for v in present(ablation["variant"])})),
