@@ -48,7 +48,8 @@ def foreach_adamw(params, cfg, lr, device, decayed):
     return torch.optim.AdamW(groups, lr=lr, betas=(cfg.beta1, cfg.beta2), foreach=True)
 
 
-def compile_probe(model_cfg, train_cfg, data, seeds, steps, device, lr) -> None:
+def compile_probe(model_cfg, train_cfg, data, seeds, steps, device, lr,
+                  modes=("default",)) -> None:
     """Eager vs ``torch.compile``d batched forward + backward, same start, same batches."""
     T, B, S = model_cfg.context_length, train_cfg.batch_size, len(seeds)
 
@@ -71,10 +72,12 @@ def compile_probe(model_cfg, train_cfg, data, seeds, steps, device, lr) -> None:
         return fwd
 
     def run(fwd, params, opt, sched, n):
+        """n steps; returns the losses, the first step's seconds (compilation included) and
+        the mean seconds of the others (timed as one block: no wait for the device per step)."""
         gens = [torch.Generator().manual_seed(s) for s in seeds]
-        out, times = [], []
-        for _ in range(n):
-            t0 = time.perf_counter()
+        out = []
+
+        def one_step():
             xs, ys = zip(*(get_batch(data.train, B, T, g, device) for g in gens))
             losses = fwd(params, torch.stack(xs), torch.stack(ys))
             opt.zero_grad(set_to_none=True)
@@ -83,32 +86,31 @@ def compile_probe(model_cfg, train_cfg, data, seeds, steps, device, lr) -> None:
                                              train_cfg.grad_clip)
             opt.step()
             sched.step()
-            out.append(losses.tolist())
-            common.sync(device)
-            times.append(time.perf_counter() - t0)
-        return out, times
+            out.append(losses.detach())
 
-    base, params, opt, sched = setup()
-    eager, t_eager = run(make_fwd(base), params, opt, sched, steps)
-    base, params, opt, sched = setup()
-    fwd = torch.compile(make_fwd(base))
-    t0 = time.perf_counter()
-    compiled, t_comp = run(fwd, params, opt, sched, steps)
-    first = t_comp[0]
-    total = time.perf_counter() - t0
-    print(f"   compile: first step {first:.1f} s (compile + run), {steps} steps {total:.1f} s")
+        first = common.time_call(one_step, device)
+        rest = common.time_call(lambda: [one_step() for _ in range(n - 1)], device) / (n - 1)
+        return [o.tolist() for o in out], first, rest
+
     tok = S * B * T
-    e, c = statistics.median(t_eager[3:]), statistics.median(t_comp[3:])
-    print(f"   steady state (median of steps 4..{steps}): eager {tok / e:,.0f} tokens/s, "
-          f"compiled {tok / c:,.0f} tokens/s -> {e / c:.2f}x")
-    diff = max(abs(a - b) for ra, rb in zip(eager, compiled) for a, b in zip(ra, rb))
-    print(f"   max |loss eager - compiled| over {steps} steps x {S} seeds: {diff:.2e}")
-    saved = e - c
-    if saved > 0:
-        print(f"   break-even after {(first - c) / saved:,.0f} steps of {S} seeds "
-              f"(compile cost / time saved per step)")
-    else:
-        print("   compiled is not faster: never breaks even")
+    base, params, opt, sched = setup()
+    eager, _, e = run(make_fwd(base), params, opt, sched, steps)
+    print(f"   eager   : {tok / e:,.0f} tokens/s (mean of steps 2..{steps})")
+    for mode in modes:
+        torch._dynamo.reset()
+        base, params, opt, sched = setup()
+        fwd = torch.compile(make_fwd(base), mode=mode)
+        compiled, first, c = run(fwd, params, opt, sched, steps)
+        diff = max(abs(a - b) for ra, rb in zip(eager, compiled) for a, b in zip(ra, rb))
+        print(f"   mode {mode!r}: first step {first:.1f} s (compile + run); then "
+              f"{tok / c:,.0f} tokens/s -> {e / c:.2f}x eager; max |loss eager - compiled| "
+              f"over {steps} steps x {S} seeds: {diff:.2e}")
+        saved = e - c
+        if saved > 0:
+            print(f"      break-even after {(first - c) / saved:,.0f} steps of {S} seeds "
+                  f"(compile cost / time saved per step)")
+        else:
+            print("      compiled is not faster: never breaks even")
 
 
 def main() -> None:
@@ -116,18 +118,33 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--model", choices=("default", "seed-scale"), default="default",
+                    help="params.yaml's model at d_model 64, or profiles/seed-scale.yaml's "
+                         "(d_model 96, 8 layers, context 128)")
     ap.add_argument("--compile-steps", type=int, default=30, help="0 skips the compile probe")
+    ap.add_argument("--compile-only", action="store_true", help="skip the whole-run arms")
+    ap.add_argument("--compile-modes", default="default",
+                    help="torch.compile modes to probe, comma-separated (e.g. "
+                         "default,reduce-overhead: the latter adds CUDA graphs)")
     args = ap.parse_args()
     device = common.auto_device()
     print(common.machine_header("seeds of one variant: one batched model vs threads", device))
     cfg = common.load_default_config()
+    if args.model == "seed-scale":
+        from lmablate import config as lconfig
+        scale = lconfig.load(common.ROOT / "profiles" / "seed-scale.yaml")
+        cfg = dataclasses.replace(cfg, model=scale.model, train=dataclasses.replace(
+            cfg.train, eval_interval=scale.train.eval_interval,
+            eval_iters=scale.train.eval_iters, batch_size=scale.train.batch_size))
     seeds = list(range(args.seeds))
     cores = torch.get_num_threads()
     workers = worker_count(cfg.runtime, len(seeds), device, all_at_once=True)
     threads = INTRA_OP_THREADS
     with tempfile.TemporaryDirectory() as tmp:
         data = TokenData.load(common.arithmetic_data(cfg, Path(tmp)) / "tokens")
-        model_cfg = dataclasses.replace(cfg.model_config("baseline", data.vocab_size), d_model=64)
+        width = 64 if args.model == "default" else cfg.model.d_model
+        model_cfg = dataclasses.replace(cfg.model_config("baseline", data.vocab_size),
+                                        d_model=width)
         train_cfg = cfg.train
         lr, steps = 3e-3, args.steps
         tokens = len(seeds) * steps * train_cfg.batch_size * model_cfg.context_length
@@ -142,7 +159,7 @@ def main() -> None:
             map_jobs(lambda s: train_model(model_cfg, train_cfg, data, seed=s, lr=lr,
                                            steps=steps, device=device), seeds, workers)
 
-        def batched_arm(k: int, foreach: bool = False):
+        def batched_arm(k: int, foreach: bool = False, cuda_graph: bool | None = None):
             def go():
                 before, make = torch.get_num_threads(), batched.make_stacked_optimizer
                 torch.set_num_threads(k)
@@ -150,29 +167,52 @@ def main() -> None:
                     batched.make_stacked_optimizer = foreach_adamw
                 try:
                     batched.train_seeds(model_cfg, train_cfg, data, seeds=seeds, lr=lr,
-                                        steps=steps, device=device)
+                                        steps=steps, device=device, cuda_graph=cuda_graph)
                 finally:
                     torch.set_num_threads(before)
                     batched.make_stacked_optimizer = make
             return go
 
         arms = {"threads": threads_arm}
-        for k in sorted({1, cores}):
-            arms[f"batched@{k}"] = batched_arm(k)
-            arms[f"batched-foreach@{k}"] = batched_arm(k, foreach=True)
-        # warm-up: one-time costs (torch._dynamo import by the first optimizer step, vmap setup)
-        train_model(model_cfg, dataclasses.replace(train_cfg, steps=2), data, seed=0, lr=lr,
-                    steps=2, device=device)
-        batched.train_seeds(model_cfg, dataclasses.replace(train_cfg, steps=2), data,
-                            seeds=seeds[:2], lr=lr, steps=2, device=device)
-        times = common.interleaved(arms, device, args.rounds, warmup=0)
-        print(f"\nwhole runs, {args.rounds} rounds interleaved: tokens/s median [min..max]")
+        if device.type == "cuda":  # one intra-op setting: the host only launches kernels
+            arms["batched (eager)"] = batched_arm(cores, cuda_graph=False)
+            arms["batched (CUDA graph)"] = batched_arm(cores, cuda_graph=True)
+        else:
+            for k in sorted({1, cores}):
+                arms[f"batched@{k}"] = batched_arm(k)
+                arms[f"batched-foreach@{k}"] = batched_arm(k, foreach=True)
+        if args.compile_only:
+            arms = {}
+        # warm-up: one-time costs (torch._dynamo import by the first optimizer step, vmap setup,
+        # CUDA context and kernels)
+        train_model(model_cfg, train_cfg, data, seed=0, lr=lr, steps=2, device=device)
+        for graph in ((False, True) if device.type == "cuda" else (None,)):
+            batched.train_seeds(model_cfg, train_cfg, data, seeds=seeds[:2], lr=lr, steps=2,
+                                device=device, cuda_graph=graph)
+        if not arms:
+            print(f"\ntorch.compile of the batched forward + backward ({cores} intra-op "
+                  f"threads, {len(seeds)} seeds, {args.compile_steps} steps):")
+            compile_probe(model_cfg, train_cfg, data, seeds, args.compile_steps, device, lr,
+                          modes=tuple(args.compile_modes.split(",")))
+            return
+        busy = {name: common.GpuBusy(device) for name in arms}
+
+        def watched(name):
+            def go():
+                with busy[name]:
+                    arms[name]()
+            return go
+
+        times = common.interleaved({n: watched(n) for n in arms}, device, args.rounds, warmup=0)
+        print(f"\nwhole runs, {args.rounds} rounds interleaved: tokens/s median [min..max]"
+              + ("; GPU busy share (NVML, last round)" if device.type == "cuda" else ""))
         rate = {}
         for name, ts in times.items():
             rs = [tokens / t for t in ts]
             rate[name] = rs
             print(f"   {name:<20} {statistics.median(rs):>9,.0f} [{min(rs):,.0f}..{max(rs):,.0f}]"
-                  f"   wall {common.fmt_seconds(ts)}")
+                  f"   wall {common.fmt_seconds(ts)}"
+                  + (f"   GPU busy {busy[name]}" if device.type == "cuda" else ""))
         print("\nratio batched / threads (per round, same round's threads arm):")
         for name in arms:
             if name != "threads":
@@ -182,7 +222,8 @@ def main() -> None:
         if args.compile_steps:
             print(f"\ntorch.compile of the batched forward + backward ({cores} intra-op threads, "
                   f"{len(seeds)} seeds, {args.compile_steps} steps):")
-            compile_probe(model_cfg, train_cfg, data, seeds, args.compile_steps, device, lr)
+            compile_probe(model_cfg, train_cfg, data, seeds, args.compile_steps, device, lr,
+                          modes=tuple(args.compile_modes.split(",")))
 
 
 if __name__ == "__main__":

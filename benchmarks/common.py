@@ -187,3 +187,56 @@ def study_tokens(cfg: lconfig.StudyConfig, workdir: Path) -> dict[str, Path]:
     if shakespeare is not None and "shakespeare" in cfg.datasets:
         out["shakespeare"] = shakespeare
     return out
+
+
+# ------------------------------------------------------------------------------- GPU busy share
+
+
+class GpuBusy:
+    """The share of wall time a CUDA GPU was busy, sampled from NVML while a ``with`` block runs.
+
+    NVML's utilisation rate (``nvmlDeviceGetUtilizationRates(...).gpu``, what ``nvidia-smi``
+    prints as GPU-Util) is the percentage of its last sample period (1/6 s to 1 s, by the
+    driver) during which at least one kernel was running; the samples taken every
+    ``interval`` seconds are averaged. It says nothing of how much of the GPU a kernel used:
+    a launch-bound loop of tiny kernels reads as busy only while a kernel is in flight.
+    ``share`` is None where NVML (the ``nvidia-ml-py`` package) or a CUDA device is missing."""
+
+    def __init__(self, device: torch.device, interval: float = 0.05):
+        self.device, self.interval = device, interval
+        self.samples: list[int] = []
+        self.share: float | None = None
+
+    def __enter__(self) -> "GpuBusy":
+        import threading
+
+        self._stop = threading.Event()
+        self._thread = None
+        if self.device.type != "cuda":
+            return self
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        except Exception:  # noqa: BLE001 - no NVML: no share, the benchmark goes on
+            return self
+
+        def sample() -> None:
+            while not self._stop.wait(self.interval):
+                self.samples.append(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+
+        self._thread = threading.Thread(target=sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            if self.samples:
+                self.share = statistics.mean(self.samples) / 100.0
+
+    def __str__(self) -> str:
+        return "n/a" if self.share is None else f"{100 * self.share:.0f}%"

@@ -264,6 +264,10 @@ def test_dropout_is_refused(project):
 def test_the_stage_trains_batched_on_a_gpu_and_per_seed_threads_on_a_cpu():
     assert not batched.batched_on(torch.device("cpu"))
     assert batched.batched_on(torch.device("cuda")) and batched.batched_on(torch.device("mps"))
+    # and replays its step as a CUDA graph on CUDA alone (tests/test_gpu.py checks the bits)
+    assert batched.uses_cuda_graph(torch.device("cuda"))
+    assert not batched.uses_cuda_graph(torch.device("mps"))
+    assert not batched.uses_cuda_graph(torch.device("cpu"))
 
 
 def mlflow_runs(uri: str) -> pd.DataFrame:

@@ -30,7 +30,7 @@ from .config import ModelConfig, TrainConfig
 from .device import autocast
 from .model import GLOBAL_RNG_LOCK, GPT
 from .progress import progress
-from .tokens import TokenData, get_batch
+from .tokens import TokenData, batch_starts, get_batch
 from .tracking import NullTracker
 from .training import (VAL_BATCH_SEED, DivergenceError, TrainResult, decayed_parameter_names,
                        gradient_stats, make_optimizer, make_scheduler)
@@ -115,7 +115,8 @@ def train_seeds(model_cfg: ModelConfig, cfg: TrainConfig, data: TokenData, *, se
                 lr: float, steps: int, device: torch.device,
                 trackers: list[NullTracker] | None = None, desc: str = "train",
                 resume_paths: list[Path] | None = None, fingerprints: list[str] | None = None,
-                resume_meta: list[dict] | None = None) -> list[TrainResult]:
+                resume_meta: list[dict] | None = None,
+                cuda_graph: bool | None = None) -> list[TrainResult]:
     """Train one GPT per seed in ``seeds`` for ``steps`` steps, all seeds in one batched model.
 
     Each seed gets what :func:`~lmablate.training.train_model` gives it: the same initial weights,
@@ -132,11 +133,15 @@ def train_seeds(model_cfg: ModelConfig, cfg: TrainConfig, data: TokenData, *, se
     together; seeds at different steps (or without a state) train as separate groups, one group
     after another.
 
+    ``cuda_graph``: replay each step's forward + backward as a CUDA graph (default:
+    :func:`uses_cuda_graph`, i.e. on CUDA); False runs the same kernels eagerly.
+
     Raises:
         ValueError: ``model_cfg.dropout`` > 0 (masks would come from the process-wide RNG, not
             per seed; use ``train_model``), or the per-seed lists differ in length from ``seeds``.
         DivergenceError: a seed's training loss is NaN/inf (names the seed, step and lr; the
-            first such seed in ``seeds``' order).
+            first such step, and the first such seed in ``seeds``' order at it). Losses are read
+            at each evaluation, so it is raised there, before that evaluation is recorded.
     """
     if model_cfg.dropout > 0:
         raise ValueError(f"train_seeds does not support dropout ({model_cfg.dropout}): its masks "
@@ -163,17 +168,41 @@ def train_seeds(model_cfg: ModelConfig, cfg: TrainConfig, data: TokenData, *, se
                 device=device, trackers=[trackers[i] for i in idx], desc=desc,
                 resume_paths=[resume_paths[i] for i in idx],
                 fingerprints=[fingerprints[i] for i in idx],
-                resume_meta=[resume_meta[i] for i in idx], states=[states[i] for i in idx])):
+                resume_meta=[resume_meta[i] for i in idx], states=[states[i] for i in idx],
+                cuda_graph=cuda_graph)):
             results[i] = result
     return results  # type: ignore[return-value]
+
+
+# Validation batches per vmapped forward: VAL_CHUNK of them stacked into one (VAL_CHUNK * B, T)
+# batch. Evaluation is forward only and its launches cost more than its arithmetic at these
+# sizes, so 200 batches go in 25 forwards. Fixed here, never derived from free memory: a
+# mean over a chunk rounds differently from a mean of batch means (same value to fp32 rounding).
+VAL_CHUNK = 8
+
+
+def uses_cuda_graph(device: torch.device) -> bool:
+    """Whether :func:`train_seeds` replays its forward + backward + clipping as a CUDA graph on
+    ``device`` (CUDA only). The graph replays the kernels that the eager step launches, so the
+    results are the eager step's (``tests/test_batched.py``, run on a GPU); what it saves is the
+    launch overhead of ~1,000 small kernels per step, which at these model sizes is most of a
+    step's time."""
+    return device.type == "cuda"
 
 
 def _train_group(model_cfg: ModelConfig, cfg: TrainConfig, data: TokenData, *, seeds: list[int],
                  lr: float, steps: int, device: torch.device, trackers: list, desc: str,
                  resume_paths: list, fingerprints: list[str], resume_meta: list[dict],
-                 states: list[dict | None]) -> list[TrainResult]:
-    """:func:`train_seeds` for seeds whose ``states`` (all None, or all at one step) agree."""
+                 states: list[dict | None], cuda_graph: bool | None = None) -> list[TrainResult]:
+    """:func:`train_seeds` for seeds whose ``states`` (all None, or all at one step) agree.
+
+    The loop never waits for the device between evaluations: the window starts of every step up
+    to the next evaluation are drawn ahead from each seed's generator (the draws
+    :func:`~lmablate.tokens.get_batch` makes, in the same order) and sent in one copy, the
+    windows are gathered on the device from the training split held there, and the step's
+    losses go to a device buffer that is read (with the divergence check) at the evaluation."""
     S, T, B = len(seeds), model_cfg.context_length, cfg.batch_size
+    graphed = uses_cuda_graph(device) if cuda_graph is None else cuda_graph
     models = []
     for seed, state in zip(seeds, states):
         with GLOBAL_RNG_LOCK:  # train_model's initialisation, seed by seed
@@ -192,12 +221,17 @@ def _train_group(model_cfg: ModelConfig, cfg: TrainConfig, data: TokenData, *, s
         return functional_call(base, p, (x, y))[1]
 
     train_loss = vmap(seed_loss, in_dims=(0, 0, 0))  # (S,B,T) batches -> (S,)
-    val_loss = vmap(seed_loss, in_dims=(0, None, None))  # shared (B,T) batch -> (S,)
+    val_loss = vmap(seed_loss, in_dims=(0, None, None))  # shared (b,T) batch -> (S,)
     opt = make_stacked_optimizer(params, cfg, lr, device, decayed_parameter_names(base))
     sched = make_scheduler(opt, cfg, steps)
     g_train = [torch.Generator().manual_seed(seed) for seed in seeds]
     g_val = torch.Generator().manual_seed(VAL_BATCH_SEED)
-    val_batches = [get_batch(data.val, B, T, g_val, device) for _ in range(cfg.eval_iters)]
+    val_x, val_y = (torch.stack(t) for t in zip(*(get_batch(data.val, B, T, g_val, device)
+                                                   for _ in range(cfg.eval_iters))))  # (n,B,T)
+    # the training split on the device, as int32 (half of int64's memory); windows are
+    # gathered from it by start offset
+    train_tokens = torch.from_numpy(np.asarray(data.train, dtype=np.int32)).to(device)
+    window = torch.arange(T + 1, device=device)
 
     histories: list[list[dict]] = [[] for _ in seeds]
     train_time = [0.0] * S
@@ -214,6 +248,26 @@ def _train_group(model_cfg: ModelConfig, cfg: TrainConfig, data: TokenData, *, s
     now = time.perf_counter()
     starts = [now - (h[-1]["elapsed_seconds"] if h else 0.0) for h in histories]
 
+    def forward_backward(batch_starts_: torch.Tensor) -> torch.Tensor:
+        """One step's losses (S,) from window starts (S, B), gradients in ``params``' .grad,
+        clipped per seed."""
+        windows = train_tokens[batch_starts_.unsqueeze(-1) + window].long()  # (S, B, T+1)
+        with autocast(device), _attention_backend(device):
+            losses = train_loss(params, windows[..., :-1], windows[..., 1:])  # (S,)
+        # Seeds share no parameter, so d(sum)/d(seed s's slice) is seed s's own gradient.
+        losses.sum().backward()
+        if cfg.grad_clip:
+            clip_grad_norm_per_seed_([p.grad for p in params.values()], cfg.grad_clip)
+        return losses
+
+    if graphed:
+        step_fn = _graphed(forward_backward, torch.zeros(S, B, dtype=torch.long, device=device),
+                           opt, device)
+    else:
+        def step_fn(batch_starts_: torch.Tensor) -> torch.Tensor:
+            opt.zero_grad(set_to_none=True)
+            return forward_backward(batch_starts_)
+
     def sync_models() -> None:
         """Copy the stacked weights into the per-seed GPTs (for their state dicts)."""
         with torch.no_grad():
@@ -221,58 +275,71 @@ def _train_group(model_cfg: ModelConfig, cfg: TrainConfig, data: TokenData, *, s
                 for name, p in model.named_parameters():
                     p.copy_(params[name][s])
 
-    running: list[list[float]] = [[] for _ in seeds]
-    bar = progress(range(first, steps + 1), desc=desc, initial=first - 1, total=steps)
-    for step in bar:
-        t0 = time.perf_counter()
-        xs, ys = zip(*(get_batch(data.train, B, T, g, device) for g in g_train))
-        x, y = torch.stack(xs), torch.stack(ys)  # (S, B, T)
+    @torch.no_grad()
+    def estimate_losses() -> list[float]:
+        """Each seed's mean validation loss over the ``eval_iters`` fixed batches."""
+        base.eval()
+        total = torch.zeros(S, dtype=torch.float64, device=device)
         with autocast(device), _attention_backend(device):
-            losses = train_loss(params, x, y)  # (S,)
-        opt.zero_grad(set_to_none=True)
-        # Seeds share no parameter, so d(sum)/d(seed s's slice) is seed s's own gradient.
-        losses.sum().backward()
-        if cfg.grad_clip:
-            clip_grad_norm_per_seed_([p.grad for p in params.values()], cfg.grad_clip)
+            for i in range(0, len(val_x), VAL_CHUNK):
+                x, y = val_x[i:i + VAL_CHUNK], val_y[i:i + VAL_CHUNK]  # (k, B, T)
+                total += val_loss(params, x.flatten(0, 1), y.flatten(0, 1)).double() * len(x)
+        base.train()
+        return (total / len(val_x)).tolist()
+
+    ei = cfg.eval_interval
+    bar = progress(range(first, steps + 1), desc=desc, initial=first - 1, total=steps)
+    segment_start = time.perf_counter()
+    for step in bar:
+        if step == first or (step - 1) % ei == 0:  # a segment: up to the next evaluation
+            seg_first, seg_last = step, min(steps, -(-step // ei) * ei)
+            drawn = torch.stack([torch.stack([batch_starts(len(data.train), B, T, g)
+                                              for g in g_train])
+                                 for _ in range(seg_first, seg_last + 1)])  # (n, S, B)
+            if device.type == "cuda":
+                drawn = drawn.pin_memory()
+            seg_starts = drawn.to(device, non_blocking=True)
+            seg_losses = torch.empty(len(drawn), S, device=device)
+        losses = step_fn(seg_starts[step - seg_first])
+        seg_losses[step - seg_first].copy_(losses.detach())
         opt.step()
         sched.step()
-        values = losses.tolist()
-        dt = time.perf_counter() - t0
-        for s, value in enumerate(values):
-            train_time[s] += dt
-            if not math.isfinite(value):
-                err = DivergenceError(f"{desc}, seed {seeds[s]}: training loss is {value} at "
-                                      f"step {step} (lr={lr:g}); lower the learning rate")
-                err.seed = seeds[s]  # type: ignore[attr-defined]
-                raise err
-            running[s].append(value)
-        if step % cfg.eval_interval == 0 or step == steps:
-            with torch.no_grad(), autocast(device), _attention_backend(device):
-                base.eval()
-                val = torch.stack([val_loss(params, vx, vy) for vx, vy in val_batches])  # (n,S)
-                base.train()
-            val_losses = val.float().mean(dim=0).tolist()
-            lr_now = sched.get_last_lr()[0]
-            if any(p is not None for p in resume_paths):
-                sync_models()
-                opt_state, sched_state = opt.state_dict(), sched.state_dict()
-            for s, seed in enumerate(seeds):
-                row = {"seed": seed, "step": step, "tokens": step * B * T,
-                       "train_loss": float(np.mean(running[s])), "val_loss": val_losses[s],
-                       "lr": lr_now, "elapsed_seconds": time.perf_counter() - starts[s]}
-                running[s] = []
-                histories[s].append(row)
-                trackers[s].log_metrics({k: row[k] for k in ("train_loss", "val_loss", "lr")},
-                                        step=step)
-                if resume_paths[s] is not None:
-                    save_resume(resume_paths[s], {
-                        "fingerprint": fingerprints[s], "step": step,
-                        "model": models[s].state_dict(),
-                        "optimizer": _seed_optimizer_state(opt_state, s),
-                        "scheduler": sched_state, "rng_train": g_train[s].get_state(),
-                        "rng_global": torch.get_rng_state(), "history": histories[s],
-                        "train_time": train_time[s], "meta": resume_meta[s] or {}})
-            bar.set_postfix(val_loss=f"{min(val_losses):.3f}", refresh=False)
+        if step != seg_last:
+            continue
+        values = seg_losses.tolist()  # the segment's only wait for the device
+        elapsed = time.perf_counter() - segment_start
+        train_time = [t + elapsed for t in train_time]
+        for i, row in enumerate(values):
+            for s, value in enumerate(row):
+                if not math.isfinite(value):
+                    err = DivergenceError(
+                        f"{desc}, seed {seeds[s]}: training loss is {value} at step "
+                        f"{seg_first + i} (lr={lr:g}); lower the learning rate")
+                    err.seed = seeds[s]  # type: ignore[attr-defined]
+                    raise err
+        val_losses = estimate_losses()
+        lr_now = sched.get_last_lr()[0]
+        if any(p is not None for p in resume_paths):
+            sync_models()
+            opt_state, sched_state = opt.state_dict(), sched.state_dict()
+        for s, seed in enumerate(seeds):
+            row = {"seed": seed, "step": step, "tokens": step * B * T,
+                   "train_loss": float(np.mean([v[s] for v in values])),
+                   "val_loss": val_losses[s],
+                   "lr": lr_now, "elapsed_seconds": time.perf_counter() - starts[s]}
+            histories[s].append(row)
+            trackers[s].log_metrics({k: row[k] for k in ("train_loss", "val_loss", "lr")},
+                                    step=step)
+            if resume_paths[s] is not None:
+                save_resume(resume_paths[s], {
+                    "fingerprint": fingerprints[s], "step": step,
+                    "model": models[s].state_dict(),
+                    "optimizer": _seed_optimizer_state(opt_state, s),
+                    "scheduler": sched_state, "rng_train": g_train[s].get_state(),
+                    "rng_global": torch.get_rng_state(), "history": histories[s],
+                    "train_time": train_time[s], "meta": resume_meta[s] or {}})
+        bar.set_postfix(val_loss=f"{min(val_losses):.3f}", refresh=False)
+        segment_start = time.perf_counter()
     bar.close()
 
     sync_models()
@@ -290,3 +357,35 @@ def _train_group(model_cfg: ModelConfig, cfg: TrainConfig, data: TokenData, *, s
             tokens_per_second=steps * B * T / max(train_time[s], 1e-9),
             grad_stats=gradient_stats(model)))
     return results
+
+
+def _graphed(forward_backward, static_input: torch.Tensor, opt: torch.optim.Optimizer,
+             device: torch.device):
+    """``forward_backward`` captured once as a CUDA graph (PyTorch's "partial-network capture":
+    forward, backward and clipping in the graph, the optimizer step outside it). Returns a
+    function of the step's input that copies it into ``static_input``, replays the graph and
+    returns its static losses (overwritten by the next replay). The gradients live in the
+    graph's memory from then on: nothing may set them to None.
+
+    Three warm-up passes on a side stream come first, as torch.cuda.graph requires (cuBLAS and
+    autograd set themselves up there, outside the capture); they take no optimizer step, so
+    they change no weight or state."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            opt.zero_grad(set_to_none=True)
+            forward_backward(static_input)
+    torch.cuda.current_stream(device).wait_stream(side)
+    opt.zero_grad(set_to_none=True)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_losses = forward_backward(static_input)
+
+    def step(batch_starts_: torch.Tensor) -> torch.Tensor:
+        static_input.copy_(batch_starts_)
+        graph.replay()
+        return static_losses
+
+    step.graph = graph  # type: ignore[attr-defined]  # kept alive with the function
+    return step

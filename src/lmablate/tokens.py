@@ -52,6 +52,15 @@ class TokenData:
                     "model.context_length")
 
 
+def batch_starts(n_tokens: int, batch_size: int, context_length: int,
+                 generator: torch.Generator) -> torch.Tensor:
+    """Start offsets (B,) int64 of ``batch_size`` random windows of ``context_length`` + 1 tokens
+    in a split of ``n_tokens`` tokens: one ``torch.randint`` call on ``generator``, the only
+    draw a batch takes from it, so that a loop drawing starts ahead (:mod:`lmablate.batched`)
+    sees the batches :func:`get_batch` would."""
+    return torch.randint(n_tokens - context_length, (batch_size,), generator=generator)
+
+
 def get_batch(data: np.ndarray, batch_size: int, context_length: int,
               generator: torch.Generator, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample ``batch_size`` random windows: inputs (B, T) and next-token targets (B, T), int64.
@@ -59,7 +68,7 @@ def get_batch(data: np.ndarray, batch_size: int, context_length: int,
     The window starts come from ``generator`` (one ``torch.randint`` call), so a seeded
     generator gives the same batches on every machine and in every thread.
     """
-    starts = torch.randint(len(data) - context_length, (batch_size,), generator=generator).numpy()
+    starts = batch_starts(len(data), batch_size, context_length, generator).numpy()
     windows = data[starts[:, None] + np.arange(context_length + 1)]  # (B, T+1), one gather
     windows = torch.from_numpy(windows.astype(np.int64))
     x, y = windows[:, :-1], windows[:, 1:]

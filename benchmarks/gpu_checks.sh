@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The [speed] issue's GPU checks in one call of a lent GPU machine (its python3 holds torch;
+# MLflow, Optuna and DVC are not needed). From the repository root:
+#   bash benchmarks/gpu_checks.sh TOKENS_DIR OUT_DIR [PARTS]
+# TOKENS_DIR: data/tokens/shakespeare made with profiles/seed-scale.yaml (the whole corpus).
+# PARTS: any of tests,study,bench,bench-default,compile (default: all), run in that order, each with a time
+# limit so that the others still run and report; each part's log goes to OUT_DIR.
+set -uo pipefail
+tokens=$1; out=$2; parts=${3:-tests,study,bench,bench-default,compile}
+export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
+mkdir -p "$out"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+python3 -c 'import torch; print("torch", torch.__version__, torch.version.cuda)'
+has() { [[ ",$parts," == *",$1,"* ]]; }
+if has tests; then
+  timeout 150 python3 -m pytest -q -s -p no:cacheprovider tests/test_gpu.py 2>&1 | tee "$out/tests.log"
+fi
+if has study; then
+  timeout 330 python3 benchmarks/seed_scale_gpu.py --tokens "$tokens" --out /tmp/seed-scale \
+    2>&1 | tee "$out/study.log"
+  cp /tmp/seed-scale/results.json "$out/study.json" 2>/dev/null
+fi
+if has bench; then
+  timeout 100 python3 benchmarks/bench_batched_seeds.py --model seed-scale --seeds 3 --steps 500 \
+    --rounds 1 --compile-steps 0 2>&1 | tee "$out/bench-seed-scale.log"
+fi
+if has bench-default; then
+  timeout 120 python3 benchmarks/bench_batched_seeds.py --model default --seeds 5 --steps 250 \
+    --rounds 2 --compile-steps 0 2>&1 | tee "$out/bench-default.log"
+fi
+if has compile; then
+  timeout 300 python3 benchmarks/bench_batched_seeds.py --model seed-scale --seeds 3 \
+    --compile-only --compile-steps 200 --compile-modes default,reduce-overhead 2>&1 \
+    | tee "$out/compile.log"
+fi
