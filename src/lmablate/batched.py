@@ -49,12 +49,13 @@ def batched_on(device: torch.device) -> bool:
 
 
 def _attention_backend(device: torch.device) -> contextlib.AbstractContextManager:
-    """SDPA backends for the vmapped forward. SDPA's fused CPU kernel has no vmap batching rule
-    and vmap would run it once per seed in a Python loop (with a performance warning); the math
-    backend is made of matmuls and a softmax, which batch over the seed axis. CUDA's flash and
-    memory-efficient kernels do have batching rules, so CUDA keeps PyTorch's choice."""
-    if device.type == "cuda":
-        return contextlib.nullcontext()
+    """SDPA's math backend for the vmapped forward, on every device. It is made of matmuls and
+    a softmax, which batch over the seed axis. The fused kernels do not: SDPA's CPU flash kernel
+    has no vmap batching rule (vmap would run it once per seed in a Python loop), and on CUDA
+    (torch 2.11, H100) the memory-efficient kernel's batching rule fails in backward ("LSE is
+    not correctly aligned (strideH)") and rejects an attention bias ("attn_bias: wrong shape
+    (batch dimension)", ALiBi); flash needs head sizes that are multiples of 8. At these sizes
+    the (S, B, heads, T, T) scores the math backend materialises are a few MB per layer."""
     return sdpa_kernel([SDPBackend.MATH])
 
 
