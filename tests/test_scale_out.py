@@ -176,14 +176,45 @@ def trial_of(storage, proc: subprocess.Popen, states=None):
     pytest.fail(f"worker {proc.pid} took no trial in {WORKER_TIMEOUT} s")
 
 
+def sqlite_is_unlocked(path: str) -> bool:
+    """Whether no other connection holds a lock on the SQLite database at ``path``: an exclusive
+    transaction can be begun (it waits up to a second, then gives up)."""
+    import sqlite3
+
+    conn = sqlite3.connect(path, timeout=1.0, isolation_level=None)
+    try:
+        conn.execute("BEGIN EXCLUSIVE")
+        conn.execute("ROLLBACK")
+        return True
+    except sqlite3.OperationalError:
+        return False
+    finally:
+        conn.close()
+
+
+def stop_outside_a_transaction(proc: subprocess.Popen, storage_url: str) -> None:
+    """SIGSTOP ``proc`` at a moment it holds no lock on the study's database. A worker stopped
+    inside a SQLite transaction (its heartbeat thread writes every few seconds) would hold the
+    lock while stopped, and every other connection would fail with "database is locked". With
+    PostgreSQL readers never wait for a writer, so any moment will do."""
+    prefix = "sqlite:///"
+    for _ in range(100):
+        os.kill(proc.pid, signal.SIGSTOP)
+        if not storage_url.startswith(prefix) or sqlite_is_unlocked(storage_url[len(prefix):]):
+            return
+        os.kill(proc.pid, signal.SIGCONT)
+        time.sleep(0.01)
+    pytest.fail(f"worker {proc.pid} held the database lock at each of 100 tries")
+
+
 def run_two_workers(start_lmablate, project: Path, storage_url: str) -> object:
     """Two ``lmablate tune`` workers on the study in ``storage_url``; returns the study.
 
     How the trials fall to the workers is arranged, not left to timing: on a loaded machine one
     worker could start late and find the study finished by the other. Worker 0 starts first and
-    is stopped (SIGSTOP) once it is training a trial; worker 1 then starts and finds the rest of
-    the first batch queued; worker 0 continues (SIGCONT) once worker 1 has taken a trial. Both
-    then go on claiming trials side by side."""
+    is stopped (SIGSTOP, outside any database transaction) once it is training a trial; worker 1
+    then starts and finds the rest of the first batch queued; worker 0 continues (SIGCONT) once
+    worker 1 has taken a trial. Both then go on claiming trials side by side."""
     import optuna
 
     from lmablate.tuning import make_storage
@@ -192,7 +223,7 @@ def run_two_workers(start_lmablate, project: Path, storage_url: str) -> object:
     env = {"LMABLATE_OPTUNA_STORAGE": storage_url}
     first = start_lmablate(tune_args("out0"), project, env)
     trial_of(storage, first, states=(optuna.trial.TrialState.RUNNING,))
-    os.kill(first.pid, signal.SIGSTOP)
+    stop_outside_a_transaction(first, storage_url)
     try:
         second = start_lmablate(tune_args("out1"), project, env)
         trial_of(storage, second)
