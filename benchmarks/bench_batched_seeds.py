@@ -79,7 +79,10 @@ def compile_probe(model_cfg, train_cfg, data, seeds, steps, device, lr,
 
         def one_step():
             xs, ys = zip(*(get_batch(data.train, B, T, g, device) for g in gens))
-            losses = fwd(params, torch.stack(xs), torch.stack(ys))
+            # mode "reduce-overhead" replays CUDA graphs whose outputs the next replay
+            # overwrites: mark each step's start, and keep a copy of the losses
+            torch.compiler.cudagraph_mark_step_begin()
+            losses = fwd(params, torch.stack(xs), torch.stack(ys)).clone()
             opt.zero_grad(set_to_none=True)
             losses.sum().backward()
             batched.clip_grad_norm_per_seed_([p.grad for p in params.values()],

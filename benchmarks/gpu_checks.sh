@@ -29,7 +29,7 @@ if has bench-default; then
     --rounds 2 --compile-steps 0 2>&1 | tee "$out/bench-default.log"
 fi
 if has compile; then
-  timeout 300 python3 benchmarks/bench_batched_seeds.py --model seed-scale --seeds 3 \
-    --compile-only --compile-steps 200 --compile-modes default,reduce-overhead 2>&1 \
+  timeout 240 python3 benchmarks/bench_batched_seeds.py --model seed-scale --seeds 3 \
+    --compile-only --compile-steps 100 --compile-modes ${COMPILE_MODES:-default,reduce-overhead} 2>&1 \
     | tee "$out/compile.log"
 fi

@@ -17,14 +17,13 @@ from lmablate.training import DivergenceError, train_model
 from lmablate.variants import resolve_model_config
 
 from conftest import budgets
+from trajectory import LOSS_TOL, WEIGHT_TOL, assert_same_trajectory
 
 STEPS = 12
 SMALL = {"train": {"budget_flops": budgets(STEPS), "eval_interval": 4, "eval_iters": 2,
                    "warmup_steps": 2}}
 CPU = torch.device("cpu")
 LR = 3e-3
-# fp32 rounding: batched matmuls and reductions may add in another order than one seed's
-LOSS_TOL, WEIGHT_TOL = 1e-5, 2e-5
 
 
 @pytest.fixture(scope="module")
@@ -36,29 +35,6 @@ def project(tmp_path_factory, make_project):
 
 def model_config(cfg, data, variant):
     return resolve_model_config(cfg, variant, data.vocab_size, 16)
-
-
-def assert_same_trajectory(alone, together, loss_tol=LOSS_TOL, weight_tol=WEIGHT_TOL):
-    """Two TrainResults of one seed: same eval steps, lr and tokens; losses, weights, optimizer
-    moments and gradient statistics within fp32 tolerance."""
-    assert [r["step"] for r in alone.history] == [r["step"] for r in together.history]
-    for a, b in zip(alone.history, together.history):
-        assert (a["seed"], a["tokens"], a["lr"]) == (b["seed"], b["tokens"], b["lr"])
-        assert b["train_loss"] == pytest.approx(a["train_loss"], abs=loss_tol)
-        assert b["val_loss"] == pytest.approx(a["val_loss"], abs=loss_tol)
-    wa, wb = alone.model.state_dict(), together.model.state_dict()
-    assert wa.keys() == wb.keys()
-    for k in wa:
-        torch.testing.assert_close(wb[k], wa[k], atol=weight_tol, rtol=0, msg=k)
-    oa, ob = alone.optimizer.state_dict(), together.optimizer.state_dict()
-    assert oa["param_groups"] == ob["param_groups"]
-    for i, state in oa["state"].items():
-        assert state.keys() == ob["state"][i].keys()
-        for k, v in state.items():
-            torch.testing.assert_close(ob["state"][i][k], v, atol=weight_tol, rtol=0)
-    assert [g["group"] for g in alone.grad_stats] == [g["group"] for g in together.grad_stats]
-    for a, b in zip(alone.grad_stats, together.grad_stats):
-        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-3, abs=1e-6)
 
 
 @pytest.mark.parametrize("variant", ["baseline", "llama", "alibi", "gqa", "post_norm",

@@ -3,6 +3,8 @@ eager step bit for bit, two runs give the same bits, and each seed follows its r
 bf16 rounding. Skipped where no CUDA device is present (CI has none); run on a lent GPU with
 ``pytest tests/test_gpu.py`` (it needs neither MLflow nor Optuna)."""
 
+from contextlib import nullcontext
+
 import pytest
 import torch
 from lmablate.batched import train_seeds
@@ -11,6 +13,7 @@ from lmablate.training import train_model
 from lmablate.variants import resolve_model_config
 
 from conftest import budgets
+from trajectory import assert_same_trajectory
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -19,8 +22,13 @@ SMALL = {"train": {"budget_flops": budgets(STEPS), "eval_interval": 4, "eval_ite
                    "warmup_steps": 2}}
 LR = 3e-3
 # bf16 autocast: one seed alone multiplies (B*T, C) matrices, the batched model (S, B*T, C)
-# ones, and cuBLAS may round those differently in bf16
-BF16_LOSS_TOL, BF16_WEIGHT_TOL = 2e-2, 2e-3
+# ones, and cuBLAS may round those differently in bf16. Only the losses are compared there: the
+# weights drift apart under AdamW, whose update of a weight with a near-zero gradient is about
+# +-lr whatever the gradient's size, so a rounding that flips that gradient's sign moves the
+# weight by 2 * lr per step (measured on an H100 after 12 steps at lr 3e-3: biases, which start
+# at zero, up to 50% apart in norm while the losses agree to 3e-4). The weights are compared in
+# fp32 (autocast off), to the CPU test's tolerances.
+BF16_LOSS_TOL = 2e-3
 
 
 @pytest.fixture(scope="module")
@@ -61,16 +69,31 @@ def test_on_a_gpu_each_seed_follows_its_run_alone_to_bf16_rounding(project, vari
     mc = resolve_model_config(cfg, variant, data.vocab_size, 32)
     cuda = torch.device("cuda")
     together = train_seeds(mc, cfg.train, data, seeds=[0, 1], lr=LR, steps=STEPS, device=cuda)
-    worst_loss = worst_weight = 0.0
+    worst = 0.0
     for seed, result in zip([0, 1], together):
         alone = train_model(mc, cfg.train, data, seed=seed, lr=LR, steps=STEPS, device=cuda)
         assert [r["step"] for r in alone.history] == [r["step"] for r in result.history]
         for a, b in zip(alone.history, result.history):
             assert (a["tokens"], a["lr"]) == (b["tokens"], b["lr"])
             for key in ("train_loss", "val_loss"):
-                worst_loss = max(worst_loss, abs(a[key] - b[key]))
-        wa, wb = weights(alone), weights(result)
-        for k in wa:
-            worst_weight = max(worst_weight, (wa[k] - wb[k]).abs().max().item())
-    print(f"{variant}: largest loss difference {worst_loss:.2e}, weight {worst_weight:.2e}")
-    assert worst_loss < BF16_LOSS_TOL and worst_weight < BF16_WEIGHT_TOL
+                worst = max(worst, abs(a[key] - b[key]))
+    print(f"{variant}: bf16, largest loss difference {worst:.2e}")
+    assert worst < BF16_LOSS_TOL
+
+
+@pytest.mark.parametrize("variant", ["baseline", "llama"])
+def test_on_a_gpu_in_fp32_each_seed_follows_its_run_alone_to_fp32_rounding(project, variant,
+                                                                          monkeypatch):
+    """Autocast off (and TF32 off, PyTorch's default for matmuls): the CPU test's check, on
+    CUDA, of losses, weights, optimizer moments and gradient norms."""
+    for module in ("batched", "training", "evaluation"):
+        monkeypatch.setattr(f"lmablate.{module}.autocast", lambda device: nullcontext())
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    cfg, data = project
+    mc = resolve_model_config(cfg, variant, data.vocab_size, 32)
+    cuda = torch.device("cuda")
+    together = train_seeds(mc, cfg.train, data, seeds=[0, 1], lr=LR, steps=STEPS, device=cuda)
+    for seed, result in zip([0, 1], together):
+        alone = train_model(mc, cfg.train, data, seed=seed, lr=LR, steps=STEPS, device=cuda)
+        assert_same_trajectory(alone, result)
