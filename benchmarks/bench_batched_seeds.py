@@ -124,6 +124,8 @@ def main() -> None:
     ap.add_argument("--model", choices=("default", "seed-scale"), default="default",
                     help="params.yaml's model at d_model 64, or profiles/seed-scale.yaml's "
                          "(d_model 96, 8 layers, context 128)")
+    ap.add_argument("--foreach", action="store_true",
+                    help="CPU: add arms with the for-each AdamW instead of the fused one")
     ap.add_argument("--compile-steps", type=int, default=30, help="0 skips the compile probe")
     ap.add_argument("--compile-only", action="store_true", help="skip the whole-run arms")
     ap.add_argument("--compile-modes", default="default",
@@ -176,6 +178,13 @@ def main() -> None:
                     batched.make_stacked_optimizer = make
             return go
 
+        def grouped_arm():
+            """The seeds split into one vmapped group per core, the groups as threads of one
+            intra-op thread each (as map_jobs runs the threads arm's seeds)."""
+            groups = [seeds[i::cores] for i in range(cores)]
+            map_jobs(lambda g: batched.train_seeds(model_cfg, train_cfg, data, seeds=g, lr=lr,
+                                                   steps=steps, device=device), groups, cores)
+
         arms = {"threads": threads_arm}
         if device.type == "cuda":  # one intra-op setting: the host only launches kernels
             arms["batched (eager)"] = batched_arm(cores, cuda_graph=False)
@@ -183,7 +192,10 @@ def main() -> None:
         else:
             for k in sorted({1, cores}):
                 arms[f"batched@{k}"] = batched_arm(k)
-                arms[f"batched-foreach@{k}"] = batched_arm(k, foreach=True)
+                if args.foreach:
+                    arms[f"batched-foreach@{k}"] = batched_arm(k, foreach=True)
+            if cores > 1:
+                arms[f"batched, {cores} groups"] = grouped_arm
         if args.compile_only:
             arms = {}
         # warm-up: one-time costs (torch._dynamo import by the first optimizer step, vmap setup,

@@ -312,3 +312,19 @@ def test_batched_stage_records_each_seed_as_the_per_seed_path_does(project, monk
     assert again["seed_0"] == out["batched"]["seed_0"]
     after = {s: (ck / f"seed_{s}" / "checkpoint.pt").stat().st_mtime_ns for s in cfg.seeds}
     assert after[0] == stamps[0] and after[2] == stamps[2] and after[1] > stamps[1]
+
+
+def test_the_math_attention_backend_holds_until_the_last_of_overlapping_users_leaves():
+    """sdpa_kernel's flags are process-wide: two batched runs in two threads overlap as
+    enter A, enter B, leave A, leave B; B must still run under the math backend alone."""
+    flags = (torch.backends.cuda.flash_sdp_enabled, torch.backends.cuda.mem_efficient_sdp_enabled,
+             torch.backends.cuda.math_sdp_enabled)
+    before = [f() for f in flags]
+    first, second = batched._attention_backend(CPU), batched._attention_backend(CPU)
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None, None, None)
+    assert [f() for f in flags] == [False, False, True]
+    second.__exit__(None, None, None)
+    assert [f() for f in flags] == before
+    assert before[0]  # PyTorch's default has flash on, so the check above could fail

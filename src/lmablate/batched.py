@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import threading
 import time
 from pathlib import Path
 
@@ -48,15 +49,40 @@ def batched_on(device: torch.device) -> bool:
     return device.type in ("cuda", "mps")
 
 
-def _attention_backend(device: torch.device) -> contextlib.AbstractContextManager:
+_BACKEND_LOCK = threading.Lock()
+_backend_users: list[contextlib.AbstractContextManager] = []  # one entry per active user
+
+
+@contextlib.contextmanager
+def _attention_backend(device: torch.device):
     """SDPA's math backend for the vmapped forward, on every device. It is made of matmuls and
     a softmax, which batch over the seed axis. The fused kernels do not: SDPA's CPU flash kernel
     has no vmap batching rule (vmap would run it once per seed in a Python loop), and on CUDA
     (torch 2.11, H100) the memory-efficient kernel's batching rule fails in backward ("LSE is
     not correctly aligned (strideH)") and rejects an attention bias ("attn_bias: wrong shape
     (batch dimension)", ALiBi); flash needs head sizes that are multiples of 8. At these sizes
-    the (S, B, heads, T, T) scores the math backend materialises are a few MB per layer."""
-    return sdpa_kernel([SDPBackend.MATH])
+    the (S, B, heads, T, T) scores the math backend materialises are a few MB per layer.
+
+    ``sdpa_kernel``'s backend flags are process-wide, not per thread, and its exit restores
+    what it found: of two threads that enter and leave it at different times, one would leave
+    the other running under all backends (and vmap over the CPU flash kernel). So the first of
+    the concurrent users enters it and the last leaves it. Other SDPA calls in the process
+    meanwhile use the math backend as well: the pipeline never runs ``train_seeds`` beside
+    other training in one process (a train stage trains one variant)."""
+    with _BACKEND_LOCK:
+        if not _backend_users:
+            context = sdpa_kernel([SDPBackend.MATH])
+            context.__enter__()
+        else:
+            context = _backend_users[0]
+        _backend_users.append(context)
+    try:
+        yield
+    finally:
+        with _BACKEND_LOCK:
+            _backend_users.pop()
+            if not _backend_users:
+                context.__exit__(None, None, None)
 
 
 def make_stacked_optimizer(params: dict[str, torch.Tensor], cfg: TrainConfig, lr: float,
