@@ -174,6 +174,29 @@ def test_tuning_gives_the_same_bytes_twice_and_at_any_worker_count(project):
     assert (trials["state"] == "PRUNED").any()
 
 
+def test_a_slower_duplicate_of_a_trial_cannot_change_its_recorded_steps(project):
+    """Two processes may take the same queued trial (lmablate.tuning.claim). The slower one's
+    "last_step" attribute, written after the faster one's last report, must not decide the
+    trial's row in trials.csv (nor best.json's step and FLOP totals): that once made the bytes
+    depend on timing."""
+    cfg, tmp = project
+    steps = budget.trial_steps(cfg, "arithmetic", cfg.model_config("baseline", 10, d_model=16))
+    interval = tuning.trial_train_config(cfg, "arithmetic", steps).eval_interval
+    reports = {k: 2.0 - 0.1 * k for k in range(1, cfg.tune.reports + 1)}
+    space = tuning.search_space(cfg.tune)
+    finished = optuna.trial.create_trial(
+        params={"lr": 1e-3, "d_model": 16}, distributions=space, value=1.0,
+        intermediate_values=reports,
+        user_attrs={tuning.SLOT: 0, "steps": steps, "last_step": (len(reports) - 1) * interval})
+    pruned = optuna.trial.create_trial(
+        params={"lr": 1e-2, "d_model": 16}, distributions=space,
+        state=optuna.trial.TrialState.PRUNED, intermediate_values={1: 2.5, 2: 2.4},
+        user_attrs={tuning.SLOT: 1, "steps": steps, "last_step": interval})
+    rows = tune.trials_frame(cfg, "arithmetic", "baseline", 10, {0: finished, 1: pruned})
+    assert [r["last_step"] for r in rows] == [len(reports) * interval, 2 * interval]
+    assert interval > 1 and len(reports) > 2  # the attribute's value would differ
+
+
 def test_tuning_follows_the_protocol(project):
     """Batches of trials_per_batch, start-up trials never pruned, no pruning in warm-up, each
     trial spending its share of the budget and reporting at equal fractions of it."""

@@ -151,13 +151,22 @@ def _queue_batch(cfg: StudyConfig, study: optuna.Study, sampler_seed: int) -> ra
     return batch
 
 
-def trials_frame(cfg: StudyConfig, variant: str, vocab_size: int, results: dict) -> list[dict]:
+def trials_frame(cfg: StudyConfig, dataset: str, variant: str, vocab_size: int,
+                 results: dict) -> list[dict]:
     """One row per slot (:data:`TRIALS_COLUMNS`): its params, state, value (final val loss, or
-    the last reported one of a pruned trial), steps planned and trained, FLOPs spent."""
+    the last reported one of a pruned trial), steps planned and trained (up to its last
+    report), FLOPs spent."""
     rows = []
     for slot in sorted(results):
         t = results[slot]
-        steps, last = t.user_attrs.get("steps", 0), t.user_attrs.get("last_step", 0)
+        steps = t.user_attrs.get("steps", 0)
+        # The last report's step from the reports themselves (report k is at step k * the
+        # trial's eval interval), not from the "last_step" attribute: two processes that took
+        # the same trial (see lmablate.tuning.claim) both write that attribute, and the slower
+        # one may write an earlier step after the faster one's last report. Their reports are
+        # the same values under the same keys, whoever writes them.
+        interval = trial_train_config(cfg, dataset, steps).eval_interval if steps else 0
+        last = max(t.intermediate_values, default=0) * interval
         value = t.value if t.value is not None else (
             t.intermediate_values[max(t.intermediate_values)] if t.intermediate_values else None)
         rows.append({"number": slot, "batch": slot // cfg.tune.trials_per_batch,
@@ -234,7 +243,7 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, best_pat
                                "see the trials' fail_reason in trials.csv, Optuna or MLflow")
         slot = min(complete, key=lambda s: (complete[s].value, s))
         best = complete[slot]
-        rows = trials_frame(cfg, variant, data.vocab_size, results)
+        rows = trials_frame(cfg, dataset, variant, data.vocab_size, results)
         result = {"lr": best.params["lr"], "d_model": best.params["d_model"],
                   "val_loss": best.value, "slot": slot,
                   "on_edge": on_edge(tune, best.params),
