@@ -50,7 +50,7 @@ def batched_on(device: torch.device) -> bool:
 
 
 _BACKEND_LOCK = threading.Lock()
-_backend_users: list[contextlib.AbstractContextManager] = []  # one entry per active user
+_backend = {"users": 0, "context": None}  # the shared sdpa_kernel context and its active users
 
 
 @contextlib.contextmanager
@@ -70,19 +70,17 @@ def _attention_backend(device: torch.device):
     meanwhile use the math backend as well: the pipeline never runs ``train_seeds`` beside
     other training in one process (a train stage trains one variant)."""
     with _BACKEND_LOCK:
-        if not _backend_users:
-            context = sdpa_kernel([SDPBackend.MATH])
-            context.__enter__()
-        else:
-            context = _backend_users[0]
-        _backend_users.append(context)
+        if _backend["users"] == 0:
+            _backend["context"] = sdpa_kernel([SDPBackend.MATH])
+            _backend["context"].__enter__()
+        _backend["users"] += 1
     try:
         yield
     finally:
         with _BACKEND_LOCK:
-            _backend_users.pop()
-            if not _backend_users:
-                context.__exit__(None, None, None)
+            _backend["users"] -= 1
+            if _backend["users"] == 0:
+                _backend["context"].__exit__(None, None, None)
 
 
 def make_stacked_optimizer(params: dict[str, torch.Tensor], cfg: TrainConfig, lr: float,
@@ -211,7 +209,7 @@ VAL_CHUNK = 8
 def uses_cuda_graph(device: torch.device) -> bool:
     """Whether :func:`train_seeds` replays its forward + backward + clipping as a CUDA graph on
     ``device`` (CUDA only). The graph replays the kernels that the eager step launches, so the
-    results are the eager step's (``tests/test_batched.py``, run on a GPU); what it saves is the
+    results are the eager step's bit for bit (``tests/test_gpu.py``, run on a GPU); what it saves is the
     launch overhead of ~1,000 small kernels per step, which at these model sizes is most of a
     step's time."""
     return device.type == "cuda"
