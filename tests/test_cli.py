@@ -91,12 +91,12 @@ def test_split_too_small_for_context(project, capsys):
 
 def test_extrapolation_longer_than_the_test_split_exits_2_before_reading_checkpoints(
         project, capsys):
-    project.write_params(lambda r: r["evaluate"].update(extrapolation_factors=[1, 10_000]))
+    project.write_params(lambda r: r["evaluate"].update(extrapolation_factors=[1, 50]))
     assert cli.main(["evaluate", "arithmetic", "rope", "--tokens", "tokens", "--raw", "raw",
                      "--checkpoints", "no/such/dir", "--metrics", "out/m.json",
                      "--examples", "out/e.json"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("lmablate: error: evaluate.extrapolation_factors: [1, 10000] needs a "
+    assert err.startswith("lmablate: error: evaluate.extrapolation_factors: [1, 50] needs a "
                           "test split of at least")
     assert not (project.path / "out").exists()
 

@@ -29,24 +29,28 @@ def training_flops(model_cfg: ModelConfig, batch_size: int, steps: int) -> int:
 
 
 def steps_for_budget(budget_flops: float, model_cfg: ModelConfig, batch_size: int, *,
-                     multiple_of: int = 1, what: str = "run") -> int:
+                     multiple_of: int = 1, what: str = "run", source: str | None = None) -> int:
     """The step count whose training FLOPs come closest to ``budget_flops``, rounded to a
     multiple of ``multiple_of`` (tuning trials report at equal fractions of their budget).
 
     The rounding misses the budget by at most half a step (times ``multiple_of``): under 1% from
     50 steps on, which every run of the shipped profiles exceeds (tests/test_budget.py).
 
+    ``source`` says where the budget came from in the user's own terms (e.g.
+    ``train.budget_flops.arithmetic=1000 x tune.budget_fraction=0.5``), for the error.
+
     Raises:
-        ConfigError: the budget buys less than one step (names the budget, the model width and
-            the FLOPs of one step).
+        ConfigError: the budget buys less than one step (names the budget as the user wrote it,
+            the model width and the FLOPs of one step).
     """
     per_step = tokens_per_step(model_cfg, batch_size) * flops_per_token(model_cfg)
     steps = multiple_of * round(budget_flops / (per_step * multiple_of))
     if steps < multiple_of:
+        source = source or f"train.budget_flops={budget_flops:.3g}"
         raise ConfigError(
-            f"params: train.budget_flops={budget_flops:.3g} buys no {what} of d_model="
-            f"{model_cfg.d_model} ({per_step * multiple_of:.3g} FLOPs for {multiple_of} step(s)); "
-            "allowed: a larger budget")
+            f"params: {source} buys no {what} of d_model={model_cfg.d_model} "
+            f"({per_step * multiple_of:.3g} FLOPs for {multiple_of} step(s)); allowed: a larger "
+            "budget")
     return steps
 
 
@@ -57,7 +61,8 @@ def run_steps(cfg: StudyConfig, dataset: str, model_cfg: ModelConfig) -> int:
         ConfigError: no budget for ``dataset``, or too small a one (see :func:`steps_for_budget`).
     """
     budget = cfg.train.for_dataset(dataset).budget_flops[dataset]
-    return steps_for_budget(budget, model_cfg, cfg.train.batch_size, what="final run")
+    return steps_for_budget(budget, model_cfg, cfg.train.batch_size, what="final run",
+                            source=f"train.budget_flops.{dataset}={budget:.3g}")
 
 
 def trial_steps(cfg: StudyConfig, dataset: str, model_cfg: ModelConfig) -> int:
@@ -68,8 +73,11 @@ def trial_steps(cfg: StudyConfig, dataset: str, model_cfg: ModelConfig) -> int:
     Raises:
         ConfigError: no budget for ``dataset``, or too small a one (see :func:`steps_for_budget`).
     """
-    budget = cfg.train.for_dataset(dataset).budget_flops[dataset] * cfg.tune.budget_fraction
-    steps = steps_for_budget(budget, model_cfg, cfg.train.batch_size, what="tuning trial")
+    budget = cfg.train.for_dataset(dataset).budget_flops[dataset]
+    fraction = cfg.tune.budget_fraction
+    steps = steps_for_budget(budget * fraction, model_cfg, cfg.train.batch_size,
+                             what="tuning trial", source=f"train.budget_flops.{dataset}="
+                             f"{budget:.3g} x tune.budget_fraction={fraction:g}")
     if steps < cfg.tune.reports:
         raise ConfigError(f"params: tune.budget_fraction={cfg.tune.budget_fraction} buys {steps} "
                           f"steps of a tuning trial at d_model={model_cfg.d_model}; allowed: at "

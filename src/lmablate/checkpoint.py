@@ -9,6 +9,10 @@ Two files per seed, both written atomically with ``torch.save``:
   optimizer, scheduler, random number generators, history), tagged with the run's fingerprint.
   :func:`load_resume` returns it only for the same fingerprint, so a state written for other
   settings, data or code is never resumed.
+
+A checkpoint is trusted only through the sha256 of its bytes that ``train`` records in the
+seed's ``result.json`` when it writes it (:func:`verify_checkpoint`): a file truncated, edited or
+replaced since is trained again by ``train`` and refused by ``evaluate``, naming the file.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import torch
 from . import fileio
 from .config import ModelConfig
 from .model import GPT
+from .validation import DataError
 
 # The modules whose code defines what a training run computes: a resume state written by other
 # code is not resumed (see code_version).
@@ -40,8 +45,9 @@ def code_version(modules: tuple[str, ...] = RUN_MODULES) -> str:
     return h.hexdigest()[:16]
 
 
-def _save(path: Path, obj: Any) -> None:
-    """``torch.save`` of ``obj`` to ``path``, atomically and byte-reproducibly.
+def _save(path: Path, obj: Any) -> str:
+    """``torch.save`` of ``obj`` to ``path``, atomically and byte-reproducibly; returns the
+    sha256 (hex) of the bytes written.
 
     Saved to a path, torch names the zip archive's folder after the file, which for an atomic
     write is a random temporary name: the same state would give other bytes on every save.
@@ -49,15 +55,36 @@ def _save(path: Path, obj: Any) -> None:
     """
     buffer = io.BytesIO()
     torch.save(obj, buffer)
-    fileio.write_bytes(path, buffer.getvalue())
+    data = buffer.getvalue()
+    fileio.write_bytes(path, data)
+    return hashlib.sha256(data).hexdigest()
 
 
 def save_checkpoint(path: Path, model: GPT, optimizer: torch.optim.Optimizer,
-                    model_cfg: ModelConfig, *, step: int, meta: dict) -> None:
+                    model_cfg: ModelConfig, *, step: int, meta: dict) -> str:
     """Save ``model_cfg`` (as a dict), the weights, the optimizer state, ``step`` and ``meta``
-    to ``path`` atomically; the same state always gives the same bytes."""
-    _save(path, {"model_config": model_cfg.to_dict(), "model": model.state_dict(),
-                 "optimizer": optimizer.state_dict(), "step": step, "meta": meta})
+    to ``path`` atomically; the same state always gives the same bytes. Returns their sha256
+    (hex), which :func:`verify_checkpoint` checks the file against later."""
+    return _save(path, {"model_config": model_cfg.to_dict(), "model": model.state_dict(),
+                        "optimizer": optimizer.state_dict(), "step": step, "meta": meta})
+
+
+def verify_checkpoint(path: Path, sha256: str | None) -> str | None:
+    """Why the checkpoint at ``path`` cannot be trusted, or None when it can: it exists and its
+    bytes have the ``sha256`` (hex) recorded when it was written (None: nothing was recorded,
+    as by versions before the record existed)."""
+    if not path.is_file():
+        return f"{path} is missing"
+    if not sha256:
+        return f"{path} has no recorded sha256 to check it against"
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    if h.hexdigest() != sha256:
+        return (f"{path} ({path.stat().st_size:,} bytes) does not match the sha256 recorded "
+                f"when it was written (truncated or changed since)")
+    return None
 
 
 def load_checkpoint(path: Path, device: torch.device | str = "cpu") -> tuple[GPT, dict]:
@@ -68,9 +95,19 @@ def load_checkpoint(path: Path, device: torch.device | str = "cpu") -> tuple[GPT
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
+        DataError: ``path`` is not a readable checkpoint (truncated, corrupted, another format);
+            the message names it.
     """
-    ckpt = torch.load(path, map_location=device, weights_only=True)
-    model = GPT(ModelConfig(**ckpt["model_config"])).to(device)
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"checkpoint {path} not found")
+    try:
+        ckpt = torch.load(path, map_location=device, weights_only=True)
+        model_cfg = ModelConfig(**ckpt["model_config"])
+    except Exception as exc:  # noqa: BLE001 - torch raises RuntimeError, pickle errors, ...
+        first = (str(exc).splitlines() or [""])[0][:200]
+        raise DataError(f"{path} is not a readable checkpoint ({type(exc).__name__}: {first}); "
+                        "delete it and run lmablate train (or dvc repro) again") from None
+    model = GPT(model_cfg).to(device)
     model.load_state_dict(ckpt["model"])
     model.eval()
     return model, ckpt

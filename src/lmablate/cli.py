@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .config import ConfigError, load
+from .fileio import check_writable
 
 
 @dataclass(frozen=True)
@@ -103,6 +104,24 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def check_preconditions(cfg, args: argparse.Namespace, stage: Stage) -> None:
+    """What a stage needs before any work, cheaply and before MLflow starts: the dataset and
+    variant on the command line exist in the config, and every path it writes is writable
+    (:func:`lmablate.fileio.check_writable`). The device is checked by each stage before its
+    first run (:func:`lmablate.device.resolve_device`), as it needs torch.
+
+    Raises:
+        ConfigError: an unknown dataset or variant.
+        OutputError: an output path that cannot be written.
+    """
+    if stage.dataset:
+        cfg.dataset(args.dataset)
+    if stage.variant:
+        cfg.check_variant(args.variant)
+    for opt in stage.writes:
+        check_writable(getattr(args, opt.replace("-", "_")))
+
+
 def import_stage(name: str):
     """Import stage module ``name`` with the cyclic garbage collector paused: importing torch
     (and Optuna) allocates some 10^6 objects that all live to the end, and the collections they
@@ -148,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load(args.params)
         stage = STAGES[args.command]
+        check_preconditions(cfg, args, stage)
         if stage.tracks and cfg.tracking.enabled and argv is None:
             from .tracking import start_sidecar
             start_sidecar(cfg.tracking)

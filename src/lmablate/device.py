@@ -6,16 +6,30 @@ import contextlib
 
 import torch
 
+from .validation import fail
+
 
 def resolve_device(name: str) -> torch.device:
     """``runtime.device`` as a torch device: ``auto`` is CUDA if available, else Apple MPS,
-    else the CPU; ``cpu``, ``cuda`` and ``mps`` are taken as given."""
+    else the CPU; ``cpu``, ``cuda`` and ``mps`` are taken as given when this machine has them.
+
+    Raises:
+        ConfigError: ``cuda`` or ``mps`` was asked for and this machine (or this build of
+            torch) has none; stages call this before any work.
+    """
     if name == "auto":
         if torch.cuda.is_available():
             return torch.device("cuda")
         if torch.backends.mps.is_available():
             return torch.device("mps")
         return torch.device("cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        why = ("no CUDA device is visible" if torch.backends.cuda.is_built()
+               else f"torch {torch.__version__} is built without CUDA")
+        fail("runtime.device", name, f"{why} on this machine; use auto or cpu")
+    if name == "mps" and not torch.backends.mps.is_available():
+        fail("runtime.device", name, "Apple's MPS is not available on this machine; use auto or "
+             "cpu")
     return torch.device(name)
 
 

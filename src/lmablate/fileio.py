@@ -15,6 +15,8 @@ import tempfile
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
+from .validation import OutputError
+
 if TYPE_CHECKING:  # pandas is imported by write_csv only: the data stages never need it
     import pandas as pd
 
@@ -66,15 +68,48 @@ def write_json(path: str | os.PathLike, obj: Any, indent: int = 2) -> None:
     write_text(path, json.dumps(obj, indent=indent) + "\n")
 
 
+def check_writable(path: str | os.PathLike) -> None:
+    """Raise unless ``path`` (a file or folder, existing or not) can be written: its nearest
+    existing folder must take a new file. Tried for real, with a probe file created and
+    removed at once, since permission bits do not tell (root ignores them, a read-only mount
+    does not show in them).
+
+    Raises:
+        OutputError: a file stands where a folder must be, or the folder refuses the probe (the
+            message names the path, the folder and the system's reason).
+    """
+    path = Path(path)
+    folder = path if path.is_dir() else path.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        raise OutputError(f"cannot write {path}: {folder} is a file, not a folder")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".lmablate-probe.", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise OutputError(f"cannot write {path}: folder {folder} is not writable "
+                          f"({exc.strerror or exc})") from None
+
+
 def read_json(path: str | os.PathLike) -> Any:
     """Read a UTF-8 JSON file.
 
     Raises:
-        FileNotFoundError: ``path`` does not exist.
-        ValueError: it is not valid JSON or not UTF-8 (``json.JSONDecodeError`` and
-            ``UnicodeDecodeError`` are both ValueErrors).
+        FileNotFoundError: ``path`` does not exist (the message names it).
+        ValueError: it is not valid JSON or not UTF-8; the message names the file.
     """
-    return json.loads(Path(path).read_text(encoding="utf-8"))
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise FileNotFoundError(f"file {path} not found") from None
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path} is not UTF-8 text (byte offset {exc.start})") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path} is not valid JSON ({exc.msg} at line {exc.lineno} column "
+                         f"{exc.colno}); the file is truncated or corrupted: delete it and run "
+                         "the stage that writes it again") from None
 
 
 def write_csv(path: str | os.PathLike,

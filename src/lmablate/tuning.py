@@ -42,7 +42,7 @@ from optuna.trial import FrozenTrial, TrialState
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 from .checkpoint import RUN_MODULES, code_version
-from .config import StudyConfig, TrainConfig, TuneConfig
+from .config import TPE_SEED_STRIDE, StudyConfig, TrainConfig, TuneConfig
 from .fingerprint import fingerprint
 
 SLOT = "slot"  # user attribute: the trial's place in the study (0 .. n_trials - 1)
@@ -218,7 +218,7 @@ def propose(tune: TuneConfig, results: dict[int, FrozenTrial], slots: range,
     """
     history = [results[s] for s in range(slots.start)]
     sampler = optuna.samplers.TPESampler(
-        seed=sampler_seed * 1_000_003 + slots.start, n_startup_trials=tune.n_startup_trials,
+        seed=sampler_seed * TPE_SEED_STRIDE + slots.start, n_startup_trials=tune.n_startup_trials,
         multivariate=True, constant_liar=True)
     study = _history_study(tune, history, sampler)
     return [study.ask(search_space(tune)).params for _ in slots]

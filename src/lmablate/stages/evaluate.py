@@ -13,7 +13,7 @@ from pathlib import Path
 
 from .. import fileio
 from ..arithmetic import split_problem
-from ..checkpoint import load_checkpoint
+from ..checkpoint import load_checkpoint, verify_checkpoint
 from ..config import DataError, StudyConfig
 from ..device import resolve_device
 from ..model import check_causality
@@ -57,6 +57,15 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, raw_dir:
                         f"least {longest + 1} tokens (the longest window, {longest}, plus one); "
                         f"{tokens_dir} has {len(data.test)}")
     device = resolve_device(cfg.runtime.device)
+    trained = {}
+    for seed in cfg.seeds:  # every checkpoint checked before any is evaluated or logged
+        seed_dir = checkpoints_dir / f"seed_{seed}"
+        trained[seed] = fileio.read_json(seed_dir / "result.json")
+        problem = verify_checkpoint(seed_dir / "checkpoint.pt",
+                                    trained[seed].get("checkpoint_sha256"))
+        if problem:
+            raise DataError(f"{problem}; run lmablate train {dataset} {variant} (or dvc repro) "
+                            f"again to retrain seed {seed}")
     problems = []
     if ds.kind == "arithmetic":
         problems = (raw_dir / "test.txt").read_text(encoding="utf-8").split()
@@ -64,7 +73,7 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, raw_dir:
 
     def evaluate_seed(seed: int) -> tuple[dict, object]:
         seed_dir = checkpoints_dir / f"seed_{seed}"
-        summary = fileio.read_json(seed_dir / "result.json")["summary"]
+        summary = trained[seed]["summary"]
         model, ckpt = load_checkpoint(seed_dir / "checkpoint.pt", device)
         if ckpt["model_config"]["vocab_size"] != tok.vocab_size:
             raise ValueError(f"{seed_dir / 'checkpoint.pt'}: vocab_size "

@@ -2,7 +2,8 @@
 for the steps that spend the dataset's training budget at that width (:mod:`lmablate.budget`).
 
 Each seed is one MLflow run tagged dataset/variant/seed/stage. A seed whose ``result.json``
-carries the current fingerprint is kept; an interrupted one resumes from its ``resume.pt``.
+carries the current fingerprint, and whose checkpoint still has the sha256 recorded there, is
+kept; an interrupted one resumes from its ``resume.pt``.
 Seeds train as concurrent jobs on a CPU and as one batched model on a GPU (see :func:`run`).
 """
 
@@ -10,13 +11,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from .. import fileio
 from ..budget import run_steps, tokens_per_step, training_flops
 from ..batched import batched_on, train_seeds
-from ..checkpoint import code_version, load_resume, save_checkpoint
+from ..checkpoint import code_version, load_resume, save_checkpoint, verify_checkpoint
 from ..config import ModelConfig, StudyConfig
 from ..fingerprint import fingerprint
 from ..device import resolve_device
@@ -56,13 +58,30 @@ def seed_fingerprint(job: SeedJob, data: TokenData) -> str:
 
 
 def _finished(job: SeedJob, fp: str) -> dict | None:
-    """The seed's ``result.json`` if it and its checkpoint exist with fingerprint ``fp``."""
+    """The seed's ``result.json`` if it exists with fingerprint ``fp`` and its checkpoint has
+    the sha256 recorded there; else None, and the seed is trained again. A result or checkpoint
+    that cannot be trusted (unreadable, truncated, changed) is reported in one line on stderr
+    first: the user sees why a finished seed trains again."""
     result_path = job.seed_dir / "result.json"
-    if result_path.exists() and (job.seed_dir / "checkpoint.pt").exists():
+    if not result_path.exists():
+        return None
+    try:
         done = fileio.read_json(result_path)
-        if done.get("fingerprint") == fp:
-            return done
-    return None
+    except ValueError as exc:
+        _distrust(job, str(exc))
+        return None
+    if not isinstance(done, dict) or done.get("fingerprint") != fp:
+        return None  # written for other settings, data or code: trained again, as always
+    problem = verify_checkpoint(job.seed_dir / "checkpoint.pt", done.get("checkpoint_sha256"))
+    if problem:
+        _distrust(job, problem)
+        return None
+    return done
+
+
+def _distrust(job: SeedJob, problem: str) -> None:
+    print(f"lmablate: {problem}; training {job.dataset}/{job.variant} seed {job.seed} again",
+          file=sys.stderr, flush=True)
 
 
 def _run_name_tags(job: SeedJob) -> tuple[str, dict]:
@@ -102,10 +121,12 @@ def _finish(job: SeedJob, fp: str, result: TrainResult, tracker: NullTracker,
     # logged without a step would add a point at 0 to every curve
     tracker.log_metrics({k: summary[k] for k in ("train_seconds", "tokens_per_second")},
                         step=job.steps)
-    save_checkpoint(job.seed_dir / "checkpoint.pt", result.model, result.optimizer,
-                    job.model_cfg, step=job.steps,
-                    meta={"dataset": job.dataset, "variant": job.variant, "seed": job.seed})
-    done = {"fingerprint": fp, "summary": summary, "history": result.history,
+    sha256 = save_checkpoint(job.seed_dir / "checkpoint.pt", result.model, result.optimizer,
+                             job.model_cfg, step=job.steps,
+                             meta={"dataset": job.dataset, "variant": job.variant,
+                                   "seed": job.seed})
+    done = {"fingerprint": fp, "checkpoint_sha256": sha256, "summary": summary,
+            "history": result.history,
             "grad_stats": [{"seed": job.seed, **g} for g in result.grad_stats]}
     fileio.write_json(job.seed_dir / "result.json", done)
     (job.seed_dir / "resume.pt").unlink(missing_ok=True)

@@ -22,7 +22,7 @@ from optuna.trial import TrialState
 
 from .. import fileio
 from ..budget import run_steps, training_flops, trial_steps
-from ..config import StudyConfig
+from ..config import MAX_SAMPLER_SEED, ConfigError, StudyConfig
 from ..device import resolve_device
 from ..parallel import map_jobs, use_processes, worker_count
 from ..tokens import TokenData
@@ -200,6 +200,12 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, best_pat
     cfg.dataset(dataset)
     cfg.check_variant(variant)
     tune = cfg.tune
+    sampler_seed = tune.sampler_seed + replicate
+    if sampler_seed > MAX_SAMPLER_SEED:
+        raise ConfigError(f"params: tune.sampler_seed={tune.sampler_seed} + --replicate "
+                          f"{replicate} is not allowed; the sum must be <= {MAX_SAMPLER_SEED} "
+                          "(TPE's seeds must stay below 2**32)")
+    resolve_device(cfg.runtime.device)  # a device this machine lacks fails before any trial
     data = TokenData.load(tokens_dir)
     data.check_fits(cfg.model.context_length, dataset)
     models = [resolve_model_config(cfg, variant, data.vocab_size, d_model)
@@ -209,7 +215,6 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, best_pat
         trial_steps(cfg, dataset, model_cfg)  # a budget too small for a width fails here
         run_steps(cfg, dataset, model_cfg)
     processes = use_processes(cfg.runtime, models)
-    sampler_seed = tune.sampler_seed + replicate
     storage = make_storage(tune.storage_url, tune.heartbeat_seconds)
     name = study_name(cfg, dataset, variant, data.fingerprint(), sampler_seed)
     study = load_study(storage, name)
