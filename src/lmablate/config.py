@@ -355,7 +355,7 @@ class TuneConfig:
         if self.lr_low >= self.lr_high:
             fail("tune.lr_low", self.lr_low, f"must be below tune.lr_high={self.lr_high}")
         if not self.d_model_choices:
-            fail("tune.d_model_choices", self.d_model_choices, "expected a non-empty list")
+            fail("tune.d_model_choices", list(self.d_model_choices), "expected a non-empty list")
         for d in self.d_model_choices:
             check_int("tune.d_model_choices", d, maximum=MAX_WIDTH)
         if len(set(self.d_model_choices)) != len(self.d_model_choices):
@@ -590,9 +590,17 @@ def load(path: str | os.PathLike = "params.yaml") -> StudyConfig:
     try:
         raw = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
-        raise ConfigError(f"params: {path} is not valid YAML: "
-                          f"{' '.join(str(exc).split())}") from None
+        raise ConfigError(f"params: {path} is not valid YAML: {_yaml_problem(exc)}") from None
     return parse(raw or {})
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """PyYAML's error on one line: what is wrong and where (1-based line and column)."""
+    mark = getattr(exc, "problem_mark", None)
+    if getattr(exc, "problem", None) and mark is not None:
+        context = f"{exc.context}: " if exc.context else ""
+        return f"{context}{exc.problem} at line {mark.line + 1}, column {mark.column + 1}"
+    return " ".join(str(exc).split())
 
 
 class _StrictLoader(yaml.SafeLoader):
@@ -607,7 +615,7 @@ class _StrictLoader(yaml.SafeLoader):
                 continue  # the safe loader's own error follows
             if key in seen:
                 raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key!r} (first at line {seen[key]}); each key "
-                    "may appear once in a mapping", key_node.start_mark)
+                    None, None, f"duplicate key {key!r} (given first at line {seen[key]}; a key "
+                    "may appear once in a mapping)", key_node.start_mark)
             seen[key] = key_node.start_mark.line + 1
         return super().construct_mapping(node, deep=deep)

@@ -48,6 +48,7 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, raw_dir:
     """
     ds = cfg.dataset(dataset)
     cfg.check_variant(variant)
+    device = resolve_device(cfg.runtime.device)  # a device this machine lacks: before any work
     data = TokenData.load(tokens_dir)
     tok = load_tokenizer(tokens_dir)
     factors = list(cfg.evaluate.extrapolation_factors)
@@ -56,7 +57,6 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, raw_dir:
         raise DataError(f"evaluate.extrapolation_factors: {factors} needs a test split of at "
                         f"least {longest + 1} tokens (the longest window, {longest}, plus one); "
                         f"{tokens_dir} has {len(data.test)}")
-    device = resolve_device(cfg.runtime.device)
     trained = {}
     for seed in cfg.seeds:  # every checkpoint checked before any is evaluated or logged
         seed_dir = checkpoints_dir / f"seed_{seed}"

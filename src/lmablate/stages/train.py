@@ -240,6 +240,7 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, best_pat
         DivergenceError: a run's loss became NaN/inf (names dataset, variant, seed and step).
     """
     cfg.dataset(dataset)
+    device = resolve_device(cfg.runtime.device)  # a device this machine lacks: before any work
     best = fileio.read_json(best_path)
     expected = cfg.tune.sampler_seed + replicate
     if best.get("sampler_seed", expected) != expected:
@@ -253,7 +254,6 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, best_pat
     steps = run_steps(cfg, dataset, model_cfg)
     jobs = [SeedJob(cfg, dataset, variant, model_cfg, best["lr"], seed, steps, tokens_dir,
                     checkpoints_dir / f"seed_{seed}", replicate) for seed in cfg.seeds]
-    device = resolve_device(cfg.runtime.device)
     if batched_on(device) and model_cfg.dropout == 0:
         # one path per device type and model (both in the fingerprint), never per setting:
         # batched and per-seed results agree to fp32 rounding only

@@ -1,0 +1,507 @@
+"""Every bad input a user can give, through the command: the exact one-line message, exit status
+2, and not a byte written or changed. Then the files a stage reads that were damaged since they
+were written: each is named, and a damaged checkpoint of a finished seed is trained again.
+
+The README's "Bad input" table is checked against :data:`CASES` (each of its messages must be
+one of these), so the documented messages are the tested ones.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from lmablate import cli
+
+from conftest import ROOT, make_project
+
+BIN = Path(sys.executable).parent
+
+
+def tune_args(dataset="arithmetic", variant="baseline", out="out", *extra):
+    return ["tune", dataset, variant, "--tokens", "tokens", "--best", f"{out}/best.json",
+            "--trials", f"{out}/trials.csv", *extra]
+
+
+def train_args(best="out/best.json", out="out"):
+    return ["train", "arithmetic", "baseline", "--tokens", "tokens", "--best", best,
+            "--checkpoints", f"{out}/ck", "--history", f"{out}/h.csv", "--grad-stats",
+            f"{out}/g.csv"]
+
+
+def evaluate_args(out="out"):
+    return ["evaluate", "arithmetic", "baseline", "--tokens", "tokens", "--raw", "raw",
+            "--checkpoints", f"{out}/ck", "--metrics", f"{out}/m.json", "--examples",
+            f"{out}/e.json"]
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    """Every file under ``root`` with the sha256 of its bytes."""
+    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def setting(path: str, value):
+    """A change of the raw params: ``path`` (dotted) set to ``value``."""
+    def change(raw):
+        *parents, last = path.split(".")
+        node = raw
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[last] = value
+    return change
+
+
+def text_edit(edit):
+    """A change of params.yaml's text (what yaml.safe_dump cannot write: duplicates, bytes)."""
+    edit.text = True
+    return edit
+
+
+def duplicate_lr(path: Path) -> None:
+    text = path.read_text()
+    path.write_text(text.replace("train:\n", "train:\n  lr: 0.1\n  lr: 0.2\n", 1))
+
+
+def latin1(path: Path) -> None:
+    path.write_bytes(path.read_bytes() + "# café\n".encode("latin-1"))
+
+
+def broken_yaml(path: Path) -> None:
+    path.write_text(path.read_text() + "train: [1, 2\n")
+
+
+def not_a_mapping(path: Path) -> None:
+    path.write_text("- study\n- model\n")
+
+
+# (id, change of params (raw dict) or of params.yaml's text, command, the message after
+# "lmablate: error: ")
+CASES = [
+    # booleans are true or false, never a string that Python would read as true
+    ("quoted match_params", setting("study.match_params", "false"), tune_args(),
+     "params: study.match_params='false' is not allowed; expected true or false (unquoted)"),
+    ("quoted tracking.enabled", setting("tracking.enabled", "no"), tune_args(),
+     "params: tracking.enabled='no' is not allowed; expected true or false (unquoted)"),
+    ("quoted strip_newlines", setting("datasets.arithmetic.strip_newlines", "no"), tune_args(),
+     "params: datasets.arithmetic.strip_newlines='no' is not allowed; expected true or false "
+     "(unquoted)"),
+    ("quoted bias", setting("model.bias", "false"), tune_args(),
+     "params: model.bias='false' is not allowed; expected true or false (unquoted)"),
+    ("number for tie_weights", setting("model.tie_weights", 1), tune_args(),
+     "params: model.tie_weights=1 is not allowed; expected true or false (unquoted)"),
+    ("quoted bias in a variant", setting("variants.rope", {"position": "rope", "bias": "no"}),
+     tune_args(),
+     "params: variants.rope.bias='no' is not allowed; expected true or false (unquoted)"),
+    # numbers are numbers, finite, and below the stated limits
+    ("infinite budget", setting("train.budget_flops.arithmetic", float("inf")), tune_args(),
+     "params: train.budget_flops.arithmetic=inf is not allowed; expected a finite number > 0 "
+     "and <= 1e+20"),
+    ("budget above the limit", setting("train.budget_flops.arithmetic", 1e30), tune_args(),
+     "params: train.budget_flops.arithmetic=1e+30 is not allowed; expected a finite number > 0 "
+     "and <= 1e+20"),
+    ("budget without the exponent's sign", setting("train.budget_flops.arithmetic", "1.0e12"),
+     tune_args(), "params: train.budget_flops.arithmetic='1.0e12' is not allowed; expected a "
+     "finite number > 0 and <= 1e+20"),
+    ("budget not a mapping", setting("train.budget_flops", 1e12), tune_args(),
+     "params: train.budget_flops=1000000000000.0 is not allowed; expected a mapping"),
+    ("infinite lr_high", setting("tune.lr_high", float("inf")), tune_args(),
+     "params: tune.lr_high=inf is not allowed; expected a finite number"),
+    ("NaN learning rate", setting("train.lr", float("nan")), tune_args(),
+     "params: train.lr=nan is not allowed; expected a finite number"),
+    ("zero learning rate", setting("train.lr", 0), tune_args(),
+     "params: train.lr=0 is not allowed; expected a finite number > 0"),
+    ("quoted budget_fraction", setting("tune.budget_fraction", "0.2"), tune_args(),
+     "params: tune.budget_fraction='0.2' is not allowed; expected a finite number"),
+    ("quoted norm_eps in a variant", setting("variants.rope", {"position": "rope",
+                                                              "norm_eps": "1e-5"}),
+     tune_args(), "params: variants.rope.norm_eps='1e-5' is not allowed; expected a finite number"),
+    ("infinite rope_base", setting("model.rope_base", float("inf")), tune_args(),
+     "params: model.rope_base=inf is not allowed; expected a finite number"),
+    ("NaN dropout", setting("model.dropout", float("nan")), tune_args(),
+     "params: model.dropout=nan is not allowed; expected a finite number"),
+    ("dropout of 1.5", setting("model.dropout", 1.5), tune_args(),
+     "params: model.dropout=1.5 is not allowed; expected a number in [0, 1)"),
+    ("beta2 of 1", setting("train.beta2", 1.0), tune_args(),
+     "params: train.beta2=1.0 is not allowed; expected a number in [0, 1)"),
+    ("negative warm-up", setting("train.warmup_steps", -5), tune_args(),
+     "params: train.warmup_steps=-5 is not allowed; expected an integer >= 0 and <= 1,000,000"),
+    ("word for grad_clip", setting("train.grad_clip", "none"), tune_args(),
+     "params: train.grad_clip='none' is not allowed; expected a finite number"),
+    ("NaN percentile", setting("tune.percentile", float("nan")), tune_args(),
+     "params: tune.percentile=nan is not allowed; expected a finite number"),
+    ("word for batch_size", setting("train.batch_size", "many"), tune_args(),
+     "params: train.batch_size='many' is not allowed; expected an integer"),
+    ("fractional batch_size", setting("train.batch_size", 2.5), tune_args(),
+     "params: train.batch_size=2.5 is not allowed; expected an integer"),
+    ("batch_size above the limit", setting("train.batch_size", 100_000), tune_args(),
+     "params: train.batch_size=100000 is not allowed; expected an integer >= 1 and <= 4,096"),
+    ("n_test above the limit", setting("datasets.arithmetic.n_test", 10_000_000_000),
+     tune_args(), "params: datasets.arithmetic.n_test=10000000000 is not allowed; expected an "
+     "integer >= 1 and <= 10,000,000"),
+    ("n_train of 0", setting("datasets.arithmetic.n_train", 0), tune_args(),
+     "params: datasets.arithmetic.n_train=0 is not allowed; expected an integer >= 1 and <= "
+     "10,000,000"),
+    ("negative dataset seed", setting("datasets.arithmetic.seed", -1), tune_args(),
+     "params: datasets.arithmetic.seed=-1 is not allowed; expected an integer >= 0 and <= "
+     "2,147,483,647"),
+    ("max_problems above the limit", setting("evaluate.max_problems", 10**8), tune_args(),
+     "params: evaluate.max_problems=100000000 is not allowed; expected an integer >= 1 and <= "
+     "10,000,000"),
+    ("context_length above the limit", setting("model.context_length", 100_000), tune_args(),
+     "params: model.context_length=100000 is not allowed; expected an integer >= 1 and <= 8,192"),
+    ("n_layers above the limit", setting("model.n_layers", 1000), tune_args(),
+     "params: model.n_layers=1000 is not allowed; expected an integer >= 1 and <= 128"),
+    ("float n_kv_heads", setting("model.n_kv_heads", 2.0), tune_args(),
+     "params: model.n_kv_heads=2.0 is not allowed; expected an integer or null"),
+    ("n_trials above the limit", setting("tune.n_trials", 10**6), tune_args(),
+     "params: tune.n_trials=1000000 is not allowed; expected an integer >= 1 and <= 10,000"),
+    ("sampler_seed above the limit", setting("tune.sampler_seed", 5000), tune_args(),
+     "params: tune.sampler_seed=5000 is not allowed; expected an integer >= 0 and <= 4,294"),
+    ("sampler seed + replicate above the limit", setting("tune.sampler_seed", 4294),
+     tune_args("arithmetic", "baseline", "out", "--replicate", "1"),
+     "params: tune.sampler_seed=4294 + --replicate 1 is not allowed; the sum must be <= 4294 "
+     "(TPE's seeds must stay below 2**32)"),
+    ("negative workers", setting("runtime.workers", -1), tune_args(),
+     "params: runtime.workers=-1 is not allowed; expected an integer >= 0 and <= 1,024"),
+    ("workers above the limit", setting("runtime.workers", 5000), tune_args(),
+     "params: runtime.workers=5000 is not allowed; expected an integer >= 0 and <= 1,024"),
+    ("extrapolation factor above the limit", setting("evaluate.extrapolation_factors", [1, 1000]),
+     tune_args(), "params: evaluate.extrapolation_factors=1000 is not allowed; expected an "
+     "integer >= 1 and <= 64"),
+    ("extrapolation factors not a list", setting("evaluate.extrapolation_factors", 4),
+     tune_args(), "params: evaluate.extrapolation_factors=4 is not allowed; expected a list, e.g. "
+     "[1, 2]"),
+    # lists, strings and mappings where they belong
+    ("d_model_choices not a list", setting("tune.d_model_choices", 32), tune_args(),
+     "params: tune.d_model_choices=32 is not allowed; expected a list, e.g. [1, 2]"),
+    ("empty d_model_choices", setting("tune.d_model_choices", []), tune_args(),
+     "params: tune.d_model_choices=[] is not allowed; expected a non-empty list"),
+    ("seeds as a string", setting("study.seeds", "0, 1"), tune_args(),
+     "params: study.seeds='0, 1' is not allowed; expected a non-empty list of integers"),
+    ("fractional seed", setting("study.seeds", [0.5]), tune_args(),
+     "params: study.seeds=0.5 is not allowed; expected an integer >= 0 and <= 2,147,483,647"),
+    ("seed above the limit", setting("study.seeds", [0, 2**31]), tune_args(),
+     "params: study.seeds=2147483648 is not allowed; expected an integer >= 0 and <= "
+     "2,147,483,647"),
+    ("empty seeds", setting("study.seeds", []), tune_args(),
+     "params: study.seeds=[] is not allowed; expected a non-empty list of integers"),
+    ("repeated seeds", setting("study.seeds", [1, 1]), tune_args(),
+     "params: study.seeds=[1, 1] is not allowed; seeds must be distinct"),
+    ("experiment as a number", setting("tracking.experiment", 123), tune_args(),
+     "params: tracking.experiment=123 is not allowed; expected a non-empty string"),
+    ("empty tracking uri", setting("tracking.uri", ""), tune_args(),
+     "params: tracking.uri='' is not allowed; expected a non-empty string"),
+    ("storage as a number", setting("tune.storage", 5), tune_args(),
+     "params: tune.storage=5 is not allowed; expected a non-empty string"),
+    ("source as a number", setting("datasets.shakespeare.source", 5), tune_args(),
+     "params: datasets.shakespeare.source=5 is not allowed; expected a non-empty string"),
+    ("split as a string", setting("datasets.arithmetic.split", "0.1"), tune_args(),
+     "params: datasets.arithmetic.split='0.1' is not allowed; expected a mapping"),
+    ("variants as a list", setting("variants", ["baseline"]), tune_args(),
+     "params: variants=['baseline'] is not allowed; expected a mapping of variant name -> "
+     "model overrides"),
+    ("word for a variant's n_layers", setting("variants.rope", {"position": "rope",
+                                                                "n_layers": "2"}),
+     tune_args(), "params: variants.rope.n_layers='2' is not allowed; expected an integer"),
+    # names, keys and choices
+    ("variant name with a space", setting("variants.my variant", {"ffn": "gelu"}), tune_args(),
+     "params: variants='my variant' is not allowed; a variant needs a name of letters, digits "
+     "and _ that does not start with a digit (it names DVC stages, folders and MLflow runs)"),
+    ("dataset name with a hyphen", setting("datasets.my-data", {"kind": "arithmetic"}),
+     tune_args(), "params: datasets='my-data' is not allowed; a dataset needs a name of letters, "
+     "digits and _ that does not start with a digit (it names DVC stages, folders and MLflow "
+     "runs)"),
+    ("a variant overriding the tuned width", setting("variants.wide", {"d_model": 64}),
+     tune_args(), "params: variants.wide.d_model=64 is not allowed; the width is tuned for every "
+     "variant from tune.d_model_choices (give that a single value to fix it)"),
+    ("unknown key", setting("train.epochs", 3), tune_args(),
+     "params: unknown key train.epochs; allowed keys under train: batch_size, beta1, beta2, "
+     "budget_flops, eval_interval, eval_iters, grad_clip, lr, lr_schedule, warmup_steps, "
+     "weight_decay"),
+    ("unknown section", setting("optimiser", {"lr": 1}), tune_args(),
+     "params: unknown key optimiser; allowed: study, datasets, model, variants, train, tune, "
+     "evaluate, tracking, runtime"),
+    ("unknown component", setting("variants.rope", {"position": "spiral"}), tune_args(),
+     "params: model.position='spiral' is not allowed; choose one of learned, sinusoidal, rope, "
+     "alibi, none (in variants.rope)"),
+    ("unknown variant in the study", setting("study.variants", ["baseline", "mamba"]),
+     tune_args(), "params: study.variants='mamba' is not allowed; choose from alibi, baseline, geglu, "
+     "gelu, gqa, llama, mqa, nope, post_norm, rmsnorm, rope, sinusoidal, swiglu"),
+    ("unknown variant on the command line", None, tune_args("arithmetic", "mamba"),
+     "params: variant='mamba' is not allowed; choose one of alibi, baseline, geglu, gelu, gqa, "
+     "llama, mqa, nope, post_norm, rmsnorm, rope, sinusoidal, swiglu"),
+    ("unknown dataset on the command line", None, tune_args("wikitext"),
+     "params: dataset='wikitext' is not allowed; choose one of arithmetic"),
+    ("width not divisible by the heads", setting("model.d_model", 9), tune_args(),
+     "params: model.d_model=9 is not allowed; must be divisible by n_heads=2"),
+    ("kv heads not dividing the heads", setting("model.n_kv_heads", 3), tune_args(),
+     "params: model.n_kv_heads=3 is not allowed; must divide n_heads=2"),
+    ("tuning seed among the final seeds", setting("tune.seed", 0), tune_args(),
+     "params: tune.seed=0 is not allowed; must not be one of study.seeds [0]: a final seed "
+     "would then have been seen by tuning"),
+    ("a budget too small for one step", setting("train.budget_flops.arithmetic", 1000),
+     tune_args(), "params: train.budget_flops.arithmetic=1e+03 x tune.budget_fraction=0.5 buys "
+     "no tuning trial of d_model=16 (1.37e+06 FLOPs for 1 step(s)); allowed: a larger budget"),
+    ("a dataset without a budget", setting("train.budget_flops", {"shakespeare": 3e11}),
+     tune_args(), "params: train.budget_flops={'shakespeare': 300000000000.0} is not allowed; "
+     "give a budget for every dataset of the study (missing: arithmetic)"),
+    ("splits that leave no training data",
+     setting("datasets.shakespeare.split", {"val": 0.6, "test": 0.5}), tune_args(),
+     "params: split=(0.6, 0.5) is not allowed; val + test must leave a training split (in "
+     "datasets.shakespeare)"),
+    ("a download without its sha256", setting("datasets.shakespeare.sha256", None), tune_args(),
+     "params: datasets.shakespeare.sha256=None is not allowed; a download needs its sha256"),
+    ("a tuned width not divisible by the heads", setting("tune.d_model_choices", [16, 9]),
+     tune_args(), "params: tune.d_model_choices=9 is not allowed; every width must be divisible "
+     "by n_heads=2"),
+    # the file itself
+    ("a duplicate key", text_edit(duplicate_lr), tune_args(),
+     "params: params.yaml is not valid YAML: duplicate key 'lr' (given first at line {lr}; a "
+     "key may appear once in a mapping) at line {lr2}, column 3"),
+    ("latin-1 params", text_edit(latin1), tune_args(),
+     "params: params.yaml is not UTF-8 text: byte 0xe9 at byte offset {offset}"),
+    ("broken YAML", text_edit(broken_yaml), tune_args(),
+     "params: params.yaml is not valid YAML: while parsing a flow sequence: expected ',' or ']', "
+     "but got '<stream end>' at line {end}, column 1"),
+    ("params not a mapping", text_edit(not_a_mapping), tune_args(),
+     "params: the file must hold a mapping of sections"),
+    ("missing params file", None, ["--params", "nowhere.yaml", *tune_args()],
+     "params: file nowhere.yaml not found"),
+]
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory) -> Path:
+    """A tiny project, made once; each case works on its own copy."""
+    return make_project(tmp_path_factory.mktemp("base")).path
+
+
+def copy_of(base: Path, tmp_path: Path) -> Path:
+    dest = tmp_path / "p"
+    shutil.copytree(base, dest)
+    return dest
+
+
+@pytest.mark.parametrize("name,change,argv,message", CASES, ids=[c[0] for c in CASES])
+def test_a_bad_input_exits_2_with_its_one_line_and_writes_nothing(
+        base, tmp_path, monkeypatch, capsys, name, change, argv, message):
+    project = copy_of(base, tmp_path)
+    monkeypatch.chdir(project)
+    params = project / "params.yaml"
+    if getattr(change, "text", False):
+        change(params)
+    elif change is not None:
+        raw = yaml.safe_load(params.read_text())
+        change(raw)
+        params.write_text(yaml.safe_dump(raw))
+    lines = params.read_text(errors="replace").splitlines()
+    first_lr = lines.index("train:") + 2 if "train:" in lines else 0
+    for field, value in {"offset": len(params.read_bytes()) - 2, "end": len(lines) + 1,
+                         "lr": first_lr, "lr2": first_lr + 1}.items():
+        message = message.replace(f"{{{field}}}", str(value))
+    before = snapshot(project)
+    assert cli.main(argv) == 2
+    assert capsys.readouterr().err == f"lmablate: error: {message}\n"
+    assert snapshot(project) == before
+
+
+def test_the_case_table_has_at_least_sixty_distinct_inputs():
+    assert len({c[0] for c in CASES}) == len(CASES) >= 60
+
+
+# --- preconditions that are not params ---------------------------------------------------------
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_a_device_the_machine_lacks_exits_2_before_any_trial(base, tmp_path, monkeypatch,
+                                                             capsys):
+    project = copy_of(base, tmp_path)
+    monkeypatch.chdir(project)
+    raw = yaml.safe_load((project / "params.yaml").read_text())
+    raw["runtime"]["device"] = "cuda"
+    (project / "params.yaml").write_text(yaml.safe_dump(raw))
+    before = snapshot(project)
+    why = ("no CUDA device is visible" if torch.backends.cuda.is_built()
+           else f"torch {torch.__version__} is built without CUDA")
+    for argv in (tune_args(), train_args(), evaluate_args()):
+        assert cli.main(argv) == 2
+        assert capsys.readouterr().err == (
+            f"lmablate: error: params: runtime.device='cuda' is not allowed; {why} on this "
+            "machine; use auto or cpu\n")
+    assert snapshot(project) == before
+
+
+def test_a_file_where_an_output_folder_must_be_exits_2_before_any_work(base, tmp_path,
+                                                                       monkeypatch, capsys):
+    project = copy_of(base, tmp_path)
+    monkeypatch.chdir(project)
+    (project / "blocker").write_text("not a folder")
+    before = snapshot(project)
+    assert cli.main(tune_args(out="blocker/runs")) == 2
+    assert capsys.readouterr().err == (
+        "lmablate: error: cannot write blocker/runs/best.json: blocker is a file, not a folder\n")
+    assert snapshot(project) == before
+
+
+def test_a_read_only_output_folder_exits_2_before_any_work(tmp_path):
+    """Run as an unprivileged user (root writes into any folder whatever its mode)."""
+    as_user: list[str] = []
+    where = tmp_path
+    if os.geteuid() == 0:
+        if not shutil.which("setpriv"):
+            pytest.skip("needs setpriv (util-linux) to drop root")
+        as_user = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+        where = Path(tempfile.mkdtemp(prefix="lmablate-ro-"))  # a tree the user can read
+        os.chmod(where, 0o755)
+    try:
+        project = make_project(where / "p").path
+        (project / "out").mkdir()
+        os.chmod(project / "out", 0o555)
+        for path in [project, *project.rglob("*")]:
+            if path.is_dir() and path.name != "out":
+                os.chmod(path, 0o755)
+            elif path.is_file():
+                os.chmod(path, 0o644)
+        before = snapshot(project)
+        proc = subprocess.run([*as_user, str(BIN / "lmablate"), *tune_args()], cwd=project,
+                              capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr == ("lmablate: error: cannot write out/best.json: folder out is not "
+                               "writable (Permission denied)\n")
+        assert snapshot(project) == before
+    finally:
+        if where != tmp_path:
+            shutil.rmtree(where, ignore_errors=True)
+
+
+# --- files damaged after they were written -----------------------------------------------------
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    """A tiny project tuned and trained once (out/best.json, out/ck/seed_0/...)."""
+    project = make_project(tmp_path_factory.mktemp("trained")).path
+    cwd = os.getcwd()
+    os.chdir(project)
+    try:
+        assert cli.main(tune_args()) == 0
+        assert cli.main(train_args()) == 0
+    finally:
+        os.chdir(cwd)
+    return project
+
+
+def test_a_truncated_best_json_is_named(trained, tmp_path, monkeypatch, capsys):
+    project = copy_of(trained, tmp_path)
+    monkeypatch.chdir(project)
+    best = project / "out" / "best.json"
+    best.write_bytes(best.read_bytes()[:40])
+    shutil.rmtree(project / "out" / "ck")
+    before = snapshot(project)
+    assert cli.main(train_args()) == 2
+    err = capsys.readouterr().err
+    assert re.fullmatch(r"lmablate: error: out/best\.json is not valid JSON \(.+ at line \d+ "
+                        r"column \d+\); the file is truncated or corrupted: delete it and run "
+                        r"the stage that writes it again\n", err), err
+    assert snapshot(project) == before
+
+
+def test_a_missing_best_json_is_named(trained, tmp_path, monkeypatch, capsys):
+    project = copy_of(trained, tmp_path)
+    monkeypatch.chdir(project)
+    (project / "out" / "best.json").unlink()
+    before = snapshot(project)
+    assert cli.main(train_args()) == 2
+    assert capsys.readouterr().err == "lmablate: error: file out/best.json not found\n"
+    assert snapshot(project) == before
+
+
+def test_evaluate_refuses_a_truncated_checkpoint_naming_it(trained, tmp_path, monkeypatch,
+                                                          capsys):
+    project = copy_of(trained, tmp_path)
+    monkeypatch.chdir(project)
+    ckpt = project / "out" / "ck" / "seed_0" / "checkpoint.pt"
+    os.truncate(ckpt, 1000)
+    before = snapshot(project)
+    assert cli.main(evaluate_args()) == 2
+    assert capsys.readouterr().err == (
+        "lmablate: error: out/ck/seed_0/checkpoint.pt (1,000 bytes) does not match the sha256 "
+        "recorded when it was written (truncated or changed since); run lmablate train "
+        "arithmetic baseline (or dvc repro) again to retrain seed 0\n")
+    assert snapshot(project) == before
+
+
+@pytest.mark.parametrize("damage", ["truncated checkpoint", "missing checkpoint",
+                                    "truncated result.json", "no recorded sha256"])
+def test_train_retrains_a_finished_seed_whose_files_cannot_be_trusted_to_the_same_bytes(
+        trained, tmp_path, monkeypatch, capsys, damage):
+    project = copy_of(trained, tmp_path)
+    monkeypatch.chdir(project)
+    seed_dir = project / "out" / "ck" / "seed_0"
+    good = snapshot(seed_dir)
+    ckpt, result = seed_dir / "checkpoint.pt", seed_dir / "result.json"
+    if damage == "truncated checkpoint":
+        os.truncate(ckpt, 1000)
+        said = ("out/ck/seed_0/checkpoint.pt (1,000 bytes) does not match the sha256 recorded "
+                "when it was written (truncated or changed since)")
+    elif damage == "missing checkpoint":
+        ckpt.unlink()
+        said = "out/ck/seed_0/checkpoint.pt is missing"
+    elif damage == "truncated result.json":
+        result.write_bytes(result.read_bytes()[:100])
+        said = None  # its JSON error, checked by pattern below
+    else:
+        result.write_text(re.sub(r'\s*"checkpoint_sha256": "[0-9a-f]+",', "", result.read_text()))
+        said = "out/ck/seed_0/checkpoint.pt has no recorded sha256 to check it against"
+    assert cli.main(train_args()) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1
+    if said is None:
+        assert re.fullmatch(r"lmablate: out/ck/seed_0/result\.json is not valid JSON .+; "
+                            r"training arithmetic/baseline seed 0 again", err[0]), err
+    else:
+        assert err[0] == f"lmablate: {said}; training arithmetic/baseline seed 0 again"
+    # retrained from scratch to the very same bytes (result.json differs in timings only)
+    assert snapshot(seed_dir)["checkpoint.pt"] == good["checkpoint.pt"]
+    assert cli.main(evaluate_args()) == 0
+
+
+def test_train_keeps_a_finished_seed_whose_checkpoint_is_intact(trained, tmp_path, monkeypatch,
+                                                                capsys):
+    project = copy_of(trained, tmp_path)
+    monkeypatch.chdir(project)
+    before = snapshot(project / "out" / "ck")
+    assert cli.main(train_args()) == 0
+    assert capsys.readouterr().err == ""
+    assert snapshot(project / "out" / "ck") == before
+
+
+# --- the README's table ---------------------------------------------------------------------------
+
+def readme_messages() -> list[str]:
+    """The messages of the README's "Bad input" table (second column, without backticks)."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = text.split("\n## Bad input\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| ") and "`" in line]
+    return [re.search(r"\|\s*`(.+)`\s*\|\s*$", row).group(1) for row in rows
+            if re.search(r"\|\s*`(.+)`\s*\|\s*$", row)]
+
+
+def test_every_params_message_in_the_readme_is_one_of_the_tested_cases():
+    tested = [c[3] for c in CASES]
+    documented = [m for m in readme_messages() if m.startswith("params: ")]
+    assert len(documented) >= 30
+    for message in documented:
+        # "..." in the README stands for the rest of a long list
+        pattern = ".*".join(re.escape(part) for part in message.split("..."))
+        assert any(re.fullmatch(pattern, t) for t in tested), message
