@@ -235,3 +235,30 @@ def test_an_edited_source_file_names_a_new_study(tmp_path, source):
                       "arithmetic", "baseline", "d4t4", 0)
     assert name_in_copy(edit=False) == here
     assert name_in_copy(edit=True) != here
+
+
+def setting_paths(node, prefix=()):
+    """Every key path of a parsed params mapping (sections, keys and nested keys)."""
+    for key, value in node.items():
+        yield prefix + (key,)
+        if isinstance(value, dict):
+            yield from setting_paths(value, prefix + (key,))
+
+
+WRONG_KINDS = ["x", "", "false", [], [1], {}, {"a": 1}, None, float("inf"), float("nan"), -1, 0,
+               True, 1e30, 2**40]
+
+
+def test_any_setting_of_the_wrong_kind_is_a_config_error_never_a_crash(raw):
+    """Each key of params.yaml, in turn, set to each of :data:`WRONG_KINDS`: the study parses or
+    fails with a ConfigError (one line, exit 2), never with another exception (a traceback)."""
+    tried = 0
+    for path in setting_paths(raw):
+        for value in WRONG_KINDS:
+            changed = mutate(raw, ".".join(path), value)
+            try:
+                config.parse(changed)
+            except ConfigError as exc:
+                assert "\n" not in str(exc)
+            tried += 1
+    assert tried > 1000

@@ -1,6 +1,8 @@
 """End to end: `dvc repro` of a tiny profile in a temporary copy of the project."""
 
 import csv
+import os
+import re
 import json
 import shlex
 import shutil
@@ -169,6 +171,22 @@ def test_second_repro_does_nothing(study, run_command):
     assert "Running stage" not in again.stdout
     status = run_command(["dvc", "status"], study)
     assert "up to date" in status.stdout
+
+
+@pytest.mark.slow
+def test_a_truncated_checkpoint_is_retrained_by_the_next_repro_to_the_same_bytes(
+        study, run_command):
+    ckpt = study / "runs" / "arithmetic" / "baseline" / "checkpoints" / "seed_0" / "checkpoint.pt"
+    good = ckpt.read_bytes()
+    os.truncate(ckpt, 1000)
+    again = run_command(["dvc", "repro"], study, timeout=600)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert re.findall(r"Running stage '([^']+)'", again.stdout) == ["train@arithmetic-baseline"]
+    assert ("lmablate: runs/arithmetic/baseline/checkpoints/seed_0/checkpoint.pt (1,000 bytes) "
+            "does not match the sha256 recorded when it was written (truncated or changed "
+            "since); training arithmetic/baseline seed 0 again") in again.stderr
+    assert ckpt.read_bytes() == good
+    assert "up to date" in run_command(["dvc", "status"], study).stdout
 
 
 @pytest.mark.slow

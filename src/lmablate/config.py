@@ -478,12 +478,14 @@ def parse(raw: Mapping[str, Any]) -> StudyConfig:
     """
     if not isinstance(raw, Mapping):
         raise ConfigError("params: the file must hold a mapping of sections")
-    unknown = sorted(set(raw) - set(TOP_LEVEL_KEYS))
+    unknown = sorted(set(raw) - set(TOP_LEVEL_KEYS), key=str)
     if unknown:
         raise ConfigError(f"params: unknown key {unknown[0]}; allowed: {', '.join(TOP_LEVEL_KEYS)}")
-    study = dict(raw.get("study") or {})
+    study = raw.get("study") or {}
+    if not isinstance(study, Mapping):
+        fail("study", study, "expected a mapping of seeds, datasets, variants, match_params")
     allowed_study = {"seeds", "datasets", "variants", "match_params"}
-    bad = sorted(set(study) - allowed_study)
+    bad = sorted(set(study) - allowed_study, key=str)
     if bad:
         raise ConfigError(f"params: unknown key study.{bad[0]}; allowed: {', '.join(sorted(allowed_study))}")
     seeds = study.get("seeds")
@@ -497,6 +499,9 @@ def parse(raw: Mapping[str, Any]) -> StudyConfig:
     raw_datasets = raw.get("datasets") or {}
     if not isinstance(raw_datasets, Mapping) or not raw_datasets:
         fail("datasets", raw_datasets, "expected a mapping of dataset name -> settings")
+    for name, spec in raw_datasets.items():
+        if spec is not None and not isinstance(spec, Mapping):
+            fail(f"datasets.{name}", spec, "expected a mapping of the dataset's settings")
     datasets = {
         name: from_mapping(DatasetConfig, {**(spec or {}), "name": name}, f"datasets.{name}")
         for name, spec in raw_datasets.items()
