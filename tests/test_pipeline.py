@@ -177,11 +177,17 @@ def test_second_repro_does_nothing(study, run_command):
 def test_a_truncated_checkpoint_is_retrained_by_the_next_repro_to_the_same_bytes(
         study, run_command):
     ckpt = study / "runs" / "arithmetic" / "baseline" / "checkpoints" / "seed_0" / "checkpoint.pt"
-    good = ckpt.read_bytes()
+    results = [study / "runs" / "arithmetic" / "baseline" / "metrics.json",
+               study / "reports" / "comparisons.csv"]
+    good, good_results = ckpt.read_bytes(), [p.read_bytes() for p in results]
     os.truncate(ckpt, 1000)
     again = run_command(["dvc", "repro"], study, timeout=600)
     assert again.returncode == 0, again.stderr[-2000:]
-    assert re.findall(r"Running stage '([^']+)'", again.stdout) == ["train@arithmetic-baseline"]
+    # the seed's result.json records its training time, so evaluate and report run again too,
+    # and compute the same bytes
+    assert re.findall(r"Running stage '([^']+)'", again.stdout) == [
+        "train@arithmetic-baseline", "evaluate@arithmetic-baseline", "report"]
+    assert [p.read_bytes() for p in results] == good_results
     assert ("lmablate: runs/arithmetic/baseline/checkpoints/seed_0/checkpoint.pt (1,000 bytes) "
             "does not match the sha256 recorded when it was written (truncated or changed "
             "since); training arithmetic/baseline seed 0 again") in again.stderr
