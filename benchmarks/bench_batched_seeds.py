@@ -136,8 +136,8 @@ def main() -> None:
     print(common.machine_header("seeds of one variant: one batched model vs threads", device))
     cfg = common.load_default_config()
     if args.model == "seed-scale":
-        from lmablate import config as lconfig
-        scale = lconfig.load(common.ROOT / "profiles" / "seed-scale.yaml")
+        from lmablate import params as lparams
+        scale = lparams.load(common.ROOT / "profiles" / "seed-scale.yaml")
         cfg = dataclasses.replace(cfg, model=scale.model, train=dataclasses.replace(
             cfg.train, eval_interval=scale.train.eval_interval,
             eval_iters=scale.train.eval_iters, batch_size=scale.train.batch_size))

@@ -158,11 +158,11 @@ TIMERS = textwrap.dedent("""
     import json, sys, time
     import torch, mlflow
     torch.set_num_threads(1)  # as runtime.threads: 1
-    from lmablate import config, tracking, training
+    from lmablate import params, tracking, training
     from lmablate.model import GPT
     from lmablate.tokens import TokenData, get_batch
     from lmablate.variants import resolve_model_config
-    cfg = config.load("params.yaml")
+    cfg = params.load("params.yaml")
     out = {}
     t = time.perf_counter()
     tracker = tracking.make_tracker(cfg.tracking)

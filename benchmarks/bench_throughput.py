@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from lmablate import config as lconfig
+from lmablate import params as lparams
 from lmablate.device import autocast
 from lmablate.model import GPT, flops_per_token
 from lmablate.tokens import TokenData, get_batch
@@ -42,7 +43,7 @@ from reference_model import MinGPT, copy_from_lmablate, seed_get_batch
 
 
 def seed_scale_config(vocab_size: int) -> tuple[lconfig.ModelConfig, lconfig.TrainConfig]:
-    cfg = lconfig.load(common.ROOT / "profiles" / "seed-scale.yaml")
+    cfg = lparams.load(common.ROOT / "profiles" / "seed-scale.yaml")
     mcfg = cfg.model_config("baseline", vocab_size)
     assert (mcfg.d_model, mcfg.n_layers, mcfg.n_heads, mcfg.context_length) == (96, 8, 8, 128)
     assert cfg.train.batch_size == 16

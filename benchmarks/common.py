@@ -27,6 +27,7 @@ if str(ROOT / "src") not in sys.path:  # works without `pip install -e .` too
     sys.path.insert(0, str(ROOT / "src"))
 
 from lmablate import config as lconfig  # noqa: E402
+from lmablate import params as lparams  # noqa: E402
 from lmablate.device import resolve_device  # noqa: E402
 
 
@@ -144,7 +145,7 @@ def matmul_peak_flops(device: torch.device, dtype: torch.dtype = torch.float32,
 
 def load_default_config(**tracking_changes) -> lconfig.StudyConfig:
     """params.yaml (the default profile) with MLflow tracking disabled."""
-    cfg = lconfig.load(ROOT / "params.yaml")
+    cfg = lparams.load(ROOT / "params.yaml")
     return dataclasses.replace(cfg, tracking=dataclasses.replace(cfg.tracking, enabled=False,
                                                                  **tracking_changes))
 

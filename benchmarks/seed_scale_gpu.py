@@ -29,7 +29,7 @@ from pathlib import Path
 
 import common  # first: it disables tqdm before torch imports it
 
-from lmablate import config as lconfig
+from lmablate import params as lparams
 from lmablate.model import count_params
 from lmablate.stages import train
 from lmablate.tokens import TokenData
@@ -50,7 +50,7 @@ def main() -> None:
     args = ap.parse_args()
     device = common.auto_device()
     print(common.machine_header("seed-scale train stage, Shakespeare", device))
-    cfg = lconfig.load(common.ROOT / "profiles" / "seed-scale.yaml")
+    cfg = lparams.load(common.ROOT / "profiles" / "seed-scale.yaml")
     cfg = dataclasses.replace(
         cfg, seeds=tuple(int(s) for s in args.seeds.split(",")),
         tracking=dataclasses.replace(cfg.tracking, enabled=False),

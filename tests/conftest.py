@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping
 import pytest
 import yaml
 
-from lmablate import config
+from lmablate import config, params
 from lmablate.config import StudyConfig
 from lmablate.model import flops_per_token
 from lmablate.stages import generate, tokenize
@@ -99,7 +99,7 @@ def make_project(path: Path, overrides: Mapping[str, Any] | None = None,
     raw = tiny_params(merge({"tune": {"storage": f"sqlite:///{path / 'optuna.db'}"}},
                             overrides or {}))
     (path / "params.yaml").write_text(yaml.safe_dump(raw))
-    cfg = config.load(path / "params.yaml")
+    cfg = params.load(path / "params.yaml")
     generate.run(cfg.dataset(dataset), path / "raw")
     tokenize.run(cfg.dataset(dataset), path / "raw", path / "tokens")
     return Project(path, cfg)

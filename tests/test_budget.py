@@ -3,7 +3,7 @@
 from pathlib import Path
 
 import pytest
-from lmablate import config
+from lmablate import params
 from lmablate.budget import run_steps, steps_for_budget, training_flops, trial_steps
 from lmablate.config import ConfigError, ModelConfig
 from lmablate.model import flops_per_token
@@ -16,7 +16,7 @@ PROFILES = [ROOT / "params.yaml", *sorted((ROOT / "profiles").glob("*.yaml"))]
 def test_every_final_run_of_a_shipped_profile_spends_its_budget_within_one_percent(path):
     """...and every tuning trial its share within half a step (trials are short: at d_model 96
     a trial on arithmetic is 27 steps, where half a step is 1.9%)."""
-    cfg = config.load(path)
+    cfg = params.load(path)
     for ds in cfg.datasets:
         budget = cfg.train.budget_flops[ds]
         for variant in cfg.study_variants:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lmablate import config
+from lmablate import config, params
 from lmablate.config import ConfigError, ModelConfig
 from lmablate.fingerprint import NOT_A_RESULT, fingerprint
 
@@ -20,7 +20,7 @@ def raw():
 
 
 def test_committed_params_are_valid(raw):
-    cfg = config.parse(raw)
+    cfg = params.parse(raw)
     assert cfg.study_variants[0] == "baseline"
     assert len(cfg.seeds) >= 3
     assert set(cfg.datasets) == {"shakespeare", "arithmetic"}
@@ -31,7 +31,7 @@ def test_committed_params_are_valid(raw):
 
 
 def test_seed_scale_profile_is_valid():
-    cfg = config.load(ROOT / "profiles" / "seed-scale.yaml")
+    cfg = params.load(ROOT / "profiles" / "seed-scale.yaml")
     assert cfg.model.n_layers == 8 and cfg.model.n_heads == 8 and cfg.model.context_length == 128
     assert cfg.train.batch_size == 16
     assert cfg.datasets["arithmetic"].n_train == 3_000_000
@@ -42,7 +42,7 @@ def test_seed_scale_profile_is_valid():
 
 
 def test_variant_overrides_apply(raw):
-    cfg = config.parse(raw)
+    cfg = params.parse(raw)
     llama = cfg.model_config("llama", vocab_size=10)
     assert (llama.norm, llama.position, llama.ffn) == ("rmsnorm", "rope", "swiglu")
     assert cfg.model_config("baseline", vocab_size=10).ffn == "relu"
@@ -111,7 +111,7 @@ BAD = [
 @pytest.mark.parametrize("path,value,message", BAD, ids=[b[0] + "=" + str(b[1]) for b in BAD])
 def test_bad_params_name_the_key(raw, path, value, message):
     with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
-        config.parse(mutate(raw, path, value))
+        params.parse(mutate(raw, path, value))
 
 
 def test_rope_needs_even_head_dim():
@@ -137,24 +137,24 @@ def test_derived_fields():
 
 def test_missing_file_and_bad_yaml(tmp_path):
     with pytest.raises(ConfigError, match="not found"):
-        config.load(tmp_path / "nope.yaml")
+        params.load(tmp_path / "nope.yaml")
     bad = tmp_path / "bad.yaml"
     bad.write_text("study: [unclosed\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
-        config.load(bad)
+        params.load(bad)
 
 
 def test_fingerprint_changes_with_settings(raw):
-    cfg = config.parse(raw)
-    other = config.parse(mutate(raw, "tune.budget_fraction", 0.5))
+    cfg = params.parse(raw)
+    other = params.parse(mutate(raw, "tune.budget_fraction", 0.5))
     assert fingerprint(cfg.tune) != fingerprint(other.tune)
-    assert fingerprint(cfg.tune) == fingerprint(config.parse(raw).tune)
+    assert fingerprint(cfg.tune) == fingerprint(params.parse(raw).tune)
 
 
 @pytest.mark.parametrize("key,value", [("tune.storage", "sqlite:///elsewhere.db"),
                                        ("tune.heartbeat_seconds", 3)])
 def test_fingerprint_ignores_where_and_how_often(raw, key, value):
-    cfg, other = config.parse(raw), config.parse(mutate(raw, key, value))
+    cfg, other = params.parse(raw), params.parse(mutate(raw, key, value))
     assert cfg.tune != other.tune
     assert fingerprint(cfg.tune) == fingerprint(other.tune)
 
@@ -162,7 +162,7 @@ def test_fingerprint_ignores_where_and_how_often(raw, key, value):
 def test_every_result_setting_enters_the_fingerprint_and_no_runtime_setting_does(raw):
     """The rule is field metadata, not a list: each field of train/tune/model/dataset changes
     the fingerprint unless it is marked NOT_A_RESULT, and every runtime field is so marked."""
-    cfg = config.parse(raw)
+    cfg = params.parse(raw)
     assert all(f.metadata == NOT_A_RESULT for f in dataclasses.fields(config.RuntimeConfig))
     for section in (cfg.train, cfg.tune):
         for f in dataclasses.fields(section):
@@ -185,7 +185,7 @@ def test_study_name_covers_what_a_trial_computes_and_nothing_else(raw):
     from lmablate.tuning import study_name
 
     def name(path=None, value=None, data="d4t4", sampler_seed=0):
-        cfg = config.parse(mutate(raw, path, value) if path else raw)
+        cfg = params.parse(mutate(raw, path, value) if path else raw)
         return study_name(cfg, "arithmetic", "baseline", data, sampler_seed)
 
     assert name("train.eval_interval", 7) == name("train.budget_flops.shakespeare", 1e9) == name()
@@ -209,8 +209,8 @@ def test_an_edited_source_file_names_a_new_study(tmp_path, source):
 
     import lmablate
 
-    code = ("import sys, yaml; from lmablate import config; from lmablate.tuning import "
-            "study_name; cfg = config.parse(yaml.safe_load(open(sys.argv[1]))); "
+    code = ("import sys, yaml; from lmablate import params; from lmablate.tuning import "
+            "study_name; cfg = params.parse(yaml.safe_load(open(sys.argv[1]))); "
             "print(study_name(cfg, 'arithmetic', 'baseline', 'd4t4', 0))")
 
     def name_in_copy(edit: bool) -> str:
@@ -231,7 +231,7 @@ def test_an_edited_source_file_names_a_new_study(tmp_path, source):
 
     from lmablate.tuning import study_name
 
-    here = study_name(config.parse(yaml.safe_load((ROOT / "params.yaml").read_text())),
+    here = study_name(params.parse(yaml.safe_load((ROOT / "params.yaml").read_text())),
                       "arithmetic", "baseline", "d4t4", 0)
     assert name_in_copy(edit=False) == here
     assert name_in_copy(edit=True) != here
@@ -257,7 +257,7 @@ def test_any_setting_of_the_wrong_kind_is_a_config_error_never_a_crash(raw):
         for value in WRONG_KINDS:
             changed = mutate(raw, ".".join(path), value)
             try:
-                config.parse(changed)
+                params.parse(changed)
             except ConfigError as exc:
                 assert "\n" not in str(exc)
             tried += 1

@@ -675,9 +675,9 @@ def test_the_readme_variant_table_says_which_variants_run_past_their_context():
     """The README's column is what the model does: a variant runs past its training context
     exactly when its position scheme has no table of positions."""
     from pathlib import Path
-    from lmablate import config
+    from lmablate import params
     root = Path(__file__).resolve().parents[1]
-    cfg = config.load(root / "profiles" / "full.yaml")
+    cfg = params.load(root / "profiles" / "full.yaml")
     text = (root / "README.md").read_text()
     table = text[text.index("| variant | overrides |"):].split("\n\n")[0].splitlines()[2:]
     rows = [ln.split("|") for ln in table]

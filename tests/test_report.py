@@ -27,7 +27,7 @@ import pytest
 from scipy import stats
 from statsmodels.stats.multitest import multipletests
 
-from lmablate import config
+from lmablate import params
 from lmablate.analysis import collect, figures, statistics
 from lmablate.analysis import extrapolation as ex
 from lmablate.stages import report
@@ -73,7 +73,7 @@ def make_cfg(seeds=(0, 1, 2), variants=VARIANTS):
         "tune": {"n_trials": 6, "trials_per_batch": 3, "n_startup_trials": 3,
                  "budget_fraction": 0.2, "d_model_choices": [32, 64]},
     }
-    return config.parse(raw)
+    return params.parse(raw)
 
 
 def _test_loss(ds, var, i):

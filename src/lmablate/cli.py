@@ -24,8 +24,9 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import ConfigError, load
+from .config import ConfigError
 from .fileio import check_writable
+from .params import load
 
 
 @dataclass(frozen=True)

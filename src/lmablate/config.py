@@ -1,7 +1,8 @@
-"""The study's configuration: ``params.yaml`` -> validated, frozen dataclasses.
+"""The study's configuration: validated, frozen dataclasses, one per section of ``params.yaml``.
 
-One config flows one way: :func:`load` reads ``params.yaml`` once, rejects unknown keys and
-out-of-range values with a message naming the key, and returns a :class:`StudyConfig`. Stage
+One config flows one way: :func:`lmablate.params.load` reads ``params.yaml`` once, each section's
+dataclass rejects unknown keys, values of the wrong type and out-of-range values with a message
+naming the key, and a :class:`StudyConfig` comes back. Stage
 functions take these dataclasses, never the raw YAML dict. Component choices (``ffn``, ``norm``,
 ``position`` ...) stay strings so the config remains serialisable; ``lmablate.model`` resolves them
 through explicit registries (litgpt's ``config.py`` style).
@@ -9,20 +10,15 @@ through explicit registries (litgpt's ``config.py`` style).
 
 from __future__ import annotations
 
-import collections.abc
 import dataclasses
 import os
 import re
 from dataclasses import dataclass, field, fields
-from pathlib import Path
 from typing import Any, Mapping
-
-import yaml
 
 from .fingerprint import NOT_A_RESULT
 from .validation import (ConfigError, check_bool, check_choice, check_fraction, check_int,
-                         check_interval, check_positive, check_str, check_types, fail,
-                         from_mapping)
+                         check_interval, check_positive, check_str, fail, from_mapping)
 from .validation import DataError  # noqa: F401 - re-exported for the data modules and tests
 
 # Allowed component strings. The model's registries are keyed by exactly these names; a test
@@ -463,164 +459,3 @@ class StudyConfig:
         self.check_variant(variant)
         changes = {**self.variants[variant], **overrides, "vocab_size": vocab_size}
         return self.model.replace(**changes)
-
-
-TOP_LEVEL_KEYS = ("study", "datasets", "model", "variants", "train", "tune", "evaluate", "tracking",
-                  "runtime")
-
-
-def parse(raw: Mapping[str, Any]) -> StudyConfig:
-    """Validate a parsed ``params.yaml`` mapping and return the study config.
-
-    Raises:
-        ConfigError: unknown key at any level, wrong type, out-of-range value, unknown variant or
-            component, heads not dividing width, empty seed list, ... (message names the key).
-    """
-    if not isinstance(raw, Mapping):
-        raise ConfigError("params: the file must hold a mapping of sections")
-    unknown = sorted(set(raw) - set(TOP_LEVEL_KEYS), key=str)
-    if unknown:
-        raise ConfigError(f"params: unknown key {unknown[0]}; allowed: {', '.join(TOP_LEVEL_KEYS)}")
-    study = raw.get("study") or {}
-    if not isinstance(study, Mapping):
-        fail("study", study, "expected a mapping of seeds, datasets, variants, match_params")
-    allowed_study = {"seeds", "datasets", "variants", "match_params"}
-    bad = sorted(set(study) - allowed_study, key=str)
-    if bad:
-        raise ConfigError(f"params: unknown key study.{bad[0]}; allowed: {', '.join(sorted(allowed_study))}")
-    seeds = study.get("seeds")
-    if not isinstance(seeds, list) or not seeds:
-        fail("study.seeds", seeds, "expected a non-empty list of integers")
-    for s in seeds:
-        check_int("study.seeds", s, minimum=0, maximum=MAX_SEED)
-    if len(set(seeds)) != len(seeds):
-        fail("study.seeds", seeds, "seeds must be distinct")
-
-    raw_datasets = raw.get("datasets") or {}
-    if not isinstance(raw_datasets, Mapping) or not raw_datasets:
-        fail("datasets", raw_datasets, "expected a mapping of dataset name -> settings")
-    for name, spec in raw_datasets.items():
-        if spec is not None and not isinstance(spec, Mapping):
-            fail(f"datasets.{name}", spec, "expected a mapping of the dataset's settings")
-    datasets = {
-        name: from_mapping(DatasetConfig, {**(spec or {}), "name": name}, f"datasets.{name}")
-        for name, spec in raw_datasets.items()
-    }
-    model = from_mapping(ModelConfig, raw.get("model"), "model")
-    variants = raw.get("variants") or {}
-    if not isinstance(variants, Mapping):
-        fail("variants", variants, "expected a mapping of variant name -> model overrides")
-    model_keys = set(model.to_dict()) - {"vocab_size"}
-    for vname, overrides in variants.items():
-        if not isinstance(vname, str) or not NAME_PATTERN.fullmatch(vname):
-            fail("variants", vname, f"a variant needs {NAME_RULE}")
-        overrides = overrides or {}
-        if not isinstance(overrides, Mapping):
-            fail(f"variants.{vname}", overrides, "expected a mapping of model overrides")
-        bad = sorted(set(overrides) - model_keys, key=str)
-        if bad:
-            raise ConfigError(f"params: unknown key variants.{vname}.{bad[0]}; allowed: "
-                              f"{', '.join(sorted(model_keys))}")
-        if "d_model" in overrides:
-            # the tuner sets every variant's width: an override would be replaced without a word
-            fail(f"variants.{vname}.d_model", overrides["d_model"],
-                 "the width is tuned for every variant from tune.d_model_choices (give that a "
-                 "single value to fix it)")
-        check_types(ModelConfig, overrides, f"variants.{vname}")
-        try:
-            model.replace(**overrides)
-        except ConfigError as exc:
-            raise ConfigError(f"{exc} (in variants.{vname})") from None
-    variants = {k: dict(v or {}) for k, v in variants.items()}
-
-    def names(key: str, pool: Mapping[str, Any]) -> tuple[str, ...]:
-        chosen = study.get(key)
-        if chosen is None:
-            return tuple(pool)
-        if not isinstance(chosen, list) or not chosen:
-            fail(f"study.{key}", chosen, "expected a non-empty list")
-        for n in chosen:
-            if n not in pool:
-                fail(f"study.{key}", n, f"choose from {', '.join(pool)}")
-        return tuple(chosen)
-
-    check_bool("study.match_params", study.get("match_params", False))
-    study_datasets = names("datasets", datasets)
-    cfg = StudyConfig(
-        seeds=tuple(seeds),
-        datasets={n: datasets[n] for n in study_datasets},
-        model=model,
-        variants=variants,
-        study_variants=names("variants", variants),
-        train=from_mapping(TrainConfig, raw.get("train"), "train"),
-        tune=from_mapping(TuneConfig, raw.get("tune"), "tune"),
-        evaluate=from_mapping(EvaluateConfig, raw.get("evaluate"), "evaluate"),
-        tracking=from_mapping(TrackingConfig, raw.get("tracking"), "tracking"),
-        runtime=from_mapping(RuntimeConfig, raw.get("runtime"), "runtime"),
-        match_params=study.get("match_params", False),
-    )
-    if cfg.tune.seed in cfg.seeds:
-        fail("tune.seed", cfg.tune.seed, f"must not be one of study.seeds {list(cfg.seeds)}: a "
-             "final seed would then have been seen by tuning")
-    missing = [d for d in cfg.datasets if d not in cfg.train.budget_flops]
-    if missing:
-        fail("train.budget_flops", cfg.train.budget_flops,
-             f"give a budget for every dataset of the study (missing: {', '.join(missing)})")
-    for d in cfg.tune.d_model_choices:
-        if d % model.n_heads:
-            fail("tune.d_model_choices", d, f"every width must be divisible by n_heads={model.n_heads}")
-    for vname in cfg.study_variants:  # every tuned width must be valid for every variant
-        for d in cfg.tune.d_model_choices:
-            try:
-                cfg.model_config(vname, vocab_size=1, d_model=d)
-            except ConfigError as exc:
-                raise ConfigError(f"{exc} (variant {vname} at tune.d_model_choices={d})") from None
-    return cfg
-
-
-def load(path: str | os.PathLike = "params.yaml") -> StudyConfig:
-    """Read and validate ``params.yaml``.
-
-    Raises:
-        ConfigError: the file is missing, is not YAML, or fails validation (see :func:`parse`).
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"params: file {path} not found")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"params: {path} is not UTF-8 text: byte 0x{exc.object[exc.start]:02x} "
-                          f"at byte offset {exc.start}") from None
-    try:
-        raw = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"params: {path} is not valid YAML: {_yaml_problem(exc)}") from None
-    return parse(raw or {})
-
-
-def _yaml_problem(exc: yaml.YAMLError) -> str:
-    """PyYAML's error on one line: what is wrong and where (1-based line and column)."""
-    mark = getattr(exc, "problem_mark", None)
-    if getattr(exc, "problem", None) and mark is not None:
-        context = f"{exc.context}: " if exc.context else ""
-        return f"{context}{exc.problem} at line {mark.line + 1}, column {mark.column + 1}"
-    return " ".join(str(exc).split())
-
-
-class _StrictLoader(yaml.SafeLoader):
-    """YAML's safe loader, refusing a key given twice in one mapping: PyYAML keeps the last
-    value without a word, so an edit further up a section would silently not count."""
-
-    def construct_mapping(self, node, deep=False):
-        seen: dict = {}
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            if not isinstance(key, collections.abc.Hashable):
-                continue  # the safe loader's own error follows
-            if key in seen:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key!r} (given first at line {seen[key]}; a key "
-                    "may appear once in a mapping)", key_node.start_mark)
-            seen[key] = key_node.start_mark.line + 1
-        return super().construct_mapping(node, deep=deep)
