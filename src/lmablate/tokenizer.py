@@ -66,8 +66,8 @@ def _read_json(path: Path, what: str) -> object:
         raise TokenizerError(f"{what} not found; run `lmablate tokenize` first")
     try:
         return fileio.read_json(path)
-    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
-        raise TokenizerError(f"{path} is not valid JSON: {exc}") from None
+    except ValueError as exc:  # not JSON or not UTF-8; the message names the file
+        raise TokenizerError(str(exc)) from None
 
 
 class CharTokenizer:
