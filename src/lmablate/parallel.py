@@ -133,13 +133,13 @@ def _stop(pool: Executor, futures: list[Future], processes: bool) -> None:
     interrupt.request()
     procs = list((getattr(pool, "_processes", None) or {}).values()) if processes else []
     pool.shutdown(wait=False, cancel_futures=True)
-    while True:
+    # f.done(), not wait()'s own test: a future cancelled here is done but never "notified"
+    while running := [f for f in futures if not f.done()]:
         for proc in procs:
             with contextlib.suppress(OSError, ValueError, AttributeError):
                 if proc.is_alive():
                     os.kill(proc.pid, signal.SIGINT)
-        if not wait(futures, timeout=0.5).not_done:
-            break
+        wait(running, timeout=0.5)
     pool.shutdown(wait=True)
 
 
