@@ -340,3 +340,60 @@ def test_a_stop_request_reaches_every_thread_job_and_is_raised_once_they_stopped
     finally:
         interrupt.reset()
     assert parallel.map_jobs(lambda i: i * i, range(4), 2) == [0, 1, 4, 9]
+
+
+def test_the_batched_path_stops_at_the_next_step_and_resumes_to_the_uninterrupted_result(
+        make_project, tmp_path, monkeypatch):
+    """The GPU's path (forced here on the CPU): a stop requested right after the first resume
+    states are saved ends every seed's run KILLED with those states; the rerun resumes them
+    and ends where an uninterrupted batched run ends."""
+    import dataclasses
+
+    import mlflow
+
+    from lmablate import batched
+    from lmablate.stages import train
+
+    project = make_project(tmp_path, {"study": {"seeds": [0, 1]},
+                                      "train": {"budget_flops": budgets(40),
+                                                "eval_interval": 10}})
+    tmp = project.path
+    (tmp / "best.json").write_text(json.dumps({"lr": 3e-3, "d_model": 16}))
+    monkeypatch.chdir(tmp)  # MLflow's default artifact root is ./mlruns
+    uri = f"sqlite:///{tmp / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    cfg = dataclasses.replace(project.cfg, tracking=dataclasses.replace(
+        project.cfg.tracking, enabled=True, uri=uri))
+    monkeypatch.setattr(train, "batched_on", lambda device: True)
+
+    def stage(out: str, tracked=cfg) -> dict:
+        return train.run(tracked, "arithmetic", "baseline", tmp / "tokens", tmp / "best.json",
+                         tmp / out / "ck", tmp / out / "history.csv", tmp / out / "grad.csv")
+
+    reference = stage("ref", project.cfg)  # untracked
+    save = batched.save_resume
+
+    def save_then_stop(path, state):
+        save(path, state)
+        interrupt.request()  # as SIGINT does, between two steps
+
+    monkeypatch.setattr(batched, "save_resume", save_then_stop)
+    try:
+        with pytest.raises(interrupt.Interrupted):
+            stage("out")
+    finally:
+        interrupt.reset()
+    monkeypatch.setattr(batched, "save_resume", save)
+    for seed in (0, 1):
+        resume = tmp / "out" / "ck" / f"seed_{seed}" / "resume.pt"
+        assert torch.load(resume, weights_only=False)["step"] == 10
+    client = mlflow.MlflowClient(uri)
+    experiment = client.get_experiment_by_name(cfg.tracking.experiment)
+    assert [r.info.status for r in client.search_runs([experiment.experiment_id])] == [
+        "KILLED", "KILLED"]
+    resumed = stage("out")
+    for seed in (0, 1):
+        a, b = reference[f"seed_{seed}"], resumed[f"seed_{seed}"]
+        assert b["val_loss"] == pytest.approx(a["val_loss"], abs=1e-6)
+    assert [r.info.status for r in client.search_runs([experiment.experiment_id])] == [
+        "FINISHED", "FINISHED"]
