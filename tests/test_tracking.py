@@ -18,6 +18,8 @@ from lmablate import tracking
 from lmablate.config import TrackingConfig
 from lmablate.tracking import MlflowTracker, Sidecar, TrackingError
 
+INTERRUPTED = "lmablate: interrupted; run the same command (or dvc repro) again to resume"
+
 
 def record_a_study(tracker: MlflowTracker, artifact: Path) -> None:
     """The calls the stages make: a parent run with nested runs from other threads, a run
@@ -204,9 +206,9 @@ def as_in_a_terminal() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def test_a_command_interrupted_with_ctrl_c_records_its_run_as_failed(project, start_lmablate):
+def test_a_command_interrupted_with_ctrl_c_records_its_run_as_killed(project, start_lmablate):
     # Ctrl-C in a terminal reaches the whole process group, the sidecar included: the sidecar
-    # must outlive the command, which ends its runs FAILED through it.
+    # must outlive the command, which ends its runs KILLED through it.
     from conftest import budgets
 
     def change(raw):
@@ -230,6 +232,7 @@ def test_a_command_interrupted_with_ctrl_c_records_its_run_as_failed(project, st
     assert proc.poll() is None, proc.communicate()[1][-3000:]
     os.killpg(proc.pid, signal.SIGINT)
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode != 0 and "KeyboardInterrupt" in err
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err and err.strip().splitlines()[-1] == INTERRUPTED, err[-3000:]
     with sqlite3.connect(db) as con:
-        assert con.execute("select status from runs").fetchall() == [("FAILED",)]
+        assert con.execute("select status from runs").fetchall() == [("KILLED",)]

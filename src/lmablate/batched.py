@@ -26,6 +26,7 @@ import torch
 from torch.func import functional_call, stack_module_state, vmap
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from . import interrupt
 from .checkpoint import load_resume, save_resume
 from .config import ModelConfig, TrainConfig
 from .device import autocast
@@ -167,6 +168,8 @@ def train_seeds(model_cfg: ModelConfig, cfg: TrainConfig, data: TokenData, *, se
         DivergenceError: a seed's training loss is NaN/inf (names the seed, step and lr; the
             first such step, and the first such seed in ``seeds``' order at it). Losses are read
             at each evaluation, so it is raised there, before that evaluation is recorded.
+        Interrupted: the stage was asked to stop (:mod:`lmablate.interrupt`, checked before
+            every step and validation chunk); the states saved at the last evaluation stay.
     """
     if model_cfg.dropout > 0:
         raise ValueError(f"train_seeds does not support dropout ({model_cfg.dropout}): its masks "
@@ -307,6 +310,7 @@ def _train_group(model_cfg: ModelConfig, cfg: TrainConfig, data: TokenData, *, s
         total = torch.zeros(S, dtype=torch.float64, device=device)
         with autocast(device), _attention_backend(device):
             for i in range(0, len(val_x), VAL_CHUNK):
+                interrupt.check()
                 x, y = val_x[i:i + VAL_CHUNK], val_y[i:i + VAL_CHUNK]  # (k, B, T)
                 total += val_loss(params, x.flatten(0, 1), y.flatten(0, 1)).double() * len(x)
         base.train()
@@ -316,6 +320,7 @@ def _train_group(model_cfg: ModelConfig, cfg: TrainConfig, data: TokenData, *, s
     bar = progress(range(first, steps + 1), desc=desc, initial=first - 1, total=steps)
     segment_start = time.perf_counter()
     for step in bar:
+        interrupt.check()  # a flag read on the host: no wait for the device
         if step == first or (step - 1) % ei == 0:  # a segment: up to the next evaluation
             seg_first, seg_last = step, min(steps, -(-step // ei) * ei)
             drawn = torch.stack([torch.stack([batch_starts(len(data.train), B, T, g)

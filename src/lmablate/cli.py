@@ -185,6 +185,10 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, ValueError, FileNotFoundError, RuntimeError) as exc:
         print(f"lmablate: error: {exc}", file=sys.stderr)
         status = 2
+    except KeyboardInterrupt:  # Ctrl-C: the jobs stopped at a step, their resume states kept
+        print("lmablate: interrupted; run the same command (or dvc repro) again to resume",
+              file=sys.stderr)
+        status = 130
     if argv is None:
         exit_now(status)
     return status

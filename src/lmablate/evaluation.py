@@ -22,6 +22,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from . import interrupt
 from .arithmetic import OP_NAMES, problem_op, split_problem
 from .device import autocast
 from .parallel import map_jobs
@@ -36,6 +37,7 @@ def test_loss(model, tokens: np.ndarray, batch_size: int, max_batches: int,
 
     Raises:
         ValueError: the split is shorter than one window of context_length + 1 tokens.
+        Interrupted: the stage was asked to stop (checked before every batch).
     """
     T = model.cfg.context_length
     n_windows = min((len(tokens) - 1) // T, batch_size * max_batches)
@@ -44,6 +46,7 @@ def test_loss(model, tokens: np.ndarray, batch_size: int, max_batches: int,
     starts = np.arange(n_windows) * T
     total, count = 0.0, 0
     for chunk in np.array_split(starts, math.ceil(n_windows / batch_size)):
+        interrupt.check()
         w = torch.from_numpy(tokens[chunk[:, None] + np.arange(T + 1)].astype(np.int64)).to(device)
         with autocast(device):
             _, loss = model(w[:, :-1], w[:, 1:])
@@ -77,6 +80,7 @@ def extrapolation(model, tokens: np.ndarray, factors: tuple[int, ...], bucket: i
 
     Raises:
         ValueError: ``tokens`` hold fewer than max factor x context_length + 1 tokens.
+        Interrupted: the stage was asked to stop (checked before every batch).
     """
     T = model.cfg.context_length
     longest = max(factors) * T
@@ -95,6 +99,7 @@ def extrapolation(model, tokens: np.ndarray, factors: tuple[int, ...], bucket: i
         starts = np.arange(span // L) * L
         total = np.zeros(L)
         for chunk in np.array_split(starts, math.ceil(len(starts) / batch_size)):
+            interrupt.check()
             w = torch.from_numpy(tokens[chunk[:, None] + np.arange(L + 1)].astype(np.int64))
             w = w.to(device)
             with torch.inference_mode(), autocast(device):
@@ -122,6 +127,7 @@ def arithmetic_predictions(model, tok: CharTokenizer, problems: list[str], batch
     Raises:
         DataError: a problem not in the format of :mod:`lmablate.arithmetic` (which gives every
             problem the same prompt and answer length, so one batch decodes them all).
+        Interrupted: the stage was asked to stop (checked before every batch).
     """
     prompts, targets = zip(*(split_problem(p) for p in problems))
     n_new = len(targets[0])
@@ -129,6 +135,7 @@ def arithmetic_predictions(model, tok: CharTokenizer, problems: list[str], batch
 
     @torch.inference_mode()
     def decode(start: int) -> list[str]:
+        interrupt.check()
         idx = torch.from_numpy(np.stack([tok.encode(p) for p in prompts[start:start + batch_size]])
                                .astype(np.int64)).to(device)
         with autocast(device):

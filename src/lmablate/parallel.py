@@ -13,16 +13,20 @@ already keeps the device busy and jobs run one after another.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import functools
 import multiprocessing
 import os
 import signal
 import sys
-from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
-from typing import Callable, Iterable, Sequence, TypeVar
+import threading
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor, wait
+from typing import Callable, Iterable, Iterator, Sequence, TypeVar
 
 import torch
 
+from . import interrupt
 from .config import ModelConfig, RuntimeConfig
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -77,6 +81,10 @@ def use_processes(cfg: RuntimeConfig, models: Iterable[ModelConfig]) -> bool:
 
 
 def _init_worker(threads: int, parent: int) -> None:
+    # First: from here on SIGINT (Ctrl-C reaches the whole process group) asks the running job
+    # to stop at its next step; till now it was ignored (see _sigint_ignored). The parent
+    # decides when the stage ends, and a worker killed by it would break the pool.
+    interrupt.install_handler()
     torch.set_num_threads(threads)
     if sys.platform == "linux":
         # Die with the parent: a stage killed with SIGKILL must not leave workers that keep
@@ -84,6 +92,55 @@ def _init_worker(threads: int, parent: int) -> None:
         ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent:  # the parent died before the line above took effect
         os._exit(1)
+
+
+def _job(fn: Callable[[J], R], job: J) -> R:
+    """``fn(job)``, unless the stage was asked to stop before the job started."""
+    interrupt.check()
+    return fn(job)
+
+
+@contextlib.contextmanager
+def _sigint_ignored() -> Iterator[None]:
+    """SIGINT ignored in this process while worker processes are spawned, so that they start
+    ignoring it (a handler is not inherited across exec; SIG_IGN is) until their initializer
+    installs theirs: a Ctrl-C during the seconds a worker imports torch would otherwise kill it
+    with a traceback. A SIGINT sent in these few milliseconds of spawning is lost. Only from
+    the main thread (where Python allows it)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _result(future: Future) -> R:
+    """``future.result()``, raising :class:`~lmablate.interrupt.Interrupted` meanwhile if the
+    stage is asked to stop (a SIGINT sent to this process alone must still reach the jobs)."""
+    while not future.done():
+        wait([future], timeout=0.25)
+        interrupt.check()
+    return future.result()
+
+
+def _stop(pool: Executor, futures: list[Future], processes: bool) -> None:
+    """Stop the jobs of ``pool`` after an interrupt: cancel those not started, ask the running
+    ones to stop at their next step (in worker processes by SIGINT, repeated until they are
+    done: a worker still starting up ignores it), and wait for them."""
+    interrupt.request()
+    procs = list((getattr(pool, "_processes", None) or {}).values()) if processes else []
+    pool.shutdown(wait=False, cancel_futures=True)
+    # f.done(), not wait()'s own test: a future cancelled here is done but never "notified"
+    while running := [f for f in futures if not f.done()]:
+        for proc in procs:
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                if proc.is_alive():
+                    os.kill(proc.pid, signal.SIGINT)
+        wait(running, timeout=0.5)
+    pool.shutdown(wait=True)
 
 
 def map_jobs(fn: Callable[[J], R], jobs: Sequence[J], workers: int, *,
@@ -96,27 +153,43 @@ def map_jobs(fn: Callable[[J], R], jobs: Sequence[J], workers: int, *,
     order. The first job that raises re-raises its exception here; jobs not yet started are
     cancelled (thread jobs already running finish first, keeping what they write). The
     process's torch thread count is restored on return.
+
+    Ctrl-C (SIGINT), or a ``KeyboardInterrupt`` in the calling thread, stops every job at its
+    next step (:mod:`lmablate.interrupt`): jobs not started are cancelled, running ones raise
+    :class:`~lmablate.interrupt.Interrupted` at their next check, and once they have stopped
+    it is raised here.
+
+    Raises:
+        Interrupted: the stage was asked to stop.
     """
     before = torch.get_num_threads()
+    call = functools.partial(_job, fn)
     try:
-        if workers <= 1:
-            torch.set_num_threads(INTRA_OP_THREADS)
-            return [fn(job) for job in jobs]
-        pool: Executor
-        if processes:
-            ctx = multiprocessing.get_context("spawn")  # fork after torch/OpenMP start-up can hang
-            pool = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker,
-                                       initargs=(INTRA_OP_THREADS, os.getpid()))
-        else:
-            torch.set_num_threads(INTRA_OP_THREADS)  # process-wide: every thread's kernels
-            pool = ThreadPoolExecutor(workers, thread_name_prefix="lmablate-job")
-        with pool:
-            futures = [pool.submit(fn, job) for job in jobs]
-            try:
-                return [f.result() for f in futures]
-            except BaseException:
-                for f in futures:
-                    f.cancel()
-                raise
+        with interrupt.deferred():
+            if workers <= 1:
+                torch.set_num_threads(INTRA_OP_THREADS)
+                return [call(job) for job in jobs]
+            pool: Executor
+            with _sigint_ignored() if processes else contextlib.nullcontext():
+                if processes:
+                    # fork after torch/OpenMP start-up can hang
+                    ctx = multiprocessing.get_context("spawn")
+                    pool = ProcessPoolExecutor(workers, mp_context=ctx,
+                                               initializer=_init_worker,
+                                               initargs=(INTRA_OP_THREADS, os.getpid()))
+                else:
+                    torch.set_num_threads(INTRA_OP_THREADS)  # process-wide: every thread's
+                    pool = ThreadPoolExecutor(workers, thread_name_prefix="lmablate-job")
+                futures = [pool.submit(call, job) for job in jobs]  # spawns the processes
+            with pool:
+                try:
+                    return [_result(f) for f in futures]
+                except KeyboardInterrupt:
+                    _stop(pool, futures, processes)
+                    raise
+                except BaseException:
+                    for f in futures:
+                        f.cancel()
+                    raise
     finally:
         torch.set_num_threads(before)

@@ -12,6 +12,7 @@ import gc
 import json
 import logging
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -50,6 +51,51 @@ RUNS_VIEW = {
                 "groupByKeys": [{"mode": "tag", "groupByData": "dataset"},
                                 {"mode": "tag", "groupByData": "variant"}]},
 }
+
+
+# The process that owns a run (recorded on it when it starts or is reopened): a run left
+# RUNNING by a process that no longer exists is ended KILLED by the next store opened on the
+# same host (MlflowStore.end_stale_runs). The start time tells a reused pid from its owner.
+HOST_TAG, PID_TAG, START_TAG = "lmablate.host", "lmablate.pid", "lmablate.pid_start"
+
+
+def _process_start(pid: int) -> str:
+    """Process ``pid``'s start time (clock ticks after boot, from ``/proc``); "" where unknown
+    (not Linux, or no such process)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    fields = stat.rpartition(")")[2].split()  # after the command name, which may hold spaces
+    return fields[19] if len(fields) > 19 else ""  # field 22, starttime
+
+
+def owner_tags() -> dict[str, str]:
+    """The tags that name this process as a run's owner: host name, pid and start time."""
+    pid = os.getpid()
+    return {HOST_TAG: socket.gethostname(), PID_TAG: str(pid), START_TAG: _process_start(pid)}
+
+
+def owner_alive(tags: Mapping[str, str]) -> bool:
+    """Whether the process named by a run's :func:`owner_tags` still runs on this host (a
+    zombie, or another process that got its pid, does not count). True for a run of another
+    host, or without the tags: nothing here can tell."""
+    if tags.get(HOST_TAG) != socket.gethostname() or not tags.get(PID_TAG, "").isdigit():
+        return True
+    pid = int(tags[PID_TAG])
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: it exists
+        pass
+    start = _process_start(pid)
+    if start and tags.get(START_TAG) and start != tags[START_TAG]:
+        return False
+    try:
+        return "\nState:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return True
 
 
 @contextlib.contextmanager
@@ -98,6 +144,11 @@ class NullTracker:
         when nothing is recorded."""
         return None
 
+    def find_run(self, tags: Mapping[str, Any]) -> str | None:
+        """The id of an earlier top-level run with ``tags`` that is not running, to reopen
+        (:meth:`MlflowStore.find_run`); None when nothing is recorded."""
+        return None
+
     @contextlib.contextmanager
     def open_run(self, name: str, tags: Mapping[str, Any] | None = None, *,
                  run_id: str | None = None,
@@ -110,6 +161,9 @@ class NullTracker:
         yield bound
 
 
+_SWEPT: set[tuple[str, str]] = set()  # stores whose stale runs this process has ended
+
+
 class MlflowStore:
     """The MLflow calls a tracker needs, on one tracking URI and experiment, through
     ``MlflowClient``: the records MLflow's fluent API (``start_run``, ``log_metrics``, ...) would
@@ -119,6 +173,9 @@ class MlflowStore:
     Args:
         uri: the tracking URI (``sqlite:///...``, ``postgresql://...``, ``http://...``).
         experiment: the experiment's name; created if missing, as ``mlflow.set_experiment``.
+
+    The first store a process opens on an experiment ends the runs that processes killed on
+    this host left RUNNING (:meth:`end_stale_runs`).
 
     Raises:
         TrackingError: the store cannot be reached or the experiment cannot be set (e.g. a server
@@ -152,11 +209,54 @@ class MlflowStore:
                 view = json.dumps(RUNS_VIEW, sort_keys=True)
                 if exp is None or exp.tags.get(RUNS_VIEW_TAG) != view:
                     self.client.set_experiment_tag(self.experiment_id, RUNS_VIEW_TAG, view)
+                if exp is not None and (uri, experiment) not in _SWEPT:  # once per process
+                    _SWEPT.add((uri, experiment))
+                    self.end_stale_runs()
             except Exception as exc:  # noqa: BLE001 - any backend failure means "unreachable"
                 raise TrackingError(
                     f"MLflow tracking store {uri!r} cannot be used ({type(exc).__name__}: "
                     f"{str(exc).splitlines()[0][:200]}); set MLFLOW_TRACKING_URI or tracking.uri "
                     "to a reachable store, or tracking.enabled: false") from None
+
+    def _search(self, filter_string: str) -> list:
+        """Every run of the experiment that ``filter_string`` selects, oldest first."""
+        runs, token = [], None
+        while True:
+            page = self.client.search_runs([self.experiment_id], filter_string,
+                                           max_results=1000, order_by=["attributes.start_time ASC"],
+                                           page_token=token)
+            runs.extend(page)
+            token = page.token
+            if not token:
+                return runs
+
+    def end_stale_runs(self) -> list[str]:
+        """End KILLED the runs of the experiment that are RUNNING, were started on this host
+        and whose owning process (:func:`owner_tags`) is gone: killed with ``kill -9``, or a
+        machine that went down. Runs of other hosts are left alone (on a cluster their owners
+        may be running). Called when the store is opened; returns the ids ended."""
+        host = socket.gethostname().replace("'", "")
+        ended = []
+        for run in self._search(f"attributes.status = 'RUNNING' AND tags.`{HOST_TAG}` = '{host}'"):
+            if not owner_alive(run.data.tags):
+                self.client.set_terminated(run.info.run_id, "KILLED")
+                ended.append(run.info.run_id)
+        return ended
+
+    def find_run(self, tags: Mapping[str, str]) -> str | None:
+        """The id of the oldest top-level run (no parent) of the experiment with every tag of
+        ``tags`` that is not RUNNING, or None: a run to reopen instead of adding a duplicate
+        (the parent run of an Optuna study tuned again after a kill). A RUNNING one belongs to
+        a live process (see :meth:`end_stale_runs`), on this host or another, and is left to
+        it."""
+        from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
+
+        clauses = [f"tags.`{k}` = '{str(v)}'" for k, v in tags.items() if "'" not in str(v)]
+        for run in self._search(" AND ".join(clauses)):
+            if (run.info.status != "RUNNING" and MLFLOW_PARENT_RUN_ID not in run.data.tags
+                    and all(run.data.tags.get(k) == str(v) for k, v in tags.items())):
+                return run.info.run_id
+        return None
 
     def start_run(self, name: str, tags: Mapping[str, str], run_id: str | None = None,
                   parent_run_id: str | None = None) -> str:
@@ -169,14 +269,15 @@ class MlflowStore:
         from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
 
         if run_id:
-            # A reopened run (evaluate adding its metrics to train's run) keeps the end time it
-            # had, so that the UI's Duration stays its training's, not the span to evaluation.
-            end_time = self.client.get_run(run_id).info.end_time
-            if end_time:
-                self._end_times[run_id] = end_time
-            self.client.update_run(run_id, status="RUNNING")
-            if tags:
+            # A reopened run that had finished (evaluate adding its metrics to train's run)
+            # keeps the end time it had, so that the UI's Duration stays its training's, not
+            # the span to evaluation. One that was cut off (a resumed seed) goes on to a new end.
+            info = self.client.get_run(run_id).info
+            if info.end_time and info.status == "FINISHED":
+                self._end_times[run_id] = info.end_time
+            if tags:  # first: the new owner's tags, so that no one finds it RUNNING and ownerless
                 self.client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
+            self.client.update_run(run_id, status="RUNNING")
             return run_id
         tags = {**tags, MLFLOW_RUN_NAME: name}
         if parent_run_id:
@@ -192,8 +293,8 @@ class MlflowStore:
                 "&workflowType=machine_learning")
 
     def end_run(self, run_id: str, status: str) -> None:
-        """End run ``run_id`` with ``status`` (``FINISHED`` or ``FAILED``), at the end time it
-        had before :meth:`start_run` reopened it, else now."""
+        """End run ``run_id`` with ``status`` (``FINISHED``, ``FAILED`` or ``KILLED``), at the
+        end time it had before :meth:`start_run` reopened it, else now."""
         self.client.set_terminated(run_id, status, end_time=self._end_times.pop(run_id, None))
 
     def log_batch(self, run_id: str, params: Mapping[str, str] | None = None,
@@ -287,10 +388,17 @@ def _serve(reads: int, writes: int) -> None:
     import signal
     from multiprocessing.connection import Connection
 
-    # Ctrl-C reaches the whole process group: the parent turns it into FAILED runs, which it
+    # Ctrl-C reaches the whole process group: the parent turns it into KILLED runs, which it
     # records through this process, so this one must outlive it and end at the pipe's EOF.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     recv, send = Connection(reads, writable=False), Connection(writes, readable=False)
+
+    def reply(ok: bool, value: Any) -> None:
+        try:
+            send.send((ok, value))
+        except (OSError, EOFError):  # BrokenPipeError: the parent is gone; nobody to answer
+            os._exit(0)
+
     stores: dict[tuple[str, str], MlflowStore] = {}
     while True:
         try:
@@ -304,15 +412,17 @@ def _serve(reads: int, writes: int) -> None:
             if op == "open":
                 if args not in stores:
                     stores[args] = MlflowStore(*args)
-                send.send((True, None))
-            elif op in ("start_run", "end_run", "log_batch", "log_artifact", "runs_view_url"):
-                send.send((True, getattr(stores[args[0]], op)(*args[1:])))
+                result: tuple[bool, Any] = (True, None)
+            elif op in ("start_run", "end_run", "log_batch", "log_artifact", "runs_view_url",
+                        "find_run"):
+                result = (True, getattr(stores[args[0]], op)(*args[1:]))
             else:
-                send.send((False, f"unknown MLflow sidecar request {op!r}"))
+                result = (False, f"unknown MLflow sidecar request {op!r}")
         except Exception as exc:  # noqa: BLE001 - every failure goes back to the caller
             first = (str(exc).splitlines() or [""])[0][:300]
-            send.send((False, str(exc) if isinstance(exc, TrackingError)
-                       else f"MLflow {op}: {type(exc).__name__}: {first}"))
+            result = (False, str(exc) if isinstance(exc, TrackingError)
+                      else f"MLflow {op}: {type(exc).__name__}: {first}")
+        reply(*result)
 
 
 class _RemoteStore:
@@ -403,7 +513,7 @@ class MlflowTracker(NullTracker):
         """Start (or, with ``run_id``, reopen) a run and make it this thread's active run; yields
         its id. Nested under this thread's active run with ``nested``, or under ``parent_run_id``
         (a run of another thread or process: Optuna workers). Ends it on exit, marking it FAILED
-        if the body raised.
+        if the body raised, KILLED if it was interrupted (see :meth:`open_run`).
 
         Raises:
             TrackingError: a run is already active in this thread and neither ``nested`` nor
@@ -428,12 +538,17 @@ class MlflowTracker(NullTracker):
         """Start (or, with ``run_id``, reopen) a run as :meth:`run` does (same name, tags and
         MLflow's context tags such as ``mlflow.user`` and ``mlflow.source.name``), without
         making it this thread's active run; yields a :class:`MlflowRunTracker` bound to it.
-        Ends it on exit, marking it FAILED if the body raised."""
-        tags = {k: str(v) for k, v in (tags or {}).items()}
+        Ends it on exit: FINISHED, FAILED if the body raised, KILLED if it was interrupted
+        (a ``KeyboardInterrupt``: Ctrl-C). The run is tagged with this process as its owner
+        (:func:`owner_tags`), so that a run whose process was killed is ended KILLED later."""
+        tags = {**{k: str(v) for k, v in (tags or {}).items()}, **owner_tags()}
         run_id = self._store.start_run(name, tags, run_id, parent_run_id)
         status = "FINISHED"
         try:
             yield MlflowRunTracker(self._store, run_id)
+        except KeyboardInterrupt:
+            status = "KILLED"
+            raise
         except BaseException:
             status = "FAILED"
             raise
@@ -454,6 +569,9 @@ class MlflowTracker(NullTracker):
 
     def runs_view_url(self) -> str | None:
         return self._store.runs_view_url()
+
+    def find_run(self, tags: Mapping[str, Any]) -> str | None:
+        return self._store.find_run({k: str(v) for k, v in tags.items()})
 
 
 def make_tracker(cfg: TrackingConfig) -> NullTracker:

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from torch.optim import optimizer as torch_optimizer
 
+from . import interrupt
 from .checkpoint import load_resume, save_resume
 from .config import ModelConfig, TrainConfig
 from .device import autocast
@@ -179,10 +180,17 @@ def train_step(model: GPT, optimizer: torch.optim.Optimizer, scheduler, x: torch
 @torch.no_grad()
 def estimate_loss(model: GPT, batches: list[tuple[torch.Tensor, torch.Tensor]],
                   device: torch.device) -> float:
-    """Mean cross-entropy (nats/token) over fixed ``batches``."""
+    """Mean cross-entropy (nats/token) over fixed ``batches``.
+
+    Raises:
+        Interrupted: the stage was asked to stop (checked before every batch).
+    """
     model.eval()
+    losses = []
     with autocast(device):
-        losses = [model(x, y)[1] for x, y in batches]
+        for x, y in batches:
+            interrupt.check()
+            losses.append(model(x, y)[1])
     model.train()
     return torch.stack(losses).float().mean().item()
 
@@ -219,6 +227,8 @@ def train_model(model_cfg: ModelConfig, cfg: TrainConfig, data: TokenData, *, se
 
     Raises:
         DivergenceError: the training loss is NaN/inf (names the step).
+        Interrupted: the stage was asked to stop (:mod:`lmablate.interrupt`, checked before
+            every step and evaluation batch); the last state saved at an eval interval stays.
     """
     with GLOBAL_RNG_LOCK:
         torch.manual_seed(seed)
@@ -246,6 +256,7 @@ def train_model(model_cfg: ModelConfig, cfg: TrainConfig, data: TokenData, *, se
 
     bar = progress(range(first, steps + 1), desc=desc, initial=first - 1, total=steps)
     for step in bar:
+        interrupt.check()
         t0 = time.perf_counter()
         x, y = get_batch(data.train, B, T, g_train, device)
         loss_value = train_step(model, opt, sched, x, y, grad_clip=cfg.grad_clip, device=device)

@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import fileio
+from .. import fileio, interrupt
 from ..budget import run_steps, tokens_per_step, training_flops
 from ..batched import batched_on, train_seeds
 from ..checkpoint import code_version, load_resume, save_checkpoint, verify_checkpoint
@@ -181,6 +181,7 @@ def train_seeds_batched(jobs: list[SeedJob]) -> list[dict]:
 
     Raises:
         DivergenceError: a seed's loss became NaN/inf (names dataset, variant, seed and step).
+        Interrupted: Ctrl-C; the seeds' runs end KILLED, their resume states stay.
     """
     first = jobs[0]
     cfg = first.cfg
@@ -191,7 +192,9 @@ def train_seeds_batched(jobs: list[SeedJob]) -> list[dict]:
     todo = [job for job in jobs if done[job.seed] is None]
     if todo:
         tracker = make_tracker(cfg.tracking)
-        with contextlib.ExitStack() as stack:  # every seed's run open; FAILED if one raises
+        # Ctrl-C stops the seeds at their next step (lmablate.interrupt), as map_jobs does;
+        # every seed's run open, ended FAILED if one raises (KILLED by Ctrl-C)
+        with interrupt.deferred(), contextlib.ExitStack() as stack:
             runs = []
             for job in todo:
                 resumed = load_resume(job.seed_dir / "resume.pt", fps[job.seed])

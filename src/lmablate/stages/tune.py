@@ -11,6 +11,7 @@ one parent run per dataset x variant.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import socket
 import time
@@ -20,7 +21,7 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
-from .. import fileio
+from .. import fileio, interrupt
 from ..budget import run_steps, training_flops, trial_steps
 from ..config import MAX_SAMPLER_SEED, ConfigError, StudyConfig
 from ..device import resolve_device
@@ -52,7 +53,11 @@ class TuneJob:
 
 def tune_worker(job: TuneJob) -> int:
     """Run queued trials of ``job.study_name`` until the queue is empty; returns how many this
-    worker ran."""
+    worker ran.
+
+    Raises:
+        Interrupted: the stage was asked to stop; no further trial is taken.
+    """
     cfg = job.cfg
     storage = make_storage(cfg.tune.storage_url, cfg.tune.heartbeat_seconds)
     study = load_study(storage, job.study_name)
@@ -60,7 +65,10 @@ def tune_worker(job: TuneJob) -> int:
     device = resolve_device(cfg.runtime.device)
     tracker = make_tracker(cfg.tracking)
     ran = 0
-    while (trial := claim(study)) is not None:
+    while True:
+        interrupt.check()  # before each claim: a trial taken after Ctrl-C would only fail
+        if (trial := claim(study)) is None:
+            break
         # beating from the moment the trial is taken (see lmablate.tuning.claim)
         with Heartbeat(study, trial, cfg.tune.heartbeat_seconds):
             run_trial(job, study, trial, data, device, tracker)
@@ -72,7 +80,10 @@ def run_trial(job: TuneJob, study: optuna.Study, trial: optuna.Trial, data: Toke
               device, tracker: NullTracker) -> None:
     """Train the queued ``trial`` and tell the study its result: COMPLETE with the final val
     loss, PRUNED (with the reason), or FAIL with ``outcome: diverged`` and the reason. Any other
-    error fails the trial and is raised. If another process took the same trial and finished it
+    error fails the trial and is raised; so does an interrupt (Ctrl-C), with ``fail_reason:
+    interrupted``: a failed trial without ``outcome: diverged`` is no result
+    (:func:`lmablate.tuning.slot_results`), so its slot is queued again with the same params
+    when the stage is run again. If another process took the same trial and finished it
     first (see :func:`lmablate.tuning.claim`), this one stops quietly."""
     try:
         _train_trial(job, study, trial, data, device, tracker)
@@ -126,7 +137,10 @@ def _train_trial(job: TuneJob, study: optuna.Study, trial: optuna.Trial, data: T
             return
         except optuna.exceptions.UpdateFinishedTrialError:
             raise
-        except BaseException:
+        except BaseException as exc:
+            if isinstance(exc, KeyboardInterrupt):
+                with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
+                    trial.set_user_attr("fail_reason", "interrupted")
             study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
             raise
         study.tell(trial, result.val_loss)
@@ -222,8 +236,10 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, best_pat
                    sampler_seed)
     tags = {"dataset": dataset, "variant": variant, "stage": "tune", "optuna_study": name,
             "replicate": replicate}
+    # the study's parent run from an earlier, interrupted or killed, run of this stage: its
+    # trials go on under it rather than under a duplicate
     with tracker.run(f"tune-{dataset}-{variant}" + (f"-r{replicate}" if replicate else ""),
-                     tags) as parent_run_id:
+                     tags, run_id=tracker.find_run(tags)) as parent_run_id:
         tracker.log_params({"n_trials": tune.n_trials, "trials_per_batch": tune.trials_per_batch,
                             "budget_fraction": tune.budget_fraction,
                             "lr_low": tune.lr_low, "lr_high": tune.lr_high,
