@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import itertools
 import json
 import math
 import re
@@ -725,6 +726,25 @@ def test_problem_by_problem_counts_a_split_decision_on_two_seeds_as_half_a_probl
     assert em["n_differing"] == 2 and em["mean_diff"] == 0.0
     # two differences of +0.5 and -0.5: of the 4 sign flips, all have |sum| >= 0, p = 1
     assert em["p_value"] == 1.0 and em["verdict"] == statistics.VERDICT_NSD
+
+
+def test_problem_by_problem_with_one_differing_problem_has_p_1():
+    # one discordant problem (the default study met it: exact match 0.0004 against 0.0002):
+    # its two sign flips are equally extreme, the exact McNemar p is binomtest(1, 1) = 1
+    base = {"seed_0": _decoded([False, False, False])}
+    var = {"seed_0": _decoded([True, False, False])}
+    c = statistics.compare_problems({("a", "baseline"): base, ("a", "v"): var})
+    em = c[c["metric"] == "exact_match"].iloc[0]
+    assert em["n_differing"] == 1 and em["p_value"] == stats.binomtest(1, 1).pvalue == 1.0
+    assert em["verdict"] == statistics.VERDICT_NSD
+
+
+@pytest.mark.parametrize("d", [[0.5, 1.0], [1.0, -0.5, 2.0], [0.25, 0.5, -1.0, 2.0, 3.0]])
+def test_the_sign_flip_test_equals_enumerating_every_flip(d):
+    d = np.array(d)
+    flips = [np.array(signs) for signs in itertools.product((1, -1), repeat=d.size)]
+    want = np.mean([abs((d * f).sum()) >= abs(d.sum()) - 1e-12 for f in flips])
+    assert statistics.sign_flip_test(d) == pytest.approx(want)
 
 
 def test_problem_by_problem_identical_outcomes_get_no_test():

@@ -366,11 +366,14 @@ def sign_flip_test(diff: np.ndarray) -> float:
     statistic's permutation distribution unchanged; the flips are enumerated exactly when there
     are at most :data:`PERMUTATION_RESAMPLES` of them, else drawn with seed
     :data:`PERMUTATION_SEED`. On 0/1 outcomes of one seed this is the exact McNemar test
-    (McNemar 1947) on the discordant pairs. NaN without a non-zero difference."""
+    (McNemar 1947) on the discordant pairs. NaN without a non-zero difference; exactly 1 with
+    one (its two flips, +d and -d, are equally extreme; scipy refuses a sample of one)."""
     d = np.asarray(diff, dtype=float)
     d = d[d != 0]
     if d.size == 0:
         return math.nan
+    if d.size == 1:
+        return 1.0
     res = stats.permutation_test((d,), np.sum, permutation_type="samples",
                                  n_resamples=PERMUTATION_RESAMPLES, alternative="two-sided",
                                  random_state=np.random.default_rng(PERMUTATION_SEED))
