@@ -1,5 +1,5 @@
 """MLflow tracking: the records a tracker writes, in this process or through the sidecar process
-that stage commands use (lmablate.tracking.Sidecar), and its errors."""
+that stage commands use (lmablate.sidecar.Sidecar), and its errors."""
 
 from __future__ import annotations
 
@@ -14,9 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from lmablate import sidecar as sidecar_module
 from lmablate import tracking
 from lmablate.config import TrackingConfig
-from lmablate.tracking import MlflowTracker, Sidecar, TrackingError
+from lmablate.sidecar import Sidecar
+from lmablate.tracking import MlflowTracker, TrackingError
 
 INTERRUPTED = "lmablate: interrupted; run the same command (or dvc repro) again to resume"
 
@@ -85,10 +87,10 @@ def test_the_sidecar_writes_the_records_an_in_process_tracker_writes(tmp_path, a
         arm_dir.mkdir()
         monkeypatch.chdir(arm_dir)  # MLflow's default artifact root is ./mlruns
         cfg = TrackingConfig(uri=f"sqlite:///{arm_dir / 'mlflow.db'}", experiment="study")
-        monkeypatch.setattr(tracking, "_SIDECAR", Sidecar((cfg.tracking_uri, cfg.experiment))
+        monkeypatch.setattr(sidecar_module, "_SIDECAR", Sidecar((cfg.tracking_uri, cfg.experiment))
                             if arm == "sidecar" else None)
         tracker = tracking.make_tracker(cfg)
-        assert isinstance(tracker._store, tracking._RemoteStore) == (arm == "sidecar")
+        assert isinstance(tracker._store, sidecar_module.RemoteStore) == (arm == "sidecar")
         record_a_study(tracker, artifact)
         dbs[arm] = records(arm_dir / "mlflow.db")
     assert dbs["sidecar"] == dbs["local"]
@@ -135,7 +137,7 @@ def test_the_experiment_carries_the_saved_runs_view_its_url_opens(tmp_path):
 def test_the_sidecar_answers_the_runs_view_url_as_the_store_does(tmp_path, monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    monkeypatch.setattr(tracking, "_SIDECAR", Sidecar())
+    monkeypatch.setattr(sidecar_module, "_SIDECAR", Sidecar())
     monkeypatch.chdir(tmp_path)
     tracker = tracking.make_tracker(TrackingConfig(uri=uri, experiment="study"))
     assert tracker.runs_view_url() == tracking.MlflowStore(uri, "study").runs_view_url()
@@ -167,7 +169,7 @@ def test_an_unreachable_store_fails_when_the_tracker_is_made(tmp_path, monkeypat
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     cfg = TrackingConfig(uri="http://127.0.0.1:9", experiment="study")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-    monkeypatch.setattr(tracking, "_SIDECAR", Sidecar((cfg.tracking_uri, cfg.experiment)))
+    monkeypatch.setattr(sidecar_module, "_SIDECAR", Sidecar((cfg.tracking_uri, cfg.experiment)))
     with pytest.raises(TrackingError, match=r"MLflow tracking store 'http://127.0.0.1:9' cannot"
                                             r" be used .*tracking.enabled: false"):
         tracking.make_tracker(cfg)
@@ -177,7 +179,7 @@ def test_a_sidecar_that_died_gives_a_tracking_error_not_a_hang(tmp_path, monkeyp
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     cfg = TrackingConfig(uri=f"sqlite:///{tmp_path / 'mlflow.db'}", experiment="study")
     sidecar = Sidecar()
-    monkeypatch.setattr(tracking, "_SIDECAR", sidecar)
+    monkeypatch.setattr(sidecar_module, "_SIDECAR", sidecar)
     monkeypatch.chdir(tmp_path)
     tracker = tracking.make_tracker(cfg)
     sidecar._proc.kill()

@@ -45,7 +45,7 @@ class Stage:
     # of its values (train, evaluate: their MLflow runs are named and tagged with N)
     replicate: bool = False
     # records MLflow runs: the command starts MLflow in a sidecar process first thing
-    # (lmablate.tracking.start_sidecar), so that it is ready by the time the stage has imported
+    # (lmablate.sidecar.start_sidecar), so that it is ready by the time the stage has imported
     # torch and read its inputs
     tracks: bool = False
 
@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         stage = STAGES[args.command]
         check_preconditions(cfg, args, stage)
         if stage.tracks and cfg.tracking.enabled and argv is None:
-            from .tracking import start_sidecar
+            from .sidecar import start_sidecar
             start_sidecar(cfg.tracking)
         start = time.perf_counter()
         summary = import_stage(stage.module).main(cfg, args)
