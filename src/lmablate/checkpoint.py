@@ -77,11 +77,7 @@ def verify_checkpoint(path: Path, sha256: str | None) -> str | None:
         return f"{path} is missing"
     if not sha256:
         return f"{path} has no recorded sha256 to check it against"
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    if h.hexdigest() != sha256:
+    if fileio.sha256_file(path) != sha256:
         return (f"{path} ({path.stat().st_size:,} bytes) does not match the sha256 recorded "
                 f"when it was written (truncated or changed since)")
     return None

@@ -9,7 +9,6 @@ Text is read as strict UTF-8 with universal newlines.
 from __future__ import annotations
 
 import fnmatch
-import hashlib
 import os
 import shutil
 import subprocess
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import Callable, NamedTuple
 
 from .config import DataError, DatasetConfig
+from .fileio import sha256_file
 
 __all__ = [
     "DataError", "ChecksumError", "MemberSelection", "PYPI_MEMBERS", "Source", "parse_source",
@@ -111,15 +111,6 @@ def cache_root() -> Path:
     """
     env = os.environ.get("LMABLATE_CACHE")
     return Path(env).expanduser() if env else Path.home() / ".cache" / "lmablate"
-
-
-def sha256_file(path: Path) -> str:
-    """Hex sha256 of a file's bytes (read in 1 MiB chunks)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def verify_sha256(path: Path, expected: str) -> None:

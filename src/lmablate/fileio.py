@@ -9,6 +9,7 @@ the same dialect (comma, ``\n`` line ends, floats as their shortest round-trip r
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import tempfile
@@ -91,6 +92,15 @@ def check_writable(path: str | os.PathLike) -> None:
     except OSError as exc:
         raise OutputError(f"cannot write {path}: folder {folder} is not writable "
                           f"({exc.strerror or exc})") from None
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    """Hex sha256 of a file's bytes (read in 1 MiB chunks)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def read_json(path: str | os.PathLike) -> Any:

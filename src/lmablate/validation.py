@@ -133,7 +133,7 @@ def check_types(cls: type, data: Mapping[str, Any], prefix: str) -> None:
         elif origin is tuple:
             if not isinstance(value, (list, tuple)):
                 fail(key, value, "expected a list, e.g. [1, 2]")
-        elif origin in (Mapping, dict, collections.abc.Mapping) or is_dataclass(origin):
+        elif origin in (dict, collections.abc.Mapping) or is_dataclass(origin):
             if not isinstance(value, Mapping):
                 fail(key, value, "expected a mapping")
 
