@@ -60,7 +60,7 @@ TINY = {
     "study": {"seeds": [0], "variants": ["baseline"], "datasets": ["arithmetic"]},
     "datasets": {"arithmetic": {"n_train": 2000, "n_test": 16}},
     "model": TINY_MODEL,
-    "train": {"eval_interval": 2, "eval_iters": 1, "warmup_steps": 0, "batch_size": 4},
+    "train": {"eval_interval": 2, "eval_iters": 1, "warmup_fraction": 0.0, "batch_size": 4},
     "tune": {"n_trials": 2, "d_model_choices": [16], "storage": "sqlite:///optuna.db"},
     "evaluate": {"max_batches": 1, "batch_size": 8, "max_problems": 8},
     "tracking": {"enabled": True, "uri": "sqlite:///mlflow.db"},
@@ -70,7 +70,7 @@ TINY = {
 # (lmablate.budget) or, before it, step counts
 _FLOPS_4_STEPS = 4 * 4 * 16 * flops_per_token(ModelConfig(**TINY_MODEL))
 TINY_BUDGET = {"train": {"budget_flops": {"arithmetic": float(_FLOPS_4_STEPS)}},
-               "tune": {"trials_per_batch": 2, "n_startup_trials": 1, "budget_fraction": 0.5,
+               "tune": {"trials_per_batch": 2, "budget_fraction": 0.5,
                         "reports": 2}}
 TINY_STEPS = {"train": {"steps": 4}, "tune": {"steps": 2}, "runtime": {"threads": 1}}
 DATASET, VARIANT = "arithmetic", "baseline"

@@ -21,7 +21,7 @@ from trajectory import LOSS_TOL, WEIGHT_TOL, assert_same_trajectory
 
 STEPS = 12
 SMALL = {"train": {"budget_flops": budgets(STEPS), "eval_interval": 4, "eval_iters": 2,
-                   "warmup_steps": 2}}
+                   "warmup_fraction": 0.1}}
 CPU = torch.device("cpu")
 LR = 3e-3
 

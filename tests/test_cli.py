@@ -26,7 +26,7 @@ def last_line(capsys) -> str:
 def test_stages_run_on_tiny_data_and_each_ends_with_one_summary_line(project, capsys):
     assert cli.main(tune_args("rope")) == 0
     best = json.loads((project.path / "out" / "best.json").read_text())
-    assert best["d_model"] == 16 and 0 < best["lr"] and best["n_trials"] == 2
+    assert best["d_model"] == 16 and 0 < best["lr"] and best["n_trials"] == 3
     assert re.fullmatch(
         rf"lmablate tune arithmetic rope: done in \d+\.\d s; 2 trials \(2 complete, 0 pruned, "
         rf"0 diverged\); best val_loss {best['val_loss']:.4f} at lr {best['lr']:.3g}, "

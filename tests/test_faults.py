@@ -24,10 +24,10 @@ from conftest import budgets
 # Faults need runs long enough to be interrupted: more data, wider models, more steps.
 FAULTS = {
     "study": {"variants": ["baseline"]},
-    "train": {"budget_flops": budgets(200), "eval_interval": 10, "warmup_steps": 5},
+    "train": {"budget_flops": budgets(200), "eval_interval": 10, "warmup_fraction": 0.1},
     # trials of 60 steps, two at a time
-    "tune": {"n_trials": 4, "trials_per_batch": 2, "n_startup_trials": 2, "reports": 4,
-             "budget_fraction": 0.3, "heartbeat_seconds": 1, "pruner": "none"},
+    "tune": {"rungs": [[4, 0.3], [1, 1.0]], "trials_per_batch": 2, "reports": 4,
+             "heartbeat_seconds": 1},
     "runtime": {"workers": 1},
 }
 
@@ -134,7 +134,7 @@ def test_kill_9_during_tune_keeps_trials_and_finishes_the_count(project, start_l
     states = [t.state for t in study.trials]
     assert states.count(optuna.trial.TrialState.COMPLETE) == 4
     assert optuna.trial.TrialState.RUNNING not in states
-    assert json.loads((project / "t" / "best.json").read_text())["n_trials"] == 4
+    assert json.loads((project / "t" / "best.json").read_text())["n_trials"] == 5
     # the killed trial was failed and run again from its queued slot: the same bytes as a run
     # that was never killed (its own, fresh storage)
     raw = yaml.safe_load((project / "params.yaml").read_text())
@@ -156,7 +156,7 @@ def test_final_run_divergence_names_dataset_variant_seed_and_step(project, start
 
 def test_diverging_trial_is_failed_with_reason_and_the_study_goes_on(project):
     cfg = dataclasses.replace(project.cfg, tune=dataclasses.replace(
-        project.cfg.tune, lr_low=1e-3, lr_high=1e7, n_trials=4, budget_fraction=0.1))
+        project.cfg.tune, lr_low=1e-3, lr_high=1e7, lr_limits=(1e-5, 1e7), rungs=((4, 1.0),)))
     project = project.path
     try:
         tune.run(cfg, "arithmetic", "baseline", project / "tokens", project / "b.json",

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 STEPS = 12
 SMALL = {"train": {"budget_flops": budgets(STEPS), "eval_interval": 4, "eval_iters": 10,
-                   "warmup_steps": 2}}
+                   "warmup_fraction": 0.1}}
 LR = 3e-3
 # bf16 autocast: one seed alone multiplies (B*T, C) matrices, the batched model (S, B*T, C)
 # ones, and cuBLAS may round those differently in bf16. Only the losses are compared there: the

@@ -34,9 +34,9 @@ STOP_SECONDS = 10  # from the signal to the process's exit
 # final runs of 3,000 steps, trials of 900.
 LONG = {
     "study": {"variants": ["baseline"], "seeds": [0, 1]},
-    "train": {"budget_flops": budgets(3000), "eval_interval": 50, "warmup_steps": 5},
-    "tune": {"n_trials": 4, "trials_per_batch": 2, "n_startup_trials": 2, "reports": 4,
-             "budget_fraction": 0.3, "heartbeat_seconds": 1, "pruner": "none"},
+    "train": {"budget_flops": budgets(3000), "eval_interval": 50, "warmup_fraction": 0.1},
+    "tune": {"rungs": [[4, 0.3], [1, 1.0]], "trials_per_batch": 2, "reports": 4,
+             "heartbeat_seconds": 1},
     "runtime": {"workers": 2},
     "tracking": {"enabled": True},
 }

@@ -18,10 +18,10 @@ VARIANTS = ("baseline", "rope")
 STUDY = {
     "study": {"seeds": [0, 1], "variants": list(VARIANTS)},
     "train": {"budget_flops": budgets(30), "eval_interval": 10, "eval_iters": 2,
-              "warmup_steps": 2},
+              "warmup_fraction": 0.1},
     # as tests/test_parallel.py: 3 batches of 2 trials, which prunes some of the later ones
-    "tune": {"n_trials": 6, "trials_per_batch": 2, "n_startup_trials": 2, "reports": 4,
-             "budget_fraction": 1.0, "d_model_choices": [16, 32], "lr_low": 1e-3,
+    "tune": {"rungs": [[4, 0.5], [2, 1.0]], "trials_per_batch": 2, "reports": 4,
+             "d_model_choices": [16, 32], "lr_low": 1e-3,
              "lr_high": 1e-1},
     "tracking": {"enabled": True, "experiment": "server-test"},
 }

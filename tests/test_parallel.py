@@ -19,10 +19,10 @@ from conftest import budgets
 PARALLEL = {
     "study": {"seeds": [0, 1, 2], "variants": ["baseline"]},
     "train": {"budget_flops": budgets(30), "eval_interval": 10, "eval_iters": 2,
-              "warmup_steps": 2},
-    # 3 batches of 2; the narrow model trains 30 steps per trial, the wide one 8
-    "tune": {"n_trials": 6, "trials_per_batch": 2, "n_startup_trials": 2, "reports": 4,
-             "budget_fraction": 1.0, "d_model_choices": [16, 32], "lr_low": 1e-3,
+              "warmup_fraction": 0.1},
+    # the first rung: 2 batches of 2 at half the budget; then the best 2 at the full budget
+    "tune": {"rungs": [[4, 0.5], [2, 1.0]], "trials_per_batch": 2, "reports": 4,
+             "d_model_choices": [16, 32], "lr_low": 1e-3,
              "lr_high": 1e-1},
 }
 

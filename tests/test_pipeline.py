@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import budgets
+from conftest import TINY, budgets
 
 ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = ["baseline", "swiglu", "rope"]
@@ -30,7 +30,7 @@ def pipeline_overrides(corpus: Path) -> dict:
         "model": {"context_length": 32},
         # final runs of 12 steps, trials of 6
         "train": {"budget_flops": budgets(12, {"context_length": 32}, batch_size=8),
-                  "eval_interval": 6, "eval_iters": 2, "warmup_steps": 2, "batch_size": 8},
+                  "eval_interval": 6, "eval_iters": 2, "warmup_fraction": 0.1, "batch_size": 8},
         "evaluate": {"max_batches": 2, "batch_size": 32, "max_problems": 64, "n_samples": 1,
                      "sample_tokens": 20},
         "tracking": {"enabled": True},
@@ -159,7 +159,8 @@ def test_repro_records_trials_and_runs(study):
         finished = db.execute("select count(*) from trials where state in "
                               "('COMPLETE', 'PRUNED')").fetchone()[0]
     assert studies == 2 * (len(VARIANTS) + 1)
-    assert finished == 2 * (len(VARIANTS) + 1) * 2
+    # each study: the first rung's trials, then the promoted ones at the full budget
+    assert finished == 2 * (len(VARIANTS) + 1) * sum(n for n, _ in TINY["tune"]["rungs"])
     metrics = json.loads((study / "runs" / "arithmetic" / "rope" / "metrics.json").read_text())
     assert set(metrics["runs"]) == {f"seed_{s}" for s in SEEDS}
 

@@ -71,8 +71,8 @@ def make_cfg(seeds=(0, 1, 2), variants=VARIANTS):
         "variants": {"baseline": {}, "gelu": {"ffn": "gelu"}, "rmsnorm": {"norm": "rmsnorm"}},
         "train": {"budget_flops": {"shakespeare": 2.4e11, "arithmetic": 1.2e11},
                   "batch_size": 12, "eval_interval": 50},
-        "tune": {"n_trials": 6, "trials_per_batch": 3, "n_startup_trials": 3,
-                 "budget_fraction": 0.2, "d_model_choices": [32, 64]},
+        "tune": {"rungs": [[6, 0.2], [1, 1.0]], "trials_per_batch": 3,
+                 "d_model_choices": [32, 64]},
     }
     return params.parse(raw)
 

@@ -47,8 +47,8 @@ def tune_args(out: str) -> list[str]:
 SCALE_OUT = {
     "runtime": {"workers": 1, "device": "cpu"},
     "train": {"budget_flops": budgets(60)},
-    "tune": {"n_trials": N_TRIALS, "trials_per_batch": 2, "n_startup_trials": 2, "reports": 4,
-             "budget_fraction": 1.0, "lr_low": 1e-3, "lr_high": 3e-2, "heartbeat_seconds": 2},
+    "tune": {"rungs": [[N_TRIALS, 1.0]], "trials_per_batch": 2, "reports": 4,
+             "lr_low": 1e-3, "lr_high": 3e-2, "heartbeat_seconds": 2},
 }
 
 
@@ -429,7 +429,7 @@ def test_mlflow_tracking_server(mlflow_server, tmp_path, scale_project, start_lm
 
     project = scale_project(tmp_path / "project", lambda r: (
         r["tracking"].update(enabled=True, experiment="scale-out"),
-        r["tune"].update(n_trials=2, n_startup_trials=1, budget_fraction=0.5)))
+        r["tune"].update(rungs=[[2, 0.5], [1, 1.0]])))
     env = {"MLFLOW_TRACKING_URI": mlflow_server}
     for args in (tune_args("out"),
                  ["train", DATASET, VARIANT, "--tokens", "tokens", "--best", "out/best.json",

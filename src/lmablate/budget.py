@@ -3,7 +3,7 @@
 Variants are compared at equal training compute, not at equal steps: at a fixed step count the
 wider model nearly always wins, so a width chosen by tuning would decide the verdict. Every final
 run of a dataset spends ``train.budget_flops[dataset]``; every tuning trial spends
-``tune.budget_fraction`` of it. A run's step count follows from its own width:
+its rung's share of it (``tune.rungs``). A run's step count follows from its own width:
 
     steps = budget / (flops_per_token x batch_size x context_length)
 
@@ -37,7 +37,7 @@ def steps_for_budget(budget_flops: float, model_cfg: ModelConfig, batch_size: in
     50 steps on, which every run of the shipped profiles exceeds (tests/test_budget.py).
 
     ``source`` says where the budget came from in the user's own terms (e.g.
-    ``train.budget_flops.arithmetic=1000 x tune.budget_fraction=0.5``), for the error.
+    ``train.budget_flops.arithmetic=1000 x tune.rungs[0] share 0.5``), for the error.
 
     Raises:
         ConfigError: the budget buys less than one step (names the budget as the user wrote it,
@@ -65,21 +65,30 @@ def run_steps(cfg: StudyConfig, dataset: str, model_cfg: ModelConfig) -> int:
                             source=f"train.budget_flops.{dataset}={budget:.3g}")
 
 
-def trial_steps(cfg: StudyConfig, dataset: str, model_cfg: ModelConfig) -> int:
-    """Steps of a tuning trial of ``model_cfg`` on ``dataset``: ``tune.budget_fraction`` of the
-    dataset's budget (its ``tune.reports`` validation losses fall every ``steps // reports``
-    steps, at the same fractions of its compute whatever its width).
+def trial_steps(cfg: StudyConfig, dataset: str, model_cfg: ModelConfig,
+                fraction: float | None = None) -> int:
+    """Steps of a tuning trial of ``model_cfg`` on ``dataset`` that spends ``fraction`` of the
+    dataset's budget (default: the lowest rung's, the first of ``tune.rungs``). Its
+    ``tune.reports`` validation losses fall every ``steps // reports`` steps, at the same
+    fractions of its compute whatever its width.
 
     Raises:
-        ConfigError: no budget for ``dataset``, or too small a one (see :func:`steps_for_budget`).
+        ConfigError: no budget for ``dataset``, too small a one (see :func:`steps_for_budget`),
+            or a trial of the lowest rung shorter than ``tune.min_steps`` (or ``tune.reports``)
+            steps: it would be judged on its warm-up rather than its loss.
     """
     budget = cfg.train.for_dataset(dataset).budget_flops[dataset]
-    fraction = cfg.tune.budget_fraction
+    lowest = cfg.tune.budget_fraction
+    fraction = lowest if fraction is None else fraction
+    source = f"train.budget_flops.{dataset}={budget:.3g} x tune.rungs[0] share {lowest:g}"
     steps = steps_for_budget(budget * fraction, model_cfg, cfg.train.batch_size,
-                             what="tuning trial", source=f"train.budget_flops.{dataset}="
-                             f"{budget:.3g} x tune.budget_fraction={fraction:g}")
-    if steps < cfg.tune.reports:
-        raise ConfigError(f"params: tune.budget_fraction={cfg.tune.budget_fraction} buys {steps} "
-                          f"steps of a tuning trial at d_model={model_cfg.d_model}; allowed: at "
-                          f"least tune.reports={cfg.tune.reports} steps")
+                             what="tuning trial", source=source if fraction == lowest else
+                             f"train.budget_flops.{dataset}={budget:.3g} x {fraction:g}")
+    least = max(cfg.tune.min_steps, cfg.tune.reports)
+    if fraction == lowest and steps < least:
+        key = "tune.min_steps" if cfg.tune.min_steps >= cfg.tune.reports else "tune.reports"
+        raise ConfigError(
+            f"params: {source} buys {steps} steps of a tuning trial at "
+            f"d_model={model_cfg.d_model}; allowed: at least {key}={least} steps (a larger "
+            "share at the first of tune.rungs, a larger budget, or narrower widths)")
     return steps

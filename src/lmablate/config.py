@@ -11,6 +11,7 @@ through explicit registries (litgpt's ``config.py`` style).
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 from dataclasses import dataclass, field, fields
@@ -30,7 +31,6 @@ NORM_PLACEMENT_CHOICES = ("pre", "post")
 POSITION_CHOICES = ("learned", "sinusoidal", "rope", "alibi", "none")
 DEVICE_CHOICES = ("auto", "cpu", "cuda", "mps")
 LR_SCHEDULE_CHOICES = ("constant", "cosine")
-PRUNER_CHOICES = ("none", "median", "percentile")
 PARALLEL_CHOICES = ("threads", "processes")
 DATASET_KINDS = ("arithmetic", "text")
 
@@ -44,13 +44,11 @@ MAX_LAYERS = 128
 MAX_HEADS = 256
 MAX_BATCH = 4096  # sequences of a training or evaluation batch
 MAX_BUDGET = 1e20  # training FLOPs of one run: about 3 days of an H100 at 40% of its bf16 peak
-MAX_TRIALS = 10_000  # tune.n_trials
+MAX_TRIALS = 10_000  # tune.n_trials, trials_per_batch
 MAX_COUNT = 1_000_000  # steps, evaluation batches, samples, reports: counts of loop iterations
 MAX_WORKERS = 1024
-# TPE's seed for a batch is sampler_seed x TPE_SEED_STRIDE + its first slot (lmablate.tuning.propose),
-# and numpy takes seeds below 2**32: this bounds tune.sampler_seed + --replicate.
-TPE_SEED_STRIDE = 1_000_003
-MAX_SAMPLER_SEED = (2**32 - 1 - MAX_TRIALS) // TPE_SEED_STRIDE
+# the largest learning rate a study may tune or extend to (tune.lr_limits)
+MAX_LR = 1e8  # a guard against typos only
 # Variant and dataset names name DVC stages (tune@<dataset>-<variant>), folders and MLflow runs.
 NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 NAME_RULE = ("a name of letters, digits and _ that does not start with a digit (it names DVC "
@@ -228,8 +226,10 @@ class TrainConfig:
     ``budget_flops`` maps each dataset to the training FLOPs every final run of that dataset
     spends (:mod:`lmablate.budget` turns it into a step count for the run's own width:
     budget / (``flops_per_token`` x ``batch_size`` x ``context_length``)). A step is one
-    optimizer step of ``batch_size`` sequences; ``warmup_steps`` and ``eval_interval`` are in
-    steps, ``eval_iters`` in batches per estimate. Every field changes what a run computes;
+    optimizer step of ``batch_size`` sequences; ``warmup_fraction`` is the share of a run's
+    steps over which the learning rate ramps up (so a tuning trial of a quarter of the budget
+    warms up over a quarter of the steps, and every run's schedule has the same shape),
+    ``eval_interval`` is in steps, ``eval_iters`` in batches per estimate. Every field changes what a run computes;
     settings that only change how fast it is computed live in :class:`RuntimeConfig`.
     """
 
@@ -240,7 +240,7 @@ class TrainConfig:
     beta1: float = 0.9
     beta2: float = 0.99
     grad_clip: float = 1.0
-    warmup_steps: int = 0
+    warmup_fraction: float = 0.0
     lr_schedule: str = "cosine"
     eval_interval: int = 50
     eval_iters: int = 10
@@ -257,7 +257,9 @@ class TrainConfig:
         check_int("train.batch_size", self.batch_size, maximum=MAX_BATCH)
         for key in ("eval_interval", "eval_iters"):
             check_int(f"train.{key}", getattr(self, key), maximum=MAX_COUNT)
-        check_int("train.warmup_steps", self.warmup_steps, minimum=0, maximum=MAX_COUNT)
+        # at most half: the loss a tuning trial is judged on then comes after its warm-up
+        check_positive("train.warmup_fraction", self.warmup_fraction, allow_zero=True,
+                       maximum=0.5)
         check_positive("train.lr", self.lr)
         check_positive("train.weight_decay", self.weight_decay, allow_zero=True)
         check_positive("train.grad_clip", self.grad_clip, allow_zero=True)
@@ -275,6 +277,13 @@ class TrainConfig:
         if name not in self.budget_flops:
             fail("train.budget_flops", dict(self.budget_flops), f"no budget for dataset {name!r}")
         return dataclasses.replace(self, budget_flops={name: self.budget_flops[name]})
+
+    def warmup_steps(self, steps: int) -> int:
+        """Warm-up steps of a run of ``steps`` steps: ``warmup_fraction`` of them, rounded up (at
+        least one when the fraction is not 0), and fewer than ``steps``."""
+        if self.warmup_fraction == 0 or steps <= 1:
+            return 0
+        return min(steps - 1, max(1, math.ceil(self.warmup_fraction * steps)))
 
 
 @dataclass(frozen=True)
@@ -302,68 +311,134 @@ class RuntimeConfig:
 
 @dataclass(frozen=True)
 class TuneConfig:
-    """Optuna search per dataset x variant: learning rate (log-uniform in [lr_low, lr_high]) and
-    ``d_model`` (categorical), at equal compute.
+    """Optuna search per dataset x variant over the learning rate and ``d_model``, by successive
+    halving (Jamieson & Talwalkar 2016; Li et al. 2018) at equal compute (:mod:`lmablate.tuning`).
 
-    Each trial trains ``budget_fraction`` of its dataset's ``train.budget_flops`` (a narrow
-    model trains more steps, not fewer) on seed ``seed``, which is not a final seed, and
-    reports its validation loss ``reports`` times, at equal fractions of its budget. Trials are
-    proposed ``trials_per_batch`` at a time by TPE (Bergstra et al. 2011), whose first
-    ``n_startup_trials`` are random; a trial is judged by the pruner only against trials of
-    earlier batches, and never during warm-up or start-up, so the study is the same however
-    many run at once (:mod:`lmablate.tuning`).
+    Rungs: ``rungs`` lists [trials, share of the budget] from the lowest up. The first rung's
+    configurations each train its share of their dataset's ``train.budget_flops`` (a narrow
+    model trains more steps, not fewer); the best of them, as many as the next rung has trials,
+    train again, from scratch, on that rung's share, and so on up to the last rung, which trains
+    the full budget (1.0), the one the final runs spend. The configuration tuning returns is the
+    best of that last rung, so it has been trained at the budget it is judged at. All trials
+    train on seed ``seed``, which is not a final seed, and report their validation loss
+    ``reports`` times.
+
+    Proposals: the first rung is proposed ``trials_per_batch`` at a time. Its first batch is a
+    shared design, a Latin hypercube (McKay et al. 1979) over log learning rate and width seeded
+    by ``sampler_seed`` alone, so every variant of a study is tried at the same points (paired
+    learning-rate curves); later batches come from TPE (Bergstra et al. 2011) with a seed of
+    each study's own. A batch sees only the results of earlier batches, so the study is the same
+    at any number of workers.
+
+    Search space: the learning rate log-uniform in [``lr_low``, ``lr_high``]; the widths either
+    ``d_model_choices`` or, when that is null, ``n_widths`` widths whose training tokens per
+    non-embedding parameter at the dataset's budget lie in ``tokens_per_parameter`` (Hoffmann et
+    al. 2022 put the compute-optimal ratio near 20). When the best first-rung value so far lies
+    on an edge, the next batch extends the range that way: the learning rate by a factor 10 up
+    to ``lr_limits``, a derived width by one step while its tokens per parameter stay within
+    ``tokens_per_parameter_limits``. Every trial of the first rung must train at least
+    ``min_steps`` steps.
 
     ``storage`` is an Optuna storage URL (``sqlite:///optuna.db``, ``postgresql://...``); the
     environment variable ``LMABLATE_OPTUNA_STORAGE`` overrides it.
     """
 
-    n_trials: int = 12
+    rungs: tuple[tuple[int, float], ...] = ((8, 0.125), (2, 1.0))
     trials_per_batch: int = 4
-    n_startup_trials: int = 4
-    budget_fraction: float = 0.25
     reports: int = 8
     seed: int = 1000
-    lr_low: float = 1e-4
-    lr_high: float = 1e-2
-    d_model_choices: tuple[int, ...] = (32, 48, 64, 96)
+    lr_low: float = 1e-3
+    lr_high: float = 1e-1
+    lr_limits: tuple[float, ...] = (1e-5, 1.0)
+    d_model_choices: tuple[int, ...] | None = None
+    tokens_per_parameter: tuple[float, ...] = (5.0, 80.0)
+    tokens_per_parameter_limits: tuple[float, ...] = (1.0, 400.0)
+    n_widths: int = 4
+    min_steps: int = 30
     storage: str = field(default="sqlite:///optuna.db", metadata=NOT_A_RESULT)
     sampler_seed: int = 0
-    pruner: str = "percentile"
-    percentile: float = 25.0  # pruner "percentile": prune below the best `percentile`% of trials
     # a trial silent for 4 heartbeats is failed and retried
     heartbeat_seconds: int = field(default=10, metadata=NOT_A_RESULT)
 
     def __post_init__(self) -> None:
-        for key in ("n_trials", "trials_per_batch", "n_startup_trials"):
-            check_int(f"tune.{key}", getattr(self, key), maximum=MAX_TRIALS)
+        check_int("tune.trials_per_batch", self.trials_per_batch, maximum=MAX_TRIALS)
+        self._check_rungs()
         check_int("tune.reports", self.reports, maximum=MAX_COUNT)
+        check_int("tune.min_steps", self.min_steps, maximum=MAX_COUNT)
+        check_int("tune.n_widths", self.n_widths, maximum=64)
         check_int("tune.heartbeat_seconds", self.heartbeat_seconds, maximum=3600)
-        if self.n_trials > 1 and self.n_startup_trials >= self.n_trials:
-            fail("tune.n_startup_trials", self.n_startup_trials,
-                 f"must be below tune.n_trials={self.n_trials}, or TPE never leaves its random "
-                 "start-up")
         check_int("tune.seed", self.seed, minimum=0, maximum=MAX_SEED)
-        check_int("tune.sampler_seed", self.sampler_seed, minimum=0, maximum=MAX_SAMPLER_SEED)
-        check_interval("tune.budget_fraction", self.budget_fraction, 0, 1,
-                       include_high=True)
+        check_int("tune.sampler_seed", self.sampler_seed, minimum=0, maximum=MAX_SEED)
         check_positive("tune.lr_low", self.lr_low)
         check_positive("tune.lr_high", self.lr_high)
         if self.lr_low >= self.lr_high:
             fail("tune.lr_low", self.lr_low, f"must be below tune.lr_high={self.lr_high}")
-        if not self.d_model_choices:
-            fail("tune.d_model_choices", list(self.d_model_choices), "expected a non-empty list")
-        for d in self.d_model_choices:
-            check_int("tune.d_model_choices", d, maximum=MAX_WIDTH)
-        if len(set(self.d_model_choices)) != len(self.d_model_choices):
-            fail("tune.d_model_choices", list(self.d_model_choices), "widths must be distinct")
-        object.__setattr__(self, "d_model_choices", tuple(sorted(self.d_model_choices)))
-        check_choice("tune.pruner", self.pruner, PRUNER_CHOICES)
-        check_interval("tune.percentile", self.percentile, 0, 100)
+        _check_range("tune.lr_limits", self.lr_limits, MAX_LR)
+        lo, hi = self.lr_limits
+        if not lo <= self.lr_low < self.lr_high <= hi:
+            fail("tune.lr_limits", list(self.lr_limits), f"must contain [tune.lr_low, "
+                 f"tune.lr_high] = [{self.lr_low:g}, {self.lr_high:g}]")
+        _check_range("tune.tokens_per_parameter", self.tokens_per_parameter, 1e6)
+        _check_range("tune.tokens_per_parameter_limits", self.tokens_per_parameter_limits, 1e6)
+        lo, hi = self.tokens_per_parameter_limits
+        if not lo <= self.tokens_per_parameter[0] < self.tokens_per_parameter[1] <= hi:
+            fail("tune.tokens_per_parameter_limits", list(self.tokens_per_parameter_limits),
+                 f"must contain tune.tokens_per_parameter={list(self.tokens_per_parameter)}")
+        for key in ("lr_limits", "tokens_per_parameter", "tokens_per_parameter_limits"):
+            object.__setattr__(self, key, tuple(getattr(self, key)))
+        if self.d_model_choices is not None:
+            if not self.d_model_choices:
+                fail("tune.d_model_choices", list(self.d_model_choices),
+                     "expected a non-empty list, or null to derive the widths from the budget")
+            for d in self.d_model_choices:
+                check_int("tune.d_model_choices", d, maximum=MAX_WIDTH)
+            if len(set(self.d_model_choices)) != len(self.d_model_choices):
+                fail("tune.d_model_choices", list(self.d_model_choices),
+                     "widths must be distinct")
+            object.__setattr__(self, "d_model_choices", tuple(sorted(self.d_model_choices)))
         check_str("tune.storage", self.storage)
 
     @property
     def storage_url(self) -> str:
         return os.environ.get("LMABLATE_OPTUNA_STORAGE", self.storage)
+
+    def _check_rungs(self) -> None:
+        rule = ("expected a list of [trials, share of the budget] pairs, e.g. [[8, 0.125], [2, "
+                "1.0]]: trials whole numbers from 1 to 10,000 that do not grow, shares that grow "
+                "from above 0 to exactly 1.0 at the last rung")
+        rungs = self.rungs
+        if not isinstance(rungs, (list, tuple)) or not rungs or not all(
+                isinstance(r, (list, tuple)) and len(r) == 2 for r in rungs):
+            fail("tune.rungs", rungs, rule)
+        trials, shares = [r[0] for r in rungs], [r[1] for r in rungs]
+        if (not all(isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= MAX_TRIALS
+                    for n in trials)
+                or not all(isinstance(f, (int, float)) and not isinstance(f, bool)
+                           and 0 < f <= 1 for f in shares)
+                or any(b > a for a, b in zip(trials, trials[1:]))
+                or any(b <= a for a, b in zip(shares, shares[1:])) or shares[-1] != 1):
+            fail("tune.rungs", [list(r) for r in rungs], rule)
+        object.__setattr__(self, "rungs", tuple((n, float(f)) for n, f in rungs))
+
+    @property
+    def n_trials(self) -> int:
+        """Configurations tried at the first rung."""
+        return self.rungs[0][0]
+
+    @property
+    def budget_fraction(self) -> float:
+        """The first rung's share of the budget: the shortest trials."""
+        return self.rungs[0][1]
+
+
+def _check_range(key: str, value: Any, maximum: float) -> None:
+    """``value`` must be a list [low, high] of finite numbers with 0 < low < high <= maximum."""
+    if (not isinstance(value, (list, tuple)) or len(value) != 2
+            or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                       and math.isfinite(v) for v in value)
+            or not 0 < value[0] < value[1] <= maximum):
+        fail(key, list(value) if isinstance(value, tuple) else value,
+             f"expected [low, high] with 0 < low < high <= {maximum:g}")
 
 
 @dataclass(frozen=True)

@@ -122,11 +122,11 @@ def parse(raw: Mapping[str, Any]) -> StudyConfig:
     if missing:
         fail("train.budget_flops", cfg.train.budget_flops,
              f"give a budget for every dataset of the study (missing: {', '.join(missing)})")
-    for d in cfg.tune.d_model_choices:
+    for d in cfg.tune.d_model_choices or ():
         if d % model.n_heads:
             fail("tune.d_model_choices", d, f"every width must be divisible by n_heads={model.n_heads}")
     for vname in cfg.study_variants:  # every tuned width must be valid for every variant
-        for d in cfg.tune.d_model_choices:
+        for d in cfg.tune.d_model_choices or ():
             try:
                 cfg.model_config(vname, vocab_size=1, d_model=d)
             except ConfigError as exc:

@@ -148,15 +148,18 @@ def without_dynamo(cls: type[torch.optim.Optimizer], *args, **kwargs) -> torch.o
 
 
 def make_scheduler(opt: torch.optim.Optimizer, cfg: TrainConfig, steps: int):
-    """Linear warmup over ``warmup_steps``, then constant or cosine decay to 10% of the peak
-    over the remaining ``steps`` (Loshchilov & Hutter 2017, SGDR eq. 5 without restarts)."""
+    """Linear warm-up over ``cfg.warmup_steps(steps)`` steps (``warmup_fraction`` of the run),
+    then constant or cosine decay to 10% of the peak over the remaining steps (Loshchilov &
+    Hutter 2017, SGDR eq. 5 without restarts). As the warm-up is a share of the run, a short
+    tuning trial and a full run follow the same schedule, stretched."""
+    warmup = cfg.warmup_steps(steps)
     after = (torch.optim.lr_scheduler.CosineAnnealingLR(
-        opt, T_max=max(1, steps - cfg.warmup_steps), eta_min=0.1 * opt.param_groups[0]["lr"])
+        opt, T_max=max(1, steps - warmup), eta_min=0.1 * opt.param_groups[0]["lr"])
         if cfg.lr_schedule == "cosine" else torch.optim.lr_scheduler.ConstantLR(opt, factor=1.0))
-    if cfg.warmup_steps == 0:
+    if warmup == 0:
         return after
-    warmup = torch.optim.lr_scheduler.LinearLR(opt, start_factor=1e-3, total_iters=cfg.warmup_steps)
-    return torch.optim.lr_scheduler.SequentialLR(opt, [warmup, after], milestones=[cfg.warmup_steps])
+    ramp = torch.optim.lr_scheduler.LinearLR(opt, start_factor=1e-3, total_iters=warmup)
+    return torch.optim.lr_scheduler.SequentialLR(opt, [ramp, after], milestones=[warmup])
 
 
 def train_step(model: GPT, optimizer: torch.optim.Optimizer, scheduler, x: torch.Tensor,

@@ -1,133 +1,422 @@
-"""Optuna for the ``tune`` stage: a deterministic, batched study per dataset x variant.
+"""The tuning protocol: successive halving over learning rate and width, deterministic at any
+number of workers.
 
-Optuna's own parallel ``optimize`` is not reproducible: which point a trial gets and whether it
-is pruned depend on which other trials happened to finish first. Here the study is a pure
-function of its settings, code and data, however many workers (threads, processes, machines)
-run its trials:
+One study per dataset x variant (and per re-tuning replicate). Its search space is declared
+here once (:func:`initial_space`, :func:`space_for_batch`), and so is every decision the study
+makes; :mod:`lmablate.stages.tune` only trains the trials this module asks for and records them.
 
-- Trials are numbered by *slot* (0 .. ``tune.n_trials`` - 1) and proposed in batches of
-  ``tune.trials_per_batch`` (:func:`propose`): TPE (Bergstra et al. 2011) in a throwaway
-  in-memory study that holds exactly the finished trials of earlier batches, in slot order,
-  seeded by ``tune.sampler_seed`` and the batch index.
-- The proposals are queued in the shared storage (WAITING trials carrying their slot); any
-  worker claims one (:func:`claim`), trains it and tells the result.
-- A trial is pruned (:func:`should_prune`) only against the finished trials of earlier batches,
-  never during the learning-rate warm-up, and never while it is one of the
-  ``tune.n_startup_trials`` start-up trials.
-- A slot's result is its first finished trial (:func:`slot_results`); a retry after a worker
-  died, or the same proposal queued twice by two machines, computes the same thing.
-
-The study lives in persistent storage (SQLite by default, a shared PostgreSQL for several
-machines), named by dataset, variant and the fingerprint of everything the objective depends on
-(:func:`study_name`): settings, code and data. An interrupted run resumes its study; a change
-starts a fresh one.
+- **Rungs** (``tune.rungs``, successive halving: Jamieson & Talwalkar 2016; Li et al. 2018):
+  the first rung's configurations train its share of the dataset's budget; the best of them
+  train again on the next rung's share, and so on up to a rung at the full budget, the one the
+  final runs spend.
+  Each rung trains from scratch: with a cosine schedule, the loss a quarter of the way through a
+  full run is not the loss of a run of a quarter of the budget, so Optuna's in-trial
+  ``SuccessiveHalvingPruner`` would judge a different thing. Short runs favour high learning
+  rates (the short-horizon bias); the last rung is where the choice is made, at the full
+  budget.
+- **Slots and batches** (:func:`plan`): trials are numbered by slot, rung by rung. The first
+  rung is proposed ``tune.trials_per_batch`` at a time; each later rung is one batch of
+  promotions (:func:`promote`). A batch is computed from the results of earlier batches only,
+  in slot order, so the same history gives the same batch, whoever computes it and whenever.
+- **Proposals** (:func:`propose`): the first batch is a shared design, a Latin hypercube
+  (McKay et al. 1979; ``scipy.stats.qmc``) over log learning rate and width seeded by
+  ``tune.sampler_seed`` alone, so every variant is tried at the same points and their learning-
+  rate curves are paired. Later batches of the first rung come from TPE (Bergstra et al. 2011,
+  multivariate, constant liar), seeded per study (:func:`study_seed`), so each study explores
+  on its own.
+- **Edges** (:func:`space_for_batch`): when the best first-rung result so far sits on an edge of
+  the range searched (the outer :data:`EDGE_SHARE` of the log learning-rate range, or the
+  smallest or largest width), the next batch searches further that way: the learning rate by a
+  factor :data:`LR_EXTENSION` up to ``tune.lr_limits``, a width derived from the budget by one
+  step of its ladder while its tokens per parameter stay within
+  ``tune.tokens_per_parameter_limits``. :func:`on_edge` flags a chosen value that is still on
+  an edge.
+- **Widths from the budget** (:func:`width_ladder`): unless ``tune.d_model_choices`` names them,
+  the widths searched are ``tune.n_widths`` multiples of 2 ``n_heads`` whose training tokens per
+  non-embedding parameter at the dataset's budget lie in ``tune.tokens_per_parameter``
+  (Hoffmann et al. 2022: about 20 is compute-optimal), so the smallest width does not win by
+  construction.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
 import math
-import threading
-import time
 import warnings
+from dataclasses import dataclass
 from typing import Any
 
 import optuna
-from optuna.distributions import CategoricalDistribution, FloatDistribution
+from optuna.distributions import (CategoricalDistribution, FloatDistribution,
+                                  IntDistribution)
 from optuna.trial import FrozenTrial, TrialState
 
-# Optuna's INFO lines contradict each other here: every tune stage printed "A new study
-# created" and then, as its trial workers opened the same study, "Using an existing study".
-# Warnings still show; the stage prints its own summary.
-optuna.logging.set_verbosity(optuna.logging.WARNING)
-
+from .budget import steps_for_budget
 from .checkpoint import RUN_MODULES, code_version
-from .config import TPE_SEED_STRIDE, StudyConfig, TrainConfig, TuneConfig
+from .config import MAX_WIDTH, ModelConfig, StudyConfig, TrainConfig, TuneConfig
 from .fingerprint import fingerprint
+from .model import count_params, flops_per_token
 
-SLOT = "slot"  # user attribute: the trial's place in the study (0 .. n_trials - 1)
+SLOT = "slot"  # user attribute: the trial's place in the study (0 .. n_slots - 1)
+RUNG = "rung"  # user attribute: the rung of the trial's slot
+FRACTION = "budget_fraction"  # user attribute: the share of the budget the trial trains
 OUTCOME = "outcome"  # user attribute "diverged": a FAIL that is a result, not a lost worker
 DIVERGED = "diverged"
+EDGE_SHARE = 0.1  # the outer tenth of the log learning-rate range counts as its edge
+LR_EXTENSION = 10.0  # an edge extends the learning-rate range by a decade
 # Modules whose code decides a trial's result besides the training code (RUN_MODULES).
 TUNE_MODULES = RUN_MODULES + ("budget.py", "tuning.py", "variants.py", "stages/tune.py")
-warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 optuna.logging.set_verbosity(optuna.logging.WARNING)
+warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 
 
-def make_storage(url: str, heartbeat_seconds: int = 10) -> optuna.storages.BaseStorage:
-    """Optuna RDB storage for ``url``, with a heartbeat so that a trial whose worker died is
-    marked FAIL and queued again with the same slot and parameters (Optuna's
-    RetryHeartbeatStaleTrialCallback) instead of staying RUNNING. SQLite gets a generous lock timeout
-    so that parallel workers wait rather than fail with "database is locked"; PostgreSQL a
-    connect timeout so that an unreachable host fails soon.
+# ---------------------------------------------------------------------------- rungs and slots
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Slots proposed together: ``index`` in the study's order, the ``rung`` they belong to and
+    the share of the budget (``fraction``) each of their trials trains."""
+
+    index: int
+    rung: int
+    fraction: float
+    slots: range
+
+
+def plan(tune: TuneConfig) -> list[Batch]:
+    """Every batch of the study, in order: the first rung in batches of
+    ``tune.trials_per_batch``, each later rung as one batch (its promotions)."""
+    batches: list[Batch] = []
+    start = 0
+    for rung, (n, fraction) in enumerate(tune.rungs):
+        size = tune.trials_per_batch if rung == 0 else n
+        for first in range(start, start + n, size):
+            batches.append(Batch(len(batches), rung, fraction,
+                                 range(first, min(first + size, start + n))))
+        start += n
+    return batches
+
+
+def n_slots(tune: TuneConfig) -> int:
+    """How many trials the study has room for, over all rungs."""
+    return sum(n for n, _ in tune.rungs)
+
+
+def batch_of(tune: TuneConfig, slot: int) -> Batch:
+    """The batch that holds ``slot``.
 
     Raises:
-        RuntimeError: the database cannot be reached or used, or its driver is missing (the
-            message names the URL, password hidden, and ``LMABLATE_OPTUNA_STORAGE``).
+        ValueError: ``slot`` is not a slot of the study.
     """
-    import sqlalchemy
+    for batch in plan(tune):
+        if slot in batch.slots:
+            return batch
+    raise ValueError(f"slot {slot} is not one of the study's {n_slots(tune)} slots")
 
-    if url.startswith("sqlite"):
-        engine_kwargs = {"connect_args": {"timeout": 60}}
-    elif url.startswith("postgresql"):
-        engine_kwargs = {"connect_args": {"connect_timeout": 10}}
+
+# ------------------------------------------------------------------------------ search space
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """What a batch searches: the learning rate log-uniform in [``lr_low``, ``lr_high``] (per
+    optimizer step, the peak of the schedule) and ``d_model`` among ``d_model_choices``
+    (ascending). ``extended`` says, in words, how it grew beyond the configured range."""
+
+    lr_low: float
+    lr_high: float
+    d_model_choices: tuple[int, ...]
+    extended: tuple[str, ...] = ()
+
+    def distributions(self) -> dict[str, optuna.distributions.BaseDistribution]:
+        """Optuna's distributions of this space (what TPE samples from)."""
+        return {"lr": FloatDistribution(self.lr_low, self.lr_high, log=True),
+                "d_model": CategoricalDistribution(list(self.d_model_choices))}
+
+
+def trial_distributions(tune: TuneConfig) -> dict[str, optuna.distributions.BaseDistribution]:
+    """The distributions a stored trial declares for its fixed parameters: the hard limits, the
+    same for every trial of a study, as Optuna refuses a parameter whose distribution changes
+    within a study (a categorical whose choices grow, for instance)."""
+    return {"lr": FloatDistribution(*tune.lr_limits, log=True),
+            "d_model": IntDistribution(1, MAX_WIDTH, log=True)}
+
+
+def tokens_per_parameter(cfg: StudyConfig, dataset: str, d_model: int) -> float:
+    """Training tokens per non-embedding parameter of a final run of the baseline at
+    ``d_model``: D / N with D = budget / FLOPs per token (:func:`lmablate.model.flops_per_token`)
+    and N as in Kaplan et al. 2020. Hoffmann et al. 2022 (table 3) find about 20 compute-optimal.
+
+    Raises:
+        ConfigError: no budget for ``dataset``.
+    """
+    budget = cfg.train.for_dataset(dataset).budget_flops[dataset]
+    return _tokens_per_parameter(cfg.model.replace(d_model=d_model), budget)
+
+
+@functools.lru_cache(maxsize=4096)
+def _tokens_per_parameter(model: ModelConfig, budget: float) -> float:
+    return budget / flops_per_token(model) / count_params(model.replace(vocab_size=1))[1]
+
+
+def width_ladder(cfg: StudyConfig, dataset: str) -> list[int]:
+    """The widths a study may search on ``dataset`` when they are derived from the budget:
+    multiples of 2 ``model.n_heads`` (a whole, even head size, as RoPE needs) whose tokens per
+    parameter (:func:`tokens_per_parameter`) lie within ``tune.tokens_per_parameter_limits``
+    and whose trials at the lowest rung train at least ``tune.min_steps`` steps; ascending."""
+    tune, step = cfg.tune, 2 * cfg.model.n_heads
+    low, high = tune.tokens_per_parameter_limits
+    least = max(tune.min_steps, tune.reports)
+    budget = cfg.train.for_dataset(dataset).budget_flops[dataset]
+    ladder = []
+    for d in range(step, MAX_WIDTH + 1, step):
+        ratio = tokens_per_parameter(cfg, dataset, d)
+        if ratio < low:
+            break  # the ratio falls as the width grows
+        model = cfg.model.replace(d_model=d)
+        if ratio <= high and steps_for_budget(
+                budget * tune.budget_fraction, model, cfg.train.batch_size,
+                multiple_of=1) >= least:
+            ladder.append(d)
+    return ladder
+
+
+def _derived_choices(cfg: StudyConfig, dataset: str) -> tuple[list[int], list[int]]:
+    """(ladder, indices of the initial widths on it): ``tune.n_widths`` widths spread evenly
+    over the ladder's widths whose tokens per parameter lie in ``tune.tokens_per_parameter``, or
+    the one closest to its geometric middle if none does."""
+    ladder = width_ladder(cfg, dataset)
+    if not ladder:
+        raise ValueError(f"tune {dataset}: no width is a multiple of 2 x n_heads with tokens per "
+                         f"parameter within tune.tokens_per_parameter_limits="
+                         f"{list(cfg.tune.tokens_per_parameter_limits)} and at least "
+                         f"tune.min_steps={cfg.tune.min_steps} steps at the lowest rung")
+    low, high = cfg.tune.tokens_per_parameter
+    inside = [i for i, d in enumerate(ladder)
+              if low <= tokens_per_parameter(cfg, dataset, d) <= high]
+    if not inside:
+        middle = math.sqrt(low * high)
+        inside = [min(range(len(ladder)), key=lambda i: abs(math.log(
+            tokens_per_parameter(cfg, dataset, ladder[i]) / middle)))]
+    n = min(cfg.tune.n_widths, len(inside))
+    picks = sorted({inside[round(k * (len(inside) - 1) / max(1, n - 1))] for k in range(n)})
+    return ladder, picks
+
+
+def initial_space(cfg: StudyConfig, dataset: str) -> SearchSpace:
+    """The space of the study's first batch: [``tune.lr_low``, ``tune.lr_high``] and either
+    ``tune.d_model_choices`` or the widths derived from the budget (:func:`width_ladder`).
+
+    Raises:
+        ValueError: no width can be derived (the message names the settings to change).
+    """
+    tune = cfg.tune
+    if tune.d_model_choices is not None:
+        widths = tuple(tune.d_model_choices)
     else:
-        engine_kwargs = None
-    try:
-        shown = sqlalchemy.engine.make_url(url).render_as_string(hide_password=True)
-    except Exception:  # noqa: BLE001 - not a URL at all; RDBStorage below says so
-        shown = url
-    # Workers that start together on a fresh database race to create Optuna's tables; the loser
-    # of that race fails once and finds the tables on its next attempt.
-    for attempt in range(3):
-        try:
-            return optuna.storages.RDBStorage(
-                url, engine_kwargs=engine_kwargs, heartbeat_interval=heartbeat_seconds,
-                grace_period=4 * heartbeat_seconds,
-                heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(
-                    max_retry=2))
-        except (ImportError, sqlalchemy.exc.ArgumentError) as exc:
-            error = exc
+        ladder, picks = _derived_choices(cfg, dataset)
+        widths = tuple(ladder[i] for i in picks)
+    return SearchSpace(tune.lr_low, tune.lr_high, widths)
+
+
+def _extend(cfg: StudyConfig, dataset: str, space: SearchSpace,
+            best: dict[str, Any]) -> SearchSpace:
+    """``space`` grown past the edge that ``best`` (params) sits on, within the hard limits."""
+    tune = cfg.tune
+    low, high, widths, notes = space.lr_low, space.lr_high, list(space.d_model_choices), []
+    where = math.log(best["lr"] / low) / math.log(high / low)
+    if where <= EDGE_SHARE and low > tune.lr_limits[0]:
+        low = max(tune.lr_limits[0], low / LR_EXTENSION)
+        notes.append(f"lr down to {low:.3g}")
+    elif where >= 1 - EDGE_SHARE and high < tune.lr_limits[1]:
+        high = min(tune.lr_limits[1], high * LR_EXTENSION)
+        notes.append(f"lr up to {high:.3g}")
+    if tune.d_model_choices is None and len(widths) > 1 and best["d_model"] in (
+            widths[0], widths[-1]):
+        ladder = width_ladder(cfg, dataset)
+        index = [ladder.index(d) for d in widths]
+        gap = max(1, round((index[-1] - index[0]) / (len(index) - 1)))
+        new = index[0] - gap if best["d_model"] == widths[0] else index[-1] + gap
+        if 0 <= new < len(ladder):
+            widths = sorted(widths + [ladder[new]])
+            notes.append(f"d_model {ladder[new]} added")
+    if not notes:
+        return space
+    return SearchSpace(low, high, tuple(widths), space.extended + tuple(notes))
+
+
+def space_for_batch(cfg: StudyConfig, dataset: str, results: dict[int, FrozenTrial],
+                    batch: Batch) -> SearchSpace:
+    """The space ``batch`` searches: the initial space, grown after each earlier batch of the
+    first rung whose best result so far sat on an edge (:func:`_extend`). A later rung's batch
+    gets the space of the first rung's last batch: the range that was searched. A pure
+    function of the earlier batches' results.
+    """
+    batches = plan(cfg.tune)
+    if batch.rung > 0:
+        batch = [b for b in batches if b.rung == 0][-1]
+    space = initial_space(cfg, dataset)
+    for earlier in batches:
+        if earlier.index >= batch.index:
             break
-        except sqlalchemy.exc.SQLAlchemyError as exc:
-            error = exc
-            if attempt < 2:
-                time.sleep(0.5 + attempt)
-    hint = ("; install the database's driver (PostgreSQL: pip install 'lmablate[postgres]' and "
-            "a postgresql+psycopg2:// URL)" if isinstance(error, ImportError) else "")
-    cause = error.__cause__ if isinstance(error, ImportError) and error.__cause__ else error
-    detail = str(getattr(cause, "orig", None) or cause).strip().splitlines()
-    raise RuntimeError(
-        f"Optuna storage {shown!r} cannot be used ({type(cause).__name__}: "
-        f"{(detail[0] if detail else '')[:200]}){hint}; set LMABLATE_OPTUNA_STORAGE or "
-        "tune.storage to a reachable database") from None
+        best = _best(results, range(0, earlier.slots.stop))
+        if best is not None:
+            space = _extend(cfg, dataset, space, best.params)
+    return space
 
 
-def make_pruner(tune: TuneConfig) -> optuna.pruners.BasePruner:
-    """Optuna's pruner for ``tune.pruner``: ``median`` (MedianPruner: stop a trial whose val loss
-    is worse than the median of finished trials at the same report), ``percentile``
-    (PercentilePruner: worse than the best ``tune.percentile`` %) or ``none``. It only ever sees
-    the finished trials of earlier batches (:func:`should_prune`), and only once
-    ``tune.n_startup_trials`` of them have completed."""
-    if tune.pruner == "median":
-        return optuna.pruners.MedianPruner(n_startup_trials=tune.n_startup_trials,
-                                           n_warmup_steps=0)
-    if tune.pruner == "percentile":
-        return optuna.pruners.PercentilePruner(tune.percentile,
-                                               n_startup_trials=tune.n_startup_trials,
-                                               n_warmup_steps=0)
-    return optuna.pruners.NopPruner()
+# --------------------------------------------------------------------------------- proposals
 
 
-def search_space(tune: TuneConfig) -> dict[str, optuna.distributions.BaseDistribution]:
-    """``lr`` log-uniform in [``lr_low``, ``lr_high``] and ``d_model`` among the choices."""
-    return {"lr": FloatDistribution(tune.lr_low, tune.lr_high, log=True),
-            "d_model": CategoricalDistribution(list(tune.d_model_choices))}
+def study_seed(sampler_seed: int, dataset: str, variant: str, batch: int) -> int:
+    """TPE's seed for ``batch`` of the study of ``dataset`` x ``variant``: a hash of the four,
+    below 2**32, so that studies do not propose the same points and a re-tuning replicate
+    (another ``sampler_seed``) proposes others."""
+    text = f"{sampler_seed}/{dataset}/{variant}/{batch}".encode()
+    return int.from_bytes(hashlib.sha256(text).digest()[:4], "big")
+
+
+def design(tune: TuneConfig, space: SearchSpace, n: int) -> list[dict[str, Any]]:
+    """``n`` points of a Latin hypercube over (log lr, width) seeded by ``tune.sampler_seed``:
+    each of ``n`` equal slices of the log learning-rate range holds one point, and the widths
+    are spread the same way (scipy.stats.qmc.LatinHypercube). The same for every variant."""
+    from scipy.stats import qmc
+
+    unit = qmc.LatinHypercube(d=2, rng=tune.sampler_seed).random(n)
+    span = math.log(space.lr_high / space.lr_low)
+    widths = space.d_model_choices
+    return [{"lr": space.lr_low * math.exp(u * span),
+             "d_model": widths[min(len(widths) - 1, int(v * len(widths)))]} for u, v in unit]
+
+
+def _history_study(space: SearchSpace, history: list[FrozenTrial],
+                   sampler=None) -> optuna.Study:
+    """An in-memory study holding ``history`` in order: what TPE may see. A diverged trial
+    stays FAIL (TPE leaves it out; the edge rule and promotion rank it last)."""
+    study = optuna.create_study(direction="minimize", sampler=sampler,
+                                pruner=optuna.pruners.NopPruner())
+    dists = space.distributions()
+    for t in history:
+        study.add_trial(optuna.trial.create_trial(
+            state=t.state, params=t.params, distributions=dists,
+            value=t.value if t.state == TrialState.COMPLETE else None))
+    return study
+
+
+def _best(results: dict[int, FrozenTrial], slots: range) -> FrozenTrial | None:
+    """The completed trial of ``slots`` with the lowest value (the lower slot on a tie)."""
+    done = [results[s] for s in slots if s in results and results[s].state == TrialState.COMPLETE]
+    return min(done, key=lambda t: (t.value, t.user_attrs[SLOT]), default=None)
+
+
+def promote(tune: TuneConfig, results: dict[int, FrozenTrial], rung: int) -> list[FrozenTrial]:
+    """The trials of rung ``rung`` - 1 that go on to ``rung``: its completed trials in order of
+    value (then slot), as many as ``rung`` has slots. Fewer when fewer completed."""
+    batches = [b for b in plan(tune) if b.rung == rung - 1]
+    slots = range(batches[0].slots.start, batches[-1].slots.stop)
+    done = sorted((results[s] for s in slots
+                   if s in results and results[s].state == TrialState.COMPLETE),
+                  key=lambda t: (t.value, t.user_attrs[SLOT]))
+    return done[:tune.rungs[rung][0]]
+
+
+def propose(cfg: StudyConfig, dataset: str, variant: str, results: dict[int, FrozenTrial],
+            batch: Batch, sampler_seed: int) -> dict[int, dict[str, Any]]:
+    """Parameters (``lr``, ``d_model``) for the slots of ``batch``, from the results of the
+    slots before it: the shared design for the first batch, TPE for the first rung's later
+    batches, the promotions for a later rung. A slot missing from the answer stays empty (a
+    rung with fewer completed trials below it than slots).
+
+    Raises:
+        RuntimeError: a slot of an earlier batch has no result yet.
+    """
+    proposed = _proposed(cfg, results, batch)
+    missing = [s for s in range(batch.slots.start) if s not in results and s in proposed]
+    if missing:
+        raise RuntimeError(f"tune {dataset}/{variant}: batch {batch.index} proposed before "
+                           f"slots {missing} of earlier batches finished")
+    tune = cfg.tune
+    if batch.rung > 0:
+        return {slot: dict(t.params) for slot, t in zip(batch.slots, promote(
+            tune, results, batch.rung))}
+    space = space_for_batch(cfg, dataset, results, batch)
+    if batch.index == 0:
+        tune_design = dataclasses.replace(tune, sampler_seed=sampler_seed)
+        return dict(zip(batch.slots, design(tune_design, space, len(batch.slots))))
+    sampler = optuna.samplers.TPESampler(
+        seed=study_seed(sampler_seed, dataset, variant, batch.index),
+        n_startup_trials=tune.trials_per_batch, multivariate=True, constant_liar=True)
+    history = [results[s] for s in range(batch.slots.start) if s in results]
+    study = _history_study(space, history, sampler)
+    return {slot: study.ask(space.distributions()).params for slot in batch.slots}
+
+
+def _proposed(cfg: StudyConfig, results: dict[int, FrozenTrial], before: Batch) -> set[int]:
+    """The slots of batches before ``before`` that hold a proposal (a later rung's slots can
+    stay empty)."""
+    slots: set[int] = set()
+    for batch in plan(cfg.tune):
+        if batch.index >= before.index:
+            break
+        slots |= set(batch.slots) if batch.rung == 0 else set(
+            list(batch.slots)[:len(promote(cfg.tune, results, batch.rung))])
+    return slots
+
+
+def next_batch(cfg: StudyConfig, dataset: str, variant: str, results: dict[int, FrozenTrial],
+               sampler_seed: int) -> tuple[Batch, dict[int, dict[str, Any]]] | None:
+    """The first batch with a proposed slot that has no result, with its proposals; None when
+    the study is done."""
+    for batch in plan(cfg.tune):
+        params = propose(cfg, dataset, variant, results, batch, sampler_seed)
+        if any(s not in results for s in params):
+            return batch, params
+    return None
+
+
+# ------------------------------------------------------------------------------------ result
+
+
+def chosen(tune: TuneConfig, results: dict[int, FrozenTrial]) -> FrozenTrial | None:
+    """The study's answer: the best completed trial of the highest rung that has one (the full
+    budget unless every trial there diverged); None when no trial completed."""
+    for batch in reversed(plan(tune)):
+        rung = [b for b in plan(tune) if b.rung == batch.rung]
+        best = _best(results, range(rung[0].slots.start, rung[-1].slots.stop))
+        if best is not None:
+            return best
+    return None
+
+
+def on_edge(space: SearchSpace, params: dict[str, Any], tune: TuneConfig) -> list[str]:
+    """The tuned values that sit on an edge of the range searched (``space``, as extended):
+    ``lr`` in the outer :data:`EDGE_SHARE` of its log-range, ``d_model`` the smallest or
+    largest of several widths. Such a value says the optimum may lie outside; a bound that is
+    also the hard limit (``tune.lr_limits``) is named as such."""
+    flags = []
+    where = math.log(params["lr"] / space.lr_low) / math.log(space.lr_high / space.lr_low)
+    if where <= EDGE_SHARE:
+        limit = " (the limit tune.lr_limits)" if space.lr_low <= tune.lr_limits[0] else ""
+        flags.append(f"lr at lower bound {space.lr_low:.3g}{limit}")
+    elif where >= 1 - EDGE_SHARE:
+        limit = " (the limit tune.lr_limits)" if space.lr_high >= tune.lr_limits[1] else ""
+        flags.append(f"lr at upper bound {space.lr_high:.3g}{limit}")
+    choices = space.d_model_choices
+    if len(choices) > 1 and params["d_model"] in (choices[0], choices[-1]):
+        which = "smallest" if params["d_model"] == choices[0] else "largest"
+        flags.append(f"d_model the {which} choice")
+    return flags
+
+
+# ----------------------------------------------------------------------- study in the storage
 
 
 def trial_train_config(cfg: StudyConfig, dataset: str, steps: int) -> TrainConfig:
     """The training settings of a trial of ``steps`` steps on ``dataset``: ``train`` with a
-    validation loss every ``steps / tune.reports`` steps (what the pruner sees)."""
+    validation loss every ``steps / tune.reports`` steps (recorded, for the curves)."""
     return dataclasses.replace(cfg.train.for_dataset(dataset),
                                eval_interval=max(1, steps // cfg.tune.reports))
 
@@ -148,34 +437,28 @@ def study_name(cfg: StudyConfig, dataset: str, variant: str, data_fingerprint: s
     return f"{dataset}-{variant}-{fp}"
 
 
-def load_study(storage: optuna.storages.BaseStorage, name: str) -> optuna.Study:
-    """Create or load study ``name`` (minimising val loss). Its sampler is never asked for a
-    point: every trial is queued with fixed parameters by :func:`propose`."""
-    return optuna.create_study(study_name=name, storage=storage, load_if_exists=True,
-                               direction="minimize",
-                               sampler=optuna.samplers.RandomSampler(seed=0))
-
-
-def describe_study(study: optuna.Study, dataset: str, variant: str, budget_flops: float,
-                   tune: TuneConfig, sampler_seed: int) -> None:
+def describe_study(study: optuna.Study, cfg: StudyConfig, dataset: str, variant: str,
+                   sampler_seed: int) -> None:
     """Name the objective (``val_loss``, nats/token) and record what the study tunes as its
-    user attributes: dataset, variant, the dataset's budget (FLOPs), each trial's share of it,
-    the search ranges and the sampler seed, so that the storage alone (optuna-dashboard, a
-    PostgreSQL shared by workers) says what a study is. Setting them again writes the same
-    values; nothing here changes a trial."""
+    user attributes: dataset, variant, the dataset's budget (FLOPs), the rungs (trials, share
+    of the budget), the initial search space and the sampler seed, so that the storage alone
+    (optuna-dashboard, a PostgreSQL shared by workers) says what a study is. Setting them again
+    writes the same values; nothing here changes a trial."""
     with warnings.catch_warnings():  # set_metric_names is marked experimental
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         study.set_metric_names(["val_loss"])
-    for key, value in {"dataset": dataset, "variant": variant, "budget_flops": budget_flops,
-                       "trial_budget_fraction": tune.budget_fraction,
-                       "lr_range": [tune.lr_low, tune.lr_high],
-                       "d_model_choices": list(tune.d_model_choices),
+    space = initial_space(cfg, dataset)
+    for key, value in {"dataset": dataset, "variant": variant,
+                       "budget_flops": cfg.train.budget_flops[dataset],
+                       "rungs": [list(r) for r in cfg.tune.rungs],
+                       "lr_range": [space.lr_low, space.lr_high],
+                       "d_model_choices": list(space.d_model_choices),
                        "sampler_seed": sampler_seed}.items():
         study.set_user_attr(key, value)
 
 
 def slot_results(study: optuna.Study) -> dict[int, FrozenTrial]:
-    """Each slot's result: its first finished trial (COMPLETE, PRUNED, or FAIL because the run
+    """Each slot's result: its first finished trial (COMPLETE, or FAIL because the run
     diverged), by trial number. Later finished trials of a slot (a retry, or a proposal queued
     twice) computed the same thing and are ignored."""
     done: dict[int, FrozenTrial] = {}
@@ -183,150 +466,7 @@ def slot_results(study: optuna.Study) -> dict[int, FrozenTrial]:
         slot = t.user_attrs.get(SLOT)
         if slot is None or slot in done:
             continue
-        if t.state in (TrialState.COMPLETE, TrialState.PRUNED) or (
+        if t.state == TrialState.COMPLETE or (
                 t.state == TrialState.FAIL and t.user_attrs.get(OUTCOME) == DIVERGED):
             done[slot] = t
     return done
-
-
-def batch_of(tune: TuneConfig, slot: int) -> range:
-    """The slots proposed together with ``slot``."""
-    start = slot - slot % tune.trials_per_batch
-    return range(start, min(start + tune.trials_per_batch, tune.n_trials))
-
-
-def _history_study(tune: TuneConfig, history: list[FrozenTrial], sampler=None) -> optuna.Study:
-    """An in-memory study holding ``history`` in order: what TPE and the pruner may see."""
-    study = optuna.create_study(direction="minimize", sampler=sampler,
-                                pruner=optuna.pruners.NopPruner())
-    space = search_space(tune)
-    for t in history:
-        study.add_trial(optuna.trial.create_trial(
-            state=t.state, params=t.params, distributions=space,
-            value=t.value if t.state == TrialState.COMPLETE else None,
-            intermediate_values=t.intermediate_values))
-    return study
-
-
-def propose(tune: TuneConfig, results: dict[int, FrozenTrial], slots: range,
-            sampler_seed: int) -> list[dict[str, Any]]:
-    """Parameters for ``slots`` (one batch), from the finished trials of the slots before it.
-
-    TPE (multivariate, with a constant liar so that one batch spreads out) is seeded by
-    ``sampler_seed`` and the batch's first slot, and sees the earlier slots in slot order: the
-    same history gives the same proposals, whoever computes them and whenever.
-    """
-    history = [results[s] for s in range(slots.start)]
-    sampler = optuna.samplers.TPESampler(
-        seed=sampler_seed * TPE_SEED_STRIDE + slots.start, n_startup_trials=tune.n_startup_trials,
-        multivariate=True, constant_liar=True)
-    study = _history_study(tune, history, sampler)
-    return [study.ask(search_space(tune)).params for _ in slots]
-
-
-def should_prune(tune: TuneConfig, pruner: optuna.pruners.BasePruner, earlier: optuna.Study,
-                 slot: int, step: int, warmup_steps: int, intermediate: dict[int, float]) -> bool:
-    """Whether the trial of ``slot``, at optimizer ``step`` with val losses ``intermediate``
-    (report index -> nats/token), is to stop. Never for a start-up slot, nor during the
-    ``warmup_steps`` of learning-rate warm-up (early losses mostly say how fast the learning
-    rate ramps up); otherwise ``pruner`` against ``earlier`` (:func:`earlier_trials`)."""
-    if slot < tune.n_startup_trials or step <= warmup_steps:
-        return False
-    trial = optuna.trial.create_trial(state=TrialState.RUNNING,
-                                      intermediate_values=dict(intermediate))
-    return pruner.prune(earlier, trial)
-
-
-def earlier_trials(tune: TuneConfig, study: optuna.Study, slot: int) -> optuna.Study:
-    """The in-memory study of the finished trials of the batches before ``slot``'s, in slot
-    order: what :func:`should_prune` judges ``slot``'s trial against.
-
-    Raises:
-        RuntimeError: an earlier slot has no result yet (its batch was not finished first).
-    """
-    results = slot_results(study)
-    start = batch_of(tune, slot).start
-    missing = [s for s in range(start) if s not in results]
-    if missing:
-        raise RuntimeError(f"study {study.study_name}: slot {slot} started before slots "
-                           f"{missing} of earlier batches finished")
-    return _history_study(tune, [results[s] for s in range(start)])
-
-
-_CLAIM_LOCK = threading.Lock()
-
-
-def claim(study: optuna.Study) -> optuna.Trial | None:
-    """Take one queued (WAITING) trial of ``study`` for this worker, or None if none is left.
-
-    The storage moves a trial from WAITING to RUNNING for one caller only, so threads,
-    processes and machines never train the same queued trial twice, and, unlike
-    ``study.ask()``, no trial is ever sampled outside :func:`propose`. (This is Optuna's own
-    ``Study._pop_waiting_trial_id`` without the fallback to a new trial; it goes through the
-    study's storage object so that the trial is known to the study's cache.)"""
-    storage = study._storage
-    # SQLite has no SELECT ... FOR UPDATE, so two connections can both see a trial WAITING and
-    # both take it: the lock makes the threads of a process take turns. Between processes on
-    # one SQLite file the race remains; the loser notices when it writes to the finished trial
-    # (UpdateFinishedTrialError, see lmablate.stages.tune.run_trial), and its work was the same
-    # as the winner's anyway.
-    with _CLAIM_LOCK:
-        for t in storage.get_all_trials(study._study_id, deepcopy=False,
-                                        states=(TrialState.WAITING,)):
-            # A heartbeat first: Optuna never fails a RUNNING trial that has no heartbeat at
-            # all, so a worker killed between taking the trial and its first beat would leave
-            # the slot RUNNING for good, and every later worker waiting on it.
-            storage.record_heartbeat(t._trial_id)
-            try:
-                if storage.set_trial_state_values(t._trial_id, state=TrialState.RUNNING):
-                    return optuna.Trial(study, t._trial_id)
-            except optuna.exceptions.UpdateFinishedTrialError:
-                continue
-    return None
-
-
-class Heartbeat:
-    """Records the heartbeat of a running trial every ``interval`` seconds in a daemon thread,
-    as Optuna's ``optimize`` does, so that a trial whose worker died is failed and retried by
-    :func:`optuna.storages.fail_stale_trials`. A context manager. (Optuna's private
-    ``get_heartbeat_thread`` in its place left a killed trial RUNNING for good: the rerun in
-    ``tests/test_faults.py`` waited until its timeout.)"""
-
-    def __init__(self, study: optuna.Study, trial: optuna.Trial, interval: float):
-        self.storage, self.trial_id, self.interval = study._storage, trial._trial_id, interval
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._beat, daemon=True)
-
-    def _beat(self) -> None:
-        while True:
-            self.storage.record_heartbeat(self.trial_id)
-            if self._stop.wait(self.interval):
-                return
-
-    def __enter__(self) -> "Heartbeat":
-        if isinstance(self.storage, optuna.storages._heartbeat.BaseHeartbeat):
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
-
-
-def on_edge(tune: TuneConfig, params: dict[str, Any]) -> list[str]:
-    """The tuned values that sit on the edge of their search range: ``lr`` within 5% of the
-    log-range of a bound, ``d_model`` the smallest or largest choice (when there are several).
-    Such a value says the range may have cut off the optimum."""
-    flags = []
-    span = math.log(tune.lr_high / tune.lr_low)
-    where = math.log(params["lr"] / tune.lr_low) / span
-    if where <= 0.05:
-        flags.append("lr at lower bound")
-    elif where >= 0.95:
-        flags.append("lr at upper bound")
-    choices = tune.d_model_choices
-    if len(choices) > 1 and params["d_model"] in (choices[0], choices[-1]):
-        which = "smallest" if params["d_model"] == choices[0] else "largest"
-        flags.append(f"d_model the {which} choice")
-    return flags

@@ -46,9 +46,11 @@ REPLICATE_COLUMNS = [*ABLATION_COLUMNS[:2], "replicate", *ABLATION_COLUMNS[2:]]
 # positions)"); and per position bucket its mean loss.
 EXTRAPOLATION_COLUMNS = ["dataset", "variant", "seed", "factor", "length", "test_loss", "note"]
 POSITION_LOSS_COLUMNS = ["dataset", "variant", "seed", "factor", "position", "loss"]
-# What tuning chose per dataset x variant (``best.json``); ``on_edge`` joins its flags with "; ".
-TUNED_COLUMNS = ["dataset", "variant", "lr", "d_model", "val_loss", "on_edge", "n_trials",
-                 "n_complete", "n_pruned"]
+# What tuning chose per dataset x variant (``best.json``); ``on_edge`` and ``extended`` join
+# their notes with "; ", ``d_model_choices`` the widths searched with " ".
+TUNED_COLUMNS = ["dataset", "variant", "lr", "d_model", "val_loss", "full_budget", "on_edge",
+                 "extended", "lr_low", "lr_high", "d_model_choices", "n_trials", "n_complete",
+                 "n_diverged"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -314,9 +316,14 @@ def collect(runs_dir: Path) -> RunOutputs:
                 sink.append(df)
         if (run_dir / "best.json").is_file():
             best = fileio.read_json(run_dir / "best.json")
+            lr_range = best.get("lr_range") or [None, None]
             tuned_rows.append({"dataset": dataset, "variant": variant,
                                **{c: best.get(c) for c in TUNED_COLUMNS[2:]},
-                               "on_edge": "; ".join(best.get("on_edge") or [])})
+                               "on_edge": "; ".join(best.get("on_edge") or []),
+                               "extended": "; ".join(best.get("extended") or []),
+                               "lr_low": lr_range[0], "lr_high": lr_range[1],
+                               "d_model_choices": " ".join(
+                                   str(d) for d in best.get("d_model_choices") or [])})
         if (run_dir / "examples.json").is_file():
             # Per seed: text samples (strings) or arithmetic predictions (dicts).
             examples = fileio.read_json(run_dir / "examples.json")

@@ -376,6 +376,23 @@ def _samples_section(runs: RunOutputs, dataset: str, order: Sequence[str],
     return lines
 
 
+def _rungs_text(tu) -> str:
+    """``tune.rungs`` in words: "8 configurations at 0.125 of the budget, the best 2 at 1"."""
+    parts = [f"{tu.rungs[0][0]} configurations at {tu.rungs[0][1]:g} of the budget"]
+    parts += [f"the best {n} at {f:g}" for n, f in tu.rungs[1:]]
+    return ", then ".join(parts)
+
+
+def _widths_text(tu) -> str:
+    """The widths searched, in words."""
+    if tu.d_model_choices is not None:
+        return "one of " + ", ".join(map(str, tu.d_model_choices))
+    low, high = tu.tokens_per_parameter
+    return (f"{tu.n_widths} multiples of 2 n_heads with {low:g} to {high:g} training tokens per "
+            "non-embedding parameter at the budget (Hoffmann et al. 2022), extended by a step "
+            "past an edge")
+
+
 def _methodology(cfg: StudyConfig, ablation: pd.DataFrame,
                  environment: Mapping[str, Any] | None) -> list[str]:
     tr, tu, m, ev = cfg.train, cfg.tune, cfg.model, cfg.evaluate
@@ -396,16 +413,18 @@ def _methodology(cfg: StudyConfig, ablation: pd.DataFrame,
         f"6 N + 6 n_layers n_ctx d_model per token, Kaplan et al. 2020), so its number of "
         f"optimizer steps of {tr.batch_size} sequences x {m.context_length} tokens follows "
         f"from its width. "
-        f"Before training, the learning rate (log-uniform in [{tu.lr_low:g}, {tu.lr_high:g}]) "
-        f"and d_model (one of {', '.join(map(str, tu.d_model_choices))}) were tuned per "
-        f"dataset x variant with Optuna's TPE sampler: {tu.n_trials} trials, each spending "
-        f"{tu.budget_fraction:g} of the budget on seed {tu.seed} (not a final seed), proposed "
-        f"{tu.trials_per_batch} at a time ({tu.n_startup_trials} random start-up trials), "
-        f"objective validation loss, {tu.pruner} pruner judging a trial only against earlier "
-        f"batches and never in warm-up, sampler seed {tu.sampler_seed}; the tuned values (per "
-        f"variant below) replace the configured learning rate {tr.lr:g} and width {m.d_model}. "
+        f"Before training, the learning rate (log-uniform in [{tu.lr_low:g}, {tu.lr_high:g}], "
+        f"extended by 10x past an edge within [{tu.lr_limits[0]:g}, {tu.lr_limits[1]:g}]) and "
+        f"d_model ({_widths_text(tu)}) were tuned per dataset x variant by successive halving "
+        f"with Optuna: {_rungs_text(tu)}, every trial on seed {tu.seed} (not a final seed), "
+        f"objective the validation loss at the end of the trial; the first "
+        f"{tu.trials_per_batch} configurations are the same Latin-hypercube design for every "
+        f"variant, the rest proposed by TPE with each study's own seed (sampler seed "
+        f"{tu.sampler_seed}); the tuned values (per variant below) replace the configured "
+        f"learning rate {tr.lr:g} and width {m.d_model}. "
         f"Each run then trained with a {tr.lr_schedule} learning-rate "
-        f"schedule with {tr.warmup_steps} warm-up steps, weight decay {tr.weight_decay:g}, "
+        f"schedule warming up over {tr.warmup_fraction:.0%} of its steps, weight decay "
+        f"{tr.weight_decay:g}, "
         f"betas ({tr.beta1:g}, {tr.beta2:g}), gradient clipping at {tr.grad_clip:g}, "
         f"validation every {tr.eval_interval} steps over {tr.eval_iters} batches. "
         f"Test loss is measured on up to {ev.max_batches} batches of held-out data; arithmetic "
