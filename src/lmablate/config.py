@@ -352,7 +352,7 @@ class TuneConfig:
     lr_limits: tuple[float, ...] = (1e-5, 1.0)
     d_model_choices: tuple[int, ...] | None = None
     tokens_per_parameter: tuple[float, ...] = (5.0, 80.0)
-    tokens_per_parameter_limits: tuple[float, ...] = (1.0, 400.0)
+    tokens_per_parameter_limits: tuple[float, ...] = (2.0, 200.0)
     n_widths: int = 4
     min_steps: int = 30
     storage: str = field(default="sqlite:///optuna.db", metadata=NOT_A_RESULT)
