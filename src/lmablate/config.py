@@ -324,10 +324,10 @@ class TuneConfig:
     ``reports`` times.
 
     Proposals: the first rung is proposed ``trials_per_batch`` at a time. Its first batch is a
-    shared design, a Latin hypercube (McKay et al. 1979) over log learning rate and width seeded
-    by ``sampler_seed`` alone, so every variant of a study is tried at the same points (paired
-    learning-rate curves); later batches come from TPE (Bergstra et al. 2011) with a seed of
-    each study's own. A batch sees only the results of earlier batches, so the study is the same
+    shared design, a learning-rate sweep evenly spaced in log (shifted by ``sampler_seed``) at
+    the width nearest the compute-optimal one, the same for every variant (paired
+    learning-rate curves); later batches come from TPE (Bergstra et al. 2011) over both, with a
+    seed of each study's own. A batch sees only the results of earlier batches, so the study is the same
     at any number of workers.
 
     Search space: the learning rate log-uniform in [``lr_low``, ``lr_high``]; the widths either

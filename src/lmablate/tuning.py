@@ -18,12 +18,13 @@ makes; :mod:`lmablate.stages.tune` only trains the trials this module asks for a
   rung is proposed ``tune.trials_per_batch`` at a time; each later rung is one batch of
   promotions (:func:`promote`). A batch is computed from the results of earlier batches only,
   in slot order, so the same history gives the same batch, whoever computes it and whenever.
-- **Proposals** (:func:`propose`): the first batch is a shared design, a Latin hypercube
-  (McKay et al. 1979; ``scipy.stats.qmc``) over log learning rate and width seeded by
-  ``tune.sampler_seed`` alone, so every variant is tried at the same points and their learning-
-  rate curves are paired. Later batches of the first rung come from TPE (Bergstra et al. 2011,
-  multivariate, constant liar), seeded per study (:func:`study_seed`), so each study explores
-  on its own.
+- **Proposals** (:func:`propose`): the first batch is a shared design (:func:`design`): a
+  learning-rate sweep, evenly spaced in log over the configured range, at the width nearest the
+  compute-optimal one (:func:`design_width`), shifted by ``tune.sampler_seed`` alone. Every
+  variant is tried at the same points, so their learning-rate curves are paired (the report's
+  learning-rate sensitivity comes from them). Later batches of the first rung come from TPE
+  (Bergstra et al. 2011, multivariate, constant liar) over learning rate and width, seeded per
+  study (:func:`study_seed`), so each study explores on its own.
 - **Edges** (:func:`space_for_batch`): when the best first-rung result so far sits on an edge of
   the range searched (the outer :data:`EDGE_SHARE` of the log learning-rate range, or the
   smallest or largest width), the next batch searches further that way: the learning rate by a
@@ -279,17 +280,27 @@ def study_seed(sampler_seed: int, dataset: str, variant: str, batch: int) -> int
     return int.from_bytes(hashlib.sha256(text).digest()[:4], "big")
 
 
-def design(tune: TuneConfig, space: SearchSpace, n: int) -> list[dict[str, Any]]:
-    """``n`` points of a Latin hypercube over (log lr, width) seeded by ``tune.sampler_seed``:
-    each of ``n`` equal slices of the log learning-rate range holds one point, and the widths
-    are spread the same way (scipy.stats.qmc.LatinHypercube). The same for every variant."""
-    from scipy.stats import qmc
+def design_width(cfg: StudyConfig, dataset: str, space: SearchSpace) -> int:
+    """The width of the shared design: of ``space``'s widths, the one whose tokens per parameter
+    (:func:`tokens_per_parameter`) is closest, in log, to the geometric middle of
+    ``tune.tokens_per_parameter`` (20 for [5, 80], Chinchilla's ratio)."""
+    middle = math.sqrt(cfg.tune.tokens_per_parameter[0] * cfg.tune.tokens_per_parameter[1])
+    return min(space.d_model_choices, key=lambda d: (
+        abs(math.log(tokens_per_parameter(cfg, dataset, d) / middle)), d))
 
-    unit = qmc.LatinHypercube(d=2, rng=tune.sampler_seed).random(n)
+
+def design(space: SearchSpace, width: int, n: int, sampler_seed: int) -> list[dict[str, Any]]:
+    """The shared design: ``n`` learning rates evenly spaced in log over [``lr_low``,
+    ``lr_high``], one in each of ``n`` equal slices, all shifted by the same random share of a
+    slice drawn from ``sampler_seed`` (a randomised grid), at one ``width``. The same for every
+    variant of a dataset, so their learning-rate curves are paired point by point (Wortsman et
+    al. 2023 sweep the learning rate at fixed size the same way)."""
+    import numpy as np
+
+    shift = float(np.random.default_rng(sampler_seed).random())
     span = math.log(space.lr_high / space.lr_low)
-    widths = space.d_model_choices
-    return [{"lr": space.lr_low * math.exp(u * span),
-             "d_model": widths[min(len(widths) - 1, int(v * len(widths)))]} for u, v in unit]
+    return [{"lr": space.lr_low * math.exp((i + shift) / n * span), "d_model": width}
+            for i in range(n)]
 
 
 def _history_study(space: SearchSpace, history: list[FrozenTrial],
@@ -344,8 +355,8 @@ def propose(cfg: StudyConfig, dataset: str, variant: str, results: dict[int, Fro
             tune, results, batch.rung))}
     space = space_for_batch(cfg, dataset, results, batch)
     if batch.index == 0:
-        tune_design = dataclasses.replace(tune, sampler_seed=sampler_seed)
-        return dict(zip(batch.slots, design(tune_design, space, len(batch.slots))))
+        width = design_width(cfg, dataset, space)
+        return dict(zip(batch.slots, design(space, width, len(batch.slots), sampler_seed)))
     sampler = optuna.samplers.TPESampler(
         seed=study_seed(sampler_seed, dataset, variant, batch.index),
         n_startup_trials=tune.trials_per_batch, multivariate=True, constant_liar=True)
