@@ -85,6 +85,10 @@ def not_a_mapping(path: Path) -> None:
     path.write_text("- study\n- model\n")
 
 
+RUNGS_RULE = ("expected a list of [trials, share of the budget] pairs, e.g. [[8, 0.125], [2, "
+              "1.0]]: trials whole numbers from 1 to 10,000 that do not grow, shares that grow "
+              "from above 0 to exactly 1.0 at the last rung")
+
 # (id, change of params (raw dict) or of params.yaml's text, command, the message after
 # "lmablate: error: ")
 CASES = [
@@ -121,8 +125,22 @@ CASES = [
      "params: train.lr=nan is not allowed; expected a finite number"),
     ("zero learning rate", setting("train.lr", 0), tune_args(),
      "params: train.lr=0 is not allowed; expected a finite number > 0"),
-    ("quoted budget_fraction", setting("tune.budget_fraction", "0.2"), tune_args(),
-     "params: tune.budget_fraction='0.2' is not allowed; expected a finite number"),
+    ("quoted rung share", setting("tune.rungs", [[2, "0.5"], [1, 1.0]]), tune_args(),
+     "params: tune.rungs=[[2, '0.5'], [1, 1.0]] is not allowed; " + RUNGS_RULE),
+    ("rungs that stop short of the full budget", setting("tune.rungs", [[8, 0.25], [2, 0.5]]),
+     tune_args(), "params: tune.rungs=[[8, 0.25], [2, 0.5]] is not allowed; " + RUNGS_RULE),
+    ("rungs that grow", setting("tune.rungs", [[2, 0.5], [4, 1.0]]), tune_args(),
+     "params: tune.rungs=[[2, 0.5], [4, 1.0]] is not allowed; " + RUNGS_RULE),
+    ("hard limits that do not hold the lr range", setting("tune.lr_limits", [1e-2, 1.0]),
+     tune_args(), "params: tune.lr_limits=[0.01, 1.0] is not allowed; must contain "
+     "[tune.lr_low, tune.lr_high] = [0.001, 0.1]"),
+    ("tokens per parameter reversed", setting("tune.tokens_per_parameter", [80, 5]), tune_args(),
+     "params: tune.tokens_per_parameter=[80, 5] is not allowed; expected [low, high] with 0 < "
+     "low < high <= 1e+06"),
+    ("a lowest rung too short to leave its warm-up", setting("tune.min_steps", 1000),
+     tune_args(), "params: train.budget_flops.arithmetic={budget} x tune.rungs[0] share 0.5 "
+     "buys 2 steps of a tuning trial at d_model=16; allowed: at least tune.min_steps=1000 steps "
+     "(a larger share at the first of tune.rungs, a larger budget, or narrower widths)"),
     ("quoted norm_eps in a variant", setting("variants.rope", {"position": "rope",
                                                               "norm_eps": "1e-5"}),
      tune_args(), "params: variants.rope.norm_eps='1e-5' is not allowed; expected a finite number"),
@@ -134,12 +152,17 @@ CASES = [
      "params: model.dropout=1.5 is not allowed; expected a number in [0, 1)"),
     ("beta2 of 1", setting("train.beta2", 1.0), tune_args(),
      "params: train.beta2=1.0 is not allowed; expected a number in [0, 1)"),
-    ("negative warm-up", setting("train.warmup_steps", -5), tune_args(),
-     "params: train.warmup_steps=-5 is not allowed; expected an integer >= 0 and <= 1,000,000"),
+    ("negative warm-up", setting("train.warmup_fraction", -0.1), tune_args(),
+     "params: train.warmup_fraction=-0.1 is not allowed; expected a finite number >= 0 and <= "
+     "0.5"),
+    ("warm-up longer than half a run", setting("train.warmup_fraction", 0.8), tune_args(),
+     "params: train.warmup_fraction=0.8 is not allowed; expected a finite number >= 0 and <= "
+     "0.5"),
     ("word for grad_clip", setting("train.grad_clip", "none"), tune_args(),
      "params: train.grad_clip='none' is not allowed; expected a finite number"),
-    ("NaN percentile", setting("tune.percentile", float("nan")), tune_args(),
-     "params: tune.percentile=nan is not allowed; expected a finite number"),
+    ("NaN tokens per parameter", setting("tune.tokens_per_parameter", [5, float("nan")]),
+     tune_args(), "params: tune.tokens_per_parameter=[5, nan] is not allowed; expected [low, "
+     "high] with 0 < low < high <= 1e+06"),
     ("word for batch_size", setting("train.batch_size", "many"), tune_args(),
      "params: train.batch_size='many' is not allowed; expected an integer"),
     ("fractional batch_size", setting("train.batch_size", 2.5), tune_args(),
@@ -164,14 +187,15 @@ CASES = [
      "params: model.n_layers=1000 is not allowed; expected an integer >= 1 and <= 128"),
     ("float n_kv_heads", setting("model.n_kv_heads", 2.0), tune_args(),
      "params: model.n_kv_heads=2.0 is not allowed; expected an integer or null"),
-    ("n_trials above the limit", setting("tune.n_trials", 10**6), tune_args(),
-     "params: tune.n_trials=1000000 is not allowed; expected an integer >= 1 and <= 10,000"),
-    ("sampler_seed above the limit", setting("tune.sampler_seed", 5000), tune_args(),
-     "params: tune.sampler_seed=5000 is not allowed; expected an integer >= 0 and <= 4,294"),
-    ("sampler seed + replicate above the limit", setting("tune.sampler_seed", 4294),
+    ("trials above the limit", setting("tune.rungs", [[10**6, 0.5], [1, 1.0]]), tune_args(),
+     "params: tune.rungs=[[1000000, 0.5], [1, 1.0]] is not allowed; " + RUNGS_RULE),
+    ("sampler_seed above the limit", setting("tune.sampler_seed", 2**31), tune_args(),
+     "params: tune.sampler_seed=2147483648 is not allowed; expected an integer >= 0 and <= "
+     "2,147,483,647"),
+    ("sampler seed + replicate above the limit", setting("tune.sampler_seed", 2**31 - 1),
      tune_args("arithmetic", "baseline", "out", "--replicate", "1"),
-     "params: tune.sampler_seed=4294 + --replicate 1 is not allowed; the sum must be <= 4294 "
-     "(TPE's seeds must stay below 2**32)"),
+     "params: tune.sampler_seed=2147483647 + --replicate 1 is not allowed; the sum must be <= "
+     "2,147,483,647"),
     ("negative workers", setting("runtime.workers", -1), tune_args(),
      "params: runtime.workers=-1 is not allowed; expected an integer >= 0 and <= 1,024"),
     ("workers above the limit", setting("runtime.workers", 5000), tune_args(),
@@ -227,7 +251,7 @@ CASES = [
      "variant from tune.d_model_choices (give that a single value to fix it)"),
     ("unknown key", setting("train.epochs", 3), tune_args(),
      "params: unknown key train.epochs; allowed keys under train: batch_size, beta1, beta2, "
-     "budget_flops, eval_interval, eval_iters, grad_clip, lr, lr_schedule, warmup_steps, "
+     "budget_flops, eval_interval, eval_iters, grad_clip, lr, lr_schedule, warmup_fraction, "
      "weight_decay"),
     ("unknown section", setting("optimiser", {"lr": 1}), tune_args(),
      "params: unknown key optimiser; allowed: study, datasets, model, variants, train, tune, "
@@ -251,7 +275,7 @@ CASES = [
      "params: tune.seed=0 is not allowed; must not be one of study.seeds [0]: a final seed "
      "would then have been seen by tuning"),
     ("a budget too small for one step", setting("train.budget_flops.arithmetic", 1000),
-     tune_args(), "params: train.budget_flops.arithmetic=1e+03 x tune.budget_fraction=0.5 buys "
+     tune_args(), "params: train.budget_flops.arithmetic=1e+03 x tune.rungs[0] share 0.5 buys "
      "no tuning trial of d_model=16 (1.37e+06 FLOPs for 1 step(s)); allowed: a larger budget"),
     ("a dataset without a budget", setting("train.budget_flops", {"shakespeare": 3e11}),
      tune_args(), "params: train.budget_flops={'shakespeare': 300000000000.0} is not allowed; "
@@ -307,8 +331,11 @@ def test_a_bad_input_exits_2_with_its_one_line_and_writes_nothing(
         params.write_text(yaml.safe_dump(raw))
     lines = params.read_text(errors="replace").splitlines()
     first_lr = lines.index("train:") + 2 if "train:" in lines else 0
+    budget = yaml.safe_load((base / "params.yaml").read_text())["train"]["budget_flops"][
+        "arithmetic"]
     for field, value in {"offset": len(params.read_bytes()) - 2, "end": len(lines) + 1,
-                         "lr": first_lr, "lr2": first_lr + 1}.items():
+                         "lr": first_lr, "lr2": first_lr + 1,
+                         "budget": f"{budget:.3g}"}.items():
         message = message.replace(f"{{{field}}}", str(value))
     before = snapshot(project)
     assert cli.main(argv) == 2

@@ -7,6 +7,7 @@ from lmablate import params
 from lmablate.budget import run_steps, steps_for_budget, training_flops, trial_steps
 from lmablate.config import ConfigError, ModelConfig
 from lmablate.model import flops_per_token
+from lmablate.tuning import width_ladder
 
 ROOT = Path(__file__).resolve().parents[1]
 PROFILES = [ROOT / "params.yaml", *sorted((ROOT / "profiles").glob("*.yaml"))]
@@ -14,20 +15,23 @@ PROFILES = [ROOT / "params.yaml", *sorted((ROOT / "profiles").glob("*.yaml"))]
 
 @pytest.mark.parametrize("path", PROFILES, ids=[p.name for p in PROFILES])
 def test_every_final_run_of_a_shipped_profile_spends_its_budget_within_one_percent(path):
-    """...and every tuning trial its share within half a step (trials are short: at d_model 96
-    a trial on arithmetic is 27 steps, where half a step is 1.9%)."""
+    """...at every width its tuning may search, and every tuning trial its rung's share within
+    half a step (the lowest rung's trials are short: tune.min_steps is 30, where half a step is
+    1.7%)."""
     cfg = params.load(path)
     for ds in cfg.datasets:
         budget = cfg.train.budget_flops[ds]
+        widths = cfg.tune.d_model_choices or width_ladder(cfg, ds)
         for variant in cfg.study_variants:
-            for d_model in cfg.tune.d_model_choices:
+            for d_model in widths:
                 model = cfg.model_config(variant, vocab_size=65, d_model=d_model)
                 final = training_flops(model, cfg.train.batch_size, run_steps(cfg, ds, model))
                 assert abs(final / budget - 1) < 0.01, (ds, variant, d_model)
-                trial = training_flops(model, cfg.train.batch_size, trial_steps(cfg, ds, model))
                 per_step = training_flops(model, cfg.train.batch_size, 1)
-                assert abs(trial - budget * cfg.tune.budget_fraction) <= per_step / 2, \
-                    (ds, variant, d_model)
+                for _, share in cfg.tune.rungs:
+                    trial = training_flops(model, cfg.train.batch_size,
+                                           trial_steps(cfg, ds, model, share))
+                    assert abs(trial - budget * share) <= per_step / 2, (ds, variant, d_model)
 
 
 def test_a_narrower_model_trains_more_steps_on_the_same_budget():

@@ -76,12 +76,16 @@ BAD = [
      "train.budget_flops.arithmetic"),
     ("train.budget_flops", 1e12, "train.budget_flops"),
     ("tune.seed", 2, "must not be one of study.seeds"),
-    ("tune.n_startup_trials", 8, "tune.n_startup_trials"),
-    ("tune.budget_fraction", 0.0, "tune.budget_fraction"),
-    ("tune.budget_fraction", 1.5, "tune.budget_fraction"),
+    ("tune.rungs", [[8, 0.0], [2, 1.0]], "tune.rungs"),
+    ("tune.rungs", [[8, 0.5], [2, 1.5]], "tune.rungs"),
+    ("tune.rungs", [[8, 0.5]], "tune.rungs"),
+    ("tune.lr_limits", [1e-2, 1.0], "must contain"),
+    ("tune.tokens_per_parameter", [80, 5], "tune.tokens_per_parameter"),
+    ("tune.tokens_per_parameter_limits", [10, 400], "must contain"),
+    ("tune.n_widths", 0, "tune.n_widths"),
     ("tune.trials_per_batch", 0, "tune.trials_per_batch"),
     ("tune.d_model_choices", [32, 32], "distinct"),
-    ("tune.pruner", "hyperband", "tune.pruner"),
+    ("tune.eta", 3, "unknown key tune.eta"),
     ("model.d_model", 66, "divisible by n_heads"),
     ("model.ffn", "swish", "model.ffn"),
     ("model.position", "relative", "model.position"),
@@ -95,9 +99,9 @@ BAD = [
     ("variants.rope", {"position": "rope", "colour": 1}, "variants.rope.colour"),
     ("tune.d_model_choices", [32, 50], "tune.d_model_choices"),
     ("tune.lr_low", 1.0, "tune.lr_low"),
-    ("tune.pruner", "random", "tune.pruner"),
-    ("tune.percentile", 100, "tune.percentile"),
-    ("tune.percentile", True, "tune.percentile"),
+    ("tune.pruner", "median", "unknown key tune.pruner"),
+    ("tune.min_steps", True, "tune.min_steps"),
+    ("train.warmup_fraction", 0.6, "train.warmup_fraction"),
     ("tune.reports", 0, "tune.reports"),
     ("runtime.parallel", "mpi", "runtime.parallel"),
     ("datasets.arithmetic.n_train", 0, "n_train"),
@@ -146,7 +150,7 @@ def test_missing_file_and_bad_yaml(tmp_path):
 
 def test_fingerprint_changes_with_settings(raw):
     cfg = params.parse(raw)
-    other = params.parse(mutate(raw, "tune.budget_fraction", 0.5))
+    other = params.parse(mutate(raw, "tune.rungs", [[8, 0.25], [2, 1.0]]))
     assert fingerprint(cfg.tune) != fingerprint(other.tune)
     assert fingerprint(cfg.tune) == fingerprint(params.parse(raw).tune)
 
@@ -179,7 +183,7 @@ def test_every_result_setting_enters_the_fingerprint_and_no_runtime_setting_does
 
 
 def test_study_name_covers_what_a_trial_computes_and_nothing_else(raw):
-    """A trial's steps follow from its dataset's budget and tune.budget_fraction, and it reports
+    """A trial's steps follow from its dataset's budget and its rung's share, and it reports
     tune.reports times, so train.eval_interval and the other dataset's budget do not name the
     study; runtime settings never do; the data and the code do."""
     from lmablate.tuning import study_name
@@ -194,7 +198,7 @@ def test_study_name_covers_what_a_trial_computes_and_nothing_else(raw):
     assert name("tune.reports", 7) != name()
     assert name("train.budget_flops.arithmetic", 1e9) != name()
     assert name("train.eval_iters", 3) != name()
-    assert name("train.warmup_steps", 3) != name()
+    assert name("train.warmup_fraction", 0.2) != name()
     assert name(data="other") != name()
     assert name(sampler_seed=1) != name()
 

@@ -159,6 +159,8 @@ def tune_all(cfg, tmp: Path, out: str, **runtime_changes) -> dict:
 
 
 def test_tuning_gives_the_same_bytes_twice_and_at_any_worker_count(project):
+    """Deterministic rungs: the same trials, promotions and answer at 1 and 2 workers, in
+    threads or processes."""
     cfg, tmp = project
     tune_all(cfg, tmp, "tune-1", workers=1)
     for other in ("tune-1-again", "tune-2", "tune-processes"):
@@ -167,15 +169,15 @@ def test_tuning_gives_the_same_bytes_twice_and_at_any_worker_count(project):
         for name in ("best.json", "trials.csv"):
             assert (tmp / other / name).read_bytes() == (tmp / "tune-1" / name).read_bytes(), \
                 (other, name)
-    # the comparison is not vacuous: trials differ, both widths were tried, some were pruned
+    # the comparison is not vacuous: trials differ, both widths and both rungs were trained
     trials = pd.read_csv(tmp / "tune-1" / "trials.csv")
-    assert trials["value"].nunique() == len(trials) == cfg.tune.n_trials
+    assert trials["value"].nunique() == len(trials) == tuning.n_slots(cfg.tune)
     assert set(trials["params_d_model"]) == {16, 32}
-    assert (trials["state"] == "PRUNED").any()
+    assert list(trials["rung"]) == [0, 0, 0, 0, 1, 1]
 
 
 def test_a_slower_duplicate_of_a_trial_cannot_change_its_recorded_steps(project):
-    """Two processes may take the same queued trial (lmablate.tuning.claim). The slower one's
+    """Two processes may take the same queued trial (lmablate.studies.claim). The slower one's
     "last_step" attribute, written after the faster one's last report, must not decide the
     trial's row in trials.csv (nor best.json's step and FLOP totals): that once made the bytes
     depend on timing."""
@@ -183,23 +185,27 @@ def test_a_slower_duplicate_of_a_trial_cannot_change_its_recorded_steps(project)
     steps = budget.trial_steps(cfg, "arithmetic", cfg.model_config("baseline", 10, d_model=16))
     interval = tuning.trial_train_config(cfg, "arithmetic", steps).eval_interval
     reports = {k: 2.0 - 0.1 * k for k in range(1, cfg.tune.reports + 1)}
-    space = tuning.search_space(cfg.tune)
+    dists = tuning.trial_distributions(cfg.tune)
+    attrs = {tuning.RUNG: 0, tuning.FRACTION: cfg.tune.budget_fraction, "steps": steps}
     finished = optuna.trial.create_trial(
-        params={"lr": 1e-3, "d_model": 16}, distributions=space, value=1.0,
+        params={"lr": 1e-3, "d_model": 16}, distributions=dists, value=1.0,
         intermediate_values=reports,
-        user_attrs={tuning.SLOT: 0, "steps": steps, "last_step": (len(reports) - 1) * interval})
-    pruned = optuna.trial.create_trial(
-        params={"lr": 1e-2, "d_model": 16}, distributions=space,
-        state=optuna.trial.TrialState.PRUNED, intermediate_values={1: 2.5, 2: 2.4},
-        user_attrs={tuning.SLOT: 1, "steps": steps, "last_step": interval})
-    rows = tune.trials_frame(cfg, "arithmetic", "baseline", 10, {0: finished, 1: pruned})
-    assert [r["last_step"] for r in rows] == [len(reports) * interval, 2 * interval]
+        user_attrs={tuning.SLOT: 0, "last_step": (len(reports) - 1) * interval, **attrs})
+    diverged = optuna.trial.create_trial(
+        params={"lr": 1e-2, "d_model": 16}, distributions=dists,
+        state=optuna.trial.TrialState.FAIL, intermediate_values={1: 2.5, 2: 2.4},
+        user_attrs={tuning.SLOT: 1, "last_step": interval, tuning.OUTCOME: tuning.DIVERGED,
+                    **attrs})
+    rows = tune.trials_frame(cfg, "arithmetic", "baseline", 10, {0: finished, 1: diverged})
+    assert [r["last_step"] for r in rows] == [steps, 2 * interval]
     assert interval > 1 and len(reports) > 2  # the attribute's value would differ
 
 
 def test_tuning_follows_the_protocol(project):
-    """Batches of trials_per_batch, start-up trials never pruned, no pruning in warm-up, each
-    trial spending its share of the budget and reporting at equal fractions of it."""
+    """Slots rung by rung, the first rung in batches of trials_per_batch; each trial spends
+    its rung's share of the budget, warms up over a share of its own steps and reports at
+    equal fractions of it; the promoted trials are the first rung's best; the answer was
+    trained at the full budget."""
     cfg, tmp = project
     best = tune_all(cfg, tmp, "protocol", workers=2)
     study = optuna.load_study(study_name=best["study_name"],
@@ -210,39 +216,27 @@ def test_tuning_follows_the_protocol(project):
     assert study.user_attrs == {
         "dataset": "arithmetic", "variant": "baseline",
         "budget_flops": cfg.train.budget_flops["arithmetic"],
-        "trial_budget_fraction": cfg.tune.budget_fraction,
+        "rungs": [list(r) for r in cfg.tune.rungs],
         "lr_range": [cfg.tune.lr_low, cfg.tune.lr_high],
         "d_model_choices": list(cfg.tune.d_model_choices),
         "sampler_seed": cfg.tune.sampler_seed}
-    assert [t.user_attrs[tuning.SLOT] for t in trials] == list(range(cfg.tune.n_trials))
-    assert best["n_trials"] == cfg.tune.n_trials
-    assert best["n_complete"] >= cfg.tune.n_startup_trials
+    assert [t.user_attrs[tuning.SLOT] for t in trials] == list(range(6))
+    assert [t.user_attrs[tuning.RUNG] for t in trials] == [0, 0, 0, 0, 1, 1]
+    assert best["n_trials"] == 6 and best["full_budget"] and best["rung"] == 1
     for t in trials:
-        slot, steps = t.user_attrs[tuning.SLOT], t.user_attrs["steps"]
+        steps, fraction = t.user_attrs["steps"], t.user_attrs[tuning.FRACTION]
         model = cfg.model_config("baseline", 10, d_model=t.params["d_model"])
-        assert steps == {16: 30, 32: 8}[t.params["d_model"]]
         assert abs(budget.training_flops(model, cfg.train.batch_size, steps)
-                   / cfg.train.budget_flops["arithmetic"] - 1) < 0.05
-        reports = sorted(t.intermediate_values)
-        if t.state == optuna.trial.TrialState.COMPLETE:
-            assert reports == list(range(1, cfg.tune.reports + 1))
-        else:
-            assert t.state == optuna.trial.TrialState.PRUNED
-            assert slot >= cfg.tune.n_startup_trials
-            assert t.user_attrs["last_step"] > cfg.train.warmup_steps
-    assert best["on_edge"] == tuning.on_edge(cfg.tune, {"lr": best["lr"],
-                                                        "d_model": best["d_model"]})
+                   / (fraction * cfg.train.budget_flops["arithmetic"]) - 1) < 0.05
+        assert t.state == optuna.trial.TrialState.COMPLETE
+        assert sorted(t.intermediate_values) == list(range(1, cfg.tune.reports + 1))
+        assert cfg.train.warmup_steps(steps) < steps // 2
+    first = sorted(trials[:4], key=lambda t: (t.value, t.number))
+    assert [t.params for t in trials[4:]] == [t.params for t in first[:2]]
+    assert best["val_loss"] == min(t.value for t in trials[4:])
+    space = tuning.space_for_batch(cfg, "arithmetic", tuning.slot_results(study),
+                                   tuning.batch_of(cfg.tune, 5))
+    assert best["on_edge"] == tuning.on_edge(space, {"lr": best["lr"], "d_model": best["d_model"]},
+                                             cfg.tune)
 
 
-def test_proposals_depend_only_on_earlier_batches_and_the_seed(project):
-    cfg, _ = project
-    first = tuning.propose(cfg.tune, {}, range(0, 2), sampler_seed=0)
-    assert first == tuning.propose(cfg.tune, {}, range(0, 2), sampler_seed=0)
-    assert first != tuning.propose(cfg.tune, {}, range(0, 2), sampler_seed=1)
-    assert first[0] != first[1]
-    space = tuning.search_space(cfg.tune)
-    done = {s: optuna.trial.create_trial(params=p, distributions=space, value=float(s))
-            for s, p in enumerate(first)}
-    second = tuning.propose(cfg.tune, done, range(2, 4), sampler_seed=0)
-    assert second == tuning.propose(cfg.tune, done, range(2, 4), sampler_seed=0)
-    assert second != first

@@ -74,7 +74,7 @@ def tune_worker(job: TuneJob) -> int:
         interrupt.check()  # before each claim: a trial taken after Ctrl-C would only fail
         if (trial := claim(study)) is None:
             break
-        # beating from the moment the trial is taken (see lmablate.tuning.claim)
+        # beating from the moment the trial is taken (see lmablate.studies.claim)
         with Heartbeat(study, trial, cfg.tune.heartbeat_seconds):
             run_trial(job, study, trial, data, device, tracker)
         ran += 1
@@ -84,12 +84,12 @@ def tune_worker(job: TuneJob) -> int:
 def run_trial(job: TuneJob, study: optuna.Study, trial: optuna.Trial, data: TokenData,
               device, tracker: NullTracker) -> None:
     """Train the queued ``trial`` and tell the study its result: COMPLETE with the final val
-    loss, PRUNED (with the reason), or FAIL with ``outcome: diverged`` and the reason. Any other
+    loss, or FAIL with ``outcome: diverged`` and the reason. Any other
     error fails the trial and is raised; so does an interrupt (Ctrl-C), with ``fail_reason:
     interrupted``: a failed trial without ``outcome: diverged`` is no result
     (:func:`lmablate.tuning.slot_results`), so its slot is queued again with the same params
     when the stage is run again. If another process took the same trial and finished it
-    first (see :func:`lmablate.tuning.claim`), this one stops quietly."""
+    first (see :func:`lmablate.studies.claim`), this one stops quietly."""
     try:
         _train_trial(job, study, trial, data, device, tracker)
     except optuna.exceptions.UpdateFinishedTrialError:

@@ -1,0 +1,232 @@
+"""The tuning protocol on its own (lmablate.tuning): rungs, proposals, promotion, edges and
+widths, driven by constructed objectives instead of training."""
+
+import dataclasses
+import math
+from pathlib import Path
+
+import optuna
+import pytest
+
+from lmablate import budget, params, tuning
+from lmablate.config import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT = params.load(ROOT / "params.yaml")
+
+
+def with_tune(cfg=DEFAULT, **changes):
+    return dataclasses.replace(cfg, tune=dataclasses.replace(cfg.tune, **changes))
+
+
+def trial(cfg, slot, batch, p, value):
+    """A finished trial of ``slot``: COMPLETE with ``value``, or diverged when it is None."""
+    attrs = {tuning.SLOT: slot, tuning.RUNG: batch.rung, tuning.FRACTION: batch.fraction}
+    if value is None:
+        attrs[tuning.OUTCOME] = tuning.DIVERGED
+    return optuna.trial.create_trial(
+        params=p, distributions=tuning.trial_distributions(cfg.tune), user_attrs=attrs,
+        state=optuna.trial.TrialState.FAIL if value is None else optuna.trial.TrialState.COMPLETE,
+        value=value)
+
+
+def simulate(cfg, objective, dataset="arithmetic", variant="baseline", sampler_seed=0):
+    """Run the protocol to its end with ``objective(params, budget_fraction)`` in place of
+    training; returns (results by slot, the batches in the order they were proposed)."""
+    results, order = {}, []
+    while (found := tuning.next_batch(cfg, dataset, variant, results, sampler_seed)) is not None:
+        batch, proposals = found
+        order.append(batch)
+        for slot, p in proposals.items():
+            results[slot] = trial(cfg, slot, batch, p, objective(p, batch.fraction))
+    return results, order
+
+
+def bowl(lr_opt, d_opt=None):
+    """A loss with its minimum at ``lr_opt`` (and ``d_opt``), lower with more compute."""
+    def objective(p, fraction):
+        width = 0.0 if d_opt is None else 0.5 * math.log(p["d_model"] / d_opt) ** 2
+        return 1.0 + math.log(p["lr"] / lr_opt) ** 2 / 10 + width + 0.2 / fraction
+    return objective
+
+
+def test_rungs_end_at_the_full_budget_with_the_first_rung_in_batches():
+    tune = DEFAULT.tune
+    assert tune.rungs == ((8, 0.125), (2, 1.0))
+    batches = tuning.plan(tune)
+    assert [(b.rung, b.fraction, list(b.slots)) for b in batches] == [
+        (0, 0.125, [0, 1, 2, 3]), (0, 0.125, [4, 5, 6, 7]), (1, 1.0, [8, 9])]
+    assert tuning.n_slots(tune) == 10
+    assert tuning.batch_of(tune, 9).index == 2
+    with pytest.raises(ValueError, match="slot 10 is not one of the study's 10 slots"):
+        tuning.batch_of(tune, 10)
+
+
+@pytest.mark.parametrize("rungs", [[[8, 0.5]], [[8, 0.25], [2, 0.5]], [[2, 0.5], [4, 1.0]],
+                                   [[8, 0.5], [2, 0.25], [1, 1.0]], [[0, 1.0]], [],
+                                   [[8, 0.0], [1, 1.0]], [[8, "0.5"], [1, 1.0]], [8, 1.0]])
+def test_rungs_that_do_not_end_at_the_full_budget_or_grow_are_refused(rungs):
+    with pytest.raises(ConfigError, match=r"^params: tune.rungs=.* is not allowed; expected a "
+                       r"list of \[trials, share of the budget\] pairs"):
+        dataclasses.replace(DEFAULT.tune, rungs=rungs)
+
+
+def test_every_trial_warms_up_before_the_loss_it_is_judged_on():
+    """Warm-up is a share of a run's steps, so a trial of 1/8 of the budget warms up over 1/8 of
+    the steps; the lowest rung gives every width the study may search at least tune.min_steps
+    steps, and the loss a rung judges (at its last step) comes after the warm-up."""
+    for dataset in DEFAULT.datasets:
+        for d_model in tuning.width_ladder(DEFAULT, dataset):
+            model = DEFAULT.model_config("llama", 70, d_model=d_model)
+            for _, fraction in DEFAULT.tune.rungs:
+                steps = budget.trial_steps(DEFAULT, dataset, model, fraction)
+                warmup = DEFAULT.train.warmup_steps(steps)
+                assert steps >= DEFAULT.tune.min_steps
+                assert 1 <= warmup <= math.ceil(DEFAULT.train.warmup_fraction * steps)
+                assert warmup < steps // 2, (dataset, d_model, fraction, steps, warmup)
+
+
+def test_a_lowest_rung_too_short_to_leave_its_warm_up_is_refused_before_any_work():
+    cfg = with_tune(rungs=((8, 0.01), (2, 1.0)))
+    model = cfg.model_config("baseline", 70, d_model=56)
+    with pytest.raises(ConfigError, match=(
+            r"^params: train.budget_flops.shakespeare=3e\+11 x tune.rungs\[0\] share 0.01 buys "
+            r"\d+ steps of a tuning trial at d_model=56; allowed: at least tune.min_steps=30 "
+            r"steps")):
+        budget.trial_steps(cfg, "shakespeare", model)
+
+
+def test_widths_follow_the_budget_around_twenty_tokens_per_parameter():
+    for dataset in DEFAULT.datasets:
+        widths = tuning.initial_space(DEFAULT, dataset).d_model_choices
+        ratios = [tuning.tokens_per_parameter(DEFAULT, dataset, d) for d in widths]
+        assert len(widths) >= 3 and all(d % (2 * DEFAULT.model.n_heads) == 0 for d in widths)
+        assert all(5 <= r <= 80 for r in ratios), (dataset, widths, ratios)
+        assert min(ratios) < 20 < max(ratios)  # the compute-optimal ratio lies inside
+    # sixteen times the compute: wider models, not the same ones
+    bigger = dataclasses.replace(DEFAULT, train=dataclasses.replace(
+        DEFAULT.train, budget_flops={k: 16 * v for k, v in DEFAULT.train.budget_flops.items()}))
+    for dataset in DEFAULT.datasets:
+        before = tuning.initial_space(DEFAULT, dataset).d_model_choices
+        after = tuning.initial_space(bigger, dataset).d_model_choices
+        assert min(after) > max(before) / 2 and max(after) > max(before)
+
+
+def test_the_shared_design_is_the_same_for_every_variant_and_later_batches_are_not():
+    cfg = DEFAULT
+    first = {v: tuning.propose(cfg, "shakespeare", v, {}, tuning.plan(cfg.tune)[0], 0)
+             for v in ("baseline", "rope")}
+    assert first["baseline"] == first["rope"]
+    lrs = [p["lr"] for p in first["baseline"].values()]
+    assert len({p["d_model"] for p in first["baseline"].values()}) == 1
+    steps = [math.log(b / a) for a, b in zip(lrs, lrs[1:])]
+    assert all(math.isclose(s, math.log(100) / 4) for s in steps)  # evenly spaced in log
+    assert cfg.tune.lr_low <= min(lrs) and max(lrs) <= cfg.tune.lr_high
+    # a re-tuning replicate (another sampler seed) tries other points
+    other = tuning.propose(cfg, "shakespeare", "baseline", {}, tuning.plan(cfg.tune)[0], 1)
+    assert other != first["baseline"]
+    # the same results, two variants: TPE's next proposals differ (each study its own seed)
+    batch0 = tuning.plan(cfg.tune)[0]
+    results = {s: trial(cfg, s, batch0, p, 2.0 + 0.1 * s)
+               for s, p in first["baseline"].items()}
+    second = {v: tuning.propose(cfg, "shakespeare", v, results, tuning.plan(cfg.tune)[1], 0)
+              for v in ("baseline", "rope")}
+    assert second["baseline"] != second["rope"]
+    assert second["baseline"] == tuning.propose(cfg, "shakespeare", "baseline", results,
+                                                tuning.plan(cfg.tune)[1], 0)
+
+
+def test_a_batch_is_not_proposed_before_the_batches_before_it_finish():
+    batches = tuning.plan(DEFAULT.tune)
+    with pytest.raises(RuntimeError, match=r"batch 1 proposed before slots \[0, 1, 2, 3\]"):
+        tuning.propose(DEFAULT, "arithmetic", "baseline", {}, batches[1], 0)
+
+
+def test_promotion_takes_the_best_completed_trials_by_value_then_slot():
+    cfg = DEFAULT
+    batches = tuning.plan(cfg.tune)
+    values = [3.0, None, 1.5, 2.0, 1.5, 4.0, None, 2.5]  # two diverged, a tie at 1.5
+    results = {}
+    for s, v in enumerate(values):
+        b = batches[0] if s < 4 else batches[1]
+        results[s] = trial(cfg, s, b, {"lr": 1e-3 * (s + 1), "d_model": 32}, v)
+    promoted = tuning.promote(cfg.tune, results, 1)
+    assert [t.user_attrs[tuning.SLOT] for t in promoted] == [2, 4]
+    proposals = tuning.propose(cfg, "arithmetic", "baseline", results, batches[2], 0)
+    assert proposals == {8: results[2].params, 9: results[4].params}
+
+
+def test_the_answer_is_a_trial_at_the_full_budget():
+    cfg = DEFAULT
+    results, order = simulate(cfg, bowl(0.01))
+    best = tuning.chosen(cfg.tune, results)
+    assert best.user_attrs[tuning.FRACTION] == 1.0 and best.user_attrs[tuning.RUNG] == 1
+    assert [b.index for b in order] == [0, 1, 2]
+    full = [t for t in results.values() if t.user_attrs[tuning.FRACTION] == 1.0]
+    assert best.value == min(t.value for t in full) and len(full) == 2
+
+
+def test_when_every_full_budget_trial_diverges_the_answer_says_it_was_not_trained_there():
+    cfg = DEFAULT
+
+    def objective(p, fraction):
+        return None if fraction == 1.0 else bowl(0.01)(p, fraction)
+
+    results, _ = simulate(cfg, objective)
+    best = tuning.chosen(cfg.tune, results)
+    assert best.user_attrs[tuning.FRACTION] == 0.125
+    assert tuning.chosen(cfg.tune, {}) is None
+
+
+def test_an_optimum_above_the_range_extends_it_within_the_hard_limit():
+    """The constructed loss is lowest at lr 0.5, outside [1e-3, 1e-1]: the design's best point
+    sits on the upper edge, so the next batch searches up to 1 (tune.lr_limits), and the
+    answer lies above the configured range."""
+    cfg = DEFAULT
+    results, order = simulate(cfg, bowl(0.5))
+    space = tuning.space_for_batch(cfg, "arithmetic", results, order[-1])
+    assert space.extended == ("lr up to 1",)
+    assert (space.lr_low, space.lr_high) == (1e-3, 1.0)
+    first = [t for t in results.values() if t.user_attrs[tuning.SLOT] in range(4, 8)]
+    assert max(t.params["lr"] for t in first) > cfg.tune.lr_high  # TPE searched the new part
+    best = tuning.chosen(cfg.tune, results)
+    assert best.params["lr"] > cfg.tune.lr_high
+
+
+def test_an_extension_stops_at_the_hard_limit_and_the_answer_is_flagged_there():
+    cfg = with_tune(lr_limits=(1e-5, 0.1))
+    results, order = simulate(cfg, bowl(5.0))
+    space = tuning.space_for_batch(cfg, "arithmetic", results, order[-1])
+    assert space.extended == () and space.lr_high == 0.1
+    best = tuning.chosen(cfg.tune, results)
+    assert tuning.on_edge(space, best.params, cfg.tune)[0] == (
+        "lr at upper bound 0.1 (the limit tune.lr_limits)")
+
+
+def test_a_width_optimum_below_the_range_adds_a_narrower_width():
+    """Three batches at the first rung: after the second, the best width is the smallest
+    choice, and the third batch may try one step narrower."""
+    cfg = with_tune(rungs=((12, 0.125), (2, 1.0)))
+    narrow = tuning.width_ladder(cfg, "shakespeare")[0]
+    results, order = simulate(cfg, bowl(0.01, d_opt=narrow / 2), dataset="shakespeare")
+    space = tuning.space_for_batch(cfg, "shakespeare", results, order[-1])
+    assert f"d_model {narrow} added" in space.extended
+    assert space.d_model_choices[0] == narrow
+    assert tuning.tokens_per_parameter(cfg, "shakespeare", narrow) <= 200
+
+
+def test_explicit_widths_are_searched_as_given_and_never_extended():
+    cfg = with_tune(d_model_choices=(32, 48))
+    results, order = simulate(cfg, bowl(0.01, d_opt=8))
+    space = tuning.space_for_batch(cfg, "arithmetic", results, order[-1])
+    assert space.d_model_choices == (32, 48)
+    assert "d_model the smallest choice" in tuning.on_edge(
+        space, tuning.chosen(cfg.tune, results).params, cfg.tune)
+
+
+def test_the_protocol_is_a_pure_function_of_the_results():
+    a, _ = simulate(DEFAULT, bowl(0.02, d_opt=40), dataset="shakespeare", variant="rope")
+    b, _ = simulate(DEFAULT, bowl(0.02, d_opt=40), dataset="shakespeare", variant="rope")
+    assert {s: t.params for s, t in a.items()} == {s: t.params for s, t in b.items()}
+    c, _ = simulate(DEFAULT, bowl(0.02, d_opt=40), dataset="shakespeare", variant="llama")
+    assert {s: t.params for s, t in a.items()} != {s: t.params for s, t in c.items()}
