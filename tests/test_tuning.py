@@ -90,7 +90,7 @@ def test_a_lowest_rung_too_short_to_leave_its_warm_up_is_refused_before_any_work
     cfg = with_tune(rungs=((8, 0.01), (2, 1.0)))
     model = cfg.model_config("baseline", 70, d_model=56)
     with pytest.raises(ConfigError, match=(
-            r"^params: train.budget_flops.shakespeare=3e\+11 x tune.rungs\[0\] share 0.01 buys "
+            r"^params: train.budget_flops.shakespeare=2e\+11 x tune.rungs\[0\] share 0.01 buys "
             r"\d+ steps of a tuning trial at d_model=56; allowed: at least tune.min_steps=30 "
             r"steps")):
         budget.trial_steps(cfg, "shakespeare", model)
@@ -213,6 +213,14 @@ def test_a_width_optimum_below_the_range_adds_a_narrower_width():
     assert f"d_model {narrow} added" in space.extended
     assert space.d_model_choices[0] == narrow
     assert tuning.tokens_per_parameter(cfg, "shakespeare", narrow) <= 200
+    # an answer at the narrowest width the ladder allows is flagged at the limit, one at the
+    # narrowest width searched but not the ladder's end is flagged without it
+    ladder = tuning.width_ladder(cfg, "shakespeare")
+    assert tuning.on_edge(space, {"lr": 0.01, "d_model": narrow}, cfg.tune, ladder) == [
+        "d_model the smallest choice (the limit tune.tokens_per_parameter_limits)"]
+    first = tuning.initial_space(cfg, "shakespeare")
+    assert tuning.on_edge(first, {"lr": 0.01, "d_model": first.d_model_choices[0]}, cfg.tune,
+                          ladder) == ["d_model the smallest choice"]
 
 
 def test_explicit_widths_are_searched_as_given_and_never_extended():

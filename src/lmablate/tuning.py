@@ -402,11 +402,13 @@ def chosen(tune: TuneConfig, results: dict[int, FrozenTrial]) -> FrozenTrial | N
     return None
 
 
-def on_edge(space: SearchSpace, params: dict[str, Any], tune: TuneConfig) -> list[str]:
+def on_edge(space: SearchSpace, params: dict[str, Any], tune: TuneConfig,
+            ladder: list[int] | None = None) -> list[str]:
     """The tuned values that sit on an edge of the range searched (``space``, as extended):
     ``lr`` in the outer :data:`EDGE_SHARE` of its log-range, ``d_model`` the smallest or
     largest of several widths. Such a value says the optimum may lie outside; a bound that is
-    also the hard limit (``tune.lr_limits``) is named as such."""
+    also the hard limit is named as such (``tune.lr_limits``; for derived widths, the end of
+    their ``ladder``, :func:`width_ladder`, set by ``tune.tokens_per_parameter_limits``)."""
     flags = []
     where = math.log(params["lr"] / space.lr_low) / math.log(space.lr_high / space.lr_low)
     if where <= EDGE_SHARE:
@@ -418,7 +420,10 @@ def on_edge(space: SearchSpace, params: dict[str, Any], tune: TuneConfig) -> lis
     choices = space.d_model_choices
     if len(choices) > 1 and params["d_model"] in (choices[0], choices[-1]):
         which = "smallest" if params["d_model"] == choices[0] else "largest"
-        flags.append(f"d_model the {which} choice")
+        end = (ladder[0] if which == "smallest" else ladder[-1]) if ladder else None
+        limit = (" (the limit tune.tokens_per_parameter_limits)"
+                 if params["d_model"] == end else "")
+        flags.append(f"d_model the {which} choice{limit}")
     return flags
 
 
