@@ -413,6 +413,7 @@ def plot_lr_response(trials: pd.DataFrame, tuned: pd.DataFrame | None, dataset: 
     gaps = np.diff(np.unique(np.concatenate([t["params_d_model"].dropna().to_numpy(float),
                                              last["params_d_model"].to_numpy(float)])))
     dodge = 0.3 * (gaps.min() if len(gaps) else 8.0) / max(1, len(order))
+    unmatched = False  # a tuned lr drawn as a triangle: no first-rung trial at it
     with _figure(path, figsize=(12.5, 4.8), ncols=2) as (fig, axes):
         left, right = axes[0, 0], axes[0, 1]
         for variant in order:
@@ -436,6 +437,7 @@ def plot_lr_response(trials: pd.DataFrame, tuned: pd.DataFrame | None, dataset: 
                                  color=colour, marker="*", s=260, edgecolors="black",
                                  linewidths=0.8, zorder=4)
                 else:
+                    unmatched = True
                     left.scatter([float(r["lr"])], [0.03], color=colour, marker="^", s=60,
                                  edgecolors="black", linewidths=0.6, zorder=4,
                                  transform=left.get_xaxis_transform(), clip_on=False)
@@ -479,7 +481,7 @@ def plot_lr_response(trials: pd.DataFrame, tuned: pd.DataFrame | None, dataset: 
         right.margins(x=0.08)
         top = (last["budget_fraction"].dropna().unique()
                if "budget_fraction" in last and len(last) else [])
-        top_share = ("no trial past the first rung" if len(top) != 1 else
+        top_share = ("no completed trial past the first rung" if len(top) != 1 else
                      "diamonds: last rung, " + ("the full budget" if top[0] == 1 else
                                                 f"{top[0]:g} of the budget"))
         right.set_title(f"isoFLOP: best loss per width at {share}\n({top_share})")
@@ -502,6 +504,9 @@ def plot_lr_response(trials: pd.DataFrame, tuned: pd.DataFrame | None, dataset: 
                    label="last rung: chosen"),
             Line2D([], [], color="0.3", marker="D", markerfacecolor="white", linestyle="none",
                    label="last rung: not chosen")]
+        if unmatched:
+            handles.append(Line2D([], [], color="0.5", marker="^", markeredgecolor="black",
+                                  linestyle="none", label="tuned lr (no first-rung trial)"))
         fig.legend(handles=handles, title="variant / marker", loc="outside right upper",
                    fontsize=8)
     return Path(path)
