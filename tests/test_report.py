@@ -399,7 +399,7 @@ def test_each_dataset_has_a_learning_rate_section_with_its_tuning_and_figure(bui
     md = out["report"].read_text()
     for ds in DATASETS:
         section = _lr_section(md, ds)
-        assert "Wortsman et al. 2023" in section and "sec. 3.1" in section
+        assert "Wortsman et al. 2023" in section and "sec. 2.2" in section
         assert "3 learning rates evenly spaced in log over [0.001, 0.1] at d_model 32 (24 " \
                "training tokens per parameter), the same points for every variant, so the " \
                "curves are paired, each trial trained for 0.2 of the budget" in section

@@ -405,7 +405,7 @@ def _lr_section(cfg: StudyConfig, sensitivity: pd.DataFrame, tuned: pd.DataFrame
                  "computed")
     text = (
         "Learning-rate sensitivity (Wortsman et al. 2023, \"Small-scale proxies for "
-        "large-scale Transformer training instabilities\", sec. 3.1): S = mean over the "
+        "large-scale Transformer training instabilities\", sec. 2.2): S = mean over the "
         "design's learning rates of min(L, L0) − L*, with L the validation loss (nats/token) at "
         f"the end of a trial, L* the lowest of them and {start}. Small S: the loss stays near "
         "its best over the whole range; large S: only a narrow band of learning rates trains "

@@ -12,8 +12,9 @@ that produced them is :mod:`lmablate.tuning`:
   variants' learning-rate curves are thus paired point by point.
 * **Learning-rate sensitivity** (:func:`lr_sensitivity`), as defined by M. Wortsman et al.,
   "Small-scale proxies for large-scale Transformer training instabilities", arXiv:2309.14322
-  (2023; ICLR 2024), sec. 3.1 and fig. 1: over the learning rates of a sweep,
-  ``S = mean_i [min(L_i, L0) - L*]``, with ``L_i`` the final loss at learning rate ``i``,
+  (2023; ICLR 2024), sec. 2.2 ("LR vs. loss curves and learning rate sensitivity"; fig. 1
+  shows such curves): over the learning rates of a sweep, ``S = mean_i [min(L_i, L0) - L*]``
+  (the paper's expectation over a log-spaced grid), with ``L_i`` the final loss at rate ``i``,
   ``L*`` the lowest of them and ``L0`` the loss at initialisation, so that a run that diverged
   or ended worse than it started counts as ``L0`` and no more. Small S: the loss stays near its
   best over the whole range; large S: only a narrow band of learning rates trains well.
@@ -118,7 +119,7 @@ def _one(values: pd.Series) -> float:
 def lr_sensitivity(trials: pd.DataFrame, uniform_loss: Mapping[str, float]) -> pd.DataFrame:
     """The learning-rate sensitivity of each dataset x variant over its shared design.
 
-    ``S = mean_i [min(L_i, L0) - L*]`` (Wortsman et al. 2023, sec. 3.1; module docstring) over
+    ``S = mean_i [min(L_i, L0) - L*]`` (Wortsman et al. 2023, sec. 2.2; module docstring) over
     the design points ``i`` (:func:`design_points`: rung 0, batch 0; one width; learning rates
     evenly spaced in log over the configured range), where
 
