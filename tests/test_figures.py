@@ -1,6 +1,6 @@
 """Tests of lmablate.analysis.families (variant families and their colours) and of what the
 figures of lmablate.analysis.figures show: reference lines, the forest plot's intervals and
-labels, the tuning figure's axis, the palette argument.
+labels, the learning-rate figure's panels, the palette argument.
 
 The figures are inspected, not just written: a fixture records the matplotlib Figure each
 ``plot_*`` call draws (it wraps ``figures._figure``), and text and artist positions are
@@ -344,15 +344,62 @@ def test_forest_draws_comparisons_without_holm_interval_columns(drawn, tmp_path)
 
 # ---- tuning ---------------------------------------------------------------------------------
 
-def test_tuning_y_label_says_the_value_is_the_last_report_and_pruned_ones_at_pruning(
-        drawn, tmp_path):
-    trials = categorical(pd.DataFrame({
-        "dataset": DS, "variant": ["baseline"] * 4 + ["gelu"] * 4,
-        "params_lr": [3e-4, 1e-3, 3e-3, 8e-3] * 2, "value": [2.6, 2.4, 2.9, 3.1] * 2,
-        "params_d_model": [32, 64, 64, 32] * 2,
-        "state": ["COMPLETE", "COMPLETE", "PRUNED", "FAIL"] * 2}))
-    figures.plot_tuning(trials, DS, tmp_path / "tune.png")
-    label = drawn[0].axes[0].get_ylabel()
-    assert "last report" in label and "nats/token" in label
-    assert "pruned" in label and "pruning" in label
-    assert "after" not in label  # not a fixed step count: pruned trials stop earlier
+def lr_trials(variants=("baseline", "gelu")):
+    """Trials of a study per variant (trials.csv): the shared design of 4 learning rates at
+    d_model 48 (gelu's largest diverged), 2 TPE trials, and 2 at the full budget."""
+    lrs = [1.8e-3, 5.6e-3, 1.8e-2, 5.6e-2]
+    rows = []
+    for i, v in enumerate(variants):
+        design = [(0, 0, lr, 48, 2.6 - 0.1 * k + 0.01 * i) for k, lr in enumerate(lrs)]
+        others = [(0, 1, 3e-3, 32, 2.45), (0, 1, 2e-2, 64, 2.5),
+                  (1, 2, 3e-3, 32, 2.0 + 0.01 * i), (1, 2, 1.8e-2, 48, 2.1)]
+        for slot, (rung, batch, lr, d, value) in enumerate(design + others):
+            diverged = v == "gelu" and slot == 3
+            rows.append({"dataset": DS, "variant": v, "number": slot, "rung": rung,
+                         "batch": batch, "budget_fraction": (0.125, 1.0)[rung],
+                         "state": "FAIL" if diverged else "COMPLETE",
+                         "value": np.nan if diverged else value, "params_lr": lr,
+                         "params_d_model": d,
+                         "tokens_per_parameter": {32: 40.0, 48: 20.0, 64: 11.0}[d]})
+    return categorical(pd.DataFrame(rows))
+
+
+def lr_tuned(variants=("baseline", "gelu")):
+    """best.json of each study: the full-budget trial at lr 3e-3, d_model 32."""
+    return categorical(pd.DataFrame({"dataset": DS, "variant": list(variants), "lr": 3e-3,
+                                     "d_model": 32, "full_budget": True}))
+
+
+def test_lr_response_joins_each_variants_design_and_marks_diverged_and_tuned_trials(
+        drawn, tmp_path, palette):
+    path = figures.plot_lr_response(lr_trials(), lr_tuned(), DS, tmp_path / "lr.png",
+                                    palette=palette)
+    assert path == tmp_path / "lr.png" and path.read_bytes()[:4] == b"\x89PNG"
+    left, right = drawn[0].axes[:2]
+    assert left.get_xscale() == "log"
+    assert "nats/token" in left.get_ylabel() and "0.125 of the budget" in left.get_title()
+    assert "d_model 48" in left.get_title() and "one seed" in left.get_title()
+    # one line per variant through its completed design points, in the variant's colour
+    lines = {tuple(to_rgb(line.get_color())): line for line in left.lines}
+    base, gelu = lines[tuple(palette["baseline"])], lines[tuple(palette["gelu"])]
+    assert list(base.get_xdata()) == pytest.approx([1.8e-3, 5.6e-3, 1.8e-2, 5.6e-2])
+    assert list(gelu.get_xdata()) == pytest.approx([1.8e-3, 5.6e-3, 1.8e-2])  # 1 diverged
+    # each variant's tuned configuration starred at its first-rung trial (3e-3, 2.45)
+    stars = [c for c in left.collections if c.get_sizes().size and c.get_sizes()[0] == 260]
+    assert [c.get_offsets().tolist() for c in stars] == [[[3e-3, 2.45]]] * 2
+    # the isoFLOP panel: ticks at the first-rung widths, labelled with tokens per parameter
+    assert [t.get_text() for t in right.get_xticklabels()] == ["32\n40", "48\n20", "64\n11"]
+    assert "isoFLOP" in right.get_title() and "the full budget" in right.get_title()
+    texts = legend_texts(drawn[0])
+    assert texts[:2] == ["baseline", "gelu"]
+    assert {"tuned configuration", "diverged (at the top edge)",
+            "last rung: chosen"} <= set(texts)
+
+
+def test_lr_response_is_none_without_first_rung_trials_or_rung_columns(drawn, tmp_path):
+    trials = lr_trials()
+    assert figures.plot_lr_response(trials, None, "other", tmp_path / "a.png") is None
+    old = trials.drop(columns=["rung", "batch"])  # trials.csv before successive halving
+    assert figures.plot_lr_response(old, None, DS, tmp_path / "b.png") is None
+    assert figures.plot_lr_response(pd.DataFrame(), None, DS, tmp_path / "c.png") is None
+    assert not drawn and not list(tmp_path.iterdir())

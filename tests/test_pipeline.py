@@ -71,9 +71,9 @@ def test_a_second_study_from_scratch_gives_the_same_bytes_at_another_worker_coun
         "runs/*/baseline/replicate_1/metrics.json") for p in study.glob(pattern))
     results += [Path("reports") / name for name in (
         "comparisons.csv", "tuning_variation.csv", "problem_comparisons.csv",
-        "detectable_effects.csv", "references.csv", "tuned.csv", "extrapolation.csv",
-        "extrapolation_comparisons.csv", "extrapolation_positions.csv")]
-    assert len(results) == 2 * 2 * len(VARIANTS) + 2 * 2 + 9
+        "detectable_effects.csv", "references.csv", "tuned.csv", "lr_sensitivity.csv",
+        "extrapolation.csv", "extrapolation_comparisons.csv", "extrapolation_positions.csv")]
+    assert len(results) == 2 * 2 * len(VARIANTS) + 2 * 2 + 10
     for path in results:
         assert (again / path).read_bytes() == (study / path).read_bytes(), path
 

@@ -29,9 +29,10 @@ from scipy import stats
 from statsmodels.stats.multitest import multipletests
 
 from lmablate import params
-from lmablate.analysis import collect, figures, statistics
+from lmablate.analysis import collect, figures, sensitivity, statistics
 from lmablate.analysis import extrapolation as ex
 from lmablate.stages import report
+from lmablate.tokenizer import load_tokenizer
 
 VARIANTS = ("baseline", "gelu", "rmsnorm")
 DATASETS = ("shakespeare", "arithmetic")
@@ -131,24 +132,51 @@ def write_runs(root: Path, seeds=(0, 1, 2), variants=VARIANTS, grad_for=("shakes
             doc = {"dataset": ds, "variant": var, "runs": runs}
             (run_dir / "metrics.json").write_text(json.dumps(doc))
             pd.DataFrame(hist).to_csv(run_dir / "history.csv", index=False)
-            lrs = [3e-4, 1e-3, 3e-3, 8e-3, 2e-4, 5e-3]
-            trials = pd.DataFrame({
-                "number": range(6),
-                "value": [BASE_LOSS[ds] + 0.3 + abs(math.log10(lr / 2e-3)) * 0.4 + 0.01 * v_idx
-                          for lr in lrs],
-                "datetime_start": "2026-01-01 00:00:00",
-                "params_d_model": [32, 64, 64, 32, 64, 32],
-                "params_lr": lrs,
-                "state": ["COMPLETE", "COMPLETE", "COMPLETE", "PRUNED", "PRUNED", "FAIL"],
-            })
-            trials.loc[trials["state"] == "FAIL", "value"] = np.nan
+            trials, best = tuning_outputs(ds, var, v_idx)
             trials.to_csv(run_dir / "trials.csv", index=False)
+            (run_dir / "best.json").write_text(json.dumps(best))
             if ds in grad_for:
                 pd.DataFrame(grads).to_csv(run_dir / "grad_stats.csv", index=False)
             if samples:
                 (run_dir / "examples.json").write_text(json.dumps(samples))
             if preds:
                 (run_dir / "examples.json").write_text(json.dumps(preds))
+
+
+# The tuning (make_cfg: rungs [[6, 0.2], [1, 1.0]], 3 trials a batch): the shared design is 3
+# learning rates at d_model 32, then 3 TPE trials, then the best at the full budget, whose lr and
+# width are the final runs' (metrics.json). rmsnorm's largest design lr diverged.
+DESIGN_LRS = (1.5e-3, 7e-3, 3.2e-2)
+TOKENS_PER_PARAMETER = {32: 24.0, 64: 6.5}
+
+
+def design_loss(ds: str, v_idx: int, lr: float) -> float:
+    """The validation loss of a first-rung trial at ``lr`` (nats/token)."""
+    return BASE_LOSS[ds] + 0.3 + 0.4 * abs(math.log10(lr / 7e-3)) + 0.01 * v_idx
+
+
+def tuning_outputs(ds: str, var: str, v_idx: int) -> tuple[pd.DataFrame, dict]:
+    """``trials.csv`` and ``best.json`` of a study, as the tune stage writes them."""
+    lr = 0.002 + 0.001 * v_idx  # the final runs' lr (metrics.json), at d_model 64
+    rows = [(0, 0, lr_i, 32, design_loss(ds, v_idx, lr_i)) for lr_i in DESIGN_LRS]
+    rows += [(0, 1, lr, 64, min(r[4] for r in rows) - 0.02), (0, 1, 1e-2, 64, 2.9),
+             (0, 1, 2e-3, 32, 2.8), (1, 2, lr, 64, BASE_LOSS[ds] + 0.01 * v_idx)]
+    trials = pd.DataFrame([
+        {"number": slot, "rung": rung, "batch": batch, "budget_fraction": (0.2, 1.0)[rung],
+         "state": "COMPLETE", "value": value, "params_lr": lr_i, "params_d_model": d,
+         "tokens_per_parameter": TOKENS_PER_PARAMETER[d], "steps": 100, "last_step": 100,
+         "flops": 1e9, "fail_reason": ""}
+        for slot, (rung, batch, lr_i, d, value) in enumerate(rows)])
+    if var == "rmsnorm":
+        trials.loc[2, ["state", "value", "fail_reason"]] = ["FAIL", np.nan, "loss is nan"]
+    best = {"lr": lr, "d_model": 64, "val_loss": rows[-1][4], "slot": 6, "rung": 1,
+            "budget_fraction": 1.0, "full_budget": True, "on_edge": [],
+            "lr_range": [1e-3, 1e-1 if var != "gelu" else 1.0], "d_model_choices": [32, 64],
+            "extended": ["lr up to 1"] if var == "gelu" else [], "rungs": [[6, 0.2], [1, 1.0]],
+            "n_trials": 7, "n_complete": 7 - (var == "rmsnorm"),
+            "n_diverged": int(var == "rmsnorm"), "steps": 1000, "flops": 1e10,
+            "sampler_seed": 0, "study_name": f"{ds}-{var}-0123456789"}
+    return trials, best
 
 
 ENV = {"hardware": "2-core test CPU", "torch": "9.9.9-test", "wall_seconds": {"train": 123.4}}
@@ -345,7 +373,9 @@ def test_report_markdown(built):
     assert f"optimizer steps of {cfg.train.batch_size} sequences x 48 tokens" in md
     assert "FLOPs: shakespeare 2.4e+11, arithmetic 1.2e+11" in md
     assert f"context of {cfg.model.context_length} characters" in md
-    assert f"{cfg.tune.n_trials} trials, each spending 0.2 of the budget on seed 1000" in md
+    assert ("successive halving with Optuna: 6 configurations at 0.2 of the budget, then the "
+            "best 1 at 1, every trial on seed 1000") in md
+    assert "3 learning rates evenly spaced in log over the range at the width nearest 20" in md
     assert "3 seeds (0, 1, 2)" in md
     assert "2-core test CPU" in md and "torch 9.9.9-test" in md
     # tuned lr / d_model, parameter counts, throughput
@@ -355,6 +385,80 @@ def test_report_markdown(built):
     assert "`$(0000000782+0000000021)=`" in md and "✗" in md
     # the ignored stale run is mentioned
     assert "not part of the configured study" in md and "shakespeare/old" in md
+
+
+def _lr_section(md: str, dataset: str) -> str:
+    """The learning-rate section of ``dataset`` in ``md``."""
+    part = md.split(f"## {dataset}\n", 1)[1].split("\n## ", 1)[0]
+    return part.split("### How each variant responds to the learning rate\n", 1)[1].split(
+        "\n### ", 1)[0]
+
+
+def test_each_dataset_has_a_learning_rate_section_with_its_tuning_and_figure(built):
+    cfg, out_dir, out = built
+    md = out["report"].read_text()
+    for ds in DATASETS:
+        section = _lr_section(md, ds)
+        assert "Wortsman et al. 2023" in section and "sec. 2.2" in section
+        assert "3 learning rates evenly spaced in log over [0.001, 0.1] at d_model 32 (24 " \
+               "training tokens per parameter), the same points for every variant, so the " \
+               "curves are paired, each trial trained for 0.2 of the budget" in section
+        assert "one training seed (1000)" in section and "not a finding" in section
+        # no tokens given to this report: no loss at initialisation, so no S, and it says so
+        assert "not given to this report, so S is not computed" in section
+        assert ("| variant | LR sensitivity S (nats) | design points (diverged) | best design lr "
+                "| tuned lr | tuned d_model (tokens/param) | trained at full budget | range "
+                "extended | on edge |") in section
+        assert "| baseline | – | 3 (0) | 0.007 | 0.002 | 64 (6.5) | yes | – | – |" in section
+        assert "| gelu | – | 3 (0) | 0.007 | 0.003 | 64 (6.5) | yes | lr up to 1 | – |" in section
+        assert "| rmsnorm | – | 3 (1) | 0.007 | 0.004 | 64 (6.5) | yes | – | – |" in section
+        # the figure is in the section, and only there
+        assert f"](figures/tuning_{ds}.png)" in section
+        assert md.count(f"](figures/tuning_{ds}.png)") == 1
+    sens = pd.read_csv(out["lr_sensitivity"])
+    assert list(sens.columns) == sensitivity.SENSITIVITY_COLUMNS
+    assert [tuple(r) for r in sens[["dataset", "variant"]].values] == [
+        (d, v) for d in DATASETS for v in VARIANTS]
+    assert sens["lr_sensitivity"].isna().all()
+    assert set(sens["note"]) == {sensitivity.NO_UNIFORM}
+
+
+def write_tokens(root: Path, cfg) -> Path:
+    """A tiny tokenized copy of every dataset (``lmablate tokenize``) under ``root``."""
+    from lmablate.stages import tokenize
+    for ds in cfg.datasets:
+        raw = root / "raw" / ds
+        raw.mkdir(parents=True)
+        (raw / "corpus.txt").write_text("To be, or not to be: that is the question.\n" * 30)
+        if cfg.dataset(ds).kind == "arithmetic":
+            (raw / "test.txt").write_text("$(0000000782+0000000021)=3080000000$\n" * 5)
+        tokenize.run(cfg.dataset(ds), raw, root / "tokens" / ds)
+    return root / "tokens"
+
+
+def test_the_learning_rate_sensitivity_uses_ln_of_the_vocabulary_size(study_root, tmp_path):
+    cfg = make_cfg()
+    tokens = write_tokens(tmp_path, cfg)
+    out = report.build_report(cfg, study_root / "runs", tmp_path / "reports", tokens_dir=tokens)
+    vocab = {ds: load_tokenizer(tokens / ds).vocab_size for ds in DATASETS}
+    sens = pd.read_csv(out["lr_sensitivity"]).set_index(["dataset", "variant"])
+    for ds in DATASETS:
+        l0 = math.log(vocab[ds])
+        for v_idx, var in enumerate(VARIANTS):
+            losses = [design_loss(ds, v_idx, lr) for lr in DESIGN_LRS]
+            best = min(losses[:2] if var == "rmsnorm" else losses)
+            if var == "rmsnorm":
+                losses[2] = l0  # its largest lr diverged: counted at the loss at initialisation
+            want = sum(min(x, l0) - best for x in losses) / 3
+            row = sens.loc[(ds, var)]
+            assert row["lr_sensitivity"] == pytest.approx(want, abs=1e-12), (ds, var)
+            assert row["uniform_loss"] == l0 and pd.isna(row["note"])
+    md = out["report"].read_text()
+    section = _lr_section(md, "arithmetic")
+    s = sens.loc[("arithmetic", "rmsnorm"), "lr_sensitivity"]
+    assert f"| rmsnorm | {s:.3f} | 3 (1) | 0.007 |" in section
+    assert f"L0 = ln V = {math.log(vocab['arithmetic']):.3f} nats" in section
+    assert f"the V = {vocab['arithmetic']} tokens of the vocabulary" in section
 
 
 def test_study_metrics_are_one_small_file_per_dataset_and_variant(built):
@@ -450,8 +554,9 @@ def test_limits_section_flags_edges_identical_seeds_and_other_widths(tmp_path):
         run["d_model"] = 32
     (run_dir / "metrics.json").write_text(json.dumps(doc))
     (run_dir / "best.json").write_text(json.dumps(
-        {"lr": 0.03, "d_model": 32, "val_loss": 2.0, "on_edge": ["lr at upper bound"],
-         "n_trials": 6, "n_complete": 5, "n_pruned": 1}))
+        {"lr": 0.03, "d_model": 32, "val_loss": 2.0, "full_budget": True,
+         "on_edge": ["lr at upper bound"], "extended": [], "lr_range": [1e-3, 1e-1],
+         "d_model_choices": [32, 64], "n_trials": 7, "n_complete": 6, "n_diverged": 1}))
     out = report.build_report(make_cfg(), tmp_path / "runs", tmp_path / "reports")
     md = out["report"].read_text()
     section = md.split("## What this study can and cannot say")[1].split("## Methodology")[0]
@@ -459,10 +564,13 @@ def test_limits_section_flags_edges_identical_seeds_and_other_widths(tmp_path):
     assert "rmsnorm in test loss (Δ = 0.05)" in section and "identical on every seed" in section
     assert "Trained at another width than the baseline (d_model 64): rmsnorm at 32" in section
     tuned = pd.read_csv(out["tuned"])
-    assert tuned.to_dict("records") == [
+    assert list(tuned.columns) == collect.TUNED_COLUMNS
+    row = tuned[(tuned["dataset"] == "shakespeare") & (tuned["variant"] == "rmsnorm")]
+    assert row.fillna({"extended": ""}).to_dict("records") == [
         {"dataset": "shakespeare", "variant": "rmsnorm", "lr": 0.03, "d_model": 32,
-         "val_loss": 2.0, "on_edge": "lr at upper bound", "n_trials": 6, "n_complete": 5,
-         "n_pruned": 1}]
+         "val_loss": 2.0, "full_budget": True, "on_edge": "lr at upper bound",
+         "extended": "", "lr_low": 0.001, "lr_high": 0.1, "d_model_choices": "32 64",
+         "n_trials": 7, "n_complete": 6, "n_diverged": 1}]
 
 
 def test_the_report_stage_ends_with_the_report_path_and_the_mlflow_ui_command(monkeypatch):

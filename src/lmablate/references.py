@@ -6,7 +6,8 @@ free. Two kinds:
 * **n-gram cross-entropies** of a character corpus (:func:`ngram_cross_entropy`,
   :func:`ngram_references`): what counting unigrams, bigrams and trigrams in the train split
   achieves on the test split, in nats/token. A transformer that cannot beat the trigram has
-  learned little beyond local character statistics.
+  learned little beyond local character statistics. Worse than them all, the uniform prediction
+  (:func:`uniform_cross_entropy`, ``ln(vocab_size)``): the loss a model starts from.
 * **constant answers** for the arithmetic task (:func:`constant_answer_scores`,
   :func:`best_constant_answer`, :func:`most_frequent_answer`, :func:`all_zeros_answer`): the
   character accuracy and exact match of an answer that ignores the question. Leading zero
@@ -32,7 +33,7 @@ import numpy as np
 
 __all__ = [
     "DISCOUNT", "MAX_ORDER", "NGRAM_SMOOTHING", "ngram_cross_entropy", "ngram_probabilities",
-    "ngram_references", "constant_answer_scores", "best_constant_answer", "most_frequent_answer",
+    "ngram_references", "uniform_cross_entropy", "constant_answer_scores", "best_constant_answer", "most_frequent_answer",
     "all_zeros_answer",
 ]
 
@@ -214,6 +215,16 @@ def ngram_references(train: np.ndarray, test: np.ndarray, vocab_size: int) -> di
     all over the same test tokens (index 2 on). Raises ValueError as that function does."""
     return {name: ngram_cross_entropy(train, test, order, vocab_size)
             for order, name in _ORDER_NAMES.items()}
+
+
+def uniform_cross_entropy(vocab_size: int) -> float:
+    """``ln(vocab_size)``, nats/token: the cross-entropy of the uniform prediction over the
+    vocabulary, whatever the text. It is a model's loss at initialisation when its logits start
+    equal (near zero); the report's learning-rate sensitivity counts a diverged run at this
+    loss (:func:`lmablate.analysis.sensitivity.lr_sensitivity`). Raises ValueError unless
+    ``vocab_size`` is an integer >= 1."""
+    _check_vocab_order(1, vocab_size)
+    return float(np.log(vocab_size))
 
 
 # ---------------------------------------------------------------------------------------------

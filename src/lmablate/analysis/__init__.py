@@ -2,6 +2,8 @@
 
 * :mod:`~lmablate.analysis.collect`: read ``runs/`` into ``RunOutputs``, in the study order.
 * :mod:`~lmablate.analysis.statistics`: t-intervals over seeds, paired t-tests, Holm's correction.
+* :mod:`~lmablate.analysis.sensitivity`: how each variant responds to the learning rate and the
+  width, from its tuning trials (the learning-rate sensitivity of Wortsman et al. 2023).
 * :mod:`~lmablate.analysis.figures`: the seaborn figures, one ``plot_*`` function each, as PNG.
 * :mod:`~lmablate.analysis.markdown`: the text of ``report.md`` from the tables and the config.
 """

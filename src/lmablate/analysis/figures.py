@@ -36,7 +36,8 @@ from matplotlib.ticker import (FuncFormatter, LogLocator, NullFormatter,
                                StrMethodFormatter)
 
 from lmablate import fileio
-from lmablate.analysis.collect import BASELINE, maybe_int, present
+from lmablate.analysis import sensitivity as sens
+from lmablate.analysis.collect import BASELINE, present
 from lmablate.analysis.statistics import (ALPHA, METRICS, VERDICT_BETTER, VERDICT_FEW,
                                           VERDICT_IDENTICAL, VERDICT_NSD, VERDICT_WORSE,
                                           t_interval)
@@ -358,68 +359,156 @@ def plot_by_op_heatmap(per_op: pd.DataFrame, path: Path, metric: str = "exact_ma
     return Path(path)
 
 
-def plot_tuning(trials: pd.DataFrame, dataset: str, path: Path, *,
-                palette: Mapping[str, Any] | None = None) -> Path | None:
-    """Optuna trials: learning rate (log x-axis) against the trial's ``value``, its validation
-    loss (nats/token) at its last report: for a completed trial the end of its share of the
-    budget, for a pruned trial the report at which it was pruned (earlier, so usually higher;
-    drawn faded). Colour = variant (``palette``: variant -> colour; None: one categorical
-    colour each), marker = d_model; failed trials omitted; a star marks each variant's best
-    completed trial. Returns ``path``, or None without trials."""
-    t = trials[trials["dataset"] == dataset] if len(trials) else trials
-    if t.empty or "params_lr" not in t or "value" not in t:
-        return None
-    t = t.copy()
-    t["state"] = t.get("state", pd.Series("COMPLETE", index=t.index)).fillna("COMPLETE")
-    t = t[t["state"].isin(["COMPLETE", "PRUNED"])].dropna(subset=["value", "params_lr"])
+def _tuned_rows(tuned: pd.DataFrame | None, dataset: str) -> dict[str, pd.Series]:
+    """variant -> its row of ``tuned`` (best.json) for ``dataset``; empty without lr and
+    d_model columns."""
+    if tuned is None or tuned.empty or not {"lr", "d_model", "variant"} <= set(tuned):
+        return {}
+    rows = tuned[tuned["dataset"] == dataset].dropna(subset=["lr", "d_model"])
+    return {str(r["variant"]): r for _, r in rows.iterrows()}
+
+
+def _same_config(t: pd.DataFrame, lr: float, d_model: float) -> np.ndarray:
+    """Rows of ``t`` trained at ``lr`` (to 1e-9 relative) and ``d_model``."""
+    return (np.isclose(t["params_lr"].to_numpy(float), lr, rtol=1e-9, atol=0)
+            & (t["params_d_model"].to_numpy(float) == float(d_model)))
+
+
+def plot_lr_response(trials: pd.DataFrame, tuned: pd.DataFrame | None, dataset: str,
+                     path: Path, *, palette: Mapping[str, Any] | None = None) -> Path | None:
+    """How each variant of ``dataset`` responds to the learning rate, from its tuning trials
+    (:mod:`lmablate.analysis.sensitivity`); two panels, colour = variant (``palette``:
+    variant -> colour; None: one categorical colour each).
+
+    * Left: the final validation loss (nats/token) of the first-rung trials against the
+      learning rate (log axis). A line per variant joins its shared design points (rung 0,
+      batch 0: the same learning rates at one width for every variant, so the lines are
+      paired point by point); its other first-rung trials (TPE proposals, any width) are small
+      faint dots; a diverged trial is an ``x`` at the top edge (it has no loss); a star marks
+      the first-rung trial of the configuration tuning chose (``tuned``: best.json), a
+      triangle at the bottom edge its learning rate when no first-rung trial matches.
+    * Right, at equal compute (isoFLOP): the lowest first-rung loss per width
+      (:func:`~lmablate.analysis.sensitivity.width_summary`; the tick labels give each width's
+      training tokens per parameter), and the trials of the last rung (the full budget) as
+      diamonds, filled for the chosen one. Their losses are at that larger share of the
+      budget, hence lower.
+
+    Every point is one seed (``tune.seed``). Returns ``path``, or None without first-rung
+    trials for ``dataset`` (or a ``trials.csv`` without rungs, batches, lr, width or value).
+    """
+    t = sens.first_rung(trials)
+    t = t[t["dataset"] == dataset]
     if t.empty:
         return None
     order = present(t["variant"])
-    palette = _variant_palette(order, palette)
-    style = None
-    markers: Any = True
-    style_order = None
-    if "params_d_model" in t and t["params_d_model"].notna().any():
-        t["d_model"] = maybe_int(t["params_d_model"]).astype(str)
-        style = "d_model"
-        style_order = sorted(t["d_model"].unique(), key=lambda s: float(s) if s != "<NA>" else 0)
-        shapes = ["o", "s", "^", "P", "X", "v", "<", ">"]
-        markers = {s: shapes[i % len(shapes)] for i, s in enumerate(style_order)}
-    with _figure(path, figsize=(8.5, 4.8)) as (fig, axes):
-        ax = axes[0, 0]
-        # shared so both layers map variant -> colour and d_model -> marker identically
-        common = dict(x="params_lr", y="value", hue="variant", hue_order=order,
-                      palette=palette, style=style, style_order=style_order, markers=markers,
-                      ax=ax)
-        done = t[t["state"] == "COMPLETE"]
-        pruned = t[t["state"] == "PRUNED"]
-        if len(pruned):
-            sns.scatterplot(data=pruned, s=40, alpha=0.3, legend=False, **common)
-        if len(done):
-            sns.scatterplot(data=done, s=60, alpha=0.9, **common)
-            # stars in row order, like the trial points: the draw order of overlapping markers
-            best = done.loc[done.groupby("variant", observed=True, sort=False)["value"].idxmin()]
-            sns.scatterplot(data=best, x="params_lr", y="value", hue="variant",
-                            hue_order=order, palette=palette, marker="*", s=320,
-                            edgecolor="black", linewidth=0.8, legend=False, ax=ax, zorder=4)
-        ax.set_xscale("log")
-        # 1-2-5 labelled ticks: a tuning range often spans less than one decade, where
-        # matplotlib's defaults give a single labelled tick or overlapping minor labels
-        ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
-        ax.xaxis.set_minor_formatter(NullFormatter())
-        handles, labels = ax.get_legend_handles_labels()
-        handles += [Line2D([], [], marker="*", color="0.4", markeredgecolor="black",
-                           markersize=13, linestyle="none"),
-                    Line2D([], [], marker="o", color="0.4", alpha=0.3, linestyle="none")]
-        labels += ["best completed trial", "faded: pruned trial"]
-        ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-        n_done, n_pruned = len(done), len(pruned)
-        ax.set_title(f"{dataset}: tuning trials ({n_done} completed, {n_pruned} pruned)")
-        ax.set_xlabel("learning rate (log scale)")
-        # what "value" is: a pruned trial's loss is from its pruning step, not the trial end
-        ax.set_ylabel("val loss at trial's last report (nats/token)\n"
-                      "faded = pruned: at its pruning report")
+    colours = _variant_palette(order, palette)
+    chosen = _tuned_rows(tuned, dataset)
+    last = sens.last_rung(trials)
+    last = last[(last["dataset"] == dataset) & ~last["diverged"]]
+    widths = sens.width_summary(t)
+    design = t[t["batch"] == sens.DESIGN_BATCH]
+    fraction = (t["budget_fraction"].dropna().unique() if "budget_fraction" in t else [])
+    share = f"{fraction[0]:g} of the budget" if len(fraction) == 1 else "the first rung"
+    design_widths = sorted(int(d) for d in design["params_d_model"].dropna().unique())
+    gaps = np.diff(np.unique(np.concatenate([t["params_d_model"].dropna().to_numpy(float),
+                                             last["params_d_model"].to_numpy(float)])))
+    dodge = 0.3 * (gaps.min() if len(gaps) else 8.0) / max(1, len(order))
+    unmatched = False  # a tuned lr drawn as a triangle: no first-rung trial at it
+    with _figure(path, figsize=(12.5, 4.8), ncols=2) as (fig, axes):
+        left, right = axes[0, 0], axes[0, 1]
+        for variant in order:
+            colour = colours[variant]
+            mine = t[t["variant"] == variant]
+            done = mine[~mine["diverged"]]
+            d = done[done["batch"] == sens.DESIGN_BATCH].sort_values("params_lr")
+            o = done[done["batch"] != sens.DESIGN_BATCH]
+            left.plot(d["params_lr"], d["value"], color=colour, marker="o", markersize=5,
+                      linewidth=1.6, zorder=3)
+            left.scatter(o["params_lr"], o["value"], color=colour, s=14, alpha=0.35,
+                         linewidths=0, zorder=2)
+            bad = mine[mine["diverged"]]
+            left.scatter(bad["params_lr"], [0.97] * len(bad), color=colour, marker="x", s=40,
+                         transform=left.get_xaxis_transform(), zorder=3, clip_on=False)
+            if variant in chosen:
+                r = chosen[variant]
+                hit = done[_same_config(done, float(r["lr"]), float(r["d_model"]))]
+                if len(hit):
+                    left.scatter(hit["params_lr"].iloc[:1], hit["value"].iloc[:1],
+                                 color=colour, marker="*", s=260, edgecolors="black",
+                                 linewidths=0.8, zorder=4)
+                else:
+                    unmatched = True
+                    left.scatter([float(r["lr"])], [0.03], color=colour, marker="^", s=60,
+                                 edgecolors="black", linewidths=0.6, zorder=4,
+                                 transform=left.get_xaxis_transform(), clip_on=False)
+            w = widths[widths["variant"] == variant].dropna(subset=["best_loss"])
+            right.plot(w["d_model"], w["best_loss"], color=colour, linewidth=1.6, zorder=3)
+            # dot area grows with the trials behind a width's best: one TPE trial at a poor
+            # learning rate says little about the width
+            right.scatter(w["d_model"], w["best_loss"], color=colour,
+                          s=12 + 10 * w["n_trials"].astype(float), zorder=3)
+            full = last[last["variant"] == variant]
+            picked = (_same_config(full, float(chosen[variant]["lr"]),
+                                   float(chosen[variant]["d_model"]))
+                      if variant in chosen else np.zeros(len(full), dtype=bool))
+            # dodged sideways by variant, so that variants at one width do not hide each other
+            shift = (order.index(variant) - (len(order) - 1) / 2) * dodge
+            for filled, part in ((True, full[picked]), (False, full[~picked])):
+                right.scatter(part["params_d_model"] + shift, part["value"], marker="D", s=45,
+                              facecolors=colour if filled else "white", edgecolors=colour,
+                              linewidths=1.4, zorder=4)
+        lrs = pd.concat([t["params_lr"], pd.Series([float(r["lr"]) for r in chosen.values()],
+                                                   dtype=float)]).dropna()
+        if len(lrs):
+            low, high = float(lrs.min()), float(lrs.max())
+            pad = (high / low) ** 0.05 if high > low else 2.0
+            left.set_xlim(low / pad, high * pad)
+        left.set_xscale("log")
+        # 1-2-5 labelled ticks: a range may span less than a decade once extended
+        left.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        left.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+        left.xaxis.set_minor_formatter(NullFormatter())
+        at = ", ".join(map(str, design_widths)) or "–"
+        left.set_title(f"{dataset}: loss vs learning rate at {share}\n"
+                       f"(lines: the shared design at d_model {at}; one seed)")
+        left.set_xlabel("peak learning rate (log scale)")
+        left.set_ylabel("validation loss at the trial's end (nats/token)")
+        ticks = widths.drop_duplicates("d_model").sort_values("d_model")
+        right.set_xticks(ticks["d_model"].tolist())
+        right.set_xticklabels([f"{int(r.d_model)}\n{r.tokens_per_parameter:.3g}"
+                               if pd.notna(r.tokens_per_parameter) else f"{int(r.d_model)}"
+                               for r in ticks.itertuples()])
+        right.margins(x=0.08)
+        top = (last["budget_fraction"].dropna().unique()
+               if "budget_fraction" in last and len(last) else [])
+        top_share = ("no completed trial past the first rung" if len(top) != 1 else
+                     "diamonds: last rung, " + ("the full budget" if top[0] == 1 else
+                                                f"{top[0]:g} of the budget"))
+        right.set_title(f"isoFLOP: best loss per width at {share}\n({top_share})")
+        right.set_xlabel("d_model (below: training tokens per parameter)")
+        right.set_ylabel("validation loss (nats/token)")
+        handles = [Line2D([], [], color=colours[v], marker="o", markersize=5, label=v)
+                   for v in order]
+        handles += [
+            Line2D([], [], color="0.3", marker="o", markersize=5,
+                   label="design point (paired lr sweep)"),
+            Line2D([], [], color="0.3", marker="o", markersize=4, alpha=0.35,
+                   linestyle="none", label="other first-rung trial"),
+            Line2D([], [], color="0.3", marker="o", markersize=8, linestyle="none",
+                   label="best of a width (area: trials)"),
+            Line2D([], [], color="0.3", marker="x", linestyle="none",
+                   label="diverged (at the top edge)"),
+            Line2D([], [], color="0.5", marker="*", markersize=13, markeredgecolor="black",
+                   linestyle="none", label="tuned configuration"),
+            Line2D([], [], color="0.3", marker="D", markerfacecolor="0.3", linestyle="none",
+                   label="last rung: chosen"),
+            Line2D([], [], color="0.3", marker="D", markerfacecolor="white", linestyle="none",
+                   label="last rung: not chosen")]
+        if unmatched:
+            handles.append(Line2D([], [], color="0.5", marker="^", markeredgecolor="black",
+                                  linestyle="none", label="tuned lr (no first-rung trial)"))
+        fig.legend(handles=handles, title="variant / marker", loc="outside right upper",
+                   fontsize=8)
     return Path(path)
 
 

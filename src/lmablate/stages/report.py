@@ -22,6 +22,9 @@ first-seed checkpoints and the tokenized test splits, for the model figures) and
   n-gram cross-entropies of the test split, and constant answers to the arithmetic problems.
 * ``tuned.csv`` what tuning chose per dataset x variant, with its range-edge flags
   (:data:`~lmablate.analysis.collect.TUNED_COLUMNS`).
+* ``lr_sensitivity.csv`` per dataset x variant, the learning-rate sensitivity of its tuning's
+  shared design (:data:`~lmablate.analysis.sensitivity.SENSITIVITY_COLUMNS`, Wortsman et al.
+  2023), with the loss at initialisation it uses (:func:`uniform_losses`).
 * ``metrics/<dataset>/<variant>.json`` the study-level DVC metrics (:func:`study_metrics`), and
   ``metrics/<dataset>.json`` each dataset's verdicts (:func:`dataset_verdicts`).
 * ``curves/<dataset>.csv`` each variant's mean validation curve (:func:`mean_curves`), the data
@@ -64,6 +67,7 @@ from lmablate.analysis.collect import (ABLATION_COLUMNS, BASELINE, TUNED_COLUMNS
 from lmablate.analysis import extrapolation as ex
 from lmablate.analysis.families import family_palette, variant_family
 from lmablate.analysis.markdown import render_markdown
+from lmablate.analysis.sensitivity import SENSITIVITY_COLUMNS, lr_sensitivity
 from lmablate.analysis.statistics import (DETECTABLE_COLUMNS, METRICS, PROBLEM_COLUMNS,
                                           TUNING_VARIATION_COLUMNS, VERDICT_BETTER,
                                           VERDICT_WORSE, compare, compare_problems,
@@ -203,6 +207,22 @@ def reference_table(cfg: StudyConfig, tokens_dir: Path, runs: RunOutputs) -> pd.
     return pd.DataFrame(rows, columns=REFERENCE_COLUMNS)
 
 
+def uniform_losses(cfg: StudyConfig, tokens_dir: Path | None) -> dict[str, float]:
+    """dataset -> the loss of the uniform prediction over its vocabulary, ``ln(vocab_size)``
+    in nats/token (:func:`lmablate.references.uniform_cross_entropy`), the vocabulary read from
+    the tokenizer under ``tokens_dir`` as :func:`reference_table` reads it; empty when
+    ``tokens_dir`` is None.
+
+    Raises:
+        FileNotFoundError / TokenizerError: a dataset's tokenizer is missing under
+            ``tokens_dir``.
+    """
+    if tokens_dir is None:
+        return {}
+    return {ds: refs.uniform_cross_entropy(load_tokenizer(Path(tokens_dir) / ds).vocab_size)
+            for ds in cfg.datasets}
+
+
 def environment() -> dict:
     """Hardware and software the study ran on, for the methodology paragraph."""
     gpu = f", GPU {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ", no GPU"
@@ -277,11 +297,14 @@ def build_report(cfg: StudyConfig, runs_dir: Path, out_dir: Path,
         extra_figures: ``(dataset or None, caption, path under out_dir)`` of figures drawn
             elsewhere (from checkpoints: attention maps, embeddings) to embed in the report.
         tokens_dir: the tokenized datasets (``<tokens_dir>/<dataset>/``), for the reference
-            points (:func:`reference_table`); None leaves them out (empty references.csv).
+            points (:func:`reference_table`) and the loss at initialisation of the
+            learning-rate sensitivity (:func:`uniform_losses`); None leaves them out (empty
+            references.csv, no sensitivity).
 
     Returns:
         ``{"report", "ablation", "summary", "comparisons", "problem_comparisons",
-        "detectable_effects", "references", "tuned", "tuning_variation", "extrapolation",
+        "detectable_effects", "references", "tuned", "lr_sensitivity", "tuning_variation",
+        "extrapolation",
         "extrapolation_comparisons", "extrapolation_positions", "metrics", "curves": Path,
         "figures": [Path, ...]}``.
 
@@ -307,6 +330,7 @@ def build_report(cfg: StudyConfig, runs_dir: Path, out_dir: Path,
                      ex.extrapolation_comparisons(runs.extrapolation))
     position_curves = {ds: ex.position_curves(runs.position_loss, ds)
                        for ds in present(ablation["dataset"])}
+    sensitivity = lr_sensitivity(runs.trials, uniform_losses(cfg, tokens_dir))
 
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {
@@ -320,6 +344,8 @@ def build_report(cfg: StudyConfig, runs_dir: Path, out_dir: Path,
         "references": fileio.write_csv(out_dir / "references.csv", references,
                                        REFERENCE_COLUMNS),
         "tuned": fileio.write_csv(out_dir / "tuned.csv", runs.tuned, TUNED_COLUMNS),
+        "lr_sensitivity": fileio.write_csv(out_dir / "lr_sensitivity.csv", sensitivity,
+                                           SENSITIVITY_COLUMNS),
         "tuning_variation": fileio.write_csv(out_dir / "tuning_variation.csv", variation,
                                              TUNING_VARIATION_COLUMNS),
         "extrapolation": fileio.write_csv(out_dir / "extrapolation.csv", extrapolation[0],
@@ -357,6 +383,7 @@ def build_report(cfg: StudyConfig, runs_dir: Path, out_dir: Path,
     per_op = runs.per_op
     op_datasets = set(present(per_op["dataset"]))
     figures: list[tuple[str | None, str, Path | None]] = []
+    lr_figures: dict[str, tuple[str, Path]] = {}  # shown in the report's learning-rate section
     for ds in present(ablation["dataset"]):
         r = references[(references["dataset"] == ds) & (references["metric"] == "test_loss")]
         lines = {f"{x.reference} ({refs.NGRAM_SHORT})": x.value for x in r.itertuples()}
@@ -386,9 +413,16 @@ def build_report(cfg: StudyConfig, runs_dir: Path, out_dir: Path,
                 name = f"{metric}_by_op.png" if single else f"{metric}_by_op_{ds}.png"
                 figures.append((ds, f"{ds}: {METRICS[metric][0]} by operation x variant",
                                 plots.plot_by_op_heatmap(per_op, fig_dir / name, metric, [ds])))
+        path = plots.plot_lr_response(runs.trials, runs.tuned, ds, fig_dir / f"tuning_{ds}.png",
+                                      palette=palette)
+        if path is not None:
+            lr_figures[ds] = (
+                f"{ds}: how each variant responds to the learning rate (one seed, first rung "
+                "of the tuning). Left: validation loss against learning rate, lines through "
+                "the shared design, faint dots the other first-rung trials, stars the tuned "
+                "configurations. Right: the best loss per width at equal compute, diamonds the "
+                "last rung's trials", path)
         figures += [
-            (ds, f"{ds}: tuning trials, learning rate vs validation loss",
-             plots.plot_tuning(runs.trials, ds, fig_dir / f"tuning_{ds}.png", palette=palette)),
             (ds, f"{ds}: non-embedding parameters vs test loss",
              plots.plot_params_vs_loss(ablation, ds, fig_dir / f"params_vs_loss_{ds}.png",
                                        palette=palette)),
@@ -401,10 +435,13 @@ def build_report(cfg: StudyConfig, runs_dir: Path, out_dir: Path,
         cfg, runs, summary, comparisons,
         [(ds, cap, p.relative_to(out_dir).as_posix()) for ds, cap, p in written],
         environment, notes, variation, problems=problems, detectable=detectable,
-        references=references, tuned=runs.tuned, extrapolation=extrapolation)
+        references=references, tuned=runs.tuned, extrapolation=extrapolation,
+        sensitivity=sensitivity,
+        lr_figures={ds: (cap, p.relative_to(out_dir).as_posix())
+                    for ds, (cap, p) in lr_figures.items()})
     paths["report"] = out_dir / "report.md"
     fileio.write_text(paths["report"], md)
-    paths["figures"] = [p for _, _, p in written]
+    paths["figures"] = [p for _, _, p in written] + [p for _, p in lr_figures.values()]
     return paths
 
 
@@ -433,7 +470,7 @@ def run(cfg: StudyConfig, runs_dir: Path, tokens_dir: Path, out_dir: Path,
         tracker.log_artifact(out_dir / "report.md")
         for name in ("ablation.csv", "summary.csv", "comparisons.csv", "problem_comparisons.csv",
                      "detectable_effects.csv", "references.csv", "tuned.csv",
-                     "tuning_variation.csv"):
+                     "lr_sensitivity.csv", "tuning_variation.csv"):
             tracker.log_artifact(out_dir / name, "tables")
         tracker.log_artifact(figures_dir, "figures")
     return result
