@@ -52,14 +52,15 @@ def bowl(lr_opt, d_opt=None):
 
 def test_rungs_end_at_the_full_budget_with_the_first_rung_in_batches():
     tune = DEFAULT.tune
-    assert tune.rungs == ((8, 0.125), (2, 1.0))
+    assert tune.rungs == ((12, 0.125), (2, 1.0))
     batches = tuning.plan(tune)
     assert [(b.rung, b.fraction, list(b.slots)) for b in batches] == [
-        (0, 0.125, [0, 1, 2, 3]), (0, 0.125, [4, 5, 6, 7]), (1, 1.0, [8, 9])]
-    assert tuning.n_slots(tune) == 10
-    assert tuning.batch_of(tune, 9).index == 2
-    with pytest.raises(ValueError, match="slot 10 is not one of the study's 10 slots"):
-        tuning.batch_of(tune, 10)
+        (0, 0.125, [0, 1, 2, 3]), (0, 0.125, [4, 5, 6, 7]), (0, 0.125, [8, 9, 10, 11]),
+        (1, 1.0, [12, 13])]
+    assert tuning.n_slots(tune) == 14
+    assert tuning.batch_of(tune, 13).index == 3
+    with pytest.raises(ValueError, match="slot 14 is not one of the study's 14 slots"):
+        tuning.batch_of(tune, 14)
 
 
 @pytest.mark.parametrize("rungs", [[[8, 0.5]], [[8, 0.25], [2, 0.5]], [[2, 0.5], [4, 1.0]],
@@ -143,7 +144,7 @@ def test_a_batch_is_not_proposed_before_the_batches_before_it_finish():
 
 
 def test_promotion_takes_the_best_completed_trials_by_value_then_slot():
-    cfg = DEFAULT
+    cfg = with_tune(rungs=((8, 0.125), (2, 1.0)))
     batches = tuning.plan(cfg.tune)
     values = [3.0, None, 1.5, 2.0, 1.5, 4.0, None, 2.5]  # two diverged, a tie at 1.5
     results = {}
@@ -161,7 +162,7 @@ def test_the_answer_is_a_trial_at_the_full_budget():
     results, order = simulate(cfg, bowl(0.01))
     best = tuning.chosen(cfg.tune, results)
     assert best.user_attrs[tuning.FRACTION] == 1.0 and best.user_attrs[tuning.RUNG] == 1
-    assert [b.index for b in order] == [0, 1, 2]
+    assert [b.index for b in order] == [0, 1, 2, 3]
     full = [t for t in results.values() if t.user_attrs[tuning.FRACTION] == 1.0]
     assert best.value == min(t.value for t in full) and len(full) == 2
 
@@ -187,7 +188,7 @@ def test_an_optimum_above_the_range_extends_it_within_the_hard_limit():
     space = tuning.space_for_batch(cfg, "arithmetic", results, order[-1])
     assert space.extended == ("lr up to 1",)
     assert (space.lr_low, space.lr_high) == (1e-3, 1.0)
-    first = [t for t in results.values() if t.user_attrs[tuning.SLOT] in range(4, 8)]
+    first = [t for t in results.values() if t.user_attrs[tuning.SLOT] in range(4, 12)]
     assert max(t.params["lr"] for t in first) > cfg.tune.lr_high  # TPE searched the new part
     best = tuning.chosen(cfg.tune, results)
     assert best.params["lr"] > cfg.tune.lr_high
@@ -206,7 +207,7 @@ def test_an_extension_stops_at_the_hard_limit_and_the_answer_is_flagged_there():
 def test_a_width_optimum_below_the_range_adds_a_narrower_width():
     """Three batches at the first rung: after the second, the best width is the smallest
     choice, and the third batch may try one step narrower."""
-    cfg = with_tune(rungs=((12, 0.125), (2, 1.0)))
+    cfg = DEFAULT
     narrow = tuning.width_ladder(cfg, "shakespeare")[0]
     results, order = simulate(cfg, bowl(0.01, d_opt=narrow / 2), dataset="shakespeare")
     space = tuning.space_for_batch(cfg, "shakespeare", results, order[-1])

@@ -343,7 +343,7 @@ class TuneConfig:
     environment variable ``LMABLATE_OPTUNA_STORAGE`` overrides it.
     """
 
-    rungs: tuple[tuple[int, float], ...] = ((8, 0.125), (2, 1.0))
+    rungs: tuple[tuple[int, float], ...] = ((12, 0.125), (2, 1.0))
     trials_per_batch: int = 4
     reports: int = 8
     seed: int = 1000
