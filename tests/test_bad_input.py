@@ -210,7 +210,8 @@ CASES = [
     ("d_model_choices not a list", setting("tune.d_model_choices", 32), tune_args(),
      "params: tune.d_model_choices=32 is not allowed; expected a list, e.g. [1, 2]"),
     ("empty d_model_choices", setting("tune.d_model_choices", []), tune_args(),
-     "params: tune.d_model_choices=[] is not allowed; expected a non-empty list"),
+     "params: tune.d_model_choices=[] is not allowed; expected a non-empty list, or null to "
+     "derive the widths from the budget"),
     ("seeds as a string", setting("study.seeds", "0, 1"), tune_args(),
      "params: study.seeds='0, 1' is not allowed; expected a non-empty list of integers"),
     ("fractional seed", setting("study.seeds", [0.5]), tune_args(),

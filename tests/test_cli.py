@@ -28,9 +28,9 @@ def test_stages_run_on_tiny_data_and_each_ends_with_one_summary_line(project, ca
     best = json.loads((project.path / "out" / "best.json").read_text())
     assert best["d_model"] == 16 and 0 < best["lr"] and best["n_trials"] == 3
     assert re.fullmatch(
-        rf"lmablate tune arithmetic rope: done in \d+\.\d s; 2 trials \(2 complete, 0 pruned, "
-        rf"0 diverged\); best val_loss {best['val_loss']:.4f} at lr {best['lr']:.3g}, "
-        rf"d_model 16( \(.*\))?", last_line(capsys))
+        rf"lmablate tune arithmetic rope: done in \d+\.\d s; 3 trials \(rungs 2 x 0\.5 -> 1 x 1 "
+        rf"of the budget; 0 diverged\); best val_loss {best['val_loss']:.4f} at lr "
+        rf"{best['lr']:.3g}, d_model 16, trained at the full budget", last_line(capsys))
     assert cli.main(["train", "arithmetic", "rope", "--tokens", "tokens", "--best", "out/best.json",
                      "--checkpoints", "out/ck", "--history", "out/history.csv",
                      "--grad-stats", "out/grad.csv"]) == 0
