@@ -33,8 +33,8 @@ import numpy as np
 
 __all__ = [
     "DISCOUNT", "MAX_ORDER", "NGRAM_SMOOTHING", "ngram_cross_entropy", "ngram_probabilities",
-    "ngram_references", "uniform_cross_entropy", "constant_answer_scores", "best_constant_answer", "most_frequent_answer",
-    "all_zeros_answer",
+    "ngram_references", "uniform_cross_entropy", "constant_answer_scores", "best_constant_answer",
+    "most_frequent_answer", "all_zeros_answer",
 ]
 
 DISCOUNT = 0.75  # D, the one absolute discount of every order >= 2
