@@ -132,7 +132,7 @@ def test_kill_9_during_tune_keeps_trials_and_finishes_the_count(project, start_l
     assert again.wait(timeout=300) == 0, again.stderr.read()
     study = optuna.load_study(study_name=name, storage=storage)
     states = [t.state for t in study.trials]
-    assert states.count(optuna.trial.TrialState.COMPLETE) == 4
+    assert states.count(optuna.trial.TrialState.COMPLETE) == 5  # 4 at the first rung, 1 above
     assert optuna.trial.TrialState.RUNNING not in states
     assert json.loads((project / "t" / "best.json").read_text())["n_trials"] == 5
     # the killed trial was failed and run again from its queued slot: the same bytes as a run
@@ -205,7 +205,8 @@ def test_a_trial_whose_worker_died_right_after_taking_it_is_queued_again(tmp_pat
     """A worker killed between claiming a trial and its heartbeat thread's first beat: the
     trial still has a heartbeat (claim records one first), so it goes stale and is queued again
     with its slot, instead of staying RUNNING for good."""
-    from lmablate.tuning import SLOT, claim, load_study, make_storage
+    from lmablate.studies import claim, load_study, make_storage
+    from lmablate.tuning import SLOT
 
     study = load_study(make_storage(f"sqlite:///{tmp_path / 'o.db'}", heartbeat_seconds=1), "s")
     study.enqueue_trial({"x": 1.0}, user_attrs={SLOT: 0})

@@ -55,7 +55,7 @@ TRAIN_STEPS = """
     from lmablate.training import make_optimizer, make_scheduler, train_step
 
     def run(steps=6):
-        cfg = TrainConfig(warmup_steps=2, weight_decay=0.1)
+        cfg = TrainConfig(warmup_fraction=0.1, weight_decay=0.1)
         torch.manual_seed(0)
         model = GPT(ModelConfig(vocab_size=11, context_length=8, n_layers=1, n_heads=2,
                                 d_model=16))

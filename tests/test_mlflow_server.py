@@ -117,12 +117,16 @@ def test_every_final_run_has_a_val_loss_curve_strictly_increasing_in_step(study)
 
 
 @pytest.mark.slow
-def test_no_pruned_trial_is_shown_as_failed(study):
-    pruned = _runs(study, "tags.state = 'PRUNED'")
-    assert pruned, "the tiny study pruned no trial: the check would be vacuous"
-    for run in pruned:
+def test_every_tuning_trial_says_its_rung_and_share_of_the_budget(study):
+    """The tiny study's rungs are [[4, 0.5], [2, 1.0]]: four trials at half the budget, then
+    the best two at the full budget; each trial run finished and carries both as params."""
+    trials = [r for r in _runs(study, "tags.stage = 'tune'") if "trial" in _tags(r)]
+    assert len(trials) == 6 * len(VARIANTS)
+    for run in trials:
         assert run["info"]["status"] == "FINISHED"
-        assert "pruned at step" in _tags(run)["pruned_reason"]
+    shares = sorted((p["value"] for r in trials for p in r["data"]["params"]
+                     if p["key"] == "budget_fraction"), key=float)
+    assert shares == ["0.5"] * 4 * len(VARIANTS) + ["1.0"] * 2 * len(VARIANTS)
 
 
 @pytest.mark.slow

@@ -19,7 +19,7 @@ from typing import Any, Mapping
 
 from .fingerprint import NOT_A_RESULT
 from .validation import (ConfigError, check_bool, check_choice, check_fraction, check_int,
-                         check_interval, check_positive, check_str, fail, from_mapping)
+                         check_positive, check_str, fail, from_mapping)
 from .validation import DataError  # noqa: F401 - re-exported for the data modules and tests
 
 # Allowed component strings. The model's registries are keyed by exactly these names; a test
