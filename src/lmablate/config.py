@@ -19,7 +19,7 @@ from typing import Any, Mapping
 
 from .fingerprint import NOT_A_RESULT
 from .validation import (ConfigError, check_bool, check_choice, check_fraction, check_int,
-                         check_positive, check_str, fail, from_mapping)
+                         check_positive, check_range, check_rungs, check_str, fail, from_mapping)
 from .validation import DataError  # noqa: F401 - re-exported for the data modules and tests
 
 # Allowed component strings. The model's registries are keyed by exactly these names; a test
@@ -312,32 +312,22 @@ class RuntimeConfig:
 @dataclass(frozen=True)
 class TuneConfig:
     """Optuna search per dataset x variant over the learning rate and ``d_model``, by successive
-    halving (Jamieson & Talwalkar 2016; Li et al. 2018) at equal compute (:mod:`lmablate.tuning`).
+    halving (Jamieson & Talwalkar 2016; Li et al. 2018) at equal compute; the protocol is
+    :mod:`lmablate.tuning`'s.
 
-    Rungs: ``rungs`` lists [trials, share of the budget] from the lowest up. The first rung's
-    configurations each train its share of their dataset's ``train.budget_flops`` (a narrow
-    model trains more steps, not fewer); the best of them, as many as the next rung has trials,
-    train again, from scratch, on that rung's share, and so on up to the last rung, which trains
-    the full budget (1.0), the one the final runs spend. The configuration tuning returns is the
-    best of that last rung, so it has been trained at the budget it is judged at. All trials
-    train on seed ``seed``, which is not a final seed, and report their validation loss
-    ``reports`` times.
+    ``rungs``: [trials, share of the budget] from the lowest rung up; the best trials of a rung,
+    as many as the next has, train again from scratch on its share, up to the last rung at the
+    full budget (1.0), whose best is the answer. Trials train on seed ``seed`` (not a final
+    seed), report their validation loss ``reports`` times, and the first rung's train at least
+    ``min_steps`` steps. The first rung is proposed ``trials_per_batch`` at a time: first the
+    same learning-rate sweep for every variant (shifted by ``sampler_seed``), then TPE
+    (Bergstra et al. 2011) with each study's own seed.
 
-    Proposals: the first rung is proposed ``trials_per_batch`` at a time. Its first batch is a
-    shared design, a learning-rate sweep evenly spaced in log (shifted by ``sampler_seed``) at
-    the width nearest the compute-optimal one, the same for every variant (paired
-    learning-rate curves); later batches come from TPE (Bergstra et al. 2011) over both, with a
-    seed of each study's own. A batch sees only the results of earlier batches, so the study is the same
-    at any number of workers.
-
-    Search space: the learning rate log-uniform in [``lr_low``, ``lr_high``]; the widths either
-    ``d_model_choices`` or, when that is null, ``n_widths`` widths whose training tokens per
-    non-embedding parameter at the dataset's budget lie in ``tokens_per_parameter`` (Hoffmann et
-    al. 2022 put the compute-optimal ratio near 20). When the best first-rung value so far lies
-    on an edge, the next batch extends the range that way: the learning rate by a factor 10 up
-    to ``lr_limits``, a derived width by one step while its tokens per parameter stay within
-    ``tokens_per_parameter_limits``. Every trial of the first rung must train at least
-    ``min_steps`` steps.
+    Search space: the learning rate log-uniform in [``lr_low``, ``lr_high``]; the widths
+    ``d_model_choices``, or when null ``n_widths`` widths with ``tokens_per_parameter`` training
+    tokens per non-embedding parameter at the budget (Hoffmann et al. 2022: about 20 is
+    compute-optimal). An edge extends the search: the learning rate by 10x within
+    ``lr_limits``, a derived width by a step within ``tokens_per_parameter_limits``.
 
     ``storage`` is an Optuna storage URL (``sqlite:///optuna.db``, ``postgresql://...``); the
     environment variable ``LMABLATE_OPTUNA_STORAGE`` overrides it.
@@ -362,7 +352,7 @@ class TuneConfig:
 
     def __post_init__(self) -> None:
         check_int("tune.trials_per_batch", self.trials_per_batch, maximum=MAX_TRIALS)
-        self._check_rungs()
+        object.__setattr__(self, "rungs", check_rungs("tune.rungs", self.rungs, MAX_TRIALS))
         check_int("tune.reports", self.reports, maximum=MAX_COUNT)
         check_int("tune.min_steps", self.min_steps, maximum=MAX_COUNT)
         check_int("tune.n_widths", self.n_widths, maximum=64)
@@ -373,13 +363,13 @@ class TuneConfig:
         check_positive("tune.lr_high", self.lr_high)
         if self.lr_low >= self.lr_high:
             fail("tune.lr_low", self.lr_low, f"must be below tune.lr_high={self.lr_high}")
-        _check_range("tune.lr_limits", self.lr_limits, MAX_LR)
+        check_range("tune.lr_limits", self.lr_limits, MAX_LR)
         lo, hi = self.lr_limits
         if not lo <= self.lr_low < self.lr_high <= hi:
             fail("tune.lr_limits", list(self.lr_limits), f"must contain [tune.lr_low, "
                  f"tune.lr_high] = [{self.lr_low:g}, {self.lr_high:g}]")
-        _check_range("tune.tokens_per_parameter", self.tokens_per_parameter, 1e6)
-        _check_range("tune.tokens_per_parameter_limits", self.tokens_per_parameter_limits, 1e6)
+        check_range("tune.tokens_per_parameter", self.tokens_per_parameter, 1e6)
+        check_range("tune.tokens_per_parameter_limits", self.tokens_per_parameter_limits, 1e6)
         lo, hi = self.tokens_per_parameter_limits
         if not lo <= self.tokens_per_parameter[0] < self.tokens_per_parameter[1] <= hi:
             fail("tune.tokens_per_parameter_limits", list(self.tokens_per_parameter_limits),
@@ -402,24 +392,6 @@ class TuneConfig:
     def storage_url(self) -> str:
         return os.environ.get("LMABLATE_OPTUNA_STORAGE", self.storage)
 
-    def _check_rungs(self) -> None:
-        rule = ("expected a list of [trials, share of the budget] pairs, e.g. [[8, 0.125], [2, "
-                "1.0]]: trials whole numbers from 1 to 10,000 that do not grow, shares that grow "
-                "from above 0 to exactly 1.0 at the last rung")
-        rungs = self.rungs
-        if not isinstance(rungs, (list, tuple)) or not rungs or not all(
-                isinstance(r, (list, tuple)) and len(r) == 2 for r in rungs):
-            fail("tune.rungs", rungs, rule)
-        trials, shares = [r[0] for r in rungs], [r[1] for r in rungs]
-        if (not all(isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= MAX_TRIALS
-                    for n in trials)
-                or not all(isinstance(f, (int, float)) and not isinstance(f, bool)
-                           and 0 < f <= 1 for f in shares)
-                or any(b > a for a, b in zip(trials, trials[1:]))
-                or any(b <= a for a, b in zip(shares, shares[1:])) or shares[-1] != 1):
-            fail("tune.rungs", [list(r) for r in rungs], rule)
-        object.__setattr__(self, "rungs", tuple((n, float(f)) for n, f in rungs))
-
     @property
     def n_trials(self) -> int:
         """Configurations tried at the first rung."""
@@ -429,16 +401,6 @@ class TuneConfig:
     def budget_fraction(self) -> float:
         """The first rung's share of the budget: the shortest trials."""
         return self.rungs[0][1]
-
-
-def _check_range(key: str, value: Any, maximum: float) -> None:
-    """``value`` must be a list [low, high] of finite numbers with 0 < low < high <= maximum."""
-    if (not isinstance(value, (list, tuple)) or len(value) != 2
-            or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
-                       and math.isfinite(v) for v in value)
-            or not 0 < value[0] < value[1] <= maximum):
-        fail(key, list(value) if isinstance(value, tuple) else value,
-             f"expected [low, high] with 0 < low < high <= {maximum:g}")
 
 
 @dataclass(frozen=True)

@@ -97,6 +97,38 @@ def check_int(key: str, value: Any, *, minimum: int = 1, maximum: int | None = N
         fail(key, value, f"expected an integer >= {minimum}{_within(maximum)}")
 
 
+def check_range(key: str, value: Any, maximum: float) -> None:
+    """``value`` must be a list [low, high] of finite numbers with 0 < low < high <= maximum."""
+    if (not isinstance(value, (list, tuple)) or len(value) != 2
+            or not all(_real(v) for v in value) or not 0 < value[0] < value[1] <= maximum):
+        fail(key, list(value) if isinstance(value, tuple) else value,
+             f"expected [low, high] with 0 < low < high <= {maximum:g}")
+
+
+def check_rungs(key: str, value: Any, max_trials: int) -> tuple[tuple[int, float], ...]:
+    """Successive-halving rungs, lowest first: a non-empty list of [trials, share of the budget]
+    pairs whose trials (whole numbers, 1..``max_trials``) do not grow and whose shares grow from
+    above 0 to exactly 1.0 at the last rung. Returns them as a tuple of (int, float) pairs.
+
+    Raises:
+        ConfigError: anything else, naming ``key``, the value and the rule.
+    """
+    rule = ("expected a list of [trials, share of the budget] pairs, e.g. [[8, 0.125], [2, "
+            f"1.0]]: trials whole numbers from 1 to {max_trials:,} that do not grow, shares "
+            "that grow from above 0 to exactly 1.0 at the last rung")
+    if not isinstance(value, (list, tuple)) or not value or not all(
+            isinstance(r, (list, tuple)) and len(r) == 2 for r in value):
+        fail(key, value, rule)
+    trials, shares = [r[0] for r in value], [r[1] for r in value]
+    if (not all(isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= max_trials
+                for n in trials)
+            or not all(_real(f) and 0 < f <= 1 for f in shares)
+            or any(b > a for a, b in zip(trials, trials[1:]))
+            or any(b <= a for a, b in zip(shares, shares[1:])) or shares[-1] != 1):
+        fail(key, [list(r) for r in value], rule)
+    return tuple((n, float(f)) for n, f in value)
+
+
 def check_types(cls: type, data: Mapping[str, Any], prefix: str) -> None:
     """Check each value of ``data`` against the type its field of dataclass ``cls`` declares,
     without coercion: a ``bool`` field takes only ``true``/``false``, a ``str`` field only a
