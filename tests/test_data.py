@@ -202,7 +202,7 @@ def _number(field: str) -> float:
 def test_generated_lines_have_the_exact_shape(problems):
     train, test = problems
     for line in train + test:
-        assert len(line) == arithmetic.LINE_LENGTH == 36
+        assert len(line) == arithmetic.SEED_FORMAT.line_length == 36
         a, op, b, ans = _parse(line)
         for field in (a, b):
             assert re.fullmatch(r"0*([1-9][0-9]{0,3}|[0-9]{1,4}\.[0-9]{2})", field), line
@@ -254,8 +254,8 @@ def test_clashes_with_test_are_redrawn(monkeypatch):
     real = arithmetic._draw_problems
     calls = []
 
-    def clashing(rng, op_idx):
-        lines = real(rng, op_idx)
+    def clashing(rng, op_idx, fmt, low=1):
+        lines = real(rng, op_idx, fmt, low)
         calls.append(lines)
         if len(calls) == 2:  # the train draw: copy the test problems into it
             lines[: len(calls[0])] = calls[0]

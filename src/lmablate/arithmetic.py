@@ -1,84 +1,171 @@
-"""The arithmetic task's format (seed 000, a GPT calculator): one rule to write, read and score it.
+"""The arithmetic task: one rule to write, read and score a problem, at any difficulty.
 
 One problem per line::
 
-    $(0000753.78+0000000910)=87.3661000$
+    $(0000753.78+0000000910)=87.3661000$        seed 000's format (:data:`SEED_FORMAT`)
+    $(007+091)=890$                             2-digit integer + and -
 
-``$(`` + operand a + op + operand b + ``)=`` + the *reversed* answer + ``$``. Operands lie in
-(0, 1000]: half are integers 1..1000 (``910``), half have exactly two decimals (``2.08``, drawn
-as integer cents 1..100000 and divided by 100). Operands and answer are left-padded with ``0``
-to 10 characters (``-134.14`` -> ``000-134.14``); the answer is written with two decimals,
-except that integer ``+ - *`` integer is written as an integer. Answers are exact: computed in
-integer hundredths, and where the exact result has more than two decimals (``*`` of two decimal
-operands, ``/``) rounded to the nearest hundredth with ties rounded half up
-(``863.50*837.05`` = 722792.675 -> ``722792.68``; see :func:`format_problems`).
-Every line is :data:`LINE_LENGTH` (36) characters long.
+``$(`` + operand a + op + operand b + ``)=`` + the *reversed* answer + ``$``. The difficulty is
+an :class:`ArithmeticFormat` (``datasets.<name>`` keys ``digits``, ``max_operand``,
+``decimals``, ``operations``): operands are integers 1..``max_operand`` (10^digits - 1 unless
+given) and, with ``decimals``, half of them numbers with exactly two decimals in
+0.01..``max_operand``.00 (drawn as integer hundredths). Every field, both operands and the
+answer, is left-padded with ``0`` to one width, :attr:`ArithmeticFormat.width`: the widest
+answer (or operand) the format can produce (``-134.14`` -> ``000-134.14`` at width 10), so all
+lines of a format have one length and a model finds every digit at a fixed offset from the
+start of its problem. The answer is written with two decimals, except that integer
+``+ - *`` integer is written as an integer. Answers are exact: computed in integer hundredths
+and, where the exact result has more than two decimals (``*`` of two decimal operands, ``/``),
+rounded to the nearest hundredth with ties rounded half up (``863.50*837.05`` = 722792.675 ->
+``722792.68``; see :func:`format_problems`).
 
-Everything else is derived from these constants: the offset of the operator
-(:data:`OP_INDEX`), the prompt a model is given (:data:`PROMPT_LENGTH` characters, up to and
-including ``=``), and the answer it must produce (:func:`split_problem`). The answer rule
-exists once, vectorised (:func:`format_problems`); :func:`format_problem` is its one-problem
-form, so generated data and hand-written problems can never disagree.
+Seed 000's format is ``digits: 3, max_operand: 1000, decimals: true`` with all four operations:
+width 10, lines of 36 characters. The answer rule exists once, vectorised
+(:func:`format_problems`); :func:`format_problem` is its one-problem form, so generated data
+and hand-written problems can never disagree. :func:`split_problem`, :func:`problem_op`,
+:func:`operand_digits` and :func:`answer_digits` read any format back.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Union
+from dataclasses import dataclass, field
+from typing import Sequence, Union
 
 import numpy as np
 
-from .config import DataError
+from .validation import DataError, check_bool, check_int, fail
 
 __all__ = [
-    "DataError", "Operand", "OPS", "OP_NAMES", "FIELD_WIDTH", "LINE_LENGTH", "OP_INDEX",
-    "PROMPT_LENGTH", "format_problem", "format_problems", "split_problem", "problem_op",
-    "generate_arithmetic",
+    "DataError", "ArithmeticFormat", "SEED_FORMAT", "Operand", "OPS", "OP_NAMES", "MAX_DIGITS",
+    "format_problem", "format_problems", "split_problem", "problem_op", "operand_digits",
+    "answer_digits", "generate_arithmetic", "length_problems",
 ]
 
 
 OPS = ("+", "-", "*", "/")
 OP_NAMES = {"+": "add", "-": "sub", "*": "mul", "/": "div"}  # per-operation metric names
-FIELD_WIDTH = 10  # characters of each operand and of the answer, zero-padded on the left
-OP_INDEX = len("$(") + FIELD_WIDTH  # the operator follows "$(" and the first operand
-PROMPT_LENGTH = OP_INDEX + 1 + FIELD_WIDTH + len(")=")  # "$(" a op b ")=": what the model sees
-LINE_LENGTH = PROMPT_LENGTH + FIELD_WIDTH + len("$")  # then the reversed answer and "$"
-MAX_INTEGER = 1000  # integer operands are 1..MAX_INTEGER
-MAX_CENTS = 100_000  # decimal operands are 0.01..1000.00, i.e. 1..MAX_CENTS hundredths
+# Operands of up to 7 digits keep every answer exact in int64: the largest intermediate is a
+# product of two decimal operands in hundredths, (1e7 x 100)^2 = 1e18 < 9.2e18.
+MAX_DIGITS = 7
+
+
+@dataclass(frozen=True)
+class ArithmeticFormat:
+    """The difficulty and line format of an arithmetic dataset.
+
+    Args:
+        digits: the most digits an operand's integer part has, 1..:data:`MAX_DIGITS`.
+        max_operand: the largest operand (None: ``10**digits - 1``); at least
+            ``10**(digits - 1)`` and at most ``10**digits`` (seed 000's 1000 at 3 digits).
+        decimals: half of the operands have exactly two decimals (seed 000).
+        operations: a non-empty subset of :data:`OPS`, in :data:`OPS` order once validated.
+
+    Derived: ``width`` (characters of every zero-padded field: the longest operand or answer
+    any problem can have), ``prompt_length`` (``$(`` a op b ``)=``), ``line_length`` (the
+    prompt, the answer and the closing ``$``). Every line of a format has ``line_length``
+    characters.
+
+    Raises:
+        ConfigError: a setting outside what is allowed (names the key as ``<where>.<key>``).
+    """
+
+    digits: int = 2
+    max_operand: int | None = None
+    decimals: bool = False
+    operations: tuple[str, ...] = ("+", "-")
+    where: str = field(default="arithmetic", compare=False, repr=False)
+    width: int = field(init=False)
+    prompt_length: int = field(init=False)
+    line_length: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        p = self.where
+        check_int(f"{p}.digits", self.digits, minimum=1, maximum=MAX_DIGITS)
+        if self.max_operand is None:
+            object.__setattr__(self, "max_operand", 10 ** self.digits - 1)
+        check_int(f"{p}.max_operand", self.max_operand, minimum=10 ** (self.digits - 1),
+                  maximum=10 ** self.digits)
+        check_bool(f"{p}.decimals", self.decimals)
+        ops = self.operations
+        if isinstance(ops, str) or not isinstance(ops, Sequence) or not ops:
+            fail(f"{p}.operations", ops, f"a non-empty list of {', '.join(map(repr, OPS))}")
+        bad = [op for op in ops if op not in OPS]
+        if bad or len(set(ops)) != len(ops):
+            fail(f"{p}.operations", list(ops),
+                 f"each of {', '.join(map(repr, OPS))} at most once")
+        object.__setattr__(self, "operations", tuple(op for op in OPS if op in ops))
+        width = _widest(self)
+        object.__setattr__(self, "width", width)
+        object.__setattr__(self, "prompt_length", len("$(") + 2 * width + 1 + len(")="))
+        object.__setattr__(self, "line_length", self.prompt_length + width + len("$"))
+
+    @property
+    def max_cents(self) -> int:
+        """The largest operand in hundredths (decimal operands are 1..max_cents)."""
+        return 100 * self.max_operand
+
+    def at_digits(self, n: int) -> "ArithmeticFormat":
+        """The same settings for operands of up to ``n`` digits (``max_operand`` 10^n - 1):
+        the format of the length-generalisation problems of ``n`` digits."""
+        return ArithmeticFormat(n, None, self.decimals, self.operations, self.where)
+
+    def settings(self) -> dict:
+        """The four settings as ``datasets.<name>`` keys (JSON-ready)."""
+        return {"digits": self.digits, "max_operand": self.max_operand,
+                "decimals": self.decimals, "operations": list(self.operations)}
+
+
+def _widest(fmt: ArithmeticFormat) -> int:
+    """The width of :class:`ArithmeticFormat`: the longest text of an operand or an answer.
+
+    An answer's length grows with its magnitude (and a ``-``), so the longest answers are at
+    the corners of the operand ranges: the smallest and largest integer and decimal operand,
+    every pairing, every operation. They are computed by the answer rule itself."""
+    kinds = [(True, 100), (True, fmt.max_cents)]
+    if fmt.decimals:
+        kinds += [(False, 1), (False, fmt.max_cents)]
+    pairs = [(a, b) for a in kinds for b in kinds]
+    longest = max(len(t) for t in _texts(np.array([c for _, c in kinds]),
+                                         np.array([i for i, _ in kinds])))
+    for op in fmt.operations:
+        a_int, a_cents = (np.array(x) for x in zip(*(a for a, _ in pairs)))
+        b_int, b_cents = (np.array(x) for x in zip(*(b for _, b in pairs)))
+        hundredths = _answer_hundredths(op, a_cents.astype(np.int64), b_cents.astype(np.int64))
+        as_integer = a_int & b_int & (op != "/")
+        longest = max(longest, max(len(t) for t in _texts(hundredths, as_integer)))
+    return longest
+
 
 
 @dataclass(frozen=True)
 class Operand:
-    """One operand of a problem, in (0, 1000]: an integer, or a number with two decimals.
+    """One positive operand: an integer, or a number with exactly two decimals.
 
     ``cents`` is the value in hundredths (``910`` -> 91000, ``2.08`` -> 208); ``is_integer``
     says how it is written (``910`` vs ``910.00``). Build with :meth:`integer`, :meth:`decimal`,
-    :meth:`parse` or :meth:`coerce`.
+    :meth:`parse` or :meth:`coerce`; a format's range is checked where a problem is formatted
+    (:func:`format_problems`).
 
     Raises:
-        DataError: out of range (integers 1..1000, decimals 0.01..1000.00).
+        DataError: not positive, or an integer whose cents are not a multiple of 100.
     """
 
     cents: int
     is_integer: bool
 
     def __post_init__(self) -> None:
-        if self.is_integer:
-            if self.cents % 100 or not 1 <= self.cents // 100 <= MAX_INTEGER:
-                raise DataError(f"integer operand {self.cents / 100:g} is not allowed; "
-                                f"expected an integer in 1..{MAX_INTEGER}")
-        elif not 1 <= self.cents <= MAX_CENTS:
-            raise DataError(f"decimal operand {self.cents / 100:.2f} is not allowed; "
-                            f"expected 0.01..{MAX_CENTS / 100:.2f}")
+        if self.cents < 1 or (self.is_integer and self.cents % 100):
+            raise DataError(f"operand {self.cents / 100:g} is not allowed; expected a positive "
+                            "integer or a positive number with two decimals")
 
     @classmethod
     def integer(cls, n: int) -> "Operand":
-        """An integer operand ``n`` in 1..1000, written without decimals."""
+        """An integer operand ``n`` >= 1, written without decimals."""
         return cls(int(n) * 100, True)
 
     @classmethod
     def decimal(cls, cents: int) -> "Operand":
-        """A two-decimal operand of ``cents`` hundredths (1..100000), written ``f"{x:.2f}"``."""
+        """A two-decimal operand of ``cents`` hundredths (>= 1), written ``f"{x:.2f}"``."""
         return cls(int(cents), False)
 
     @classmethod
@@ -125,7 +212,7 @@ class Operand:
     @property
     def text(self) -> str:
         """Its written form, unpadded: ``"910"`` or ``"2.08"``."""
-        return _operand_text(self.cents, self.is_integer)
+        return _texts(np.array([self.cents]), np.array([self.is_integer]))[0]
 
 
 def _texts(hundredths: np.ndarray, as_integer: np.ndarray) -> list[str]:
@@ -133,18 +220,21 @@ def _texts(hundredths: np.ndarray, as_integer: np.ndarray) -> list[str]:
     must be multiples of 100) or with two decimals: ``91000`` -> ``"910"``, ``-13414`` ->
     ``"-134.14"``, ``0`` -> ``"0.00"`` (never ``"-0.00"``).
 
-    The two-decimal form is ``f"{h / 100:.2f}"``, exact for ``|h| < 1e12`` (answers here are
-    at most 1e8): the float is within 1e-4 of ``h / 100``, well inside the 0.005 that ``.2f``
-    rounds away, and ``0 / 100`` is ``+0.0``. Twice as fast as formatting ``divmod(h, 100)``.
+    The two-decimal form is ``f"{h / 100:.2f}"``, exact for ``|h| < 1e12``: the float is
+    within 1e-4 of ``h / 100``, well inside the 0.005 that ``.2f`` rounds away, and ``0 / 100``
+    is ``+0.0``. Larger values (7-digit products) are written from ``divmod(h, 100)``.
     """
     hundredths = np.asarray(hundredths, dtype=np.int64)
     whole, scaled = (hundredths // 100).tolist(), (hundredths / 100).tolist()
-    return [str(w) if i else f"{x:.2f}"
-            for i, w, x in zip(np.asarray(as_integer, dtype=bool).tolist(), whole, scaled)]
+    exact = hundredths.tolist()
+    return [str(w) if i else (f"{x:.2f}" if abs(h) < 10 ** 12 else _two_decimals(h))
+            for i, w, x, h in zip(np.asarray(as_integer, dtype=bool).tolist(), whole, scaled,
+                                  exact)]
 
 
-def _operand_text(cents: int, is_integer: bool) -> str:
-    return _texts(np.array([cents]), np.array([is_integer]))[0]
+def _two_decimals(h: int) -> str:
+    sign, (whole, frac) = "-" if h < 0 else "", divmod(abs(h), 100)
+    return f"{sign}{whole}.{frac:02d}"
 
 
 def _divide_half_up(num: np.ndarray, den: np.ndarray) -> np.ndarray:
@@ -156,12 +246,12 @@ def _divide_half_up(num: np.ndarray, den: np.ndarray) -> np.ndarray:
 
 def _answer_hundredths(op: str, a_cents: np.ndarray, b_cents: np.ndarray) -> np.ndarray:
     """``a op b`` in hundredths, exact, rounded half up where the exact result has more than
-    two decimals; elementwise on int64 arrays of operands in hundredths (1..100000).
+    two decimals; elementwise on int64 arrays of positive operands in hundredths.
 
     ``+ -``: exact. ``*``: the exact product has four decimals (``a_cents * b_cents`` ten-
-    thousandths, at most 1e10, so int64 is exact), rounded to hundredths. ``/``: the exact
-    rational quotient (``100 * a_cents / b_cents`` hundredths) rounded to the nearest
-    hundredth; a non-terminating quotient is never a tie.
+    thousandths, below 1e18 for :data:`MAX_DIGITS`, so int64 is exact), rounded to hundredths.
+    ``/``: the exact rational quotient (``100 * a_cents / b_cents`` hundredths) rounded to the
+    nearest hundredth; a non-terminating quotient is never a tie.
     """
     if op == "+":
         return a_cents + b_cents
@@ -172,17 +262,16 @@ def _answer_hundredths(op: str, a_cents: np.ndarray, b_cents: np.ndarray) -> np.
     return _divide_half_up(100 * a_cents, b_cents)
 
 
-def _assemble(a: str, op: str, b: str, answer: str) -> str:
-    """One line from unpadded parts: pad each field to 10 characters, reverse the answer."""
-    w = FIELD_WIDTH
-    return f"$({a.rjust(w, '0')}{op}{b.rjust(w, '0')})={answer.rjust(w, '0')[::-1]}$"
+# seed 000's format: operands in (0, 1000], half with two decimals, + - * /; width 10
+SEED_FORMAT = ArithmeticFormat(digits=3, max_operand=1000, decimals=True, operations=OPS)
 
 
 def format_problems(op_idx: np.ndarray, a_int: np.ndarray, a_cents: np.ndarray,
-                    b_int: np.ndarray, b_cents: np.ndarray) -> list[str]:
-    """Problem lines (no ``\n``) for arrays of operator indices into :data:`OPS`, and of the
-    operands as (is_integer bool, value in cents int64, i.e. hundredths: ``910`` -> 91000,
-    ``2.08`` -> 208).
+                    b_int: np.ndarray, b_cents: np.ndarray,
+                    fmt: ArithmeticFormat = SEED_FORMAT) -> list[str]:
+    """Problem lines (no ``\n``) of format ``fmt`` for arrays of operator indices into
+    :data:`OPS`, and of the operands as (is_integer bool, value in cents int64, i.e.
+    hundredths: ``910`` -> 91000, ``2.08`` -> 208).
 
     The answer rule: the answer is computed exactly in integer hundredths (no floats) and
     written with two decimals (``-134.14``; zero is ``0.00``, never ``-0.00``), except integer
@@ -194,22 +283,27 @@ def format_problems(op_idx: np.ndarray, a_int: np.ndarray, a_cents: np.ndarray,
     from zero). A tie means the exact result ends in a 5 in the third decimal and nothing
     after it: ``863.50*837.05`` = 722792.675 -> ``722792.68``, ``148/32`` = 4.625 -> ``4.63``,
     ``207.69/2`` = 103.845 -> ``103.85``. A non-terminating quotient (``400/344`` =
-    1.16279...) is never a tie and rounds to the nearest (``1.16``).
+    1.16279...) is never a tie and rounds to the nearest (``1.16``). Each field is then
+    left-padded with ``0`` to ``fmt.width`` and the answer reversed.
 
     Raises:
-        DataError: an operator index outside :data:`OPS`, or an operand outside what
-            :class:`Operand` allows (decimals 1..100000 hundredths, integers 100..100000 and
-            a multiple of 100).
+        DataError: an operation ``fmt`` does not have, or an operand outside its range
+            (integers 1..max_operand, decimals 0.01..max_operand.00, a decimal where the
+            format has none).
     """
     op_idx = np.asarray(op_idx, dtype=np.int64)
     a_int, b_int = np.asarray(a_int, dtype=bool), np.asarray(b_int, dtype=bool)
     a_cents, b_cents = np.asarray(a_cents, dtype=np.int64), np.asarray(b_cents, dtype=np.int64)
-    if np.any((op_idx < 0) | (op_idx >= len(OPS))):
-        raise DataError(f"operator index out of 0..{len(OPS) - 1} is not allowed")
+    allowed = [OPS.index(op) for op in fmt.operations]
+    if not np.isin(op_idx, allowed).all():
+        raise DataError(f"an operator outside {' '.join(fmt.operations)} is not allowed in "
+                        "this format")
     for is_int, cents in ((a_int, a_cents), (b_int, b_cents)):
-        if np.any((cents < 1) | (cents > MAX_CENTS) | (is_int & (cents % 100 != 0))):
-            raise DataError("operand out of range is not allowed; expected integers 1..1000 "
-                            "(100..100000 hundredths) or decimals 0.01..1000.00")
+        if np.any((cents < 1) | (cents > fmt.max_cents) | (is_int & (cents % 100 != 0))
+                  | (~is_int & (not fmt.decimals))):
+            kinds = " or decimals 0.01.." + f"{fmt.max_operand}.00" if fmt.decimals else ""
+            raise DataError(f"operand out of range is not allowed; expected integers "
+                            f"1..{fmt.max_operand}{kinds}")
     hundredths = np.zeros(len(op_idx), dtype=np.int64)
     for k, op in enumerate(OPS):
         sel = op_idx == k
@@ -218,65 +312,125 @@ def format_problems(op_idx: np.ndarray, a_int: np.ndarray, a_cents: np.ndarray,
     answers = _texts(hundredths, as_integer)
     a_text, b_text = _texts(a_cents, a_int), _texts(b_cents, b_int)
     ops = [OPS[k] for k in op_idx.tolist()]
-    return [_assemble(*parts) for parts in zip(a_text, ops, b_text, answers)]
+    w = fmt.width
+    return [f"$({a.rjust(w, '0')}{op}{b.rjust(w, '0')})={c.rjust(w, '0')[::-1]}$"
+            for a, op, b, c in zip(a_text, ops, b_text, answers)]
 
 
 def format_problem(a: Union[Operand, str, int, float], op: str,
-                   b: Union[Operand, str, int, float]) -> str:
-    """The problem line for ``a op b`` (36 characters, no trailing newline), by the rule of
-    :func:`format_problems`.
+                   b: Union[Operand, str, int, float],
+                   fmt: ArithmeticFormat = SEED_FORMAT) -> str:
+    """The problem line for ``a op b`` in format ``fmt`` (no trailing newline), by the rule
+    of :func:`format_problems`.
 
     ``a`` and ``b`` are :class:`Operand` values or anything :meth:`Operand.coerce` accepts:
     ``format_problem("753.78", "+", 910)`` -> ``"$(0000753.78+0000000910)=87.3661000$"``.
 
     Raises:
-        DataError: an operand out of range or badly written, or ``op`` not one of ``+ - * /``.
+        DataError: an operand out of the format's range or badly written, or ``op`` not one
+            of the format's operations.
     """
-    if op not in OPS:
-        raise DataError(f"operator {op!r} is not allowed; choose one of {' '.join(OPS)}")
+    if op not in fmt.operations:
+        raise DataError(f"operator {op!r} is not allowed; choose one of "
+                        f"{' '.join(fmt.operations)}")
     a, b = Operand.coerce(a), Operand.coerce(b)
     return format_problems([OPS.index(op)], [a.is_integer], [a.cents],
-                           [b.is_integer], [b.cents])[0]
+                           [b.is_integer], [b.cents], fmt)[0]
+
+
+def _parts(line: str) -> tuple[str, str, str, str]:
+    """``(a, op, b, reversed answer)`` as written (padded) in a problem line of any format.
+
+    Raises:
+        DataError: ``line`` is not ``$(`` digits op digits ``)=`` answer ``$``.
+    """
+    head, eq, tail = line.partition(")=")
+    body = head[2:]
+    k = next((i for i, ch in enumerate(body) if ch in OPS), -1)
+    ok = (line.startswith("$(") and eq and tail.endswith("$") and len(tail) > 1 and k > 0
+          and k < len(body) - 1)
+    a, b = body[:k], body[k + 1:]
+    if not ok or not all(c.isdigit() or c == "." for c in a + b):
+        raise DataError(f"arithmetic problem {line!r} is not allowed; expected "
+                        "'$(' a op b ')=' reversed answer '$', like '$(007+091)=890$'")
+    return a, body[k], b, tail[:-1]
 
 
 def split_problem(line: str) -> tuple[str, str]:
-    """``$(a op b)=answer$`` -> (the prompt, its first :data:`PROMPT_LENGTH` characters up to
-    and including ``=``; the target, the reversed answer with its closing ``$``).
+    """``$(a op b)=answer$`` -> (the prompt, up to and including ``=``; the target, the
+    reversed answer with its closing ``$``).
 
     Raises:
-        DataError: ``line`` is not :data:`LINE_LENGTH` characters with ``=`` where the format
-            puts it.
+        DataError: ``line`` is not in the problem format (see :func:`_parts`).
     """
-    if len(line) != LINE_LENGTH or line[PROMPT_LENGTH - 1] != "=":
-        raise DataError(f"arithmetic problem {line!r} is not allowed; expected "
-                        f"{LINE_LENGTH} characters like '$(0000753.78+0000000910)=87.3661000$'")
-    return line[:PROMPT_LENGTH], line[PROMPT_LENGTH:]
+    _parts(line)
+    cut = line.index(")=") + 2
+    return line[:cut], line[cut:]
 
 
 def problem_op(line: str) -> str:
-    """The operator (one of :data:`OPS`) of a problem line or prompt."""
-    return line[OP_INDEX]
+    """The operator (one of :data:`OPS`) of a problem line.
+
+    Raises:
+        DataError: ``line`` is not in the problem format."""
+    return _parts(line)[1]
 
 
-def _balanced_ops(rng: np.random.Generator, n: int) -> np.ndarray:
-    """``n`` operator indices into :data:`OPS`, equal counts up to one, shuffled."""
-    return rng.permutation(np.arange(n, dtype=np.int64) % len(OPS))
+def _integer_digits(text: str) -> int:
+    """Digits of a written number's integer part without padding: ``000-134.14`` -> 3,
+    ``0.50`` -> 1, ``0`` -> 1."""
+    whole = text.partition(".")[0].replace("-", "").lstrip("0")
+    return max(len(whole), 1)
 
 
-def _draw_operands(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """``n`` operands as (is_integer bool array, value in cents int64 array), 50/50 kinds."""
+def operand_digits(line: str) -> int:
+    """The digits of the longer operand's integer part (``$(0753+0091)=...`` -> 3): a
+    problem's operand length.
+
+    Raises:
+        DataError: ``line`` is not in the problem format."""
+    a, _, b, _ = _parts(line)
+    return max(_integer_digits(a), _integer_digits(b))
+
+
+def answer_digits(line: str) -> int:
+    """The digits of the answer's integer part, sign and padding left out (``-98`` -> 2,
+    ``198`` -> 3, ``0.50`` -> 1): a problem's answer length.
+
+    Raises:
+        DataError: ``line`` is not in the problem format."""
+    return _integer_digits(_parts(line)[3][::-1])
+
+
+def _balanced_ops(rng: np.random.Generator, n: int, fmt: ArithmeticFormat) -> np.ndarray:
+    """``n`` operator indices into :data:`OPS` of the format's operations, equal counts up to
+    one, shuffled."""
+    allowed = np.array([OPS.index(op) for op in fmt.operations], dtype=np.int64)
+    return allowed[rng.permutation(np.arange(n, dtype=np.int64) % len(allowed))]
+
+
+def _draw_operands(rng: np.random.Generator, n: int, fmt: ArithmeticFormat,
+                   low: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` operands as (is_integer bool array, value in cents int64 array): integers
+    ``low``..max_operand and, with decimals, 50/50 kinds, decimals 0.01..max_operand.00 for
+    ``low`` 1 (seed 000's draws, in its order) and ``low``.00..max_operand.00 above."""
+    if not fmt.decimals:
+        return np.ones(n, dtype=bool), 100 * rng.integers(low, fmt.max_operand + 1, size=n,
+                                                          dtype=np.int64)
     is_integer = rng.integers(0, 2, size=n).astype(bool)
-    integers = rng.integers(1, MAX_INTEGER + 1, size=n, dtype=np.int64)
-    cents = rng.integers(1, MAX_CENTS + 1, size=n, dtype=np.int64)
+    integers = rng.integers(low, fmt.max_operand + 1, size=n, dtype=np.int64)
+    cents = rng.integers(1 if low == 1 else 100 * low, fmt.max_cents + 1, size=n,
+                         dtype=np.int64)
     return is_integer, np.where(is_integer, integers * 100, cents)
 
 
-def _draw_problems(rng: np.random.Generator, op_idx: np.ndarray) -> list[str]:
+def _draw_problems(rng: np.random.Generator, op_idx: np.ndarray, fmt: ArithmeticFormat,
+                   low: int = 1) -> list[str]:
     """One random problem line per entry of ``op_idx`` (operator indices into OPS)."""
     n = len(op_idx)
-    a_int, a_cents = _draw_operands(rng, n)
-    b_int, b_cents = _draw_operands(rng, n)
-    return format_problems(op_idx, a_int, a_cents, b_int, b_cents)
+    a_int, a_cents = _draw_operands(rng, n, fmt, low)
+    b_int, b_cents = _draw_operands(rng, n, fmt, low)
+    return format_problems(op_idx, a_int, a_cents, b_int, b_cents, fmt)
 
 
 def _check_count(key: str, value: object, minimum: int) -> int:
@@ -285,30 +439,60 @@ def _check_count(key: str, value: object, minimum: int) -> int:
     return int(value)
 
 
-def generate_arithmetic(n_train: int, n_test: int, seed: int) -> tuple[list[str], list[str]]:
-    """Draw ``n_train`` pool problems and ``n_test`` test problems (lines without ``\\n``).
+def generate_arithmetic(n_train: int, n_test: int, seed: int,
+                        fmt: ArithmeticFormat = SEED_FORMAT) -> tuple[list[str], list[str]]:
+    """Draw ``n_train`` pool problems and ``n_test`` test problems of format ``fmt`` (lines
+    without ``\\n``).
 
     Deterministic for a given ``seed`` (a :func:`numpy.random.default_rng` stream). In each set
-    the four operators have equal counts (up to one) in shuffled order. The test problems are
-    drawn first; the pool is then drawn and any pool problem that also occurs in the test set
-    is redrawn (same operator) until none does, so the two are disjoint. Duplicates *within*
-    a set are allowed (the problem space holds ~4e10 problems). About 1.5 s per million problems.
+    the format's operations have equal counts (up to one) in shuffled order. The test problems
+    are drawn first; the pool is then drawn and any pool problem that also occurs in the test
+    set is redrawn (same operator) until none does, so the two are disjoint. Duplicates
+    *within* a set are allowed. About 1.5 s per million problems. With :data:`SEED_FORMAT`
+    the draws are those of seed 000's generator, problem for problem.
 
     Raises:
-        DataError: ``n_train`` < 1, ``n_test`` < 0 or ``seed`` not a non-negative integer.
+        DataError: ``n_train`` < 1, ``n_test`` < 0 or ``seed`` not a non-negative integer;
+            a test set that leaves no problem for the pool (it holds every problem there is).
     """
     n_train = _check_count("n_train", n_train, 1)
     n_test = _check_count("n_test", n_test, 0)
     seed = _check_count("seed", seed, 0)
     rng = np.random.default_rng(seed)
-    test = _draw_problems(rng, _balanced_ops(rng, n_test))
+    test = _draw_problems(rng, _balanced_ops(rng, n_test, fmt), fmt)
     forbidden = set(test)
-    train_ops = _balanced_ops(rng, n_train)
-    train = _draw_problems(rng, train_ops)
+    train_ops = _balanced_ops(rng, n_train, fmt)
+    train = _draw_problems(rng, train_ops, fmt)
     clashes = np.array([i for i, line in enumerate(train) if line in forbidden], dtype=np.int64)
-    while len(clashes):
-        redrawn = _draw_problems(rng, train_ops[clashes])
+    for _ in range(1000):
+        if not len(clashes):
+            return train, test
+        redrawn = _draw_problems(rng, train_ops[clashes], fmt)
         for i, line in zip(clashes.tolist(), redrawn):
             train[i] = line
-        clashes = np.array([i for i in clashes.tolist() if train[i] in forbidden], dtype=np.int64)
-    return train, test
+        clashes = np.array([i for i in clashes.tolist() if train[i] in forbidden],
+                           dtype=np.int64)
+    raise DataError(f"n_test={n_test} is not allowed: the test problems leave (almost) no "
+                    "problem of this format for the training pool; draw fewer test problems "
+                    "or raise digits")
+
+
+def length_problems(fmt: ArithmeticFormat, n_digits: int, n: int, seed: int) -> list[str]:
+    """``n`` problems whose operands both have exactly ``n_digits`` digits before the point,
+    in the format of ``fmt`` at that many digits (:meth:`ArithmeticFormat.at_digits`): the
+    length-generalisation split of ``n_digits`` (Kazemnejad et al. 2023; Zhou et al. 2024).
+
+    Operands are integers 10^(n_digits-1)..10^n_digits - 1 and, with decimals, half of them
+    two-decimal numbers in the same integer range. Deterministic for (``seed``,
+    ``n_digits``). Disjoint from any problem of ``fmt`` when ``n_digits`` exceeds the digits of
+    ``fmt.max_operand``, since every operand is longer.
+
+    Raises:
+        DataError: ``n_digits`` outside 1..:data:`MAX_DIGITS`, ``n`` < 0.
+    """
+    n = _check_count("n", n, 0)
+    if not isinstance(n_digits, int) or not 1 <= n_digits <= MAX_DIGITS:
+        raise DataError(f"n_digits={n_digits!r} is not allowed; expected 1..{MAX_DIGITS}")
+    long = fmt.at_digits(n_digits)
+    rng = np.random.default_rng([_check_count("seed", seed, 0), n_digits])
+    return _draw_problems(rng, _balanced_ops(rng, n, long), long, low=10 ** (n_digits - 1))
