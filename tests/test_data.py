@@ -290,11 +290,23 @@ def test_generate_stage_writes_arithmetic_files(tmp_path):
     summary = generate(cfg, tmp_path / "raw")
     corpus = (tmp_path / "raw" / "corpus.txt").read_text(encoding="utf-8")
     test = (tmp_path / "raw" / "test.txt").read_text(encoding="utf-8")
-    train_lines, test_lines = generate_arithmetic(200, 20, seed=11)
+    length = (tmp_path / "raw" / "length.txt").read_text(encoding="utf-8").splitlines()
+    train_lines, test_lines = generate_arithmetic(200, 20, seed=11, fmt=cfg.format)
     assert corpus == "\n".join(train_lines) + "\n"
     assert test == "\n".join(test_lines) + "\n"
     assert summary["corpus_lines"] == 200 and summary["test_lines"] == 20
-    assert summary["corpus_chars"] == 200 * 37 and summary["n_train"] == 200
+    width = cfg.format.line_length
+    assert summary["corpus_chars"] == 200 * (width + 1) and summary["n_train"] == 200
+    assert summary["line_length"] == width == 15  # $(0dd+0dd)=ddd$
+    # the length split: n_test problems per length, both operands exactly that long
+    assert cfg.length_digits == (3, 4) and summary["n_length"] == len(length) == 40
+    for n, block in zip(cfg.length_digits, (length[:20], length[20:])):
+        assert all(arithmetic.operand_digits(p) == n for p in block)
+        assert all(len(p) == cfg.format.at_digits(n).line_length for p in block)
+        for p in block:
+            a, _, b, _ = arithmetic._parts(p)
+            assert min(len(a.lstrip("0")), len(b.lstrip("0"))) == n
+    assert not set(length) & set(train_lines + test_lines)
     assert not [p for p in (tmp_path / "raw").iterdir() if p.name.endswith(".tmp")]
 
 

@@ -7,10 +7,12 @@ import time
 
 import numpy as np
 import pytest
+import torch
 
 from lmablate.config import DatasetConfig, SplitConfig
 from lmablate.stages.generate import run as generate
 from lmablate.stages.tokenize import run as tokenize
+from lmablate.tokens import TokenData, batch_starts, get_batch
 from lmablate.tokenizer import (UNK, UNK_ID, CharTokenizer, TokenizerError, load_split,
                                 load_tokenizer, split_text)
 
@@ -171,10 +173,36 @@ def test_tokenize_arithmetic_dataset_strips_newlines_after_splitting(tmp_path):
                              for s in ("train", "val", "test"))
     assert "\n" not in tok.chars and "Ø" not in train + val + test_back
     assert train + val == corpus.replace("\n", "") and test_back == test.replace("\n", "")
-    assert len(val) % 36 == 0 and len(train) % 36 == 0  # whole problems only
+    L = meta["line_length"]  # every problem this long: training windows start at its multiples
+    assert L == cfg.format.line_length == 15
+    assert len(val) % L == 0 and len(train) % L == 0  # whole problems only
+    assert all(train[i:i + 2] == "$(" for i in range(0, len(train), L))
     assert val.startswith("$(") and val.endswith("$")
-    assert meta["tokens"] == {"train": len(train), "val": len(val), "test": 40 * 36}
+    assert meta["tokens"] == {"train": len(train), "val": len(val), "test": 40 * L}
     assert meta["test_from_file"] is True and meta["vocab_size"] <= 20
+    assert TokenData.load(tmp_path / "tok").stride == L
+
+
+def test_arithmetic_windows_start_at_problem_starts_and_text_windows_anywhere(tmp_path):
+    cfg = DatasetConfig(name="arith", kind="arithmetic", n_train=300, n_test=40, seed=2,
+                        strip_newlines=False, split=SplitConfig(val=0.1))
+    generate(cfg, tmp_path / "raw")
+    tokenize(cfg, tmp_path / "raw", tmp_path / "tok")
+    data = TokenData.load(tmp_path / "tok")
+    assert data.stride == cfg.format.line_length + 1  # the newline is kept
+    tok = load_tokenizer(tmp_path / "tok")
+    g = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        x, y = get_batch(data.train, 8, 32, g, torch.device("cpu"), data.stride)
+        assert all(tok.decode(row[:2].numpy()) == "$(" for row in x)
+    # stride 1 draws exactly what the unaligned sampler drew: randint(n - T)
+    starts = batch_starts(1000, 16, 64, torch.Generator().manual_seed(3))
+    assert torch.equal(starts, torch.randint(1000 - 64, (16,),
+                                             generator=torch.Generator().manual_seed(3)))
+    # the last aligned start still leaves a whole window
+    big = batch_starts(1000, 4096, 64, torch.Generator().manual_seed(3), stride=16)
+    assert int(big.max()) + 64 + 1 <= 1000 and bool((big % 16 == 0).all())
+    assert int(big.max()) == (1000 - 65) // 16 * 16
 
 
 def test_test_file_with_test_fraction_is_an_error(tmp_path):

@@ -38,7 +38,7 @@ from .validation import DataError, check_bool, check_int, fail
 __all__ = [
     "DataError", "ArithmeticFormat", "SEED_FORMAT", "Operand", "OPS", "OP_NAMES", "MAX_DIGITS",
     "format_problem", "format_problems", "split_problem", "problem_op", "operand_digits",
-    "answer_digits", "generate_arithmetic", "length_problems",
+    "answer_digits", "generate_arithmetic", "length_problems", "check_length_digits",
 ]
 
 
@@ -113,6 +113,24 @@ class ArithmeticFormat:
         """The four settings as ``datasets.<name>`` keys (JSON-ready)."""
         return {"digits": self.digits, "max_operand": self.max_operand,
                 "decimals": self.decimals, "operations": list(self.operations)}
+
+
+def check_length_digits(fmt: ArithmeticFormat, values: object, key: str) -> tuple[int, ...]:
+    """The operand digits of a length-generalisation split, sorted: distinct integers, each
+    longer than every operand of ``fmt`` (so the split is disjoint from it) and at most
+    :data:`MAX_DIGITS`; an empty list means no split.
+
+    Raises:
+        ConfigError: names ``key``, the value and what is allowed."""
+    shortest = len(str(fmt.max_operand)) + 1
+    if isinstance(values, str) or not isinstance(values, Sequence):
+        fail(key, values, f"a list of operand digits in {shortest}..{MAX_DIGITS}, e.g. "
+             f"[{shortest}, {min(shortest + 1, MAX_DIGITS)}], or []")
+    for n in values:
+        check_int(key, n, minimum=shortest, maximum=MAX_DIGITS)
+    if len(set(values)) != len(values):
+        fail(key, list(values), "each length at most once")
+    return tuple(sorted(values))
 
 
 def _widest(fmt: ArithmeticFormat) -> int:

@@ -254,7 +254,8 @@ def _train_group(model_cfg: ModelConfig, cfg: TrainConfig, data: TokenData, *, s
     sched = make_scheduler(opt, cfg, steps)
     g_train = [torch.Generator().manual_seed(seed) for seed in seeds]
     g_val = torch.Generator().manual_seed(VAL_BATCH_SEED)
-    val_x, val_y = (torch.stack(t) for t in zip(*(get_batch(data.val, B, T, g_val, device)
+    val_x, val_y = (torch.stack(t) for t in zip(*(get_batch(data.val, B, T, g_val, device,
+                                                             data.stride)
                                                    for _ in range(cfg.eval_iters))))  # (n,B,T)
     # the training split on the device, as int32 (half of int64's memory); windows are
     # gathered from it by start offset
@@ -323,7 +324,8 @@ def _train_group(model_cfg: ModelConfig, cfg: TrainConfig, data: TokenData, *, s
         interrupt.check()  # a flag read on the host: no wait for the device
         if step == first or (step - 1) % ei == 0:  # a segment: up to the next evaluation
             seg_first, seg_last = step, min(steps, -(-step // ei) * ei)
-            drawn = torch.stack([torch.stack([batch_starts(len(data.train), B, T, g)
+            drawn = torch.stack([torch.stack([batch_starts(len(data.train), B, T, g,
+                                                           data.stride)
                                               for g in g_train])
                                  for _ in range(seg_first, seg_last + 1)])  # (n, S, B)
             if device.type == "cuda":

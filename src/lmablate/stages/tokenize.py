@@ -47,7 +47,10 @@ def run(cfg: DatasetConfig, raw_dir: Path, out_dir: Path) -> dict:
     ``cfg.strip_newlines`` every ``\\n`` is removed from each split *after* splitting (seed
     000). The tokenizer is built from the train split only; val/test characters it has not
     seen become the unknown id 0. Writes ``vocab.json``, ``{train,val,test}.bin`` and
-    ``meta.json`` into ``out_dir`` (formats: :mod:`lmablate.tokenizer`) and returns the meta dict.
+    ``meta.json`` into ``out_dir`` (formats: :mod:`lmablate.tokenizer`) and returns the meta dict;
+    an arithmetic dataset's meta adds ``line_length``, the tokens of one problem (its newline
+    included unless stripped), at whose multiples training windows start
+    (:attr:`lmablate.tokens.TokenData.stride`).
 
     Raises:
         TokenizerError: ``corpus.txt`` missing; ``test.txt`` present but ``split.test`` > 0;
@@ -81,6 +84,8 @@ def run(cfg: DatasetConfig, raw_dir: Path, out_dir: Path) -> dict:
         "split": {"val": cfg.split.val, "test": cfg.split.test},
         "strip_newlines": cfg.strip_newlines, "test_from_file": test_from_file,
     }
+    if cfg.kind == "arithmetic":  # every problem this long: training windows start at one
+        meta["line_length"] = cfg.format.line_length + (not cfg.strip_newlines)
     fileio.write_json(out_dir / "meta.json", meta, indent=1)
     return meta
 
