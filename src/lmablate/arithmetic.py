@@ -109,11 +109,6 @@ class ArithmeticFormat:
         the format of the length-generalisation problems of ``n`` digits."""
         return ArithmeticFormat(n, None, self.decimals, self.operations, self.where)
 
-    def settings(self) -> dict:
-        """The four settings as ``datasets.<name>`` keys (JSON-ready)."""
-        return {"digits": self.digits, "max_operand": self.max_operand,
-                "decimals": self.decimals, "operations": list(self.operations)}
-
 
 def check_length_digits(fmt: ArithmeticFormat, values: object, key: str) -> tuple[int, ...]:
     """The operand digits of a length-generalisation split, sorted: distinct integers, each
@@ -221,17 +216,6 @@ class Operand:
             return cls.decimal(cents)
         raise DataError(f"operand {x!r} is not allowed; expected an Operand, str, int or float")
 
-    @property
-    def value(self) -> float:
-        """The number as a float, ``cents / 100`` (for display; answers are computed exactly
-        from :attr:`cents`, never from this float)."""
-        return self.cents / 100
-
-    @property
-    def text(self) -> str:
-        """Its written form, unpadded: ``"910"`` or ``"2.08"``."""
-        return _texts(np.array([self.cents]), np.array([self.is_integer]))[0]
-
 
 def _texts(hundredths: np.ndarray, as_integer: np.ndarray) -> list[str]:
     """Exact numbers of hundredths (int64) written as integers (where ``as_integer``; they
@@ -245,14 +229,10 @@ def _texts(hundredths: np.ndarray, as_integer: np.ndarray) -> list[str]:
     hundredths = np.asarray(hundredths, dtype=np.int64)
     whole, scaled = (hundredths // 100).tolist(), (hundredths / 100).tolist()
     exact = hundredths.tolist()
-    return [str(w) if i else (f"{x:.2f}" if abs(h) < 10 ** 12 else _two_decimals(h))
+    return [str(w) if i else f"{x:.2f}" if abs(h) < 10 ** 12
+            else f"{'-' * (h < 0)}{abs(h) // 100}.{abs(h) % 100:02d}"
             for i, w, x, h in zip(np.asarray(as_integer, dtype=bool).tolist(), whole, scaled,
                                   exact)]
-
-
-def _two_decimals(h: int) -> str:
-    sign, (whole, frac) = "-" if h < 0 else "", divmod(abs(h), 100)
-    return f"{sign}{whole}.{frac:02d}"
 
 
 def _divide_half_up(num: np.ndarray, den: np.ndarray) -> np.ndarray:
