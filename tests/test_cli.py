@@ -45,9 +45,14 @@ def test_stages_run_on_tiny_data_and_each_ends_with_one_summary_line(project, ca
     run = json.loads((project.path / "out" / "metrics.json").read_text())["runs"]["seed_0"]
     assert re.fullmatch(
         rf"lmablate evaluate arithmetic rope: done in \d+\.\d s; 1 seeds; test_loss "
-        rf"{run['test_loss']:.4f} to {run['test_loss']:.4f}, exact match "
+        rf"{run['test_loss']:.4f} to {run['test_loss']:.4f}, answer loss "
+        rf"{run['answer_loss']:.4f} to {run['answer_loss']:.4f}, exact match "
         rf"{run['exact_match']:.3f} to {run['exact_match']:.3f}", last_line(capsys))
     assert set(run["per_op"]) == {"add", "sub"}  # the default format: integer + and -
+    # operand lengths 1-2 from the test split, 3-4 from the length-generalisation split
+    splits = {d: r["split"] for d, r in run["by_operand_digits"].items()}
+    assert {d for d, s in splits.items() if s == "length"} == {"3", "4"}
+    assert "2" in splits and {d for d, s in splits.items() if s == "test"} <= {"1", "2"}
     # rope runs past its context: a loss at every length of evaluate.extrapolation_factors
     assert [x for x, r in run["extrapolation"].items() if isinstance(r, dict)] == [
         "x1", "x2", "x4"]

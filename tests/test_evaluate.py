@@ -10,8 +10,9 @@ import torch
 import torch.nn.functional as F
 
 from lmablate.config import DataError, ModelConfig
-from lmablate.arithmetic import format_problem, split_problem
-from lmablate.evaluation import (arithmetic_predictions, arithmetic_scores, extrapolation,
+from lmablate.arithmetic import ArithmeticFormat, format_problem, split_problem
+from lmablate.evaluation import (answer_nats, arithmetic_predictions, arithmetic_scores,
+                                 by_operand_digits, extrapolation, not_reaching,
                                  test_loss as windowed_test_loss)
 from lmablate.model import GPT
 from lmablate.tokenizer import CharTokenizer
@@ -78,10 +79,129 @@ def test_scores_follow_seed_000_definitions():
     s = arithmetic_scores(problems, preds)
     assert s["exact_match"] == pytest.approx(2 / 4)
     assert s["char_accuracy"] == pytest.approx((11 + 10 + 11 + 1) / 44)
-    assert s["per_op"]["add"] == {"char_accuracy": 1.0, "exact_match": 1.0}
+    assert s["per_op"]["add"] == {"char_accuracy": 1.0, "exact_match": 1.0, "n": 1}
     assert s["per_op"]["mul"]["char_accuracy"] == pytest.approx(10 / 11)
     assert s["per_op"]["mul"]["exact_match"] == 0.0
     assert s["per_op"]["div"]["char_accuracy"] == pytest.approx(1 / 11)
+
+
+TWO_DIGITS = ArithmeticFormat(2)  # $(007+091)=890$
+MIXED = [format_problem(7, "+", 91, TWO_DIGITS), format_problem(13, "-", 50, TWO_DIGITS),
+         format_problem(345, "+", 678, TWO_DIGITS.at_digits(3)),
+         format_problem(5, "-", 9, TWO_DIGITS), format_problem(901, "-", 999,
+                                                                TWO_DIGITS.at_digits(3))]
+
+
+def scaled_model(position: str, context_length: int = 40) -> GPT:
+    tok = CharTokenizer(ALPHABET)
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(vocab_size=tok.vocab_size, d_model=32, n_layers=2, n_heads=4,
+                            context_length=context_length, position=position)).eval()
+    with torch.no_grad():  # larger weights: outputs that depend on the input
+        for p in model.parameters():
+            p.mul_(25)
+    return model
+
+
+@pytest.mark.parametrize("position", ["learned", "rope"])
+def test_problems_of_several_lengths_decode_as_one_at_a_time_in_their_order(position):
+    tok, model = CharTokenizer(ALPHABET), scaled_model(position)
+    assert {len(p) for p in MIXED} == {15, 18}  # two formats, interleaved
+    reference = one_at_a_time(model, tok, MIXED)
+    for batch_size, workers in [(1, 1), (2, 1), (5, 1), (2, 3)]:
+        got = arithmetic_predictions(model, tok, MIXED, batch_size, torch.device("cpu"),
+                                     workers=workers)
+        assert got == reference, (batch_size, workers)
+    assert [len(p) for p in reference] == [len(split_problem(p)[1]) for p in MIXED]
+
+
+def test_a_scheme_without_a_table_decodes_past_its_context_as_one_at_a_time():
+    tok, model = CharTokenizer(ALPHABET), scaled_model("rope", context_length=12)
+    long = [p for p in MIXED if len(p) == 18]  # 18 characters, context 12
+    assert not_reaching(model, 18) is None
+    assert arithmetic_predictions(model, tok, long, 2, torch.device("cpu")) == one_at_a_time(
+        model, tok, long)
+
+
+def test_a_learned_table_cannot_read_past_its_positions():
+    tok, model = CharTokenizer(ALPHABET), scaled_model("learned", context_length=16)
+    assert not_reaching(model, 17) is None  # 16 inputs predict the 17th character
+    assert not_reaching(model, 18) == "n/a (learned table of 16 positions)"
+    with pytest.raises(ValueError, match="18 characters cannot be read: n/a"):
+        arithmetic_predictions(model, tok, MIXED, 2, torch.device("cpu"))
+    with pytest.raises(ValueError, match="18 characters cannot be read: n/a"):
+        answer_nats(model, tok, MIXED, 2, torch.device("cpu"))
+
+
+class NextIsCurrent(torch.nn.Module):
+    """A stand-in model whose every prediction gives logit ``a`` to "the next character is
+    this one" and 0 to every other character: its loss is computable by hand."""
+
+    def __init__(self, vocab_size: int, a: float):
+        super().__init__()
+        self.cfg = ModelConfig(vocab_size=vocab_size, d_model=16, n_layers=1, n_heads=2,
+                               context_length=64)
+        self.position = type("P", (), {"max_positions": None})()
+        self.a = a
+
+    def forward(self, idx, targets=None):
+        return torch.nn.functional.one_hot(idx, self.cfg.vocab_size).float() * self.a, None
+
+
+def test_answer_loss_on_a_constructed_example_equals_the_hand_computation():
+    tok = CharTokenizer(ALPHABET)
+    V, a = tok.vocab_size, 2.0
+    line = "$(011+011)=220$"  # 11 + 11 = 22, reversed "220", then "$"
+    assert format_problem(11, "+", 11, TWO_DIGITS) == line
+    # answer "220$" after the prompt's last character "=": pairs (=,2) (2,2) (2,0) (0,$);
+    # only "2" after "2" repeats its predecessor
+    same, other = -math.log(math.exp(a) / (math.exp(a) + V - 1)), math.log(math.exp(a) + V - 1)
+    expected = same + 3 * other
+    nats = answer_nats(NextIsCurrent(V, a), tok, [line, line], 1, torch.device("cpu"))
+    assert nats == pytest.approx([expected, expected], rel=1e-6)
+    s = arithmetic_scores([line], ["220$"], nats[:1])
+    assert s["answer_loss"] == pytest.approx(expected / 4, rel=1e-6)  # nats per answer char
+
+
+def test_answer_loss_of_a_model_equals_one_prefix_at_a_time():
+    tok, model = CharTokenizer(ALPHABET), scaled_model("alibi")
+    slow = []
+    for line in MIXED:
+        prompt, target = split_problem(line)
+        ids = torch.tensor(tok.encode(line), dtype=torch.long)
+        total = 0.0
+        for j in range(len(prompt), len(line)):  # each answer character from its prefix alone
+            with torch.no_grad():
+                logits = model(ids[None, :j])[0][0, -1]
+            total -= torch.log_softmax(logits, -1)[ids[j]].item()
+        slow.append(total)
+    for batch_size in (1, 2, 5):
+        fast = answer_nats(model, tok, MIXED, batch_size, torch.device("cpu"))
+        assert fast == pytest.approx(slow, rel=1e-4)
+
+
+def test_scores_break_down_by_operation_answer_length_and_operand_length():
+    problems = MIXED
+    targets = [split_problem(p)[1] for p in problems]
+    preds = list(targets)
+    preds[1] = "$" * len(targets[1])  # 13 - 50 = -37 ("73-$"): all wrong but the "$"
+    nats = np.array([1.0, 2.0, 3.0, 4.0, 5.0])
+    s = arithmetic_scores(problems, preds, nats)
+    lengths = [len(t) for t in targets]  # 4, 4, 5, 4, 5 answer characters
+    assert lengths == [4, 4, 5, 4, 5]
+    assert s["answer_loss"] == pytest.approx(15 / 22)
+    assert s["exact_match"] == pytest.approx(4 / 5)
+    assert s["per_op"]["sub"] == {"char_accuracy": pytest.approx((4 + 1 + 5) / 13),
+                                  "exact_match": pytest.approx(2 / 3),
+                                  "answer_loss": pytest.approx((2 + 4 + 5) / 13), "n": 3}
+    # answers 98, -37, 1023, -4, -98: digits 2, 2, 4, 1, 2
+    assert {d: v["n"] for d, v in s["by_answer_digits"].items()} == {"1": 1, "2": 3, "4": 1}
+    assert s["by_answer_digits"]["2"]["answer_loss"] == pytest.approx((1 + 2 + 5) / 13)
+    d = by_operand_digits(problems, preds, nats, "test")
+    assert list(d) == ["1", "2", "3"]  # 5-9; 7+91 and 13-50; the 3-digit ones
+    assert d["2"] == {"char_accuracy": pytest.approx(5 / 8), "exact_match": 0.5,
+                      "answer_loss": pytest.approx(3 / 8), "n": 2, "split": "test"}
+    assert d["3"]["n"] == 2 and d["3"]["exact_match"] == 1.0
 
 
 def test_test_loss_is_mean_cross_entropy_over_windows():

@@ -4,11 +4,14 @@ Definitions (seed 000, made deterministic):
 - test loss: mean cross-entropy in nats per token over non-overlapping ``context_length`` windows
   of the test split; perplexity = exp(test loss); bits per character = test loss / ln 2 (one
   token is one character).
-- arithmetic: every test problem is cut after ``=``; the model decodes greedily, all problems in a
-  batch at once with a key/value cache, for as many tokens as the answer has (10 characters + the
-  closing ``$``). After the first ``$`` the prediction is padded with ``$`` (seed 000 stops there
-  and pads). Character accuracy = share of answer positions equal to the target; exact match =
-  share of problems whose every answer position is right. Both overall and per operation.
+- arithmetic: every test problem is cut after ``=``; the model decodes greedily, the problems of
+  one length in a batch at once with a key/value cache, for as many tokens as the answer has
+  (its padded width + the closing ``$``). After the first ``$`` the prediction is padded with
+  ``$`` (seed 000 stops there and pads). Character accuracy = share of answer positions equal to
+  the target; exact match = share of problems whose every answer position is right. The answer
+  loss is the teacher-forced cross-entropy of the answer characters given the prompt, in nats
+  per answer character (:func:`answer_nats`): the prompt's random operands are left out. All
+  three overall, per operation, per answer length and per operand length.
 - length extrapolation: the test loss on windows of 1, 2, 4 ... x ``context_length`` tokens, by
   position bucket, for the position schemes that run past the training context
   (:func:`extrapolation`).
@@ -17,13 +20,14 @@ Definitions (seed 000, made deterministic):
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from . import interrupt
-from .arithmetic import OP_NAMES, problem_op, split_problem
+from .arithmetic import OP_NAMES, answer_digits, operand_digits, problem_op, split_problem
 from .device import autocast
 from .parallel import map_jobs
 from .progress import progress
@@ -127,61 +131,173 @@ def extrapolation(model, tokens: np.ndarray, factors: tuple[int, ...], bucket: i
     return out
 
 
+def _groups(problems: Sequence[str], batch_size: int) -> list[tuple[int, int, list[int]]]:
+    """Batches of problem indices with one prompt and one target length each: ``(prompt
+    length, target length, indices)`` in order of first appearance, at most ``batch_size``
+    per batch (every problem of one format has the same lengths, so a format is one group).
+
+    Raises:
+        DataError: a problem not in the format of :mod:`lmablate.arithmetic`."""
+    by_shape: dict[tuple[int, int], list[int]] = {}
+    for i, line in enumerate(problems):
+        prompt, target = split_problem(line)
+        by_shape.setdefault((len(prompt), len(target)), []).append(i)
+    return [(p, t, idx[k:k + batch_size]) for (p, t), idx in by_shape.items()
+            for k in range(0, len(idx), batch_size)]
+
+
+def not_reaching(model, length: int) -> str | None:
+    """Why ``model`` cannot read a problem of ``length`` characters: "n/a (learned table of N
+    positions)" past a position table, None where it can (any length for a scheme without
+    one: it runs past its training context as in :func:`extrapolation`)."""
+    limit = model.position.max_positions
+    return None if limit is None or length - 1 <= limit else not_extrapolating(model)
+
+
+def _check_reach(model, length: int) -> None:
+    reason = not_reaching(model, length)
+    if reason:
+        raise ValueError(f"a problem of {length} characters cannot be read: {reason}")
+
+
+def _greedy(model, idx: torch.Tensor, n_new: int) -> torch.Tensor:
+    """(B, P) prompts -> (B, n_new) greedy continuations: with the key/value cache within the
+    context, else one full forward per token over the whole sequence (a scheme that runs past
+    its context; the cache and ``generate``'s cropping stop at the context)."""
+    if idx.size(1) + n_new - 1 <= model.cfg.context_length:
+        return model.generate(idx, n_new, greedy=True)[:, idx.size(1):]
+    for _ in range(n_new):
+        logits, _ = model(idx)
+        idx = torch.cat((idx, logits[:, -1].float().argmax(-1, keepdim=True)), dim=1)
+    return idx[:, -n_new:]
+
+
 def arithmetic_predictions(model, tok: CharTokenizer, problems: list[str], batch_size: int,
                            device: torch.device, workers: int = 1,
                            desc: str = "decoding") -> list[str]:
     """Greedy, batched, KV-cached completions of each problem's prompt (see module doc).
 
-    Batches of ``batch_size`` problems are decoded ``workers`` at a time in threads (on a CPU;
-    each batch is independent, so the predictions do not depend on ``workers``).
-    Returns one predicted answer string per problem, as long as its target. With one worker
-    a progress bar named ``desc`` counts the batches (:func:`lmablate.progress.progress`).
+    Problems are batched by prompt and target length (:func:`_groups`), ``batch_size`` at a
+    time, and the batches decoded ``workers`` at a time in threads (on a CPU; each batch is
+    independent, so the predictions do not depend on ``workers``). Returns one predicted answer
+    string per problem, in the order of ``problems``, as long as its target. With one worker a
+    progress bar named ``desc`` counts the batches (:func:`lmablate.progress.progress`).
 
     Raises:
-        DataError: a problem not in the format of :mod:`lmablate.arithmetic` (which gives every
-            problem the same prompt and answer length, so one batch decodes them all).
+        DataError: a problem not in the format of :mod:`lmablate.arithmetic` (before any
+            decoding).
+        ValueError: a problem longer than ``model``'s position table (:func:`not_reaching`).
         Interrupted: the stage was asked to stop (checked before every batch).
     """
-    prompts, targets = zip(*(split_problem(p) for p in problems))
-    n_new = len(targets[0])
+    groups = _groups(problems, batch_size)
+    for p_len, t_len, _ in groups:
+        _check_reach(model, p_len + t_len)
     end = tok.token_id("$")
 
     @torch.inference_mode()
-    def decode(start: int) -> list[str]:
+    def decode(group: tuple[int, int, list[int]]) -> list[str]:
         interrupt.check()
-        idx = torch.from_numpy(np.stack([tok.encode(p) for p in prompts[start:start + batch_size]])
+        p_len, t_len, indices = group
+        idx = torch.from_numpy(np.stack([tok.encode(problems[i][:p_len]) for i in indices])
                                .astype(np.int64)).to(device)
         with autocast(device):
-            gen = model.generate(idx, n_new, greedy=True)[:, idx.shape[1]:]  # (B, n_new)
+            gen = _greedy(model, idx, t_len)  # (B, t_len)
         # Everything after the first "$" becomes "$", as seed 000 pads after stopping.
         stopped = (gen == end).cumsum(dim=1) > 0
         gen = torch.where(stopped, torch.full_like(gen, end), gen)
         return [tok.decode(row) for row in gen.cpu().numpy()]
 
-    starts = range(0, len(prompts), batch_size)
-    workers = min(workers, len(starts)) if device.type == "cpu" else 1
-    if workers == 1:  # e.g. inside the evaluate stage's seed threads: leave torch's threads be
-        batches = [decode(start) for start in progress(starts, desc=desc, total=len(starts))]
+    workers = min(workers, len(groups)) if device.type == "cpu" else 1
+    if workers <= 1:  # e.g. inside the evaluate stage's seed threads: leave torch's threads be
+        batches = [decode(g) for g in progress(groups, desc=desc, total=len(groups))]
     else:
-        batches = map_jobs(decode, starts, workers)
-    return [pred for batch in batches for pred in batch]
+        batches = map_jobs(decode, groups, workers)
+    out = [""] * len(problems)
+    for (_, _, indices), preds in zip(groups, batches):
+        for i, pred in zip(indices, preds):
+            out[i] = pred
+    return out
 
 
-def arithmetic_scores(problems: list[str], predictions: list[str]) -> dict:
-    """Character accuracy and exact match over answer positions, overall and per operation.
+@torch.no_grad()
+def answer_nats(model, tok: CharTokenizer, problems: list[str], batch_size: int,
+                device: torch.device) -> np.ndarray:
+    """The answer-only loss of each problem: the cross-entropy (nats) of its answer
+    characters, the closing ``$`` included, each predicted from the prompt and the answer
+    characters before it (teacher forcing), summed per problem; float64 array (N,).
 
-    Returns ``{"char_accuracy", "exact_match", "per_op": {"add": {...}, ...}}`` (fractions).
+    Divide by the answer lengths (:func:`~lmablate.arithmetic.split_problem`'s target) for
+    nats per answer character. The prompt's own characters are not scored: its operands are
+    random by construction, so their loss measures the operand distribution, not arithmetic.
+
+    Raises:
+        DataError: a problem not in the format of :mod:`lmablate.arithmetic`.
+        ValueError: a problem longer than ``model``'s position table (:func:`not_reaching`).
+        Interrupted: the stage was asked to stop (checked before every batch).
     """
-    targets = np.array([list(split_problem(p)[1]) for p in problems])
-    preds = np.array([list(p) for p in predictions])
-    correct = preds == targets  # (N, answer length)
+    out = np.zeros(len(problems))
+    for p_len, t_len, indices in _groups(problems, batch_size):
+        _check_reach(model, p_len + t_len)
+        interrupt.check()
+        lines = torch.from_numpy(np.stack([tok.encode(problems[i]) for i in indices])
+                                 .astype(np.int64)).to(device)  # (B, p_len + t_len)
+        with torch.inference_mode(), autocast(device):
+            logits, _ = model(lines[:, :-1])  # (B, L - 1, vocab): position j predicts j + 1
+        answer = logits[:, p_len - 1:].float()  # (B, t_len, vocab)
+        nll = F.cross_entropy(answer.flatten(0, 1), lines[:, p_len:].flatten(),
+                              reduction="none").view(len(indices), t_len)
+        out[indices] = nll.double().sum(1).cpu().numpy()
+    return out
+
+
+def _scores(correct: list[np.ndarray], nats: np.ndarray | None, sel: np.ndarray) -> dict:
+    """Char accuracy, exact match (and answer loss) of the selected problems, with their count."""
+    chosen = [correct[i] for i in np.flatnonzero(sel)]
+    chars = sum(len(c) for c in chosen)
+    out = {"char_accuracy": float(sum(c.sum() for c in chosen) / chars),
+           "exact_match": float(np.mean([c.all() for c in chosen]))}
+    if nats is not None:
+        out["answer_loss"] = float(nats[sel].sum() / chars)
+    return {**out, "n": int(sel.sum())}
+
+
+def arithmetic_scores(problems: list[str], predictions: list[str],
+                      nats: np.ndarray | None = None) -> dict:
+    """Character accuracy and exact match over answer positions, and with ``nats`` (from
+    :func:`answer_nats`) the answer loss, overall, per operation and per answer length.
+
+    Returns ``{"char_accuracy", "exact_match", ["answer_loss",] "per_op": {"add": {...,
+    "n"}, ...}, "by_answer_digits": {"2": {..., "n"}, ...}}``: accuracies as fractions, the
+    answer loss in nats per answer character (the closing ``$`` counted, pooled over
+    problems), ``n`` in problems; answer lengths are digits of the answer's integer part
+    (:func:`~lmablate.arithmetic.answer_digits`).
+    """
+    targets = [split_problem(p)[1] for p in problems]
+    correct = [np.array(list(q[:len(t)].ljust(len(t), "\0"))) == np.array(list(t))
+               for q, t in zip(predictions, targets)]
+    everything = np.ones(len(problems), dtype=bool)
+    scores = _scores(correct, nats, everything)
+    del scores["n"]
     ops = np.array([problem_op(p) for p in problems])
-    scores = {"char_accuracy": float(correct.mean()), "exact_match": float(correct.all(1).mean())}
-    scores["per_op"] = {
-        name: {"char_accuracy": float(correct[ops == op].mean()),
-               "exact_match": float(correct[ops == op].all(1).mean())}
-        for op, name in OP_NAMES.items() if (ops == op).any()}
+    scores["per_op"] = {name: _scores(correct, nats, ops == op)
+                        for op, name in OP_NAMES.items() if (ops == op).any()}
+    digits = np.array([answer_digits(p) for p in problems])
+    scores["by_answer_digits"] = {str(d): _scores(correct, nats, digits == d)
+                                  for d in sorted(set(digits.tolist()))}
     return scores
+
+
+def by_operand_digits(problems: list[str], predictions: list[str], nats: np.ndarray,
+                      split: str) -> dict[str, dict]:
+    """Char accuracy, exact match and answer loss (as :func:`arithmetic_scores`) per operand
+    length, the digits of a problem's longer operand (:func:`~lmablate.arithmetic.
+    operand_digits`): ``{"2": {"char_accuracy", "exact_match", "answer_loss", "n", "split":
+    split}, ...}``, lengths ascending."""
+    correct = [np.array(list(q[:len(t)].ljust(len(t), "\0"))) == np.array(list(t))
+               for q, t in zip(predictions, (split_problem(p)[1] for p in problems))]
+    digits = np.array([operand_digits(p) for p in problems])
+    return {str(d): {**_scores(correct, nats, digits == d), "split": split}
+            for d in sorted(set(digits.tolist()))}
 
 
 @torch.no_grad()

@@ -12,13 +12,13 @@ import math
 from pathlib import Path
 
 from .. import fileio
-from ..arithmetic import split_problem
+from ..arithmetic import operand_digits, split_problem
 from ..checkpoint import load_checkpoint, verify_checkpoint
 from ..config import DataError, StudyConfig
 from ..device import resolve_device
 from ..model import check_causality
-from ..evaluation import (arithmetic_predictions, arithmetic_scores, extrapolation, test_loss,
-                          text_samples)
+from ..evaluation import (answer_nats, arithmetic_predictions, arithmetic_scores,
+                          by_operand_digits, extrapolation, not_reaching, test_loss, text_samples)
 from ..parallel import map_jobs, worker_count
 from ..tokenizer import load_tokenizer
 from ..tokens import TokenData
@@ -38,7 +38,12 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, raw_dir:
 
     Writes ``metrics_path`` (JSON ``{"dataset", "variant", "runs": {"seed_<s>": {...}}}``, each
     seed's with its length extrapolation under ``"extrapolation"``
-    (:func:`lmablate.evaluation.extrapolation`), plus
+    (:func:`lmablate.evaluation.extrapolation`); an arithmetic seed's with its answer loss,
+    exact match and char accuracy overall, ``per_op`` and ``by_answer_digits``
+    (:func:`lmablate.evaluation.arithmetic_scores`) and ``by_operand_digits``, the test split's
+    lengths and each length of ``length.txt`` (``"split": "test"`` / ``"length"``;
+    :func:`lmablate.evaluation.by_operand_digits`), or "n/a (...)" for a length the model cannot
+    read (:func:`lmablate.evaluation.not_reaching`); plus
     ``"replicate": N`` for the final runs of the N-th re-tuning; a DVC metrics file) and
     ``examples_path`` (JSON, per seed: text samples, or the prediction of every arithmetic test
     problem with its prompt and target, in the order of ``test.txt``). Test metrics are logged
@@ -66,10 +71,15 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, raw_dir:
         if problem:
             raise DataError(f"{problem}; run lmablate train {dataset} {variant} (or dvc repro) "
                             f"again to retrain seed {seed}")
-    problems = []
+    problems, lengths = [], {}
     if ds.kind == "arithmetic":
         problems = (raw_dir / "test.txt").read_text(encoding="utf-8").split()
         problems = problems[:cfg.evaluate.max_problems]
+        # the length-generalisation split: up to max_problems problems of each length
+        long = raw_dir / "length.txt"
+        for line in (long.read_text(encoding="utf-8").split() if long.is_file() else []):
+            lengths.setdefault(operand_digits(line), []).append(line)
+        lengths = {n: lines[:cfg.evaluate.max_problems] for n, lines in lengths.items()}
 
     def evaluate_seed(seed: int) -> tuple[dict, object]:
         seed_dir = checkpoints_dir / f"seed_{seed}"
@@ -91,9 +101,23 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, raw_dir:
             model, data.test, ev.extrapolation_factors, ev.position_bucket, ev.batch_size,
             ev.max_batches * ev.batch_size * model.cfg.context_length, device, data.stride)
         if ds.kind == "arithmetic":
-            preds = arithmetic_predictions(model, tok, problems, cfg.evaluate.batch_size, device,
-                                           desc=f"{dataset}/{variant}/seed {seed}: decoding")
-            metrics.update(arithmetic_scores(problems, preds))
+            ev, name = cfg.evaluate, f"{dataset}/{variant}/seed {seed}"
+            preds = arithmetic_predictions(model, tok, problems, ev.batch_size, device,
+                                           desc=f"{name}: decoding")
+            nats = answer_nats(model, tok, problems, ev.batch_size, device)
+            metrics.update(arithmetic_scores(problems, preds, nats))
+            digits = by_operand_digits(problems, preds, nats, "test")
+            for n, lines in sorted(lengths.items()):  # longer than any training problem
+                reason = not_reaching(model, len(lines[0]))
+                if reason:
+                    digits[str(n)] = reason
+                    continue
+                long_preds = arithmetic_predictions(model, tok, lines, ev.batch_size, device,
+                                                    desc=f"{name}: {n} digits")
+                digits.update(by_operand_digits(
+                    lines, long_preds, answer_nats(model, tok, lines, ev.batch_size, device),
+                    "length"))
+            metrics["by_operand_digits"] = digits
             # every problem, in test.txt's order: the report pairs variants problem by problem
             examples = [{"prompt": split_problem(p)[0], "target": split_problem(p)[1],
                          "prediction": q} for p, q in zip(problems, preds)]
@@ -105,7 +129,11 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, raw_dir:
         # run's last step: a value without a step would be a point at step 0 of its curve
         flat = {k: v for k, v in metrics.items() if isinstance(v, float) and k not in summary}
         for op, s in metrics.get("per_op", {}).items():
-            flat.update({f"{k}_{op}": v for k, v in s.items()})
+            flat.update({f"{k}_{op}": v for k, v in s.items() if k != "n"})
+        # exact match by operand length, e.g. exact_match_d4; NaN where the model cannot read
+        # that long, so every variant's run has the same keys
+        flat.update({f"exact_match_d{n}": r["exact_match"] if isinstance(r, dict) else math.nan
+                     for n, r in metrics.get("by_operand_digits", {}).items()})
         # e.g. test_loss_x4; NaN past a learned table, so every variant's run has the same keys
         flat.update({f"test_loss_{x}": r["test_loss"] if isinstance(r, dict) else math.nan
                      for x, r in metrics["extrapolation"].items()})
@@ -133,13 +161,17 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, raw_dir:
 def main(cfg: StudyConfig, args: argparse.Namespace) -> str:
     """``lmablate evaluate <dataset> <variant> --tokens DIR --raw DIR --checkpoints DIR
     --metrics FILE --examples FILE [--replicate N]``. Returns the stage's summary line: seeds
-    and the range of test losses (nats/token), and of exact match on arithmetic."""
+    and the range of test losses (nats/token), and of answer loss (nats per answer character)
+    and exact match on arithmetic."""
     cfg.check_variant(args.variant)
     runs = run(cfg, args.dataset, args.variant, args.tokens, args.raw, args.checkpoints,
                args.metrics, args.examples, make_tracker(cfg.tracking),
                replicate=getattr(args, "replicate", 0))["runs"].values()
     line = (f"{len(runs)} seeds; test_loss {min(r['test_loss'] for r in runs):.4f} to "
             f"{max(r['test_loss'] for r in runs):.4f}")
+    if all("answer_loss" in r for r in runs):
+        line += (f", answer loss {min(r['answer_loss'] for r in runs):.4f} to "
+                 f"{max(r['answer_loss'] for r in runs):.4f}")
     if all("exact_match" in r for r in runs):
         line += (f", exact match {min(r['exact_match'] for r in runs):.3f} to "
                  f"{max(r['exact_match'] for r in runs):.3f}")
