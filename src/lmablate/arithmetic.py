@@ -88,7 +88,8 @@ class ArithmeticFormat:
         check_bool(f"{p}.decimals", self.decimals)
         ops = self.operations
         if isinstance(ops, str) or not isinstance(ops, Sequence) or not ops:
-            fail(f"{p}.operations", ops, f"a non-empty list of {', '.join(map(repr, OPS))}")
+            fail(f"{p}.operations", list(ops) if isinstance(ops, tuple) else ops,
+                 f"a non-empty list of {', '.join(map(repr, OPS))}")
         bad = [op for op in ops if op not in OPS]
         if bad or len(set(ops)) != len(ops):
             fail(f"{p}.operations", list(ops),

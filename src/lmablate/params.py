@@ -122,6 +122,14 @@ def parse(raw: Mapping[str, Any]) -> StudyConfig:
     if missing:
         fail("train.budget_flops", cfg.train.budget_flops,
              f"give a budget for every dataset of the study (missing: {', '.join(missing)})")
+    for name, ds in cfg.datasets.items():  # a window must hold a whole training problem
+        if ds.kind == "arithmetic" and ds.format.line_length > model.context_length:
+            f = ds.format
+            fail(f"datasets.{name}", {"digits": f.digits, "max_operand": f.max_operand,
+                                      "decimals": f.decimals, "operations": list(f.operations)},
+                 f"its problems are {f.line_length} characters (fields of {f.width}), more than "
+                 f"model.context_length={model.context_length} holds; fewer digits, fewer "
+                 "decimals or a longer context")
     for d in cfg.tune.d_model_choices or ():
         if d % model.n_heads:
             fail("tune.d_model_choices", d, f"every width must be divisible by n_heads={model.n_heads}")
