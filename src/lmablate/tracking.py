@@ -34,7 +34,7 @@ RUNS_VIEW_KEY = "final-runs"
 RUNS_VIEW_TAG = f"mlflow.sharedViewState.{RUNS_VIEW_KEY}"
 RUNS_VIEW_COLUMNS = ("tags.`dataset`", "tags.`variant`", "tags.`seed`", "params.`d_model`",
                      "params.`peak_lr`", "params.`steps`", "metrics.`test_loss`",
-                     "metrics.`bits_per_char`", "metrics.`exact_match`",
+                     "metrics.`answer_loss`", "metrics.`bits_per_char`", "metrics.`exact_match`",
                      "metrics.`char_accuracy`", "metrics.`test_loss_x4`", "metrics.`val_loss`",
                      "metrics.`train_seconds`")
 RUNS_VIEW = {
