@@ -9,6 +9,11 @@ variants (so pairing by seed matters), then
               baseline + 0.15 test loss on arithmetic                      -> "worse";
               exact match = baseline (+ noise)                             -> "no significant difference";
               char accuracy - 0.10                                         -> "worse".
+On arithmetic the headline is the answer loss, whose verdicts differ from the test loss's:
+  * gelu    = baseline (+ tiny noise) answer loss                         -> "no significant difference";
+  * rmsnorm = baseline - 0.20 answer loss                                 -> "better".
+Exact match by operand length (training digits 2; 3 and 4 from the length split): gelu +0.30 at
+3 and 4 digits -> "better" there; rmsnorm "n/a (learned table ...)" at 4 digits.
 """
 
 from __future__ import annotations
@@ -47,12 +52,19 @@ LOSS_SHIFT = {("shakespeare", "gelu"): -0.10, ("shakespeare", "rmsnorm"): 0.0,
 EM_SHIFT = {"baseline": 0.0, "gelu": 0.20, "rmsnorm": 0.0}
 CA_SHIFT = {"baseline": 0.0, "gelu": 0.10, "rmsnorm": -0.10}
 PARAMS = {"baseline": 100_000, "gelu": 100_000, "rmsnorm": 99_800}
+ANSWER_SHIFT = {"baseline": 0.0, "gelu": 0.0, "rmsnorm": -0.20}
+TRAIN_DIGITS = 2  # most operand digits in training: 1-2 from the test split, 3-4 from "length"
+EM_BY_DIGITS = {1: 0.90, 2: 0.60, 3: 0.20, 4: 0.05}
+EM_LENGTH_SHIFT = {"baseline": 0.0, "gelu": 0.30, "rmsnorm": 0.0}  # at 3 and 4 digits
+NA_4 = "n/a (learned table of 48 positions)"  # rmsnorm at 4 digits
 
 EXPECTED_VERDICTS = {
     ("shakespeare", "test_loss", "gelu"): "better",
     ("shakespeare", "test_loss", "rmsnorm"): "no significant difference",
     ("arithmetic", "test_loss", "gelu"): "better",
     ("arithmetic", "test_loss", "rmsnorm"): "worse",
+    ("arithmetic", "answer_loss", "gelu"): "no significant difference",
+    ("arithmetic", "answer_loss", "rmsnorm"): "better",
     ("arithmetic", "exact_match", "gelu"): "better",
     ("arithmetic", "exact_match", "rmsnorm"): "no significant difference",
     ("arithmetic", "char_accuracy", "gelu"): "better",
@@ -82,6 +94,30 @@ def _test_loss(ds, var, i):
     return BASE_LOSS[ds] + SEED_OFFSET[i] + LOSS_SHIFT.get((ds, var), 0.0) + NOISE[var][i]
 
 
+def _answer_loss(var, i):
+    """nats per answer character, arithmetic only."""
+    return 0.60 + SEED_OFFSET[i] + ANSWER_SHIFT[var] + NOISE[var][i]
+
+
+def _length_em(var, i, digits):
+    shift = EM_LENGTH_SHIFT[var] if digits > TRAIN_DIGITS else 0.0
+    return EM_BY_DIGITS[digits] + shift + SEED_OFFSET[i] + NOISE[var][i]
+
+
+def by_operand_digits(var, i):
+    """A seed's ``by_operand_digits`` as the evaluate stage writes it."""
+    out = {}
+    for d in EM_BY_DIGITS:
+        if var == "rmsnorm" and d == 4:
+            out[str(d)] = NA_4
+            continue
+        em = _length_em(var, i, d)
+        out[str(d)] = {"exact_match": em, "char_accuracy": min(em + 0.05, 1.0),
+                       "answer_loss": 1.0 - em, "n": 40,
+                       "split": "test" if d <= TRAIN_DIGITS else "length"}
+    return out
+
+
 def write_runs(root: Path, seeds=(0, 1, 2), variants=VARIANTS, grad_for=("shakespeare",)):
     """Write runs/<ds>/<var>/{metrics.json, history.csv, trials.csv, ...} like the stages do."""
     for ds in DATASETS:
@@ -106,8 +142,13 @@ def write_runs(root: Path, seeds=(0, 1, 2), variants=VARIANTS, grad_for=("shakes
                     em = 0.30 + SEED_OFFSET[i] + EM_SHIFT[var] + NOISE[var][i]
                     ca = 0.70 + SEED_OFFSET[i] + CA_SHIFT[var] + NOISE[var][i]
                     run.update(char_accuracy=ca, exact_match=em, per_op={
-                        op: {"char_accuracy": ca - 0.05 * k, "exact_match": max(em - 0.08 * k, 0)}
-                        for k, op in enumerate(OPS)})
+                        op: {"char_accuracy": ca - 0.05 * k, "exact_match": max(em - 0.08 * k, 0),
+                             "answer_loss": _answer_loss(var, i) + 0.1 * k, "n": 50}
+                        for k, op in enumerate(OPS)}, answer_loss=_answer_loss(var, i),
+                        by_operand_digits=by_operand_digits(var, i), by_answer_digits={
+                            str(d): {"answer_loss": _answer_loss(var, i) + 0.1 * d,
+                                     "exact_match": em / d, "char_accuracy": ca, "n": 10 * d}
+                            for d in (1, 2, 3)})
                     preds[f"seed_{seed}"] = [
                         {"prompt": "$(0000000782+0000000021)=", "target": "3080000000$",
                          "prediction": "3080000000$"},
@@ -225,13 +266,14 @@ def test_ablation_csv_schema_and_one_row_per_run(built):
     assert list(df.columns) == collect.ABLATION_COLUMNS == [
         "dataset", "variant", "seed", "n_params", "n_params_non_embedding", "flops_per_token",
         "lr", "d_model", "steps", "tokens", "train_flops", "val_loss", "test_loss",
-        "perplexity", "bits_per_char", "char_accuracy", "exact_match", "train_seconds",
-        "tokens_per_second"]
+        "answer_loss", "perplexity", "bits_per_char", "char_accuracy", "exact_match",
+        "train_seconds", "tokens_per_second"]
     assert len(df) == 2 * 3 * 3
     assert not df.duplicated(["dataset", "variant", "seed"]).any()
     assert set(df["variant"]) == set(VARIANTS)  # the stale "old" variant is ignored
-    assert df.loc[df["dataset"] == "shakespeare", ["exact_match", "char_accuracy"]].isna().all().all()
-    assert df.loc[df["dataset"] == "arithmetic", "exact_match"].notna().all()
+    text = df["dataset"] == "shakespeare"
+    assert df.loc[text, ["exact_match", "char_accuracy", "answer_loss"]].isna().all().all()
+    assert df.loc[~text, ["exact_match", "answer_loss"]].notna().all().all()
     # config order: datasets as configured, baseline first
     assert list(pd.unique(df["dataset"])) == ["shakespeare", "arithmetic"]
     assert list(pd.unique(df["variant"])) == list(VARIANTS)
@@ -339,7 +381,7 @@ EXPECTED_FIGURES = [
     "tuning_shakespeare.png", "params_vs_loss_shakespeare.png", "grad_flow_shakespeare.png",
     "val_loss_curves_arithmetic.png", "test_loss_arithmetic.png", "forest_arithmetic.png",
     "exact_match_by_op.png", "char_accuracy_by_op.png", "tuning_arithmetic.png",
-    "params_vs_loss_arithmetic.png",
+    "params_vs_loss_arithmetic.png", "length_generalisation_arithmetic.png",
 ]
 
 
@@ -471,18 +513,24 @@ def test_study_metrics_are_one_small_file_per_dataset_and_variant(built):
     for ds in DATASETS:
         for var in VARIANTS:
             doc = json.loads((out["metrics"] / ds / f"{var}.json").read_text())
-            mean = summary[(summary["dataset"] == ds) & (summary["variant"] == var)
-                           & (summary["metric"] == "test_loss")]["mean"].item()
-            assert doc["seeds"] == 3 and doc["test_loss"] == mean
+
+            def mean(metric):
+                return summary[(summary["dataset"] == ds) & (summary["variant"] == var)
+                               & (summary["metric"] == metric)]["mean"].item()
+            # the verdict is on the headline loss: the answer loss on arithmetic
+            head = "answer_loss" if ds == "arithmetic" else "test_loss"
+            assert set(doc) == ({"seeds", "test_loss", "answer_loss", "delta_answer_loss",
+                                 "verdict", "exact_match"} if ds == "arithmetic" else
+                                {"seeds", "test_loss", "delta_test_loss", "verdict"})
+            assert doc["seeds"] == 3 and doc["test_loss"] == mean("test_loss")
+            assert doc[head] == mean(head)
             if var == "baseline":
-                assert (doc["delta_test_loss"], doc["verdict"]) == (0.0, "baseline")
+                assert (doc[f"delta_{head}"], doc["verdict"]) == (0.0, "baseline")
             else:
                 c = comparisons[(comparisons["dataset"] == ds) & (comparisons["variant"] == var)
-                                & (comparisons["metric"] == "test_loss")].iloc[0]
-                assert doc["delta_test_loss"] == c["mean_diff"]
-                assert doc["verdict"] == EXPECTED_VERDICTS[(ds, "test_loss", var)]
-            assert ("exact_match" in doc) == (ds == "arithmetic")
-            assert len(doc) <= 6  # a handful of columns in `dvc metrics show`, not every seed
+                                & (comparisons["metric"] == head)].iloc[0]
+                assert doc[f"delta_{head}"] == c["mean_diff"]
+                assert doc["verdict"] == EXPECTED_VERDICTS[(ds, head, var)]
 
 
 def test_each_dataset_has_one_metrics_row_naming_its_better_and_worse_variants(built):
@@ -490,8 +538,9 @@ def test_each_dataset_has_one_metrics_row_naming_its_better_and_worse_variants(b
     assert sorted(p.name for p in out["metrics"].glob("*.json")) == sorted(
         f"{d}.json" for d in DATASETS)
     docs = {ds: json.loads((out["metrics"] / f"{ds}.json").read_text()) for ds in DATASETS}
+    # arithmetic in answer loss (its test loss would say "better: gelu; worse: rmsnorm")
     assert docs == {"shakespeare": {"seeds": 3, "verdict": "better: gelu"},
-                    "arithmetic": {"seeds": 3, "verdict": "better: gelu; worse: rmsnorm"}}
+                    "arithmetic": {"seeds": 3, "verdict": "better: rmsnorm"}}
     # the variants' rows use the same keys, so the dataset rows add no `dvc metrics show` column
     variant_keys = set(json.loads((out["metrics"] / "arithmetic" / "gelu.json").read_text()))
     assert set(docs["arithmetic"]) <= variant_keys
@@ -906,7 +955,9 @@ def test_every_table_follows_the_configured_variant_order(tmp_path):
         section = md.split(f"## {ds}\n", 1)[1].split("\n## ", 1)[0]
         rows = [line.split(" | ")[0].lstrip("| ") for line in section.splitlines()
                 if line.startswith(tuple(f"| {v} |" for v in want))]
-        assert rows[:3] == want and rows[3:6] == want, ds  # summary table, then tuned table
+        # arithmetic: headline and length tables first; then summary and tuned tables
+        tables = 4 if ds == "arithmetic" else 2
+        assert rows[:3 * tables] == want * tables, ds
 
 
 def test_statistics_follow_the_categorical_order_not_the_row_order():
