@@ -34,7 +34,7 @@ from matplotlib.patches import Patch
 
 from lmablate import references as refs
 from lmablate.analysis.collect import BASELINE, maybe_int, present
-from lmablate.analysis.figures import _figure, _variant_palette
+from lmablate.analysis import figures as plots
 from lmablate.analysis.headline import ANSWER_LOSS, headline_loss, verdict_text
 from lmablate.analysis.markdown import VERDICT_MARKS, _interval, _md_table, _num
 from lmablate.analysis.statistics import (CONFIDENCE, COMPARISON_COLUMNS, METRICS, compare,
@@ -219,13 +219,18 @@ def training_digits(dataset_cfg: Any, by_digits: pd.DataFrame, dataset: str) -> 
 
 
 def unreachable(by_digits: pd.DataFrame, dataset: str) -> list[str]:
-    """``"<variant> at <n> digits (<note>)"`` for each variant x length of ``dataset`` without
+    """``"<variant> at <n> digits, <note>"`` for each variant x length of ``dataset`` without
     results, in study order: what the length figure leaves out."""
     d = by_digits[by_digits["dataset"] == dataset] if len(by_digits) else by_digits
     d = d[d["exact_match"].isna() & (d["note"].fillna("").astype(str) != "")]
     seen = d.drop_duplicates(["variant", "digits"]).sort_values(["variant", "digits"],
                                                                 kind="stable")
-    return [f"{r.variant} at {int(r.digits)} digits ({r.note})" for r in seen.itertuples()]
+    return [f"{r.variant} at {_digits_label(int(r.digits))}, {r.note}"
+            for r in seen.itertuples()]
+
+
+def _digits_label(n: int) -> str:
+    return f"{n} digit" + ("" if n == 1 else "s")
 
 
 def plot_length_generalisation(by_digits: pd.DataFrame, dataset: str, digits: int | None,
@@ -235,7 +240,8 @@ def plot_length_generalisation(by_digits: pd.DataFrame, dataset: str, digits: in
     variant (``palette``: variant -> colour; None: one categorical colour each): the mean over
     seeds with its 95% Student-t interval as error bars (:func:`~lmablate.analysis.statistics.
     t_interval`, as summary.csv). A dashed line marks the longest training length ``digits``
-    and the lengths past it (the length split) are shaded. Lengths a variant cannot run (a
+    and the lengths past it (the length split) are shaded; a variant's points are dodged
+    sideways by a few hundredths of a digit. Lengths a variant cannot run (a
     string in metrics.json) are left out of its line.
 
     Args:
@@ -247,10 +253,13 @@ def plot_length_generalisation(by_digits: pd.DataFrame, dataset: str, digits: in
     d = d.dropna(subset=["exact_match"])
     if d.empty:
         return None
-    d = d.assign(digits=d["digits"].astype(int), exact_match=d["exact_match"].astype(float))
     order = present(d["variant"])
+    # each variant's points moved sideways a little, so that equal means do not hide each other
+    dodge = {v: 0.06 * (i - (len(order) - 1) / 2) for i, v in enumerate(order)}
+    d = d.assign(x=d["digits"].astype(int) + d["variant"].astype(str).map(dodge),
+                 exact_match=d["exact_match"].astype(float))
     n_seeds = int(d.groupby(["variant", "digits"], observed=True)["seed"].nunique().max())
-    with _figure(path, figsize=(8.5, 4.6)) as (fig, axes):
+    with plots._figure(path, figsize=(8.5, 4.6)) as (fig, axes):
         ax = axes[0, 0]
         extra = []
         if digits is not None:
@@ -260,8 +269,8 @@ def plot_length_generalisation(by_digits: pd.DataFrame, dataset: str, digits: in
             ax.axvline(digits, color="0.4", linestyle="--", linewidth=1.2, zorder=1)
             extra.append(Line2D([], [], color="0.4", linestyle="--",
                                 label=f"longest training length ({digits} digits)"))
-        sns.lineplot(data=d, x="digits", y="exact_match", hue="variant", hue_order=order,
-                     palette=_variant_palette(order, palette), errorbar=t_interval,
+        sns.lineplot(data=d, x="x", y="exact_match", hue="variant", hue_order=order,
+                     palette=plots._variant_palette(order, palette), errorbar=t_interval,
                      err_style="bars", err_kws={"capsize": 4}, marker="o", markersize=6,
                      ax=ax)
         handles, labels = ax.get_legend_handles_labels()
@@ -269,7 +278,7 @@ def plot_length_generalisation(by_digits: pd.DataFrame, dataset: str, digits: in
         ax.set_xlim(lengths[0] - 0.5, lengths[-1] + 0.5)
         ax.set_ylim(-0.02, 1.02)
         ax.set_title(f"{dataset}: exact match by operand length\n(mean over {n_seeds} "
-                     "seed(s), bars = 95% t-interval)")
+                     "seed(s), bars = 95% t-interval; points of a length dodged by variant)")
         ax.set_xlabel("operand digits (the longer operand)")
         ax.set_ylabel("exact match (fraction)")
         ax.legend(handles + extra, labels + [h.get_label() for h in extra],
@@ -371,7 +380,7 @@ def length_lines(table: pd.DataFrame, comparisons: pd.DataFrame, dataset: str,
         row = {"variant": v}
         for n in lengths:
             r = tv[tv["digits"] == n]
-            head = f"{n} digits" + (f" ({split[n]})" if n in split else "")
+            head = _digits_label(n) + (f" ({split[n]})" if n in split else "")
             if r.empty:
                 row[head] = "–"
             elif r.iloc[0]["note"]:

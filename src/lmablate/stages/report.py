@@ -359,7 +359,7 @@ def build_report(cfg: StudyConfig, runs_dir: Path, out_dir: Path,
             left_out = arith.unreachable(runs.by_operand_digits, ds)
             caption = (f"{ds}: exact match by operand length (mean ± 95% t-interval over "
                        "seeds; shaded: longer than any training problem)"
-                       + (f"; left out, n/a: {'; '.join(left_out)}" if left_out else ""))
+                       + (f"; left out: {'; '.join(left_out)}" if left_out else ""))
             length_figures += [path] if path is not None else []
             arithmetic[ds] = arith.headline_lines(summary, comparisons, references, ds,
                                                   present(ablation["variant"]))
