@@ -334,9 +334,10 @@ def collect(runs_dir: Path) -> RunOutputs:
     """Read every ``<runs_dir>/<dataset>/<variant>/`` that holds a ``metrics.json``, and every
     re-tuning's ``<runs_dir>/<dataset>/<variant>/replicate_<N>/metrics.json``.
 
-    Reads ``metrics.json`` (per seed: sizes, tuned ``lr``/``d_model``, losses, accuracies and
-    ``per_op`` results), and where present ``history.csv``, ``trials.csv``, ``grad_stats.csv``,
-    ``best.json`` and ``examples.json``. Datasets are ordered alphabetically and variants by
+    Reads ``metrics.json`` (per seed: sizes, tuned ``lr``/``d_model``, losses, accuracies,
+    ``per_op`` results and, for arithmetic, ``by_operand_digits`` and ``by_answer_digits``),
+    and where present ``history.csv``, ``trials.csv``, ``grad_stats.csv``, ``best.json`` and
+    ``examples.json``. Datasets are ordered alphabetically and variants by
     :func:`variant_order` (baseline first); :func:`restrict_to_study` sets the config's order.
 
     Missing optional files give empty frames / absent keys, never errors; a folder without

@@ -25,9 +25,9 @@ first-seed checkpoints and the tokenized test splits, for the model figures) and
 * ``lr_sensitivity.csv`` per dataset x variant, the learning-rate sensitivity of its tuning's
   shared design (:data:`~lmablate.analysis.sensitivity.SENSITIVITY_COLUMNS`, Wortsman et al.
   2023), with the loss at initialisation it uses (:func:`uniform_losses`).
-* ``metrics/<dataset>/<variant>.json`` the study-level DVC metrics (:func:`study_metrics`), and
-  ``metrics/<dataset>.json`` each dataset's verdicts (:func:`dataset_verdicts`), both in the
-  dataset's headline loss (:mod:`lmablate.analysis.headline`: answer loss on arithmetic).
+* ``metrics/<dataset>/<variant>.json`` the study-level DVC metrics, and ``metrics/<dataset>.json``
+  each dataset's verdicts, both in the dataset's headline loss (:mod:`lmablate.analysis.headline`:
+  ``study_metrics``, ``dataset_verdicts``; the answer loss on arithmetic).
 * ``curves/<dataset>.csv`` each variant's mean validation curve (:func:`mean_curves`), the data
   of ``dvc plots show``.
 * ``tuning_variation.csv`` the re-tunings (``runs/<dataset>/<variant>/replicate_<N>/``)
@@ -72,7 +72,7 @@ from lmablate.analysis.collect import (ABLATION_COLUMNS, BASELINE, TUNED_COLUMNS
 from lmablate.analysis import arithmetic as arith
 from lmablate.analysis import extrapolation as ex
 from lmablate.analysis.families import family_palette, variant_family
-from lmablate.analysis.headline import dataset_verdicts, study_metrics  # noqa: F401 (API)
+from lmablate.analysis.headline import dataset_verdicts, study_metrics
 from lmablate.analysis.markdown import render_markdown
 from lmablate.analysis.sensitivity import SENSITIVITY_COLUMNS, lr_sensitivity
 from lmablate.analysis.statistics import (DETECTABLE_COLUMNS, METRICS, PROBLEM_COLUMNS,
