@@ -8,6 +8,8 @@
 * **Headline** (:func:`headline_lines`): first in an arithmetic dataset's section, the answer
   loss (:func:`lmablate.analysis.headline.headline_loss`) and exact match of every variant
   beside those floors, and which variants beat them.
+* **By operation** (:func:`plot_by_op_heatmap`): exact match or character accuracy per
+  operation x variant.
 * **Length generalisation** (:func:`length_table`, :func:`length_comparisons`,
   :func:`plot_length_generalisation`, :func:`length_lines`): exact match by operand length
   (digits of the longer operand), up to the training ``digits`` on the in-distribution test
@@ -283,6 +285,37 @@ def plot_length_generalisation(by_digits: pd.DataFrame, dataset: str, digits: in
         ax.set_ylabel("exact match (fraction)")
         ax.legend(handles + extra, labels + [h.get_label() for h in extra],
                   title="variant", loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+    return Path(path)
+
+
+def plot_by_op_heatmap(per_op: pd.DataFrame, path: Path, metric: str = "exact_match",
+                       datasets: Sequence[str] | None = None) -> Path | None:
+    """Heatmap of the mean over seeds of ``metric`` (fraction in [0, 1]) per arithmetic
+    operation (rows) x variant (columns), one panel per dataset with per-op results.
+    Returns ``path``, or None when no run reported per-op results."""
+    p = per_op.dropna(subset=[metric]) if len(per_op) else per_op
+    if datasets is not None and len(p):
+        p = p[p["dataset"].isin(datasets)]
+    if p.empty:
+        return None
+    label = METRICS[metric][0]
+    ds_list = present(p["dataset"])
+    variants = present(p["variant"])
+    n_ops = p["op"].nunique()
+    size = (1.1 * len(variants) + 3.0, (0.5 * n_ops + 1.6) * len(ds_list))
+    with plots._figure(path, figsize=size, nrows=len(ds_list)) as (fig, axes):
+        for ax, ds in zip(axes[:, 0], ds_list):
+            q = p[p["dataset"] == ds]
+            table = q.pivot_table(index="op", columns="variant", values=metric, aggfunc="mean",
+                                  observed=True)
+            table = table.reindex(index=list(pd.unique(q["op"])),
+                                  columns=[v for v in variants if v in table.columns])
+            sns.heatmap(table, annot=True, fmt=".2f", vmin=0, vmax=1, cmap="viridis",
+                        linewidths=0.5, cbar_kws={"label": f"{label} (fraction)"}, ax=ax)
+            ax.set_title(f"{ds}: {label} by operation (mean over seeds)")
+            ax.set_xlabel("variant")
+            ax.set_ylabel("operation")
+            ax.tick_params(axis="y", labelrotation=0)
     return Path(path)
 
 

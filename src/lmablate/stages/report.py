@@ -371,7 +371,7 @@ def build_report(cfg: StudyConfig, runs_dir: Path, out_dir: Path,
             for metric in ("exact_match", "char_accuracy"):
                 name = f"{metric}_by_op.png" if single else f"{metric}_by_op_{ds}.png"
                 figures.append((ds, f"{ds}: {METRICS[metric][0]} by operation x variant",
-                                plots.plot_by_op_heatmap(per_op, fig_dir / name, metric, [ds])))
+                                arith.plot_by_op_heatmap(per_op, fig_dir / name, metric, [ds])))
         path = plots.plot_lr_response(runs.trials, runs.tuned, ds, fig_dir / f"tuning_{ds}.png",
                                       palette=palette)
         if path is not None:
