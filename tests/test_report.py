@@ -1350,3 +1350,16 @@ def test_tuning_luck_on_arithmetic_is_measured_in_the_answer_loss(tmp_path):
     assert "nats/answer char may owe as much to the tuner" in part
     # gelu's answer-loss effect (+0.0007) is within that; rmsnorm's (-0.20) is not
     assert "Answer loss effects of that size or less here: gelu." in part
+
+
+def test_runs_without_an_answer_loss_keep_the_test_loss_as_the_headline():
+    rng = np.random.default_rng(5)
+    ablation = _random_ablation(rng, 3, datasets=("arith",)).assign(exact_match=0.3)
+    summary = statistics.summarise(ablation)
+    comparisons = statistics.compare(ablation)
+    lines = arith.headline_lines(summary, comparisons, pd.DataFrame(
+        columns=report.REFERENCE_COLUMNS), "arith", ["baseline", "v1", "v2"])
+    assert lines[4].startswith("| variant | seeds | test loss (nats/token) | exact match")
+    assert "on whole problems: these runs have no answer loss" in lines[2]
+    assert lines[-2].startswith("In test loss against the baseline")
+    assert statistics.METRICS["answer_loss"] == ("answer loss", "nats/answer char", False)

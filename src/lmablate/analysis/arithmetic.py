@@ -35,8 +35,8 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from lmablate import references as refs
-from lmablate.analysis.collect import BASELINE, maybe_int, present
 from lmablate.analysis import figures as plots
+from lmablate.analysis.collect import BASELINE, maybe_int, present
 from lmablate.analysis.headline import ANSWER_LOSS, headline_loss, verdict_text
 from lmablate.analysis.markdown import VERDICT_MARKS, _interval, _md_table, _num
 from lmablate.analysis.statistics import (CONFIDENCE, COMPARISON_COLUMNS, METRICS, compare,
@@ -362,10 +362,12 @@ def headline_lines(summary: pd.DataFrame, comparisons: pd.DataFrame,
             floors[m] = float(f["value"].iloc[0])
             rows.append({"variant": f"_floor: {FLOORS[m]}_", "seeds": "–",
                          **{heads[k]: _num(floors[m]) if k == m else "–" for k in metrics}})
+    what = ("teacher-forced, on the answer characters given the question, closing `$` "
+            "included" if loss == ANSWER_LOSS else "on whole problems: these runs have no "
+            "answer loss")
     lines = ["### Headline", "",
              f"{METRICS[loss][0].capitalize()} ({METRICS[loss][1]}; the loss this dataset's "
-             "verdicts are stated in: teacher-forced, on the answer characters given the "
-             "question, closing `$` included), exact match and character accuracy of the "
+             f"verdicts are stated in: {what}), exact match and character accuracy of the "
              f"greedy-decoded answers: mean ± {CONFIDENCE:.0%} CI half-width over seeds. "
              "Italic rows are floors: answers that ignore the question.", "",
              _md_table(pd.DataFrame(rows)), ""]
@@ -378,8 +380,7 @@ def headline_lines(summary: pd.DataFrame, comparisons: pd.DataFrame,
                   "some": [f"{v} ({', '.join(METRICS[m][0] for m in b)})"
                            for v, b in beaten.items() if 0 < len(b) < len(floors)],
                   "none": [v for v, b in beaten.items() if not b]}
-        parts = [f"beat {k}: {', '.join(g)}"
-                 for k, g in groups.items() if g]
+        parts = [f"beat {k}: {', '.join(g)}" for k, g in groups.items() if g]
         lines += ["Against the floors (" + ", ".join(
             f"{METRICS[m][0]} {'below' if not METRICS[m][2] else 'above'} {_num(x)}"
             for m, x in floors.items()) + "), on the mean over seeds: "
