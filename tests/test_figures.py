@@ -20,6 +20,7 @@ import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import to_rgb
 
+from lmablate.analysis import arithmetic as arith
 from lmablate.analysis import figures, statistics
 from lmablate.analysis.families import FAMILIES, family_palette, variant_family
 
@@ -403,3 +404,56 @@ def test_lr_response_is_none_without_first_rung_trials_or_rung_columns(drawn, tm
     assert figures.plot_lr_response(old, None, DS, tmp_path / "b.png") is None
     assert figures.plot_lr_response(pd.DataFrame(), None, DS, tmp_path / "c.png") is None
     assert not drawn and not list(tmp_path.iterdir())
+
+
+# ---- length generalisation --------------------------------------------------------------------
+
+def length_frame():
+    """Exact match by operand digits 1-4 of three seeds; rope cannot run 4 digits (n/a)."""
+    rows = []
+    for v_idx, v in enumerate(("baseline", "gelu", "rope")):
+        for seed in range(3):
+            for d in (1, 2, 3, 4):
+                na = (v, d) == ("rope", 4)
+                rows.append({"dataset": "arith", "variant": v, "seed": seed, "digits": d,
+                             "split": "test" if d <= 2 else "length",
+                             "exact_match": None if na else 1.0 - 0.2 * d + 0.01 * seed * v_idx,
+                             "note": "n/a (learned table of 8 positions)" if na else ""})
+    return categorical(pd.DataFrame(rows))
+
+
+def test_length_generalisation_draws_exact_match_by_length_leaving_out_na(drawn, tmp_path,
+                                                                        palette):
+    frame = length_frame()
+    path = arith.plot_length_generalisation(frame, "arith", 2, tmp_path / "l.png",
+                                            palette=palette)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    ax = drawn[0].axes[0]
+    assert ax.get_ylim() == pytest.approx((-0.02, 1.02))
+    assert [int(t) for t in ax.get_xticks()] == [1, 2, 3, 4]
+    # the data lines (not the error bars' caps), told apart by their palette colour
+    lines = {v: line for line in ax.lines
+             if len(line.get_xdata()) > 2 and line.get_linestyle() == "-"
+             for v in ("baseline", "gelu", "rope")
+             if np.allclose(to_rgb(line.get_color()), palette[v])}
+    at = {v: np.round(np.asarray(lines[v].get_xdata(), float)).astype(int).tolist()
+          for v in lines}
+    assert at == {"baseline": [1, 2, 3, 4], "gelu": [1, 2, 3, 4],
+                  "rope": [1, 2, 3]}  # rope's n/a length left out
+    gelu = frame[frame["variant"] == "gelu"]
+    assert lines["gelu"].get_ydata().tolist() == pytest.approx(
+        gelu.groupby("digits")["exact_match"].mean().tolist())
+    # the error bars' caps sit at the 95% t-interval of each length's seeds
+    caps = [line.get_ydata().tolist() for line in ax.lines if line.get_marker() == "_"
+            and len(line.get_xdata()) == 4
+            and np.allclose(to_rgb(line.get_color()), palette["gelu"])]
+    want = [statistics.t_interval(g) for _, g in gelu.groupby("digits")["exact_match"]]
+    assert len(caps) == 2
+    np.testing.assert_allclose(sorted(caps), [[w[0] for w in want], [w[1] for w in want]],
+                               rtol=1e-12)
+    dashed = [line for line in ax.lines if list(line.get_xdata()) == [2, 2]]
+    assert len(dashed) == 1 and dashed[0].get_linestyle() == "--"
+    assert "longest training length (2 digits)" in legend_texts(drawn[0])
+    assert "longer than any training problem" in legend_texts(drawn[0])
+    assert arith.plot_length_generalisation(frame.iloc[:0], "arith", 2, tmp_path / "x.png") \
+        is None and not (tmp_path / "x.png").exists()

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from lmablate.references import (DISCOUNT, NGRAM_SMOOTHING, all_zeros_answer,
-                                  best_constant_answer, constant_answer_scores,
+                                  answer_position_floor, best_constant_answer,
+                                  constant_answer_scores,
                                   most_frequent_answer, ngram_cross_entropy,
                                   ngram_probabilities, ngram_references)
 
@@ -231,3 +232,38 @@ def test_a_length_mismatch_names_the_first_bad_index_and_the_lengths():
         best_constant_answer(["12$", "13$", "123$"])
     with pytest.raises(ValueError, match="targets is empty"):
         most_frequent_answer([])
+
+
+# ---------------------------------------------------------------------------------------------
+# the answer-position floor
+# ---------------------------------------------------------------------------------------------
+
+def test_answer_position_floor_of_a_tiny_example_equals_the_hand_computed_value():
+    train = ["12$", "10$", "22$"]
+    test = ["12$", "30$"]
+    # characters of either set: 0 1 2 3 $ -> |A| = 5; N = 3 -> every P_j(x) = (c_j(x) + 1) / 8
+    # position 0: train 1 x2, 2 x1 -> test "1" 3/8, "3" 1/8
+    # position 1: train 2 x2, 0 x1 -> test "2" 3/8, "0" 2/8
+    # position 2: train $ x3       -> test "$" 4/8 twice
+    logs = [math.log(p) for p in (3 / 8, 1 / 8, 3 / 8, 2 / 8, 4 / 8, 4 / 8)]
+    assert answer_position_floor(train, test) == pytest.approx(-sum(logs) / 6, abs=1e-15)
+
+
+def test_answer_position_floor_is_lowest_when_the_answers_repeat_the_training_ones():
+    train = ["12$", "12$", "12$", "34$"]
+    seen, unseen = answer_position_floor(train, ["12$"]), answer_position_floor(train, ["34$"])
+    assert 0 < seen < unseen
+
+
+@pytest.mark.parametrize("train, test, match", [
+    ([], ["1$"], "train_targets is empty"),
+    (["1$"], [], "test_targets is empty"),
+    (["1$", "12$"], ["1$"], r"train_targets\[1\] has length 3 but train_targets\[0\] has "
+                            "length 2"),
+    (["1$"], ["1$", "2$", "123$"], r"test_targets\[2\] has length 4"),
+    (["12$"], ["1$"], "train answers have length 3, test answers 2"),
+    ([""], [""], "empty strings"),
+])
+def test_answer_position_floor_refuses_empty_or_unequal_answers(train, test, match):
+    with pytest.raises(ValueError, match=match):
+        answer_position_floor(train, test)

@@ -9,6 +9,11 @@ variants (so pairing by seed matters), then
               baseline + 0.15 test loss on arithmetic                      -> "worse";
               exact match = baseline (+ noise)                             -> "no significant difference";
               char accuracy - 0.10                                         -> "worse".
+On arithmetic the headline is the answer loss, whose verdicts differ from the test loss's:
+  * gelu    = baseline (+ tiny noise) answer loss                         -> "no significant difference";
+  * rmsnorm = baseline - 0.20 answer loss                                 -> "better".
+Exact match by operand length (training digits 2; 3 and 4 from the length split): gelu +0.30 at
+3 and 4 digits -> "better" there; rmsnorm "n/a (learned table ...)" at 4 digits.
 """
 
 from __future__ import annotations
@@ -29,10 +34,14 @@ from scipy import stats
 from statsmodels.stats.multitest import multipletests
 
 from lmablate import params
-from lmablate.analysis import collect, figures, sensitivity, statistics
+from lmablate.analysis import arithmetic as arith
+from lmablate.analysis import collect, figures, headline, sensitivity, statistics
 from lmablate.analysis import extrapolation as ex
+from lmablate.arithmetic import generate_arithmetic, split_problem
+from lmablate.references import answer_position_floor
 from lmablate.stages import report
 from lmablate.tokenizer import load_tokenizer
+from lmablate.validation import DataError
 
 VARIANTS = ("baseline", "gelu", "rmsnorm")
 DATASETS = ("shakespeare", "arithmetic")
@@ -47,12 +56,19 @@ LOSS_SHIFT = {("shakespeare", "gelu"): -0.10, ("shakespeare", "rmsnorm"): 0.0,
 EM_SHIFT = {"baseline": 0.0, "gelu": 0.20, "rmsnorm": 0.0}
 CA_SHIFT = {"baseline": 0.0, "gelu": 0.10, "rmsnorm": -0.10}
 PARAMS = {"baseline": 100_000, "gelu": 100_000, "rmsnorm": 99_800}
+ANSWER_SHIFT = {"baseline": 0.0, "gelu": 0.0, "rmsnorm": -0.20}
+TRAIN_DIGITS = 2  # most operand digits in training: 1-2 from the test split, 3-4 from "length"
+EM_BY_DIGITS = {1: 0.90, 2: 0.60, 3: 0.20, 4: 0.05}
+EM_LENGTH_SHIFT = {"baseline": 0.0, "gelu": 0.30, "rmsnorm": 0.0}  # at 3 and 4 digits
+NA_4 = "n/a (learned table of 48 positions)"  # rmsnorm at 4 digits
 
 EXPECTED_VERDICTS = {
     ("shakespeare", "test_loss", "gelu"): "better",
     ("shakespeare", "test_loss", "rmsnorm"): "no significant difference",
     ("arithmetic", "test_loss", "gelu"): "better",
     ("arithmetic", "test_loss", "rmsnorm"): "worse",
+    ("arithmetic", "answer_loss", "gelu"): "no significant difference",
+    ("arithmetic", "answer_loss", "rmsnorm"): "better",
     ("arithmetic", "exact_match", "gelu"): "better",
     ("arithmetic", "exact_match", "rmsnorm"): "no significant difference",
     ("arithmetic", "char_accuracy", "gelu"): "better",
@@ -82,6 +98,30 @@ def _test_loss(ds, var, i):
     return BASE_LOSS[ds] + SEED_OFFSET[i] + LOSS_SHIFT.get((ds, var), 0.0) + NOISE[var][i]
 
 
+def _answer_loss(var, i):
+    """nats per answer character, arithmetic only."""
+    return 0.60 + SEED_OFFSET[i] + ANSWER_SHIFT[var] + NOISE[var][i]
+
+
+def _length_em(var, i, digits):
+    shift = EM_LENGTH_SHIFT[var] if digits > TRAIN_DIGITS else 0.0
+    return EM_BY_DIGITS[digits] + shift + SEED_OFFSET[i] + NOISE[var][i]
+
+
+def by_operand_digits(var, i):
+    """A seed's ``by_operand_digits`` as the evaluate stage writes it."""
+    out = {}
+    for d in EM_BY_DIGITS:
+        if var == "rmsnorm" and d == 4:
+            out[str(d)] = NA_4
+            continue
+        em = _length_em(var, i, d)
+        out[str(d)] = {"exact_match": em, "char_accuracy": min(em + 0.05, 1.0),
+                       "answer_loss": 1.0 - em, "n": 40,
+                       "split": "test" if d <= TRAIN_DIGITS else "length"}
+    return out
+
+
 def write_runs(root: Path, seeds=(0, 1, 2), variants=VARIANTS, grad_for=("shakespeare",)):
     """Write runs/<ds>/<var>/{metrics.json, history.csv, trials.csv, ...} like the stages do."""
     for ds in DATASETS:
@@ -106,8 +146,13 @@ def write_runs(root: Path, seeds=(0, 1, 2), variants=VARIANTS, grad_for=("shakes
                     em = 0.30 + SEED_OFFSET[i] + EM_SHIFT[var] + NOISE[var][i]
                     ca = 0.70 + SEED_OFFSET[i] + CA_SHIFT[var] + NOISE[var][i]
                     run.update(char_accuracy=ca, exact_match=em, per_op={
-                        op: {"char_accuracy": ca - 0.05 * k, "exact_match": max(em - 0.08 * k, 0)}
-                        for k, op in enumerate(OPS)})
+                        op: {"char_accuracy": ca - 0.05 * k, "exact_match": max(em - 0.08 * k, 0),
+                             "answer_loss": _answer_loss(var, i) + 0.1 * k, "n": 50}
+                        for k, op in enumerate(OPS)}, answer_loss=_answer_loss(var, i),
+                        by_operand_digits=by_operand_digits(var, i), by_answer_digits={
+                            str(d): {"answer_loss": _answer_loss(var, i) + 0.1 * d,
+                                     "exact_match": em / d, "char_accuracy": ca, "n": 10 * d}
+                            for d in (1, 2, 3)})
                     preds[f"seed_{seed}"] = [
                         {"prompt": "$(0000000782+0000000021)=", "target": "3080000000$",
                          "prediction": "3080000000$"},
@@ -225,13 +270,14 @@ def test_ablation_csv_schema_and_one_row_per_run(built):
     assert list(df.columns) == collect.ABLATION_COLUMNS == [
         "dataset", "variant", "seed", "n_params", "n_params_non_embedding", "flops_per_token",
         "lr", "d_model", "steps", "tokens", "train_flops", "val_loss", "test_loss",
-        "perplexity", "bits_per_char", "char_accuracy", "exact_match", "train_seconds",
-        "tokens_per_second"]
+        "answer_loss", "perplexity", "bits_per_char", "char_accuracy", "exact_match",
+        "train_seconds", "tokens_per_second"]
     assert len(df) == 2 * 3 * 3
     assert not df.duplicated(["dataset", "variant", "seed"]).any()
     assert set(df["variant"]) == set(VARIANTS)  # the stale "old" variant is ignored
-    assert df.loc[df["dataset"] == "shakespeare", ["exact_match", "char_accuracy"]].isna().all().all()
-    assert df.loc[df["dataset"] == "arithmetic", "exact_match"].notna().all()
+    text = df["dataset"] == "shakespeare"
+    assert df.loc[text, ["exact_match", "char_accuracy", "answer_loss"]].isna().all().all()
+    assert df.loc[~text, ["exact_match", "answer_loss"]].notna().all().all()
     # config order: datasets as configured, baseline first
     assert list(pd.unique(df["dataset"])) == ["shakespeare", "arithmetic"]
     assert list(pd.unique(df["variant"])) == list(VARIANTS)
@@ -339,7 +385,7 @@ EXPECTED_FIGURES = [
     "tuning_shakespeare.png", "params_vs_loss_shakespeare.png", "grad_flow_shakespeare.png",
     "val_loss_curves_arithmetic.png", "test_loss_arithmetic.png", "forest_arithmetic.png",
     "exact_match_by_op.png", "char_accuracy_by_op.png", "tuning_arithmetic.png",
-    "params_vs_loss_arithmetic.png",
+    "params_vs_loss_arithmetic.png", "length_generalisation_arithmetic.png",
 ]
 
 
@@ -423,17 +469,34 @@ def test_each_dataset_has_a_learning_rate_section_with_its_tuning_and_figure(bui
     assert set(sens["note"]) == {sensitivity.NO_UNIFORM}
 
 
-def write_tokens(root: Path, cfg) -> Path:
-    """A tiny tokenized copy of every dataset (``lmablate tokenize``) under ``root``."""
+ARITHMETIC_CORPUS = generate_arithmetic(60, 0, seed=3)[0]  # seed 000's format, 36 characters
+
+
+def write_tokens(root: Path, cfg, strip_newlines: bool = False) -> Path:
+    """A tiny tokenized copy of every dataset (``lmablate tokenize``) under ``root``; the
+    arithmetic one of :data:`ARITHMETIC_CORPUS`, with ``line_length`` in its meta.json."""
     from lmablate.stages import tokenize
     for ds in cfg.datasets:
         raw = root / "raw" / ds
         raw.mkdir(parents=True)
-        (raw / "corpus.txt").write_text("To be, or not to be: that is the question.\n" * 30)
-        if cfg.dataset(ds).kind == "arithmetic":
+        arithmetic = cfg.dataset(ds).kind == "arithmetic"
+        (raw / "corpus.txt").write_text("".join(line + "\n" for line in ARITHMETIC_CORPUS)
+                                        if arithmetic else
+                                        "To be, or not to be: that is the question.\n" * 30)
+        if arithmetic:
             (raw / "test.txt").write_text("$(0000000782+0000000021)=3080000000$\n" * 5)
-        tokenize.run(cfg.dataset(ds), raw, root / "tokens" / ds)
+        ds_cfg = dataclasses.replace(cfg.dataset(ds), strip_newlines=strip_newlines)
+        meta = tokenize.run(ds_cfg, raw, root / "tokens" / ds)
+        if arithmetic:  # as the tokenize stage records it: characters per problem
+            meta["line_length"] = len(ARITHMETIC_CORPUS[0])
+            (root / "tokens" / ds / "meta.json").write_text(json.dumps(meta))
     return root / "tokens"
+
+
+def train_part(tokens: Path, newline: bool) -> list[str]:
+    """The problems of ARITHMETIC_CORPUS in the arithmetic train split under ``tokens``."""
+    chars = json.loads((tokens / "arithmetic" / "meta.json").read_text())["tokens"]["train"]
+    return ARITHMETIC_CORPUS[:chars // (len(ARITHMETIC_CORPUS[0]) + newline)]
 
 
 def test_the_learning_rate_sensitivity_uses_ln_of_the_vocabulary_size(study_root, tmp_path):
@@ -471,18 +534,24 @@ def test_study_metrics_are_one_small_file_per_dataset_and_variant(built):
     for ds in DATASETS:
         for var in VARIANTS:
             doc = json.loads((out["metrics"] / ds / f"{var}.json").read_text())
-            mean = summary[(summary["dataset"] == ds) & (summary["variant"] == var)
-                           & (summary["metric"] == "test_loss")]["mean"].item()
-            assert doc["seeds"] == 3 and doc["test_loss"] == mean
+
+            def mean(metric):
+                return summary[(summary["dataset"] == ds) & (summary["variant"] == var)
+                               & (summary["metric"] == metric)]["mean"].item()
+            # the verdict is on the headline loss: the answer loss on arithmetic
+            head = "answer_loss" if ds == "arithmetic" else "test_loss"
+            assert set(doc) == ({"seeds", "test_loss", "answer_loss", "delta_answer_loss",
+                                 "verdict", "exact_match"} if ds == "arithmetic" else
+                                {"seeds", "test_loss", "delta_test_loss", "verdict"})
+            assert doc["seeds"] == 3 and doc["test_loss"] == mean("test_loss")
+            assert doc[head] == mean(head)
             if var == "baseline":
-                assert (doc["delta_test_loss"], doc["verdict"]) == (0.0, "baseline")
+                assert (doc[f"delta_{head}"], doc["verdict"]) == (0.0, "baseline")
             else:
                 c = comparisons[(comparisons["dataset"] == ds) & (comparisons["variant"] == var)
-                                & (comparisons["metric"] == "test_loss")].iloc[0]
-                assert doc["delta_test_loss"] == c["mean_diff"]
-                assert doc["verdict"] == EXPECTED_VERDICTS[(ds, "test_loss", var)]
-            assert ("exact_match" in doc) == (ds == "arithmetic")
-            assert len(doc) <= 6  # a handful of columns in `dvc metrics show`, not every seed
+                                & (comparisons["metric"] == head)].iloc[0]
+                assert doc[f"delta_{head}"] == c["mean_diff"]
+                assert doc["verdict"] == EXPECTED_VERDICTS[(ds, head, var)]
 
 
 def test_each_dataset_has_one_metrics_row_naming_its_better_and_worse_variants(built):
@@ -490,8 +559,9 @@ def test_each_dataset_has_one_metrics_row_naming_its_better_and_worse_variants(b
     assert sorted(p.name for p in out["metrics"].glob("*.json")) == sorted(
         f"{d}.json" for d in DATASETS)
     docs = {ds: json.loads((out["metrics"] / f"{ds}.json").read_text()) for ds in DATASETS}
+    # arithmetic in answer loss (its test loss would say "better: gelu; worse: rmsnorm")
     assert docs == {"shakespeare": {"seeds": 3, "verdict": "better: gelu"},
-                    "arithmetic": {"seeds": 3, "verdict": "better: gelu; worse: rmsnorm"}}
+                    "arithmetic": {"seeds": 3, "verdict": "better: rmsnorm"}}
     # the variants' rows use the same keys, so the dataset rows add no `dvc metrics show` column
     variant_keys = set(json.loads((out["metrics"] / "arithmetic" / "gelu.json").read_text()))
     assert set(docs["arithmetic"]) <= variant_keys
@@ -906,7 +976,9 @@ def test_every_table_follows_the_configured_variant_order(tmp_path):
         section = md.split(f"## {ds}\n", 1)[1].split("\n## ", 1)[0]
         rows = [line.split(" | ")[0].lstrip("| ") for line in section.splitlines()
                 if line.startswith(tuple(f"| {v} |" for v in want))]
-        assert rows[:3] == want and rows[3:6] == want, ds  # summary table, then tuned table
+        # arithmetic: headline and length tables first; then summary and tuned tables
+        tables = 4 if ds == "arithmetic" else 2
+        assert rows[:3 * tables] == want * tables, ds
 
 
 def test_statistics_follow_the_categorical_order_not_the_row_order():
@@ -1065,3 +1137,229 @@ def test_the_report_shows_length_extrapolation_with_na_for_learned_tables(tmp_pa
     assert set(positions["seeds"]) == {3}
     assert positions["loss"].tolist() == pytest.approx(
         [1.5 + 0.01 * (0 + 1 + 2) / 3] * len(positions))
+
+
+# ---------------------------------------------------------------------------------------------
+# Arithmetic: the headline loss, its floors and length generalisation
+# ---------------------------------------------------------------------------------------------
+
+def _section(md: str, dataset: str) -> str:
+    return md.split(f"## {dataset}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_the_headline_loss_is_the_answer_loss_where_a_dataset_has_one(built):
+    _, _, out = built
+    summary, ablation = pd.read_csv(out["summary"]), pd.read_csv(out["ablation"])
+    for frame in (summary, ablation, pd.read_csv(out["comparisons"])):
+        assert headline.headline_loss(frame, "arithmetic") == "answer_loss"
+        assert headline.headline_loss(frame, "shakespeare") == "test_loss"
+    # runs evaluated before the answer loss existed keep the test loss as the headline
+    assert headline.headline_loss(ablation.drop(columns="answer_loss"), "arithmetic") == \
+        "test_loss"
+    assert headline.headline_loss(summary[summary["metric"] != "answer_loss"],
+                                  "arithmetic") == "test_loss"
+    assert headline.headline_loss(summary.iloc[:0], "arithmetic") == "test_loss"
+
+
+def test_collect_reads_the_answer_loss_and_the_results_by_operand_and_answer_digits(study_root):
+    runs, _ = collect.restrict_to_study(make_cfg(), collect.collect(study_root / "runs"))
+    a = runs.ablation[runs.ablation["dataset"] == "arithmetic"]
+    assert a["answer_loss"].tolist() == pytest.approx(
+        [_answer_loss(v, i) for v in VARIANTS for i in range(3)])
+    assert list(runs.per_op.columns) == collect.PER_OP_COLUMNS
+    assert runs.per_op["n"].eq(50).all()
+    assert runs.per_op.loc[runs.per_op["op"] == "mul", "answer_loss"].tolist() == \
+        pytest.approx([_answer_loss(v, i) + 0.2 for v in VARIANTS for i in range(3)])
+    digits = runs.by_operand_digits
+    assert list(digits.columns) == collect.OPERAND_DIGITS_COLUMNS
+    assert len(digits) == len(VARIANTS) * 3 * len(EM_BY_DIGITS)
+    assert list(digits["variant"].cat.categories) == list(VARIANTS)
+    assert digits[["variant", "seed", "digits"]].values.tolist() == [
+        [v, s, d] for v in VARIANTS for s in (0, 1, 2) for d in EM_BY_DIGITS]
+    na = digits[digits["note"] != ""]
+    assert na[["variant", "digits", "note"]].drop_duplicates().values.tolist() == [
+        ["rmsnorm", 4, NA_4]]
+    assert na["exact_match"].isna().all() and na["split"].isna().all()
+    ok = digits[digits["note"] == ""]
+    assert set(zip(ok["digits"], ok["split"])) == {(1, "test"), (2, "test"), (3, "length"),
+                                                  (4, "length")}
+    answers = runs.by_answer_digits
+    assert list(answers.columns) == collect.ANSWER_DIGITS_COLUMNS
+    assert len(answers) == len(VARIANTS) * 3 * 3 and answers["n"].tolist()[:3] == [10, 20, 30]
+    # empty frames, with their columns, where no run wrote any
+    bare = collect.RunOutputs(*(pd.DataFrame(),) * 5, samples={}, predictions={})
+    assert list(bare.by_operand_digits.columns) == collect.OPERAND_DIGITS_COLUMNS
+
+
+def test_the_length_table_has_na_rows_where_a_learned_table_cannot_reach(built):
+    _, _, out = built
+    table = pd.read_csv(out["length_generalisation"], keep_default_na=False,
+                        na_values=[""])
+    assert list(table.columns) == arith.LENGTH_COLUMNS
+    assert table[["variant", "digits"]].values.tolist() == [
+        [v, d] for v in VARIANTS for d in EM_BY_DIGITS]
+    assert dict(zip(table["digits"], table["split"])) == {1: "test", 2: "test", 3: "length",
+                                                          4: "length"}
+    na = table[table["note"].notna()]
+    assert na[["variant", "digits", "n_seeds", "note"]].values.tolist() == [
+        ["rmsnorm", 4, 0, NA_4]]
+    assert na[["mean", "ci95_low", "ci95_high"]].isna().all().all()
+    gelu3 = table[(table["variant"] == "gelu") & (table["digits"] == 3)].iloc[0]
+    x = np.array([_length_em("gelu", i, 3) for i in range(3)])
+    assert gelu3["n_seeds"] == 3 and gelu3["mean"] == pytest.approx(x.mean())
+    assert (gelu3["ci95_low"], gelu3["ci95_high"]) == pytest.approx(
+        stats.t.interval(0.95, 2, loc=x.mean(), scale=stats.sem(x)))
+
+
+def test_length_comparisons_pair_each_variant_with_the_baseline_at_each_length(built):
+    _, _, out = built
+    c = pd.read_csv(out["length_generalisation_comparisons"])
+    assert list(c.columns) == arith.LENGTH_COMPARISON_COLUMNS
+    got = {(r.variant, r.digits): r.verdict for r in c.itertuples()}
+    nsd = statistics.VERDICT_NSD
+    # gelu better only past the training length; rmsnorm not compared where it is n/a
+    assert got == {("gelu", 1): nsd, ("gelu", 2): nsd, ("gelu", 3): "better",
+                   ("gelu", 4): "better", ("rmsnorm", 1): nsd, ("rmsnorm", 2): nsd,
+                   ("rmsnorm", 3): nsd}
+    assert set(c["metric"]) == {f"exact_match_d{d}" for d in EM_BY_DIGITS}
+    row = c[(c["variant"] == "gelu") & (c["digits"] == 4)].iloc[0]
+    assert row["split"] == "length" and row["n_pairs"] == 3
+    diff = [_length_em("gelu", i, 4) - _length_em("baseline", i, 4) for i in range(3)]
+    assert row["mean_diff"] == pytest.approx(np.mean(diff))
+    # one Holm family per length: at 3 digits gelu and rmsnorm, at 4 gelu alone (p = p_Holm)
+    at3 = c[c["digits"] == 3]
+    _, want, _, _ = multipletests(at3["p_value"], method="holm")
+    assert at3["p_holm"].tolist() == pytest.approx(list(want))
+    assert row["p_holm"] == row["p_value"]
+
+
+def test_a_length_the_baseline_cannot_reach_has_no_comparison():
+    rows = [{"dataset": "a", "variant": v, "seed": s, "digits": d,
+             "split": None if (v, d) == ("baseline", 3) else ("test" if d < 3 else "length"),
+             "exact_match": None if (v, d) == ("baseline", 3) else 0.5 + 0.01 * s * (v == "x"),
+             "note": "n/a (learned table of 8 positions)" if (v, d) == ("baseline", 3) else ""}
+            for v in ("baseline", "x") for s in range(3) for d in (1, 2, 3)]
+    frame = collect.with_order(pd.DataFrame(rows), ["a"], ["baseline", "x"])
+    c = arith.length_comparisons(frame)
+    assert c["digits"].tolist() == [1, 2]
+    table = arith.length_table(frame)
+    assert table.loc[table["note"] != "", ["variant", "digits", "split"]].values.tolist() == [
+        ["baseline", 3, "length"]]  # the split of the length, from the variants that ran it
+    assert arith.unreachable(frame, "a") == [
+        "baseline at 3 digits, n/a (learned table of 8 positions)"]
+    assert arith.training_digits(None, frame, "a") == 2
+
+
+def test_the_arithmetic_section_opens_with_the_headline_then_length_generalisation(built):
+    _, out_dir, out = built
+    md = out["report"].read_text()
+    section = _section(md, "arithmetic")
+    assert section.startswith("\n### Headline\n")
+    assert (section.index("### Headline") < section.index("### Length generalisation")
+            < section.index("### Summary"))
+    assert "### Headline" not in _section(md, "shakespeare")
+    assert "### Length generalisation" not in _section(md, "shakespeare")
+    head = section.split("### Headline\n", 1)[1].split("\n### ", 1)[0]
+    table = [line for line in head.splitlines() if line.startswith("|")]
+    assert table[0] == ("| variant | seeds | answer loss (nats/answer char) | exact match "
+                        "(fraction) | char accuracy (fraction) |")
+    s = pd.read_csv(out["summary"]).set_index(["dataset", "variant", "metric"])
+    cells = []
+    for m in ("answer_loss", "exact_match", "char_accuracy"):
+        r = s.loc[("arithmetic", "rmsnorm", m)]
+        cells.append(f"{r['mean']:.3f} ± {(r['ci95_high'] - r['ci95_low']) / 2:.3f}")
+    assert table[4] == f"| rmsnorm | 3 | {' | '.join(cells)} |"
+    assert "No floors: they need the tokenized data" in head  # no tokens given to `built`
+    assert ("In answer loss against the baseline (paired by seed, Holm-corrected): better: "
+            "rmsnorm.") in head
+    length = section.split("### Length generalisation\n", 1)[1].split("\n### ", 1)[0]
+    assert "Trained on operands of up to 2 digits; tested on longer ones" in length
+    assert "| variant | 1 digit (test) | 2 digits (test) | 3 digits (length) | 4 digits " \
+           "(length) | Δ vs baseline at 1 |" in length
+    rmsnorm = next(line for line in length.splitlines() if line.startswith("| rmsnorm |"))
+    assert rmsnorm.split(" | ")[4] == NA_4 and rmsnorm.endswith("| – |")
+    gelu = next(line for line in length.splitlines() if line.startswith("| gelu |"))
+    assert gelu.count("**▲ better**") == 2
+    assert "](figures/length_generalisation_arithmetic.png)" in length
+    assert md.count("](figures/length_generalisation_arithmetic.png)") == 1
+    assert "left out: rmsnorm at 4 digits, n/a (learned table of 48 positions)" in length
+
+
+@pytest.mark.parametrize("strip_newlines", [True, False])
+def test_train_answers_cut_the_train_split_into_its_problems(tmp_path, strip_newlines):
+    tokens = write_tokens(tmp_path, make_cfg(), strip_newlines)
+    want = train_part(tokens, newline=not strip_newlines)
+    assert len(want) > 10
+    assert arith.train_answers(tokens / "arithmetic") == [split_problem(p)[1] for p in want]
+    meta_path = tokens / "arithmetic" / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    if strip_newlines:  # a line_length that does not divide the split is an error, not a floor
+        meta_path.write_text(json.dumps({**meta, "line_length": 35}))
+        with pytest.raises(DataError, match="not a whole number of problems"):
+            arith.train_answers(tokens / "arithmetic")
+    del meta["line_length"]  # tokens written before it was recorded: no floor
+    meta_path.write_text(json.dumps(meta))
+    assert arith.train_answers(tokens / "arithmetic") == []
+
+
+def test_the_answer_loss_floor_comes_from_the_train_answers_and_stands_in_the_headline(
+        study_root, tmp_path):
+    cfg = make_cfg()
+    tokens = write_tokens(tmp_path, cfg)
+    out = report.build_report(cfg, study_root / "runs", tmp_path / "reports", tokens_dir=tokens)
+    refs = pd.read_csv(out["references"])
+    floor = refs[(refs["dataset"] == "arithmetic") & (refs["metric"] == "answer_loss")]
+    assert floor["reference"].tolist() == [arith.ANSWER_FLOOR]
+    targets = ["3080000000$", "6300000000$"]  # the baseline's decoded test problems
+    train = [split_problem(p)[1] for p in train_part(tokens, newline=True)]
+    value = answer_position_floor(train, targets)
+    assert floor["value"].item() == pytest.approx(value, abs=1e-12)
+    assert value > 0.8  # above every variant's answer loss: all beat it
+    em = refs[(refs["dataset"] == "arithmetic") & (refs["reference"] == "most frequent answer")]
+    assert em["value"].item() == 0.5  # one of the two problems
+    md = out["report"].read_text()
+    head = _section(md, "arithmetic").split("### Headline\n", 1)[1].split("\n### ", 1)[0]
+    assert f"| _floor: answer ignoring the question_ | – | {value:.3f} | – | – |" in head
+    assert "| _floor: most frequent answer_ | – | – | 0.500 | – |" in head
+    assert "| _floor: best constant answer_ | – | – | – | 0.864 |" in head  # 19 of 22 chars
+    # gelu's exact match (0.507) is above the most frequent answer's 0.5; nobody's char
+    # accuracy reaches the best constant answer's 19/22
+    assert (f"Against the floors (answer loss below {value:.3f}, exact match above 0.500, "
+            "char accuracy above 0.864), on the mean over seeds: beat some: baseline (answer "
+            "loss), gelu (answer loss, exact match), rmsnorm (answer loss).") in head
+    section = md.split("## What this study can and cannot say")[1].split("## Methodology")[0]
+    assert "Answer loss against answers that ignore the question: answer ignoring the " \
+           "question" in section and "3 of 3 beat the answer ignoring the question" in section
+
+
+def test_tuning_luck_on_arithmetic_is_measured_in_the_answer_loss(tmp_path):
+    write_runs(tmp_path / "runs")
+    base = tmp_path / "runs" / "arithmetic" / "baseline"
+    doc = json.loads((base / "metrics.json").read_text())
+    for shift, run in zip(REPLICATE_SHIFT, doc["runs"].values()):  # the test loss moves 1.0
+        run.update(lr=0.004, d_model=32, answer_loss=run["answer_loss"] + shift,
+                   test_loss=run["test_loss"] + 1.0)
+    (base / "replicate_1").mkdir()
+    (base / "replicate_1" / "metrics.json").write_text(json.dumps({**doc, "replicate": 1}))
+    out = report.build_report(make_cfg(), tmp_path / "runs", tmp_path / "reports")
+    md = out["report"].read_text()
+    section = md.split("## What this study can and cannot say")[1].split("## Methodology")[0]
+    part = section.split("**arithmetic**")[1]
+    moved = np.mean(REPLICATE_SHIFT)
+    assert f"moved its answer loss by +{moved:.4f}" in part
+    assert "nats/answer char may owe as much to the tuner" in part
+    # gelu's answer-loss effect (+0.0007) is within that; rmsnorm's (-0.20) is not
+    assert "Answer loss effects of that size or less here: gelu." in part
+
+
+def test_runs_without_an_answer_loss_keep_the_test_loss_as_the_headline():
+    rng = np.random.default_rng(5)
+    ablation = _random_ablation(rng, 3, datasets=("arith",)).assign(exact_match=0.3)
+    summary = statistics.summarise(ablation)
+    comparisons = statistics.compare(ablation)
+    lines = arith.headline_lines(summary, comparisons, pd.DataFrame(
+        columns=report.REFERENCE_COLUMNS), "arith", ["baseline", "v1", "v2"])
+    assert lines[4].startswith("| variant | seeds | test loss (nats/token) | exact match")
+    assert "on whole problems: these runs have no answer loss" in lines[2]
+    assert lines[-2].startswith("In test loss against the baseline")
+    assert statistics.METRICS["answer_loss"] == ("answer loss", "nats/answer char", False)

@@ -12,6 +12,9 @@ free. Two kinds:
   :func:`best_constant_answer`, :func:`most_frequent_answer`, :func:`all_zeros_answer`): the
   character accuracy and exact match of an answer that ignores the question. Leading zero
   padding and the closing ``$`` make character accuracy far from 0 for such answers.
+* **the answer-position floor** (:func:`answer_position_floor`): the answer loss, in nats per
+  answer character, of the best predictor that ignores the question, the character
+  frequencies of the training answers at each answer position (:data:`ANSWER_SMOOTHING`).
 
 Smoothing (:data:`NGRAM_SMOOTHING`) is interpolated Kneser-Ney with one absolute discount
 ``D = 0.75`` over an add-one unigram, vectorised with numpy (no loop over tokens). Sources:
@@ -34,7 +37,7 @@ import numpy as np
 __all__ = [
     "DISCOUNT", "MAX_ORDER", "NGRAM_SMOOTHING", "ngram_cross_entropy", "ngram_probabilities",
     "ngram_references", "uniform_cross_entropy", "constant_answer_scores", "best_constant_answer",
-    "most_frequent_answer", "all_zeros_answer",
+    "most_frequent_answer", "all_zeros_answer", "ANSWER_SMOOTHING", "answer_position_floor",
 ]
 
 DISCOUNT = 0.75  # D, the one absolute discount of every order >= 2
@@ -293,3 +296,52 @@ def all_zeros_answer(length: int) -> str:
     if length < 1:
         raise ValueError(f"length must be >= 1 (room for the closing '$'), got {length}")
     return "0" * (length - 1) + "$"
+
+
+ANSWER_SMOOTHING = ("per answer position, the training answers' character frequencies, add-one "
+                    "over the characters of either set")
+
+
+def answer_position_floor(train_targets: Sequence[str], test_targets: Sequence[str]) -> float:
+    """Cross-entropy, in nats per answer character, on ``test_targets`` of the best predictor
+    that ignores the question: at each answer position j, the frequencies of the characters at
+    position j of ``train_targets``. It is the answer-loss analogue of the constant answers
+    (:func:`best_constant_answer`): a model whose answer loss is not below it has learned the
+    answers' shape (padding, the closing ``$``, the usual leading digits) but nothing about
+    the question.
+
+    Targets are answers as the model writes them (reversed, the closing ``$`` included), every
+    one of a set of the same length L, the two sets of the same L. With A the characters that
+    occur in either set, N = ``len(train_targets)`` and c_j(x) the count of x at position j of
+    the training answers, the prediction is smoothed add-one over A (:data:`ANSWER_SMOOTHING`,
+    so no test character has probability 0)::
+
+        P_j(x) = (c_j(x) + 1) / (N + |A|)
+        floor = -mean over test answers t and positions j of ln P_j(t[j])
+
+    Raises:
+        ValueError: either set is empty; a set's targets differ in length (naming the set, the
+            first such index and both lengths); the two sets' lengths differ; targets are
+            empty strings.
+    """
+    for name, targets in (("train_targets", train_targets), ("test_targets", test_targets)):
+        if not len(targets):
+            raise ValueError(f"{name} is empty: there is no answer to count or score")
+        for i, target in enumerate(targets):
+            if len(target) != len(targets[0]):
+                raise ValueError(f"{name}[{i}] has length {len(target)} but {name}[0] has "
+                                 f"length {len(targets[0])}; all answers must have one length")
+    width = len(train_targets[0])
+    if width != len(test_targets[0]):
+        raise ValueError(f"train answers have length {width}, test answers "
+                         f"{len(test_targets[0])}; the floor needs one answer width")
+    if width < 1:
+        raise ValueError("the answers are empty strings; they need at least the closing '$'")
+    alphabet = set("".join(train_targets)) | set("".join(test_targets))
+    total = 0.0
+    for j, column in enumerate(zip(*test_targets)):
+        counts = Counter(target[j] for target in train_targets)
+        denominator = len(train_targets) + len(alphabet)
+        total -= sum(k * np.log((counts[x] + 1) / denominator)
+                     for x, k in Counter(column).items())
+    return float(total / (len(test_targets) * width))

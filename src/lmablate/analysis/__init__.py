@@ -4,6 +4,10 @@
 * :mod:`~lmablate.analysis.statistics`: t-intervals over seeds, paired t-tests, Holm's correction.
 * :mod:`~lmablate.analysis.sensitivity`: how each variant responds to the learning rate and the
   width, from its tuning trials (the learning-rate sensitivity of Wortsman et al. 2023).
+* :mod:`~lmablate.analysis.headline`: each dataset's headline loss (answer loss on arithmetic),
+  and the DVC metrics and verdicts stated in it.
+* :mod:`~lmablate.analysis.arithmetic`: the arithmetic section: the headline against its floors,
+  length generalisation by operand digits (tables, comparisons, figure, text).
 * :mod:`~lmablate.analysis.figures`: the seaborn figures, one ``plot_*`` function each, as PNG.
 * :mod:`~lmablate.analysis.markdown`: the text of ``report.md`` from the tables and the config.
 """

@@ -27,8 +27,9 @@ BASELINE = "baseline"  # the variant every other is compared with; first in ever
 
 ABLATION_COLUMNS = [
     "dataset", "variant", "seed", "n_params", "n_params_non_embedding", "flops_per_token", "lr",
-    "d_model", "steps", "tokens", "train_flops", "val_loss", "test_loss", "perplexity", "bits_per_char", "char_accuracy",
-    "exact_match", "train_seconds", "tokens_per_second",
+    "d_model", "steps", "tokens", "train_flops", "val_loss", "test_loss", "answer_loss",
+    "perplexity", "bits_per_char", "char_accuracy", "exact_match", "train_seconds",
+    "tokens_per_second",
 ]
 # Stored as integers when every present value is integral (pandas' nullable Int64, so NaN stays
 # possible and the CSV shows 104321 rather than 104321.0).
@@ -37,7 +38,15 @@ _INTEGER_COLUMNS = ("seed", "n_params", "n_params_non_embedding", "flops_per_tok
 # Timings are not in metrics.json (they differ from run to run); they come from each seed's
 # training result, runs/<dataset>/<variant>/checkpoints/seed_<s>/result.json.
 TIMING_COLUMNS = ("train_seconds", "tokens_per_second")
-PER_OP_COLUMNS = ["dataset", "variant", "seed", "op", "char_accuracy", "exact_match"]
+PER_OP_COLUMNS = ["dataset", "variant", "seed", "op", "char_accuracy", "exact_match",
+                  "answer_loss", "n"]
+# Arithmetic results by operand length (evaluate's "by_operand_digits": ``split`` "test" up to
+# the training digits, "length" past them; NaN with the reason in ``note`` where the model
+# cannot run that long) and by answer length ("by_answer_digits"), per seed.
+OPERAND_DIGITS_COLUMNS = ["dataset", "variant", "seed", "digits", "split", "exact_match",
+                          "char_accuracy", "answer_loss", "n", "note"]
+ANSWER_DIGITS_COLUMNS = ["dataset", "variant", "seed", "digits", "exact_match",
+                         "char_accuracy", "answer_loss", "n"]
 # The final runs of a re-tuning (``runs/<dataset>/<variant>/replicate_<N>/``): the ablation
 # columns with the replicate number N after the variant.
 REPLICATE_COLUMNS = [*ABLATION_COLUMNS[:2], "replicate", *ABLATION_COLUMNS[2:]]
@@ -64,13 +73,15 @@ class RunOutputs:
     Attributes:
         ablation: one row per dataset x variant x seed, columns :data:`ABLATION_COLUMNS`, sorted
             by dataset, variant, seed. Units: losses in nats/token, accuracies as fractions in
-            [0, 1], ``train_seconds`` in s, ``tokens_per_second`` in tokens/s, ``lr`` per step.
-            NaN where a metric does not apply (``exact_match`` of a text corpus).
+            [0, 1], ``train_seconds`` in s, ``tokens_per_second`` in tokens/s, ``lr`` per step;
+            ``answer_loss`` (arithmetic) in nats per answer character. NaN where a metric does
+            not apply (``exact_match`` of a text corpus).
         history: the ``history.csv`` files stacked (``seed, step, tokens, train_loss, val_loss,
             lr, elapsed_seconds``), in file order.
         trials: Optuna's ``trials_dataframe()`` CSVs (``trials.csv``) stacked, in file order.
         grad: the ``grad_stats.csv`` files stacked (``seed, group, frac_near_zero, ...``).
-        per_op: arithmetic results per operation, columns :data:`PER_OP_COLUMNS`.
+        per_op: arithmetic results per operation, columns :data:`PER_OP_COLUMNS`
+            (``answer_loss`` in nats per answer character, ``n`` problems).
         samples: ``{(dataset, variant): {"seed_<n>": [generated text, ...]}}`` (text corpora).
         predictions: ``{(dataset, variant): {"seed_<n>": [{"prompt", "target",
             "prediction"}, ...]}}`` (arithmetic: greedy-decoded test problems).
@@ -86,6 +97,12 @@ class RunOutputs:
             NaN with the reason in ``note`` where the scheme cannot run that long).
         position_loss: the loss by position bucket at each factor, columns
             :data:`POSITION_LOSS_COLUMNS` (``position``: the bucket's first position, 0-based).
+        by_operand_digits: arithmetic results per seed by operand length (``digits`` of the
+            longer operand), columns :data:`OPERAND_DIGITS_COLUMNS`: fractions, answer loss in
+            nats per answer character, ``n`` problems; NaN with the reason in ``note`` where
+            the model cannot run that long. Sorted by dataset, variant, seed, digits.
+        by_answer_digits: the same by the digits of the answer's integer part, columns
+            :data:`ANSWER_DIGITS_COLUMNS`, sorted alike.
 
     The raw frames (history, trials, grad, per_op) keep the row order of the files: the figures
     draw their points in row order, and overlapping markers are stacked in that order.
@@ -106,6 +123,10 @@ class RunOutputs:
         default_factory=lambda: pd.DataFrame(columns=EXTRAPOLATION_COLUMNS))
     position_loss: pd.DataFrame = dataclasses.field(
         default_factory=lambda: pd.DataFrame(columns=POSITION_LOSS_COLUMNS))
+    by_operand_digits: pd.DataFrame = dataclasses.field(
+        default_factory=lambda: pd.DataFrame(columns=OPERAND_DIGITS_COLUMNS))
+    by_answer_digits: pd.DataFrame = dataclasses.field(
+        default_factory=lambda: pd.DataFrame(columns=ANSWER_DIGITS_COLUMNS))
 
 
 # --------------------------------------------------------------------------------------------
@@ -197,17 +218,23 @@ def _stack(frames: list[pd.DataFrame]) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
+_DIGIT_FRAMES = ("by_operand_digits", "by_answer_digits")
+
+
 def _ordered(runs: RunOutputs, datasets: Sequence[str], variants: Sequence[str]) -> RunOutputs:
     """``runs`` with the study order set on every frame; the ablation table sorted by it."""
     frames = {f: with_order(getattr(runs, f), datasets, variants)
               for f in ("ablation", "history", "trials", "grad", "per_op", "replicates",
-                        "tuned", "extrapolation", "position_loss")}
+                        "tuned", "extrapolation", "position_loss", *_DIGIT_FRAMES)}
     frames["ablation"] = frames["ablation"].sort_values(
         ["dataset", "variant", "seed"], kind="stable", ignore_index=True)
     frames["tuned"] = frames["tuned"].sort_values(["dataset", "variant"], kind="stable",
                                                   ignore_index=True)
     frames["replicates"] = frames["replicates"].sort_values(
         ["dataset", "variant", "replicate", "seed"], kind="stable", ignore_index=True)
+    for f in _DIGIT_FRAMES:
+        frames[f] = frames[f].sort_values(["dataset", "variant", "seed", "digits"],
+                                          kind="stable", ignore_index=True)
     return dataclasses.replace(runs, **frames)
 
 
@@ -240,19 +267,36 @@ def _extrapolation_rows(dataset: str, variant: str, seed: int, run: Mapping[str,
 
 
 def _numbers(df: pd.DataFrame) -> pd.DataFrame:
-    """An extrapolation frame with integer seed/factor/length/position and float losses."""
+    """An extrapolation, per-op or by-digits frame with integer seed/factor/length/position/
+    digits/n and float losses and accuracies."""
     for col in df.columns:
-        if col in ("seed", "factor", "length", "position"):
+        if col in ("seed", "factor", "length", "position", "digits", "n"):
             df[col] = maybe_int(df[col])
-        elif col in ("test_loss", "loss"):
+        elif col in ("test_loss", "loss", "answer_loss", "exact_match", "char_accuracy"):
             df[col] = pd.to_numeric(df[col], errors="coerce").astype(float)
     return df
 
 
+def _digit_rows(base: dict, entries: Mapping[str, Any] | None,
+                columns: Sequence[str]) -> list[dict]:
+    """A seed's ``by_operand_digits`` or ``by_answer_digits`` (digits as strings -> a dict of
+    results, or a string saying why there is none) as rows of ``columns``."""
+    rows = []
+    for key, r in (entries or {}).items():
+        row = {**base, "digits": int(key)}
+        if isinstance(r, dict):
+            row.update({c: r.get(c) for c in columns[4:] if c != "note"}, note="")
+        else:
+            row["note"] = str(r)
+        rows.append({c: row.get(c) for c in columns})
+    return rows
+
+
 def _read_metrics(metrics_path: Path, run_dir: Path | None = None
-                  ) -> tuple[str, str, list[dict], list[dict], tuple[list[dict], list[dict]]]:
-    """One ``metrics.json``: ``(dataset, variant, seed rows, per-op rows, (extrapolation rows,
-    position-loss rows))`` (:func:`_extrapolation_rows`). A seed row has
+                  ) -> tuple[str, str, list[dict], dict[str, list[dict]]]:
+    """One ``metrics.json``: ``(dataset, variant, seed rows, {"per_op", "extrapolation",
+    "position_loss", "by_operand_digits", "by_answer_digits": rows})``
+    (:func:`_extrapolation_rows`, :func:`_digit_rows`). A seed row has
     :data:`ABLATION_COLUMNS`, its timings from ``checkpoints/seed_<s>/result.json`` next to
     the metrics file. Dataset and variant come from the file, else from the folders
     ``<dataset>/<variant>/`` (``run_dir``, default the file's folder)."""
@@ -260,12 +304,20 @@ def _read_metrics(metrics_path: Path, run_dir: Path | None = None
     doc = fileio.read_json(metrics_path)
     dataset = str(doc.get("dataset") or run_dir.parent.name)
     variant = str(doc.get("variant") or run_dir.name)
-    rows, per_op_rows, extrapolation, position_loss = [], [], [], []
+    rows, per_op_rows = [], []
+    more: dict[str, list[dict]] = {"per_op": per_op_rows, "extrapolation": [],
+                                   "position_loss": [], "by_operand_digits": [],
+                                   "by_answer_digits": []}
     for key, run in (doc.get("runs") or {}).items():
         seed = _seed_of(key, run)
         e_rows, p_rows = _extrapolation_rows(dataset, variant, seed, run)
-        extrapolation += e_rows
-        position_loss += p_rows
+        more["extrapolation"] += e_rows
+        more["position_loss"] += p_rows
+        base = {"dataset": dataset, "variant": variant, "seed": seed}
+        more["by_operand_digits"] += _digit_rows(base, run.get("by_operand_digits"),
+                                                 OPERAND_DIGITS_COLUMNS)
+        more["by_answer_digits"] += _digit_rows(base, run.get("by_answer_digits"),
+                                                ANSWER_DIGITS_COLUMNS)
         row = {col: run.get(col) for col in ABLATION_COLUMNS[3:]}
         result_path = metrics_path.parent / "checkpoints" / f"seed_{seed}" / "result.json"
         if result_path.is_file():
@@ -273,21 +325,19 @@ def _read_metrics(metrics_path: Path, run_dir: Path | None = None
             row.update({col: summary.get(col, row[col]) for col in TIMING_COLUMNS})
         rows.append({"dataset": dataset, "variant": variant, "seed": seed, **row})
         for op, values in (run.get("per_op") or {}).items():
-            per_op_rows.append({
-                "dataset": dataset, "variant": variant, "seed": seed, "op": op,
-                "char_accuracy": (values or {}).get("char_accuracy"),
-                "exact_match": (values or {}).get("exact_match"),
-            })
-    return dataset, variant, rows, per_op_rows, (extrapolation, position_loss)
+            per_op_rows.append({**base, "op": op, **{c: (values or {}).get(c)
+                                                     for c in PER_OP_COLUMNS[4:]}})
+    return dataset, variant, rows, more
 
 
 def collect(runs_dir: Path) -> RunOutputs:
     """Read every ``<runs_dir>/<dataset>/<variant>/`` that holds a ``metrics.json``, and every
     re-tuning's ``<runs_dir>/<dataset>/<variant>/replicate_<N>/metrics.json``.
 
-    Reads ``metrics.json`` (per seed: sizes, tuned ``lr``/``d_model``, losses, accuracies and
-    ``per_op`` results), and where present ``history.csv``, ``trials.csv``, ``grad_stats.csv``,
-    ``best.json`` and ``examples.json``. Datasets are ordered alphabetically and variants by
+    Reads ``metrics.json`` (per seed: sizes, tuned ``lr``/``d_model``, losses, accuracies,
+    ``per_op`` results and, for arithmetic, ``by_operand_digits`` and ``by_answer_digits``),
+    and where present ``history.csv``, ``trials.csv``, ``grad_stats.csv``, ``best.json`` and
+    ``examples.json``. Datasets are ordered alphabetically and variants by
     :func:`variant_order` (baseline first); :func:`restrict_to_study` sets the config's order.
 
     Missing optional files give empty frames / absent keys, never errors; a folder without
@@ -298,17 +348,17 @@ def collect(runs_dir: Path) -> RunOutputs:
         ValueError: a ``metrics.json`` or ``examples.json`` is not valid JSON.
     """
     runs_dir = Path(runs_dir)
-    rows, per_op_rows, extrapolation_rows, position_rows = [], [], [], []
+    rows: list[dict] = []
+    more: dict[str, list[dict]] = {}
     histories, trials, grads, tuned_rows = [], [], [], []
     samples: dict[tuple[str, str], dict] = {}
     predictions: dict[tuple[str, str], dict] = {}
     for metrics_path in sorted(runs_dir.glob("*/*/metrics.json")):
         run_dir = metrics_path.parent
-        dataset, variant, seed_rows, op_rows, (e_rows, p_rows) = _read_metrics(metrics_path)
+        dataset, variant, seed_rows, parts = _read_metrics(metrics_path)
         rows += seed_rows
-        per_op_rows += op_rows
-        extrapolation_rows += e_rows
-        position_rows += p_rows
+        for name, part in parts.items():
+            more.setdefault(name, []).extend(part)
         for name, sink in (("history.csv", histories), ("trials.csv", trials),
                            ("grad_stats.csv", grads)):
             df = _read_csv_tagged(run_dir / name, dataset, variant)
@@ -337,23 +387,25 @@ def collect(runs_dir: Path) -> RunOutputs:
         if not number.isdigit():
             continue
         replicate = int(number)
-        _, _, seed_rows, _, _ = _read_metrics(metrics_path, metrics_path.parent.parent)
+        _, _, seed_rows, _ = _read_metrics(metrics_path, metrics_path.parent.parent)
         replicate_rows += [{**row, "replicate": replicate} for row in seed_rows]
 
     ablation = _typed(pd.DataFrame(rows, columns=ABLATION_COLUMNS))
-    per_op = pd.DataFrame(per_op_rows, columns=PER_OP_COLUMNS)
-    for col in ("char_accuracy", "exact_match"):
-        per_op[col] = pd.to_numeric(per_op[col], errors="coerce").astype(float)
+    per_op = _numbers(pd.DataFrame(more.get("per_op", []), columns=PER_OP_COLUMNS))
+    digit_frames = {name: _numbers(pd.DataFrame(more.get(name, []), columns=columns))
+                    for name, columns in (("by_operand_digits", OPERAND_DIGITS_COLUMNS),
+                                          ("by_answer_digits", ANSWER_DIGITS_COLUMNS))}
 
     runs = RunOutputs(ablation=ablation, history=_stack(histories), trials=_stack(trials),
                       grad=_stack(grads), per_op=per_op, samples=samples,
                       predictions=predictions,
                       replicates=_typed(pd.DataFrame(replicate_rows, columns=REPLICATE_COLUMNS)),
                       tuned=pd.DataFrame(tuned_rows, columns=TUNED_COLUMNS),
-                      extrapolation=_numbers(pd.DataFrame(extrapolation_rows,
+                      extrapolation=_numbers(pd.DataFrame(more.get("extrapolation", []),
                                                           columns=EXTRAPOLATION_COLUMNS)),
-                      position_loss=_numbers(pd.DataFrame(position_rows,
-                                                          columns=POSITION_LOSS_COLUMNS)))
+                      position_loss=_numbers(pd.DataFrame(more.get("position_loss", []),
+                                                          columns=POSITION_LOSS_COLUMNS)),
+                      **digit_frames)
     frames = [runs.ablation, runs.history, runs.trials, runs.grad, runs.per_op, runs.replicates,
               runs.tuned]
     datasets = sorted({str(d) for f in frames if "dataset" in f for d in f["dataset"]})
@@ -420,6 +472,7 @@ def restrict_to_study(cfg: StudyConfig, runs: RunOutputs) -> tuple[RunOutputs, l
         trials=_filter(runs.trials, cfg), grad=_filter(runs.grad, cfg),
         extrapolation=_filter(runs.extrapolation, cfg),
         position_loss=_filter(runs.position_loss, cfg),
+        **{f: _filter(getattr(runs, f), cfg) for f in _DIGIT_FRAMES},
         per_op=_filter(runs.per_op, cfg), samples=configured(runs.samples),
         predictions=configured(runs.predictions))
     variants = variant_order(cfg.study_variants, cfg.study_variants)

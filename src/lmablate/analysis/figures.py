@@ -8,6 +8,9 @@ carried by the frames' categorical ``variant`` column (baseline first), never re
 Units: losses are natural-log cross-entropy per character token (nats/token); accuracies are
 fractions in [0, 1]; parameter counts are counts; learning rates per optimizer step.
 
+The arithmetic figures (by operation, by operand length) are drawn in
+:mod:`lmablate.analysis.arithmetic` with this module's :func:`_figure` and palettes.
+
 :func:`plot_attention` and :func:`plot_embedding_pca` take plain arrays, so the caller decides
 which model and which input to visualise (the report stage loads checkpoints for them).
 
@@ -326,37 +329,6 @@ def _forest_legend(fig: Figure, verdicts: Sequence[str]) -> None:
     fig.legend(handles, labels, loc="outside lower center", ncol=3, fontsize=8,
                title="verdict (colour) and intervals", title_fontsize=8,
                handler_map={raw: HandlerLine2D(numpoints=2)})
-
-
-def plot_by_op_heatmap(per_op: pd.DataFrame, path: Path, metric: str = "exact_match",
-                       datasets: Sequence[str] | None = None) -> Path | None:
-    """Heatmap of the mean over seeds of ``metric`` (fraction in [0, 1]) per arithmetic
-    operation (rows) x variant (columns), one panel per dataset with per-op results.
-    Returns ``path``, or None when no run reported per-op results."""
-    p = per_op.dropna(subset=[metric]) if len(per_op) else per_op
-    if datasets is not None and len(p):
-        p = p[p["dataset"].isin(datasets)]
-    if p.empty:
-        return None
-    label = METRICS[metric][0]
-    ds_list = present(p["dataset"])
-    variants = present(p["variant"])
-    n_ops = p["op"].nunique()
-    with _figure(path, figsize=(1.1 * len(variants) + 3.0, (0.5 * n_ops + 1.6) * len(ds_list)),
-                 nrows=len(ds_list)) as (fig, axes):
-        for ax, ds in zip(axes[:, 0], ds_list):
-            q = p[p["dataset"] == ds]
-            table = q.pivot_table(index="op", columns="variant", values=metric, aggfunc="mean",
-                                  observed=True)
-            table = table.reindex(index=list(pd.unique(q["op"])),
-                                  columns=[v for v in variants if v in table.columns])
-            sns.heatmap(table, annot=True, fmt=".2f", vmin=0, vmax=1, cmap="viridis",
-                        linewidths=0.5, cbar_kws={"label": f"{label} (fraction)"}, ax=ax)
-            ax.set_title(f"{ds}: {label} by operation (mean over seeds)")
-            ax.set_xlabel("variant")
-            ax.set_ylabel("operation")
-            ax.tick_params(axis="y", labelrotation=0)
-    return Path(path)
 
 
 def _tuned_rows(tuned: pd.DataFrame | None, dataset: str) -> dict[str, pd.Series]:

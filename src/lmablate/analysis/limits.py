@@ -20,6 +20,7 @@ from typing import Sequence
 import pandas as pd
 
 from lmablate.analysis.collect import BASELINE, present
+from lmablate.analysis.headline import headline_loss
 from lmablate.analysis.statistics import (ALPHA, METRICS, POWER, VERDICT_BETTER,
                                           VERDICT_IDENTICAL, VERDICT_WORSE)
 
@@ -88,18 +89,20 @@ def _between_references(summary: pd.DataFrame, references: pd.DataFrame,
 
 def _answer_floors(summary: pd.DataFrame, references: pd.DataFrame, problems: pd.DataFrame,
                    dataset: str) -> list[str]:
-    """Exact match and character accuracy against constant answers (arithmetic)."""
+    """Answer loss, exact match and character accuracy against answers that ignore the
+    question (arithmetic): the answer-position floor and the constant answers."""
     lines = []
-    for metric in ("exact_match", "char_accuracy"):
+    for metric in ("answer_loss", "exact_match", "char_accuracy"):
         refs = references[(references["dataset"] == dataset) & (references["metric"] == metric)]
         means = _mean(summary, dataset, metric)
         if refs.empty or means.empty:
             continue
-        top = refs.loc[refs["value"].idxmax()]
-        label = METRICS[metric][0]
+        label, _, higher = METRICS[metric]
+        top = refs.loc[refs["value"].idxmax() if higher else refs["value"].idxmin()]
         floors = "; ".join(f"{r.reference} ({r.detail}) {r.value:.3f}"
                            for r in refs.itertuples())
-        above = [v for v, x in means.items() if x > top["value"]]
+        above = [v for v, x in means.items() if (x > top["value"] if higher
+                                                 else x < top["value"])]
         text = (f"{label.capitalize()} against answers that ignore the question: {floors}. "
                 f"The variants score {means.min():.3f} to {means.max():.3f}; ")
         if not above:
@@ -142,20 +145,24 @@ def _power(detectable: pd.DataFrame, dataset: str) -> list[str]:
 
 
 def _tuning(variation: pd.DataFrame, comparisons: pd.DataFrame, dataset: str) -> list[str]:
-    v = variation[(variation["dataset"] == dataset) & (variation["metric"] == "test_loss")]
+    """How far the re-tuning moved the dataset's headline loss, and which variants' effects
+    in it are no larger."""
+    metric = headline_loss(comparisons, dataset)
+    label, unit, _ = METRICS[metric]
+    v = variation[(variation["dataset"] == dataset) & (variation["metric"] == metric)]
     if v.empty:
         return []
     r = v.iloc[0]
     bound = max(abs(r["ci95_low"]), abs(r["ci95_high"]), abs(r["mean_diff"]))
-    c = comparisons[(comparisons["dataset"] == dataset) & (comparisons["metric"] == "test_loss")]
+    c = comparisons[(comparisons["dataset"] == dataset) & (comparisons["metric"] == metric)]
     within = [str(x.variant) for x in c.itertuples() if abs(x.mean_diff) <= bound]
     text = (f"Tuning luck: the {r['variant']} tuned again with another sampler seed "
             f"(lr {r['lr']:.3g} -> {r['replicate_lr']:.3g}, d_model {int(r['d_model'])} -> "
-            f"{int(r['replicate_d_model'])}) moved its test loss by {r['mean_diff']:+.4f} "
+            f"{int(r['replicate_d_model'])}) moved its {label} by {r['mean_diff']:+.4f} "
             f"(95% CI [{r['ci95_low']:.4f}, {r['ci95_high']:.4f}]), so an effect up to about "
-            f"{bound:.3f} nats/char may owe as much to the tuner as to the feature. ")
-    text += (f"Test-loss effects of that size or less here: {_names(within)}." if within
-             else "Every variant's test-loss effect here is larger than that.")
+            f"{bound:.3f} {unit} may owe as much to the tuner as to the feature. ")
+    text += (f"{label.capitalize()} effects of that size or less here: {_names(within)}."
+             if within else f"Every variant's {label} effect here is larger than that.")
     return [text]
 
 
@@ -215,14 +222,16 @@ def _flags(comparisons: pd.DataFrame, problems: pd.DataFrame, tuned: pd.DataFram
                      "difference, the feature's effect is not shown to outlast the training "
                      "seed.")
     unbeaten = []
-    for metric in ("exact_match", "char_accuracy"):
+    for metric in ("answer_loss", "exact_match", "char_accuracy"):
         refs = references[(references["dataset"] == dataset) & (references["metric"] == metric)]
         means = _mean(summary, dataset, metric)
-        if len(refs) and len(means) and means.max() <= refs["value"].max():
+        if len(refs) and len(means) and (means.max() <= refs["value"].max() if METRICS[
+                metric][2] else means.min() >= refs["value"].min()):
             unbeaten.append(METRICS[metric][0])
     if unbeaten:
-        lines.append(f"No variant beats a constant answer in {_names(unbeaten)}: every verdict "
-                     "in these metrics compares ways of guessing, not of computing the answer.")
+        lines.append(f"No variant beats an answer that ignores the question in "
+                     f"{_names(unbeaten)}: every verdict in these metrics compares ways of "
+                     "guessing, not of computing the answer.")
     return lines
 
 

@@ -598,7 +598,8 @@ def render_markdown(cfg: StudyConfig, runs: RunOutputs, summary: pd.DataFrame,
                     tuned: pd.DataFrame | None = None,
                     extrapolation: tuple[pd.DataFrame, pd.DataFrame] | None = None,
                     sensitivity: pd.DataFrame | None = None,
-                    lr_figures: Mapping[str, tuple[str, str]] | None = None) -> str:
+                    lr_figures: Mapping[str, tuple[str, str]] | None = None,
+                    arithmetic: Mapping[str, Sequence[str]] | None = None) -> str:
     """The text of ``report.md`` (GitHub-flavoured Markdown, ``\n`` line ends, one final
     newline).
 
@@ -629,18 +630,17 @@ def render_markdown(cfg: StudyConfig, runs: RunOutputs, summary: pd.DataFrame,
         lr_figures: dataset -> ``(caption, relative path)`` of its learning-rate figure
             (:func:`~lmablate.analysis.figures.plot_lr_response`), shown in that section
             rather than among the dataset's other figures.
+        arithmetic: dataset -> the lines opening its section (:mod:`~lmablate.analysis.arithmetic`).
 
     The section "What this study can and cannot say" (:mod:`lmablate.analysis.limits`) follows
     the introduction; it is written from the same frames.
     """
     empty = pd.DataFrame(columns=["dataset", "metric", "verdict", "reference", "on_edge"])
-    problems = problems if problems is not None else empty
-    detectable = detectable if detectable is not None else empty
-    references = references if references is not None else empty
+    problems, detectable, references = (x if x is not None else empty
+                                        for x in (problems, detectable, references))
     tuned = tuned if tuned is not None else runs.tuned
     sensitivity = sensitivity if sensitivity is not None else pd.DataFrame(
         columns=["dataset", "variant", "uniform_loss", "note"])
-    lr_figures = dict(lr_figures or {})
     ablation = runs.ablation
     order = present(ablation["variant"])
     datasets = present(ablation["dataset"])
@@ -675,7 +675,7 @@ def render_markdown(cfg: StudyConfig, runs: RunOutputs, summary: pd.DataFrame,
         lines += ["Data notes:", "", *[f"- {n}" for n in notes], ""]
 
     for ds in datasets:
-        lines += [f"## {ds}", ""]
+        lines += [f"## {ds}", "", *(arithmetic or {}).get(ds, [])]
         lines += [f"### Summary (mean ± {CONFIDENCE:.0%} CI half-width over seeds)", "",
                   _summary_table(summary, ds, order, references), ""]
         s = summary[summary["dataset"] == ds]
@@ -705,7 +705,7 @@ def render_markdown(cfg: StudyConfig, runs: RunOutputs, summary: pd.DataFrame,
         lines += ["### Tuned hyper-parameters, size and throughput", "",
                   _tuned_table(ablation, ds, order), ""]
         lines += _lr_section(cfg, sensitivity, tuned, runs.trials, ds, order,
-                             lr_figures.get(ds))
+                             (lr_figures or {}).get(ds))
         ds_figs = [(cap, rel) for d, cap, rel in figures if d == ds]
         if ds_figs:
             lines += ["### Figures", ""]

@@ -7,15 +7,14 @@
   and its ``confidence_interval``), corrected for multiple comparisons with Holm's step-down
   method (Holm 1979, "A simple sequentially rejective multiple test procedure", Scand. J.
   Statist. 6:65-70; ``statsmodels.stats.multitest.multipletests(method="holm")``).
-
 * :func:`detectable_effects`: per dataset x metric, the smallest difference the paired test
   could detect with 80% power at the study's seed count, given the observed spread.
 * :func:`compare_problems`: arithmetic variants against the baseline problem by problem (the
   same test problems for every variant), with counts of solved problems.
 
-Units are those of the metrics (:data:`METRICS`): losses in nats/token, bits per char,
-perplexity unitless, accuracies as fractions in [0, 1], times in seconds.
-"""
+Units are those of the metrics (:data:`METRICS`): losses in nats/token (the answer loss in nats
+per answer character), bits per char, perplexity unitless, accuracies as fractions in [0, 1],
+times in seconds."""
 
 from __future__ import annotations
 
@@ -45,6 +44,7 @@ COMPARISON_COLUMNS = [
 # metric -> (label, unit, higher_is_better); the order is the order of the summary tables.
 METRICS: dict[str, tuple[str, str, bool | None]] = {
     "test_loss": ("test loss", "nats/token", False),
+    "answer_loss": ("answer loss", "nats/answer char", False),
     "val_loss": ("validation loss", "nats/token", False),
     "bits_per_char": ("bits per char", "bits/char", False),
     "perplexity": ("perplexity", "", False),
@@ -54,7 +54,7 @@ METRICS: dict[str, tuple[str, str, bool | None]] = {
     "tokens_per_second": ("throughput", "tokens/s", None),
 }
 # Metrics tested against the baseline (when the dataset has them at all).
-COMPARED_METRICS = ("test_loss", "exact_match", "char_accuracy")
+COMPARED_METRICS = ("test_loss", "answer_loss", "exact_match", "char_accuracy")
 
 VERDICT_BETTER = "better"
 VERDICT_WORSE = "worse"
@@ -225,7 +225,7 @@ def compare(df: pd.DataFrame, baseline: str = BASELINE, alpha: float = ALPHA,
     number on every seed, zero or not (a t-test would divide by a zero spread and give p = 0 or
     NaN: no test, no p-value, not in the family; the interval is the point); else
     ``"better"``/``"worse"`` when Holm rejects (direction from the sign of the mean difference
-    and whether the metric is higher-is-better: test loss lower is better, exact match and char
+    and whether the metric is higher-is-better: losses lower is better, exact match and char
     accuracy higher is better); else ``"no significant difference"``.
 
     ``mde`` is :func:`min_detectable_effect` at the row's SD of differences, pairs and level

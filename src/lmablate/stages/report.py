@@ -25,8 +25,9 @@ first-seed checkpoints and the tokenized test splits, for the model figures) and
 * ``lr_sensitivity.csv`` per dataset x variant, the learning-rate sensitivity of its tuning's
   shared design (:data:`~lmablate.analysis.sensitivity.SENSITIVITY_COLUMNS`, Wortsman et al.
   2023), with the loss at initialisation it uses (:func:`uniform_losses`).
-* ``metrics/<dataset>/<variant>.json`` the study-level DVC metrics (:func:`study_metrics`), and
-  ``metrics/<dataset>.json`` each dataset's verdicts (:func:`dataset_verdicts`).
+* ``metrics/<dataset>/<variant>.json`` the study-level DVC metrics, and ``metrics/<dataset>.json``
+  each dataset's verdicts, both in the dataset's headline loss (:mod:`lmablate.analysis.headline`:
+  ``study_metrics``, ``dataset_verdicts``; the answer loss on arithmetic).
 * ``curves/<dataset>.csv`` each variant's mean validation curve (:func:`mean_curves`), the data
   of ``dvc plots show``.
 * ``tuning_variation.csv`` the re-tunings (``runs/<dataset>/<variant>/replicate_<N>/``)
@@ -36,6 +37,9 @@ first-seed checkpoints and the tokenized test splits, for the model figures) and
 * ``extrapolation.csv``, ``extrapolation_comparisons.csv``, ``extrapolation_positions.csv``
   length extrapolation (:mod:`lmablate.analysis.extrapolation`): the test loss at each multiple
   of the context, its comparison with ``rope``, and the loss by position bucket.
+* ``length_generalisation.csv``, ``length_generalisation_comparisons.csv`` arithmetic exact
+  match by operand length and its comparison with the baseline at each length
+  (:mod:`lmablate.analysis.arithmetic`).
 * ``figures/*.png``  the seaborn figures of :mod:`lmablate.analysis.figures`, plus the last
   layer's attention maps and a PCA of the token embeddings drawn from the checkpoints.
 * ``report.md``      the human-readable report (:mod:`lmablate.analysis.markdown`).
@@ -44,8 +48,9 @@ Rows of every table follow the study order (datasets as configured, baseline fir
 configured variants), set once by :func:`lmablate.analysis.collect.restrict_to_study`. The
 report and the tables are then logged as artifacts of an MLflow summary run.
 
-Units: losses are natural-log cross-entropy per character token (nats/token); bits per char =
-loss / ln 2; perplexity = exp(loss); accuracies are fractions in [0, 1]; times in seconds.
+Units: losses are natural-log cross-entropy per character token (nats/token), the answer loss
+per answer character; bits per char = loss / ln 2; perplexity = exp(loss); accuracies are
+fractions in [0, 1]; times in seconds.
 """
 
 from __future__ import annotations
@@ -64,13 +69,14 @@ from lmablate import fileio
 from lmablate.analysis import figures as plots
 from lmablate.analysis.collect import (ABLATION_COLUMNS, BASELINE, TUNED_COLUMNS, RunOutputs,
                                        collect, present, restrict_to_study)
+from lmablate.analysis import arithmetic as arith
 from lmablate.analysis import extrapolation as ex
 from lmablate.analysis.families import family_palette, variant_family
+from lmablate.analysis.headline import dataset_verdicts, study_metrics
 from lmablate.analysis.markdown import render_markdown
 from lmablate.analysis.sensitivity import SENSITIVITY_COLUMNS, lr_sensitivity
 from lmablate.analysis.statistics import (DETECTABLE_COLUMNS, METRICS, PROBLEM_COLUMNS,
-                                          TUNING_VARIATION_COLUMNS, VERDICT_BETTER,
-                                          VERDICT_WORSE, compare, compare_problems,
+                                          TUNING_VARIATION_COLUMNS, compare, compare_problems,
                                           detectable_effects, summarise, tuning_variation)
 from lmablate import references as refs
 from lmablate.checkpoint import load_checkpoint
@@ -80,68 +86,6 @@ from lmablate.tracking import NullTracker, make_tracker
 
 ATTENTION_TOKENS = 48  # length of the held-out sequence shown in attention heatmaps (tokens)
 REFERENCE_COLUMNS = ["dataset", "reference", "metric", "value", "detail"]
-
-
-def study_metrics(summary: pd.DataFrame, comparisons: pd.DataFrame,
-                  extrapolation: pd.DataFrame | None = None) -> dict[tuple[str, str], dict]:
-    """The study-level DVC metrics, one small dict per dataset x variant: seeds, mean test loss
-    (nats/token), its difference to the baseline's and the verdict (the baseline's are 0 and
-    "baseline"), mean exact match (arithmetic), and the mean test loss at the longest length
-    of ``extrapolation`` (:func:`lmablate.analysis.extrapolation.extrapolation_table`) as
-    ``test_loss_x<f>``, "n/a" where the position scheme cannot run that long. What ``dvc
-    metrics show`` and ``dvc exp show`` list; the per-seed and per-operation values stay in
-    ``runs/`` and the CSVs."""
-    out: dict[tuple[str, str], dict] = {}
-    means = summary.set_index(["dataset", "variant", "metric"])
-    c = comparisons[comparisons["metric"] == "test_loss"].set_index(["dataset", "variant"])
-    # the longest length measured: its loss is the extrapolation metric
-    top = (int(extrapolation["factor"].max())
-           if extrapolation is not None and len(extrapolation) else None)
-    for (dataset, variant), _ in summary.groupby(["dataset", "variant"], observed=True,
-                                                 sort=False):
-        if (dataset, variant, "test_loss") not in means.index:
-            continue
-        row = means.loc[(dataset, variant, "test_loss")]
-        doc = {"seeds": int(row["n"]), "test_loss": float(row["mean"])}
-        if variant == BASELINE:
-            doc.update(delta_test_loss=0.0, verdict="baseline")
-        elif (dataset, variant) in c.index:
-            doc.update(delta_test_loss=float(c.loc[(dataset, variant), "mean_diff"]),
-                       verdict=str(c.loc[(dataset, variant), "verdict"]))
-        if (dataset, variant, "exact_match") in means.index:
-            doc["exact_match"] = float(means.loc[(dataset, variant, "exact_match"), "mean"])
-        if top is not None:
-            e = extrapolation[(extrapolation["dataset"] == dataset)
-                              & (extrapolation["variant"] == variant)
-                              & (extrapolation["factor"] == top)]
-            if len(e):
-                value = e.iloc[0]["mean"]
-                doc[ex.metric_name(top)] = float(value) if pd.notna(value) else "n/a"
-        out[(str(dataset), str(variant))] = doc
-    return out
-
-
-def dataset_verdicts(summary: pd.DataFrame, comparisons: pd.DataFrame) -> dict[str, dict]:
-    """One study-level DVC metrics row per dataset: the seeds and, in the column the variants'
-    rows call ``verdict``, which variants were better and which worse than the baseline in test
-    loss (Holm-corrected, as in ``comparisons.csv``), in study order, e.g.
-    ``"better: swiglu, rope; worse: alibi"``, or ``"none better or worse"``.
-
-    The keys are those of :func:`study_metrics`, so ``dvc metrics show`` gains a row per dataset
-    and no column; ``dvc exp show --keep '...<dataset>.json:verdict'`` then lists, per
-    experiment, the study's answer in one short column per dataset (DVC names a column
-    ``path:key`` when the key is in several files)."""
-    out: dict[str, dict] = {}
-    c = comparisons[comparisons["metric"] == "test_loss"]
-    for dataset, rows in summary[summary["metric"] == "test_loss"].groupby(
-            "dataset", observed=True, sort=False):
-        cd = c[c["dataset"] == dataset]
-        parts = [f"{word}: {', '.join(map(str, cd.loc[cd['verdict'] == v, 'variant']))}"
-                 for word, v in (("better", VERDICT_BETTER), ("worse", VERDICT_WORSE))
-                 if (cd["verdict"] == v).any()]
-        out[str(dataset)] = {"seeds": int(rows["n"].max()),
-                             "verdict": "; ".join(parts) or "none better or worse"}
-    return out
 
 
 CURVE_COLUMNS = ["variant", "step", "val_loss", "seeds"]
@@ -168,17 +112,19 @@ def reference_table(cfg: StudyConfig, tokens_dir: Path, runs: RunOutputs) -> pd.
       split under counts of its train split (:func:`lmablate.references.ngram_references`,
       smoothing :data:`lmablate.references.NGRAM_SMOOTHING`), metric ``test_loss``.
     * Arithmetic: answers that ignore the question, scored on the decoded test problems (the
-      baseline's first seed's targets, the same for every variant): all zeros, the best
-      constant answer for character accuracy (the per-position mode) and for exact match (the
-      most frequent answer) (:mod:`lmablate.references`); metrics ``char_accuracy`` and
-      ``exact_match`` as fractions, ``detail`` the answer as written (reversed, as the model
-      writes it).
+      baseline's first seed's targets, the same for every variant)
+      (:func:`lmablate.analysis.arithmetic.answer_references`): all zeros, the best constant
+      answer for character accuracy (the per-position mode) and for exact match (the most
+      frequent answer), metrics ``char_accuracy`` and ``exact_match`` as fractions, ``detail``
+      the answer as written (reversed, as the model writes it); and the answer-position floor
+      from the train split's answers, metric ``answer_loss`` in nats per answer character.
 
     Returns:
         Columns :data:`REFERENCE_COLUMNS`.
 
     Raises:
         FileNotFoundError / TokenizerError: a dataset's tokens are missing under ``tokens_dir``.
+        DataError: an arithmetic train split does not cut into problems of its ``line_length``.
     """
     rows = []
     for dataset, ds in cfg.datasets.items():
@@ -190,20 +136,9 @@ def reference_table(cfg: StudyConfig, tokens_dir: Path, runs: RunOutputs) -> pd.
                          "value": value, "detail": refs.NGRAM_SMOOTHING})
         by_seed = runs.predictions.get((dataset, BASELINE)) or {}
         first = next((v for v in by_seed.values() if v), None)
-        if ds.kind != "arithmetic" or not first:
-            continue
-        targets = [str(p["target"]) for p in first]
-        answers = [("all zeros", refs.constant_answer_scores(
-                        targets, refs.all_zeros_answer(len(targets[0]))), ("char_accuracy",
-                                                                            "exact_match")),
-                   ("best constant answer", refs.best_constant_answer(targets),
-                    ("char_accuracy",)),
-                   ("most frequent answer", refs.most_frequent_answer(targets),
-                    ("exact_match",))]
-        for name, score, metrics in answers:
-            for metric in metrics:
-                rows.append({"dataset": dataset, "reference": name, "metric": metric,
-                             "value": score[metric], "detail": f"`{score['answer']}`"})
+        if ds.kind == "arithmetic" and first:
+            rows += arith.answer_references(dataset, tokens_dir / dataset,
+                                            [str(p["target"]) for p in first])
     return pd.DataFrame(rows, columns=REFERENCE_COLUMNS)
 
 
@@ -304,9 +239,9 @@ def build_report(cfg: StudyConfig, runs_dir: Path, out_dir: Path,
     Returns:
         ``{"report", "ablation", "summary", "comparisons", "problem_comparisons",
         "detectable_effects", "references", "tuned", "lr_sensitivity", "tuning_variation",
-        "extrapolation",
-        "extrapolation_comparisons", "extrapolation_positions", "metrics", "curves": Path,
-        "figures": [Path, ...]}``.
+        "extrapolation", "extrapolation_comparisons", "extrapolation_positions",
+        "length_generalisation", "length_generalisation_comparisons", "metrics", "curves":
+        Path, "figures": [Path, ...]}``.
 
     Raises:
         FileNotFoundError: no ``metrics.json`` of the configured study under ``runs_dir``.
@@ -331,6 +266,8 @@ def build_report(cfg: StudyConfig, runs_dir: Path, out_dir: Path,
     position_curves = {ds: ex.position_curves(runs.position_loss, ds)
                        for ds in present(ablation["dataset"])}
     sensitivity = lr_sensitivity(runs.trials, uniform_losses(cfg, tokens_dir))
+    length = (arith.length_table(runs.by_operand_digits),
+              arith.length_comparisons(runs.by_operand_digits))
 
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {
@@ -358,6 +295,11 @@ def build_report(cfg: StudyConfig, runs_dir: Path, out_dir: Path,
             pd.concat([c.assign(dataset=ds) for ds, c in position_curves.items()],
                       ignore_index=True),
             ["dataset", *ex.CURVE_COLUMNS]),
+        "length_generalisation": fileio.write_csv(out_dir / "length_generalisation.csv",
+                                                  length[0], arith.LENGTH_COLUMNS),
+        "length_generalisation_comparisons": fileio.write_csv(
+            out_dir / "length_generalisation_comparisons.csv", length[1],
+            arith.LENGTH_COMPARISON_COLUMNS),
     }
     # a DVC metrics directory: one file per dataset (the verdicts) and per dataset x variant
     metrics_dir = out_dir / "metrics"
@@ -384,6 +326,8 @@ def build_report(cfg: StudyConfig, runs_dir: Path, out_dir: Path,
     op_datasets = set(present(per_op["dataset"]))
     figures: list[tuple[str | None, str, Path | None]] = []
     lr_figures: dict[str, tuple[str, Path]] = {}  # shown in the report's learning-rate section
+    arithmetic: dict[str, list[str]] = {}  # the lines that open an arithmetic dataset's section
+    length_figures: list[Path] = []
     for ds in present(ablation["dataset"]):
         r = references[(references["dataset"] == ds) & (references["metric"] == "test_loss")]
         lines = {f"{x.reference} ({refs.NGRAM_SHORT})": x.value for x in r.itertuples()}
@@ -407,12 +351,27 @@ def build_report(cfg: StudyConfig, runs_dir: Path, out_dir: Path,
                  positions={v: cfg.model_config(v, vocab_size=1).position
                             for v in present(ablation["variant"])})),
         ]
+        if cfg.datasets[ds].kind == "arithmetic":
+            digits = arith.training_digits(cfg.datasets[ds], runs.by_operand_digits, ds)
+            path = arith.plot_length_generalisation(
+                runs.by_operand_digits, ds, digits,
+                fig_dir / f"length_generalisation_{ds}.png", palette=palette)
+            left_out = arith.unreachable(runs.by_operand_digits, ds)
+            caption = (f"{ds}: exact match by operand length (mean ± 95% t-interval over "
+                       "seeds; shaded: longer than any training problem)"
+                       + (f"; left out: {'; '.join(left_out)}" if left_out else ""))
+            length_figures += [path] if path is not None else []
+            arithmetic[ds] = arith.headline_lines(summary, comparisons, references, ds,
+                                                  present(ablation["variant"]))
+            arithmetic[ds] += arith.length_lines(
+                *length, ds, digits, present(ablation["variant"]),
+                (caption, path.relative_to(out_dir).as_posix()) if path else None)
         if ds in op_datasets:
             single = len(op_datasets) == 1  # one arithmetic dataset: no suffix in the name
             for metric in ("exact_match", "char_accuracy"):
                 name = f"{metric}_by_op.png" if single else f"{metric}_by_op_{ds}.png"
                 figures.append((ds, f"{ds}: {METRICS[metric][0]} by operation x variant",
-                                plots.plot_by_op_heatmap(per_op, fig_dir / name, metric, [ds])))
+                                arith.plot_by_op_heatmap(per_op, fig_dir / name, metric, [ds])))
         path = plots.plot_lr_response(runs.trials, runs.tuned, ds, fig_dir / f"tuning_{ds}.png",
                                       palette=palette)
         if path is not None:
@@ -436,12 +395,13 @@ def build_report(cfg: StudyConfig, runs_dir: Path, out_dir: Path,
         [(ds, cap, p.relative_to(out_dir).as_posix()) for ds, cap, p in written],
         environment, notes, variation, problems=problems, detectable=detectable,
         references=references, tuned=runs.tuned, extrapolation=extrapolation,
-        sensitivity=sensitivity,
+        sensitivity=sensitivity, arithmetic=arithmetic,
         lr_figures={ds: (cap, p.relative_to(out_dir).as_posix())
                     for ds, (cap, p) in lr_figures.items()})
     paths["report"] = out_dir / "report.md"
     fileio.write_text(paths["report"], md)
-    paths["figures"] = [p for _, _, p in written] + [p for _, p in lr_figures.values()]
+    paths["figures"] = ([p for _, _, p in written] + [p for _, p in lr_figures.values()]
+                        + length_figures)
     return paths
 
 
@@ -470,7 +430,8 @@ def run(cfg: StudyConfig, runs_dir: Path, tokens_dir: Path, out_dir: Path,
         tracker.log_artifact(out_dir / "report.md")
         for name in ("ablation.csv", "summary.csv", "comparisons.csv", "problem_comparisons.csv",
                      "detectable_effects.csv", "references.csv", "tuned.csv",
-                     "lr_sensitivity.csv", "tuning_variation.csv"):
+                     "lr_sensitivity.csv", "tuning_variation.csv",
+                     "length_generalisation.csv", "length_generalisation_comparisons.csv"):
             tracker.log_artifact(out_dir / name, "tables")
         tracker.log_artifact(figures_dir, "figures")
     return result

@@ -1,0 +1,452 @@
+"""The arithmetic part of the report: the headline, the floors and length generalisation.
+
+* **Floors** (:func:`answer_references`): what answers that ignore the question score on the
+  evaluated test problems: the constant answers of :mod:`lmablate.references` (character
+  accuracy, exact match) and the answer-position floor
+  (:func:`lmablate.references.answer_position_floor`, answer loss) from the answers of the
+  train split (:func:`train_answers`).
+* **Headline** (:func:`headline_lines`): first in an arithmetic dataset's section, the answer
+  loss (:func:`lmablate.analysis.headline.headline_loss`) and exact match of every variant
+  beside those floors, and which variants beat them.
+* **By operation** (:func:`plot_by_op_heatmap`): exact match or character accuracy per
+  operation x variant.
+* **Length generalisation** (:func:`length_table`, :func:`length_comparisons`,
+  :func:`plot_length_generalisation`, :func:`length_lines`): exact match by operand length
+  (digits of the longer operand), up to the training ``digits`` on the in-distribution test
+  problems and past them on the length split (problems longer than any seen in training;
+  Kazemnejad et al. 2023, "The impact of positional encoding on length generalization in
+  transformers"), each variant against the baseline at each length, paired by seed
+  (:func:`lmablate.analysis.statistics.compare`: paired t-test, Holm over the variants of a
+  dataset x length).
+
+Units: answer loss in nats per answer character (closing ``$`` included), accuracies as
+fractions in [0, 1], lengths in digits.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+import seaborn as sns
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+
+from lmablate import references as refs
+from lmablate.analysis import figures as plots
+from lmablate.analysis.collect import BASELINE, maybe_int, present
+from lmablate.analysis.headline import ANSWER_LOSS, headline_loss, verdict_text
+from lmablate.analysis.markdown import VERDICT_MARKS, _interval, _md_table, _num
+from lmablate.analysis.statistics import (CONFIDENCE, COMPARISON_COLUMNS, METRICS, compare,
+                                          summarise, t_interval)
+from lmablate.arithmetic import split_problem
+from lmablate.tokenizer import load_split, load_tokenizer, read_meta
+from lmablate.validation import DataError
+
+ANSWER_FLOOR = "answer ignoring the question"  # the reference name of the answer-loss floor
+# metric -> the reference that is its floor in the headline table
+FLOORS = {ANSWER_LOSS: ANSWER_FLOOR, "exact_match": "most frequent answer",
+          "char_accuracy": "best constant answer"}
+LENGTH_COLUMNS = ["dataset", "variant", "digits", "split", "n_seeds", "mean", "ci95_low",
+                  "ci95_high", "note"]
+LENGTH_COMPARISON_COLUMNS = [*COMPARISON_COLUMNS[:2], "digits", "split",
+                             *COMPARISON_COLUMNS[2:]]
+
+
+# ---------------------------------------------------------------------------------------------
+# Floors
+# ---------------------------------------------------------------------------------------------
+
+def train_answers(tokens_dir: Path) -> list[str]:
+    """The answers (targets, :func:`lmablate.arithmetic.split_problem`) of the train split's
+    problems under ``tokens_dir`` (one dataset's ``data/tokens/<dataset>/``): ``train.bin``
+    decoded with its tokenizer and cut into problems of meta.json's ``line_length``
+    characters, or at its newlines where they were kept. Empty when meta.json has no
+    ``line_length`` (tokens written before it was recorded).
+
+    Raises:
+        FileNotFoundError / TokenizerError: the tokenizer or train split is missing or bad.
+        DataError: a cut piece is not a problem, or the split is not a whole number of
+            ``line_length`` problems (``line_length`` does not describe this split).
+    """
+    length = read_meta(tokens_dir).get("line_length")
+    if not length:
+        return []
+    text = load_tokenizer(tokens_dir).decode(np.asarray(load_split(tokens_dir, "train")))
+    if "\n" in text:
+        lines = [line for line in text.split("\n") if line]
+    else:
+        if len(text) % int(length):
+            raise DataError(f"{tokens_dir}: the train split's {len(text)} characters are not "
+                            f"a whole number of problems of line_length={length}")
+        lines = [text[i:i + int(length)] for i in range(0, len(text), int(length))]
+    return [split_problem(line)[1] for line in lines]
+
+
+def answer_references(dataset: str, tokens_dir: Path, targets: Sequence[str]) -> list[dict]:
+    """The reference rows (``dataset, reference, metric, value, detail``) of an arithmetic
+    dataset, scored on the evaluated test answers ``targets`` (reversed, closing ``$``
+    included): all zeros (char accuracy, exact match), the best constant answer (char
+    accuracy), the most frequent answer (exact match), ``detail`` the answer as written; and
+    :data:`ANSWER_FLOOR` (``answer_loss``, nats per answer character,
+    :func:`lmablate.references.answer_position_floor` of :func:`train_answers`), left out when
+    the train split's problems cannot be cut (no ``line_length``).
+
+    Raises:
+        ValueError: ``targets`` empty or of unequal lengths, or of another length than the
+            train answers. Also those of :func:`train_answers`.
+    """
+    targets = [str(t) for t in targets]
+    answers = [("all zeros", refs.constant_answer_scores(
+                    targets, refs.all_zeros_answer(len(targets[0]))),
+                ("char_accuracy", "exact_match")),
+               ("best constant answer", refs.best_constant_answer(targets), ("char_accuracy",)),
+               ("most frequent answer", refs.most_frequent_answer(targets), ("exact_match",))]
+    rows = [{"dataset": dataset, "reference": name, "metric": metric,
+             "value": score[metric], "detail": f"`{score['answer']}`"}
+            for name, score, metrics in answers for metric in metrics]
+    train = train_answers(Path(tokens_dir))
+    if train:
+        rows.append({"dataset": dataset, "reference": ANSWER_FLOOR, "metric": ANSWER_LOSS,
+                     "value": refs.answer_position_floor(train, targets),
+                     "detail": refs.ANSWER_SMOOTHING})
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# Length generalisation
+# ---------------------------------------------------------------------------------------------
+
+def _metric(digits: int) -> str:
+    return f"exact_match_d{digits}"
+
+
+def _wide(by_digits: pd.DataFrame) -> tuple[pd.DataFrame, dict[int, str]]:
+    """Seeds as rows (dataset, variant, seed), one ``exact_match_d<n>`` column per length."""
+    lengths = sorted(int(d) for d in by_digits["digits"].dropna().unique())
+    wide = by_digits.pivot_table(index=["dataset", "variant", "seed"], columns="digits",
+                                 values="exact_match", aggfunc="first", observed=True,
+                                 dropna=False).reindex(columns=lengths).reset_index()
+    wide.columns = ["dataset", "variant", "seed", *(_metric(int(d)) for d in lengths)]
+    return wide, {d: _metric(d) for d in lengths}
+
+
+def _splits(by_digits: pd.DataFrame) -> dict[tuple[str, int], str]:
+    """(dataset, digits) -> the split its results come from ("test" or "length")."""
+    s = by_digits.dropna(subset=["split"])
+    s = s[s["split"].astype(str) != ""]
+    return {(str(r.dataset), int(r.digits)): str(r.split) for r in s.itertuples()}
+
+
+def length_table(by_digits: pd.DataFrame) -> pd.DataFrame:
+    """Exact match by operand length per dataset x variant x digits: the mean over seeds and
+    its :data:`~lmablate.analysis.statistics.CONFIDENCE` Student-t interval
+    (:func:`~lmablate.analysis.statistics.summarise`, fractions), ``n_seeds`` with a value,
+    the ``split`` the problems come from ("test" up to the training digits, "length" past
+    them), and where the model cannot run that long, NaNs with the reason in ``note`` ("n/a
+    (learned table of 64 positions)").
+
+    Args:
+        by_digits: :attr:`~lmablate.analysis.collect.RunOutputs.by_operand_digits`.
+
+    Returns:
+        Columns :data:`LENGTH_COLUMNS`, rows by dataset and variant (study order), then digits.
+    """
+    if by_digits.empty:
+        return pd.DataFrame(columns=LENGTH_COLUMNS)
+    wide, metrics = _wide(by_digits)
+    summary = summarise(wide, list(metrics.values())).set_index(
+        ["dataset", "variant", "metric"])
+    splits = _splits(by_digits)
+    rows = []
+    for (ds, var, digits), g in by_digits.groupby(["dataset", "variant", "digits"],
+                                                  observed=True, sort=True):
+        notes = sorted(set(g["note"].dropna().astype(str)) - {""})
+        row = {"dataset": ds, "variant": var, "digits": int(digits),
+               "split": splits.get((str(ds), int(digits)), ""), "n_seeds": 0,
+               "note": "; ".join(notes)}
+        key = (ds, var, metrics[int(digits)])
+        if key in summary.index:
+            s = summary.loc[key]
+            row.update(n_seeds=s["n"], mean=s["mean"], ci95_low=s["ci95_low"],
+                       ci95_high=s["ci95_high"])
+        rows.append(row)
+    table = pd.DataFrame(rows, columns=LENGTH_COLUMNS)
+    for col in ("digits", "n_seeds"):
+        table[col] = maybe_int(table[col])
+    return table
+
+
+def length_comparisons(by_digits: pd.DataFrame, baseline: str = BASELINE) -> pd.DataFrame:
+    """Every variant against ``baseline`` in exact match at each operand length, paired by seed,
+    Holm within each dataset x length: the columns of
+    :func:`~lmablate.analysis.statistics.compare` (``metric`` = ``exact_match_d<n>``,
+    differences as fractions) with ``digits`` and ``split``. A length where the baseline or a
+    variant has no values (a learned table that cannot reach it) has no row for it.
+
+    Returns:
+        Columns :data:`LENGTH_COMPARISON_COLUMNS`, by dataset, then digits, then variant.
+    """
+    if by_digits.empty:
+        return pd.DataFrame(columns=LENGTH_COMPARISON_COLUMNS)
+    wide, metrics = _wide(by_digits)
+    splits = _splits(by_digits)
+    frames = []
+    for ds in present(wide["dataset"]):
+        d = wide[wide["dataset"] == ds]
+        for digits, metric in metrics.items():  # each length one Holm family
+            c = compare(d[["dataset", "variant", "seed", metric]].rename(
+                columns={metric: "exact_match"}), baseline=baseline, metrics=["exact_match"])
+            c = c[c["n_pairs"] > 0]
+            frames.append(c.assign(metric=metric, digits=digits,
+                                   split=splits.get((ds, digits), "")))
+    frames = [f for f in frames if len(f)]
+    if not frames:
+        return pd.DataFrame(columns=LENGTH_COMPARISON_COLUMNS)
+    return pd.concat(frames, ignore_index=True)[LENGTH_COMPARISON_COLUMNS]
+
+
+def training_digits(dataset_cfg: Any, by_digits: pd.DataFrame, dataset: str) -> int | None:
+    """The most operand digits of ``dataset``'s training problems: the config's ``digits``
+    when it has one, else the longest length whose results come from the test split; None
+    when neither is known."""
+    digits = getattr(dataset_cfg, "digits", None)
+    if digits is not None:
+        return int(digits)
+    d = by_digits[(by_digits["dataset"] == dataset) & (by_digits["split"] == "test")] \
+        if len(by_digits) else by_digits
+    return int(d["digits"].max()) if len(d) else None
+
+
+def unreachable(by_digits: pd.DataFrame, dataset: str) -> list[str]:
+    """``"<variant> at <n> digits, <note>"`` for each variant x length of ``dataset`` without
+    results, in study order: what the length figure leaves out."""
+    d = by_digits[by_digits["dataset"] == dataset] if len(by_digits) else by_digits
+    d = d[d["exact_match"].isna() & (d["note"].fillna("").astype(str) != "")]
+    seen = d.drop_duplicates(["variant", "digits"]).sort_values(["variant", "digits"],
+                                                                kind="stable")
+    return [f"{r.variant} at {_digits_label(int(r.digits))}, {r.note}"
+            for r in seen.itertuples()]
+
+
+def _digits_label(n: int) -> str:
+    return f"{n} digit" + ("" if n == 1 else "s")
+
+
+def plot_length_generalisation(by_digits: pd.DataFrame, dataset: str, digits: int | None,
+                               path: Path, *, palette: Mapping[str, Any] | None = None
+                               ) -> Path | None:
+    """Exact match (fraction, y in [0, 1]) against operand length in digits (x), one line per
+    variant (``palette``: variant -> colour; None: one categorical colour each): the mean over
+    seeds with its 95% Student-t interval as error bars (:func:`~lmablate.analysis.statistics.
+    t_interval`, as summary.csv). A dashed line marks the longest training length ``digits``
+    and the lengths past it (the length split) are shaded; a variant's points are dodged
+    sideways by a few hundredths of a digit. Lengths a variant cannot run (a
+    string in metrics.json) are left out of its line.
+
+    Args:
+        by_digits: :attr:`~lmablate.analysis.collect.RunOutputs.by_operand_digits`.
+
+    Returns ``path``, or None without exact-match values for ``dataset``."""
+    d = by_digits[by_digits["dataset"] == dataset] if len(by_digits) else by_digits
+    lengths = sorted(int(x) for x in d["digits"].dropna().unique()) if len(d) else []
+    d = d.dropna(subset=["exact_match"])
+    if d.empty:
+        return None
+    order = present(d["variant"])
+    # each variant's points moved sideways a little, so that equal means do not hide each other
+    dodge = {v: 0.06 * (i - (len(order) - 1) / 2) for i, v in enumerate(order)}
+    d = d.assign(x=d["digits"].astype(int) + d["variant"].astype(str).map(dodge),
+                 exact_match=d["exact_match"].astype(float))
+    n_seeds = int(d.groupby(["variant", "digits"], observed=True)["seed"].nunique().max())
+    with plots._figure(path, figsize=(8.5, 4.6)) as (fig, axes):
+        ax = axes[0, 0]
+        extra = []
+        if digits is not None:
+            if lengths[-1] > digits:
+                ax.axvspan(digits + 0.5, lengths[-1] + 0.5, color="0.92", zorder=0)
+                extra.append(Patch(facecolor="0.92", label="longer than any training problem"))
+            ax.axvline(digits, color="0.4", linestyle="--", linewidth=1.2, zorder=1)
+            extra.append(Line2D([], [], color="0.4", linestyle="--",
+                                label=f"longest training length ({digits} digits)"))
+        sns.lineplot(data=d, x="x", y="exact_match", hue="variant", hue_order=order,
+                     palette=plots._variant_palette(order, palette), errorbar=t_interval,
+                     err_style="bars", err_kws={"capsize": 4}, marker="o", markersize=6,
+                     ax=ax)
+        handles, labels = ax.get_legend_handles_labels()
+        ax.set_xticks(lengths)
+        ax.set_xlim(lengths[0] - 0.5, lengths[-1] + 0.5)
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_title(f"{dataset}: exact match by operand length\n(mean over {n_seeds} "
+                     "seed(s), bars = 95% t-interval; points of a length dodged by variant)")
+        ax.set_xlabel("operand digits (the longer operand)")
+        ax.set_ylabel("exact match (fraction)")
+        ax.legend(handles + extra, labels + [h.get_label() for h in extra],
+                  title="variant", loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+    return Path(path)
+
+
+def plot_by_op_heatmap(per_op: pd.DataFrame, path: Path, metric: str = "exact_match",
+                       datasets: Sequence[str] | None = None) -> Path | None:
+    """Heatmap of the mean over seeds of ``metric`` (fraction in [0, 1]) per arithmetic
+    operation (rows) x variant (columns), one panel per dataset with per-op results.
+    Returns ``path``, or None when no run reported per-op results."""
+    p = per_op.dropna(subset=[metric]) if len(per_op) else per_op
+    if datasets is not None and len(p):
+        p = p[p["dataset"].isin(datasets)]
+    if p.empty:
+        return None
+    label = METRICS[metric][0]
+    ds_list = present(p["dataset"])
+    variants = present(p["variant"])
+    n_ops = p["op"].nunique()
+    size = (1.1 * len(variants) + 3.0, (0.5 * n_ops + 1.6) * len(ds_list))
+    with plots._figure(path, figsize=size, nrows=len(ds_list)) as (fig, axes):
+        for ax, ds in zip(axes[:, 0], ds_list):
+            q = p[p["dataset"] == ds]
+            table = q.pivot_table(index="op", columns="variant", values=metric, aggfunc="mean",
+                                  observed=True)
+            table = table.reindex(index=list(pd.unique(q["op"])),
+                                  columns=[v for v in variants if v in table.columns])
+            sns.heatmap(table, annot=True, fmt=".2f", vmin=0, vmax=1, cmap="viridis",
+                        linewidths=0.5, cbar_kws={"label": f"{label} (fraction)"}, ax=ax)
+            ax.set_title(f"{ds}: {label} by operation (mean over seeds)")
+            ax.set_xlabel("variant")
+            ax.set_ylabel("operation")
+            ax.tick_params(axis="y", labelrotation=0)
+    return Path(path)
+
+
+# ---------------------------------------------------------------------------------------------
+# Markdown
+# ---------------------------------------------------------------------------------------------
+
+def _cell(summary: pd.DataFrame, variant: str, metric: str) -> str:
+    """``mean ± CI half-width`` of ``metric`` for ``variant`` in ``summary`` (one dataset)."""
+    s = summary[(summary["variant"] == variant) & (summary["metric"] == metric)]
+    if s.empty:
+        return "–"
+    r = s.iloc[0]
+    if not np.isfinite(r["ci95_low"]):
+        return f"{_num(r['mean'])} (no CI, n={int(r['n'])})"
+    return f"{_num(r['mean'])} ± {_num((r['ci95_high'] - r['ci95_low']) / 2)}"
+
+
+def _beats(mean: float, floor: float, metric: str) -> bool:
+    return mean < floor if not METRICS[metric][2] else mean > floor
+
+
+def headline_lines(summary: pd.DataFrame, comparisons: pd.DataFrame,
+                   references: pd.DataFrame, dataset: str, order: Sequence[str]) -> list[str]:
+    """The headline block of an arithmetic dataset's section: a table of the headline loss
+    (:func:`~lmablate.analysis.headline.headline_loss`), exact match and character accuracy
+    per variant (mean ± CI half-width over seeds) with the floors of :data:`FLOORS` as italic
+    rows, one sentence naming the variants that beat the floors, and the verdicts in the
+    headline loss. No lines when ``dataset`` has no summary rows."""
+    s = summary[summary["dataset"] == dataset]
+    if s.empty:
+        return []
+    loss = headline_loss(s, dataset)
+    metrics = [loss, "exact_match", "char_accuracy"]
+    heads = {m: f"{METRICS[m][0]} ({METRICS[m][1]})" for m in metrics}
+    rows = [{"variant": v, "seeds": int(s.loc[s["variant"] == v, "n"].max()),
+             **{heads[m]: _cell(s, v, m) for m in metrics}}
+            for v in order if (s["variant"] == v).any()]
+    r = references[references["dataset"] == dataset] if len(references) else references
+    floors = {}
+    for m in metrics:
+        f = r[(r["metric"] == m) & (r["reference"] == FLOORS.get(m))] if len(r) else r
+        if len(f):
+            floors[m] = float(f["value"].iloc[0])
+            rows.append({"variant": f"_floor: {FLOORS[m]}_", "seeds": "–",
+                         **{heads[k]: _num(floors[m]) if k == m else "–" for k in metrics}})
+    what = ("teacher-forced, on the answer characters given the question, closing `$` "
+            "included" if loss == ANSWER_LOSS else "on whole problems: these runs have no "
+            "answer loss")
+    lines = ["### Headline", "",
+             f"{METRICS[loss][0].capitalize()} ({METRICS[loss][1]}; the loss this dataset's "
+             f"verdicts are stated in: {what}), exact match and character accuracy of the "
+             f"greedy-decoded answers: mean ± {CONFIDENCE:.0%} CI half-width over seeds. "
+             "Italic rows are floors: answers that ignore the question.", "",
+             _md_table(pd.DataFrame(rows)), ""]
+    if floors:
+        means = s.set_index(["variant", "metric"])["mean"]
+        beaten = {v: [m for m in floors if (v, m) in means.index
+                      and _beats(float(means.loc[(v, m)]), floors[m], m)]
+                  for v in (x["variant"] for x in rows if x["seeds"] != "–")}
+        groups = {"every floor": [v for v, b in beaten.items() if len(b) == len(floors)],
+                  "some": [f"{v} ({', '.join(METRICS[m][0] for m in b)})"
+                           for v, b in beaten.items() if 0 < len(b) < len(floors)],
+                  "none": [v for v, b in beaten.items() if not b]}
+        parts = [f"beat {k}: {', '.join(g)}" for k, g in groups.items() if g]
+        lines += ["Against the floors (" + ", ".join(
+            f"{METRICS[m][0]} {'below' if not METRICS[m][2] else 'above'} {_num(x)}"
+            for m, x in floors.items()) + "), on the mean over seeds: "
+            + "; ".join(parts) + ".", ""]
+    else:
+        lines += ["No floors: they need the tokenized data, not given to this report.", ""]
+    lines += [f"In {METRICS[loss][0]} against the baseline (paired by seed, Holm-corrected): "
+              f"{verdict_text(comparisons, dataset, loss)}.", ""]
+    return lines
+
+
+def length_lines(table: pd.DataFrame, comparisons: pd.DataFrame, dataset: str,
+                 digits: int | None, order: Sequence[str],
+                 figure: tuple[str, str] | None = None) -> list[str]:
+    """"### Length generalisation": what the split is, the exact match per variant x operand
+    length (:func:`length_table`: mean ± CI half-width, or the reason there is none), the
+    difference to the baseline at each length with its Holm verdict
+    (:func:`length_comparisons`), and the figure (``(caption, relative path)``). No lines
+    without a length table for ``dataset``."""
+    t = table[table["dataset"] == dataset] if len(table) else table
+    if t.empty:
+        return []
+    c = comparisons[comparisons["dataset"] == dataset] if len(comparisons) else comparisons
+    lengths = sorted(int(x) for x in t["digits"].unique())
+    split = {int(r.digits): r.split for r in t.itertuples() if r.split}
+    rows = []
+    for v in order:
+        tv = t[t["variant"] == v]
+        if tv.empty:
+            continue
+        row = {"variant": v}
+        for n in lengths:
+            r = tv[tv["digits"] == n]
+            head = _digits_label(n) + (f" ({split[n]})" if n in split else "")
+            if r.empty:
+                row[head] = "–"
+            elif r.iloc[0]["note"]:
+                row[head] = str(r.iloc[0]["note"])
+            elif pd.notna(r.iloc[0]["ci95_low"]):
+                r = r.iloc[0]
+                row[head] = f"{_num(r['mean'])} ± {_num((r['ci95_high'] - r['ci95_low']) / 2)}"
+            else:
+                row[head] = _num(r.iloc[0]["mean"])
+        for n in lengths:
+            cv = c[(c["variant"] == v) & (c["digits"] == n)] if len(c) else c
+            head = f"Δ vs {BASELINE} at {n}"
+            if cv.empty:
+                row[head] = "–"
+                continue
+            cv = cv.iloc[0]
+            mark = VERDICT_MARKS.get(cv["verdict"], "")
+            row[head] = (f"{_num(cv['mean_diff'])} {_interval(cv, 3)}"
+                         + (f" **{mark} {cv['verdict']}**" if mark else f" {cv['verdict']}"))
+        rows.append(row)
+    trained = (f"Trained on operands of up to {digits} digits; tested on longer ones"
+               if digits is not None else "Tested on operands longer than in training")
+    lines = ["### Length generalisation", "",
+             f"{trained} (the length split: problems longer than any seen in training, "
+             "marked \"length\"; up to the training length, the in-distribution test problems, "
+             "marked \"test\"); n/a where a learned position table cannot reach that length. "
+             f"Exact match (fraction) by the digits of the longer operand: mean ± "
+             f"{CONFIDENCE:.0%} CI half-width over seeds; Δ is paired by seed against the "
+             f"{BASELINE}, with its raw {CONFIDENCE:.0%} interval, Holm-corrected over the "
+             "variants at each length (▲ better / ▼ worse).", "",
+             _md_table(pd.DataFrame(rows)), ""]
+    if figure is not None:
+        caption, rel = figure
+        lines += [f"**{caption}**", "", f"![{Path(rel).stem}]({rel})", ""]
+    return lines
