@@ -19,7 +19,6 @@ times in seconds."""
 from __future__ import annotations
 
 import math
-import warnings
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
