@@ -38,7 +38,7 @@ from lmablate import references as refs
 from lmablate.analysis import figures as plots
 from lmablate.analysis.collect import BASELINE, maybe_int, present
 from lmablate.analysis.headline import ANSWER_LOSS, headline_loss, verdict_text
-from lmablate.analysis.markdown import VERDICT_MARKS, _interval, _md_table, _num
+from lmablate.analysis.markdown import _delta_cell, _md_table, _num
 from lmablate.analysis.statistics import (CONFIDENCE, COMPARISON_COLUMNS, METRICS, compare,
                                           summarise, t_interval)
 from lmablate.arithmetic import split_problem
@@ -430,10 +430,7 @@ def length_lines(table: pd.DataFrame, comparisons: pd.DataFrame, dataset: str,
             if cv.empty:
                 row[head] = "–"
                 continue
-            cv = cv.iloc[0]
-            mark = VERDICT_MARKS.get(cv["verdict"], "")
-            row[head] = (f"{_num(cv['mean_diff'])} {_interval(cv, 3)}"
-                         + (f" **{mark} {cv['verdict']}**" if mark else f" {cv['verdict']}"))
+            row[head] = _delta_cell(cv.iloc[0])
         rows.append(row)
     trained = (f"Trained on operands of up to {digits} digits; tested on longer ones"
                if digits is not None else "Tested on operands longer than in training")

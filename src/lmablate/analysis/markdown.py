@@ -123,6 +123,17 @@ def _summary_table(summary: pd.DataFrame, dataset: str, order: Sequence[str],
     return _md_table(pd.DataFrame(rows)) if rows else "_No results._"
 
 
+def _verdict(verdict: str) -> str:
+    """A verdict as shown: bold with its mark when better or worse."""
+    mark = VERDICT_MARKS.get(verdict, "")
+    return f"**{mark} {verdict}**" if mark else verdict
+
+
+def _delta_cell(c: Mapping[str, Any]) -> str:
+    """A comparison row as one cell: mean difference, raw interval and verdict."""
+    return f"{_num(c['mean_diff'])} {_interval(c, 3)} {_verdict(c['verdict'])}"
+
+
 def _interval(row: Mapping[str, Any], digits: int, prefix: str = "ci95") -> str:
     """``[<prefix>_low, <prefix>_high]`` of a table row, or "–" where there is no interval."""
     if not np.isfinite(row[f"{prefix}_low"]):
@@ -144,9 +155,7 @@ def _comparison_table(comparisons: pd.DataFrame, dataset: str) -> str:
     rows = []
     for _, r in c.iterrows():
         digits = _digits(r["metric"])
-        verdict = r["verdict"]
-        mark = VERDICT_MARKS.get(verdict, "")
-        shown = f"**{mark} {verdict}**" if mark else verdict
+        shown = _verdict(r["verdict"])
         rows.append({
             "metric": _metric_label(r["metric"]),
             "variant": r["variant"],
@@ -201,10 +210,7 @@ def _extrapolation_section(cfg: StudyConfig, table: pd.DataFrame, comparisons: p
             if c.empty:
                 row[head] = "reference" if v == reference else "–"
                 continue
-            c = c.iloc[0]
-            mark = VERDICT_MARKS.get(c["verdict"], "")
-            row[head] = (f"{_num(c['mean_diff'])} {_interval(c, 3)}"
-                         + (f" **{mark} {c['verdict']}**" if mark else f" {c['verdict']}"))
+            row[head] = _delta_cell(c.iloc[0])
         rows.append(row)
     return ["### Length extrapolation", "",
             f"Test loss (nats/token) on windows of 1 to {max(factors)} times the training "
@@ -230,8 +236,6 @@ def _problem_table(problems: pd.DataFrame, dataset: str) -> list[str]:
     rows = []
     for _, r in p.iterrows():
         unit = "problems solved" if r["metric"] == "exact_match" else "answer characters right"
-        verdict = r["verdict"]
-        mark = VERDICT_MARKS.get(verdict, "")
         rows.append({
             "metric": _metric_label(r["metric"]),
             "variant": r["variant"],
@@ -243,7 +247,7 @@ def _problem_table(problems: pd.DataFrame, dataset: str) -> list[str]:
             "problems that differ": f"{_int(r['n_differing'])} of {_int(r['n_problems'])}",
             "p (sign-flip)": _p(r["p_value"]),
             "p (Holm)": _p(r["p_holm"]),
-            "verdict": f"**{mark} {verdict}**" if mark else verdict,
+            "verdict": _verdict(r["verdict"]),
         })
     first = p.iloc[0]
     return ["### Problem by problem", "",
