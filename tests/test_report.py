@@ -1363,3 +1363,21 @@ def test_runs_without_an_answer_loss_keep_the_test_loss_as_the_headline():
     assert "on whole problems: these runs have no answer loss" in lines[2]
     assert lines[-2].startswith("In test loss against the baseline")
     assert statistics.METRICS["answer_loss"] == ("answer loss", "nats/answer char", False)
+
+
+def test_the_answer_loss_is_broken_down_by_operation_and_answer_length_as_seed_means():
+    per_op = pd.DataFrame([
+        {"dataset": "arithmetic", "variant": v, "seed": s, "op": op, "answer_loss": x}
+        for v, s, op, x in [("baseline", 0, "add", 0.1), ("baseline", 1, "add", 0.3),
+                            ("baseline", 0, "sub", 0.5), ("baseline", 1, "sub", 0.7),
+                            ("gelu", 0, "add", 0.2), ("gelu", 1, "add", 0.2)]])
+    by_answer = pd.DataFrame([
+        {"dataset": "arithmetic", "variant": v, "seed": s, "digits": d, "answer_loss": x}
+        for v, s, d, x in [("baseline", 0, 2, 0.4), ("baseline", 1, 2, 0.6),
+                           ("gelu", 0, 3, 0.9)]])
+    lines = arith.breakdown_lines(per_op, by_answer, "arithmetic", ["baseline", "gelu"])
+    table = [line for line in "\n".join(lines).splitlines() if line.startswith("|")]
+    assert table[0] == "| variant | add | sub | 2-digit answers | 3-digit answers |"
+    assert table[2] == "| baseline | 0.200 | 0.600 | 0.500 | – |"
+    assert table[3] == "| gelu | 0.200 | – | – | 0.900 |"
+    assert arith.breakdown_lines(per_op, by_answer, "shakespeare", ["baseline"]) == []

@@ -392,6 +392,28 @@ def headline_lines(summary: pd.DataFrame, comparisons: pd.DataFrame,
     return lines
 
 
+def breakdown_lines(per_op: pd.DataFrame, by_answer: pd.DataFrame, dataset: str,
+                    order: Sequence[str]) -> list[str]:
+    """The answer loss (nats per answer character) of each variant of ``dataset`` per
+    operation and per answer length (digits of the answer's integer part): the mean over
+    seeds of :attr:`~lmablate.analysis.collect.RunOutputs.per_op` and ``by_answer_digits``,
+    one row per variant. No lines when neither frame has an answer loss for ``dataset``."""
+    parts = []
+    for frame, key, label in ((per_op, "op", "{}"), (by_answer, "digits", "{}-digit answers")):
+        f = frame[frame["dataset"] == dataset] if len(frame) else frame
+        if len(f) and ANSWER_LOSS in f and f[ANSWER_LOSS].notna().any():
+            wide = f.pivot_table(index="variant", columns=key, values=ANSWER_LOSS,
+                                 aggfunc="mean", observed=True)
+            parts.append(wide.rename(columns=lambda c: label.format(c)))
+    if not parts:
+        return []
+    table = pd.concat(parts, axis=1)
+    rows = [{"variant": v, **{c: _num(table.loc[v, c]) for c in table.columns}}
+            for v in order if v in table.index]
+    return [f"Answer loss ({METRICS[ANSWER_LOSS][1]}, mean over seeds) by operation and by "
+            "answer length:", "", _md_table(pd.DataFrame(rows)), ""]
+
+
 def length_lines(table: pd.DataFrame, comparisons: pd.DataFrame, dataset: str,
                  digits: int | None, order: Sequence[str],
                  figure: tuple[str, str] | None = None) -> list[str]:

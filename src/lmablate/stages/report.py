@@ -363,6 +363,8 @@ def build_report(cfg: StudyConfig, runs_dir: Path, out_dir: Path,
             length_figures += [path] if path is not None else []
             arithmetic[ds] = arith.headline_lines(summary, comparisons, references, ds,
                                                   present(ablation["variant"]))
+            arithmetic[ds] += arith.breakdown_lines(runs.per_op, runs.by_answer_digits, ds,
+                                                    present(ablation["variant"]))
             arithmetic[ds] += arith.length_lines(
                 *length, ds, digits, present(ablation["variant"]),
                 (caption, path.relative_to(out_dir).as_posix()) if path else None)
