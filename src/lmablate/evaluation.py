@@ -261,6 +261,18 @@ def _scores(correct: list[np.ndarray], nats: np.ndarray | None, sel: np.ndarray)
     return {**out, "n": int(sel.sum())}
 
 
+def _correct(problems: list[str], predictions: list[str]) -> list[np.ndarray]:
+    """Per problem, which answer positions its prediction has right: bool (answer length,)."""
+    return [np.array(list(q[:len(t)].ljust(len(t), "\0"))) == np.array(list(t))
+            for q, t in zip(predictions, (split_problem(p)[1] for p in problems))]
+
+
+def _by(correct: list[np.ndarray], nats: np.ndarray | None, keys: list[int]) -> dict[str, dict]:
+    """:func:`_scores` of the problems of each key, keys ascending (as strings)."""
+    keys = np.array(keys)
+    return {str(k): _scores(correct, nats, keys == k) for k in sorted(set(keys.tolist()))}
+
+
 def arithmetic_scores(problems: list[str], predictions: list[str],
                       nats: np.ndarray | None = None) -> dict:
     """Character accuracy and exact match over answer positions, and with ``nats`` (from
@@ -272,18 +284,14 @@ def arithmetic_scores(problems: list[str], predictions: list[str],
     problems), ``n`` in problems; answer lengths are digits of the answer's integer part
     (:func:`~lmablate.arithmetic.answer_digits`).
     """
-    targets = [split_problem(p)[1] for p in problems]
-    correct = [np.array(list(q[:len(t)].ljust(len(t), "\0"))) == np.array(list(t))
-               for q, t in zip(predictions, targets)]
+    correct = _correct(problems, predictions)
     everything = np.ones(len(problems), dtype=bool)
     scores = _scores(correct, nats, everything)
     del scores["n"]
     ops = np.array([problem_op(p) for p in problems])
     scores["per_op"] = {name: _scores(correct, nats, ops == op)
                         for op, name in OP_NAMES.items() if (ops == op).any()}
-    digits = np.array([answer_digits(p) for p in problems])
-    scores["by_answer_digits"] = {str(d): _scores(correct, nats, digits == d)
-                                  for d in sorted(set(digits.tolist()))}
+    scores["by_answer_digits"] = _by(correct, nats, [answer_digits(p) for p in problems])
     return scores
 
 
@@ -293,11 +301,8 @@ def by_operand_digits(problems: list[str], predictions: list[str], nats: np.ndar
     length, the digits of a problem's longer operand (:func:`~lmablate.arithmetic.
     operand_digits`): ``{"2": {"char_accuracy", "exact_match", "answer_loss", "n", "split":
     split}, ...}``, lengths ascending."""
-    correct = [np.array(list(q[:len(t)].ljust(len(t), "\0"))) == np.array(list(t))
-               for q, t in zip(predictions, (split_problem(p)[1] for p in problems))]
-    digits = np.array([operand_digits(p) for p in problems])
-    return {str(d): {**_scores(correct, nats, digits == d), "split": split}
-            for d in sorted(set(digits.tolist()))}
+    by = _by(_correct(problems, predictions), nats, [operand_digits(p) for p in problems])
+    return {d: {**scores, "split": split} for d, scores in by.items()}
 
 
 @torch.no_grad()
