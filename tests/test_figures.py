@@ -3,7 +3,7 @@ figures of lmablate.analysis.figures show: reference lines, the forest plot's in
 labels, the learning-rate figure's panels, the palette argument.
 
 The figures are inspected, not just written: a fixture records the matplotlib Figure each
-``plot_*`` call draws (it wraps ``figures._figure``), and text and artist positions are
+``plot_*`` call draws (it wraps ``plotting.figure``), and text and artist positions are
 measured on an Agg renderer. Frames are small and synthetic, written under ``tmp_path``.
 """
 
@@ -20,8 +20,9 @@ import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import to_rgb
 
-from lmablate.analysis import arithmetic as arith
-from lmablate.analysis import figures, statistics
+from lmablate.analysis import arithmetic_figures as arith_figs
+from lmablate.analysis import figures, limits, model_figures, plotting, statistics
+from lmablate.analysis import tuning_figure
 from lmablate.analysis.families import FAMILIES, family_palette, variant_family
 
 # the variants of params.yaml (overrides of the baseline model config), in study order
@@ -55,7 +56,7 @@ DS = "shakespeare"
 def drawn(monkeypatch):
     """The Figures drawn by ``plot_*`` calls in the test, in call order."""
     figs = []
-    original = figures._figure
+    original = plotting.figure
 
     @contextmanager
     def recording(*args, **kwargs):
@@ -63,7 +64,7 @@ def drawn(monkeypatch):
             figs.append(fig)
             yield fig, axes
 
-    monkeypatch.setattr(figures, "_figure", recording)
+    monkeypatch.setattr(plotting, "figure", recording)
     return figs
 
 
@@ -107,10 +108,11 @@ def categorical(df):
 
 
 def ablation_frame(variants=ORDER, seeds=(0, 1, 2)):
-    """Test losses 1.95 .. 2.10 nats/token, a per-seed spread of 0.01."""
+    """Test losses 1.95 .. 2.10 nats/char, a per-seed spread of 0.01; parameter counts
+    100,000 .. 340,000."""
     rows = [{"dataset": DS, "variant": v, "seed": s,
              "test_loss": 1.95 + 0.15 * i / max(len(variants) - 1, 1) + 0.005 * s,
-             "n_params_non_embedding": 100_000 + 500 * i}
+             "n_params_non_embedding": 100_000 + 20_000 * i}
             for i, v in enumerate(variants) for s in seeds]
     return categorical(pd.DataFrame(rows))
 
@@ -231,8 +233,9 @@ def test_a_palette_without_a_variant_is_an_error_naming_it(tmp_path, palette):
 
 # ---- reference lines ------------------------------------------------------------------------
 
-def test_val_loss_curves_draw_a_labelled_line_at_every_reference(drawn, tmp_path):
-    figures.plot_val_loss_curves(history_frame(), DS, tmp_path / "v.png", references=REFERENCES)
+def test_val_loss_curves_draw_a_labelled_line_at_every_reference(drawn, tmp_path, palette):
+    figures.plot_val_loss_curves(history_frame(), DS, tmp_path / "v.png", palette=palette,
+                                 references=REFERENCES)
     ax = drawn[0].axes[0]
     assert sorted(horizontal_lines(ax)) == sorted(REFERENCES.values())
     texts = legend_texts(drawn[0])
@@ -366,43 +369,91 @@ def lr_trials(variants=("baseline", "gelu")):
 
 
 def lr_tuned(variants=("baseline", "gelu")):
-    """best.json of each study: the full-budget trial at lr 3e-3, d_model 32."""
+    """best.json of each study: the full-budget trial at lr 3e-3, d_model 32, searched over
+    lr 1e-3 .. 1e-1 (gelu's range extended up to 1) and the widths 32, 48, 64."""
     return categorical(pd.DataFrame({"dataset": DS, "variant": list(variants), "lr": 3e-3,
-                                     "d_model": 32, "full_budget": True}))
+                                     "d_model": 32, "full_budget": True, "lr_low": 1e-3,
+                                     "lr_high": [1.0 if v == "gelu" else 1e-1 for v in variants],
+                                     "d_model_choices": "32 48 64"}))
+
+
+def display_x(ax, collection):
+    """The display x of each point of a scatter ``collection`` of ``ax`` (after a draw)."""
+    renderer_of(ax.figure)
+    return collection.get_offset_transform().transform(collection.get_offsets())[:, 0]
 
 
 def test_lr_response_joins_each_variants_design_and_marks_diverged_and_tuned_trials(
         drawn, tmp_path, palette):
-    path = figures.plot_lr_response(lr_trials(), lr_tuned(), DS, tmp_path / "lr.png",
-                                    palette=palette)
+    path = tuning_figure.plot_lr_response(lr_trials(), lr_tuned(), DS, tmp_path / "lr.png",
+                                          palette=palette)
     assert path == tmp_path / "lr.png" and path.read_bytes()[:4] == b"\x89PNG"
     left, right = drawn[0].axes[:2]
     assert left.get_xscale() == "log"
-    assert "nats/token" in left.get_ylabel() and "0.125 of the budget" in left.get_title()
+    assert "nats/char" in left.get_ylabel() and "0.125 of the budget" in left.get_title()
     assert "d_model 48" in left.get_title() and "one seed" in left.get_title()
     # one line per variant through its completed design points, in the variant's colour
     lines = {tuple(to_rgb(line.get_color())): line for line in left.lines}
     base, gelu = lines[tuple(palette["baseline"])], lines[tuple(palette["gelu"])]
     assert list(base.get_xdata()) == pytest.approx([1.8e-3, 5.6e-3, 1.8e-2, 5.6e-2])
     assert list(gelu.get_xdata()) == pytest.approx([1.8e-3, 5.6e-3, 1.8e-2])  # 1 diverged
-    # each variant's tuned configuration starred at its first-rung trial (3e-3, 2.45)
+    # each variant's tuned configuration starred at its first-rung trial (3e-3, 2.45); both
+    # chose it, so the two stars are fanned out sideways, one star's width apart, around it
     stars = [c for c in left.collections if c.get_sizes().size and c.get_sizes()[0] == 260]
     assert [c.get_offsets().tolist() for c in stars] == [[[3e-3, 2.45]]] * 2
+    assert [to_rgb(c.get_facecolor()[0]) for c in stars] == [
+        pytest.approx(palette["baseline"]), pytest.approx(palette["gelu"])]
+    true_x = left.transData.transform([[3e-3, 2.45]])[0, 0]
+    xs = [display_x(left, c)[0] for c in stars]
+    px_per_point = drawn[0].dpi / 72
+    assert xs[1] - xs[0] == pytest.approx(tuning_figure.STAR_SPREAD * px_per_point)
+    assert (xs[0] + xs[1]) / 2 == pytest.approx(true_x)
     # the isoFLOP panel: ticks at the first-rung widths, labelled with tokens per parameter
     assert [t.get_text() for t in right.get_xticklabels()] == ["32\n40", "48\n20", "64\n11"]
     assert "isoFLOP" in right.get_title() and "the full budget" in right.get_title()
     texts = legend_texts(drawn[0])
     assert texts[:2] == ["baseline", "gelu"]
-    assert {"tuned configuration", "diverged (at the top edge)",
-            "last rung: chosen"} <= set(texts)
+    assert {"diverged (at the top edge)", "last rung: chosen"} <= set(texts)
+    assert any(t.startswith("tuned configuration\n(overlapping ones fanned out") for t in texts)
+    # the searched ranges: shaded beyond them, the union of the variants' lr ranges
+    assert "outside the searched range\n(lr 0.001 to 1; d_model 32 48 64)" in texts
+    for ax, (low, high) in ((left, (1e-3, 1.0)), (right, (32, 64))):
+        edges = sorted(x for line in ax.lines if line.get_linestyle() == "--"
+                       for x in set(line.get_xdata()))
+        assert edges == pytest.approx([low, high])
+        lim = ax.get_xlim()
+        spans = sorted((p.get_x(), p.get_x() + p.get_width()) for p in ax.patches
+                       if to_rgb(p.get_facecolor()) == to_rgb(tuning_figure.OUTSIDE))
+        assert len(spans) == 2
+        assert spans[0][0] == pytest.approx(lim[0]) and spans[0][1] <= low
+        assert spans[1][0] >= high and spans[1][1] == pytest.approx(lim[1])
 
 
-def test_lr_response_is_none_without_first_rung_trials_or_rung_columns(drawn, tmp_path):
+def test_star_offsets_fan_out_only_stars_that_would_cover_each_other():
+    spread = tuning_figure.STAR_SPREAD
+    # three variants chose the same trial, a fourth one far away, a fifth at the same lr
+    # but a much lower loss
+    offsets = tuning_figure.star_offsets([2e-2, 2e-2, 2e-2, 2e-3, 2.05e-2],
+                                         [2.5, 2.5, 2.501, 2.5, 2.2], lr_span=2.0,
+                                         loss_span=1.0)
+    assert offsets.tolist() == [-spread, 0.0, spread, 0.0, 0.0]
+
+
+def test_search_bounds_are_the_union_of_the_variants_ranges():
+    tuned = lr_tuned()
+    assert tuning_figure.search_bounds(tuned, DS) == (1e-3, 1.0, [32, 48, 64])
+    assert tuning_figure.search_bounds(tuned, "other") == (None, None, [])
+    assert tuning_figure.search_bounds(None, DS) == (None, None, [])
+
+
+def test_lr_response_is_none_without_first_rung_trials_or_rung_columns(drawn, tmp_path,
+                                                                       palette):
     trials = lr_trials()
-    assert figures.plot_lr_response(trials, None, "other", tmp_path / "a.png") is None
+    plot = tuning_figure.plot_lr_response
+    assert plot(trials, None, "other", tmp_path / "a.png", palette=palette) is None
     old = trials.drop(columns=["rung", "batch"])  # trials.csv before successive halving
-    assert figures.plot_lr_response(old, None, DS, tmp_path / "b.png") is None
-    assert figures.plot_lr_response(pd.DataFrame(), None, DS, tmp_path / "c.png") is None
+    assert plot(old, None, DS, tmp_path / "b.png", palette=palette) is None
+    assert plot(pd.DataFrame(), None, DS, tmp_path / "c.png", palette=palette) is None
     assert not drawn and not list(tmp_path.iterdir())
 
 
@@ -425,8 +476,8 @@ def length_frame():
 def test_length_generalisation_draws_exact_match_by_length_leaving_out_na(drawn, tmp_path,
                                                                         palette):
     frame = length_frame()
-    path = arith.plot_length_generalisation(frame, "arith", 2, tmp_path / "l.png",
-                                            palette=palette)
+    path = arith_figs.plot_length_generalisation(frame, "arith", 2, tmp_path / "l.png",
+                                                 palette=palette)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     ax = drawn[0].axes[0]
     assert ax.get_ylim() == pytest.approx((-0.02, 1.02))
@@ -455,5 +506,6 @@ def test_length_generalisation_draws_exact_match_by_length_leaving_out_na(drawn,
     assert len(dashed) == 1 and dashed[0].get_linestyle() == "--"
     assert "longest training length (2 digits)" in legend_texts(drawn[0])
     assert "longer than any training problem" in legend_texts(drawn[0])
-    assert arith.plot_length_generalisation(frame.iloc[:0], "arith", 2, tmp_path / "x.png") \
-        is None and not (tmp_path / "x.png").exists()
+    assert arith_figs.plot_length_generalisation(frame.iloc[:0], "arith", 2, tmp_path / "x.png",
+                                                 palette=palette) is None
+    assert not (tmp_path / "x.png").exists()

@@ -8,10 +8,10 @@
 * **Headline** (:func:`headline_lines`): first in an arithmetic dataset's section, the answer
   loss (:func:`lmablate.analysis.headline.headline_loss`) and exact match of every variant
   beside those floors, and which variants beat them.
-* **By operation** (:func:`plot_by_op_heatmap`): exact match or character accuracy per
-  operation x variant.
+* **Figures** in :mod:`lmablate.analysis.arithmetic_figures`: by operation (exact match or
+  character accuracy per operation and variant, beside the floor) and by operand length.
 * **Length generalisation** (:func:`length_table`, :func:`length_comparisons`,
-  :func:`plot_length_generalisation`, :func:`length_lines`): exact match by operand length
+  :func:`length_lines`): exact match by operand length
   (digits of the longer operand), up to the training ``digits`` on the in-distribution test
   problems and past them on the length split (problems longer than any seen in training;
   Kazemnejad et al. 2023, "The impact of positional encoding on length generalization in
@@ -26,21 +26,17 @@ fractions in [0, 1], lengths in digits.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
-import seaborn as sns
-from matplotlib.lines import Line2D
-from matplotlib.patches import Patch
 
 from lmablate import references as refs
-from lmablate.analysis import figures as plots
 from lmablate.analysis.collect import BASELINE, maybe_int, present
 from lmablate.analysis.headline import ANSWER_LOSS, headline_loss, verdict_text
 from lmablate.analysis.markdown import _delta_cell, _md_table, _num
 from lmablate.analysis.statistics import (CONFIDENCE, COMPARISON_COLUMNS, METRICS, compare,
-                                          summarise, t_interval)
+                                          summarise)
 from lmablate.arithmetic import split_problem
 from lmablate.tokenizer import load_split, load_tokenizer, read_meta
 from lmablate.validation import DataError
@@ -233,90 +229,6 @@ def unreachable(by_digits: pd.DataFrame, dataset: str) -> list[str]:
 
 def _digits_label(n: int) -> str:
     return f"{n} digit" + ("" if n == 1 else "s")
-
-
-def plot_length_generalisation(by_digits: pd.DataFrame, dataset: str, digits: int | None,
-                               path: Path, *, palette: Mapping[str, Any] | None = None
-                               ) -> Path | None:
-    """Exact match (fraction, y in [0, 1]) against operand length in digits (x), one line per
-    variant (``palette``: variant -> colour; None: one categorical colour each): the mean over
-    seeds with its 95% Student-t interval as error bars (:func:`~lmablate.analysis.statistics.
-    t_interval`, as summary.csv). A dashed line marks the longest training length ``digits``
-    and the lengths past it (the length split) are shaded; a variant's points are dodged
-    sideways by a few hundredths of a digit. Lengths a variant cannot run (a
-    string in metrics.json) are left out of its line.
-
-    Args:
-        by_digits: :attr:`~lmablate.analysis.collect.RunOutputs.by_operand_digits`.
-
-    Returns ``path``, or None without exact-match values for ``dataset``."""
-    d = by_digits[by_digits["dataset"] == dataset] if len(by_digits) else by_digits
-    lengths = sorted(int(x) for x in d["digits"].dropna().unique()) if len(d) else []
-    d = d.dropna(subset=["exact_match"])
-    if d.empty:
-        return None
-    order = present(d["variant"])
-    # each variant's points moved sideways a little, so that equal means do not hide each other
-    dodge = {v: 0.06 * (i - (len(order) - 1) / 2) for i, v in enumerate(order)}
-    d = d.assign(x=d["digits"].astype(int) + d["variant"].astype(str).map(dodge),
-                 exact_match=d["exact_match"].astype(float))
-    n_seeds = int(d.groupby(["variant", "digits"], observed=True)["seed"].nunique().max())
-    with plots._figure(path, figsize=(8.5, 4.6)) as (fig, axes):
-        ax = axes[0, 0]
-        extra = []
-        if digits is not None:
-            if lengths[-1] > digits:
-                ax.axvspan(digits + 0.5, lengths[-1] + 0.5, color="0.92", zorder=0)
-                extra.append(Patch(facecolor="0.92", label="longer than any training problem"))
-            ax.axvline(digits, color="0.4", linestyle="--", linewidth=1.2, zorder=1)
-            extra.append(Line2D([], [], color="0.4", linestyle="--",
-                                label=f"longest training length ({digits} digits)"))
-        sns.lineplot(data=d, x="x", y="exact_match", hue="variant", hue_order=order,
-                     palette=plots._variant_palette(order, palette), errorbar=t_interval,
-                     err_style="bars", err_kws={"capsize": 4}, marker="o", markersize=6,
-                     ax=ax)
-        handles, labels = ax.get_legend_handles_labels()
-        ax.set_xticks(lengths)
-        ax.set_xlim(lengths[0] - 0.5, lengths[-1] + 0.5)
-        ax.set_ylim(-0.02, 1.02)
-        ax.set_title(f"{dataset}: exact match by operand length\n(mean over {n_seeds} "
-                     "seed(s), bars = 95% t-interval; points of a length dodged by variant)")
-        ax.set_xlabel("operand digits (the longer operand)")
-        ax.set_ylabel("exact match (fraction)")
-        ax.legend(handles + extra, labels + [h.get_label() for h in extra],
-                  title="variant", loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
-    return Path(path)
-
-
-def plot_by_op_heatmap(per_op: pd.DataFrame, path: Path, metric: str = "exact_match",
-                       datasets: Sequence[str] | None = None) -> Path | None:
-    """Heatmap of the mean over seeds of ``metric`` (fraction in [0, 1]) per arithmetic
-    operation (rows) x variant (columns), one panel per dataset with per-op results.
-    Returns ``path``, or None when no run reported per-op results."""
-    p = per_op.dropna(subset=[metric]) if len(per_op) else per_op
-    if datasets is not None and len(p):
-        p = p[p["dataset"].isin(datasets)]
-    if p.empty:
-        return None
-    label = METRICS[metric][0]
-    ds_list = present(p["dataset"])
-    variants = present(p["variant"])
-    n_ops = p["op"].nunique()
-    size = (1.1 * len(variants) + 3.0, (0.5 * n_ops + 1.6) * len(ds_list))
-    with plots._figure(path, figsize=size, nrows=len(ds_list)) as (fig, axes):
-        for ax, ds in zip(axes[:, 0], ds_list):
-            q = p[p["dataset"] == ds]
-            table = q.pivot_table(index="op", columns="variant", values=metric, aggfunc="mean",
-                                  observed=True)
-            table = table.reindex(index=list(pd.unique(q["op"])),
-                                  columns=[v for v in variants if v in table.columns])
-            sns.heatmap(table, annot=True, fmt=".2f", vmin=0, vmax=1, cmap="viridis",
-                        linewidths=0.5, cbar_kws={"label": f"{label} (fraction)"}, ax=ax)
-            ax.set_title(f"{ds}: {label} by operation (mean over seeds)")
-            ax.set_xlabel("variant")
-            ax.set_ylabel("operation")
-            ax.tick_params(axis="y", labelrotation=0)
-    return Path(path)
 
 
 # ---------------------------------------------------------------------------------------------

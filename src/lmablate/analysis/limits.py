@@ -144,16 +144,35 @@ def _power(detectable: pd.DataFrame, dataset: str) -> list[str]:
             "are equal."]
 
 
-def _tuning(variation: pd.DataFrame, comparisons: pd.DataFrame, dataset: str) -> list[str]:
-    """How far the re-tuning moved the dataset's headline loss, and which variants' effects
-    in it are no larger."""
-    metric = headline_loss(comparisons, dataset)
-    label, unit, _ = METRICS[metric]
+def tuning_luck(variation: pd.DataFrame | None, dataset: str, metric: str) -> float | None:
+    """How large an effect in ``metric`` on ``dataset`` may owe as much to the tuner as to the
+    feature (the metric's unit): the largest absolute value of the mean change and of the ends
+    of its 95% interval when the variant of ``variation`` (:func:`~lmablate.analysis.
+    statistics.tuning_variation`: the baseline re-tuned with another sampler seed, paired by
+    seed) was tuned again. The number of the "Tuning luck" sentence and of the forest plot's
+    band (:func:`lmablate.analysis.figures.plot_forest`). None without a re-tuning of
+    ``dataset`` in ``metric``; NaN ends (too few seeds) are left out of the maximum."""
+    if variation is None or variation.empty:
+        return None
     v = variation[(variation["dataset"] == dataset) & (variation["metric"] == metric)]
     if v.empty:
-        return []
+        return None
     r = v.iloc[0]
-    bound = max(abs(r["ci95_low"]), abs(r["ci95_high"]), abs(r["mean_diff"]))
+    ends = [abs(float(r[c])) for c in ("ci95_low", "ci95_high", "mean_diff")
+            if pd.notna(r[c])]
+    return max(ends) if ends else None
+
+
+def _tuning(variation: pd.DataFrame, comparisons: pd.DataFrame, dataset: str) -> list[str]:
+    """How far the re-tuning moved the dataset's headline loss, and which variants' effects
+    in it are no larger (:func:`tuning_luck`)."""
+    metric = headline_loss(comparisons, dataset)
+    label, unit, _ = METRICS[metric]
+    bound = tuning_luck(variation, dataset, metric)
+    if bound is None:
+        return []
+    v = variation[(variation["dataset"] == dataset) & (variation["metric"] == metric)]
+    r = v.iloc[0]
     c = comparisons[(comparisons["dataset"] == dataset) & (comparisons["metric"] == metric)]
     within = [str(x.variant) for x in c.itertuples() if abs(x.mean_diff) <= bound]
     text = (f"Tuning luck: the {r['variant']} tuned again with another sampler seed "

@@ -592,7 +592,7 @@ def _env_value(v: Any) -> str:
 
 def render_markdown(cfg: StudyConfig, runs: RunOutputs, summary: pd.DataFrame,
                     comparisons: pd.DataFrame,
-                    figures: Sequence[tuple[str | None, str, str]],
+                    figures: Sequence[tuple[str | None, str, str | None]],
                     environment: Mapping[str, Any] | None = None,
                     notes: Sequence[str] = (),
                     variation: pd.DataFrame | None = None, *,
@@ -615,7 +615,9 @@ def render_markdown(cfg: StudyConfig, runs: RunOutputs, summary: pd.DataFrame,
         summary: :func:`~lmablate.analysis.statistics.summarise` of ``runs.ablation``.
         comparisons: :func:`~lmablate.analysis.statistics.compare` of ``runs.ablation``.
         figures: ``(dataset or None, caption, relative path)`` per figure written; each appears
-            in its dataset's section (None: in the closing section), linked relatively.
+            in its dataset's section (None: in the closing section), linked relatively. A path
+            None is a figure not drawn: its caption, the sentence saying why, stands in its
+            place.
         environment: free-form facts for the methodology paragraph (see
             :func:`lmablate.stages.report.build_report`).
         notes: extra lines for the data section (e.g. missing or ignored runs).
@@ -714,12 +716,14 @@ def render_markdown(cfg: StudyConfig, runs: RunOutputs, summary: pd.DataFrame,
         if ds_figs:
             lines += ["### Figures", ""]
             for caption, rel in ds_figs:
-                lines += [f"**{caption}**", "", f"![{Path(rel).stem}]({rel})", ""]
+                lines += ([f"**{caption}**", "", f"![{Path(rel).stem}]({rel})", ""]
+                          if rel is not None else [caption, ""])  # a figure not drawn
         lines += _samples_section(runs, ds, order, cfg.seeds)
     other = [(cap, rel) for d, cap, rel in figures if d is None]
     if other:
         lines += ["## Other figures", ""]
         for caption, rel in other:
-            lines += [f"**{caption}**", "", f"![{Path(rel).stem}]({rel})", ""]
+            lines += ([f"**{caption}**", "", f"![{Path(rel).stem}]({rel})", ""]
+                      if rel is not None else [caption, ""])
     return "\n".join(lines).rstrip() + "\n"
 

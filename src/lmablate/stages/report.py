@@ -67,12 +67,15 @@ import torch
 
 from lmablate import fileio
 from lmablate.analysis import figures as plots
+from lmablate.analysis.model_figures import plot_attention, plot_embedding_pca
+from lmablate.analysis.tuning_figure import plot_lr_response
 from lmablate.analysis.collect import (ABLATION_COLUMNS, BASELINE, TUNED_COLUMNS, RunOutputs,
                                        collect, present, restrict_to_study)
 from lmablate.analysis import arithmetic as arith
+from lmablate.analysis import arithmetic_figures as arith_figs
 from lmablate.analysis import extrapolation as ex
 from lmablate.analysis.families import family_palette, variant_family
-from lmablate.analysis.headline import dataset_verdicts, study_metrics
+from lmablate.analysis.headline import dataset_verdicts, headline_loss, study_metrics
 from lmablate.analysis.markdown import render_markdown
 from lmablate.analysis.sensitivity import SENSITIVITY_COLUMNS, lr_sensitivity
 from lmablate.analysis.statistics import (DETECTABLE_COLUMNS, METRICS, PROBLEM_COLUMNS,
@@ -201,16 +204,25 @@ def model_figures(cfg: StudyConfig, runs_dir: Path, tokens_dir: Path,
         if not maps:
             continue
         path = figures_dir / f"attention_{dataset}.png"
-        plots.plot_attention(maps, chars, f"{dataset}: last-layer attention (mean over heads), "
-                             f"held-out text, seed {seed}", path)
+        plot_attention(maps, chars, f"{dataset}: last-layer attention (mean over heads), "
+                       f"held-out text, seed {seed}", path)
         written.append((dataset, f"{dataset}: last-layer attention weights on a held-out "
                         "sequence, per variant", path))
         path = figures_dir / f"embeddings_{dataset}.png"
         labels = [tok.decode([i]) for i in range(tok.vocab_size)]
-        plots.plot_embedding_pca(embs, labels, f"{dataset}: token embeddings, first two "
-                                 f"principal components (seed {seed})", path)
+        plot_embedding_pca(embs, labels, f"{dataset}: token embeddings, first two principal "
+                           f"components (seed {seed})", path, unknown=tok.unk)
         written.append((dataset, f"{dataset}: token embeddings (PCA), per variant", path))
     return written
+
+
+def _drawn(entries: Sequence[tuple[str | None, str, Path | None]], note: str | None = None
+           ) -> list[tuple[str | None, str, Path | None]]:
+    """The ``(dataset, caption, path)`` of the figures of ``entries`` that were drawn (path not
+    None); for one not drawn, ``(dataset, note, None)`` when a ``note`` says why (the report
+    prints the sentence where the figure would be), else nothing."""
+    return [(ds, cap, p) if p is not None else (ds, note, None)
+            for ds, cap, p in entries if p is not None or note]
 
 
 def build_report(cfg: StudyConfig, runs_dir: Path, out_dir: Path,
@@ -324,14 +336,15 @@ def build_report(cfg: StudyConfig, runs_dir: Path, out_dir: Path,
     fig_dir = out_dir / "figures"
     per_op = runs.per_op
     op_datasets = set(present(per_op["dataset"]))
-    figures: list[tuple[str | None, str, Path | None]] = []
+    figures: list[tuple[str | None, str, Path | None]] = []  # path None: a note, no figure
     lr_figures: dict[str, tuple[str, Path]] = {}  # shown in the report's learning-rate section
     arithmetic: dict[str, list[str]] = {}  # the lines that open an arithmetic dataset's section
     length_figures: list[Path] = []
     for ds in present(ablation["dataset"]):
         r = references[(references["dataset"] == ds) & (references["metric"] == "test_loss")]
+        loss = headline_loss(comparisons, ds)  # the forest plot's: its band is in this loss
         lines = {f"{x.reference} ({refs.NGRAM_SHORT})": x.value for x in r.itertuples()}
-        figures += [
+        figures += _drawn([
             (ds, f"{ds}: validation loss vs step (mean ± 1 SD over seeds; grey lines: n-gram "
                  "references of the test split)",
              plots.plot_val_loss_curves(runs.history, ds, fig_dir / f"val_loss_curves_{ds}.png",
@@ -340,9 +353,12 @@ def build_report(cfg: StudyConfig, runs_dir: Path, out_dir: Path,
                  "grey lines: n-gram references)",
              plots.plot_test_loss(ablation, ds, fig_dir / f"test_loss_{ds}.png",
                                   references=lines)),
-            (ds, f"{ds}: test-loss difference to baseline (paired by seed: raw 95% t-interval "
-                 "and Holm-adjusted interval)",
-             plots.plot_forest(comparisons, ds, fig_dir / f"forest_{ds}.png", "test_loss")),
+            (ds, f"{ds}: {METRICS[loss][0]} difference to baseline, the loss of this "
+                 "dataset's verdicts (paired by seed: raw 95% t-interval and Holm-adjusted "
+                 "interval; shaded band: tuning luck, the change when the baseline was tuned "
+                 "again with another sampler seed)",
+             plots.plot_forest(comparisons, ds, fig_dir / f"forest_{ds}.png", loss,
+                               variation=variation)),
             (ds, f"{ds}: test loss by token position, past the training context (mean over "
                  "seeds; length extrapolation)",
              plots.plot_position_loss(
@@ -350,10 +366,10 @@ def build_report(cfg: StudyConfig, runs_dir: Path, out_dir: Path,
                  fig_dir / f"extrapolation_{ds}.png", palette=palette,
                  positions={v: cfg.model_config(v, vocab_size=1).position
                             for v in present(ablation["variant"])})),
-        ]
+        ])
         if cfg.datasets[ds].kind == "arithmetic":
             digits = arith.training_digits(cfg.datasets[ds], runs.by_operand_digits, ds)
-            path = arith.plot_length_generalisation(
+            path = arith_figs.plot_length_generalisation(
                 runs.by_operand_digits, ds, digits,
                 fig_dir / f"length_generalisation_{ds}.png", palette=palette)
             left_out = arith.unreachable(runs.by_operand_digits, ds)
@@ -372,29 +388,36 @@ def build_report(cfg: StudyConfig, runs_dir: Path, out_dir: Path,
             single = len(op_datasets) == 1  # one arithmetic dataset: no suffix in the name
             for metric in ("exact_match", "char_accuracy"):
                 name = f"{metric}_by_op.png" if single else f"{metric}_by_op_{ds}.png"
-                figures.append((ds, f"{ds}: {METRICS[metric][0]} by operation x variant",
-                                arith.plot_by_op_heatmap(per_op, fig_dir / name, metric, [ds])))
-        path = plots.plot_lr_response(runs.trials, runs.tuned, ds, fig_dir / f"tuning_{ds}.png",
-                                      palette=palette)
+                path = arith_figs.plot_by_op(per_op, ds, fig_dir / name, metric,
+                                             palette=palette, references=references)
+                figures += _drawn([(ds, f"{ds}: {METRICS[metric][0]} by operation and "
+                                    "variant (mean ± 95% t-interval over seeds; dashed: the "
+                                    "floor, the best answer ignoring the question, over all "
+                                    "operations)", path)],
+                                  arith_figs.nothing_solved(per_op, ds, metric))
+        path = plot_lr_response(runs.trials, runs.tuned, ds, fig_dir / f"tuning_{ds}.png",
+                                palette=palette)
         if path is not None:
             lr_figures[ds] = (
                 f"{ds}: how each variant responds to the learning rate (one seed, first rung "
                 "of the tuning). Left: validation loss against learning rate, lines through "
                 "the shared design, faint dots the other first-rung trials, stars the tuned "
-                "configurations. Right: the best loss per width at equal compute, diamonds the "
-                "last rung's trials", path)
-        figures += [
-            (ds, f"{ds}: non-embedding parameters vs test loss",
-             plots.plot_params_vs_loss(ablation, ds, fig_dir / f"params_vs_loss_{ds}.png",
-                                       palette=palette)),
-            (ds, f"{ds}: fraction of near-zero gradients per parameter group",
-             plots.plot_grad_flow(runs.grad, ds, fig_dir / f"grad_flow_{ds}.png")),
-        ]
+                "configurations (equal ones fanned out sideways). Right: the best loss per "
+                "width at equal compute, diamonds the last rung's trials. Shaded: outside the "
+                "learning rates and widths the tuner searched", path)
+        path = plots.plot_params_vs_loss(ablation, ds, fig_dir / f"params_vs_loss_{ds}.png",
+                                         palette=palette)
+        figures += _drawn([(ds, f"{ds}: non-embedding parameters vs test loss", path)],
+                          plots.params_too_narrow(ablation, ds))
+        figures += _drawn([(ds, f"{ds}: fraction of near-zero gradients per parameter group",
+                            plots.plot_grad_flow(runs.grad, ds,
+                                                 fig_dir / f"grad_flow_{ds}.png"))])
     figures += [(ds, cap, Path(p)) for ds, cap, p in extra_figures]
     written = [(ds, cap, p) for ds, cap, p in figures if p is not None]
     md = render_markdown(
         cfg, runs, summary, comparisons,
-        [(ds, cap, p.relative_to(out_dir).as_posix()) for ds, cap, p in written],
+        [(ds, cap, p.relative_to(out_dir).as_posix() if p is not None else None)
+         for ds, cap, p in figures],
         environment, notes, variation, problems=problems, detectable=detectable,
         references=references, tuned=runs.tuned, extrapolation=extrapolation,
         sensitivity=sensitivity, arithmetic=arithmetic,
