@@ -7,7 +7,12 @@
 * :mod:`~lmablate.analysis.headline`: each dataset's headline loss (answer loss on arithmetic),
   and the DVC metrics and verdicts stated in it.
 * :mod:`~lmablate.analysis.arithmetic`: the arithmetic section: the headline against its floors,
-  length generalisation by operand digits (tables, comparisons, figure, text).
-* :mod:`~lmablate.analysis.figures`: the seaborn figures, one ``plot_*`` function each, as PNG.
+  length generalisation by operand digits (tables, comparisons, text).
+* :mod:`~lmablate.analysis.limits`: what the study can and cannot say (the tuning luck among it).
+* The seaborn figures, one ``plot_*`` function each, as PNG: :mod:`~lmablate.analysis.figures`
+  (losses, comparisons, gradients), :mod:`~lmablate.analysis.tuning_figure`,
+  :mod:`~lmablate.analysis.model_figures` (attention, embeddings) and
+  :mod:`~lmablate.analysis.arithmetic_figures`, on :mod:`~lmablate.analysis.plotting` (the
+  figure, variant colours, units).
 * :mod:`~lmablate.analysis.markdown`: the text of ``report.md`` from the tables and the config.
 """

@@ -634,7 +634,7 @@ def render_markdown(cfg: StudyConfig, runs: RunOutputs, summary: pd.DataFrame,
             shown per dataset with the tuned values as "How each variant responds to the
             learning rate" (:data:`LR_SECTION`).
         lr_figures: dataset -> ``(caption, relative path)`` of its learning-rate figure
-            (:func:`~lmablate.analysis.figures.plot_lr_response`), shown in that section
+            (:func:`~lmablate.analysis.tuning_figure.plot_lr_response`), shown in that section
             rather than among the dataset's other figures.
         arithmetic: dataset -> the lines opening its section (:mod:`~lmablate.analysis.arithmetic`).
 
