@@ -346,6 +346,93 @@ def test_forest_draws_comparisons_without_holm_interval_columns(drawn, tmp_path)
     assert len(drawn[0].axes[0].patches) == 0  # no Holm bar to draw
 
 
+def forest_variation(low=-0.03, high=0.01, mean=-0.01):
+    """tuning_variation.csv of the baseline re-tuned with another sampler seed."""
+    return pd.DataFrame([{"dataset": DS, "variant": "baseline", "replicate": 1,
+                          "metric": "test_loss", "higher_is_better": False, "n_pairs": 3,
+                          "lr": 0.01, "d_model": 32, "replicate_lr": 0.02,
+                          "replicate_d_model": 32, "mean": 2.0, "replicate_mean": 2.0 + mean,
+                          "mean_diff": mean, "ci95_low": low, "ci95_high": high}])
+
+
+def test_forest_limits_hold_every_interval_and_the_tuning_luck_band(drawn, tmp_path):
+    # a Holm interval reaching far left of every raw interval (it was clipped there)
+    rows = [comparison_row("gelu", statistics.VERDICT_NSD, -0.02, 0.01, holm_half_width=0.2,
+                           p=0.5),
+            comparison_row("rope", statistics.VERDICT_BETTER, -0.1, 0.02, p=0.01)]
+    c = comparisons_frame(rows)
+    variation = forest_variation(low=-0.3, high=0.05)
+    figures.plot_forest(c, DS, tmp_path / "f.png", variation=variation)
+    ax = drawn[0].axes[0]
+    renderer_of(drawn[0])
+    low, high = ax.get_xlim()
+    ends = [-0.22, 0.18, -0.03, -0.01, -0.13, -0.07, -0.3, 0.3]  # Holm, raw, band
+    assert low < min(ends) and high > max(ends)
+    # with a margin: the farthest end is not on the edge
+    assert min(ends) - low > 0.02 * (high - low) and high - max(ends) > 0.02 * (high - low)
+
+
+def test_forest_band_is_the_tuning_luck_of_the_limits_sentence(drawn, tmp_path):
+    c = comparisons_frame([comparison_row("gelu", statistics.VERDICT_BETTER, -0.1, 0.02)])
+    variation = forest_variation(low=-0.0312, high=0.0104, mean=-0.0104)
+    figures.plot_forest(c, DS, tmp_path / "f.png", variation=variation)
+    ax = drawn[0].axes[0]
+    band = [p for p in ax.patches
+            if to_rgb(p.get_facecolor()) == to_rgb(figures.LUCK_COLOUR)]
+    assert len(band) == 1
+    x0, x1 = band[0].get_x(), band[0].get_x() + band[0].get_width()
+    luck = limits.tuning_luck(variation, DS, "test_loss")
+    assert luck == pytest.approx(0.0312)
+    assert (x0, x1) == pytest.approx((-luck, luck))
+    # the same number as the report's sentence, and named in the legend
+    sentence = " ".join(limits._tuning(variation, c, DS))
+    assert f"an effect up to about {luck:.3f} " in sentence
+    assert f"tuning luck: ±{luck:.3f} nats/char (baseline re-tuned)" in legend_texts(drawn[0])
+    assert "nats/char" in ax.get_xlabel()
+
+
+def test_forest_without_a_retuning_has_no_band(drawn, tmp_path):
+    c = comparisons_frame([comparison_row("gelu", statistics.VERDICT_BETTER, -0.1, 0.02)])
+    figures.plot_forest(c, DS, tmp_path / "f.png", variation=forest_variation().iloc[:0])
+    patches = drawn[0].axes[0].patches
+    assert not [p for p in patches if to_rgb(p.get_facecolor()) == to_rgb(figures.LUCK_COLOUR)]
+    assert limits.tuning_luck(None, DS, "test_loss") is None
+
+
+# ---- size and units ---------------------------------------------------------------------------
+
+def test_params_vs_loss_is_not_drawn_over_a_narrow_range_and_says_why(drawn, tmp_path, palette):
+    narrow = ablation_frame(variants=("baseline", "gelu", "rope"))
+    narrow["n_params_non_embedding"] = narrow["variant"].map(
+        {"baseline": 14_376, "gelu": 14_560, "rope": 14_376}).astype(int)
+    assert figures.plot_params_vs_loss(narrow, DS, tmp_path / "p.png", palette=palette) is None
+    assert not drawn and not (tmp_path / "p.png").exists()
+    assert figures.params_too_narrow(narrow, DS) == (
+        f"{DS}: non-embedding parameters vs test loss not drawn: the parameter counts span "
+        "14,376 to 14,560 (1.3% apart), too narrow a range to show a trend in size (the "
+        "figure needs the largest at least 1.2 times the smallest).")
+    # at 1.2x it is drawn, and then there is nothing to say
+    wide = narrow.assign(n_params_non_embedding=narrow["n_params_non_embedding"]
+                         .map({14_376: 10_000, 14_560: 12_000}))
+    assert figures.plot_params_vs_loss(wide, DS, tmp_path / "p.png", palette=palette)
+    assert figures.params_too_narrow(wide, DS) is None
+
+
+def test_every_loss_axis_is_in_nats_per_char(drawn, tmp_path, palette):
+    figures.plot_val_loss_curves(history_frame(), DS, tmp_path / "v.png", palette=palette)
+    figures.plot_test_loss(ablation_frame(), DS, tmp_path / "t.png")
+    figures.plot_params_vs_loss(ablation_frame(), DS, tmp_path / "p.png", palette=palette)
+    curves = categorical(pd.DataFrame({"variant": ["baseline", "rope"] * 2,
+                                       "position": [0, 0, 16, 16], "loss": [2.0, 2.1, 1.9, 2.0],
+                                       "seeds": 3, "factor": 2}))
+    figures.plot_position_loss(curves, DS, 16, tmp_path / "x.png", palette=palette)
+    tuning_figure.plot_lr_response(lr_trials(), lr_tuned(), DS, tmp_path / "lr.png",
+                                   palette=palette)
+    labels = [ax.get_ylabel() for fig in drawn for ax in fig.axes if "loss" in ax.get_ylabel()]
+    assert len(labels) == 6
+    assert all(label.endswith("(nats/char)") for label in labels), labels
+
+
 # ---- tuning ---------------------------------------------------------------------------------
 
 def lr_trials(variants=("baseline", "gelu")):
@@ -509,3 +596,91 @@ def test_length_generalisation_draws_exact_match_by_length_leaving_out_na(drawn,
     assert arith_figs.plot_length_generalisation(frame.iloc[:0], "arith", 2, tmp_path / "x.png",
                                                  palette=palette) is None
     assert not (tmp_path / "x.png").exists()
+
+
+# ---- by operation -----------------------------------------------------------------------------
+
+def per_op_frame(zero=False):
+    """Exact match and char accuracy per operation of three seeds (all 0 when ``zero``)."""
+    rows = [{"dataset": "arith", "variant": v, "seed": seed, "op": op,
+             "exact_match": 0.0 if zero else 0.2 * (i + 1) + 0.01 * seed + 0.1 * k,
+             "char_accuracy": 0.0 if zero else 0.5 + 0.1 * i + 0.01 * seed + 0.05 * k}
+            for i, v in enumerate(("baseline", "gelu", "rope")) for seed in range(3)
+            for k, op in enumerate(("add", "sub"))]
+    return categorical(pd.DataFrame(rows))
+
+
+ARITH_REFERENCES = pd.DataFrame([
+    {"dataset": "arith", "reference": "all zeros", "metric": "exact_match", "value": 0.008,
+     "detail": "`000$`"},
+    {"dataset": "arith", "reference": "most frequent answer", "metric": "exact_match",
+     "value": 0.011, "detail": "`050$`"},
+    {"dataset": "arith", "reference": "best constant answer", "metric": "char_accuracy",
+     "value": 0.45, "detail": "`710$`"}])
+
+
+def test_by_op_draws_means_and_intervals_per_variant_beside_the_floor(drawn, tmp_path,
+                                                                      palette):
+    frame = per_op_frame()
+    path = arith_figs.plot_by_op(frame, "arith", tmp_path / "c.png", "char_accuracy",
+                                 palette=palette, references=ARITH_REFERENCES)
+    assert path.read_bytes()[:4] == b"\x89PNG"
+    ax = drawn[0].axes[0]
+    assert horizontal_lines(ax) == [0.45]  # the floor of char accuracy, and only it
+    assert 'best constant answer "710$" (all operations): 0.450' in legend_texts(drawn[0])
+    # each variant's means in its palette colour, one per operation
+    for v in ("baseline", "gelu", "rope"):
+        means = [line for line in ax.lines if line.get_marker() == "o"
+                 and len(line.get_xdata()) == 2  # one mean per operation
+                 and np.allclose(to_rgb(line.get_color()), palette[v])]
+        want = frame[frame["variant"] == v].groupby("op")["char_accuracy"].mean()
+        assert len(means) == 1
+        assert means[0].get_ydata().tolist() == pytest.approx(want.loc[["add", "sub"]].tolist())
+    assert "char accuracy (fraction)" == ax.get_ylabel()
+
+
+def test_by_op_draws_nothing_when_no_variant_solved_any_problem(drawn, tmp_path, palette):
+    frame = per_op_frame(zero=True)
+    assert arith_figs.plot_by_op(frame, "arith", tmp_path / "e.png", "exact_match",
+                                 palette=palette, references=ARITH_REFERENCES) is None
+    assert not drawn and not (tmp_path / "e.png").exists()
+    assert arith_figs.nothing_solved(frame, "arith", "exact_match") == (
+        "arith: exact match by operation not drawn: no variant solved any problem (exact match "
+        "0 on every operation, variant and seed).")
+    assert arith_figs.nothing_solved(per_op_frame(), "arith", "exact_match") is None
+
+
+# ---- embeddings -------------------------------------------------------------------------------
+
+def test_char_class_names_the_unknown_symbol_apart_from_upper_case():
+    from lmablate.tokenizer import UNK, CharTokenizer
+    assert UNK.isupper()  # why str.isupper alone misclassed it
+    tok = CharTokenizer("abAB1 ,")
+    chars = [tok.decode([i]) for i in range(tok.vocab_size)]
+    classes = [model_figures.char_class(c, tok.unk) for c in chars]
+    assert classes[tok.unk_id] == "unknown symbol"
+    assert classes.count("unknown symbol") == 1
+    assert model_figures.char_class("A") == "upper case"
+    assert model_figures.char_class(" ") == "whitespace"
+
+
+def test_embedding_pca_labels_do_not_overlap_and_the_unknown_symbol_is_labelled(drawn,
+                                                                             tmp_path):
+    from lmablate.tokenizer import UNK
+    rng = np.random.default_rng(0)
+    chars = [UNK, *"abcdefghijklmnopqrstuvwxyzABCDEFGHIJ0123456789 .,;!?"]
+    # a dense cluster (most labels cannot all fit) around the centre
+    embs = {v: rng.normal(scale=0.05, size=(len(chars), 8)) for v in ("baseline", "rope")}
+    model_figures.plot_embedding_pca(embs, chars, "emb", tmp_path / "e.png")
+    fig = drawn[0]
+    renderer = renderer_of(fig)
+    for ax in fig.axes[:2]:
+        shown = [t for t in ax.texts if t.get_visible()]
+        boxes = [t.get_window_extent(renderer) for t in shown]
+        assert 0 < len(shown) < len(chars)
+        assert not any(a.overlaps(b) for a, b in itertools.combinations(boxes, 2))
+        assert UNK in [t.get_text() for t in shown]
+        assert min(t.get_fontsize() for t in ax.texts) >= 8
+    assert "unknown symbol" in legend_texts(fig)
+    hidden = sum(not t.get_visible() for ax in fig.axes for t in ax.texts)
+    assert f"dots without a label: {hidden} of {2 * len(chars)}" in fig.get_suptitle()
