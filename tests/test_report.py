@@ -412,6 +412,35 @@ def test_a_figure_not_drawn_leaves_its_reason_in_the_figures_section(built):
     assert "params_vs_loss" not in md
 
 
+def test_forest_plots_are_in_each_datasets_headline_loss_with_the_tuning_luck_band(built):
+    _, _, out = built
+    md = out["report"].read_text()
+    # shakespeare's baseline was tuned again (write_replicate): a band; arithmetic's was not
+    assert ("**shakespeare: test loss difference to baseline, the loss of this dataset's "
+            "verdicts (paired by seed: raw 95% t-interval and Holm-adjusted interval; shaded "
+            "band: tuning luck") in md
+    assert ("**arithmetic: answer loss difference to baseline, the loss of this dataset's "
+            "verdicts (paired by seed: raw 95% t-interval and Holm-adjusted interval)**") in md
+
+
+def test_no_exact_match_figure_when_no_variant_solved_any_problem(tmp_path):
+    write_runs(tmp_path / "runs")
+    for path in (tmp_path / "runs" / "arithmetic").glob("*/metrics.json"):
+        doc = json.loads(path.read_text())
+        for run in doc["runs"].values():
+            for values in run["per_op"].values():
+                values["exact_match"] = 0.0
+        path.write_text(json.dumps(doc))
+    out = report.build_report(make_cfg(), tmp_path / "runs", tmp_path / "reports")
+    names = {p.name for p in out["figures"]}
+    assert "exact_match_by_op.png" not in names and "char_accuracy_by_op.png" in names
+    assert not (tmp_path / "reports" / "figures" / "exact_match_by_op.png").exists()
+    md = out["report"].read_text()
+    figures_section = md.split("## arithmetic\n")[1].split("### Figures")[1]
+    assert ("arithmetic: exact match by operation not drawn: no variant solved any problem "
+            "(exact match 0 on every operation, variant and seed).") in figures_section
+
+
 def test_report_markdown(built):
     cfg, out_dir, out = built
     md = out["report"].read_text()

@@ -76,6 +76,7 @@ from lmablate.analysis import arithmetic_figures as arith_figs
 from lmablate.analysis import extrapolation as ex
 from lmablate.analysis.families import family_palette, variant_family
 from lmablate.analysis.headline import dataset_verdicts, headline_loss, study_metrics
+from lmablate.analysis.limits import tuning_luck
 from lmablate.analysis.markdown import render_markdown
 from lmablate.analysis.sensitivity import SENSITIVITY_COLUMNS, lr_sensitivity
 from lmablate.analysis.statistics import (DETECTABLE_COLUMNS, METRICS, PROBLEM_COLUMNS,
@@ -355,8 +356,9 @@ def build_report(cfg: StudyConfig, runs_dir: Path, out_dir: Path,
                                   references=lines)),
             (ds, f"{ds}: {METRICS[loss][0]} difference to baseline, the loss of this "
                  "dataset's verdicts (paired by seed: raw 95% t-interval and Holm-adjusted "
-                 "interval; shaded band: tuning luck, the change when the baseline was tuned "
-                 "again with another sampler seed)",
+                 "interval" + ("; shaded band: tuning luck, the change when the baseline was "
+                              "tuned again with another sampler seed)"
+                              if tuning_luck(variation, ds, loss) is not None else ")"),
              plots.plot_forest(comparisons, ds, fig_dir / f"forest_{ds}.png", loss,
                                variation=variation)),
             (ds, f"{ds}: test loss by token position, past the training context (mean over "
@@ -390,10 +392,13 @@ def build_report(cfg: StudyConfig, runs_dir: Path, out_dir: Path,
                 name = f"{metric}_by_op.png" if single else f"{metric}_by_op_{ds}.png"
                 path = arith_figs.plot_by_op(per_op, ds, fig_dir / name, metric,
                                              palette=palette, references=references)
+                floor = ((references["dataset"] == ds) & (references["metric"] == metric)
+                         & (references["reference"] == arith.FLOORS[metric])).any()
                 figures += _drawn([(ds, f"{ds}: {METRICS[metric][0]} by operation and "
-                                    "variant (mean ± 95% t-interval over seeds; dashed: the "
-                                    "floor, the best answer ignoring the question, over all "
-                                    "operations)", path)],
+                                    "variant (mean ± 95% t-interval over seeds, dots: seeds"
+                                    + ("; dashed: the floor, the best answer ignoring the "
+                                       "question, over all operations)" if floor else ")"),
+                                    path)],
                                   arith_figs.nothing_solved(per_op, ds, metric))
         path = plot_lr_response(runs.trials, runs.tuned, ds, fig_dir / f"tuning_{ds}.png",
                                 palette=palette)
