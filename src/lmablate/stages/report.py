@@ -40,8 +40,10 @@ first-seed checkpoints and the tokenized test splits, for the model figures) and
 * ``length_generalisation.csv``, ``length_generalisation_comparisons.csv`` arithmetic exact
   match by operand length and its comparison with the baseline at each length
   (:mod:`lmablate.analysis.arithmetic`).
-* ``figures/*.png``  the seaborn figures of :mod:`lmablate.analysis.figures`, plus the last
-  layer's attention maps and a PCA of the token embeddings drawn from the checkpoints.
+* ``figures/*.png``  the seaborn figures of :mod:`lmablate.analysis.figures`,
+  :mod:`~lmablate.analysis.tuning_figure` and :mod:`~lmablate.analysis.arithmetic_figures`,
+  plus the last layer's attention maps and a PCA of the token embeddings drawn from the
+  checkpoints (:mod:`~lmablate.analysis.model_figures`).
 * ``report.md``      the human-readable report (:mod:`lmablate.analysis.markdown`).
 
 Rows of every table follow the study order (datasets as configured, baseline first, then the
@@ -68,7 +70,7 @@ import torch
 from lmablate import fileio
 from lmablate.analysis import figures as plots
 from lmablate.analysis.model_figures import plot_attention, plot_embedding_pca
-from lmablate.analysis.tuning_figure import plot_lr_response
+from lmablate.analysis.tuning_figure import plot_lr_response, search_bounds
 from lmablate.analysis.collect import (ABLATION_COLUMNS, BASELINE, TUNED_COLUMNS, RunOutputs,
                                        collect, present, restrict_to_study)
 from lmablate.analysis import arithmetic as arith
@@ -408,8 +410,9 @@ def build_report(cfg: StudyConfig, runs_dir: Path, out_dir: Path,
                 "of the tuning). Left: validation loss against learning rate, lines through "
                 "the shared design, faint dots the other first-rung trials, stars the tuned "
                 "configurations (equal ones fanned out sideways). Right: the best loss per "
-                "width at equal compute, diamonds the last rung's trials. Shaded: outside the "
-                "learning rates and widths the tuner searched", path)
+                "width at equal compute, diamonds the last rung's trials"
+                + (". Shaded: outside the learning rates and widths the tuner searched"
+                   if search_bounds(runs.tuned, ds) != (None, None, []) else ""), path)
         path = plots.plot_params_vs_loss(ablation, ds, fig_dir / f"params_vs_loss_{ds}.png",
                                          palette=palette)
         figures += _drawn([(ds, f"{ds}: non-embedding parameters vs test loss", path)],
