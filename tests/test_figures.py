@@ -524,6 +524,9 @@ def test_star_offsets_fan_out_only_stars_that_would_cover_each_other():
                                          [2.5, 2.5, 2.501, 2.5, 2.2], lr_span=2.0,
                                          loss_span=1.0)
     assert offsets.tolist() == [-spread, 0.0, spread, 0.0, 0.0]
+    # two near stars keep their left-to-right order: the one at the lower lr goes left
+    near = tuning_figure.star_offsets([2.1e-2, 2e-2], [2.5, 2.5], lr_span=2.0, loss_span=1.0)
+    assert near.tolist() == [spread / 2, -spread / 2]
 
 
 def test_search_bounds_are_the_union_of_the_variants_ranges():

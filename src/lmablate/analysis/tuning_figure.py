@@ -69,7 +69,8 @@ def star_offsets(lr: Sequence[float], loss: Sequence[float], lr_span: float,
     """Sideways offsets (points) of the stars at ``(lr, loss)`` so that none covers another:
     0 for a star alone; a group of stars within :data:`STAR_NEAR` of each other (in log10 lr,
     as a fraction of ``lr_span`` decades, and in loss, of ``loss_span``) fanned out by
-    :data:`STAR_SPREAD` points around their place, in the given (study) order."""
+    :data:`STAR_SPREAD` points around their places, in the order of their learning rates
+    (equal ones in the given, study, order)."""
     x = np.log10(np.asarray(lr, dtype=float))
     y = np.asarray(loss, dtype=float)
     offsets = np.zeros(len(x))
@@ -83,7 +84,9 @@ def star_offsets(lr: Sequence[float], loss: Sequence[float], lr_span: float,
         else:
             group_of[i] = i
     for g in np.unique(group_of):
-        members = np.flatnonzero(group_of == g)
+        # left to right as their learning rates are (fanning must not swap two stars), equal
+        # ones in the given order
+        members = sorted(np.flatnonzero(group_of == g), key=lambda i: (x[i], i))
         offsets[members] = (np.arange(len(members)) - (len(members) - 1) / 2) * STAR_SPREAD
     return offsets
 
@@ -272,7 +275,7 @@ def _legend(order: Sequence[str], colours: Mapping[str, Any], unmatched: bool,
                label="diverged (at the top edge)"),
         Line2D([], [], color="0.5", marker="*", markersize=13, markeredgecolor="black",
                linestyle="none", label="tuned configuration" + (
-                   "\n(overlapping ones fanned out\nsideways, in variant order)"
+                   "\n(overlapping ones fanned out\nsideways, in lr order)"
                    if fanned else "")),
         Line2D([], [], color="0.3", marker="D", markerfacecolor="0.3", linestyle="none",
                label="last rung: chosen"),
