@@ -361,15 +361,20 @@ def test_forest_limits_hold_every_interval_and_the_tuning_luck_band(drawn, tmp_p
                            p=0.5),
             comparison_row("rope", statistics.VERDICT_BETTER, -0.1, 0.02, p=0.01)]
     c = comparisons_frame(rows)
-    variation = forest_variation(low=-0.3, high=0.05)
-    figures.plot_forest(c, DS, tmp_path / "f.png", variation=variation)
-    ax = drawn[0].axes[0]
-    renderer_of(drawn[0])
-    low, high = ax.get_xlim()
-    ends = [-0.22, 0.18, -0.03, -0.01, -0.13, -0.07, -0.3, 0.3]  # Holm, raw, band
-    assert low < min(ends) and high > max(ends)
-    # with a margin: the farthest end is not on the edge
-    assert min(ends) - low > 0.02 * (high - low) and high - max(ends) > 0.02 * (high - low)
+    # the band (±0.05) is narrower than the Holm interval; a re-tuning of another dataset
+    # draws no band here
+    figures.plot_forest(c, DS, tmp_path / "f.png", variation=forest_variation(-0.05, 0.02))
+    figures.plot_forest(c, DS, tmp_path / "g.png",
+                        variation=forest_variation(-0.6, 0.6).assign(dataset="other"))
+    for fig, ends in ((drawn[0], [-0.22, 0.18, -0.03, -0.01, -0.13, -0.07, -0.05, 0.05]),
+                      (drawn[1], [-0.22, 0.18, -0.03, -0.01, -0.13, -0.07])):  # Holm, raw, band
+        ax = fig.axes[0]
+        renderer_of(fig)
+        low, high = ax.get_xlim()
+        assert low < min(ends) and high > max(ends)
+        # with a margin: the farthest end is not on the edge
+        assert min(ends) - low > 0.02 * (high - low) and high - max(ends) > 0.02 * (high - low)
+        assert high - low < 1.2 * (max(ends) - min(ends))  # and no band from another dataset
 
 
 def test_forest_band_is_the_tuning_luck_of_the_limits_sentence(drawn, tmp_path):
