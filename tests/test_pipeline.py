@@ -143,7 +143,10 @@ def test_dvc_shows_one_metrics_row_per_variant_and_one_chart_per_dataset(study, 
         (spec,) = chart
         points = spec["content"]["data"]["values"]
         assert [v for v in dict.fromkeys(p["variant"] for p in points)] == VARIANTS
-        assert spec["content"]["encoding"]["color"]["field"] == "variant"
+        # coloured by the study-order key, its range the file's colour column (family_palette)
+        assert spec["content"]["encoding"]["color"]["field"] == "variant_key"
+        assert spec["content"]["encoding"]["color"]["scale"] == {"range": {"field": "colour"}}
+        assert all(re.fullmatch(r"#[0-9a-f]{6}", p["colour"]) for p in points)
 
 
 @pytest.mark.slow

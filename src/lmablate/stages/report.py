@@ -76,6 +76,7 @@ from lmablate.analysis.collect import (ABLATION_COLUMNS, BASELINE, TUNED_COLUMNS
 from lmablate.analysis import arithmetic as arith
 from lmablate.analysis import arithmetic_figures as arith_figs
 from lmablate.analysis import extrapolation as ex
+from lmablate.analysis.curves import CURVE_COLUMNS, mean_curves
 from lmablate.analysis.families import family_palette, variant_family
 from lmablate.analysis.headline import dataset_verdicts, headline_loss, study_metrics
 from lmablate.analysis.limits import tuning_luck
@@ -92,23 +93,6 @@ from lmablate.tracking import NullTracker, make_tracker
 
 ATTENTION_TOKENS = 48  # length of the held-out sequence shown in attention heatmaps (tokens)
 REFERENCE_COLUMNS = ["dataset", "reference", "metric", "value", "detail"]
-
-
-CURVE_COLUMNS = ["variant", "step", "val_loss", "seeds"]
-
-
-def mean_curves(history: pd.DataFrame, dataset: str) -> pd.DataFrame:
-    """The validation curve of each variant of ``dataset``: the mean over seeds of
-    ``val_loss`` (nats/token) at each evaluation step, with the number of seeds averaged;
-    columns :data:`CURVE_COLUMNS`, variants in the study order, steps ascending. What
-    ``dvc plots show`` overlays in one chart per dataset."""
-    if history.empty or "val_loss" not in history:
-        return pd.DataFrame(columns=CURVE_COLUMNS)
-    h = history[history["dataset"] == dataset].dropna(subset=["val_loss"])
-    out = (h.groupby(["variant", "step"], observed=True, sort=True)["val_loss"]
-           .agg(val_loss="mean", seeds="count").reset_index())
-    out["variant"] = out["variant"].astype(str)
-    return out[CURVE_COLUMNS]
 
 
 def reference_table(cfg: StudyConfig, tokens_dir: Path, runs: RunOutputs) -> pd.DataFrame:
@@ -329,12 +313,13 @@ def build_report(cfg: StudyConfig, runs_dir: Path, out_dir: Path,
     for path in stale - set(docs):  # a variant or dataset no longer studied
         path.unlink()
     paths["metrics"] = metrics_dir
-    curves_dir = out_dir / "curves"
-    for ds in present(ablation["dataset"]):
-        fileio.write_csv(curves_dir / f"{ds}.csv", mean_curves(runs.history, ds), CURVE_COLUMNS)
-    paths["curves"] = curves_dir
     palette = family_palette({v: variant_family(cfg.variants.get(v) or {})
                               for v in present(ablation["variant"])})
+    curves_dir = out_dir / "curves"
+    for ds in present(ablation["dataset"]):  # in the figures' colours (analysis/curves.py)
+        fileio.write_csv(curves_dir / f"{ds}.csv", mean_curves(runs.history, ds, palette),
+                         CURVE_COLUMNS)
+    paths["curves"] = curves_dir
 
     fig_dir = out_dir / "figures"
     per_op = runs.per_op
