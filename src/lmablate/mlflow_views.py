@@ -85,17 +85,15 @@ def hex_colour(rgb: Sequence[float]) -> str:
     return "#" + "".join(f"{round(min(max(c, 0.0), 1.0) * 255):02x}" for c in rgb[:3])
 
 
-def _line(uuid: str, metric: str, section: str, title: str | None = None) -> dict:
-    card = {"uuid": uuid, "type": "LINE", "metricKey": metric, "selectedMetricKeys": [metric],
+def _line(uuid: str, metric: str, section: str) -> dict:
+    # no custom title: MLflow 3.17 shows a card's displayName only behind a feature flag
+    return {"uuid": uuid, "type": "LINE", "metricKey": metric, "selectedMetricKeys": [metric],
             "metricSectionId": section, "deleted": False, "isGenerated": False,
             "runsCountToCompare": CHART_RUNS, "lineSmoothness": 0, "scaleType": "linear",
             "xAxisScaleType": "linear", "xAxisKey": "step", "selectedXAxisMetricKey": "",
             "yAxisKey": "metric", "yAxisExpressions": [], "ignoreOutliers": False,
             "useGlobalXaxisKey": False, "useGlobalLineSmoothing": False,
             "range": {"xMin": None, "xMax": None, "yMin": None, "yMax": None}}
-    if title:
-        card["displayName"] = title
-    return card
 
 
 def _bar(uuid: str, metric: str, section: str) -> dict:
@@ -103,7 +101,7 @@ def _bar(uuid: str, metric: str, section: str) -> dict:
             "deleted": False, "isGenerated": False, "runsCountToCompare": CHART_RUNS}
 
 
-def _charts(metrics: Iterable[str], curve_title: str) -> tuple[list[dict], list[dict]]:
+def _charts(metrics: Iterable[str]) -> tuple[list[dict], list[dict]]:
     """Cards and sections: validation loss, then the headline summaries as bars, then the
     training curves; every other metric a bar in the closed section "Model metrics" (where the
     UI puts a chart it adds for a metric logged later)."""
@@ -116,7 +114,7 @@ def _charts(metrics: Iterable[str], curve_title: str) -> tuple[list[dict], list[
                                           ("lmablate-headline", "Test metrics", True),
                                           ("lmablate-training", "Training curves", True),
                                           ("lmablate-more", "Model metrics", False))]
-    cards = [_line("lmablate-val_loss", "val_loss", "lmablate-curve", curve_title)]
+    cards = [_line("lmablate-val_loss", "val_loss", "lmablate-curve")]
     cards += [_bar(f"lmablate-{m}", m, "lmablate-headline") for m in headline]
     cards += [_line(f"lmablate-{m}", m, "lmablate-training") for m in CURVES[1:]]
     cards += [_bar(f"lmablate-{m}", m, "lmablate-more") for m in rest]
@@ -157,7 +155,7 @@ def runs_view(datasets: Sequence[str] = (), variants: Sequence[str] = (),
     line or bar per group: validation loss first, then the summaries of ``metrics`` as bars."""
     first = [(RUN_NAME_COLUMN, GROUPED_NAME_WIDTH)] + [(column("tags", t), w)
                                                        for t, w in TAG_WIDTHS.items()]
-    cards, sections = _charts(metrics, "val_loss by step (mean of seeds)")
+    cards, sections = _charts(metrics)
     return {**_base(FINAL_FILTER), **_columns(first, metrics),
             "groupBy": {"aggregateFunction": "average",
                         "groupByKeys": [{"mode": "tag", "groupByData": "dataset"},
@@ -179,7 +177,7 @@ def dataset_view(dataset: str, metrics: Iterable[str] = ()) -> dict:
         raise ValueError(f"dataset name {dataset!r} holds a quote; MLflow's filter cannot")
     first = [(RUN_NAME_COLUMN, RUN_NAME_WIDTH), (column("tags", "variant"), TAG_WIDTHS["variant"]),
              (column("tags", "seed"), TAG_WIDTHS["seed"])]
-    cards, sections = _charts(metrics, f"{dataset}: val_loss by step")
+    cards, sections = _charts(metrics)
     return {**_base(f"{FINAL_FILTER} AND tags.dataset = '{dataset}'"), **_columns(first, metrics),
             "groupBy": None, "useGroupedValuesInCharts": False,
             "compareRunCharts": cards, "compareRunSections": sections}
