@@ -187,23 +187,25 @@ def test_the_study_views_open_on_validation_loss_with_groups_closed_and_runs_col
                          (per_dataset["shakespeare"], {*curves, *SUMMARIES}),
                          (per_dataset["arithmetic"], {*curves, *SUMMARIES, *ARITHMETIC_ONLY})]:
         cards = view["compareRunCharts"]
-        # the curve first, in the first section, which is open
-        assert (cards[0]["type"], cards[0]["metricKey"]) == ("LINE", "val_loss")
+        # the curves first, validation loss leading, in the first section, which is open
+        assert [(c["type"], c["metricKey"]) for c in cards[:3]] == [
+            ("LINE", "val_loss"), ("LINE", "train_loss"), ("LINE", "lr")]
         sections = view["compareRunSections"]
-        assert cards[0]["metricSectionId"] == sections[0]["uuid"] and sections[0]["display"]
+        assert {c["metricSectionId"] for c in cards[:3]} == {sections[0]["uuid"]}
+        assert sections[0]["display"]
         # every metric has its card (the UI adds a chart for one that has none): the curves as
         # lines, no summary drawn against step
         assert {c["metricKey"] for c in cards} == logged
         assert {c["metricKey"] for c in cards if c["type"] == "LINE"} == curves
         assert not any(c["deleted"] or c["isGenerated"] for c in cards)
         # the headline summaries next, as bars; the rest in the last section, closed
-        assert [c["metricKey"] for c in cards[1:4]] == ["test_loss", "bits_per_char",
+        assert [c["metricKey"] for c in cards[3:6]] == ["test_loss", "bits_per_char",
                                                         *(["answer_loss"] if "answer_loss"
                                                           in logged else ["train_seconds"])]
         more = next(c for c in cards if c["metricKey"] == "perplexity")
         assert more["metricSectionId"] == sections[-1]["uuid"] and not sections[-1]["display"]
         assert view["isAccordionReordered"]  # else the UI sorts the sections by name
-        assert view["runsHiddenMode"] == "SHOW_ALL"
+        assert view["runsHiddenMode"] == "SHOW_ALL" and view["runListHidden"]
         order = view["columnOrder"]
         assert order[:2] == ["attributes.`Run Name`", "runDateAndNestInfo"]
         assert set(view["columnWidths"]) == set(order)

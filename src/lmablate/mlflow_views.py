@@ -48,7 +48,7 @@ HEADLINE = ("test_loss", "bits_per_char", "answer_loss", "exact_match", "char_ac
 PARAM_COLUMNS = ("d_model", "peak_lr", "steps")
 RUN_NAME_COLUMN = "attributes.`Run Name`"
 # "Created", always shown (no column id of its own: ag-grid names it after its field), narrowed
-CREATED_COLUMN, CREATED_WIDTH = "runDateAndNestInfo", 100
+CREATED_COLUMN, CREATED_WIDTH = "runDateAndNestInfo", 116
 # pixels: the group label "dataset: arithmetic, variant: baseline" in full, after the expander
 # and the run count; a run's name "shakespeare-baseline-seed0"; a value's first digits
 GROUPED_NAME_WIDTH, RUN_NAME_WIDTH, VALUE_WIDTH = 360, 230, 96
@@ -102,21 +102,20 @@ def _bar(uuid: str, metric: str, section: str) -> dict:
 
 
 def _charts(metrics: Iterable[str]) -> tuple[list[dict], list[dict]]:
-    """Cards and sections: validation loss, then the headline summaries as bars, then the
-    training curves; every other metric a bar in the closed section "Model metrics" (where the
-    UI puts a chart it adds for a metric logged later)."""
+    """Cards and sections: the curves by step (validation loss first, then training loss and
+    learning rate: one row of three cards), then the headline summaries as bars; every other
+    metric a bar in the closed section "Model metrics" (where the UI puts a chart it adds for a
+    metric logged later)."""
     metrics = sorted(set(metrics) | {"val_loss"})
     headline = [m for m in HEADLINE if m in metrics]
     rest = [m for m in metrics if m not in CURVES and m not in headline]
     sections = [{"uuid": uuid, "name": name, "display": shown, "isReordered": True,
                  "deleted": False, "isGenerated": False}
-                for uuid, name, shown in (("lmablate-curve", "Validation loss", True),
+                for uuid, name, shown in (("lmablate-curves", "Curves by step", True),
                                           ("lmablate-headline", "Test metrics", True),
-                                          ("lmablate-training", "Training curves", True),
                                           ("lmablate-more", "Model metrics", False))]
-    cards = [_line("lmablate-val_loss", "val_loss", "lmablate-curve")]
+    cards = [_line(f"lmablate-{m}", m, "lmablate-curves") for m in CURVES]
     cards += [_bar(f"lmablate-{m}", m, "lmablate-headline") for m in headline]
-    cards += [_line(f"lmablate-{m}", m, "lmablate-training") for m in CURVES[1:]]
     cards += [_bar(f"lmablate-{m}", m, "lmablate-more") for m in rest]
     return cards, sections
 
@@ -135,7 +134,10 @@ def _columns(first: Sequence[tuple[str, int]], metrics: Iterable[str]) -> dict:
 
 
 def _base(search_filter: str) -> dict:
+    # runListHidden: on the chart tab, the charts take the width of the page and their legends
+    # name the runs in full (the arrow at the left opens the run list); the table tab is as is
     return {"searchFilter": search_filter, "orderByKey": "tags.`mlflow.runName`",
+            "runListHidden": True,
             "orderByAsc": True, "runsHiddenMode": "SHOW_ALL", "hideEmptyCharts": True,
             "isAccordionReordered": True, "chartsSearchFilter": "",
             "globalLineChartConfig": {"xAxisKey": "step", "lineSmoothness": 0,
