@@ -37,6 +37,7 @@ from lmablate import params
 from lmablate.analysis import arithmetic as arith
 from lmablate.analysis import collect, headline, model_figures, sensitivity, statistics
 from lmablate.analysis import extrapolation as ex
+from lmablate.analysis.families import family_palette, variant_family
 from lmablate.arithmetic import generate_arithmetic, split_problem
 from lmablate.references import answer_position_floor
 from lmablate.stages import report
@@ -695,8 +696,21 @@ def test_the_report_stage_ends_with_the_report_path_and_the_mlflow_ui_command(mo
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://10.0.0.5:5000/")
     assert report.where_to_look(cfg, paths, view).splitlines()[1:] == [
         f"MLflow UI: http://10.0.0.5:5000/{view}"]
+    charts = {"arithmetic": "#/experiments/3/runs?viewStateShareKey=final-runs-arithmetic"
+                            "&workflowType=machine_learning&compareRunsMode=CHART"}
+    assert report.where_to_look(cfg, paths, view, charts).splitlines()[2:] == [
+        f"  validation loss, arithmetic: http://10.0.0.5:5000/{charts['arithmetic']}"]
     off = dataclasses.replace(cfg, tracking=dataclasses.replace(cfg.tracking, enabled=False))
-    assert len(report.where_to_look(off, paths).splitlines()) == 1
+    assert len(report.where_to_look(off, paths, view, charts).splitlines()) == 1
+
+
+def test_mlflow_run_colours_are_the_figures_family_colours():
+    cfg = make_cfg()
+    colours = report.variant_colours(cfg)
+    assert list(colours)[0] == "baseline" and colours["baseline"] == "#1a1a1a"
+    palette = family_palette({v: variant_family(cfg.variants.get(v) or {}) for v in colours})
+    for variant, rgb in palette.items():
+        assert colours[variant] == "#" + "".join(f"{round(c * 255):02x}" for c in rgb)
 
 
 def test_attention_and_embedding_hooks(tmp_path):

@@ -4,6 +4,7 @@ that stage commands use (lmablate.sidecar.Sidecar), and its errors."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import signal
@@ -134,6 +135,107 @@ def test_the_experiment_carries_the_saved_runs_view_its_url_opens(tmp_path):
     assert [r.info.run_id for r in found] == [final]
 
 
+STUDY_COLOURS = {"baseline": "#1a1a1a", "swiglu": "#2e7ebc"}
+SUMMARIES = {"test_loss": 1.5, "bits_per_char": 2.1, "train_seconds": 60.0, "perplexity": 4.5}
+ARITHMETIC_ONLY = {"exact_match": 0.5, "answer_loss": 0.4, "exact_match_add": 0.6}
+
+
+def record_final_runs(store: tracking.MlflowStore) -> dict[tuple[str, str, int], str]:
+    """Final runs as train and evaluate record them: curves per step, summaries once at the
+    last step (arithmetic's with its own), a replicate of the baseline and a tuning trial."""
+    ids = {}
+    for dataset, variant, seed in itertools.product(("shakespeare", "arithmetic"),
+                                                    STUDY_COLOURS, (0, 1)):
+        run = store.start_run(f"{dataset}-{variant}-seed{seed}", {
+            "dataset": dataset, "variant": variant, "seed": str(seed), "stage": "final",
+            "replicate": "0"})
+        curves = [(k, 3.0 / step, 0, step) for step in (10, 20, 30)
+                  for k in ("val_loss", "train_loss", "lr")]
+        summaries = {**SUMMARIES, **(ARITHMETIC_ONLY if dataset == "arithmetic" else {})}
+        store.log_batch(run, metrics=curves + [(k, v, 0, 30) for k, v in summaries.items()])
+        store.end_run(run, "FINISHED")
+        ids[dataset, variant, seed] = run
+    store.start_run("retuned", {"dataset": "arithmetic", "variant": "baseline", "seed": "0",
+                                "stage": "final", "replicate": "1"})
+    store.start_run("trial", {"dataset": "arithmetic", "stage": "tune"})
+    return ids
+
+
+def test_the_study_views_open_on_validation_loss_with_groups_closed_and_runs_coloured(tmp_path):
+    import mlflow
+    from lmablate import mlflow_views
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    store = tracking.MlflowStore(uri, "study")
+    ids = record_final_runs(store)
+    datasets, variants = ["shakespeare", "arithmetic"], list(STUDY_COLOURS)
+    urls = store.save_views(datasets, variants, STUDY_COLOURS)
+    exp_id = store.experiment_id
+    assert urls == {
+        "runs": f"#/experiments/{exp_id}/runs?viewStateShareKey=final-runs"
+                "&workflowType=machine_learning",
+        "shakespeare": f"#/experiments/{exp_id}/runs?viewStateShareKey=final-runs-shakespeare"
+                       "&workflowType=machine_learning&compareRunsMode=CHART",
+        "arithmetic": f"#/experiments/{exp_id}/runs?viewStateShareKey=final-runs-arithmetic"
+                      "&workflowType=machine_learning&compareRunsMode=CHART"}
+    client = mlflow.MlflowClient(uri)
+    tags = client.get_experiment(exp_id).tags
+    runs_view = json.loads(tags["mlflow.sharedViewState.final-runs"])
+    per_dataset = {d: json.loads(tags[f"mlflow.sharedViewState.final-runs-{d}"])
+                   for d in datasets}
+    curves = {"val_loss", "train_loss", "lr"}
+    for view, logged in [(runs_view, {*curves, *SUMMARIES, *ARITHMETIC_ONLY}),
+                         (per_dataset["shakespeare"], {*curves, *SUMMARIES}),
+                         (per_dataset["arithmetic"], {*curves, *SUMMARIES, *ARITHMETIC_ONLY})]:
+        cards = view["compareRunCharts"]
+        # the curves first, validation loss leading, in the first section, which is open
+        assert [(c["type"], c["metricKey"]) for c in cards[:3]] == [
+            ("LINE", "val_loss"), ("LINE", "train_loss"), ("LINE", "lr")]
+        sections = view["compareRunSections"]
+        assert {c["metricSectionId"] for c in cards[:3]} == {sections[0]["uuid"]}
+        assert sections[0]["display"]
+        # every metric has its card (the UI adds a chart for one that has none): the curves as
+        # lines, no summary drawn against step
+        assert {c["metricKey"] for c in cards} == logged
+        assert {c["metricKey"] for c in cards if c["type"] == "LINE"} == curves
+        assert not any(c["deleted"] or c["isGenerated"] for c in cards)
+        # the headline summaries next, as bars; the rest in the last section, closed
+        assert [c["metricKey"] for c in cards[3:6]] == ["test_loss", "bits_per_char",
+                                                        *(["answer_loss"] if "answer_loss"
+                                                          in logged else ["train_seconds"])]
+        more = next(c for c in cards if c["metricKey"] == "perplexity")
+        assert more["metricSectionId"] == sections[-1]["uuid"] and not sections[-1]["display"]
+        assert view["isAccordionReordered"]  # else the UI sorts the sections by name
+        assert view["runsHiddenMode"] == "SHOW_ALL" and view["runListHidden"]
+        order = view["columnOrder"]
+        assert order[:2] == ["attributes.`Run Name`", "runDateAndNestInfo"]
+        assert set(view["columnWidths"]) == set(order)
+        assert order.index("metrics.`test_loss`") < order.index("params.`peak_lr`")
+    # the table: groups by dataset x variant, each closed, dataset and variant on the left
+    assert runs_view["groupsExpanded"] == {
+        f"tag.dataset.{d},tag.variant.{v}": False for d in datasets for v in variants}
+    assert runs_view["columnOrder"][2:5] == ["tags.`dataset`", "tags.`variant`", "tags.`seed`"]
+    assert runs_view["useGroupedValuesInCharts"] is True
+    # a dataset's view draws its own runs, ungrouped, each in its variant's colour
+    for dataset, view in per_dataset.items():
+        assert view["groupBy"] is None and view["useGroupedValuesInCharts"] is False
+        assert view["columnOrder"][2:4] == ["tags.`variant`", "tags.`seed`"]
+        found = client.search_runs([exp_id], filter_string=view["searchFilter"])
+        assert sorted(r.info.run_id for r in found) == sorted(
+            run for (d, _, _), run in ids.items() if d == dataset)
+        for run in found:
+            assert (run.data.tags["mlflow.runColor"]
+                    == STUDY_COLOURS[run.data.tags["variant"]])
+    assert "metrics.`exact_match`" not in per_dataset["shakespeare"]["selectedColumns"]
+    assert "metrics.`exact_match`" in per_dataset["arithmetic"]["selectedColumns"]
+    # written again by a later report: the same tags; a later store keeps them
+    assert store.save_views(datasets, variants, STUDY_COLOURS) == urls
+    tracking.MlflowStore(uri, "study")
+    assert client.get_experiment(exp_id).tags == tags
+    assert mlflow_views.hex_colour((0.1, 0.1, 0.1)) == "#1a1a1a"
+    with pytest.raises(ValueError, match="quote"):
+        mlflow_views.dataset_view("o'brien")
+
+
 def test_the_sidecar_answers_the_runs_view_url_as_the_store_does(tmp_path, monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -142,6 +244,11 @@ def test_the_sidecar_answers_the_runs_view_url_as_the_store_does(tmp_path, monke
     tracker = tracking.make_tracker(TrackingConfig(uri=uri, experiment="study"))
     assert tracker.runs_view_url() == tracking.MlflowStore(uri, "study").runs_view_url()
     assert tracking.NullTracker().runs_view_url() is None
+    urls = tracker.save_views(["arithmetic"], ["baseline"], {"baseline": "#1a1a1a"})
+    assert urls == tracking.MlflowStore(uri, "study").save_views(
+        ["arithmetic"], ["baseline"], {"baseline": "#1a1a1a"})
+    assert all("workflowType=machine_learning" in url for url in urls.values())
+    assert tracking.NullTracker().save_views(["arithmetic"], ["baseline"], {}) == {}
 
 
 def test_a_reopened_run_keeps_its_duration(tmp_path):

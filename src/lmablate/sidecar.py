@@ -118,7 +118,7 @@ def _serve(reads: int, writes: int) -> None:
                     stores[args] = MlflowStore(*args)
                 result: tuple[bool, Any] = (True, None)
             elif op in ("start_run", "end_run", "log_batch", "log_artifact", "runs_view_url",
-                        "find_run"):
+                        "find_run", "save_views"):
                 result = (True, getattr(stores[args[0]], op)(*args[1:]))
             else:
                 result = (False, f"unknown MLflow sidecar request {op!r}")

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
+from . import mlflow_views as views
 from .config import TrackingConfig
 
 # The experiment's kind, as MLflow 3's UI reads it (its ExperimentKind enum): a model-training
@@ -25,30 +26,13 @@ from .config import TrackingConfig
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
 
-# A saved view of the runs table, as the UI's "Share" button saves one: an experiment tag
-# mlflow.sharedViewState.<key> holding the table's state as JSON, opened by the URL parameter
-# viewStateShareKey=<key>. This one lists the final runs (one per dataset x variant x seed) sorted
-# by name and grouped by dataset x variant, with the columns that compare variants, and every run
-# in the charts. Column ids are the UI's "<type>.`<key>`".
-RUNS_VIEW_KEY = "final-runs"
-RUNS_VIEW_TAG = f"mlflow.sharedViewState.{RUNS_VIEW_KEY}"
-RUNS_VIEW_COLUMNS = ("tags.`dataset`", "tags.`variant`", "tags.`seed`", "params.`d_model`",
-                     "params.`peak_lr`", "params.`steps`", "metrics.`test_loss`",
-                     "metrics.`answer_loss`", "metrics.`bits_per_char`", "metrics.`exact_match`",
-                     "metrics.`char_accuracy`", "metrics.`test_loss_x4`", "metrics.`val_loss`",
-                     "metrics.`train_seconds`")
-RUNS_VIEW = {
-    # the final runs of the study's variants, not those of the baseline tuned again
-    "searchFilter": "tags.stage = 'final' AND tags.replicate = '0'",
-    "orderByKey": "tags.`mlflow.runName`",
-    "orderByAsc": True,
-    "selectedColumns": list(RUNS_VIEW_COLUMNS),
-    "runsHiddenMode": "SHOW_ALL",
-    # one row and one chart line per dataset x variant, the seeds' average (rows expand to seeds)
-    "groupBy": {"aggregateFunction": "average",
-                "groupByKeys": [{"mode": "tag", "groupByData": "dataset"},
-                                {"mode": "tag", "groupByData": "variant"}]},
-}
+# The saved views of the study in the UI (lmablate.mlflow_views): the table of the final runs,
+# grouped by dataset x variant, written when the store is opened if the experiment has none; the
+# study's views in full (groups closed, one chart view per dataset, runs in their variant's
+# colour) written by the report stage (MlflowStore.save_views), when every run is there.
+RUNS_VIEW_KEY = views.RUNS_VIEW_KEY
+RUNS_VIEW_TAG = views.view_tag(RUNS_VIEW_KEY)
+RUNS_VIEW = views.runs_view(metrics=views.HEADLINE + views.CURVES)  # before any run
 
 
 # The process that owns a run (recorded on it when it starts or is reopened): a run left
@@ -142,6 +126,12 @@ class NullTracker:
         when nothing is recorded."""
         return None
 
+    def save_views(self, datasets: list[str], variants: list[str],
+                   colours: dict[str, str]) -> dict[str, str]:
+        """Write the study's saved views and the runs' colours
+        (:meth:`MlflowStore.save_views`); returns their URLs, none when nothing is recorded."""
+        return {}
+
     def find_run(self, tags: Mapping[str, Any]) -> str | None:
         """The id of an earlier top-level run with ``tags`` that is not running, to reopen
         (:meth:`MlflowStore.find_run`); None when nothing is recorded."""
@@ -204,9 +194,9 @@ class MlflowStore:
                                        "(mlflow experiments restore) or pick another name")
                 else:
                     self.experiment_id = exp.experiment_id
-                view = json.dumps(RUNS_VIEW, sort_keys=True)
-                if exp is None or exp.tags.get(RUNS_VIEW_TAG) != view:
-                    self.client.set_experiment_tag(self.experiment_id, RUNS_VIEW_TAG, view)
+                if exp is None or RUNS_VIEW_TAG not in exp.tags:  # save_views writes the rest
+                    self.client.set_experiment_tag(self.experiment_id, RUNS_VIEW_TAG,
+                                                   json.dumps(RUNS_VIEW, sort_keys=True))
                 if exp is not None and (uri, experiment) not in _SWEPT:  # once per process
                     _SWEPT.add((uri, experiment))
                     self.end_stale_runs()
@@ -287,8 +277,36 @@ class MlflowStore:
         """The part of the MLflow UI's URL after its address that opens this experiment on the
         saved runs view (:data:`RUNS_VIEW`), in the UI's machine-learning mode (MLflow 3 opens
         in its GenAI mode otherwise)."""
-        return (f"#/experiments/{self.experiment_id}/runs?viewStateShareKey={RUNS_VIEW_KEY}"
-                "&workflowType=machine_learning")
+        return views.view_url(self.experiment_id, RUNS_VIEW_KEY)
+
+    def save_views(self, datasets: list[str], variants: list[str],
+                   colours: dict[str, str]) -> dict[str, str]:
+        """Write the study's saved views (:func:`lmablate.mlflow_views.study_views`) on the
+        experiment, from the metrics its final runs logged, and tag every final run with its
+        variant's colour (``colours``: variant -> ``"#rrggbb"``, the run tag
+        ``mlflow.runColor`` the UI draws a run in). Tags already right are not written again.
+
+        Returns:
+            ``"runs"`` -> the URL part of the table view, and each dataset -> that of its
+            chart view (:func:`lmablate.mlflow_views.view_url`).
+        """
+        from mlflow.entities import RunTag
+
+        metrics: dict[str, set[str]] = {d: set() for d in datasets}
+        for run in self._search("tags.stage = 'final'"):
+            tags = run.data.tags
+            metrics.setdefault(tags.get("dataset", ""), set()).update(run.data.metrics)
+            colour = colours.get(tags.get("variant", ""))
+            if colour and tags.get(views.RUN_COLOR_TAG) != colour:
+                self.client.log_batch(run.info.run_id,
+                                      tags=[RunTag(views.RUN_COLOR_TAG, colour)])
+        have = self.client.get_experiment(self.experiment_id).tags
+        for tag, value in views.study_views(datasets, variants, metrics).items():
+            if have.get(tag) != value:
+                self.client.set_experiment_tag(self.experiment_id, tag, value)
+        return {"runs": self.runs_view_url(),
+                **{d: views.view_url(self.experiment_id, views.dataset_view_key(d), charts=True)
+                   for d in datasets}}
 
     def end_run(self, run_id: str, status: str) -> None:
         """End run ``run_id`` with ``status`` (``FINISHED``, ``FAILED`` or ``KILLED``), at the
@@ -439,6 +457,10 @@ class MlflowTracker(NullTracker):
 
     def runs_view_url(self) -> str | None:
         return self._store.runs_view_url()
+
+    def save_views(self, datasets: list[str], variants: list[str],
+                   colours: dict[str, str]) -> dict[str, str]:
+        return self._store.save_views(list(datasets), list(variants), dict(colours))
 
     def find_run(self, tags: Mapping[str, Any]) -> str | None:
         return self._store.find_run({k: str(v) for k, v in tags.items()})

@@ -68,11 +68,12 @@ import pandas as pd
 import torch
 
 from lmablate import fileio
+from lmablate import mlflow_views as views
 from lmablate.analysis import figures as plots
 from lmablate.analysis.model_figures import plot_attention, plot_embedding_pca
 from lmablate.analysis.tuning_figure import plot_lr_response, search_bounds
 from lmablate.analysis.collect import (ABLATION_COLUMNS, BASELINE, TUNED_COLUMNS, RunOutputs,
-                                       collect, present, restrict_to_study)
+                                       collect, present, restrict_to_study, variant_order)
 from lmablate.analysis import arithmetic as arith
 from lmablate.analysis import arithmetic_figures as arith_figs
 from lmablate.analysis import extrapolation as ex
@@ -455,24 +456,43 @@ def run(cfg: StudyConfig, runs_dir: Path, tokens_dir: Path, out_dir: Path,
     return result
 
 
-def where_to_look(cfg: StudyConfig, paths: dict, runs_view_url: str | None = None) -> str:
+def where_to_look(cfg: StudyConfig, paths: dict, runs_view_url: str | None = None,
+                  chart_urls: dict[str, str] | None = None) -> str:
     """The lines the report stage ends with: where the report is, and the command that opens
     the MLflow UI on this study's runs (when tracking is on), with the URL of the saved runs
-    view (``runs_view_url``, :meth:`lmablate.tracking.MlflowStore.runs_view_url`) if known."""
+    view (``runs_view_url``, :meth:`lmablate.tracking.MlflowStore.runs_view_url`) if known, then
+    that of each dataset's chart view (``chart_urls``: dataset -> URL part,
+    :meth:`lmablate.tracking.MlflowStore.save_views`)."""
     lines = [f"report: {paths['report']} ({len(paths['figures'])} figures, tables next to it)"]
     if cfg.tracking.enabled:
         uri = cfg.tracking.tracking_uri
         if uri.startswith(("http://", "https://")):
-            lines.append(f"MLflow UI: {uri.rstrip('/')}/{runs_view_url or ''}")
+            address = uri.rstrip("/")
+            lines.append(f"MLflow UI: {address}/{runs_view_url or ''}")
         else:
+            address = "http://127.0.0.1:5000"
             lines.append(f"MLflow UI: mlflow ui --backend-store-uri {uri}")
-            lines.append(f"  then open http://127.0.0.1:5000/{runs_view_url or ''}")
+            lines.append(f"  then open {address}/{runs_view_url or ''}")
+        lines += [f"  validation loss, {ds}: {address}/{url}"
+                  for ds, url in (chart_urls or {}).items()]
     return "\n".join(lines)
 
 
+def variant_colours(cfg: StudyConfig) -> dict[str, str]:
+    """Each studied variant's colour in the figures (:func:`family_palette`, variants in the
+    report's order: baseline first), as ``"#rrggbb"`` for MLflow's run colours."""
+    variants = variant_order(cfg.study_variants, cfg.study_variants)
+    palette = family_palette({v: variant_family(cfg.variants.get(v) or {}) for v in variants})
+    return {v: views.hex_colour(c) for v, c in palette.items()}
+
+
 def main(cfg: StudyConfig, args: argparse.Namespace) -> None:
-    """``lmablate report --runs DIR --tokens DIR --out DIR``; ends by printing
+    """``lmablate report --runs DIR --tokens DIR --out DIR``; writes the study's MLflow views
+    (:meth:`lmablate.tracking.MlflowStore.save_views`) and ends by printing
     :func:`where_to_look`."""
     tracker = make_tracker(cfg.tracking)
     paths = run(cfg, args.runs, args.tokens, args.out, tracker)
-    print(where_to_look(cfg, paths, tracker.runs_view_url()), flush=True)
+    colours = variant_colours(cfg)
+    urls = tracker.save_views(list(cfg.datasets), list(colours), colours)
+    print(where_to_look(cfg, paths, urls.pop("runs", None) or tracker.runs_view_url(), urls),
+          flush=True)
