@@ -85,7 +85,7 @@ def main() -> None:
     model = res.model.eval()
     print(f"model   : default baseline d_model={mcfg.d_model} n_layers={mcfg.n_layers} "
           f"n_heads={mcfg.n_heads} context={mcfg.context_length}, trained {args.train_steps} "
-          f"steps (lr 3e-3): val loss {res.val_loss:.3f} nats/token")
+          f"steps (lr 3e-3): val loss {res.val_loss:.3f} nats/char")
     n_loop = min(args.loop_problems, len(problems))
     bs = cfg.evaluate.batch_size
     print(f"problems: {len(problems)} test problems (answer = 10 chars + '$'); reference on the "

@@ -197,7 +197,7 @@ TOKENS_PER_PARAMETER = {32: 24.0, 64: 6.5}
 
 
 def design_loss(ds: str, v_idx: int, lr: float) -> float:
-    """The validation loss of a first-rung trial at ``lr`` (nats/token)."""
+    """The validation loss of a first-rung trial at ``lr`` (nats/char)."""
     return BASE_LOSS[ds] + 0.3 + 0.4 * abs(math.log10(lr / 7e-3)) + 0.01 * v_idx
 
 
@@ -450,12 +450,22 @@ def test_report_markdown(built):
     for p in out["figures"]:
         assert f"](figures/{p.name})" in md
     # tables
-    assert "| variant | seeds | test loss (nats/token) |" in md
+    assert "| variant | seeds | test loss (nats/char) |" in md
     assert "Δ (variant − baseline)" in md and "p (Holm)" in md
     assert "**▲ better**" in md and "**▼ worse**" in md
     assert "How to read this report" in md
+    # the answer first: findings, then how to read, the limits, the methods (with the compute)
+    heads = [md.index(h) for h in ("## Findings", "How to read this report",
+                                   "## What this study can and cannot say", "## Methodology",
+                                   "Compared at equal training compute", "## shakespeare")]
+    assert heads == sorted(heads)
+    findings = md.split("## Findings\n", 1)[1].split("**How to read", 1)[0]
+    comparisons = pd.read_csv(out["comparisons"])
+    for r in comparisons[comparisons["metric"] == "test_loss"].itertuples():
+        if r.dataset == "shakespeare":  # the dataset's headline loss
+            assert f"{r.variant}: " in findings and f"{r.mean_diff:+.3f} nats/char" in findings
+    assert "![shakespeare: test loss, difference to the baseline" in findings
     # methodology from the config and the environment, not typed by hand
-    assert "Compared at equal training compute" in md.split("## Methodology")[0]
     assert "| shakespeare | baseline | 64 | 1,000 | 576,000 | 3.46e+11 | 144.0% |" in md
     assert f"optimizer steps of {cfg.train.batch_size} sequences x 48 tokens" in md
     assert "FLOPs: shakespeare 2.4e+11, arithmetic 1.2e+11" in md
@@ -671,7 +681,7 @@ def test_limits_section_flags_edges_identical_seeds_and_other_widths(tmp_path):
     out = report.build_report(make_cfg(), tmp_path / "runs", tmp_path / "reports")
     md = out["report"].read_text()
     section = md.split("## What this study can and cannot say")[1].split("## Methodology")[0]
-    assert "rmsnorm: lr at upper bound" in section
+    assert "lr at upper bound for rmsnorm" in section
     assert "rmsnorm in test loss (Δ = 0.05)" in section and "identical on every seed" in section
     assert "Trained at another width than the baseline (d_model 64): rmsnorm at 32" in section
     tuned = pd.read_csv(out["tuned"])
@@ -1413,7 +1423,7 @@ def test_runs_without_an_answer_loss_keep_the_test_loss_as_the_headline():
     comparisons = statistics.compare(ablation)
     lines = arith.headline_lines(summary, comparisons, pd.DataFrame(
         columns=report.REFERENCE_COLUMNS), "arith", ["baseline", "v1", "v2"])
-    assert lines[4].startswith("| variant | seeds | test loss (nats/token) | exact match")
+    assert lines[4].startswith("| variant | seeds | test loss (nats/char) | exact match")
     assert "on whole problems: these runs have no answer loss" in lines[2]
     assert lines[-2].startswith("In test loss against the baseline")
     assert statistics.METRICS["answer_loss"] == ("answer loss", "nats/answer char", False)

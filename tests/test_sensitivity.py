@@ -14,7 +14,7 @@ from lmablate.analysis import collect, sensitivity
 from lmablate.references import uniform_cross_entropy
 
 DESIGN_LRS = [1e-3, 10 ** -2.5, 1e-2, 10 ** -1.5]  # evenly spaced in log, as tuning.design
-L0 = 3.0  # the loss at initialisation the tests pass (nats/token)
+L0 = 3.0  # the loss at initialisation the tests pass (nats/char)
 
 
 def trial(variant, slot, lr, d_model, value, *, rung=0, batch=0, state="COMPLETE",

@@ -44,7 +44,7 @@ def aligned_step(length: int, stride: int) -> int:
 @torch.no_grad()
 def test_loss(model, tokens: np.ndarray, batch_size: int, max_batches: int,
               device: torch.device, stride: int = 1) -> float:
-    """Mean cross-entropy (nats/token) over non-overlapping windows of the test split, each
+    """Mean cross-entropy (nats/char) over non-overlapping windows of the test split, each
     starting at a multiple of ``stride`` (where training windows start: a problem's first
     character on arithmetic, anywhere on text).
 
@@ -90,8 +90,8 @@ def extrapolation(model, tokens: np.ndarray, factors: tuple[int, ...], bucket: i
     a window may be followed by a gap of less than ``stride`` tokens. The loss at a window's
     position p predicts token p + 1 from the p + 1 tokens before it (from that window alone).
 
-    Returns ``{"x<f>": {"test_loss": nats/token, "length": window length in tokens, "bucket":
-    ``bucket``, "position_loss": [mean loss (nats/token) of positions b*bucket ..
+    Returns ``{"x<f>": {"test_loss": nats/char, "length": window length in tokens, "bucket":
+    ``bucket``, "position_loss": [mean loss (nats/char) of positions b*bucket ..
     (b+1)*bucket - 1, for each bucket b], "windows": number of windows}}``; a factor past a
     learned position table maps to :func:`not_extrapolating`'s "n/a (...)" string instead.
 

@@ -5,7 +5,7 @@ free. Two kinds:
 
 * **n-gram cross-entropies** of a character corpus (:func:`ngram_cross_entropy`,
   :func:`ngram_references`): what counting unigrams, bigrams and trigrams in the train split
-  achieves on the test split, in nats/token. A transformer that cannot beat the trigram has
+  achieves on the test split, in nats/char. A transformer that cannot beat the trigram has
   learned little beyond local character statistics. Worse than them all, the uniform prediction
   (:func:`uniform_cross_entropy`, ``ln(vocab_size)``): the loss a model starts from.
 * **constant answers** for the arithmetic task (:func:`constant_answer_scores`,
@@ -125,7 +125,7 @@ def _probabilities_at(train: np.ndarray, grams: np.ndarray, order: int,
 
 def ngram_cross_entropy(train: np.ndarray, test: np.ndarray, order: int,
                         vocab_size: int) -> float:
-    """Cross-entropy (nats/token) on ``test`` of an interpolated Kneser-Ney n-gram model
+    """Cross-entropy (nats/char) on ``test`` of an interpolated Kneser-Ney n-gram model
     counted on ``train``.
 
     ``train``, ``test``: 1-D integer arrays of token ids in [0, vocab_size) (any integer dtype).
@@ -214,14 +214,14 @@ def ngram_probabilities(train: np.ndarray, order: int, vocab_size: int) -> np.nd
 
 
 def ngram_references(train: np.ndarray, test: np.ndarray, vocab_size: int) -> dict[str, float]:
-    """``{"unigram", "bigram", "trigram"}``: :func:`ngram_cross_entropy` of each order, nats/token,
+    """``{"unigram", "bigram", "trigram"}``: :func:`ngram_cross_entropy` of each order, nats/char,
     all over the same test tokens (index 2 on). Raises ValueError as that function does."""
     return {name: ngram_cross_entropy(train, test, order, vocab_size)
             for order, name in _ORDER_NAMES.items()}
 
 
 def uniform_cross_entropy(vocab_size: int) -> float:
-    """``ln(vocab_size)``, nats/token: the cross-entropy of the uniform prediction over the
+    """``ln(vocab_size)``, nats/char: the cross-entropy of the uniform prediction over the
     vocabulary, whatever the text. It is a model's loss at initialisation when its logits start
     equal (near zero); the report's learning-rate sensitivity counts a diverged run at this
     loss (:func:`lmablate.analysis.sensitivity.lr_sensitivity`). Raises ValueError unless

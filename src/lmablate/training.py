@@ -165,7 +165,7 @@ def make_scheduler(opt: torch.optim.Optimizer, cfg: TrainConfig, steps: int):
 def train_step(model: GPT, optimizer: torch.optim.Optimizer, scheduler, x: torch.Tensor,
                y: torch.Tensor, *, grad_clip: float, device: torch.device) -> float:
     """One optimizer step on inputs ``x`` (B, T) and targets ``y`` (B, T); returns the batch's
-    mean cross-entropy in nats/token as a float (one device sync per step, which the
+    mean cross-entropy in nats/char as a float (one device sync per step, which the
     divergence check needs anyway). ``grad_clip`` 0 disables clipping; ``scheduler`` may be
     None."""
     with autocast(device):
@@ -183,7 +183,7 @@ def train_step(model: GPT, optimizer: torch.optim.Optimizer, scheduler, x: torch
 @torch.no_grad()
 def estimate_loss(model: GPT, batches: list[tuple[torch.Tensor, torch.Tensor]],
                   device: torch.device) -> float:
-    """Mean cross-entropy (nats/token) over fixed ``batches``.
+    """Mean cross-entropy (nats/char) over fixed ``batches``.
 
     Raises:
         Interrupted: the stage was asked to stop (checked before every batch).
@@ -200,7 +200,7 @@ def estimate_loss(model: GPT, batches: list[tuple[torch.Tensor, torch.Tensor]],
 
 @dataclass
 class TrainResult:
-    """What one training run produced. Losses in nats/token, times in seconds."""
+    """What one training run produced. Losses in nats/char, times in seconds."""
 
     model: GPT
     optimizer: torch.optim.Optimizer

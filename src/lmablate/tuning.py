@@ -455,7 +455,7 @@ def study_name(cfg: StudyConfig, dataset: str, variant: str, data_fingerprint: s
 
 def describe_study(study: optuna.Study, cfg: StudyConfig, dataset: str, variant: str,
                    sampler_seed: int) -> None:
-    """Name the objective (``val_loss``, nats/token) and record what the study tunes as its
+    """Name the objective (``val_loss``, nats/char) and record what the study tunes as its
     user attributes: dataset, variant, the dataset's budget (FLOPs), the rungs (trials, share
     of the budget), the initial search space and the sampler seed, so that the storage alone
     (optuna-dashboard, a PostgreSQL shared by workers) says what a study is. Setting them again

@@ -72,7 +72,7 @@ class RunOutputs:
 
     Attributes:
         ablation: one row per dataset x variant x seed, columns :data:`ABLATION_COLUMNS`, sorted
-            by dataset, variant, seed. Units: losses in nats/token, accuracies as fractions in
+            by dataset, variant, seed. Units: losses in nats/char, accuracies as fractions in
             [0, 1], ``train_seconds`` in s, ``tokens_per_second`` in tokens/s, ``lr`` per step;
             ``answer_loss`` (arithmetic) in nats per answer character. NaN where a metric does
             not apply (``exact_match`` of a text corpus).
@@ -91,9 +91,9 @@ class RunOutputs:
             of ``ablation``: they measure how much tuning varies, they are not a variant.
         tuned: the tuned values of each dataset x variant (``best.json``), columns
             :data:`TUNED_COLUMNS`: ``lr`` per step, ``d_model``, the best trial's ``val_loss``
-            (nats/token, at its share of the budget) and the range-edge flags.
+            (nats/char, at its share of the budget) and the range-edge flags.
         extrapolation: length extrapolation per dataset x variant x seed x factor, columns
-            :data:`EXTRAPOLATION_COLUMNS` (``length`` in tokens, ``test_loss`` in nats/token;
+            :data:`EXTRAPOLATION_COLUMNS` (``length`` in tokens, ``test_loss`` in nats/char;
             NaN with the reason in ``note`` where the scheme cannot run that long).
         position_loss: the loss by position bucket at each factor, columns
             :data:`POSITION_LOSS_COLUMNS` (``position``: the bucket's first position, 0-based).

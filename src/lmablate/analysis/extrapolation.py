@@ -98,7 +98,7 @@ def extrapolation_comparisons(extrapolation: pd.DataFrame) -> pd.DataFrame:
 def position_curves(position_loss: pd.DataFrame, dataset: str) -> pd.DataFrame:
     """The loss by position of each variant of ``dataset``, at the longest factor it was run
     at: the mean over seeds per position bucket (``position``: the bucket's first position,
-    0-based; ``loss`` in nats/token). Columns :data:`CURVE_COLUMNS`, variants in study order."""
+    0-based; ``loss`` in nats/char). Columns :data:`CURVE_COLUMNS`, variants in study order."""
     p = position_loss[position_loss["dataset"] == dataset]
     if p.empty:
         return pd.DataFrame(columns=CURVE_COLUMNS)

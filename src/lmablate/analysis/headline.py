@@ -6,7 +6,7 @@ The headline loss is the one loss a dataset's verdict is stated in (:func:`headl
   characters given the question, in nats per answer character, closing ``$`` included. A
   whole-line loss is mostly the loss of predicting random operands, which no model can learn
   and which dilutes any difference in how well the answer is computed;
-* ``test_loss`` elsewhere (text corpora): the whole-text loss in nats/token.
+* ``test_loss`` elsewhere (text corpora): the whole-text loss in nats/char.
 
 The DVC metrics (:func:`study_metrics`, :func:`dataset_verdicts`), the report's verdict
 sentences (:mod:`lmablate.analysis.arithmetic`) and "What this study can and cannot say"
@@ -59,7 +59,7 @@ def study_metrics(summary: pd.DataFrame, comparisons: pd.DataFrame,
                   extrapolation: pd.DataFrame | None = None) -> dict[tuple[str, str], dict]:
     """The study-level DVC metrics, one small dict per dataset x variant.
 
-    Every row: ``seeds``, the mean ``test_loss`` (nats/token). Then, for the dataset's
+    Every row: ``seeds``, the mean ``test_loss`` (nats/char). Then, for the dataset's
     headline loss ``h`` (:func:`headline_loss`): on an arithmetic dataset the mean
     ``answer_loss`` (nats per answer character); ``delta_<h>``, the mean paired difference to
     the baseline's, and ``verdict``, the Holm-corrected verdict in ``h`` (the baseline's are 0

@@ -9,7 +9,7 @@ difference the study could detect, how much the tuning itself varies, and every 
 (a tuned value on the edge of its range, a difference identical on every seed, a variant
 trained at another width than the baseline).
 
-Units: losses in nats/token (one token is one character), accuracies as fractions.
+Units: losses in nats/char (one token is one character), accuracies as fractions.
 """
 
 from __future__ import annotations
@@ -191,9 +191,15 @@ def _flags(comparisons: pd.DataFrame, problems: pd.DataFrame, tuned: pd.DataFram
     lines = []
     t = tuned[(tuned["dataset"] == dataset) & tuned["on_edge"].fillna("").astype(bool)]
     if len(t):
+        # one clause per flag, naming the variants that share it: with six variants at the
+        # same edge, one clause per variant was a run-on of six identical phrases
+        flags = {}
+        for r in t.itertuples():
+            for flag in str(r.on_edge).split("; "):
+                flags.setdefault(flag, []).append(str(r.variant))
         lines.append("Tuned values on the edge of their search range (the optimum may lie "
-                     "outside it): " + "; ".join(f"{r.variant}: {r.on_edge}"
-                                                 for r in t.itertuples()) + ".")
+                     "outside it): " + "; ".join(f"{flag} for {_names(vs)}"
+                                                 for flag, vs in flags.items()) + ".")
     same = comparisons[(comparisons["dataset"] == dataset)
                        & (comparisons["verdict"] == VERDICT_IDENTICAL)]
     if len(same):
@@ -268,7 +274,7 @@ def limits_section(cfg_budgets: dict[str, float], ablation: pd.DataFrame,
         problems: :func:`~lmablate.analysis.statistics.compare_problems` (may be empty).
         detectable: :func:`~lmablate.analysis.statistics.detectable_effects`.
         references: columns ``dataset, reference, metric, value, detail`` (the report stage's
-            reference table; losses in nats/token, accuracies as fractions).
+            reference table; losses in nats/char, accuracies as fractions).
     """
     lines = [f"## {TITLE}", ""]
     variation = variation if variation is not None else pd.DataFrame(

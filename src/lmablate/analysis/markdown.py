@@ -4,14 +4,13 @@ Every number is taken from the tables of :mod:`lmablate.analysis.statistics`, th
 :mod:`lmablate.analysis.collect` and the config; none is typed by hand. Tables list variants in
 the study order carried by the frames' categorical ``variant`` column (baseline first).
 
-Units in the text: losses in nats/token (bits/char = loss / ln 2), accuracies as fractions,
+Units in the text: losses in nats/char (bits/char = loss / ln 2), accuracies as fractions,
 times in seconds, throughput in tokens/s.
 """
 
 from __future__ import annotations
 
 import math
-import re
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -20,60 +19,17 @@ import pandas as pd
 
 from lmablate.analysis.collect import RunOutputs, present
 from lmablate.analysis.limits import limits_section
+from lmablate.analysis.methods import methods_section
+from lmablate.analysis.mdtable import (code_span as _code_span,
+                                       delta_cell as _delta_cell, digits as _digits,
+                                       fence as _fence, integer as _int,
+                                       interval as _interval, md_table as _md_table,
+                                       num as _num, p_value as _p,
+                                       verdict_cell as _verdict)
 from lmablate.analysis.sensitivity import design_is_shared, width_summary
-from lmablate.analysis.statistics import (ALPHA, CONFIDENCE, METRICS, MIN_SEEDS_FOR_TEST, POWER,
-                                          VERDICT_BETTER, VERDICT_FEW, VERDICT_IDENTICAL,
-                                          VERDICT_WORSE)
+from lmablate.analysis.statistics import (ALPHA, CONFIDENCE, METRICS, MIN_SEEDS_FOR_TEST,
+                                          VERDICT_BETTER, VERDICT_FEW, VERDICT_WORSE)
 from lmablate.config import StudyConfig
-
-VERDICT_MARKS = {VERDICT_BETTER: "▲", VERDICT_WORSE: "▼"}
-
-
-def _md_table(df: pd.DataFrame) -> str:
-    """A GitHub-flavoured markdown table (kept local so the report needs no ``tabulate``)."""
-    def cell(v: Any) -> str:
-        return str(v).replace("|", "\\|").replace("\n", " ")
-    header = "| " + " | ".join(cell(c) for c in df.columns) + " |"
-    rule = "|" + "|".join("---" for _ in df.columns) + "|"
-    body = ["| " + " | ".join(cell(v) for v in row) + " |"
-            for row in df.itertuples(index=False, name=None)]
-    return "\n".join([header, rule, *body])
-
-
-def _num(x: Any, digits: int = 3) -> str:
-    """Fixed-point with ``digits`` decimals, "–" for missing."""
-    if x is None or (isinstance(x, float) and not math.isfinite(x)) or pd.isna(x):
-        return "–"
-    return f"{float(x):.{digits}f}"
-
-
-def _int(x: Any) -> str:
-    if x is None or pd.isna(x):
-        return "–"
-    return f"{int(round(float(x))):,}"
-
-
-def _p(x: Any) -> str:
-    if x is None or pd.isna(x):
-        return "–"
-    return "<0.001" if x < 0.001 else f"{x:.3f}"
-
-
-def _digits(metric: str) -> int:
-    return {"perplexity": 2, "train_seconds": 1, "tokens_per_second": 0}.get(metric, 3)
-
-
-def _fence(text: str) -> str:
-    """A code block whose fence is longer than any backtick run inside ``text`` (a generated
-    sample may well contain ``` and would otherwise close the block)."""
-    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
-    fence = "`" * max(3, longest + 1)
-    return f"{fence}text\n{text}\n{fence}"
-
-
-def _code_span(text: str) -> str:
-    text = str(text).replace("\n", "\\n")
-    return f"`` {text} ``" if "`" in text else f"`{text}`"
 
 
 def _summary_table(summary: pd.DataFrame, dataset: str, order: Sequence[str],
@@ -121,24 +77,6 @@ def _summary_table(summary: pd.DataFrame, dataset: str, order: Sequence[str],
                         row[head] = _num(value, _digits(m))
             rows.append(row)
     return _md_table(pd.DataFrame(rows)) if rows else "_No results._"
-
-
-def _verdict(verdict: str) -> str:
-    """A verdict as shown: bold with its mark when better or worse."""
-    mark = VERDICT_MARKS.get(verdict, "")
-    return f"**{mark} {verdict}**" if mark else verdict
-
-
-def _delta_cell(c: Mapping[str, Any]) -> str:
-    """A comparison row as one cell: mean difference, raw interval and verdict."""
-    return f"{_num(c['mean_diff'])} {_interval(c, 3)} {_verdict(c['verdict'])}"
-
-
-def _interval(row: Mapping[str, Any], digits: int, prefix: str = "ci95") -> str:
-    """``[<prefix>_low, <prefix>_high]`` of a table row, or "–" where there is no interval."""
-    if not np.isfinite(row[f"{prefix}_low"]):
-        return "–"
-    return f"[{_num(row[f'{prefix}_low'], digits)}, {_num(row[f'{prefix}_high'], digits)}]"
 
 
 def _metric_label(metric: str) -> str:
@@ -213,10 +151,13 @@ def _extrapolation_section(cfg: StudyConfig, table: pd.DataFrame, comparisons: p
             row[head] = _delta_cell(c.iloc[0])
         rows.append(row)
     return ["### Length extrapolation", "",
-            f"Test loss (nats/token) on windows of 1 to {max(factors)} times the training "
+            f"Test loss (nats/char) on windows of 1 to {max(factors)} times the training "
             f"context of {ctx} tokens, the same test tokens at every length (mean ± 95% CI "
             "half-width over seeds). A learned position table has no rows past the context, "
-            "so it is measured at 1x only. Δ is paired by seed against "
+            "so it is measured at 1x only. The 1x column reads only the tokens the longest "
+            "windows cover, so it can differ in the last digits from the summary's test loss, "
+            "measured on windows of its own (up to `evaluate.max_batches` batches). Δ is "
+            "paired by seed against "
             f"{reference}, with its raw 95% interval, Holm-corrected over the variants at each "
             "length (▲ better / ▼ worse; lower loss is better). The figure \"test loss by "
             "token position\" shows where along the window the loss changes.", "",
@@ -315,29 +256,6 @@ def _tuned_table(ablation: pd.DataFrame, dataset: str, order: Sequence[str]) -> 
     return _md_table(pd.DataFrame(rows)) if rows else "_No runs._"
 
 
-def _compute_table(cfg: StudyConfig, ablation: pd.DataFrame, datasets: Sequence[str],
-                   order: Sequence[str]) -> str:
-    """Per dataset x variant: tuned width, steps, tokens and training FLOPs of its final runs,
-    and those FLOPs as a share of the dataset's budget."""
-    rows = []
-    for ds in datasets:
-        budget = cfg.train.budget_flops.get(ds)
-        for variant in order:
-            v = ablation[(ablation["dataset"] == ds) & (ablation["variant"] == variant)]
-            if v.empty:
-                continue
-            flops = v["train_flops"].dropna()
-            rows.append({
-                "dataset": ds, "variant": variant,
-                "d_model": ", ".join(_int(x) for x in v["d_model"].dropna().unique()) or "–",
-                "steps": ", ".join(_int(x) for x in v["steps"].dropna().unique()) or "–",
-                "tokens": _int(v["tokens"].max()),
-                "training FLOPs": f"{flops.max():.3g}" if len(flops) else "–",
-                "of budget": (f"{flops.max() / budget:.1%}" if len(flops) and budget else "–"),
-            })
-    return _md_table(pd.DataFrame(rows)) if rows else "_No runs._"
-
-
 LR_SECTION = "### How each variant responds to the learning rate"
 
 
@@ -410,7 +328,7 @@ def _lr_section(cfg: StudyConfig, sensitivity: pd.DataFrame, tuned: pd.DataFrame
     text = (
         "Learning-rate sensitivity (Wortsman et al. 2023, \"Small-scale proxies for "
         "large-scale Transformer training instabilities\", sec. 2.2): S = mean over the "
-        "design's learning rates of min(L, L0) − L*, with L the validation loss (nats/token) at "
+        "design's learning rates of min(L, L0) − L*, with L the validation loss (nats/char) at "
         f"the end of a trial, L* the lowest of them and {start}. Small S: the loss stays near "
         "its best over the whole range; large S: only a narrow band of learning rates trains "
         f"well. The design is each study's first batch: {n} learning rates evenly spaced in "
@@ -482,112 +400,9 @@ def _samples_section(runs: RunOutputs, dataset: str, order: Sequence[str],
     return lines
 
 
-def _rungs_text(tu) -> str:
-    """``tune.rungs`` in words: "8 configurations at 0.125 of the budget, the best 2 at 1"."""
-    parts = [f"{tu.rungs[0][0]} configurations at {tu.rungs[0][1]:g} of the budget"]
-    parts += [f"the best {n} at {f:g}" for n, f in tu.rungs[1:]]
-    return ", then ".join(parts)
-
-
-def _widths_text(tu) -> str:
-    """The widths searched, in words."""
-    if tu.d_model_choices is not None:
-        return "one of " + ", ".join(map(str, tu.d_model_choices))
-    low, high = tu.tokens_per_parameter
-    return (f"{tu.n_widths} multiples of 2 n_heads with {low:g} to {high:g} training tokens per "
-            "non-embedding parameter at the budget (Hoffmann et al. 2022), extended by a step "
-            "past an edge")
-
-
-def _methodology(cfg: StudyConfig, ablation: pd.DataFrame,
-                 environment: Mapping[str, Any] | None) -> list[str]:
-    tr, tu, m, ev = cfg.train, cfg.tune, cfg.model, cfg.evaluate
-    datasets = ", ".join(f"{name} ({d.kind})" for name, d in cfg.datasets.items())
-    changes = [f"{v}: " + ", ".join(f"{k}={val}" for k, val in cfg.variants[v].items())
-               for v in cfg.study_variants if cfg.variants.get(v)]
-    budgets = ", ".join(f"{name} {tr.budget_flops[name]:.3g}" for name in cfg.datasets)
-    text = (
-        f"Each of {len(cfg.study_variants)} variants was trained on each of "
-        f"{len(cfg.datasets)} datasets ({datasets}) with {len(cfg.seeds)} seeds "
-        f"({', '.join(map(str, cfg.seeds))}); the same seeds are used for every variant, so "
-        f"results can be paired by seed. "
-        f"The baseline is a {m.n_layers}-layer GPT with {m.n_heads} heads, {m.ffn} "
-        f"feed-forward, {m.norm_placement}-{m.norm}, {m.position} positions and a context of "
-        f"{m.context_length} characters" + (f"; the variants change {'; '.join(changes)}. "
-                                            if changes else ". ") +
-        f"Every final run of a dataset spends the same training compute (FLOPs: {budgets}; "
-        f"6 N + 6 n_layers n_ctx d_model per token, Kaplan et al. 2020), so its number of "
-        f"optimizer steps of {tr.batch_size} sequences x {m.context_length} tokens follows "
-        f"from its width. "
-        f"Before training, the learning rate (log-uniform in [{tu.lr_low:g}, {tu.lr_high:g}], "
-        f"extended by 10x past an edge within [{tu.lr_limits[0]:g}, {tu.lr_limits[1]:g}]) and "
-        f"d_model ({_widths_text(tu)}) were tuned per dataset x variant by successive halving "
-        f"with Optuna: {_rungs_text(tu)}, every trial on seed {tu.seed} (not a final seed), "
-        f"objective the validation loss at the end of the trial; the first "
-        f"{tu.trials_per_batch} configurations are the same for every variant, "
-        f"{tu.trials_per_batch} learning rates evenly spaced in log over the range at the "
-        f"width nearest {math.sqrt(tu.tokens_per_parameter[0] * tu.tokens_per_parameter[1]):g}"
-        f" training tokens per parameter (the design of the learning-rate sensitivity), the "
-        f"rest of the first rung proposed by TPE with each study's own seed (sampler seed "
-        f"{tu.sampler_seed}); the tuned values (per variant below) replace the configured "
-        f"learning rate {tr.lr:g} and width {m.d_model}. "
-        f"Each run then trained with a {tr.lr_schedule} learning-rate "
-        f"schedule warming up over {tr.warmup_fraction:.0%} of its steps, weight decay "
-        f"{tr.weight_decay:g}, "
-        f"betas ({tr.beta1:g}, {tr.beta2:g}), gradient clipping at {tr.grad_clip:g}, "
-        f"validation every {tr.eval_interval} steps over {tr.eval_iters} batches. "
-        f"Test loss is measured on up to {ev.max_batches} batches of held-out data; arithmetic "
-        f"answers are greedy-decoded for up to {ev.max_problems} test problems."
-    )
-    if cfg.match_params:
-        text += (" Each variant's feed-forward width was adjusted so that its non-embedding "
-                 "parameter count matches the baseline's at the same d_model.")
-    stats_text = (
-        f"Statistics: each table gives the mean over seeds ± the half-width of its "
-        f"{CONFIDENCE:.0%} Student-t interval. Variants are compared with the baseline by a "
-        f"two-sided paired t-test on the per-seed differences (scipy.stats.ttest_rel); the "
-        f"p-values of all variants within a dataset x metric are corrected with Holm's method "
-        f"(statsmodels multipletests) at a family-wise α = {ALPHA}. Next to the raw "
-        f"{CONFIDENCE:.0%} interval of Δ stands its Holm-adjusted interval, the t-interval at "
-        f"level 1 − α·p/p_Holm, which excludes 0 exactly when the verdict is better or worse. "
-        f"A difference that is the same on every seed has no spread to test against: it is "
-        f"reported as \"{VERDICT_IDENTICAL}\", without a p-value. MDE is the smallest true "
-        f"difference the paired t-test would detect with {POWER:.0%} power at the observed SD "
-        f"of the differences and Holm's strictest level α/m (statsmodels TTestPower). With "
-        f"fewer than {MIN_SEEDS_FOR_TEST} paired seeds no test is run. Arithmetic answers are "
-        f"also compared problem by problem (sign-flip permutation test over the same test "
-        f"problems, Holm-corrected). Reference points come from the data: n-gram "
-        f"cross-entropies of the test split under train-split counts, and scores of answers "
-        f"that ignore the question."
-    )
-    lines = ["## Methodology", "", text, "", stats_text, ""]
-    env = dict(environment or {})
-    hardware = next((env[k] for k in ("hardware", "device", "gpu", "cpu") if env.get(k)), None)
-    torch_v = next((env[k] for k in ("torch", "torch_version") if env.get(k)), None)
-    total = ablation["train_seconds"].sum(min_count=1)
-    if hardware or torch_v:
-        sentence = (f"Runs executed on {hardware or 'unrecorded hardware'} with torch "
-                    f"{torch_v or '(version not recorded)'}")
-    else:
-        sentence = "Environment not recorded"
-    if pd.notna(total):
-        sentence += (f"; training took {total:,.1f} s in total over {len(ablation)} runs "
-                     f"(sum of train_seconds)")
-    lines += [sentence + ".", ""]
-    if env:
-        lines += ["Environment:", ""]
-        for key, value in env.items():
-            if isinstance(value, Mapping):
-                value = ", ".join(f"{k}={_env_value(v)}" for k, v in value.items())
-            lines.append(f"- {key}: {_env_value(value)}")
-        lines.append("")
-    return lines
-
-
-def _env_value(v: Any) -> str:
-    if isinstance(v, float):
-        return f"{v:,.1f}" if abs(v) >= 10 else f"{v:.3g}"
-    return str(v)
+def _plural(n: int, noun: str) -> str:
+    """``1 seed``, ``5 seeds``."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def render_markdown(cfg: StudyConfig, runs: RunOutputs, summary: pd.DataFrame,
@@ -603,7 +418,8 @@ def render_markdown(cfg: StudyConfig, runs: RunOutputs, summary: pd.DataFrame,
                     extrapolation: tuple[pd.DataFrame, pd.DataFrame] | None = None,
                     sensitivity: pd.DataFrame | None = None,
                     lr_figures: Mapping[str, tuple[str, str]] | None = None,
-                    arithmetic: Mapping[str, Sequence[str]] | None = None) -> str:
+                    arithmetic: Mapping[str, Sequence[str]] | None = None,
+                    findings: Sequence[str] = ()) -> str:
     """The text of ``report.md`` (GitHub-flavoured Markdown, ``\n`` line ends, one final
     newline).
 
@@ -637,6 +453,8 @@ def render_markdown(cfg: StudyConfig, runs: RunOutputs, summary: pd.DataFrame,
             (:func:`~lmablate.analysis.tuning_figure.plot_lr_response`), shown in that section
             rather than among the dataset's other figures.
         arithmetic: dataset -> the lines opening its section (:mod:`~lmablate.analysis.arithmetic`).
+        findings: the lines of "Findings"
+            (:func:`~lmablate.analysis.findings.findings_section`), which open the report.
 
     The section "What this study can and cannot say" (:mod:`lmablate.analysis.limits`) follows
     the introduction; it is written from the same frames.
@@ -652,10 +470,11 @@ def render_markdown(cfg: StudyConfig, runs: RunOutputs, summary: pd.DataFrame,
     datasets = present(ablation["dataset"])
     lines = [
         "# Ablation study report", "",
-        f"{len(ablation)} runs: {len(datasets)} dataset(s) x "
-        f"{ablation['variant'].nunique()} variant(s) x {ablation['seed'].nunique()} seed(s). "
-        "Generated by `lmablate report` "
+        f"{len(ablation)} runs: {_plural(len(datasets), 'dataset')} x "
+        f"{_plural(ablation['variant'].nunique(), 'variant')} x "
+        f"{_plural(ablation['seed'].nunique(), 'seed')}. Generated by `lmablate report` "
         "from the run outputs; every number below is computed, none typed by hand.", "",
+        *findings,
         "**How to read this report.** Losses are cross-entropy in nats per character (lower is "
         "better); bits/char = loss / ln 2. Tables show the mean over seeds ± the half-width of "
         f"its {CONFIDENCE:.0%} t-interval; italic rows are reference points computed from the "
@@ -667,16 +486,13 @@ def render_markdown(cfg: StudyConfig, runs: RunOutputs, summary: pd.DataFrame,
         "in `ablation.csv`, `summary.csv` (long format: one row per dataset x variant x "
         "metric), `comparisons.csv`, `problem_comparisons.csv`, `detectable_effects.csv`, "
         "`references.csv`, `tuned.csv`, `lr_sensitivity.csv`, `tuning_variation.csv`, "
-        "`extrapolation.csv`, "
-        "`extrapolation_comparisons.csv` and `extrapolation_positions.csv`.", "",
-        "**Compared at equal training compute.** Within a dataset every final run spends the "
-        "same training FLOPs (`train.budget_flops`); each variant's width was tuned, and its "
-        "step count follows from that width, so a narrower model trains more steps:", "",
-        _compute_table(cfg, ablation, datasets, order), "",
+        "`extrapolation.csv`, `extrapolation_comparisons.csv`, `extrapolation_positions.csv`, "
+        "`length_generalisation.csv`, `length_generalisation_comparisons.csv`, "
+        "`convergence.csv` and `grad_flow.csv`.", "",
     ]
     lines += limits_section(dict(cfg.train.budget_flops), ablation, summary, comparisons,
                             problems, detectable, references, variation, tuned)
-    lines += _methodology(cfg, ablation, environment)
+    lines += methods_section(cfg, ablation, environment, datasets, order)
     if notes:
         lines += ["Data notes:", "", *[f"- {n}" for n in notes], ""]
 

@@ -1,8 +1,7 @@
 """Figures of a trained model's insides: attention maps and token embeddings.
 
-Both take plain arrays, so the caller decides which model and which input to visualise (the
-report stage, :func:`lmablate.stages.report.model_figures`, loads the first seed's checkpoint
-of each variant). Drawn with :func:`lmablate.analysis.plotting.figure`; each function writes one
+Both take plain arrays, so the caller decides which model and which input to visualise (:func:`draw_model_figures`,
+called by the report stage, loads the first seed's checkpoint of each variant). Drawn with :func:`lmablate.analysis.plotting.figure`; each function writes one
 PNG and returns its path.
 """
 
@@ -15,10 +14,13 @@ from typing import Mapping, Sequence
 import numpy as np
 import pandas as pd
 import seaborn as sns
+import torch
 from matplotlib.lines import Line2D
 
 from lmablate.analysis import plotting
-from lmablate.tokenizer import UNK
+from lmablate.checkpoint import load_checkpoint
+from lmablate.config import StudyConfig
+from lmablate.tokenizer import UNK, load_split, load_tokenizer
 
 # the character classes of the embedding PCA, in legend order, and their colours (seaborn's
 # colorblind palette; the unknown symbol black, apart from every character)
@@ -182,3 +184,53 @@ def plot_embedding_pca(embs: Mapping[str, np.ndarray], chars: Sequence[str], tit
                                   "label would overlap another)" if hidden else
                                   "\n(every dot labelled)"))
     return Path(path)
+
+
+ATTENTION_TOKENS = 48  # length of the held-out sequence shown in attention heatmaps (tokens)
+
+
+@torch.no_grad()
+def draw_model_figures(cfg: StudyConfig, runs_dir: Path, tokens_dir: Path,
+                  figures_dir: Path) -> list[tuple[str, str, Path]]:
+    """Per dataset, from each variant's first-seed checkpoint
+    (``<runs_dir>/<dataset>/<variant>/checkpoints/seed_<seed>/checkpoint.pt``): the last
+    layer's attention weights (mean over heads) on the first :data:`ATTENTION_TOKENS` tokens of
+    the held-out test split, and a 2-D PCA of the token embeddings. Variants without a
+    checkpoint are left out; a dataset with none gets no figure.
+
+    Returns:
+        ``(dataset, caption, path)`` per figure written under ``figures_dir``.
+
+    Raises:
+        FileNotFoundError: the tokenizer or test split of a configured dataset is missing
+            under ``tokens_dir``.
+    """
+    written = []
+    seed = cfg.seeds[0]
+    for dataset in cfg.datasets:
+        tok = load_tokenizer(tokens_dir / dataset)
+        test = load_split(tokens_dir / dataset, "test")
+        maps, embs, chars = {}, {}, []
+        for variant in cfg.study_variants:
+            ckpt = runs_dir / dataset / variant / "checkpoints" / f"seed_{seed}" / "checkpoint.pt"
+            if not ckpt.exists():
+                continue
+            model, _ = load_checkpoint(ckpt)
+            T = min(ATTENTION_TOKENS, model.cfg.context_length, len(test))
+            idx = torch.from_numpy(np.asarray(test[:T], dtype=np.int64))[None]  # (1, T)
+            maps[variant] = model.attention_maps(idx)[-1, 0].mean(0).numpy()  # (T, T)
+            chars = [tok.decode([i]) for i in idx[0].tolist()]
+            embs[variant] = model.wte.weight.numpy()  # (vocab_size, d_model)
+        if not maps:
+            continue
+        path = figures_dir / f"attention_{dataset}.png"
+        plot_attention(maps, chars, f"{dataset}: last-layer attention (mean over heads), "
+                       f"held-out text, seed {seed}", path)
+        written.append((dataset, f"{dataset}: last-layer attention weights on a held-out "
+                        "sequence, per variant", path))
+        path = figures_dir / f"embeddings_{dataset}.png"
+        labels = [tok.decode([i]) for i in range(tok.vocab_size)]
+        plot_embedding_pca(embs, labels, f"{dataset}: token embeddings, first two principal "
+                           f"components (seed {seed})", path, unknown=tok.unk)
+        written.append((dataset, f"{dataset}: token embeddings (PCA), per variant", path))
+    return written

@@ -76,7 +76,7 @@ def metric_unit(metric: str) -> str:
         KeyError: ``metric`` is not in ``METRICS``.
     """
     unit = METRICS[metric][1]
-    return LOSS_UNIT if unit == "nats/token" else unit
+    return LOSS_UNIT if unit == "nats/char" else unit
 
 
 def draw_references(ax: Any, references: Mapping[str, float] | None,

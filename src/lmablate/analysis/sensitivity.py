@@ -28,7 +28,7 @@ Caveats, stated wherever these numbers are shown: each point is one training see
 runs' budget, so a difference between two variants' sensitivities smaller than the
 seed-to-seed spread of a loss is not a finding.
 
-Units: losses and sensitivities in nats/token (natural-log cross-entropy per character token);
+Units: losses and sensitivities in nats/char (natural-log cross-entropy per character token);
 learning rates per optimizer step (the schedule's peak); widths (``d_model``) in units;
 ``tokens_per_parameter`` training tokens of a final run per non-embedding parameter of the
 baseline at that width.
@@ -136,7 +136,7 @@ def lr_sensitivity(trials: pd.DataFrame, uniform_loss: Mapping[str, float]) -> p
     Args:
         trials: the stacked ``trials.csv`` files (``dataset``, ``variant`` and the columns of
             :data:`REQUIRED`; ``tokens_per_parameter`` and ``budget_fraction`` when present).
-        uniform_loss: dataset -> ``L0`` in nats/token. A dataset missing here gets no
+        uniform_loss: dataset -> ``L0`` in nats/char. A dataset missing here gets no
             sensitivity (NaN, note :data:`NO_UNIFORM`) but its other columns.
 
     Returns:
@@ -144,7 +144,7 @@ def lr_sensitivity(trials: pd.DataFrame, uniform_loss: Mapping[str, float]) -> p
         :data:`SENSITIVITY_COLUMNS`: the number of design points and how many diverged, their
         width and its tokens per parameter, the lowest and highest design learning rate, the
         share of the budget they trained, the design learning rate with the lowest loss and
-        that loss ``L*``, ``L0`` and ``S`` (all losses in nats/token). A study without design
+        that loss ``L*``, ``L0`` and ``S`` (all losses in nats/char). A study without design
         points keeps its row with ``n_design`` 0 and NaN elsewhere, and ``note`` says why
         ``S`` is NaN (:data:`NO_DESIGN`, :data:`SEVERAL_WIDTHS`, :data:`ALL_DIVERGED`,
         :data:`NO_UNIFORM`); ``note`` is empty when ``S`` is a number. A study with no row at

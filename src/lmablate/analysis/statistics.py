@@ -12,7 +12,7 @@
 * :func:`compare_problems`: arithmetic variants against the baseline problem by problem (the
   same test problems for every variant), with counts of solved problems.
 
-Units are those of the metrics (:data:`METRICS`): losses in nats/token (the answer loss in nats
+Units are those of the metrics (:data:`METRICS`): losses in nats/char (the answer loss in nats
 per answer character), bits per char, perplexity unitless, accuracies as fractions in [0, 1],
 times in seconds."""
 
@@ -42,9 +42,9 @@ COMPARISON_COLUMNS = [
 
 # metric -> (label, unit, higher_is_better); the order is the order of the summary tables.
 METRICS: dict[str, tuple[str, str, bool | None]] = {
-    "test_loss": ("test loss", "nats/token", False),
+    "test_loss": ("test loss", "nats/char", False),
     "answer_loss": ("answer loss", "nats/answer char", False),
-    "val_loss": ("validation loss", "nats/token", False),
+    "val_loss": ("validation loss", "nats/char", False),
     "bits_per_char": ("bits per char", "bits/char", False),
     "perplexity": ("perplexity", "", False),
     "char_accuracy": ("char accuracy", "fraction", True),

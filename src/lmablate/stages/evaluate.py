@@ -161,7 +161,7 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, raw_dir:
 def main(cfg: StudyConfig, args: argparse.Namespace) -> str:
     """``lmablate evaluate <dataset> <variant> --tokens DIR --raw DIR --checkpoints DIR
     --metrics FILE --examples FILE [--replicate N]``. Returns the stage's summary line: seeds
-    and the range of test losses (nats/token), and of answer loss (nats per answer character)
+    and the range of test losses (nats/char), and of answer loss (nats per answer character)
     and exact match on arithmetic."""
     cfg.check_variant(args.variant)
     runs = run(cfg, args.dataset, args.variant, args.tokens, args.raw, args.checkpoints,

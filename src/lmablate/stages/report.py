@@ -50,7 +50,7 @@ Rows of every table follow the study order (datasets as configured, baseline fir
 configured variants), set once by :func:`lmablate.analysis.collect.restrict_to_study`. The
 report and the tables are then logged as artifacts of an MLflow summary run.
 
-Units: losses are natural-log cross-entropy per character token (nats/token), the answer loss
+Units: losses are natural-log cross-entropy per character token (nats/char), the answer loss
 per answer character; bits per char = loss / ln 2; perplexity = exp(loss); accuracies are
 fractions in [0, 1]; times in seconds.
 """
@@ -70,13 +70,14 @@ import torch
 from lmablate import fileio
 from lmablate import mlflow_views as views
 from lmablate.analysis import figures as plots
-from lmablate.analysis.model_figures import plot_attention, plot_embedding_pca
+from lmablate.analysis.model_figures import draw_model_figures
 from lmablate.analysis.tuning_figure import plot_lr_response, search_bounds
 from lmablate.analysis.collect import (ABLATION_COLUMNS, BASELINE, TUNED_COLUMNS, RunOutputs,
                                        collect, present, restrict_to_study, variant_order)
 from lmablate.analysis import arithmetic as arith
 from lmablate.analysis import arithmetic_figures as arith_figs
 from lmablate.analysis import extrapolation as ex
+from lmablate.analysis import findings as fi
 from lmablate.analysis.curves import CURVE_COLUMNS, mean_curves
 from lmablate.analysis.families import family_palette, variant_family
 from lmablate.analysis.headline import dataset_verdicts, headline_loss, study_metrics
@@ -87,19 +88,17 @@ from lmablate.analysis.statistics import (DETECTABLE_COLUMNS, METRICS, PROBLEM_C
                                           TUNING_VARIATION_COLUMNS, compare, compare_problems,
                                           detectable_effects, summarise, tuning_variation)
 from lmablate import references as refs
-from lmablate.checkpoint import load_checkpoint
 from lmablate.config import StudyConfig
 from lmablate.tokenizer import load_split, load_tokenizer
 from lmablate.tracking import NullTracker, make_tracker
 
-ATTENTION_TOKENS = 48  # length of the held-out sequence shown in attention heatmaps (tokens)
 REFERENCE_COLUMNS = ["dataset", "reference", "metric", "value", "detail"]
 
 
 def reference_table(cfg: StudyConfig, tokens_dir: Path, runs: RunOutputs) -> pd.DataFrame:
     """Reference points computed from the data, one row per dataset x reference x metric.
 
-    * Every dataset: the unigram, bigram and trigram cross-entropy (nats/token) of its test
+    * Every dataset: the unigram, bigram and trigram cross-entropy (nats/char) of its test
       split under counts of its train split (:func:`lmablate.references.ngram_references`,
       smoothing :data:`lmablate.references.NGRAM_SMOOTHING`), metric ``test_loss``.
     * Arithmetic: answers that ignore the question, scored on the decoded test problems (the
@@ -135,7 +134,7 @@ def reference_table(cfg: StudyConfig, tokens_dir: Path, runs: RunOutputs) -> pd.
 
 def uniform_losses(cfg: StudyConfig, tokens_dir: Path | None) -> dict[str, float]:
     """dataset -> the loss of the uniform prediction over its vocabulary, ``ln(vocab_size)``
-    in nats/token (:func:`lmablate.references.uniform_cross_entropy`), the vocabulary read from
+    in nats/char (:func:`lmablate.references.uniform_cross_entropy`), the vocabulary read from
     the tokenizer under ``tokens_dir`` as :func:`reference_table` reads it; empty when
     ``tokens_dir`` is None.
 
@@ -155,53 +154,6 @@ def environment() -> dict:
     return {"hardware": f"{os.cpu_count()} CPU cores ({platform.machine()}){gpu}",
             "torch": torch.__version__, "python": platform.python_version(),
             "platform": platform.platform(terse=True)}
-
-
-@torch.no_grad()
-def model_figures(cfg: StudyConfig, runs_dir: Path, tokens_dir: Path,
-                  figures_dir: Path) -> list[tuple[str, str, Path]]:
-    """Per dataset, from each variant's first-seed checkpoint
-    (``<runs_dir>/<dataset>/<variant>/checkpoints/seed_<seed>/checkpoint.pt``): the last
-    layer's attention weights (mean over heads) on the first :data:`ATTENTION_TOKENS` tokens of
-    the held-out test split, and a 2-D PCA of the token embeddings. Variants without a
-    checkpoint are left out; a dataset with none gets no figure.
-
-    Returns:
-        ``(dataset, caption, path)`` per figure written under ``figures_dir``.
-
-    Raises:
-        FileNotFoundError: the tokenizer or test split of a configured dataset is missing
-            under ``tokens_dir``.
-    """
-    written = []
-    seed = cfg.seeds[0]
-    for dataset in cfg.datasets:
-        tok = load_tokenizer(tokens_dir / dataset)
-        test = load_split(tokens_dir / dataset, "test")
-        maps, embs, chars = {}, {}, []
-        for variant in cfg.study_variants:
-            ckpt = runs_dir / dataset / variant / "checkpoints" / f"seed_{seed}" / "checkpoint.pt"
-            if not ckpt.exists():
-                continue
-            model, _ = load_checkpoint(ckpt)
-            T = min(ATTENTION_TOKENS, model.cfg.context_length, len(test))
-            idx = torch.from_numpy(np.asarray(test[:T], dtype=np.int64))[None]  # (1, T)
-            maps[variant] = model.attention_maps(idx)[-1, 0].mean(0).numpy()  # (T, T)
-            chars = [tok.decode([i]) for i in idx[0].tolist()]
-            embs[variant] = model.wte.weight.numpy()  # (vocab_size, d_model)
-        if not maps:
-            continue
-        path = figures_dir / f"attention_{dataset}.png"
-        plot_attention(maps, chars, f"{dataset}: last-layer attention (mean over heads), "
-                       f"held-out text, seed {seed}", path)
-        written.append((dataset, f"{dataset}: last-layer attention weights on a held-out "
-                        "sequence, per variant", path))
-        path = figures_dir / f"embeddings_{dataset}.png"
-        labels = [tok.decode([i]) for i in range(tok.vocab_size)]
-        plot_embedding_pca(embs, labels, f"{dataset}: token embeddings, first two principal "
-                           f"components (seed {seed})", path, unknown=tok.unk)
-        written.append((dataset, f"{dataset}: token embeddings (PCA), per variant", path))
-    return written
 
 
 def _drawn(entries: Sequence[tuple[str | None, str, Path | None]], note: str | None = None
@@ -268,6 +220,11 @@ def build_report(cfg: StudyConfig, runs_dir: Path, out_dir: Path,
     sensitivity = lr_sensitivity(runs.trials, uniform_losses(cfg, tokens_dir))
     length = (arith.length_table(runs.by_operand_digits),
               arith.length_comparisons(runs.by_operand_digits))
+    # in study order, as every other table (the stacked files come in path order)
+    convergence, gradients = (
+        t.sort_values(["dataset", "variant"], kind="stable", key=lambda c: c.map(
+            {v: i for i, v in enumerate(present(ablation[c.name]))}))
+        for t in (fi.convergence_table(runs.history), fi.gradient_table(runs.grad)))
 
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {
@@ -295,6 +252,9 @@ def build_report(cfg: StudyConfig, runs_dir: Path, out_dir: Path,
             pd.concat([c.assign(dataset=ds) for ds, c in position_curves.items()],
                       ignore_index=True),
             ["dataset", *ex.CURVE_COLUMNS]),
+        "convergence": fileio.write_csv(out_dir / "convergence.csv", convergence,
+                                        fi.CONVERGENCE_COLUMNS),
+        "grad_flow": fileio.write_csv(out_dir / "grad_flow.csv", gradients, fi.GRAD_COLUMNS),
         "length_generalisation": fileio.write_csv(out_dir / "length_generalisation.csv",
                                                   length[0], arith.LENGTH_COLUMNS),
         "length_generalisation_comparisons": fileio.write_csv(
@@ -408,6 +368,14 @@ def build_report(cfg: StudyConfig, runs_dir: Path, out_dir: Path,
                                                  fig_dir / f"grad_flow_{ds}.png"))])
     figures += [(ds, cap, Path(p)) for ds, cap, p in extra_figures]
     written = [(ds, cap, p) for ds, cap, p in figures if p is not None]
+    datasets = present(ablation["dataset"])
+    findings = fi.findings_section(
+        comparisons, datasets=datasets, order=present(ablation["variant"]), variation=variation,
+        convergence=convergence, gradients=gradients, extrapolation=extrapolation[0],
+        length=length[0], positions={v: cfg.model_config(v, vocab_size=1).position
+                                     for v in present(ablation["variant"])},
+        figures={ds: f"figures/forest_{ds}.png" for ds in datasets
+                 if (fig_dir / f"forest_{ds}.png") in {p for _, _, p in written}})
     md = render_markdown(
         cfg, runs, summary, comparisons,
         [(ds, cap, p.relative_to(out_dir).as_posix() if p is not None else None)
@@ -416,7 +384,7 @@ def build_report(cfg: StudyConfig, runs_dir: Path, out_dir: Path,
         references=references, tuned=runs.tuned, extrapolation=extrapolation,
         sensitivity=sensitivity, arithmetic=arithmetic,
         lr_figures={ds: (cap, p.relative_to(out_dir).as_posix())
-                    for ds, (cap, p) in lr_figures.items()})
+                    for ds, (cap, p) in lr_figures.items()}, findings=findings)
     paths["report"] = out_dir / "report.md"
     fileio.write_text(paths["report"], md)
     paths["figures"] = ([p for _, _, p in written] + [p for _, p in lr_figures.values()]
@@ -442,7 +410,7 @@ def run(cfg: StudyConfig, runs_dir: Path, tokens_dir: Path, out_dir: Path,
     runs_dir, tokens_dir, out_dir = Path(runs_dir), Path(tokens_dir), Path(out_dir)
     figures_dir = out_dir / "figures"
     figures_dir.mkdir(parents=True, exist_ok=True)
-    extra = model_figures(cfg, runs_dir, tokens_dir, figures_dir)
+    extra = draw_model_figures(cfg, runs_dir, tokens_dir, figures_dir)
     result = build_report(cfg, runs_dir, out_dir, environment(), extra_figures=extra,
                           tokens_dir=tokens_dir)
     with tracker.run("study-summary", {"stage": "report"}):
@@ -496,3 +464,8 @@ def main(cfg: StudyConfig, args: argparse.Namespace) -> None:
     urls = tracker.save_views(list(cfg.datasets), list(colours), colours)
     print(where_to_look(cfg, paths, urls.pop("runs", None) or tracker.runs_view_url(), urls),
           flush=True)
+    # the answer last, where a terminal's scroll stops: read back from the CSV the report wrote
+    comparisons = pd.read_csv(paths["comparisons"])
+    print("findings (paired by seed, Holm-corrected; Δ and its adjusted interval):",
+          *(f"  {line}" for line in fi.verdict_lines(comparisons, list(cfg.datasets))),
+          sep="\n", flush=True)

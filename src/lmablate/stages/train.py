@@ -275,7 +275,7 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, best_pat
 def main(cfg: StudyConfig, args: argparse.Namespace) -> str:
     """``lmablate train <dataset> <variant> --tokens DIR --best FILE --checkpoints DIR
     --history FILE --grad-stats FILE [--replicate N]``. Returns the stage's summary line:
-    seeds, steps, width, lr and the range of final validation losses (nats/token)."""
+    seeds, steps, width, lr and the range of final validation losses (nats/char)."""
     cfg.check_variant(args.variant)
     runs = run(cfg, args.dataset, args.variant, args.tokens, args.best, args.checkpoints,
                args.history, args.grad_stats, replicate=getattr(args, "replicate", 0))

@@ -1,6 +1,6 @@
 """Stage ``tune``: a deterministic Optuna study per dataset x variant over learning rate and width.
 
-Objective: validation loss (nats/token) at the end of a trial's share of the dataset's training
+Objective: validation loss (nats/char) at the end of a trial's share of the dataset's training
 budget, on the tuning seed ``tune.seed``, which is not a final seed. What each trial trains,
 which trials go on to the next rung and what the study returns is decided by
 :mod:`lmablate.tuning` (successive halving up to the full budget); this stage validates, trains

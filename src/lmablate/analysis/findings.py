@@ -1,0 +1,333 @@
+"""The report's opening section, "Findings": the study's answer, then what it could not decide.
+
+Per dataset, in the dataset's headline loss (:func:`lmablate.analysis.headline.headline_loss`):
+
+* one sentence per variant: its verdict against the baseline (paired by seed, Holm-corrected,
+  :func:`lmablate.analysis.statistics.compare`) with the effect, its raw and Holm-adjusted
+  intervals, and a warning where the effect is no larger than the tuner's luck
+  (:func:`lmablate.analysis.limits.tuning_luck`);
+* the one figure that shows them (the forest plot of the headline loss);
+* what the study could not decide and what would decide it: for every "no significant
+  difference", the seeds a paired t-test would need to detect a true difference as large as
+  the observed one, at the observed seed-to-seed spread (:func:`seeds_needed`);
+* what the diagnostics support: validation loss still falling at the end of training
+  (:func:`convergence_table`), gradients near zero in some variants and not in others
+  (:func:`gradient_table`), the loss past the training context and exact match past the
+  trained operand length.
+
+Every number comes from a table the report stage also writes as CSV (``comparisons.csv``,
+``tuning_variation.csv``, ``convergence.csv``, ``grad_flow.csv``, ``extrapolation.csv``,
+``length_generalisation.csv``), so a sentence here can be checked against its row there.
+:func:`verdict_lines` gives the same verdicts as a few console lines, printed at the end of the
+report stage. Units: losses in nats/char (the answer loss per answer character), accuracies as
+fractions.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from lmablate.analysis.collect import BASELINE
+from lmablate.analysis.headline import headline_loss
+from lmablate.analysis.limits import tuning_luck
+from lmablate.analysis.statistics import (ALPHA, METRICS, POWER, VERDICT_BETTER, VERDICT_FEW,
+                                          VERDICT_IDENTICAL, VERDICT_NSD, VERDICT_WORSE)
+
+TITLE = "## Findings"
+MAX_SEEDS = 1000  # past this, "more than 1,000 seeds": the difference is lost in the spread
+TAIL = 0.2  # the share of training at the end over which a curve counts as still falling
+# a parameter group is "sparse" in a variant when at least this share of its gradient entries
+# is near zero, and the finding needs a variant at most half that: a contrast, not a level
+SPARSE = 0.25
+CONVERGENCE_COLUMNS = ["dataset", "variant", "seeds", "from_step", "last_step",
+                       "val_loss_from", "val_loss_last", "drop", "seeds_falling"]
+GRAD_COLUMNS = ["dataset", "variant", "group", "seeds", "frac_near_zero"]
+
+
+def _signed(x: float, digits: int = 3) -> str:
+    """``+0.062`` / ``-0.126``: an effect with its sign always shown."""
+    return f"{x:+.{digits}f}"
+
+
+def _names(items: Sequence[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    items = [str(i) for i in items]
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def seeds_needed(mean_diff: float, sd_diff: float, n_compared: int, alpha: float = ALPHA,
+                 power: float = POWER, cap: int = MAX_SEEDS) -> int | None:
+    """Paired seeds a two-sided paired t-test needs to detect a true difference of
+    ``|mean_diff|`` with probability ``power`` when the per-seed differences have SD
+    ``sd_diff``, at Holm's strictest level ``alpha / n_compared`` (the level of the study's
+    minimum detectable effect, :func:`lmablate.analysis.statistics.min_detectable_effect`).
+
+    Solved from the noncentral t power function (``statsmodels.stats.power.TTestPower``;
+    Cohen 1988, ch. 2) for the smallest whole number of pairs, at least 2. None when the
+    question has no answer: a zero or missing difference or spread, or more than ``cap`` seeds
+    needed (the difference is lost in the seed spread). Same unit for both arguments.
+    """
+    if not (np.isfinite(mean_diff) and np.isfinite(sd_diff)) or mean_diff == 0 or sd_diff <= 0:
+        return None
+    from statsmodels.stats.power import TTestPower  # imported on use: only the report needs it
+    effect, level = abs(mean_diff) / sd_diff, alpha / max(n_compared, 1)
+
+    def reached(n: int) -> bool:  # False where statsmodels' noncentral t gives NaN
+        return bool(TTestPower().power(effect_size=effect, nobs=n, alpha=level,
+                                       alternative="two-sided") >= power)
+    try:  # the real-valued answer, then the whole number next to it (power grows with n)
+        guess = float(TTestPower().solve_power(effect_size=effect, nobs=None, alpha=level,
+                                               power=power, alternative="two-sided"))
+    except (ValueError, RuntimeError):
+        guess = math.nan
+    if not math.isfinite(guess) or guess > cap + 1:
+        return None
+    n = max(2, math.ceil(guess - 1e-9))
+    while n > 2 and reached(n - 1):
+        n -= 1
+    while n <= cap and not reached(n):
+        n += 1
+    return n if n <= cap else None
+
+
+def convergence_table(history: pd.DataFrame, tail: float = TAIL) -> pd.DataFrame:
+    """Whether each dataset x variant's validation loss was still falling when training ended.
+
+    Per seed: the validation loss (nats/char) at the last evaluated step, against the last
+    evaluation at or before ``1 - tail`` of that step; ``drop`` is the mean over seeds of
+    ``from - last`` (positive: still falling), ``seeds_falling`` how many seeds fell. A curve
+    that fell on every seed of five is unlikely to be flat noise (a sign test gives 1/32).
+
+    Returns:
+        Columns :data:`CONVERGENCE_COLUMNS`, in the order of ``history``; empty without
+        ``val_loss``.
+    """
+    if history.empty or "val_loss" not in history:
+        return pd.DataFrame(columns=CONVERGENCE_COLUMNS)
+    rows = []
+    h = history.dropna(subset=["val_loss"])
+    for (dataset, variant), d in h.groupby(["dataset", "variant"], observed=True, sort=False):
+        per_seed = []
+        for _, s in d.groupby("seed", sort=True):
+            s = s.sort_values("step")
+            last = s.iloc[-1]
+            earlier = s[s["step"] <= (1 - tail) * last["step"]]
+            if earlier.empty:
+                continue
+            first = earlier.iloc[-1]
+            per_seed.append((int(first["step"]), int(last["step"]), float(first["val_loss"]),
+                             float(last["val_loss"])))
+        if not per_seed:
+            continue
+        a = np.array(per_seed, dtype=float)
+        rows.append({"dataset": dataset, "variant": variant, "seeds": len(a),
+                     "from_step": int(np.median(a[:, 0])), "last_step": int(np.median(a[:, 1])),
+                     "val_loss_from": float(a[:, 2].mean()), "val_loss_last": float(a[:, 3].mean()),
+                     "drop": float((a[:, 2] - a[:, 3]).mean()),
+                     "seeds_falling": int((a[:, 2] > a[:, 3]).sum())})
+    return pd.DataFrame(rows, columns=CONVERGENCE_COLUMNS)
+
+
+def gradient_table(grad: pd.DataFrame) -> pd.DataFrame:
+    """The share of gradient entries near zero after the last training step (``grad_stats.csv``'s
+    ``frac_near_zero``, |grad| < 1e-8), mean over seeds, per dataset x variant x parameter
+    group: the numbers of the gradient-flow figure. Columns :data:`GRAD_COLUMNS`, groups in
+    the order of the model's parameters."""
+    if grad.empty or "frac_near_zero" not in grad:
+        return pd.DataFrame(columns=GRAD_COLUMNS)
+    out = (grad.groupby(["dataset", "variant", "group"], observed=True, sort=False)
+           ["frac_near_zero"].agg(seeds="count", frac_near_zero="mean").reset_index())
+    return out[GRAD_COLUMNS]
+
+
+def _effect(row: pd.Series, unit: str, luck: float | None) -> str:
+    """One variant's verdict against the baseline as a sentence."""
+    v, d = row["variant"], float(row["mean_diff"])
+    means = f"{row['variant_mean']:.3f} against {row['baseline_mean']:.3f}"
+    raw = f"95% CI [{row['ci95_low']:.3f}, {row['ci95_high']:.3f}]"
+    if row["verdict"] in (VERDICT_BETTER, VERDICT_WORSE):
+        text = (f"**{v}: {row['verdict']}**, {_signed(d)} {unit} ({means}; {raw}, "
+                f"Holm-adjusted [{row['ci_holm_low']:.3f}, {row['ci_holm_high']:.3f}]).")
+        if luck is not None and abs(d) <= luck:
+            text += (f" No larger than the change re-tuning the baseline made ({luck:.3f}): it "
+                     "may owe as much to the tuner as to the feature.")
+        return text
+    if row["verdict"] == VERDICT_IDENTICAL:
+        return f"{v}: identical on every seed ({_signed(d)} {unit})."
+    if row["verdict"] == VERDICT_FEW:
+        return (f"{v}: not tested, only {int(row['n_pairs'])} seed(s) pair with the baseline "
+                f"({_signed(d)} {unit}).")
+    return f"{v}: no significant difference, {_signed(d)} {unit} ({means}; {raw})."
+
+
+def _undecided(c: pd.DataFrame, unit: str) -> list[str]:
+    """What would decide each "no significant difference": seeds needed at the observed spread."""
+    nsd = c[c["verdict"] == VERDICT_NSD]
+    if nsd.empty:
+        return []
+    m = int(c["verdict"].isin([VERDICT_BETTER, VERDICT_WORSE, VERDICT_NSD]).sum())
+    n = int(nsd["n_pairs"].max())
+    parts = []
+    for r in nsd.itertuples():
+        need = seeds_needed(r.mean_diff, r.sd_diff, m)
+        parts.append(f"{r.variant} about {need:,}" if need is not None else
+                     f"{r.variant} more than {MAX_SEEDS:,}")
+        parts[-1] += f" (Δ {_signed(r.mean_diff)}, SD of its per-seed differences {r.sd_diff:.3f})"
+    return [f"- **Undecided: {_names(list(nsd['variant']))}.** Seeds per variant that a paired "
+            f"t-test (at Holm's strictest level α/{m}) would need to detect, with {POWER:.0%} "
+            f"power at the observed seed-to-seed spread, a true difference as large as the "
+            f"observed one: {'; '.join(parts)}; the study has {n}. With {n} seeds it detects "
+            f"differences of {nsd['mde'].min():.3f} {unit} or more (MDE)."]
+
+
+def _convergence(conv: pd.DataFrame, dataset: str) -> list[str]:
+    """Still-falling curves: every seed of every variant fell over the last part of training."""
+    c = conv[conv["dataset"] == dataset]
+    if c.empty:
+        return []
+    falling = c[c["seeds_falling"] == c["seeds"]]
+    if falling.empty:
+        return [f"- Validation loss had levelled off: over the last {TAIL:.0%} of training no "
+                "variant fell on every seed."]
+    who = ("every variant" if len(falling) == len(c)
+           else _names(list(map(str, falling["variant"]))))
+    return [f"- **Validation loss was still falling when training stopped** for {who}: over "
+            f"the last {TAIL:.0%} of training (from step {int(falling['from_step'].min()):,}) "
+            f"it fell on every seed, by {falling['drop'].min():.3f} to "
+            f"{falling['drop'].max():.3f} nats/char. More compute would lower these losses; "
+            "whether the ranking holds at a larger budget is not measured here."]
+
+
+def _gradients(grads: pd.DataFrame, dataset: str, order: Sequence[str]) -> list[str]:
+    """The parameter group whose near-zero gradient share differs most between variants."""
+    g = grads[grads["dataset"] == dataset]
+    if g.empty or g["variant"].nunique() < 2:
+        return []
+    t = g.pivot_table(index="group", columns="variant", values="frac_near_zero",
+                      observed=True, sort=False)
+    t = t.reindex(columns=[v for v in order if v in t.columns])
+    spread = (t.max(axis=1) - t.min(axis=1)).sort_values(ascending=False, kind="stable")
+    group = spread.index[0]
+    row = t.loc[group].dropna()
+    if row.max() < SPARSE or row.min() > row.max() / 2:
+        return []
+    high, low = row[row >= SPARSE], row[row < row.max() / 2]
+    share = (f"{high.min():.0%}" if round(high.min(), 2) == round(high.max(), 2)
+             else f"{high.min():.0%} to {high.max():.0%}")
+    return [f"- **Near-zero gradients differ between variants** (after the last step, mean over "
+            f"seeds): in `{group}`, {share} of gradient entries are near zero for "
+            f"{_names(list(high.index))}, against {low.max():.0%} or less for "
+            f"{_names(list(low.index))}: parameters that no longer receive a gradient."]
+
+
+def _extrapolation(table: pd.DataFrame, dataset: str, positions: Mapping[str, str]) -> list[str]:
+    """The loss from 1x to the longest context each variant ran at, per position scheme."""
+    e = table[(table["dataset"] == dataset) & table["mean"].notna()]
+    if e.empty or e["factor"].max() <= 1:
+        return []
+    parts, fixed = [], []
+    for variant, d in e.groupby("variant", observed=True, sort=False):
+        d = d.sort_values("factor")
+        if len(d) < 2:
+            fixed.append(str(variant))
+            continue
+        a, b = d.iloc[0], d.iloc[-1]
+        scheme = positions.get(str(variant), "")
+        named = f"{variant} ({scheme})" if scheme and scheme != str(variant) else str(variant)
+        parts.append(f"{named} "
+                     f"{'rises' if b['mean'] > a['mean'] else 'falls'} from {a['mean']:.3f} at "
+                     f"{int(a['factor'])}x to {b['mean']:.3f} at {int(b['factor'])}x")
+    if not parts:
+        return []
+    tail = (f"; {_names(fixed)} cannot run past the context (a learned table of positions)"
+            if fixed else "")
+    return [f"- **Past the training context** the test loss of {'; '.join(parts)}{tail}."]
+
+
+def _length(length: pd.DataFrame, dataset: str) -> list[str]:
+    """Exact match at the longest trained operand length against the lengths past it."""
+    d = length[(length["dataset"] == dataset) & length["mean"].notna()]
+    trained, longer = d[d["split"] == "test"], d[d["split"] != "test"]
+    if trained.empty or longer.empty:
+        return []
+    top = int(trained["digits"].max())
+    at = trained[trained["digits"] == top]
+    past = longer.groupby("digits")["mean"].max()
+    by_value: dict[str, list[str]] = {}  # "0.00" -> ["3", "4"]: one clause per value
+    for k, v in past.items():
+        by_value.setdefault(f"{v:.2f}", []).append(str(int(k)))
+    return [f"- **Past the trained operand length** exact match goes from "
+            f"{at['mean'].min():.2f}–{at['mean'].max():.2f} at {top} digits (trained) to at most "
+            + ", ".join(f"{v} at {_names(ks)} digits" for v, ks in by_value.items())
+            + ", over every variant."]
+
+
+def findings_section(comparisons: pd.DataFrame, *, datasets: Sequence[str],
+                     order: Sequence[str], variation: pd.DataFrame | None = None,
+                     convergence: pd.DataFrame | None = None,
+                     gradients: pd.DataFrame | None = None,
+                     extrapolation: pd.DataFrame | None = None,
+                     length: pd.DataFrame | None = None,
+                     positions: Mapping[str, str] | None = None,
+                     figures: Mapping[str, str] | None = None) -> list[str]:
+    """The Markdown lines of "Findings" (see the module docstring), one block per dataset.
+
+    Args:
+        comparisons: :func:`~lmablate.analysis.statistics.compare` (``comparisons.csv``).
+        datasets, order: the datasets and variants in study order.
+        variation: ``tuning_variation.csv`` (the tuner's luck).
+        convergence: :func:`convergence_table`; gradients: :func:`gradient_table`.
+        extrapolation: ``extrapolation.csv``; length: ``length_generalisation.csv``.
+        positions: variant -> its position scheme, for the extrapolation sentence.
+        figures: dataset -> the relative path of the figure that shows its verdicts.
+    """
+    empty = pd.DataFrame(columns=["dataset", "variant", "factor", "mean", "split", "digits"])
+    lines = [TITLE, ""]
+    for ds in datasets:
+        metric = headline_loss(comparisons, ds)
+        label, unit, _ = METRICS[metric]
+        c = comparisons[(comparisons["dataset"] == ds) & (comparisons["metric"] == metric)]
+        n = int(c["n_pairs"].max()) if len(c) else 0
+        lines += [f"**{ds}**: {label} ({unit}, lower is better) of every variant against the "
+                  f"{BASELINE}, paired over {n} seeds, Holm-corrected at α = {ALPHA}.", ""]
+        luck = tuning_luck(variation, ds, metric)
+        lines += [f"- {_effect(r, unit, luck)}" for _, r in c.iterrows()] or [
+            "- No variant to compare with the baseline."]
+        lines += _undecided(c, unit)
+        lines += _convergence(convergence if convergence is not None
+                              else pd.DataFrame(columns=CONVERGENCE_COLUMNS), ds)
+        lines += _gradients(gradients if gradients is not None
+                            else pd.DataFrame(columns=GRAD_COLUMNS), ds, order)
+        lines += _extrapolation(extrapolation if extrapolation is not None else empty, ds,
+                                positions or {})
+        lines += _length(length if length is not None else empty, ds)
+        lines.append("")
+        fig = (figures or {}).get(ds)
+        if fig:
+            lines += [f"![{ds}: {label}, difference to the {BASELINE} with 95% and "
+                      f"Holm-adjusted intervals]({fig})", ""]
+    return lines
+
+
+def verdict_lines(comparisons: pd.DataFrame, datasets: Sequence[str]) -> list[str]:
+    """The verdicts as console lines, one per dataset, in its headline loss, e.g.
+    ``shakespeare, test loss (nats/char): rope better -0.126 [-0.174, -0.078]; ...``, the
+    interval Holm-adjusted; the rest listed as undecided."""
+    out = []
+    for ds in datasets:
+        metric = headline_loss(comparisons, ds)
+        label, unit, _ = METRICS[metric]
+        c = comparisons[(comparisons["dataset"] == ds) & (comparisons["metric"] == metric)]
+        decided = c[c["verdict"].isin([VERDICT_BETTER, VERDICT_WORSE])]
+        parts = [f"{r.variant} {r.verdict} {_signed(r.mean_diff)} "
+                 f"[{r.ci_holm_low:.3f}, {r.ci_holm_high:.3f}]" for r in decided.itertuples()]
+        rest = [str(v) for v in c.loc[~c.index.isin(decided.index), "variant"]]
+        if rest:
+            parts.append(f"no significant difference: {', '.join(rest)}")
+        out.append(f"{ds}, {label} ({unit}): {'; '.join(parts) or 'no variant compared'}")
+    return out
+

@@ -1,0 +1,84 @@
+"""Markdown cells and tables of the report: numbers, p-values, intervals and verdicts as text.
+
+Small formatting helpers shared by :mod:`lmablate.analysis.markdown`,
+:mod:`lmablate.analysis.methods` and :mod:`lmablate.analysis.arithmetic`, so that a number or
+a verdict reads the same in every section. "–" stands for a missing value everywhere.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Mapping
+
+import numpy as np
+import pandas as pd
+
+from lmablate.analysis.statistics import VERDICT_BETTER, VERDICT_WORSE
+
+VERDICT_MARKS = {VERDICT_BETTER: "▲", VERDICT_WORSE: "▼"}
+
+
+def md_table(df: pd.DataFrame) -> str:
+    """A GitHub-flavoured markdown table (kept local so the report needs no ``tabulate``)."""
+    def cell(v: Any) -> str:
+        return str(v).replace("|", "\\|").replace("\n", " ")
+    header = "| " + " | ".join(cell(c) for c in df.columns) + " |"
+    rule = "|" + "|".join("---" for _ in df.columns) + "|"
+    body = ["| " + " | ".join(cell(v) for v in row) + " |"
+            for row in df.itertuples(index=False, name=None)]
+    return "\n".join([header, rule, *body])
+
+
+def num(x: Any, digits: int = 3) -> str:
+    """Fixed-point with ``digits`` decimals, "–" for missing."""
+    if x is None or (isinstance(x, float) and not math.isfinite(x)) or pd.isna(x):
+        return "–"
+    return f"{float(x):.{digits}f}"
+
+
+def integer(x: Any) -> str:
+    if x is None or pd.isna(x):
+        return "–"
+    return f"{int(round(float(x))):,}"
+
+
+def p_value(x: Any) -> str:
+    if x is None or pd.isna(x):
+        return "–"
+    return "<0.001" if x < 0.001 else f"{x:.3f}"
+
+
+def digits(metric: str) -> int:
+    return {"perplexity": 2, "train_seconds": 1, "tokens_per_second": 0}.get(metric, 3)
+
+
+def fence(text: str) -> str:
+    """A code block whose fence is longer than any backtick run inside ``text`` (a generated
+    sample may well contain ``` and would otherwise close the block)."""
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return f"{fence}text\n{text}\n{fence}"
+
+
+def code_span(text: str) -> str:
+    text = str(text).replace("\n", "\\n")
+    return f"`` {text} ``" if "`" in text else f"`{text}`"
+
+
+def verdict_cell(verdict: str) -> str:
+    """A verdict as shown: bold with its mark when better or worse."""
+    mark = VERDICT_MARKS.get(verdict, "")
+    return f"**{mark} {verdict}**" if mark else verdict
+
+
+def delta_cell(c: Mapping[str, Any]) -> str:
+    """A comparison row as one cell: mean difference, raw interval and verdict."""
+    return f"{num(c['mean_diff'])} {interval(c, 3)} {verdict_cell(c['verdict'])}"
+
+
+def interval(row: Mapping[str, Any], digits: int, prefix: str = "ci95") -> str:
+    """``[<prefix>_low, <prefix>_high]`` of a table row, or "–" where there is no interval."""
+    if not np.isfinite(row[f"{prefix}_low"]):
+        return "–"
+    return f"[{num(row[f'{prefix}_low'], digits)}, {num(row[f'{prefix}_high'], digits)}]"
