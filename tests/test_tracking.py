@@ -164,6 +164,7 @@ def record_final_runs(store: tracking.MlflowStore) -> dict[tuple[str, str, int],
 def test_the_study_views_open_on_validation_loss_with_groups_closed_and_runs_coloured(tmp_path):
     import mlflow
     from lmablate import mlflow_views
+    from lmablate.analysis import families
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     store = tracking.MlflowStore(uri, "study")
     ids = record_final_runs(store)
@@ -231,7 +232,7 @@ def test_the_study_views_open_on_validation_loss_with_groups_closed_and_runs_col
     assert store.save_views(datasets, variants, STUDY_COLOURS) == urls
     tracking.MlflowStore(uri, "study")
     assert client.get_experiment(exp_id).tags == tags
-    assert mlflow_views.hex_colour((0.1, 0.1, 0.1)) == "#1a1a1a"
+    assert families.hex_colours({"baseline": (0.1, 0.1, 0.1)}) == {"baseline": "#1a1a1a"}
     with pytest.raises(ValueError, match="quote"):
         mlflow_views.dataset_view("o'brien")
 

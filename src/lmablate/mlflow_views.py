@@ -80,11 +80,6 @@ def view_url(experiment_id: str, key: str, charts: bool = False) -> str:
     return url + "&compareRunsMode=CHART" if charts else url
 
 
-def hex_colour(rgb: Sequence[float]) -> str:
-    """``"#rrggbb"`` of an RGB colour with channels in [0, 1] (as family_palette gives)."""
-    return "#" + "".join(f"{round(min(max(c, 0.0), 1.0) * 255):02x}" for c in rgb[:3])
-
-
 def _line(uuid: str, metric: str, section: str) -> dict:
     # no custom title: MLflow 3.17 shows a card's displayName only behind a feature flag
     return {"uuid": uuid, "type": "LINE", "metricKey": metric, "selectedMetricKeys": [metric],

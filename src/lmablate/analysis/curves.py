@@ -16,7 +16,8 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 import pandas as pd
-from matplotlib.colors import to_hex
+
+from lmablate.analysis.families import hex_colours
 
 CURVE_COLUMNS = ["variant", "step", "val_loss", "val_loss_sd", "val_loss_low", "val_loss_high",
                  "seeds", "colour", "variant_key"]
@@ -69,6 +70,6 @@ def mean_curves(history: pd.DataFrame, dataset: str,
         missing = [v for v in order if v not in palette]
         if missing:
             raise ValueError(f"mean_curves: palette has no colour for the variants {missing}")
-        out["colour"] = out["variant"].map({v: to_hex(palette[v]) for v in order})
+        out["colour"] = out["variant"].map(hex_colours({v: palette[v] for v in order}))
     out["variant_key"] = out["variant"].map({v: variant_key(i, v) for i, v in enumerate(order)})
     return out[CURVE_COLUMNS]

@@ -13,10 +13,11 @@ colour maps: nothing here needs torch or a model.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import seaborn as sns
+from matplotlib.colors import to_hex
 
 FAMILIES = ("baseline", "FFN", "norm", "position", "attention", "combined", "other")
 
@@ -98,3 +99,23 @@ def family_palette(families: Mapping[str, str]) -> dict[str, tuple[float, float,
         shades = np.linspace(low, high, len(members)) if len(members) > 1 else [(low + high) / 2]
         colours.update({v: tuple(float(c) for c in cmap(x)[:3]) for v, x in zip(members, shades)})
     return {v: colours[v] for v in families}  # in the order given
+
+
+def study_palette(variants: Mapping[str, Mapping[str, Any] | None],
+                  order: Sequence[str]) -> dict[str, tuple[float, float, float]]:
+    """The colour of each variant of ``order`` (names, in the report's order: baseline first),
+    its family read from its overrides in ``variants`` (``params.yaml``'s ``variants:``; a
+    name without an entry is the baseline's family): :func:`family_palette`.
+
+    The one palette of a study: the report's figures, the curves of ``dvc plots show`` and the
+    MLflow run colours all take it, over the configured variants, so a variant has one colour
+    in every view even where some of its runs are missing.
+    """
+    return family_palette({v: variant_family(variants.get(v) or {}) for v in order})
+
+
+def hex_colours(palette: Mapping[str, Any]) -> dict[str, str]:
+    """``{variant: "#rrggbb"}`` of a palette (variant -> any matplotlib colour), for the views
+    that take colours as text (DVC's Vega-Lite charts, MLflow's run colours)."""
+    return {v: to_hex(c) for v, c in palette.items()}
+

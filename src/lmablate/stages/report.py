@@ -68,7 +68,6 @@ import pandas as pd
 import torch
 
 from lmablate import fileio
-from lmablate import mlflow_views as views
 from lmablate.analysis import figures as plots
 from lmablate.analysis.model_figures import draw_model_figures
 from lmablate.analysis.tuning_figure import plot_lr_response, search_bounds
@@ -79,7 +78,7 @@ from lmablate.analysis import arithmetic_figures as arith_figs
 from lmablate.analysis import extrapolation as ex
 from lmablate.analysis import findings as fi
 from lmablate.analysis.curves import CURVE_COLUMNS, mean_curves
-from lmablate.analysis.families import family_palette, variant_family
+from lmablate.analysis.families import hex_colours, study_palette
 from lmablate.analysis.headline import dataset_verdicts, headline_loss, study_metrics
 from lmablate.analysis.limits import tuning_luck
 from lmablate.analysis.markdown import render_markdown
@@ -274,8 +273,7 @@ def build_report(cfg: StudyConfig, runs_dir: Path, out_dir: Path,
     for path in stale - set(docs):  # a variant or dataset no longer studied
         path.unlink()
     paths["metrics"] = metrics_dir
-    palette = family_palette({v: variant_family(cfg.variants.get(v) or {})
-                              for v in present(ablation["variant"])})
+    palette = study_palette(cfg.variants, variant_order(cfg.study_variants, cfg.study_variants))
     curves_dir = out_dir / "curves"
     for ds in present(ablation["dataset"]):  # in the figures' colours (analysis/curves.py)
         fileio.write_csv(curves_dir / f"{ds}.csv", mean_curves(runs.history, ds, palette),
@@ -449,9 +447,8 @@ def where_to_look(cfg: StudyConfig, paths: dict, runs_view_url: str | None = Non
 def variant_colours(cfg: StudyConfig) -> dict[str, str]:
     """Each studied variant's colour in the figures (:func:`family_palette`, variants in the
     report's order: baseline first), as ``"#rrggbb"`` for MLflow's run colours."""
-    variants = variant_order(cfg.study_variants, cfg.study_variants)
-    palette = family_palette({v: variant_family(cfg.variants.get(v) or {}) for v in variants})
-    return {v: views.hex_colour(c) for v, c in palette.items()}
+    return hex_colours(study_palette(cfg.variants,
+                                     variant_order(cfg.study_variants, cfg.study_variants)))
 
 
 def main(cfg: StudyConfig, args: argparse.Namespace) -> None:
