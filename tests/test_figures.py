@@ -692,3 +692,12 @@ def test_embedding_pca_labels_do_not_overlap_and_the_unknown_symbol_is_labelled(
     assert "unknown symbol" in legend_texts(fig)
     hidden = sum(not t.get_visible() for ax in fig.axes for t in ax.texts)
     assert f"dots without a label: {hidden} of {2 * len(chars)}" in fig.get_suptitle()
+
+
+def test_panels_lays_out_n_panels_at_most_max_cols_a_row_and_hides_the_rest(tmp_path):
+    from lmablate.analysis import plotting
+    with plotting.panels(tmp_path / "p.png", 3, 2, (2.0, 1.5), (1.0, 0.5)) as (fig, axes):
+        assert axes.shape == (2, 2)
+        assert [ax.get_visible() for ax in axes.ravel()] == [True, True, True, False]
+        assert tuple(fig.get_size_inches()) == (5.0, 3.5)
+    assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

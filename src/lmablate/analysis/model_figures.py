@@ -58,12 +58,8 @@ def plot_attention(maps: Mapping[str, np.ndarray], tokens: Sequence[str], title:
                          f"got {[m.shape for m in arrays.values()]}")
     labels = [visible(t) for t in tokens]
     step = max(1, math.ceil(t_len / 24))
-    ncols = min(len(arrays), 4)
-    nrows = math.ceil(len(arrays) / ncols)
-    with plotting.figure(path, figsize=(3.3 * ncols + 1.2, 3.3 * nrows + 0.8), nrows=nrows,
-                         ncols=ncols) as (fig, axes):
-        for ax in axes.ravel()[len(arrays):]:
-            ax.set_visible(False)
+    with plotting.panels(path, len(arrays), 4, (3.3, 3.3), (1.2, 0.8)) as (fig, axes):
+        nrows, ncols = axes.shape
         for i, (name, m) in enumerate(arrays.items()):
             ax = axes.ravel()[i]
             sns.heatmap(m, vmin=0, vmax=1, cmap="viridis", cbar=False, square=True,
@@ -145,12 +141,7 @@ def plot_embedding_pca(embs: Mapping[str, np.ndarray], chars: Sequence[str], tit
     colours = CHAR_CLASS_COLOURS
     # two panels a row, each large: with ~70 characters a panel, smaller ones leave most
     # labels overlapping
-    ncols = min(len(arrays), 2)
-    nrows = math.ceil(len(arrays) / ncols)
-    with plotting.figure(path, figsize=(6.4 * ncols + 1.6, 5.2 * nrows + 0.7), nrows=nrows,
-                         ncols=ncols) as (fig, axes):
-        for ax in axes.ravel()[len(arrays):]:
-            ax.set_visible(False)
+    with plotting.panels(path, len(arrays), 2, (6.4, 5.2), (1.6, 0.7)) as (fig, axes):
         labels, priority = [], []
         for i, (name, emb) in enumerate(arrays.items()):
             ax = axes.ravel()[i]

@@ -13,6 +13,7 @@ Units: losses on the study's character data are natural-log cross-entropy per ch
 
 from __future__ import annotations
 
+import math
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
@@ -51,6 +52,22 @@ def figure(path: Path, figsize: tuple[float, float] = (7.5, 4.5), nrows: int = 1
         yield fig, axes
         with fileio.atomic_path(path) as tmp:
             fig.savefig(tmp, format="png", dpi=DPI)
+
+
+@contextmanager
+def panels(path: Path, n: int, max_cols: int, panel: tuple[float, float],
+           margin: tuple[float, float]) -> Iterator[tuple[Figure, np.ndarray]]:
+    """:func:`figure` with ``n`` panels (n >= 1), at most ``max_cols`` a row, each ``panel``
+    (width, height) inches plus ``margin`` inches for the figure's titles and colour bars;
+    the grid's cells past the n-th are hidden. Yields ``(fig, axes)`` as :func:`figure`
+    (2-D, ``ceil(n / cols)`` x ``cols``)."""
+    ncols = min(n, max_cols)
+    nrows = math.ceil(n / ncols)
+    with figure(path, figsize=(panel[0] * ncols + margin[0], panel[1] * nrows + margin[1]),
+                nrows=nrows, ncols=ncols) as (fig, axes):
+        for ax in axes.ravel()[n:]:
+            ax.set_visible(False)
+        yield fig, axes
 
 
 def variant_palette(order: Sequence[str], palette: Mapping[str, Any]) -> dict[str, Any]:
