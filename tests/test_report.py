@@ -1445,3 +1445,14 @@ def test_the_answer_loss_is_broken_down_by_operation_and_answer_length_as_seed_m
     assert table[2] == "| baseline | 0.200 | 0.600 | 0.500 | – |"
     assert table[3] == "| gelu | 0.200 | – | – | 0.900 |"
     assert arith.breakdown_lines(per_op, by_answer, "shakespeare", ["baseline"]) == []
+
+
+def test_every_file_the_report_writes_is_an_output_of_the_report_stage(built):
+    """A table missing from dvc.yaml's outs is neither cached nor restored by DVC."""
+    import yaml
+    _, out_dir, out = built
+    outs = yaml.safe_load((Path(__file__).resolve().parents[1] / "dvc.yaml").read_text())[
+        "stages"]["report"]["outs"]
+    declared = {Path(o).name for o in outs if isinstance(o, str)}
+    written = {p.name for p in out_dir.iterdir()} - {"metrics"}  # metrics: DVC metrics
+    assert written <= declared, sorted(written - declared)
