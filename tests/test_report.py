@@ -35,7 +35,7 @@ from statsmodels.stats.multitest import multipletests
 
 from lmablate import params
 from lmablate.analysis import arithmetic as arith
-from lmablate.analysis import collect, headline, model_figures, sensitivity, statistics
+from lmablate.analysis import collect, headline, model_figures, problems, sensitivity, statistics
 from lmablate.analysis import extrapolation as ex
 from lmablate.analysis.families import family_palette, variant_family
 from lmablate.arithmetic import generate_arithmetic, split_problem
@@ -938,17 +938,17 @@ def test_problem_by_problem_comparison_on_a_constructed_example_with_a_known_ans
     few = [i < 20 for i in range(n)]  # 10 problems differ: few enough to enumerate the flips
     predictions = {("arith", "baseline"): {"seed_0": _decoded(base), "seed_1": _decoded(base)},
                    ("arith", "v"): {"seed_0": _decoded(var), "seed_1": _decoded(var)}}
-    c = statistics.compare_problems(predictions).set_index("metric")
+    c = problems.compare_problems(predictions).set_index("metric")
     em = c.loc["exact_match"]
     assert (em["baseline_count"], em["variant_count"], em["total"]) == (20, 60, 200)
     assert em["n_differing"] == 20 and em["mean_diff"] == pytest.approx(0.2)
     assert em["verdict"] == statistics.VERDICT_BETTER
     # 2**20 sign flips are too many to enumerate: drawn; no draw is as extreme, and scipy's
     # two-sided p is twice the one-sided (hits + 1) / (resamples + 1)
-    assert em["p_value"] == pytest.approx(2 / (statistics.PERMUTATION_RESAMPLES + 1))
+    assert em["p_value"] == pytest.approx(2 / (problems.PERMUTATION_RESAMPLES + 1))
     # with 10 differences, all positive, the flips are enumerated: p = 2 * 2**-10 exactly, the
     # exact McNemar (binomial) test on 10 discordant problems, none against the variant
-    exact = statistics.compare_problems(
+    exact = problems.compare_problems(
         {**predictions, ("arith", "v"): {"seed_0": _decoded(few), "seed_1": _decoded(few)}})
     assert exact["p_value"].iloc[0] == pytest.approx(2 * 0.5 ** 10, rel=1e-9)
     assert exact["p_value"].iloc[0] == pytest.approx(stats.binomtest(10, 10).pvalue, rel=1e-9)
@@ -963,7 +963,7 @@ def test_problem_by_problem_counts_a_split_decision_on_two_seeds_as_half_a_probl
     # problem 0: the variant solves it on seed 0 only; problem 1: the baseline on seed 1 only
     base = {"seed_0": _decoded([False, False, False]), "seed_1": _decoded([False, True, False])}
     var = {"seed_0": _decoded([True, False, False]), "seed_1": _decoded([False, False, False])}
-    c = statistics.compare_problems({("a", "baseline"): base, ("a", "v"): var})
+    c = problems.compare_problems({("a", "baseline"): base, ("a", "v"): var})
     em = c[c["metric"] == "exact_match"].iloc[0]
     assert em["n_differing"] == 2 and em["mean_diff"] == 0.0
     # two differences of +0.5 and -0.5: of the 4 sign flips, all have |sum| >= 0, p = 1
@@ -975,7 +975,7 @@ def test_problem_by_problem_with_one_differing_problem_has_p_1():
     # its two sign flips are equally extreme, the exact McNemar p is binomtest(1, 1) = 1
     base = {"seed_0": _decoded([False, False, False])}
     var = {"seed_0": _decoded([True, False, False])}
-    c = statistics.compare_problems({("a", "baseline"): base, ("a", "v"): var})
+    c = problems.compare_problems({("a", "baseline"): base, ("a", "v"): var})
     em = c[c["metric"] == "exact_match"].iloc[0]
     assert em["n_differing"] == 1 and em["p_value"] == stats.binomtest(1, 1).pvalue == 1.0
     assert em["verdict"] == statistics.VERDICT_NSD
@@ -986,12 +986,12 @@ def test_the_sign_flip_test_equals_enumerating_every_flip(d):
     d = np.array(d)
     flips = [np.array(signs) for signs in itertools.product((1, -1), repeat=d.size)]
     want = np.mean([abs((d * f).sum()) >= abs(d.sum()) - 1e-12 for f in flips])
-    assert statistics.sign_flip_test(d) == pytest.approx(want)
+    assert problems.sign_flip_test(d) == pytest.approx(want)
 
 
 def test_problem_by_problem_identical_outcomes_get_no_test():
     same = {"seed_0": _decoded([True, False, False])}
-    c = statistics.compare_problems({("a", "baseline"): same, ("a", "v"): same})
+    c = problems.compare_problems({("a", "baseline"): same, ("a", "v"): same})
     assert set(c["verdict"]) == {"identical on every problem"}
     assert c["p_value"].isna().all() and c["mean_diff"].eq(0).all()
 
@@ -1000,7 +1000,7 @@ def test_problem_by_problem_refuses_variants_decoded_on_different_problems():
     base = {"seed_0": _decoded([True, False])}
     other = {"seed_0": [dict(p, prompt="other") for p in _decoded([True, False])]}
     with pytest.raises(ValueError, match="problem 0 of v .*same test problems"):
-        statistics.compare_problems({("a", "baseline"): base, ("a", "v"): other})
+        problems.compare_problems({("a", "baseline"): base, ("a", "v"): other})
 
 
 def test_every_table_follows_the_configured_variant_order(tmp_path):

@@ -271,7 +271,7 @@ def limits_section(cfg_budgets: dict[str, float], ablation: pd.DataFrame,
         cfg_budgets: ``train.budget_flops`` (dataset -> FLOPs).
         ablation, summary, comparisons, variation, tuned: the report's frames
             (:mod:`lmablate.analysis.collect`, :mod:`lmablate.analysis.statistics`).
-        problems: :func:`~lmablate.analysis.statistics.compare_problems` (may be empty).
+        problems: :func:`~lmablate.analysis.problems.compare_problems` (may be empty).
         detectable: :func:`~lmablate.analysis.statistics.detectable_effects`.
         references: columns ``dataset, reference, metric, value, detail`` (the report stage's
             reference table; losses in nats/char, accuracies as fractions).

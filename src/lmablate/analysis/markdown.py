@@ -169,7 +169,7 @@ def _count(n: Any, total: Any) -> str:
 
 
 def _problem_table(problems: pd.DataFrame, dataset: str) -> list[str]:
-    """The per-problem comparison of ``dataset`` (:func:`~lmablate.analysis.statistics.
+    """The per-problem comparison of ``dataset`` (:func:`~lmablate.analysis.problems.
     compare_problems`): counts, rates, intervals, test and verdict; no lines without one."""
     p = problems[problems["dataset"] == dataset] if len(problems) else problems
     if p.empty:
@@ -338,7 +338,7 @@ def render_markdown(cfg: StudyConfig, runs: RunOutputs, summary: pd.DataFrame,
         notes: extra lines for the data section (e.g. missing or ignored runs).
         variation: :func:`~lmablate.analysis.statistics.tuning_variation` of the runs; each
             dataset's rows are shown after its comparison with the baseline.
-        problems: :func:`~lmablate.analysis.statistics.compare_problems` (arithmetic).
+        problems: :func:`~lmablate.analysis.problems.compare_problems` (arithmetic).
         detectable: :func:`~lmablate.analysis.statistics.detectable_effects`.
         references: the report stage's reference points (``dataset, reference, metric,
             value, detail``), shown in the summary tables.

@@ -15,7 +15,7 @@ first-seed checkpoints and the tokenized test splits, for the model figures) and
   (:data:`~lmablate.analysis.statistics.COMPARISON_COLUMNS`): paired t-test and Holm's
   step-down correction within each dataset x metric.
 * ``problem_comparisons.csv`` arithmetic variants against the baseline problem by problem
-  (:data:`~lmablate.analysis.statistics.PROBLEM_COLUMNS`): counts solved, sign-flip test, Holm.
+  (:data:`~lmablate.analysis.problems.PROBLEM_COLUMNS`): counts solved, sign-flip test, Holm.
 * ``detectable_effects.csv`` per dataset x metric, the smallest difference the study could
   detect (:data:`~lmablate.analysis.statistics.DETECTABLE_COLUMNS`).
 * ``references.csv`` reference points computed from the data (:data:`REFERENCE_COLUMNS`):
@@ -83,8 +83,9 @@ from lmablate.analysis.headline import dataset_verdicts, headline_loss, study_me
 from lmablate.analysis.limits import tuning_luck
 from lmablate.analysis.markdown import render_markdown
 from lmablate.analysis.sensitivity import SENSITIVITY_COLUMNS, lr_sensitivity
-from lmablate.analysis.statistics import (DETECTABLE_COLUMNS, METRICS, PROBLEM_COLUMNS,
-                                          TUNING_VARIATION_COLUMNS, compare, compare_problems,
+from lmablate.analysis.problems import PROBLEM_COLUMNS, compare_problems
+from lmablate.analysis.statistics import (DETECTABLE_COLUMNS, METRICS,
+                                          TUNING_VARIATION_COLUMNS, compare,
                                           detectable_effects, summarise, tuning_variation)
 from lmablate import references as refs
 from lmablate.config import StudyConfig
