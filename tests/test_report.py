@@ -35,7 +35,8 @@ from statsmodels.stats.multitest import multipletests
 
 from lmablate import params
 from lmablate.analysis import arithmetic as arith
-from lmablate.analysis import collect, headline, model_figures, problems, sensitivity, statistics
+from lmablate.analysis import (collect, curves, families, headline, model_figures, problems,
+                               reference_points, sensitivity, statistics)
 from lmablate.analysis import extrapolation as ex
 from lmablate.analysis.families import family_palette, variant_family
 from lmablate.arithmetic import generate_arithmetic, split_problem
@@ -624,14 +625,14 @@ def test_dataset_verdicts_say_so_when_no_variant_differs():
     comparisons = pd.DataFrame({"dataset": ["d", "d"], "variant": ["x", "x"],
                                 "metric": ["test_loss", "exact_match"],
                                 "verdict": ["no significant difference", "better"]})
-    assert report.dataset_verdicts(summary, comparisons) == {
+    assert headline.dataset_verdicts(summary, comparisons) == {
         "d": {"seeds": 4, "verdict": "none better or worse"}}
 
 
 def test_mean_curves_average_the_seeds_at_each_step_in_study_order(built):
     cfg, out_dir, out = built
     curve = pd.read_csv(out["curves"] / "arithmetic.csv")
-    assert list(curve.columns) == report.CURVE_COLUMNS
+    assert list(curve.columns) == curves.CURVE_COLUMNS
     assert list(dict.fromkeys(curve["variant"])) == list(VARIANTS)
     history = collect.collect(out_dir.parent / "runs").history
     h = history[(history["dataset"] == "arithmetic") & (history["variant"] == "gelu")]
@@ -716,7 +717,7 @@ def test_the_report_stage_ends_with_the_report_path_and_the_mlflow_ui_command(mo
 
 def test_mlflow_run_colours_are_the_figures_family_colours():
     cfg = make_cfg()
-    colours = report.variant_colours(cfg)
+    colours = families.variant_colours(cfg)
     assert list(colours)[0] == "baseline" and colours["baseline"] == "#1a1a1a"
     palette = family_palette({v: variant_family(cfg.variants.get(v) or {}) for v in colours})
     for variant, rgb in palette.items():
@@ -1422,7 +1423,7 @@ def test_runs_without_an_answer_loss_keep_the_test_loss_as_the_headline():
     summary = statistics.summarise(ablation)
     comparisons = statistics.compare(ablation)
     lines = arith.headline_lines(summary, comparisons, pd.DataFrame(
-        columns=report.REFERENCE_COLUMNS), "arith", ["baseline", "v1", "v2"])
+        columns=reference_points.REFERENCE_COLUMNS), "arith", ["baseline", "v1", "v2"])
     assert lines[4].startswith("| variant | seeds | test loss (nats/char) | exact match")
     assert "on whole problems: these runs have no answer loss" in lines[2]
     assert lines[-2].startswith("In test loss against the baseline")

@@ -15,4 +15,7 @@
   :mod:`~lmablate.analysis.arithmetic_figures`, on :mod:`~lmablate.analysis.plotting` (the
   figure, variant colours, units).
 * :mod:`~lmablate.analysis.markdown`: the text of ``report.md`` from the tables and the config.
+* What the report stage calls: :mod:`~lmablate.analysis.tables` (every table from the runs,
+  with :mod:`~lmablate.analysis.reference_points`), :mod:`~lmablate.analysis.report_figures`
+  (every figure with its caption) and :mod:`~lmablate.analysis.report_text` (``report.md``).
 """

@@ -19,6 +19,9 @@ import numpy as np
 import seaborn as sns
 from matplotlib.colors import to_hex
 
+from lmablate.analysis.collect import variant_order
+from lmablate.config import StudyConfig
+
 FAMILIES = ("baseline", "FFN", "norm", "position", "attention", "combined", "other")
 
 # model-config key -> the family of a variant overriding it
@@ -119,3 +122,15 @@ def hex_colours(palette: Mapping[str, Any]) -> dict[str, str]:
     that take colours as text (DVC's Vega-Lite charts, MLflow's run colours)."""
     return {v: to_hex(c) for v, c in palette.items()}
 
+
+
+def variant_palette(cfg: StudyConfig) -> dict[str, tuple[float, float, float]]:
+    """The study's palette (:func:`study_palette`): every configured variant, in the report's
+    order (baseline first, then ``study.variants``), as RGB in [0, 1]."""
+    return study_palette(cfg.variants, variant_order(cfg.study_variants, cfg.study_variants))
+
+
+def variant_colours(cfg: StudyConfig) -> dict[str, str]:
+    """Each studied variant's colour in the figures (:func:`variant_palette`, variants in the
+    report's order: baseline first), as ``"#rrggbb"`` for MLflow's run colours."""
+    return hex_colours(variant_palette(cfg))

@@ -124,3 +124,16 @@ def dataset_verdicts(summary: pd.DataFrame, comparisons: pd.DataFrame) -> dict[s
         out[str(dataset)] = {"seeds": int(rows["n"].max()), "verdict": verdict_text(
             comparisons, dataset, headline_loss(summary, dataset))}
     return out
+
+
+def metrics_files(summary: pd.DataFrame, comparisons: pd.DataFrame,
+                  extrapolation: pd.DataFrame | None = None) -> dict[str, dict]:
+    """The DVC metrics directory (``reports/metrics/``) as relative path -> JSON document:
+    ``<dataset>.json`` each dataset's verdicts (:func:`dataset_verdicts`), then
+    ``<dataset>/<variant>.json`` each dataset x variant's metrics (:func:`study_metrics`). One
+    file each, so ``dvc metrics show`` lists one row each."""
+    docs = {f"{ds}.json": doc for ds, doc in dataset_verdicts(summary, comparisons).items()}
+    docs.update({f"{ds}/{var}.json": doc
+                 for (ds, var), doc in study_metrics(summary, comparisons,
+                                                     extrapolation).items()})
+    return docs

@@ -18,17 +18,20 @@ first-seed checkpoints and the tokenized test splits, for the model figures) and
   (:data:`~lmablate.analysis.problems.PROBLEM_COLUMNS`): counts solved, sign-flip test, Holm.
 * ``detectable_effects.csv`` per dataset x metric, the smallest difference the study could
   detect (:data:`~lmablate.analysis.statistics.DETECTABLE_COLUMNS`).
-* ``references.csv`` reference points computed from the data (:data:`REFERENCE_COLUMNS`):
+* ``references.csv`` reference points computed from the data
+  (:data:`~lmablate.analysis.reference_points.REFERENCE_COLUMNS`):
   n-gram cross-entropies of the test split, and constant answers to the arithmetic problems.
 * ``tuned.csv`` what tuning chose per dataset x variant, with its range-edge flags
   (:data:`~lmablate.analysis.collect.TUNED_COLUMNS`).
 * ``lr_sensitivity.csv`` per dataset x variant, the learning-rate sensitivity of its tuning's
   shared design (:data:`~lmablate.analysis.sensitivity.SENSITIVITY_COLUMNS`, Wortsman et al.
-  2023), with the loss at initialisation it uses (:func:`uniform_losses`).
+  2023), with the loss at initialisation it uses
+  (:func:`~lmablate.analysis.reference_points.uniform_losses`).
 * ``metrics/<dataset>/<variant>.json`` the study-level DVC metrics, and ``metrics/<dataset>.json``
   each dataset's verdicts, both in the dataset's headline loss (:mod:`lmablate.analysis.headline`:
   ``study_metrics``, ``dataset_verdicts``; the answer loss on arithmetic).
-* ``curves/<dataset>.csv`` each variant's mean validation curve (:func:`mean_curves`), the data
+* ``curves/<dataset>.csv`` each variant's mean validation curve
+  (:func:`~lmablate.analysis.curves.mean_curves`), the data
   of ``dvc plots show``.
 * ``tuning_variation.csv`` the re-tunings (``runs/<dataset>/<variant>/replicate_<N>/``)
   against their variant, paired by seed
@@ -63,89 +66,21 @@ import platform
 from pathlib import Path
 from typing import Sequence
 
-import numpy as np
 import pandas as pd
 import torch
 
 from lmablate import fileio
-from lmablate.analysis import figures as plots
-from lmablate.analysis.model_figures import draw_model_figures
-from lmablate.analysis.tuning_figure import plot_lr_response, search_bounds
-from lmablate.analysis.collect import (ABLATION_COLUMNS, BASELINE, TUNED_COLUMNS, RunOutputs,
-                                       collect, present, restrict_to_study, variant_order)
-from lmablate.analysis import arithmetic as arith
-from lmablate.analysis import arithmetic_figures as arith_figs
-from lmablate.analysis import extrapolation as ex
 from lmablate.analysis import findings as fi
+from lmablate.analysis.collect import collect, present, restrict_to_study
 from lmablate.analysis.curves import CURVE_COLUMNS, mean_curves
-from lmablate.analysis.families import hex_colours, study_palette
-from lmablate.analysis.headline import dataset_verdicts, headline_loss, study_metrics
-from lmablate.analysis.limits import tuning_luck
-from lmablate.analysis.markdown import render_markdown
-from lmablate.analysis.sensitivity import SENSITIVITY_COLUMNS, lr_sensitivity
-from lmablate.analysis.problems import PROBLEM_COLUMNS, compare_problems
-from lmablate.analysis.statistics import (DETECTABLE_COLUMNS, METRICS,
-                                          TUNING_VARIATION_COLUMNS, compare,
-                                          detectable_effects, summarise, tuning_variation)
-from lmablate import references as refs
+from lmablate.analysis.families import variant_colours, variant_palette
+from lmablate.analysis.headline import metrics_files
+from lmablate.analysis.model_figures import draw_model_figures
+from lmablate.analysis.report_figures import draw_report_figures
+from lmablate.analysis.report_text import report_markdown
+from lmablate.analysis.tables import compute_tables, csv_tables
 from lmablate.config import StudyConfig
-from lmablate.tokenizer import load_split, load_tokenizer
 from lmablate.tracking import NullTracker, make_tracker
-
-REFERENCE_COLUMNS = ["dataset", "reference", "metric", "value", "detail"]
-
-
-def reference_table(cfg: StudyConfig, tokens_dir: Path, runs: RunOutputs) -> pd.DataFrame:
-    """Reference points computed from the data, one row per dataset x reference x metric.
-
-    * Every dataset: the unigram, bigram and trigram cross-entropy (nats/char) of its test
-      split under counts of its train split (:func:`lmablate.references.ngram_references`,
-      smoothing :data:`lmablate.references.NGRAM_SMOOTHING`), metric ``test_loss``.
-    * Arithmetic: answers that ignore the question, scored on the decoded test problems (the
-      baseline's first seed's targets, the same for every variant)
-      (:func:`lmablate.analysis.arithmetic.answer_references`): all zeros, the best constant
-      answer for character accuracy (the per-position mode) and for exact match (the most
-      frequent answer), metrics ``char_accuracy`` and ``exact_match`` as fractions, ``detail``
-      the answer as written (reversed, as the model writes it); and the answer-position floor
-      from the train split's answers, metric ``answer_loss`` in nats per answer character.
-
-    Returns:
-        Columns :data:`REFERENCE_COLUMNS`.
-
-    Raises:
-        FileNotFoundError / TokenizerError: a dataset's tokens are missing under ``tokens_dir``.
-        DataError: an arithmetic train split does not cut into problems of its ``line_length``.
-    """
-    rows = []
-    for dataset, ds in cfg.datasets.items():
-        tok = load_tokenizer(tokens_dir / dataset)
-        train = np.asarray(load_split(tokens_dir / dataset, "train"))
-        test = np.asarray(load_split(tokens_dir / dataset, "test"))
-        for name, value in refs.ngram_references(train, test, tok.vocab_size).items():
-            rows.append({"dataset": dataset, "reference": name, "metric": "test_loss",
-                         "value": value, "detail": refs.NGRAM_SMOOTHING})
-        by_seed = runs.predictions.get((dataset, BASELINE)) or {}
-        first = next((v for v in by_seed.values() if v), None)
-        if ds.kind == "arithmetic" and first:
-            rows += arith.answer_references(dataset, tokens_dir / dataset,
-                                            [str(p["target"]) for p in first])
-    return pd.DataFrame(rows, columns=REFERENCE_COLUMNS)
-
-
-def uniform_losses(cfg: StudyConfig, tokens_dir: Path | None) -> dict[str, float]:
-    """dataset -> the loss of the uniform prediction over its vocabulary, ``ln(vocab_size)``
-    in nats/char (:func:`lmablate.references.uniform_cross_entropy`), the vocabulary read from
-    the tokenizer under ``tokens_dir`` as :func:`reference_table` reads it; empty when
-    ``tokens_dir`` is None.
-
-    Raises:
-        FileNotFoundError / TokenizerError: a dataset's tokenizer is missing under
-            ``tokens_dir``.
-    """
-    if tokens_dir is None:
-        return {}
-    return {ds: refs.uniform_cross_entropy(load_tokenizer(Path(tokens_dir) / ds).vocab_size)
-            for ds in cfg.datasets}
 
 
 def environment() -> dict:
@@ -156,20 +91,28 @@ def environment() -> dict:
             "platform": platform.platform(terse=True)}
 
 
-def _drawn(entries: Sequence[tuple[str | None, str, Path | None]], note: str | None = None
-           ) -> list[tuple[str | None, str, Path | None]]:
-    """The ``(dataset, caption, path)`` of the figures of ``entries`` that were drawn (path not
-    None); for one not drawn, ``(dataset, note, None)`` when a ``note`` says why (the report
-    prints the sentence where the figure would be), else nothing."""
-    return [(ds, cap, p) if p is not None else (ds, note, None)
-            for ds, cap, p in entries if p is not None or note]
+def write_metrics(metrics_dir: Path, docs: dict[str, dict]) -> Path:
+    """Write the DVC metrics directory: ``docs`` (relative path -> JSON document,
+    :func:`lmablate.analysis.headline.metrics_files`) under ``metrics_dir``, and remove the
+    files of a variant or dataset no longer studied. Returns ``metrics_dir``."""
+    paths = {metrics_dir / name: doc for name, doc in docs.items()}
+    for path, doc in paths.items():
+        fileio.write_json(path, doc)
+    stale = set(metrics_dir.glob("*.json")) | set(metrics_dir.glob("*/*.json"))
+    for path in stale - set(paths):
+        path.unlink()
+    return metrics_dir
 
 
 def build_report(cfg: StudyConfig, runs_dir: Path, out_dir: Path,
                  environment: dict | None = None,
                  extra_figures: Sequence[tuple[str | None, str, Path]] = (),
                  tokens_dir: Path | None = None) -> dict:
-    """Collect the runs, compute statistics, draw figures and write the report.
+    """Collect the runs, compute the tables, draw the figures and write the report.
+
+    The work is the library's: :func:`lmablate.analysis.tables.compute_tables` (statistics,
+    references, sensitivity), :func:`lmablate.analysis.report_figures.draw_report_figures`
+    and :func:`lmablate.analysis.report_text.report_markdown`; this writes what they return.
 
     Args:
         cfg: the study config; its datasets, variants and seeds select the runs (others under
@@ -184,9 +127,10 @@ def build_report(cfg: StudyConfig, runs_dir: Path, out_dir: Path,
         extra_figures: ``(dataset or None, caption, path under out_dir)`` of figures drawn
             elsewhere (from checkpoints: attention maps, embeddings) to embed in the report.
         tokens_dir: the tokenized datasets (``<tokens_dir>/<dataset>/``), for the reference
-            points (:func:`reference_table`) and the loss at initialisation of the
-            learning-rate sensitivity (:func:`uniform_losses`); None leaves them out (empty
-            references.csv, no sensitivity).
+            points (:func:`lmablate.analysis.reference_points.reference_table`) and the loss at
+            initialisation of the learning-rate sensitivity
+            (:func:`lmablate.analysis.reference_points.uniform_losses`); None leaves them out
+            (empty references.csv, no sensitivity).
 
     Returns:
         ``{"report", "ablation", "summary", "comparisons", "problem_comparisons",
@@ -200,194 +144,30 @@ def build_report(cfg: StudyConfig, runs_dir: Path, out_dir: Path,
     """
     runs_dir, out_dir = Path(runs_dir), Path(out_dir)
     runs, notes = restrict_to_study(cfg, collect(runs_dir))
-    ablation = runs.ablation
-    if ablation.empty:
+    if runs.ablation.empty:
         raise FileNotFoundError(
             f"report: no results of the configured study under {runs_dir} (expected "
             f"<dataset>/<variant>/metrics.json for datasets {', '.join(cfg.datasets)})")
-    summary = summarise(ablation)
-    comparisons = compare(ablation, baseline=BASELINE)
-    problems = compare_problems(runs.predictions, baseline=BASELINE,
-                                variants=present(ablation["variant"]))
-    detectable = detectable_effects(comparisons)
-    variation = tuning_variation(ablation, runs.replicates)
-    references = (reference_table(cfg, tokens_dir, runs) if tokens_dir is not None
-                  else pd.DataFrame(columns=REFERENCE_COLUMNS))
-    extrapolation = (ex.extrapolation_table(runs.extrapolation),
-                     ex.extrapolation_comparisons(runs.extrapolation))
-    position_curves = {ds: ex.position_curves(runs.position_loss, ds)
-                       for ds in present(ablation["dataset"])}
-    sensitivity = lr_sensitivity(runs.trials, uniform_losses(cfg, tokens_dir))
-    length = (arith.length_table(runs.by_operand_digits),
-              arith.length_comparisons(runs.by_operand_digits))
-    # in study order, as every other table (the stacked files come in path order)
-    convergence, gradients = (
-        t.sort_values(["dataset", "variant"], kind="stable", key=lambda c: c.map(
-            {v: i for i, v in enumerate(present(ablation[c.name]))}))
-        for t in (fi.convergence_table(runs.history), fi.gradient_table(runs.grad)))
+    tables = compute_tables(cfg, runs, tokens_dir)
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = {
-        "ablation": fileio.write_csv(out_dir / "ablation.csv", ablation, ABLATION_COLUMNS),
-        "summary": fileio.write_csv(out_dir / "summary.csv", summary),
-        "comparisons": fileio.write_csv(out_dir / "comparisons.csv", comparisons),
-        "problem_comparisons": fileio.write_csv(out_dir / "problem_comparisons.csv", problems,
-                                                PROBLEM_COLUMNS),
-        "detectable_effects": fileio.write_csv(out_dir / "detectable_effects.csv", detectable,
-                                               DETECTABLE_COLUMNS),
-        "references": fileio.write_csv(out_dir / "references.csv", references,
-                                       REFERENCE_COLUMNS),
-        "tuned": fileio.write_csv(out_dir / "tuned.csv", runs.tuned, TUNED_COLUMNS),
-        "lr_sensitivity": fileio.write_csv(out_dir / "lr_sensitivity.csv", sensitivity,
-                                           SENSITIVITY_COLUMNS),
-        "tuning_variation": fileio.write_csv(out_dir / "tuning_variation.csv", variation,
-                                             TUNING_VARIATION_COLUMNS),
-        "extrapolation": fileio.write_csv(out_dir / "extrapolation.csv", extrapolation[0],
-                                          ex.TABLE_COLUMNS),
-        "extrapolation_comparisons": fileio.write_csv(
-            out_dir / "extrapolation_comparisons.csv", extrapolation[1]),
-        # the numbers behind the loss-by-position figures, every dataset in one table
-        "extrapolation_positions": fileio.write_csv(
-            out_dir / "extrapolation_positions.csv",
-            pd.concat([c.assign(dataset=ds) for ds, c in position_curves.items()],
-                      ignore_index=True),
-            ["dataset", *ex.CURVE_COLUMNS]),
-        "convergence": fileio.write_csv(out_dir / "convergence.csv", convergence,
-                                        fi.CONVERGENCE_COLUMNS),
-        "grad_flow": fileio.write_csv(out_dir / "grad_flow.csv", gradients, fi.GRAD_COLUMNS),
-        "length_generalisation": fileio.write_csv(out_dir / "length_generalisation.csv",
-                                                  length[0], arith.LENGTH_COLUMNS),
-        "length_generalisation_comparisons": fileio.write_csv(
-            out_dir / "length_generalisation_comparisons.csv", length[1],
-            arith.LENGTH_COMPARISON_COLUMNS),
-    }
-    # a DVC metrics directory: one file per dataset (the verdicts) and per dataset x variant
-    metrics_dir = out_dir / "metrics"
-    docs = {metrics_dir / f"{ds}.json": doc
-            for ds, doc in dataset_verdicts(summary, comparisons).items()}
-    docs.update({metrics_dir / ds / f"{var}.json": doc
-                 for (ds, var), doc in study_metrics(summary, comparisons,
-                                                     extrapolation[0]).items()})
-    for path, doc in docs.items():
-        fileio.write_json(path, doc)
-    stale = set(metrics_dir.glob("*.json")) | set(metrics_dir.glob("*/*.json"))
-    for path in stale - set(docs):  # a variant or dataset no longer studied
-        path.unlink()
-    paths["metrics"] = metrics_dir
-    palette = study_palette(cfg.variants, variant_order(cfg.study_variants, cfg.study_variants))
+    paths: dict = {name: fileio.write_csv(out_dir / file, frame, columns)
+                   for name, (file, frame, columns) in csv_tables(runs, tables).items()}
+    paths["metrics"] = write_metrics(out_dir / "metrics", metrics_files(
+        tables.summary, tables.comparisons, tables.extrapolation))
+    palette = variant_palette(cfg)
     curves_dir = out_dir / "curves"
-    for ds in present(ablation["dataset"]):  # in the figures' colours (analysis/curves.py)
+    for ds in present(runs.ablation["dataset"]):  # in the figures' colours (analysis/curves.py)
         fileio.write_csv(curves_dir / f"{ds}.csv", mean_curves(runs.history, ds, palette),
                          CURVE_COLUMNS)
     paths["curves"] = curves_dir
 
-    fig_dir = out_dir / "figures"
-    per_op = runs.per_op
-    op_datasets = set(present(per_op["dataset"]))
-    figures: list[tuple[str | None, str, Path | None]] = []  # path None: a note, no figure
-    lr_figures: dict[str, tuple[str, Path]] = {}  # shown in the report's learning-rate section
-    arithmetic: dict[str, list[str]] = {}  # the lines that open an arithmetic dataset's section
-    length_figures: list[Path] = []
-    for ds in present(ablation["dataset"]):
-        r = references[(references["dataset"] == ds) & (references["metric"] == "test_loss")]
-        loss = headline_loss(comparisons, ds)  # the forest plot's: its band is in this loss
-        lines = {f"{x.reference} ({refs.NGRAM_SHORT})": x.value for x in r.itertuples()}
-        figures += _drawn([
-            (ds, f"{ds}: validation loss vs step (mean ± 1 SD over seeds; grey lines: n-gram "
-                 "references of the test split)",
-             plots.plot_val_loss_curves(runs.history, ds, fig_dir / f"val_loss_curves_{ds}.png",
-                                        palette=palette, references=lines)),
-            (ds, f"{ds}: test loss per variant (dots: seeds; diamond: mean ± 95% t-interval; "
-                 "grey lines: n-gram references)",
-             plots.plot_test_loss(ablation, ds, fig_dir / f"test_loss_{ds}.png",
-                                  references=lines)),
-            (ds, f"{ds}: {METRICS[loss][0]} difference to baseline, the loss of this "
-                 "dataset's verdicts (paired by seed: raw 95% t-interval and Holm-adjusted "
-                 "interval" + ("; shaded band: tuning luck, the change when the baseline was "
-                              "tuned again with another sampler seed)"
-                              if tuning_luck(variation, ds, loss) is not None else ")"),
-             plots.plot_forest(comparisons, ds, fig_dir / f"forest_{ds}.png", loss,
-                               variation=variation)),
-            (ds, f"{ds}: test loss by token position, past the training context (mean over "
-                 "seeds; length extrapolation)",
-             plots.plot_position_loss(
-                 position_curves[ds], ds, cfg.model.context_length,
-                 fig_dir / f"extrapolation_{ds}.png", palette=palette,
-                 positions={v: cfg.model_config(v, vocab_size=1).position
-                            for v in present(ablation["variant"])})),
-        ])
-        if cfg.datasets[ds].kind == "arithmetic":
-            digits = arith.training_digits(cfg.datasets[ds], runs.by_operand_digits, ds)
-            path = arith_figs.plot_length_generalisation(
-                runs.by_operand_digits, ds, digits,
-                fig_dir / f"length_generalisation_{ds}.png", palette=palette)
-            left_out = arith.unreachable(runs.by_operand_digits, ds)
-            caption = (f"{ds}: exact match by operand length (mean ± 95% t-interval over "
-                       "seeds; shaded: longer than any training problem)"
-                       + (f"; left out: {'; '.join(left_out)}" if left_out else ""))
-            length_figures += [path] if path is not None else []
-            arithmetic[ds] = arith.headline_lines(summary, comparisons, references, ds,
-                                                  present(ablation["variant"]))
-            arithmetic[ds] += arith.breakdown_lines(runs.per_op, runs.by_answer_digits, ds,
-                                                    present(ablation["variant"]))
-            arithmetic[ds] += arith.length_lines(
-                *length, ds, digits, present(ablation["variant"]),
-                (caption, path.relative_to(out_dir).as_posix()) if path else None)
-        if ds in op_datasets:
-            single = len(op_datasets) == 1  # one arithmetic dataset: no suffix in the name
-            for metric in ("exact_match", "char_accuracy"):
-                name = f"{metric}_by_op.png" if single else f"{metric}_by_op_{ds}.png"
-                path = arith_figs.plot_by_op(per_op, ds, fig_dir / name, metric,
-                                             palette=palette, references=references)
-                floor = ((references["dataset"] == ds) & (references["metric"] == metric)
-                         & (references["reference"] == arith.FLOORS[metric])).any()
-                figures += _drawn([(ds, f"{ds}: {METRICS[metric][0]} by operation and "
-                                    "variant (mean ± 95% t-interval over seeds, dots: seeds"
-                                    + ("; dashed: the floor, the best answer ignoring the "
-                                       "question, over all operations)" if floor else ")"),
-                                    path)],
-                                  arith_figs.nothing_solved(per_op, ds, metric))
-        path = plot_lr_response(runs.trials, runs.tuned, ds, fig_dir / f"tuning_{ds}.png",
-                                palette=palette)
-        if path is not None:
-            lr_figures[ds] = (
-                f"{ds}: how each variant responds to the learning rate (one seed, first rung "
-                "of the tuning). Left: validation loss against learning rate, lines through "
-                "the shared design, faint dots the other first-rung trials, stars the tuned "
-                "configurations (equal ones fanned out sideways). Right: the best loss per "
-                "width at equal compute, diamonds the last rung's trials"
-                + (". Shaded: outside the learning rates and widths the tuner searched"
-                   if search_bounds(runs.tuned, ds) != (None, None, []) else ""), path)
-        path = plots.plot_params_vs_loss(ablation, ds, fig_dir / f"params_vs_loss_{ds}.png",
-                                         palette=palette)
-        figures += _drawn([(ds, f"{ds}: non-embedding parameters vs test loss", path)],
-                          plots.params_too_narrow(ablation, ds))
-        figures += _drawn([(ds, f"{ds}: fraction of near-zero gradients per parameter group",
-                            plots.plot_grad_flow(runs.grad, ds,
-                                                 fig_dir / f"grad_flow_{ds}.png"))])
-    figures += [(ds, cap, Path(p)) for ds, cap, p in extra_figures]
-    written = [(ds, cap, p) for ds, cap, p in figures if p is not None]
-    datasets = present(ablation["dataset"])
-    findings = fi.findings_section(
-        comparisons, datasets=datasets, order=present(ablation["variant"]), variation=variation,
-        convergence=convergence, gradients=gradients, extrapolation=extrapolation[0],
-        length=length[0], positions={v: cfg.model_config(v, vocab_size=1).position
-                                     for v in present(ablation["variant"])},
-        figures={ds: f"figures/forest_{ds}.png" for ds in datasets
-                 if (fig_dir / f"forest_{ds}.png") in {p for _, _, p in written}})
-    md = render_markdown(
-        cfg, runs, summary, comparisons,
-        [(ds, cap, p.relative_to(out_dir).as_posix() if p is not None else None)
-         for ds, cap, p in figures],
-        environment, notes, variation, problems=problems, detectable=detectable,
-        references=references, tuned=runs.tuned, extrapolation=extrapolation,
-        sensitivity=sensitivity, arithmetic=arithmetic,
-        lr_figures={ds: (cap, p.relative_to(out_dir).as_posix())
-                    for ds, (cap, p) in lr_figures.items()}, findings=findings)
+    figures = draw_report_figures(cfg, runs, tables, out_dir / "figures", palette,
+                                  extra=extra_figures)
     paths["report"] = out_dir / "report.md"
-    fileio.write_text(paths["report"], md)
-    paths["figures"] = ([p for _, _, p in written] + [p for _, p in lr_figures.values()]
-                        + length_figures)
+    fileio.write_text(paths["report"], report_markdown(cfg, runs, notes, tables, figures,
+                                                       out_dir, environment))
+    paths["figures"] = figures.written()
     return paths
 
 
@@ -443,13 +223,6 @@ def where_to_look(cfg: StudyConfig, paths: dict, runs_view_url: str | None = Non
         lines += [f"  validation loss, {ds}: {address}/{url}"
                   for ds, url in (chart_urls or {}).items()]
     return "\n".join(lines)
-
-
-def variant_colours(cfg: StudyConfig) -> dict[str, str]:
-    """Each studied variant's colour in the figures (:func:`family_palette`, variants in the
-    report's order: baseline first), as ``"#rrggbb"`` for MLflow's run colours."""
-    return hex_colours(study_palette(cfg.variants,
-                                     variant_order(cfg.study_variants, cfg.study_variants)))
 
 
 def main(cfg: StudyConfig, args: argparse.Namespace) -> None:

@@ -1,0 +1,133 @@
+"""The report's tables: every frame computed from the collected runs, and the CSV each is
+written to.
+
+:func:`compute_tables` runs the statistics of :mod:`~lmablate.analysis.statistics`,
+:mod:`~lmablate.analysis.problems`, :mod:`~lmablate.analysis.extrapolation`,
+:mod:`~lmablate.analysis.arithmetic`, :mod:`~lmablate.analysis.sensitivity` and
+:mod:`~lmablate.analysis.findings` over one :class:`~lmablate.analysis.collect.RunOutputs`;
+:func:`csv_tables` says which file of ``reports/`` each frame goes to, with its columns. Nothing
+here writes: the report stage does (:mod:`lmablate.stages.report`).
+
+Units as in the tables they come from: losses in nats/char (the answer loss per answer
+character), accuracies as fractions in [0, 1].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import pandas as pd
+
+from lmablate.analysis import arithmetic as arith
+from lmablate.analysis import extrapolation as ex
+from lmablate.analysis import findings as fi
+from lmablate.analysis.collect import (ABLATION_COLUMNS, BASELINE, TUNED_COLUMNS, RunOutputs,
+                                       present)
+from lmablate.analysis.problems import PROBLEM_COLUMNS, compare_problems
+from lmablate.analysis.reference_points import REFERENCE_COLUMNS, reference_table, uniform_losses
+from lmablate.analysis.sensitivity import SENSITIVITY_COLUMNS, lr_sensitivity
+from lmablate.analysis.statistics import (DETECTABLE_COLUMNS, TUNING_VARIATION_COLUMNS,
+                                          compare, detectable_effects, summarise,
+                                          tuning_variation)
+from lmablate.config import StudyConfig
+
+
+@dataclass(frozen=True)
+class ReportTables:
+    """The frames of one report, each in the study order (datasets as configured, baseline
+    first, then the configured variants)."""
+
+    summary: pd.DataFrame  # statistics.SUMMARY_COLUMNS, one row per dataset x variant x metric
+    comparisons: pd.DataFrame  # statistics.COMPARISON_COLUMNS, every variant against baseline
+    problems: pd.DataFrame  # problems.PROBLEM_COLUMNS, arithmetic problem by problem
+    detectable: pd.DataFrame  # statistics.DETECTABLE_COLUMNS, per dataset x metric
+    variation: pd.DataFrame  # statistics.TUNING_VARIATION_COLUMNS, the re-tunings
+    references: pd.DataFrame  # REFERENCE_COLUMNS; empty without the tokenized data
+    extrapolation: pd.DataFrame  # extrapolation.TABLE_COLUMNS, test loss per context multiple
+    extrapolation_comparisons: pd.DataFrame  # each scheme against rope at each length
+    positions: dict[str, pd.DataFrame]  # dataset -> extrapolation.CURVE_COLUMNS
+    sensitivity: pd.DataFrame  # sensitivity.SENSITIVITY_COLUMNS
+    length: pd.DataFrame  # arithmetic.LENGTH_COLUMNS, exact match by operand length
+    length_comparisons: pd.DataFrame  # arithmetic.LENGTH_COMPARISON_COLUMNS
+    convergence: pd.DataFrame  # findings.CONVERGENCE_COLUMNS
+    gradients: pd.DataFrame  # findings.GRAD_COLUMNS
+
+
+def _in_study_order(table: pd.DataFrame, ablation: pd.DataFrame) -> pd.DataFrame:
+    """``table`` sorted (stably) by dataset and variant in the order of ``ablation``'s
+    categorical columns, as every other table: the stacked files come in path order."""
+    return table.sort_values(["dataset", "variant"], kind="stable", key=lambda c: c.map(
+        {v: i for i, v in enumerate(present(ablation[c.name]))}))
+
+
+def compute_tables(cfg: StudyConfig, runs: RunOutputs, tokens_dir: Path | None) -> ReportTables:
+    """Every table of the report from the study's runs
+    (:func:`~lmablate.analysis.collect.restrict_to_study`; ``runs.ablation`` not empty).
+
+    ``tokens_dir`` (``<tokens_dir>/<dataset>/``) gives the reference points and the loss at
+    initialisation of the learning-rate sensitivity
+    (:mod:`~lmablate.analysis.reference_points`); None leaves them out (no references, no
+    sensitivity).
+
+    Raises:
+        FileNotFoundError / TokenizerError: a dataset's tokens are missing under ``tokens_dir``.
+    """
+    ablation = runs.ablation
+    summary = summarise(ablation)
+    comparisons = compare(ablation, baseline=BASELINE)
+    problems = compare_problems(runs.predictions, baseline=BASELINE,
+                                variants=present(ablation["variant"]))
+    detectable = detectable_effects(comparisons)
+    variation = tuning_variation(ablation, runs.replicates)
+    references = (reference_table(cfg, tokens_dir, runs) if tokens_dir is not None
+                  else pd.DataFrame(columns=REFERENCE_COLUMNS))
+    extrapolation = ex.extrapolation_table(runs.extrapolation)
+    extrapolation_comparisons = ex.extrapolation_comparisons(runs.extrapolation)
+    positions = {ds: ex.position_curves(runs.position_loss, ds)
+                 for ds in present(ablation["dataset"])}
+    sensitivity = lr_sensitivity(runs.trials, uniform_losses(cfg, tokens_dir))
+    length = arith.length_table(runs.by_operand_digits)
+    length_comparisons = arith.length_comparisons(runs.by_operand_digits)
+    return ReportTables(
+        summary=summary, comparisons=comparisons, problems=problems, detectable=detectable,
+        variation=variation, references=references, extrapolation=extrapolation,
+        extrapolation_comparisons=extrapolation_comparisons, positions=positions,
+        sensitivity=sensitivity, length=length, length_comparisons=length_comparisons,
+        convergence=_in_study_order(fi.convergence_table(runs.history), ablation),
+        gradients=_in_study_order(fi.gradient_table(runs.grad), ablation))
+
+
+def csv_tables(runs: RunOutputs, tables: ReportTables
+               ) -> dict[str, tuple[str, pd.DataFrame, Sequence[str] | None]]:
+    """name -> ``(file name under reports/, frame, columns)`` of every CSV table of the report,
+    in the order they are written; columns None writes the frame's own."""
+    return {
+        "ablation": ("ablation.csv", runs.ablation, ABLATION_COLUMNS),
+        "summary": ("summary.csv", tables.summary, None),
+        "comparisons": ("comparisons.csv", tables.comparisons, None),
+        "problem_comparisons": ("problem_comparisons.csv", tables.problems, PROBLEM_COLUMNS),
+        "detectable_effects": ("detectable_effects.csv", tables.detectable, DETECTABLE_COLUMNS),
+        "references": ("references.csv", tables.references, REFERENCE_COLUMNS),
+        "tuned": ("tuned.csv", runs.tuned, TUNED_COLUMNS),
+        "lr_sensitivity": ("lr_sensitivity.csv", tables.sensitivity, SENSITIVITY_COLUMNS),
+        "tuning_variation": ("tuning_variation.csv", tables.variation,
+                             TUNING_VARIATION_COLUMNS),
+        "extrapolation": ("extrapolation.csv", tables.extrapolation, ex.TABLE_COLUMNS),
+        "extrapolation_comparisons": ("extrapolation_comparisons.csv",
+                                      tables.extrapolation_comparisons, None),
+        # the numbers behind the loss-by-position figures, every dataset in one table
+        "extrapolation_positions": (
+            "extrapolation_positions.csv",
+            pd.concat([c.assign(dataset=ds) for ds, c in tables.positions.items()],
+                      ignore_index=True),
+            ["dataset", *ex.CURVE_COLUMNS]),
+        "convergence": ("convergence.csv", tables.convergence, fi.CONVERGENCE_COLUMNS),
+        "grad_flow": ("grad_flow.csv", tables.gradients, fi.GRAD_COLUMNS),
+        "length_generalisation": ("length_generalisation.csv", tables.length,
+                                  arith.LENGTH_COLUMNS),
+        "length_generalisation_comparisons": ("length_generalisation_comparisons.csv",
+                                              tables.length_comparisons,
+                                              arith.LENGTH_COMPARISON_COLUMNS),
+    }
