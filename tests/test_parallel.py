@@ -9,7 +9,7 @@ import optuna
 import pandas as pd
 import pytest
 import torch
-from lmablate import budget, parallel, tuning
+from lmablate import budget, parallel, trials, tuning
 from lmablate.config import ModelConfig, RuntimeConfig
 from lmablate.stages import train, tune
 from lmablate.tracking import NullTracker
@@ -196,7 +196,7 @@ def test_a_slower_duplicate_of_a_trial_cannot_change_its_recorded_steps(project)
         state=optuna.trial.TrialState.FAIL, intermediate_values={1: 2.5, 2: 2.4},
         user_attrs={tuning.SLOT: 1, "last_step": interval, tuning.OUTCOME: tuning.DIVERGED,
                     **attrs})
-    rows = tune.trials_frame(cfg, "arithmetic", "baseline", 10, {0: finished, 1: diverged})
+    rows = trials.trials_frame(cfg, "arithmetic", "baseline", 10, {0: finished, 1: diverged})
     assert [r["last_step"] for r in rows] == [steps, 2 * interval]
     assert interval > 1 and len(reports) > 2  # the attribute's value would differ
 

@@ -19,7 +19,7 @@ L0 = 3.0  # the loss at initialisation the tests pass (nats/char)
 
 def trial(variant, slot, lr, d_model, value, *, rung=0, batch=0, state="COMPLETE",
           dataset="d"):
-    """One row of a stacked trials.csv (lmablate.stages.tune.TRIALS_COLUMNS)."""
+    """One row of a stacked trials.csv (lmablate.trials.TRIALS_COLUMNS)."""
     return {"dataset": dataset, "variant": variant, "number": slot, "rung": rung,
             "batch": batch, "budget_fraction": 0.125 if rung == 0 else 1.0, "state": state,
             "value": value if state == "COMPLETE" else np.nan, "params_lr": lr,

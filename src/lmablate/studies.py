@@ -95,7 +95,7 @@ def claim(study: optuna.Study) -> optuna.Trial | None:
     # SQLite has no SELECT ... FOR UPDATE, so two connections can both see a trial WAITING and
     # both take it: the lock makes the threads of a process take turns. Between processes on
     # one SQLite file the race remains; the loser notices when it writes to the finished trial
-    # (UpdateFinishedTrialError, see lmablate.stages.tune.run_trial), and its work was the same
+    # (UpdateFinishedTrialError, see lmablate.trials.run_trial), and its work was the same
     # as the winner's anyway.
     with _CLAIM_LOCK:
         for t in storage.get_all_trials(study._study_id, deepcopy=False,

@@ -3,7 +3,8 @@ number of workers.
 
 One study per dataset x variant (and per re-tuning replicate). Its search space is declared
 here once (:func:`initial_space`, :func:`space_for_batch`), and so is every decision the study
-makes; :mod:`lmablate.stages.tune` only trains the trials this module asks for and records them.
+makes; :mod:`lmablate.trials` only trains the trials this module asks for, and
+:mod:`lmablate.stages.tune` records them.
 
 - **Rungs** (``tune.rungs``, successive halving: Jamieson & Talwalkar 2016; Li et al. 2018):
   the first rung's configurations train its share of the dataset's budget; the best of them
@@ -68,7 +69,8 @@ DIVERGED = "diverged"
 EDGE_SHARE = 0.1  # the outer tenth of the log learning-rate range counts as its edge
 LR_EXTENSION = 10.0  # an edge extends the learning-rate range by a decade
 # Modules whose code decides a trial's result besides the training code (RUN_MODULES).
-TUNE_MODULES = RUN_MODULES + ("budget.py", "tuning.py", "variants.py", "stages/tune.py")
+TUNE_MODULES = RUN_MODULES + ("budget.py", "tuning.py", "trials.py", "variants.py",
+                               "stages/tune.py")
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 

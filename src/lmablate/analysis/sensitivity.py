@@ -2,7 +2,7 @@
 
 Pure functions over the stacked ``trials.csv`` files (:attr:`lmablate.analysis.collect.
 RunOutputs.trials`: one row per slot of a dataset x variant study, columns of
-:data:`lmablate.stages.tune.TRIALS_COLUMNS` after ``dataset`` and ``variant``). The protocol
+:data:`lmablate.trials.TRIALS_COLUMNS` after ``dataset`` and ``variant``). The protocol
 that produced them is :mod:`lmablate.tuning`:
 
 * **The shared design** (:func:`design_points`): the first batch of the first rung (``rung`` 0,

@@ -1,0 +1,265 @@
+"""Running a tuning study's trials: queue the batch the protocol asks for, train each queued
+trial on a worker, tell the study its result, and tabulate the results.
+
+:mod:`lmablate.tuning` decides what each trial trains and which trials come next;
+this module carries it out on Optuna's storage (:mod:`lmablate.studies`), so the tune stage only
+validates, opens the study and the MLflow parent run, and writes ``trials.csv`` and
+``best.json``. Any number of workers, in threads, processes or on several machines sharing one
+storage, run the same trials and give the same study: a batch is queued from the results of the
+earlier ones alone, and a worker takes whichever queued trial is next (:func:`run_batches`).
+
+Units: losses in nats/char, budgets as shares of the dataset's training FLOPs, steps as
+optimizer steps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from . import interrupt
+from .budget import training_flops, trial_steps
+from .config import StudyConfig
+from .device import resolve_device
+from .parallel import map_jobs, worker_count
+from .studies import Heartbeat, claim, load_study, make_storage
+from .tokens import TokenData
+from .tracking import NullTracker, make_tracker
+from .training import DivergenceError, train_model
+from .tuning import (DIVERGED, FRACTION, OUTCOME, RUNG, SLOT, Batch, batch_of, chosen,
+                     n_slots, next_batch, on_edge, slot_results, space_for_batch,
+                     tokens_per_parameter, trial_distributions, trial_train_config)
+from .variants import resolve_model_config
+
+TRIALS_COLUMNS = ("number", "rung", "batch", "budget_fraction", "state", "value", "params_lr",
+                  "params_d_model", "tokens_per_parameter", "steps", "last_step", "flops",
+                  "fail_reason")
+
+
+@dataclass(frozen=True)
+class TuneJob:
+    """One worker: claims queued trials of the study until none is left. Picklable for a
+    process."""
+
+    cfg: StudyConfig
+    dataset: str
+    variant: str
+    tokens_dir: Path
+    study_name: str
+    parent_run_id: str | None
+
+
+def tune_worker(job: TuneJob) -> int:
+    """Run queued trials of ``job.study_name`` until the queue is empty; returns how many this
+    worker ran.
+
+    Raises:
+        Interrupted: the stage was asked to stop; no further trial is taken.
+    """
+    cfg = job.cfg
+    storage = make_storage(cfg.tune.storage_url, cfg.tune.heartbeat_seconds)
+    study = load_study(storage, job.study_name)
+    data = TokenData.load(job.tokens_dir)
+    device = resolve_device(cfg.runtime.device)
+    tracker = make_tracker(cfg.tracking)
+    ran = 0
+    while True:
+        interrupt.check()  # before each claim: a trial taken after Ctrl-C would only fail
+        if (trial := claim(study)) is None:
+            break
+        # beating from the moment the trial is taken (see lmablate.studies.claim)
+        with Heartbeat(study, trial, cfg.tune.heartbeat_seconds):
+            run_trial(job, study, trial, data, device, tracker)
+        ran += 1
+    return ran
+
+
+def run_trial(job: TuneJob, study: optuna.Study, trial: optuna.Trial, data: TokenData,
+              device, tracker: NullTracker) -> None:
+    """Train the queued ``trial`` and tell the study its result: COMPLETE with the final val
+    loss, or FAIL with ``outcome: diverged`` and the reason. Any other
+    error fails the trial and is raised; so does an interrupt (Ctrl-C), with ``fail_reason:
+    interrupted``: a failed trial without ``outcome: diverged`` is no result
+    (:func:`lmablate.tuning.slot_results`), so its slot is queued again with the same params
+    when the stage is run again. If another process took the same trial and finished it
+    first (see :func:`lmablate.studies.claim`), this one stops quietly."""
+    try:
+        _train_trial(job, study, trial, data, device, tracker)
+    except optuna.exceptions.UpdateFinishedTrialError:
+        pass
+
+
+def _train_trial(job: TuneJob, study: optuna.Study, trial: optuna.Trial, data: TokenData,
+                 device, tracker: NullTracker) -> None:
+    cfg = job.cfg
+    slot, fraction = trial.user_attrs[SLOT], trial.user_attrs[FRACTION]
+    dists = trial_distributions(cfg.tune)
+    lr = trial.suggest_float("lr", dists["lr"].low, dists["lr"].high, log=True)
+    d_model = trial.suggest_int("d_model", dists["d_model"].low, dists["d_model"].high, log=True)
+    model_cfg = resolve_model_config(cfg, job.variant, data.vocab_size, d_model)
+    steps = trial_steps(cfg, job.dataset, model_cfg, fraction)
+    train_cfg = trial_train_config(cfg, job.dataset, steps)
+    reports: dict[int, float] = {}
+
+    def report(step: int, val_loss: float) -> None:
+        # recorded for the curves (optuna-dashboard, MLflow); rungs judge only the last one
+        index = step // train_cfg.eval_interval  # 1 .. tune.reports: the same share of compute
+        if index in reports:
+            return  # the last step after the last report: its loss is the trial's value
+        trial.report(val_loss, index)
+        reports[index] = val_loss
+        trial.set_user_attr("last_step", step)
+
+    tags = {"dataset": job.dataset, "variant": job.variant, "stage": "tune",
+            "optuna_study": study.study_name, "trial": slot, "rung": trial.user_attrs[RUNG]}
+    with tracker.run(f"trial-{slot}", tags, parent_run_id=job.parent_run_id):
+        tracker.log_params({"peak_lr": lr, "d_model": d_model, "trial": slot, "steps": steps,
+                            "rung": trial.user_attrs[RUNG], "budget_fraction": fraction})
+        trial.set_user_attr("steps", steps)
+        trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
+        try:
+            result = train_model(model_cfg, train_cfg, data, seed=cfg.tune.seed, lr=lr, steps=steps,
+                                 device=device, on_eval=report, tracker=tracker,
+                                 desc=f"{job.dataset}/{job.variant}/trial {slot}")
+        except DivergenceError as exc:
+            trial.set_user_attr(OUTCOME, DIVERGED)
+            trial.set_user_attr("fail_reason", str(exc))
+            tracker.set_tags({"state": "FAILED", "fail_reason": str(exc)})
+            study.tell(trial, state=TrialState.FAIL)
+            return
+        except optuna.exceptions.UpdateFinishedTrialError:
+            raise
+        except BaseException as exc:
+            if isinstance(exc, KeyboardInterrupt):
+                with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
+                    trial.set_user_attr("fail_reason", "interrupted")
+            study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
+            raise
+        study.tell(trial, result.val_loss)
+
+
+def queue_batch(cfg: StudyConfig, dataset: str, variant: str, study: optuna.Study,
+                sampler_seed: int) -> Batch | None:
+    """Queue the proposals of the first unfinished batch (:func:`lmablate.tuning.next_batch`)
+    that are neither finished, queued nor running; returns that batch, or None when the study
+    is done."""
+    found = next_batch(cfg, dataset, variant, slot_results(study), sampler_seed)
+    if found is None:
+        return None
+    batch, params = found
+    results = slot_results(study)
+    live = {t.user_attrs.get(SLOT) for t in study.get_trials(
+        deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING))}
+    for slot, values in params.items():
+        if slot not in results and slot not in live:
+            study.enqueue_trial(values, user_attrs={SLOT: slot, RUNG: batch.rung,
+                                                    FRACTION: batch.fraction})
+    return batch
+
+
+def run_batches(job: TuneJob, study: optuna.Study, sampler_seed: int,
+                processes: bool) -> None:
+    """Queue and run the study's batches (:func:`queue_batch`) until every rung is done: each
+    batch's waiting trials on up to ``runtime.workers`` workers (:func:`tune_worker`, in
+    processes when ``processes``). A batch whose trials all run elsewhere (another machine, or a
+    worker that died) is waited for: Optuna fails a trial whose heartbeat stopped, and its slot
+    is queued again.
+
+    Raises:
+        Interrupted: the stage was asked to stop.
+    """
+    cfg = job.cfg
+    while (batch := queue_batch(cfg, job.dataset, job.variant, study, sampler_seed)) is not None:
+        waiting = sum(t.user_attrs.get(SLOT) in batch.slots for t in study.get_trials(
+            deepcopy=False, states=(TrialState.WAITING,)))
+        if waiting:
+            workers = worker_count(cfg.runtime, waiting, resolve_device(cfg.runtime.device))
+            map_jobs(tune_worker, [job] * workers, workers, processes=processes)
+        else:
+            # The batch's trials run elsewhere (another machine), or on a worker that died:
+            # wait; Optuna fails a trial whose heartbeat stopped and queues it again.
+            optuna.storages.fail_stale_trials(study)
+            time.sleep(cfg.tune.heartbeat_seconds)
+
+
+def trials_frame(cfg: StudyConfig, dataset: str, variant: str, vocab_size: int,
+                 results: dict[int, FrozenTrial]) -> list[dict]:
+    """One row per slot with a result (:data:`TRIALS_COLUMNS`): its rung, batch and share of
+    the budget, params, the baseline's tokens per parameter at its width, state, value (final
+    val loss; empty for a diverged trial), steps planned and trained (up to its last report),
+    FLOPs spent."""
+    rows = []
+    for slot in sorted(results):
+        t = results[slot]
+        steps = t.user_attrs.get("steps", 0)
+        # The last report's step from the reports themselves (report k is at step k * the
+        # trial's eval interval), not from the "last_step" attribute: two processes that took
+        # the same trial (see lmablate.studies.claim) both write that attribute, and the slower
+        # one may write an earlier step after the faster one's last report. Their reports are
+        # the same values under the same keys, whoever writes them.
+        interval = trial_train_config(cfg, dataset, steps).eval_interval if steps else 0
+        last = min(steps, max(t.intermediate_values, default=0) * interval)
+        if t.state == TrialState.COMPLETE:
+            last = steps
+        rows.append({"number": slot, "rung": t.user_attrs[RUNG],
+                     "batch": batch_of(cfg.tune, slot).index,
+                     "budget_fraction": t.user_attrs[FRACTION], "state": t.state.name,
+                     "value": t.value, "params_lr": t.params["lr"],
+                     "params_d_model": t.params["d_model"],
+                     "tokens_per_parameter": round(tokens_per_parameter(
+                         cfg, dataset, t.params["d_model"]), 3),
+                     "steps": steps, "last_step": last,
+                     "flops": training_flops(
+                         resolve_model_config(cfg, variant, vocab_size, t.params["d_model"]),
+                         cfg.train.batch_size, last),
+                     "fail_reason": t.user_attrs.get("fail_reason", "")})
+    return rows
+
+
+def summarise_study(cfg: StudyConfig, dataset: str, variant: str, study_name: str,
+                    results: dict[int, FrozenTrial], vocab_size: int, sampler_seed: int,
+                    widths: list[int]) -> tuple[dict, list[dict]]:
+    """``(best, rows)`` of a finished study: ``rows`` its :func:`trials_frame`, and ``best``
+    what ``best.json`` records: the chosen trial (:func:`lmablate.tuning.chosen`: ``lr``,
+    ``d_model``, ``val_loss`` in nats/char, its ``slot``, ``rung`` and ``budget_fraction``,
+    whether it was trained at the ``full_budget``), its ``on_edge`` flags against the ranges
+    searched by the last batch (``lr_range``, ``d_model_choices``, how they were
+    ``extended``; ``widths`` the derived width ladder, or the configured choices), the
+    ``rungs``, trial counts, the tuning's ``steps`` and ``flops``, ``sampler_seed`` and
+    ``study_name``.
+
+    Raises:
+        RuntimeError: no trial completed.
+    """
+    tune = cfg.tune
+    best = chosen(tune, results)
+    if best is None:
+        raise RuntimeError(f"tune {dataset}/{variant}: no trial of study {study_name} completed; "
+                           "see the trials' fail_reason in trials.csv, Optuna or MLflow")
+    last = batch_of(tune, n_slots(tune) - 1)
+    searched = space_for_batch(cfg, dataset, results, last)
+    rows = trials_frame(cfg, dataset, variant, vocab_size, results)
+    complete = [t for t in results.values() if t.state == TrialState.COMPLETE]
+    result = {"lr": best.params["lr"], "d_model": best.params["d_model"],
+              "val_loss": best.value, "slot": best.user_attrs[SLOT],
+              "rung": best.user_attrs[RUNG], "budget_fraction": best.user_attrs[FRACTION],
+              "full_budget": best.user_attrs[FRACTION] == 1.0,
+              "on_edge": on_edge(searched, best.params, tune,
+                                 None if tune.d_model_choices is not None else widths),
+              "lr_range": [searched.lr_low, searched.lr_high],
+              "d_model_choices": list(searched.d_model_choices),
+              "extended": list(searched.extended),
+              "rungs": [list(r) for r in tune.rungs],
+              "n_trials": len(results), "n_complete": len(complete),
+              "n_diverged": len(results) - len(complete),
+              "steps": sum(r["last_step"] for r in rows),
+              "flops": sum(r["flops"] for r in rows),
+              "sampler_seed": sampler_seed, "study_name": study_name}
+    return result, rows
