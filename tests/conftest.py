@@ -1,9 +1,11 @@
-"""Shared fixtures: the one tiny profile every test starts from, a tiny project on disk, and a
-runner for the ``lmablate`` command in its own process."""
+"""Shared fixtures: the one tiny profile every test starts from, a tiny project on disk, a
+runner for the ``lmablate`` command in its own process, and the synthetic study of the analysis
+tests (:mod:`synthetic_study`) with its report."""
 
 from __future__ import annotations
 
 import copy
+import json
 import os
 import subprocess
 import sys
@@ -18,6 +20,8 @@ from lmablate import config, params
 from lmablate.config import StudyConfig
 from lmablate.model import flops_per_token
 from lmablate.stages import generate, tokenize
+
+from synthetic_study import ENV, make_cfg, write_replicate, write_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -157,3 +161,29 @@ def start_lmablate_fixture() -> Callable[..., subprocess.Popen]:
 def run_command_fixture() -> Callable[..., subprocess.CompletedProcess]:
     """:func:`run_command`: a command of this environment, run to completion."""
     return run_command
+
+
+@pytest.fixture(scope="session")
+def study_root(tmp_path_factory):
+    """runs/ of the configured study plus a stale variant "old" that is not part of it."""
+    root = tmp_path_factory.mktemp("study")
+    write_runs(root / "runs")
+    # a stale variant directory that is not part of the configured study
+    write_runs(root / "stale", variants=("baseline",))
+    (root / "stale" / "shakespeare" / "baseline").rename(root / "runs" / "shakespeare" / "old")
+    doc = json.loads((root / "runs/shakespeare/old/metrics.json").read_text())
+    doc["variant"] = "old"
+    (root / "runs/shakespeare/old/metrics.json").write_text(json.dumps(doc))
+    write_replicate(root / "runs" / "shakespeare" / "baseline")
+    return root
+
+
+@pytest.fixture(scope="session")
+def built(study_root):
+    """``(cfg, reports dir, paths)`` of the report of :func:`study_root`'s runs
+    (:func:`lmablate.stages.report.build_report`), built once and only read by the tests."""
+    from lmablate.stages import report  # matplotlib and seaborn: only for the tests that use it
+    root = study_root
+    cfg = make_cfg()
+    out = report.build_report(cfg, root / "runs", root / "reports", environment=ENV)
+    return cfg, root / "reports", out

@@ -1,5 +1,6 @@
-"""Faults: a killed training run resumes to the same result; a killed tuning run keeps its
-trials and finishes the requested count; divergence stops with a clear error or fails a trial."""
+"""Faults: a killed training run resumes to the same result (in process: tests/test_training.py);
+a killed tuning run keeps its trials and finishes the requested count; divergence stops with a
+clear error or fails a trial."""
 
 import dataclasses
 import json
@@ -16,8 +17,6 @@ from lmablate import tuning
 from lmablate.stages import tune
 from lmablate.tokens import TokenData
 from lmablate.tracking import NullTracker
-from lmablate.training import train_model
-from lmablate.variants import resolve_model_config
 
 from conftest import budgets
 
@@ -51,36 +50,6 @@ def wait_for(predicate, timeout: float, what: str) -> None:
         if time.monotonic() > end:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.05)
-
-
-def test_resume_in_process_equals_uninterrupted(project):
-    cfg, project = project.cfg, project.path
-    data = TokenData.load(project / "tokens")
-    model_cfg = resolve_model_config(cfg, "baseline", data.vocab_size, 16)
-    kw = dict(seed=0, lr=3e-3, steps=60, device=torch.device("cpu"))
-    train_cfg = cfg.train
-    full = train_model(model_cfg, train_cfg, data, **kw)
-
-    class Crash(Exception):
-        pass
-
-    def crash_at_30(step, _):
-        if step == 30:
-            raise Crash
-
-    state = project / "resume.pt"
-    with pytest.raises(Crash):
-        train_model(model_cfg, train_cfg, data, **kw, resume_path=state, fingerprint="f",
-                    on_eval=crash_at_30)
-    assert torch.load(state, weights_only=False)["step"] == 30
-    resumed = train_model(model_cfg, train_cfg, data, **kw, resume_path=state, fingerprint="f")
-    assert [r["val_loss"] for r in resumed.history] == pytest.approx(
-        [r["val_loss"] for r in full.history], abs=1e-6)
-    for a, b in zip(full.model.state_dict().values(), resumed.model.state_dict().values()):
-        torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
-    # a state written for other settings is not resumed
-    other = train_model(model_cfg, train_cfg, data, **kw, resume_path=state, fingerprint="g")
-    assert other.history[0]["step"] == 10
 
 
 def test_kill_9_during_train_then_rerun_gives_the_same_result(project, start_lmablate):

@@ -1,0 +1,87 @@
+"""lmablate.analysis.limits: "What this study can and cannot say", written from the report's
+tables (the synthetic study of synthetic_study.py)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pandas as pd
+
+from lmablate.analysis import collect, statistics
+from lmablate.stages import report
+
+from synthetic_study import DATASETS, EXPECTED_VERDICTS, REPLICATE_SHIFT, make_cfg, write_runs
+
+
+def test_limits_section_is_written_from_the_report_tables(built):
+    cfg, out_dir, out = built
+    md = out["report"].read_text()
+    assert md.index("## What this study can and cannot say") < md.index("## Methodology")
+    section = md.split("## What this study can and cannot say")[1].split("## Methodology")[0]
+    parts = dict(zip(*[iter(re.split(r"\*\*(shakespeare|arithmetic)\*\*", section)[1:])] * 2))
+    assert set(parts) == {"shakespeare", "arithmetic"}
+    detectable = pd.read_csv(out["detectable_effects"])
+    for r in detectable.itertuples():  # the minimum detectable effects, as in the CSV
+        assert f"{r.mde:.3g} {statistics.METRICS[r.metric][1]}" in parts[r.dataset]
+        assert f"With {r.n_seeds} seeds per variant" in parts[r.dataset]
+    # the better/worse verdicts, and nothing else, are what the study can say
+    for ds in DATASETS:
+        called = [f"{v} {verdict} in {statistics.METRICS[m][0]}"
+                  for (d, m, v), verdict in EXPECTED_VERDICTS.items()
+                  if d == ds and verdict in ("better", "worse")]
+        listing = called[0] if len(called) == 1 else ", ".join(called[:-1]) + " and " + called[-1]
+        assert f"over training seeds (paired by seed, Holm at family-wise α = 0.05): {listing} " \
+               "than the baseline." in parts[ds]
+    assert "Every variant trained at the baseline's width (d_model 64)." in parts["shakespeare"]
+    assert "tokens (" in parts["shakespeare"] and "at d_model 64" in parts["shakespeare"]
+
+
+def test_limits_section_flags_edges_identical_seeds_and_other_widths(tmp_path):
+    write_runs(tmp_path / "runs")
+    run_dir = tmp_path / "runs" / "shakespeare" / "rmsnorm"
+    doc = json.loads((run_dir / "metrics.json").read_text())
+    base = json.loads((tmp_path / "runs/shakespeare/baseline/metrics.json").read_text())
+    for key, run in doc["runs"].items():  # 0.05 worse on every seed, at another width
+        run["test_loss"] = base["runs"][key]["test_loss"] + 0.05
+        run["d_model"] = 32
+    (run_dir / "metrics.json").write_text(json.dumps(doc))
+    (run_dir / "best.json").write_text(json.dumps(
+        {"lr": 0.03, "d_model": 32, "val_loss": 2.0, "full_budget": True,
+         "on_edge": ["lr at upper bound"], "extended": [], "lr_range": [1e-3, 1e-1],
+         "d_model_choices": [32, 64], "n_trials": 7, "n_complete": 6, "n_diverged": 1}))
+    out = report.build_report(make_cfg(), tmp_path / "runs", tmp_path / "reports")
+    md = out["report"].read_text()
+    section = md.split("## What this study can and cannot say")[1].split("## Methodology")[0]
+    assert "lr at upper bound for rmsnorm" in section
+    assert "rmsnorm in test loss (Δ = 0.05)" in section and "identical on every seed" in section
+    assert "Trained at another width than the baseline (d_model 64): rmsnorm at 32" in section
+    tuned = pd.read_csv(out["tuned"])
+    assert list(tuned.columns) == collect.TUNED_COLUMNS
+    row = tuned[(tuned["dataset"] == "shakespeare") & (tuned["variant"] == "rmsnorm")]
+    assert row.fillna({"extended": ""}).to_dict("records") == [
+        {"dataset": "shakespeare", "variant": "rmsnorm", "lr": 0.03, "d_model": 32,
+         "val_loss": 2.0, "full_budget": True, "on_edge": "lr at upper bound",
+         "extended": "", "lr_low": 0.001, "lr_high": 0.1, "d_model_choices": "32 64",
+         "n_trials": 7, "n_complete": 6, "n_diverged": 1}]
+
+
+def test_tuning_luck_on_arithmetic_is_measured_in_the_answer_loss(tmp_path):
+    write_runs(tmp_path / "runs")
+    base = tmp_path / "runs" / "arithmetic" / "baseline"
+    doc = json.loads((base / "metrics.json").read_text())
+    for shift, run in zip(REPLICATE_SHIFT, doc["runs"].values()):  # the test loss moves 1.0
+        run.update(lr=0.004, d_model=32, answer_loss=run["answer_loss"] + shift,
+                   test_loss=run["test_loss"] + 1.0)
+    (base / "replicate_1").mkdir()
+    (base / "replicate_1" / "metrics.json").write_text(json.dumps({**doc, "replicate": 1}))
+    out = report.build_report(make_cfg(), tmp_path / "runs", tmp_path / "reports")
+    md = out["report"].read_text()
+    section = md.split("## What this study can and cannot say")[1].split("## Methodology")[0]
+    part = section.split("**arithmetic**")[1]
+    moved = np.mean(REPLICATE_SHIFT)
+    assert f"moved its answer loss by +{moved:.4f}" in part
+    assert "nats/answer char may owe as much to the tuner" in part
+    # gelu's answer-loss effect (+0.0007) is within that; rmsnorm's (-0.20) is not
+    assert "Answer loss effects of that size or less here: gelu." in part

@@ -1,0 +1,71 @@
+"""lmablate.analysis.report_figures: which figures the report draws, with which captions, and
+the sentence that stands for a figure not drawn."""
+
+from __future__ import annotations
+
+import json
+
+from lmablate.stages import report
+
+from synthetic_study import make_cfg, write_runs
+
+
+# no params_vs_loss_*.png: the variants' parameter counts (PARAMS) are 0.2% apart
+EXPECTED_FIGURES = [
+    "val_loss_curves_shakespeare.png", "test_loss_shakespeare.png", "forest_shakespeare.png",
+    "tuning_shakespeare.png", "grad_flow_shakespeare.png",
+    "val_loss_curves_arithmetic.png", "test_loss_arithmetic.png", "forest_arithmetic.png",
+    "exact_match_by_op.png", "char_accuracy_by_op.png", "tuning_arithmetic.png",
+    "length_generalisation_arithmetic.png",
+]
+
+
+def test_every_figure_is_a_png(built):
+    _, out_dir, out = built
+    names = [p.name for p in out["figures"]]
+    assert sorted(names) == sorted(EXPECTED_FIGURES)
+    assert "grad_flow_arithmetic.png" not in names  # no grad_stats.csv for arithmetic
+    on_disk = sorted(p.name for p in (out_dir / "figures").iterdir())
+    assert on_disk == sorted(EXPECTED_FIGURES)  # and no temp files left behind
+    for p in out["figures"]:
+        data = p.read_bytes()
+        assert len(data) > 5000 and data[:8] == b"\x89PNG\r\n\x1a\n", p
+
+
+def test_a_figure_not_drawn_leaves_its_reason_in_the_figures_section(built):
+    _, _, out = built
+    md = out["report"].read_text()
+    for ds in ("shakespeare", "arithmetic"):
+        section = md.split(f"## {ds}\n")[1].split("### Figures")[1].split("\n## ")[0]
+        assert (f"{ds}: non-embedding parameters vs test loss not drawn: the parameter counts "
+                "span 99,800 to 100,000 (0.2% apart)") in section
+    assert "params_vs_loss" not in md
+
+
+def test_forest_plots_are_in_each_datasets_headline_loss_with_the_tuning_luck_band(built):
+    _, _, out = built
+    md = out["report"].read_text()
+    # shakespeare's baseline was tuned again (write_replicate): a band; arithmetic's was not
+    assert ("**shakespeare: test loss difference to baseline, the loss of this dataset's "
+            "verdicts (paired by seed: raw 95% t-interval and Holm-adjusted interval; shaded "
+            "band: tuning luck") in md
+    assert ("**arithmetic: answer loss difference to baseline, the loss of this dataset's "
+            "verdicts (paired by seed: raw 95% t-interval and Holm-adjusted interval)**") in md
+
+
+def test_no_exact_match_figure_when_no_variant_solved_any_problem(tmp_path):
+    write_runs(tmp_path / "runs")
+    for path in (tmp_path / "runs" / "arithmetic").glob("*/metrics.json"):
+        doc = json.loads(path.read_text())
+        for run in doc["runs"].values():
+            for values in run["per_op"].values():
+                values["exact_match"] = 0.0
+        path.write_text(json.dumps(doc))
+    out = report.build_report(make_cfg(), tmp_path / "runs", tmp_path / "reports")
+    names = {p.name for p in out["figures"]}
+    assert "exact_match_by_op.png" not in names and "char_accuracy_by_op.png" in names
+    assert not (tmp_path / "reports" / "figures" / "exact_match_by_op.png").exists()
+    md = out["report"].read_text()
+    figures_section = md.split("## arithmetic\n")[1].split("### Figures")[1]
+    assert ("arithmetic: exact match by operation not drawn: no variant solved any problem "
+            "(exact match 0 on every operation, variant and seed).") in figures_section
