@@ -7,8 +7,10 @@ heads; ``"combined"`` when it changes more than one part (``llama``), ``"baselin
 changes nothing, ``"other"`` for keys outside every family.
 
 :func:`family_palette` gives every variant a shade of its family's hue, so figures (through
-their ``palette`` argument) group the variants of a family by colour. Pure Python and seaborn
-colour maps: nothing here needs torch or a model.
+their ``palette`` argument) group the variants of a family by colour. :func:`variant_palette`
+is a study's palette over its configured variants: the report's figures and the curves of
+``dvc plots show`` take it, and MLflow's run colours as hex (:func:`variant_colours`). Pure
+Python and seaborn colour maps: nothing here needs torch or a model.
 """
 
 from __future__ import annotations
