@@ -98,6 +98,9 @@ def run_trial(job: TuneJob, study: optuna.Study, trial: optuna.Trial, data: Toke
 
 def _train_trial(job: TuneJob, study: optuna.Study, trial: optuna.Trial, data: TokenData,
                  device, tracker: NullTracker) -> None:
+    """:func:`run_trial`'s work: train the trial's params for its share of the budget on the
+    tuning seed, reporting each validation loss (nats/char) to the study, in an MLflow run
+    nested under the study's."""
     cfg = job.cfg
     slot, fraction = trial.user_attrs[SLOT], trial.user_attrs[FRACTION]
     dists = trial_distributions(cfg.tune)
