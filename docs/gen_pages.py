@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import re
+import sys
 from pathlib import Path
 
 import mkdocs_gen_files
@@ -117,6 +118,7 @@ def params_page() -> None:
     spec = importlib.util.spec_from_file_location("params_reference",
                                                   ROOT / "docs" / "params_reference.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # as an import would: dataclasses and pickling need it
     spec.loader.exec_module(module)
     with mkdocs_gen_files.open("reference/params.md", "w") as page:
         page.write(module.render())

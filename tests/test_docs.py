@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import importlib.util
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ README = (ROOT / "README.md").read_text(encoding="utf-8")
 def _load(name: str):
     spec = importlib.util.spec_from_file_location(name, ROOT / "docs" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
