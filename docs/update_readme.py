@@ -119,7 +119,9 @@ def headline_figure(study: Path, datasets: list[str], out: Path) -> None:
         canvas = canvas.resize((1600, round(canvas.height * 1600 / canvas.width)),
                                Image.LANCZOS)
     out.parent.mkdir(parents=True, exist_ok=True)
-    canvas.save(out, optimize=True)
+    # a 256-colour palette: the plots are flat colours, and the file stays small in git
+    canvas.quantize(colors=256, method=Image.Quantize.MEDIANCUT,
+                    dither=Image.Dither.NONE).save(out, optimize=True)
 
 
 # --- the block ----------------------------------------------------------------------------------
