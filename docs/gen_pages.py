@@ -84,11 +84,10 @@ def code_layout(mods: list[tuple[str, Path]]) -> str:
                    if p.name != "__init__.py" and n.rsplit(".", 1)[0] == package]
         if not members:
             continue
-        lines += [f"## `{package}`", "", summary(docstring(init)) + ".", "",
-                  "| module | what it is |", "| --- | --- |"]
+        lines += [f"## `{package}`", "", summary(docstring(init)) + ".", ""]
         for name, path in members:
             shown = path.relative_to(SRC / PACKAGE).as_posix()
-            lines.append(f"| [`{shown}`](api/{name}.md) | {summary(docstring(path))} |")
+            lines.append(f"- [`{shown}`](api/{name}.md): {summary(docstring(path))}")
         lines.append("")
     return "\n".join(lines)
 
