@@ -114,8 +114,10 @@ def api_pages(mods: list[tuple[str, Path]]) -> None:
 
 def params_page() -> None:
     """``reference/params.md`` from ``docs/params_reference.py``'s ``render()``."""
-    spec = importlib.util.spec_from_file_location("params_reference",
-                                                  ROOT / "docs" / "params_reference.py")
+    path = ROOT / "docs" / "params_reference.py"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: reference/params.md is its render()")
+    spec = importlib.util.spec_from_file_location("params_reference", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # as an import would: dataclasses and pickling need it
     spec.loader.exec_module(module)
