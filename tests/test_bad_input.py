@@ -2,8 +2,8 @@
 2, and not a byte written or changed. Then the files a stage reads that were damaged since they
 were written: each is named, and a damaged checkpoint of a finished seed is trained again.
 
-The README's "Bad input" table is checked against :data:`CASES` (each of its messages must be
-one of these), so the documented messages are the tested ones.
+The handbook's "Bad input" table (docs/troubleshooting.md) is checked against :data:`CASES` (each
+of its messages must be one of these), so the documented messages are the tested ones.
 """
 
 from __future__ import annotations
@@ -536,22 +536,23 @@ def test_train_keeps_a_finished_seed_whose_checkpoint_is_intact(trained, tmp_pat
     assert snapshot(project / "out" / "ck") == before
 
 
-# --- the README's table ---------------------------------------------------------------------------
+# --- the handbook's table ---------------------------------------------------------------------------
 
 def readme_messages() -> list[str]:
-    """The messages of the README's "Bad input" table: its second column, without backticks."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    """The messages of the handbook's "Bad input" table (docs/troubleshooting.md): its second
+    column, without backticks."""
+    text = (ROOT / "docs" / "troubleshooting.md").read_text(encoding="utf-8")
     section = text.split("\n## Bad input\n", 1)[1].split("\n## ", 1)[0]
     cells = [line.strip().strip("|").split(" | ")[-1].strip() for line in section.splitlines()
              if line.startswith("| ")]
     return [c[1:-1] for c in cells if len(c) > 2 and c[0] == c[-1] == "`"]
 
 
-def test_every_params_message_in_the_readme_is_one_of_the_tested_cases():
+def test_every_params_message_in_the_handbook_is_one_of_the_tested_cases():
     documented = [m for m in readme_messages() if m.startswith("params: ")]
     assert len(documented) >= 30
     for message in documented:
-        # "..." in the README stands for the rest of a long list; {name} in a case for what
+        # "..." in the handbook stands for the rest of a long list; {name} in a case for what
         # depends on the machine or the file (a number, torch's build)
         shown = re.compile(".*".join(re.escape(part) for part in message.split("...")))
         assert any(shown.fullmatch(case) or re.fullmatch(

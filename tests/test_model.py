@@ -671,14 +671,14 @@ def test_init_scales():
     assert isinstance(make_model(cfg.replace(norm_placement="post")).norm_f, torch.nn.Identity)
 
 
-def test_the_readme_variant_table_says_which_variants_run_past_their_context():
-    """The README's column is what the model does: a variant runs past its training context
+def test_the_handbook_variant_table_says_which_variants_run_past_their_context():
+    """The handbook's column (docs/variants.md) is what the model does: a variant runs past its training context
     exactly when its position scheme has no table of positions."""
     from pathlib import Path
     from lmablate import params
     root = Path(__file__).resolve().parents[1]
     cfg = params.load(root / "profiles" / "full.yaml")
-    text = (root / "README.md").read_text()
+    text = (root / "docs" / "variants.md").read_text()
     table = text[text.index("| variant | overrides |"):].split("\n\n")[0].splitlines()[2:]
     rows = [ln.split("|") for ln in table]
     said = {r[1].strip().strip("`"): r[4].strip() for r in rows}

@@ -118,13 +118,14 @@ def test_dvc_shows_one_metrics_row_per_variant_and_one_chart_per_dataset(study, 
     assert all(len(r) <= 7 for r in rows.values())
     table = run_command(["dvc", "metrics", "show"], study, env={"COLUMNS": "200"})
     assert max(len(line) for line in table.stdout.splitlines()) <= 200
-    # the README's `dvc exp show` command: every column shown in a 200-column terminal (DVC
-    # lists experiments of a commit, so the project's configuration is committed first)
+    # the handbook's `dvc exp show` command (docs/dvc.md): every column shown in a 200-column
+    # terminal (DVC lists experiments of a commit, so the project's configuration is committed
+    # first)
     identity = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.org",
                 "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.org"}
     for cmd in (["git", "add", "dvc.yaml", "params.yaml"], ["git", "commit", "-qm", "study"]):
         assert run_command(cmd, study, env=identity).returncode == 0
-    (line,) = [ln for ln in (ROOT / "README.md").read_text().splitlines()
+    (line,) = [ln for ln in (ROOT / "docs" / "dvc.md").read_text().splitlines()
                if ln.startswith("dvc exp show")]
     shown = run_command(shlex.split(line) + ["--no-pager"], study, env={"COLUMNS": "200"})
     assert shown.returncode == 0, shown.stderr
