@@ -32,7 +32,7 @@ from .config import ModelConfig, TrainConfig
 from .device import autocast
 from .model import GLOBAL_RNG_LOCK, GPT
 from .progress import progress
-from .tokens import TokenData, batch_starts, get_batch
+from .token_data import TokenData, batch_starts, get_batch
 from .tracking import NullTracker
 from .training import (VAL_BATCH_SEED, DivergenceError, TrainResult, decayed_parameter_names,
                        gradient_stats, make_optimizer, make_scheduler)
@@ -226,7 +226,7 @@ def _train_group(model_cfg: ModelConfig, cfg: TrainConfig, data: TokenData, *, s
 
     The loop never waits for the device between evaluations: the window starts of every step up
     to the next evaluation are drawn ahead from each seed's generator (the draws
-    :func:`~lmablate.tokens.get_batch` makes, in the same order) and sent in one copy, the
+    :func:`~lmablate.token_data.get_batch` makes, in the same order) and sent in one copy, the
     windows are gathered on the device from the training split held there, and the step's
     losses go to a device buffer that is read (with the divergence check) at the evaluation."""
     S, T, B = len(seeds), model_cfg.context_length, cfg.batch_size

@@ -36,7 +36,7 @@ from .tokenizer import CharTokenizer
 
 def aligned_step(length: int, stride: int) -> int:
     """The distance between the starts of non-overlapping windows of ``length`` tokens that
-    start at multiples of ``stride`` (:attr:`lmablate.tokens.TokenData.stride`): ``length``
+    start at multiples of ``stride`` (:attr:`lmablate.token_data.TokenData.stride`): ``length``
     rounded up to a multiple of ``stride``."""
     return stride * -(-length // stride)
 

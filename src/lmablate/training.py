@@ -26,7 +26,7 @@ from .config import ModelConfig, TrainConfig
 from .device import autocast
 from .model import GLOBAL_RNG_LOCK, GPT
 from .progress import progress
-from .tokens import TokenData, get_batch
+from .token_data import TokenData, get_batch
 from .tracking import NullTracker
 
 HISTORY_COLUMNS = ("seed", "step", "tokens", "train_loss", "val_loss", "lr", "elapsed_seconds")

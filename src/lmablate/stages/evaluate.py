@@ -21,7 +21,7 @@ from ..evaluation import (answer_nats, arithmetic_predictions, arithmetic_scores
                           by_operand_digits, extrapolation, not_reaching, test_loss, text_samples)
 from ..parallel import map_jobs, worker_count
 from ..tokenizer import load_tokenizer
-from ..tokens import TokenData
+from ..token_data import TokenData
 from ..tracking import NullTracker, make_tracker
 
 

@@ -18,13 +18,13 @@ from pathlib import Path
 from .. import fileio, interrupt
 from ..budget import run_steps, tokens_per_step, training_flops
 from ..batched import batched_on, train_seeds
-from ..checkpoint import code_version, load_resume, save_checkpoint, verify_checkpoint
+from ..checkpoint import load_resume, save_checkpoint, verify_checkpoint
 from ..config import ModelConfig, StudyConfig
-from ..fingerprint import fingerprint
+from ..fingerprint import code_version, fingerprint
 from ..device import resolve_device
 from ..model import count_params, flops_per_token
 from ..parallel import map_jobs, use_processes, worker_count
-from ..tokens import TokenData
+from ..token_data import TokenData
 from ..tracking import NullTracker, make_tracker
 from ..training import (GRAD_STATS_COLUMNS, HISTORY_COLUMNS, DivergenceError, TrainResult,
                         train_model)

@@ -28,7 +28,7 @@ from ..budget import run_steps, training_flops, trial_steps
 from ..config import MAX_SEED, ConfigError, StudyConfig
 from ..device import resolve_device
 from ..parallel import map_jobs, use_processes, worker_count
-from ..tokens import TokenData
+from ..token_data import TokenData
 from ..tracking import NullTracker, make_tracker
 from ..training import DivergenceError, train_model
 from ..studies import Heartbeat, claim, load_study, make_storage
