@@ -42,11 +42,12 @@ def aligned_step(length: int, stride: int) -> int:
 
 
 @torch.no_grad()
-def test_loss(model, tokens: np.ndarray, batch_size: int, max_batches: int,
-              device: torch.device, stride: int = 1) -> float:
-    """Mean cross-entropy (nats/char) over non-overlapping windows of the test split, each
-    starting at a multiple of ``stride`` (where training windows start: a problem's first
-    character on arithmetic, anywhere on text).
+def split_loss(model, tokens: np.ndarray, batch_size: int, max_batches: int,
+               device: torch.device, stride: int = 1) -> float:
+    """Mean cross-entropy (nats/char) over non-overlapping windows of context_length + 1 tokens
+    of a split (``tokens``: its 1-D token ids; the evaluate stage's test loss on the test split),
+    at most ``batch_size`` x ``max_batches`` windows, each starting at a multiple of ``stride``
+    (where training windows start: a problem's first character on arithmetic, anywhere on text).
 
     Raises:
         ValueError: the split is shorter than one window of context_length + 1 tokens.

@@ -8,7 +8,6 @@ whose calls do nothing, so stage code never checks whether tracking is on. Runs 
 from __future__ import annotations
 
 import contextlib
-import gc
 import json
 import logging
 import os
@@ -20,6 +19,7 @@ from typing import Any, Iterator, Mapping
 
 from . import mlflow_views as views
 from .config import TrackingConfig
+from .gc_pause import gc_paused
 
 # The experiment's kind, as MLflow 3's UI reads it (its ExperimentKind enum): a model-training
 # experiment opens on the runs table instead of the GenAI "Traces" view.
@@ -78,21 +78,6 @@ def owner_alive(tags: Mapping[str, str]) -> bool:
         return "\nState:\tZ" not in Path(f"/proc/{pid}/status").read_text()
     except OSError:
         return True
-
-
-@contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
-    """Pause the cyclic garbage collector: MLflow's import allocates some 10^6 long-lived objects,
-    and the collections they trigger scan them again and again (a quarter of the import time).
-    Nothing collectable is made meanwhile. Trackers made in several threads at once: the
-    collector is back on once the thread that paused it is done."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 class TrackingError(RuntimeError):
