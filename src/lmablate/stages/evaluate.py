@@ -22,7 +22,7 @@ from ..evaluation import (answer_nats, arithmetic_predictions, arithmetic_scores
 from ..parallel import map_jobs, worker_count
 from ..tokenizer import load_tokenizer
 from ..token_data import TokenData
-from ..tracking import NullTracker, make_tracker
+from ..tracking import Tracker, make_tracker
 
 
 # Summary fields of a training run that differ from run to run (timings, MLflow's random run
@@ -33,7 +33,7 @@ NOT_REPRODUCIBLE = ("train_seconds", "tokens_per_second", "mlflow_run_id")
 
 def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, raw_dir: Path,
         checkpoints_dir: Path, metrics_path: Path, examples_path: Path,
-        tracker: NullTracker, replicate: int = 0) -> dict:
+        tracker: Tracker, replicate: int = 0) -> dict:
     """Evaluate every seed's checkpoint of ``dataset`` x ``variant``.
 
     Writes ``metrics_path`` (JSON ``{"dataset", "variant", "runs": {"seed_<s>": {...}}}``, each

@@ -25,7 +25,7 @@ from ..device import resolve_device
 from ..model import count_params, flops_per_token
 from ..parallel import map_jobs, use_processes, worker_count
 from ..token_data import TokenData
-from ..tracking import NullTracker, make_tracker
+from ..tracking import RunTracker, make_tracker
 from ..training import (GRAD_STATS_COLUMNS, HISTORY_COLUMNS, DivergenceError, TrainResult,
                         train_model)
 from ..variants import preflight, resolve_model_config
@@ -102,7 +102,7 @@ def _run_params(job: SeedJob, device) -> dict:
             "device": device.type}
 
 
-def _finish(job: SeedJob, fp: str, result: TrainResult, tracker: NullTracker,
+def _finish(job: SeedJob, fp: str, result: TrainResult, tracker: RunTracker,
             run_id: str | None, device) -> dict:
     """Record a trained seed: summary metrics to ``tracker``, ``checkpoint.pt`` and
     ``result.json`` written, ``resume.pt`` removed, the checkpoint logged as an artifact.
