@@ -194,7 +194,7 @@ class MlflowStore:
     """The MLflow calls a tracker needs, on one tracking URI and experiment, through
     ``MlflowClient``: the records MLflow's fluent API (``start_run``, ``log_metrics``, ...) would
     write, with run ids passed explicitly so that any thread (or another process, see
-    :class:`Sidecar`) can log to any run.
+    :class:`lmablate.sidecar.Sidecar`) can log to any run.
 
     Args:
         uri: the tracking URI (``sqlite:///...``, ``postgresql://...``, ``http://...``).
