@@ -2,8 +2,8 @@
 
 Definitions (seed 000, made deterministic):
 - test loss: mean cross-entropy in nats per token over non-overlapping ``context_length`` windows
-  of the test split; perplexity = exp(test loss); bits per character = test loss / ln 2 (one
-  token is one character).
+  of the test split (:func:`split_loss`); perplexity = exp(test loss); bits per character =
+  test loss / ln 2 (one token is one character).
 - arithmetic: every test problem is cut after ``=``; the model decodes greedily, the problems of
   one length in a batch at once with a key/value cache, for as many tokens as the answer has
   (its padded width + the closing ``$``). After the first ``$`` the prediction is padded with
