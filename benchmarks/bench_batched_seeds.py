@@ -35,7 +35,7 @@ from torch.func import functional_call, stack_module_state, vmap
 from lmablate import batched
 from lmablate.model import GPT
 from lmablate.parallel import INTRA_OP_THREADS, map_jobs, worker_count
-from lmablate.tokens import TokenData, get_batch
+from lmablate.token_data import TokenData, get_batch
 from lmablate.training import decayed_parameter_names, make_scheduler, train_model
 
 

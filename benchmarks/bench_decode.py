@@ -36,7 +36,7 @@ from lmablate.device import autocast
 from lmablate.evaluation import arithmetic_predictions, arithmetic_scores
 from lmablate.parallel import cpu_count
 from lmablate.tokenizer import load_tokenizer
-from lmablate.tokens import TokenData
+from lmablate.token_data import TokenData
 from lmablate.training import train_model
 
 

@@ -41,7 +41,7 @@ import optuna
 
 from lmablate.parallel import threads_per_worker, worker_count
 from lmablate.stages import evaluate, train, tune
-from lmablate.tokens import TokenData
+from lmablate.token_data import TokenData
 from lmablate.tracking import NullTracker
 from lmablate.training import train_model
 from lmablate.tuning import FINISHED

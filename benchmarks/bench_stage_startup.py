@@ -160,7 +160,7 @@ TIMERS = textwrap.dedent("""
     torch.set_num_threads(1)  # as runtime.threads: 1
     from lmablate import params, tracking, training
     from lmablate.model import GPT
-    from lmablate.tokens import TokenData, get_batch
+    from lmablate.token_data import TokenData, get_batch
     from lmablate.variants import resolve_model_config
     cfg = params.load("params.yaml")
     out = {}

@@ -14,7 +14,7 @@ generated arithmetic data. Compared, in one process, on the device lmablate pick
    step written out by hand, without a scheduler (which only adds to lmablate's time).
 2. training loop: ``lmablate.training.train_model`` (its own tokens/s, which times the steps
    only) vs seed 000's loop (makemore sampler with a Python loop over the batch, plain AdamW).
-3. batch sampler: ``lmablate.tokens.get_batch`` (one numpy gather) vs the makemore sampler.
+3. batch sampler: ``lmablate.token_data.get_batch`` (one numpy gather) vs the makemore sampler.
 
 Model FLOPs utilisation = ``lmablate.model.flops_per_token(cfg)`` x tokens/s / measured matmul
 peak (best n x n fp32 matmul, n in 1024, 2048; on CUDA also bf16, the dtype autocast uses there).
@@ -37,7 +37,7 @@ from lmablate import config as lconfig
 from lmablate import params as lparams
 from lmablate.device import autocast
 from lmablate.model import GPT, flops_per_token
-from lmablate.tokens import TokenData, get_batch
+from lmablate.token_data import TokenData, get_batch
 from lmablate.training import make_optimizer, make_scheduler, train_model, train_step
 from reference_model import MinGPT, copy_from_lmablate, seed_get_batch
 

@@ -32,7 +32,7 @@ import common  # first: it disables tqdm before torch imports it
 from lmablate import params as lparams
 from lmablate.model import count_params
 from lmablate.stages import train
-from lmablate.tokens import TokenData
+from lmablate.token_data import TokenData
 from lmablate.variants import resolve_model_config
 
 SEED_000 = {"baseline": 1.758, "swiglu": 1.711}  # val loss, TinyShakespeare, seed 000's post

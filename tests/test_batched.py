@@ -12,7 +12,7 @@ import torch
 from lmablate import batched
 from lmablate.batched import clip_grad_norm_per_seed_, train_seeds
 from lmablate.stages import train
-from lmablate.tokens import TokenData
+from lmablate.token_data import TokenData
 from lmablate.training import DivergenceError, train_model
 from lmablate.variants import resolve_model_config
 

@@ -9,8 +9,9 @@ import os
 import pytest
 import torch
 
-from lmablate.checkpoint import (RUN_MODULES, code_version, load_checkpoint, load_resume,
-                                 save_checkpoint, save_resume, verify_checkpoint)
+from lmablate.checkpoint import (load_checkpoint, load_resume, save_checkpoint, save_resume,
+                                 verify_checkpoint)
+from lmablate.fingerprint import RUN_MODULES, code_version
 from lmablate.config import ModelConfig, TrainConfig
 from lmablate.model import GPT
 from lmablate.training import make_optimizer, train_step

@@ -12,8 +12,7 @@ import torch.nn.functional as F
 from lmablate.config import DataError, ModelConfig
 from lmablate.arithmetic import ArithmeticFormat, format_problem, split_problem
 from lmablate.evaluation import (answer_nats, arithmetic_predictions, arithmetic_scores,
-                                 by_operand_digits, extrapolation, not_reaching,
-                                 test_loss as windowed_test_loss)
+                                 by_operand_digits, extrapolation, not_reaching, split_loss)
 from lmablate.model import GPT
 from lmablate.tokenizer import CharTokenizer
 
@@ -204,12 +203,12 @@ def test_scores_break_down_by_operation_answer_length_and_operand_length():
     assert d["3"]["n"] == 2 and d["3"]["exact_match"] == 1.0
 
 
-def test_test_loss_is_mean_cross_entropy_over_windows():
+def test_split_loss_is_mean_cross_entropy_over_windows():
     torch.manual_seed(0)
     model = GPT(ModelConfig(vocab_size=7, d_model=16, n_layers=1, n_heads=2,
                             context_length=8)).eval()
     tokens = np.random.default_rng(0).integers(0, 7, size=8 * 5 + 3).astype(np.uint8)
-    got = windowed_test_loss(model, tokens, batch_size=2, max_batches=10, device=torch.device("cpu"))
+    got = split_loss(model, tokens, batch_size=2, max_batches=10, device=torch.device("cpu"))
     windows = torch.from_numpy(tokens[:41].astype(np.int64))
     x, y = windows[:40].view(5, 8), windows[1:41].view(5, 8)
     with torch.no_grad():
@@ -217,7 +216,7 @@ def test_test_loss_is_mean_cross_entropy_over_windows():
     assert got == pytest.approx(expected, rel=1e-5)
     assert got > math.log(7) * 0.5
     with pytest.raises(ValueError, match="need at least 9"):
-        windowed_test_loss(model, tokens[:8], 2, 10, torch.device("cpu"))
+        split_loss(model, tokens[:8], 2, 10, torch.device("cpu"))
 
 
 def _tiny(position: str) -> GPT:
@@ -246,7 +245,7 @@ def test_extrapolation_is_the_loss_of_every_position_of_longer_windows(position)
         assert r["position_loss"] == pytest.approx(nll.view(-1, 4).mean(1).tolist(), rel=1e-5)
     # at factor 1 it is the windowed test loss over the same tokens
     assert got["x1"]["test_loss"] == pytest.approx(
-        windowed_test_loss(model, tokens[:97], 16, 10, torch.device("cpu")), rel=1e-5)
+        split_loss(model, tokens[:97], 16, 10, torch.device("cpu")), rel=1e-5)
 
 
 def test_a_learned_table_gets_na_past_its_context_not_an_error():

@@ -15,7 +15,7 @@ import torch
 import yaml
 from lmablate import tuning
 from lmablate.stages import tune
-from lmablate.tokens import TokenData
+from lmablate.token_data import TokenData
 from lmablate.tracking import NullTracker
 
 from conftest import budgets

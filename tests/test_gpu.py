@@ -8,7 +8,7 @@ from contextlib import nullcontext
 import pytest
 import torch
 from lmablate.batched import train_seeds
-from lmablate.tokens import TokenData
+from lmablate.token_data import TokenData
 from lmablate.training import train_model
 from lmablate.variants import resolve_model_config
 

@@ -1,8 +1,8 @@
 """Stage start-up: what a fresh stage process imports, and that skipping torch._dynamo leaves the
 optimizer's results bitwise the same.
 
-Every DVC stage is a new process, so each module imported at start-up is paid 83 times per
-study (see benchmarks/bench_stage_startup.py). These run in subprocesses: the test process
+Every DVC stage is a new process, so each module imported at start-up is paid once per stage
+of a study (``dvc stage list``; see benchmarks/bench_stage_startup.py). These run in subprocesses: the test process
 itself has long imported everything.
 """
 

@@ -12,7 +12,7 @@ import torch
 from lmablate.config import DatasetConfig, SplitConfig
 from lmablate.stages.generate import run as generate
 from lmablate.stages.tokenize import run as tokenize
-from lmablate.tokens import TokenData, batch_starts, get_batch
+from lmablate.token_data import TokenData, batch_starts, get_batch
 from lmablate.tokenizer import (UNK, UNK_ID, CharTokenizer, TokenizerError, load_split,
                                 load_tokenizer, split_text)
 

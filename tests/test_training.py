@@ -8,7 +8,7 @@ import torch
 
 from lmablate.config import ModelConfig, TrainConfig
 from lmablate.model import GPT
-from lmablate.tokens import TokenData
+from lmablate.token_data import TokenData
 from lmablate.training import (decayed_parameter_names, gradient_stats, make_optimizer,
                                make_scheduler, train_model, train_step)
 from lmablate.variants import resolve_model_config

@@ -32,8 +32,8 @@ from .config import ModelConfig, TrainConfig
 from .device import autocast
 from .model import GLOBAL_RNG_LOCK, GPT
 from .progress import progress
-from .tokens import TokenData, batch_starts, get_batch
-from .tracking import NullTracker
+from .token_data import TokenData, batch_starts, get_batch
+from .tracking import NullTracker, RunTracker
 from .training import (VAL_BATCH_SEED, DivergenceError, TrainResult, decayed_parameter_names,
                        gradient_stats, make_optimizer, make_scheduler)
 
@@ -139,7 +139,7 @@ def _stack_optimizer_states(states: list[dict]) -> dict:
 
 def train_seeds(model_cfg: ModelConfig, cfg: TrainConfig, data: TokenData, *, seeds: list[int],
                 lr: float, steps: int, device: torch.device,
-                trackers: list[NullTracker] | None = None, desc: str = "train",
+                trackers: list[RunTracker] | None = None, desc: str = "train",
                 resume_paths: list[Path] | None = None, fingerprints: list[str] | None = None,
                 resume_meta: list[dict] | None = None,
                 cuda_graph: bool | None = None) -> list[TrainResult]:
@@ -152,7 +152,7 @@ def train_seeds(model_cfg: ModelConfig, cfg: TrainConfig, data: TokenData, *, se
     part of, so its ``tokens_per_second`` counts its own tokens only.
 
     ``trackers[i]`` receives seed i's metrics (it must log to that seed's run, see
-    :meth:`lmablate.tracking.NullTracker.open_run`). With ``resume_paths``, seed i's state is
+    :meth:`lmablate.tracking.Tracker.open_run`). With ``resume_paths``, seed i's state is
     saved to ``resume_paths[i]`` at every eval interval in ``train_model``'s format, tagged
     ``fingerprints[i]`` with ``resume_meta[i]``; a saved state with that fingerprint is resumed,
     by this function or by ``train_model``. Seeds whose states stand at the same step train
@@ -226,7 +226,7 @@ def _train_group(model_cfg: ModelConfig, cfg: TrainConfig, data: TokenData, *, s
 
     The loop never waits for the device between evaluations: the window starts of every step up
     to the next evaluation are drawn ahead from each seed's generator (the draws
-    :func:`~lmablate.tokens.get_batch` makes, in the same order) and sent in one copy, the
+    :func:`~lmablate.token_data.get_batch` makes, in the same order) and sent in one copy, the
     windows are gathered on the device from the training split held there, and the step's
     losses go to a device buffer that is read (with the divergence check) at the evaluation."""
     S, T, B = len(seeds), model_cfg.context_length, cfg.batch_size

@@ -29,22 +29,6 @@ from .config import ModelConfig
 from .model import GPT
 from .validation import DataError
 
-# The modules whose code defines what a training run computes: a resume state written by other
-# code is not resumed (see code_version).
-RUN_MODULES = ("model.py", "training.py", "batched.py", "tokens.py", "device.py")
-
-
-def code_version(modules: tuple[str, ...] = RUN_MODULES) -> str:
-    """First 16 hex digits of the sha256 of ``modules`` (paths relative to the package; by
-    default :data:`RUN_MODULES`, the model, the training loop and its batches, the batched loop): part of every
-    training fingerprint and every Optuna study name."""
-    h = hashlib.sha256()
-    for name in modules:
-        h.update(name.encode())
-        h.update((Path(__file__).parent / name).read_bytes())
-    return h.hexdigest()[:16]
-
-
 def _save(path: Path, obj: Any) -> str:
     """``torch.save`` of ``obj`` to ``path``, atomically and byte-reproducibly; returns the
     sha256 (hex) of the bytes written.

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import atexit
-import gc
 import importlib
 import os
 import sys
@@ -26,6 +25,7 @@ from pathlib import Path
 
 from .config import ConfigError
 from .fileio import check_writable
+from .gc_pause import gc_paused
 from .params import load
 
 
@@ -124,28 +124,22 @@ def check_preconditions(cfg, args: argparse.Namespace, stage: Stage) -> None:
 
 
 def import_stage(name: str):
-    """Import stage module ``name`` with the cyclic garbage collector paused: importing torch
-    (and Optuna) allocates some 10^6 objects that all live to the end, and the collections they
-    trigger scan them again and again, a quarter of the import time. Nothing collectable is
-    made meanwhile, and the collector resumes afterwards."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
+    """Import stage module ``name`` with the cyclic garbage collector paused
+    (:func:`lmablate.gc_pause.gc_paused`): importing torch (and Optuna) allocates some 10^6
+    objects that all live to the end. Returns the module."""
+    with gc_paused():
         return importlib.import_module(name)
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def exit_now(status: int) -> None:
     """End the process with ``status`` without the interpreter's teardown.
 
     Tearing down the modules and objects of torch and MLflow takes 0.7-1.5 s on a 2-core
-    machine (every stage process pays it, 83 times per study) and does nothing a stage needs:
-    its files are written and closed, MLflow's runs are ended and committed. What does matter
-    still runs: the ``atexit`` handlers (MLflow, logging, multiprocessing, weakref finalizers)
-    and the flush of stdout and stderr. If a non-daemon thread is still running, the normal
-    exit (which waits for it) is kept."""
+    machine (every stage process pays it, once per stage of a study: ``dvc stage list``) and
+    does nothing a stage needs: its files are written and closed, MLflow's runs are ended and
+    committed. What does matter still runs: the ``atexit`` handlers (MLflow, logging,
+    multiprocessing, weakref finalizers) and the flush of stdout and stderr. If a non-daemon
+    thread is still running, the normal exit (which waits for it) is kept."""
     if any(t is not threading.main_thread() and not t.daemon and t.is_alive()
            for t in threading.enumerate()):
         return

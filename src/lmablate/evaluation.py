@@ -2,8 +2,8 @@
 
 Definitions (seed 000, made deterministic):
 - test loss: mean cross-entropy in nats per token over non-overlapping ``context_length`` windows
-  of the test split; perplexity = exp(test loss); bits per character = test loss / ln 2 (one
-  token is one character).
+  of the test split (:func:`split_loss`); perplexity = exp(test loss); bits per character =
+  test loss / ln 2 (one token is one character).
 - arithmetic: every test problem is cut after ``=``; the model decodes greedily, the problems of
   one length in a batch at once with a key/value cache, for as many tokens as the answer has
   (its padded width + the closing ``$``). After the first ``$`` the prediction is padded with
@@ -36,17 +36,18 @@ from .tokenizer import CharTokenizer
 
 def aligned_step(length: int, stride: int) -> int:
     """The distance between the starts of non-overlapping windows of ``length`` tokens that
-    start at multiples of ``stride`` (:attr:`lmablate.tokens.TokenData.stride`): ``length``
+    start at multiples of ``stride`` (:attr:`lmablate.token_data.TokenData.stride`): ``length``
     rounded up to a multiple of ``stride``."""
     return stride * -(-length // stride)
 
 
 @torch.no_grad()
-def test_loss(model, tokens: np.ndarray, batch_size: int, max_batches: int,
-              device: torch.device, stride: int = 1) -> float:
-    """Mean cross-entropy (nats/char) over non-overlapping windows of the test split, each
-    starting at a multiple of ``stride`` (where training windows start: a problem's first
-    character on arithmetic, anywhere on text).
+def split_loss(model, tokens: np.ndarray, batch_size: int, max_batches: int,
+               device: torch.device, stride: int = 1) -> float:
+    """Mean cross-entropy (nats/char) over non-overlapping windows of context_length + 1 tokens
+    of a split (``tokens``: its 1-D token ids; the evaluate stage's test loss on the test split),
+    at most ``batch_size`` x ``max_batches`` windows, each starting at a multiple of ``stride``
+    (where training windows start: a problem's first character on arithmetic, anywhere on text).
 
     Raises:
         ValueError: the split is shorter than one window of context_length + 1 tokens.

@@ -1,17 +1,23 @@
 """The one fingerprint rule: what identifies a result, so that it is reused exactly when its
-inputs are the same (Optuna studies by name, finished seeds, resume states)."""
+inputs are the same (Optuna studies by name, finished seeds, resume states), and the version of
+the code that computes it (:func:`code_version`)."""
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
 import json
+from pathlib import Path
 from typing import Any, Mapping
 
 # Field metadata for settings that cannot change a result (where results are stored, how often a
 # heartbeat is sent, how many threads compute them): :func:`fingerprint` skips these fields.
 # Every other init field of a config dataclass is part of the fingerprint it is passed to.
 NOT_A_RESULT = {"fingerprint": False}
+
+# The modules whose code defines what a training run computes: a resume state written by other
+# code is not resumed (see code_version).
+RUN_MODULES = ("model.py", "training.py", "batched.py", "token_data.py", "device.py")
 
 
 def fingerprint(*parts: Any) -> str:
@@ -35,3 +41,19 @@ def _jsonable(obj: Any) -> Any:
     if isinstance(obj, Mapping):
         return dict(obj)
     raise TypeError(type(obj))
+
+
+def code_version(modules: tuple[str, ...] = RUN_MODULES) -> str:
+    """First 16 hex digits of the sha256 of ``modules``' names and bytes (paths relative to the
+    package; by default :data:`RUN_MODULES`: the model, the training loop, the batched loop,
+    the token data and its batches, the device): part of every training fingerprint and every
+    Optuna study name.
+
+    Raises:
+        FileNotFoundError: a module of ``modules`` does not exist.
+    """
+    h = hashlib.sha256()
+    for name in modules:
+        h.update(name.encode())
+        h.update((Path(__file__).parent / name).read_bytes())
+    return h.hexdigest()[:16]

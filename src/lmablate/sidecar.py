@@ -150,8 +150,8 @@ def current() -> Sidecar | None:
 
 def start_sidecar(cfg: TrackingConfig) -> None:
     """Start this process's :class:`Sidecar` and have it open ``cfg``'s store; every later
-    :class:`MlflowTracker` of this process logs through it. For commands that record runs: the
-    child imports MLflow whether or not a run is recorded."""
+    :class:`~lmablate.tracking.MlflowTracker` of this process logs through it. For commands
+    that record runs: the child imports MLflow whether or not a run is recorded."""
     global _SIDECAR
     if _SIDECAR is None:
         _SIDECAR = Sidecar((cfg.tracking_uri, cfg.experiment))

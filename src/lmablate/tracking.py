@@ -8,7 +8,6 @@ whose calls do nothing, so stage code never checks whether tracking is on. Runs 
 from __future__ import annotations
 
 import contextlib
-import gc
 import json
 import logging
 import os
@@ -16,10 +15,11 @@ import socket
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, ContextManager, Iterator, Mapping, Protocol
 
 from . import mlflow_views as views
 from .config import TrackingConfig
+from .gc_pause import gc_paused
 
 # The experiment's kind, as MLflow 3's UI reads it (its ExperimentKind enum): a model-training
 # experiment opens on the runs table instead of the GenAI "Traces" view.
@@ -80,27 +80,74 @@ def owner_alive(tags: Mapping[str, str]) -> bool:
         return True
 
 
-@contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
-    """Pause the cyclic garbage collector: MLflow's import allocates some 10^6 long-lived objects,
-    and the collections they trigger scan them again and again (a quarter of the import time).
-    Nothing collectable is made meanwhile. Trackers made in several threads at once: the
-    collector is back on once the thread that paused it is done."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
 class TrackingError(RuntimeError):
     """The MLflow tracking store cannot be reached or written."""
 
 
-class NullTracker:
-    """A tracker that records nothing (tracking disabled, or in unit tests)."""
+class RunTracker(Protocol):
+    """What logs to one run: its parameters, metrics, artifacts and tags. Every :class:`Tracker`
+    is one (logging to its thread's active run, :meth:`Tracker.run`), and so is the tracker
+    bound to one run that :meth:`Tracker.open_run` yields (with the run's id in ``run_id``).
+    The training loops take one (:func:`lmablate.training.train_model`,
+    :func:`lmablate.batched.train_seeds`)."""
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        """Record ``params`` on the run (values as their ``str``)."""
+        ...
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        """Record ``metrics`` at ``step`` (0 when None); None values are left out."""
+        ...
+
+    def log_artifact(self, path: str | os.PathLike, artifact_path: str | None = None) -> None:
+        """Copy file or directory ``path`` into the run's artifacts, under ``artifact_path``."""
+        ...
+
+    def set_tags(self, tags: Mapping[str, Any]) -> None:
+        """Tag the run with ``tags`` (values as their ``str``)."""
+        ...
+
+
+class Tracker(RunTracker, Protocol):
+    """What every stage records its runs through (:func:`make_tracker`): an
+    :class:`MlflowTracker`, or a :class:`NullTracker` that records nothing. Its ``log_*`` and
+    :meth:`set_tags` go to this thread's active run (:meth:`run`)."""
+
+    def run(self, name: str, tags: Mapping[str, Any] | None = None, *, nested: bool = False,
+            run_id: str | None = None,
+            parent_run_id: str | None = None) -> ContextManager[str | None]:
+        """Start (or, with ``run_id``, reopen) a run named ``name`` with ``tags`` as this
+        thread's active run, nested where asked; yields its id (None when nothing is
+        recorded) and ends it on exit (see :meth:`MlflowTracker.run`)."""
+        ...
+
+    def open_run(self, name: str, tags: Mapping[str, Any] | None = None, *,
+                 run_id: str | None = None,
+                 parent_run_id: str | None = None) -> ContextManager[RunTracker]:
+        """Like :meth:`run`, but the run is not made this thread's active run: yields a tracker
+        bound to it (its id in ``run_id``), so that one thread can log to several runs at once
+        (the seeds of :func:`lmablate.batched.train_seeds`)."""
+        ...
+
+    def find_run(self, tags: Mapping[str, Any]) -> str | None:
+        """The id of an earlier top-level run with ``tags`` that is not running, to reopen
+        (:meth:`MlflowStore.find_run`); None when there is none or nothing is recorded."""
+        ...
+
+    def save_views(self, datasets: list[str], variants: list[str],
+                   colours: dict[str, str]) -> dict[str, str]:
+        """Write the study's saved views and the runs' colours
+        (:meth:`MlflowStore.save_views`); returns their URLs, none when nothing is recorded."""
+        ...
+
+    def runs_view_url(self) -> str | None:
+        """Where the MLflow UI shows the runs view (:meth:`MlflowStore.runs_view_url`); None
+        when nothing is recorded."""
+        ...
+
+
+class NullTracker(Tracker):
+    """A :class:`Tracker` that records nothing (tracking disabled, or in unit tests)."""
 
     active_run_id: str | None = None
 
@@ -122,28 +169,19 @@ class NullTracker:
         pass
 
     def runs_view_url(self) -> str | None:
-        """Where the MLflow UI shows the runs view (:meth:`MlflowStore.runs_view_url`); None
-        when nothing is recorded."""
         return None
 
     def save_views(self, datasets: list[str], variants: list[str],
                    colours: dict[str, str]) -> dict[str, str]:
-        """Write the study's saved views and the runs' colours
-        (:meth:`MlflowStore.save_views`); returns their URLs, none when nothing is recorded."""
         return {}
 
     def find_run(self, tags: Mapping[str, Any]) -> str | None:
-        """The id of an earlier top-level run with ``tags`` that is not running, to reopen
-        (:meth:`MlflowStore.find_run`); None when nothing is recorded."""
         return None
 
     @contextlib.contextmanager
     def open_run(self, name: str, tags: Mapping[str, Any] | None = None, *,
                  run_id: str | None = None,
                  parent_run_id: str | None = None) -> Iterator["NullTracker"]:
-        """Like :meth:`run`, but the run is not made this thread's active run: yields a tracker
-        bound to it (its id in ``run_id``), so that one thread can log to several runs at once
-        (the seeds of :func:`lmablate.batched.train_seeds`)."""
         bound = NullTracker()
         bound.run_id = run_id  # type: ignore[attr-defined]
         yield bound
@@ -156,7 +194,7 @@ class MlflowStore:
     """The MLflow calls a tracker needs, on one tracking URI and experiment, through
     ``MlflowClient``: the records MLflow's fluent API (``start_run``, ``log_metrics``, ...) would
     write, with run ids passed explicitly so that any thread (or another process, see
-    :class:`Sidecar`) can log to any run.
+    :class:`lmablate.sidecar.Sidecar`) can log to any run.
 
     Args:
         uri: the tracking URI (``sqlite:///...``, ``postgresql://...``, ``http://...``).
@@ -332,8 +370,9 @@ class MlflowStore:
             self.client.log_artifact(run_id, path, artifact_path=artifact_path)
 
 
-class MlflowRunTracker(NullTracker):
-    """Logs to one MLflow run by id, whatever this thread's active run is."""
+class MlflowRunTracker(RunTracker):
+    """Logs to one MLflow run by id (``run_id``), whatever this thread's active run is: what
+    :meth:`MlflowTracker.open_run` yields."""
 
     def __init__(self, store: MlflowStore, run_id: str):
         self._store, self.run_id = store, run_id
@@ -354,8 +393,8 @@ class MlflowRunTracker(NullTracker):
         self._store.log_batch(self.run_id, None, None, {k: str(v) for k, v in tags.items()})
 
 
-class MlflowTracker(NullTracker):
-    """MLflow-backed tracker: one experiment per study, runs nested where asked.
+class MlflowTracker(Tracker):
+    """MLflow-backed :class:`Tracker`: one experiment per study, runs nested where asked.
 
     Like MLflow's fluent API, each thread has its own stack of active runs (:meth:`run`), and
     ``log_*`` go to the top one. The calls go to an :class:`MlflowStore` in this process, or to
@@ -391,7 +430,7 @@ class MlflowTracker(NullTracker):
         return stack[-1]
 
     @property
-    def active_run_id(self) -> str | None:  # type: ignore[override]
+    def active_run_id(self) -> str | None:
         stack = self._stack()
         return stack[-1].run_id if stack else None
 
@@ -466,6 +505,6 @@ class MlflowTracker(NullTracker):
         return self._store.find_run({k: str(v) for k, v in tags.items()})
 
 
-def make_tracker(cfg: TrackingConfig) -> NullTracker:
+def make_tracker(cfg: TrackingConfig) -> Tracker:
     """An :class:`MlflowTracker` when ``cfg.enabled``, else a :class:`NullTracker`."""
     return MlflowTracker(cfg) if cfg.enabled else NullTracker()

@@ -26,8 +26,8 @@ from .config import ModelConfig, TrainConfig
 from .device import autocast
 from .model import GLOBAL_RNG_LOCK, GPT
 from .progress import progress
-from .tokens import TokenData, get_batch
-from .tracking import NullTracker
+from .token_data import TokenData, get_batch
+from .tracking import NullTracker, RunTracker
 
 HISTORY_COLUMNS = ("seed", "step", "tokens", "train_loss", "val_loss", "lr", "elapsed_seconds")
 GRAD_STATS_COLUMNS = ("seed", "group", "frac_near_zero", "grad_norm")
@@ -214,7 +214,7 @@ class TrainResult:
 def train_model(model_cfg: ModelConfig, cfg: TrainConfig, data: TokenData, *, seed: int,
                 lr: float, steps: int, device: torch.device,
                 on_eval: Callable[[int, float], None] | None = None,
-                tracker: NullTracker | None = None, desc: str = "train",
+                tracker: RunTracker | None = None, desc: str = "train",
                 resume_path: Path | None = None, fingerprint: str = "",
                 resume_meta: dict | None = None) -> TrainResult:
     """Train a GPT for ``steps`` optimizer steps and return it with its loss history.

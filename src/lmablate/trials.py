@@ -30,8 +30,8 @@ from .config import StudyConfig
 from .device import resolve_device
 from .parallel import map_jobs, worker_count
 from .studies import Heartbeat, claim, load_study, make_storage
-from .tokens import TokenData
-from .tracking import NullTracker, make_tracker
+from .token_data import TokenData
+from .tracking import Tracker, make_tracker
 from .training import DivergenceError, train_model
 from .tuning import (DIVERGED, FRACTION, OUTCOME, RUNG, SLOT, Batch, batch_of, chosen,
                      n_slots, next_batch, on_edge, slot_results, space_for_batch,
@@ -82,7 +82,7 @@ def tune_worker(job: TuneJob) -> int:
 
 
 def run_trial(job: TuneJob, study: optuna.Study, trial: optuna.Trial, data: TokenData,
-              device, tracker: NullTracker) -> None:
+              device, tracker: Tracker) -> None:
     """Train the queued ``trial`` and tell the study its result: COMPLETE with the final val
     loss, or FAIL with ``outcome: diverged`` and the reason. Any other
     error fails the trial and is raised; so does an interrupt (Ctrl-C), with ``fail_reason:
@@ -97,7 +97,7 @@ def run_trial(job: TuneJob, study: optuna.Study, trial: optuna.Trial, data: Toke
 
 
 def _train_trial(job: TuneJob, study: optuna.Study, trial: optuna.Trial, data: TokenData,
-                 device, tracker: NullTracker) -> None:
+                 device, tracker: Tracker) -> None:
     """:func:`run_trial`'s work: train the trial's params for its share of the budget on the
     tuning seed, reporting each validation loss (nats/char) to the study, in an MLflow run
     nested under the study's."""

@@ -56,9 +56,8 @@ from optuna.distributions import (CategoricalDistribution, FloatDistribution,
 from optuna.trial import FrozenTrial, TrialState
 
 from .budget import steps_for_budget
-from .checkpoint import RUN_MODULES, code_version
 from .config import MAX_WIDTH, ModelConfig, StudyConfig, TrainConfig, TuneConfig
-from .fingerprint import fingerprint
+from .fingerprint import RUN_MODULES, code_version, fingerprint
 from .model import count_params, flops_per_token
 
 SLOT = "slot"  # user attribute: the trial's place in the study (0 .. n_slots - 1)

@@ -1,21 +1,29 @@
 """The study's analysis, one job per module; the ``report`` stage (lmablate.stages.report) runs it.
 
+Every module, one line each (``tests/test_docstrings.py`` checks that none is left out):
+
 * :mod:`~lmablate.analysis.collect`: read ``runs/`` into ``RunOutputs``, in the study order.
-* :mod:`~lmablate.analysis.statistics`: t-intervals over seeds, paired t-tests, Holm's correction.
-* :mod:`~lmablate.analysis.sensitivity`: how each variant responds to the learning rate and the
-  width, from its tuning trials (the learning-rate sensitivity of Wortsman et al. 2023).
-* :mod:`~lmablate.analysis.headline`: each dataset's headline loss (answer loss on arithmetic),
-  and the DVC metrics and verdicts stated in it.
-* :mod:`~lmablate.analysis.arithmetic`: the arithmetic section: the headline against its floors,
-  length generalisation by operand digits (tables, comparisons, text).
-* :mod:`~lmablate.analysis.limits`: what the study can and cannot say (the tuning luck among it).
-* The seaborn figures, one ``plot_*`` function each, as PNG: :mod:`~lmablate.analysis.figures`
-  (losses, comparisons, gradients), :mod:`~lmablate.analysis.tuning_figure`,
-  :mod:`~lmablate.analysis.model_figures` (attention, embeddings) and
-  :mod:`~lmablate.analysis.arithmetic_figures`, on :mod:`~lmablate.analysis.plotting` (the
-  figure, variant colours, units).
-* :mod:`~lmablate.analysis.markdown`: the text of ``report.md`` from the tables and the config.
-* What the report stage calls: :mod:`~lmablate.analysis.tables` (every table from the runs,
-  with :mod:`~lmablate.analysis.reference_points`), :mod:`~lmablate.analysis.report_figures`
-  (every figure with its caption) and :mod:`~lmablate.analysis.report_text` (``report.md``).
+* :mod:`~lmablate.analysis.families`: which part of the model a variant changes; its colours.
+* :mod:`~lmablate.analysis.statistics`: t-intervals over seeds, paired tests, Holm's correction.
+* :mod:`~lmablate.analysis.problems`: arithmetic variants against the baseline problem by problem.
+* :mod:`~lmablate.analysis.extrapolation`: each position scheme's loss past its training context.
+* :mod:`~lmablate.analysis.sensitivity`: each variant's response to lr and width, from its trials.
+* :mod:`~lmablate.analysis.headline`: each dataset's headline loss, DVC metrics and verdicts.
+* :mod:`~lmablate.analysis.arithmetic`: arithmetic's headline, floors and length generalisation.
+* :mod:`~lmablate.analysis.curves`: the mean validation curves that ``dvc plots show`` draws.
+* :mod:`~lmablate.analysis.plotting`: what every figure shares: the figure, colours, units.
+* :mod:`~lmablate.analysis.figures`: the figures of losses, comparisons and gradients (PNG).
+* :mod:`~lmablate.analysis.tuning_figure`: loss against learning rate and width, from tuning.
+* :mod:`~lmablate.analysis.model_figures`: attention maps and token embeddings of a model.
+* :mod:`~lmablate.analysis.arithmetic_figures`: arithmetic by operation and by operand length.
+* :mod:`~lmablate.analysis.mdtable`: Markdown cells and tables: numbers, intervals, verdicts.
+* :mod:`~lmablate.analysis.findings`: the report's "Findings": verdicts, what is undecided.
+* :mod:`~lmablate.analysis.methods`: the report's "Methodology", from config and environment.
+* :mod:`~lmablate.analysis.lr_section`: the report's section on the learning-rate response.
+* :mod:`~lmablate.analysis.limits`: the report's "What this study can and cannot say".
+* :mod:`~lmablate.analysis.markdown`: the text of ``report.md``, assembled from the sections.
+* :mod:`~lmablate.analysis.tables`: every table the report computes from the runs, and its CSV.
+* :mod:`~lmablate.analysis.reference_points`: n-gram, constant-answer and uniform reference losses.
+* :mod:`~lmablate.analysis.report_figures`: every figure of the report, with its caption.
+* :mod:`~lmablate.analysis.report_text`: the text of ``report.md`` around the sections.
 """

@@ -34,6 +34,7 @@ import pandas as pd
 from lmablate.analysis.collect import BASELINE
 from lmablate.analysis.headline import headline_loss
 from lmablate.analysis.limits import tuning_luck
+from lmablate.analysis.mdtable import join_names as _names
 from lmablate.analysis.statistics import (ALPHA, METRICS, POWER, VERDICT_BETTER, VERDICT_FEW,
                                           VERDICT_IDENTICAL, VERDICT_NSD, VERDICT_WORSE)
 
@@ -51,12 +52,6 @@ GRAD_COLUMNS = ["dataset", "variant", "group", "seeds", "frac_near_zero"]
 def _signed(x: float, digits: int = 3) -> str:
     """``+0.062`` / ``-0.126``: an effect with its sign always shown."""
     return f"{x:+.{digits}f}"
-
-
-def _names(items: Sequence[str]) -> str:
-    """``a``, ``a and b``, ``a, b and c``."""
-    items = [str(i) for i in items]
-    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
 def seeds_needed(mean_diff: float, sd_diff: float, n_compared: int, alpha: float = ALPHA,

@@ -15,23 +15,16 @@ Units: losses in nats/char (one token is one character), accuracies as fractions
 from __future__ import annotations
 
 import math
-from typing import Sequence
 
 import pandas as pd
 
 from lmablate.analysis.collect import BASELINE, present
 from lmablate.analysis.headline import headline_loss
+from lmablate.analysis.mdtable import join_names as _names
 from lmablate.analysis.statistics import (ALPHA, METRICS, POWER, VERDICT_BETTER,
                                           VERDICT_IDENTICAL, VERDICT_WORSE)
 
 TITLE = "What this study can and cannot say"
-
-
-def _names(items: Sequence[str]) -> str:
-    items = list(items)
-    if len(items) <= 2:
-        return " and ".join(items)
-    return ", ".join(items[:-1]) + " and " + items[-1]
 
 
 def _mean(summary: pd.DataFrame, dataset: str, metric: str) -> pd.Series:

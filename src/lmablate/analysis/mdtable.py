@@ -1,15 +1,16 @@
-"""Markdown cells and tables of the report: numbers, p-values, intervals and verdicts as text.
+"""Markdown cells and tables of the report: numbers, p-values, intervals, verdicts and lists of
+names as text.
 
-Small formatting helpers shared by :mod:`lmablate.analysis.markdown`,
-:mod:`lmablate.analysis.methods` and :mod:`lmablate.analysis.arithmetic`, so that a number or
-a verdict reads the same in every section. "–" stands for a missing value everywhere.
+Small formatting helpers shared by the modules that write the report's sections, so that a
+number, a verdict or a list reads the same in every section. "–" stands for a missing value
+everywhere.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -59,6 +60,14 @@ def fence(text: str) -> str:
     longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
     fence = "`" * max(3, longest + 1)
     return f"{fence}text\n{text}\n{fence}"
+
+
+def join_names(items: Sequence[Any]) -> str:
+    """``a``, ``a and b``, ``a, b and c`` (each item as its ``str``); "" for no items."""
+    items = [str(i) for i in items]
+    if len(items) <= 2:
+        return " and ".join(items)
+    return ", ".join(items[:-1]) + " and " + items[-1]
 
 
 def code_span(text: str) -> str:

@@ -3,7 +3,7 @@ reference lines.
 
 The figures live in :mod:`lmablate.analysis.figures` (losses, comparisons, gradients),
 :mod:`lmablate.analysis.model_figures` (attention, embeddings), :mod:`lmablate.analysis.
-tuning_figure` (the learning-rate response) and :mod:`lmablate.analysis.arithmetic` (by
+tuning_figure` (the learning-rate response) and :mod:`lmablate.analysis.arithmetic_figures` (by
 operation, by operand length); each draws with :func:`figure` and colours variants with
 :func:`variant_palette`.
 

@@ -18,11 +18,11 @@ from ..config import DataError, StudyConfig
 from ..device import resolve_device
 from ..model import check_causality
 from ..evaluation import (answer_nats, arithmetic_predictions, arithmetic_scores,
-                          by_operand_digits, extrapolation, not_reaching, test_loss, text_samples)
+                          by_operand_digits, extrapolation, not_reaching, split_loss, text_samples)
 from ..parallel import map_jobs, worker_count
 from ..tokenizer import load_tokenizer
-from ..tokens import TokenData
-from ..tracking import NullTracker, make_tracker
+from ..token_data import TokenData
+from ..tracking import Tracker, make_tracker
 
 
 # Summary fields of a training run that differ from run to run (timings, MLflow's random run
@@ -33,7 +33,7 @@ NOT_REPRODUCIBLE = ("train_seconds", "tokens_per_second", "mlflow_run_id")
 
 def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, raw_dir: Path,
         checkpoints_dir: Path, metrics_path: Path, examples_path: Path,
-        tracker: NullTracker, replicate: int = 0) -> dict:
+        tracker: Tracker, replicate: int = 0) -> dict:
     """Evaluate every seed's checkpoint of ``dataset`` x ``variant``.
 
     Writes ``metrics_path`` (JSON ``{"dataset", "variant", "runs": {"seed_<s>": {...}}}``, each
@@ -91,8 +91,8 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, raw_dir:
                              f"{tok.vocab_size} ({tokens_dir}); retrain")
         if model.position.max_positions is None:  # run past its context below: mask and
             check_causality(model.cfg, length=longest)  # positions must stay causal there
-        loss = test_loss(model, data.test, cfg.evaluate.batch_size, cfg.evaluate.max_batches,
-                         device, data.stride)
+        loss = split_loss(model, data.test, cfg.evaluate.batch_size, cfg.evaluate.max_batches,
+                          device, data.stride)
         reproducible = {k: v for k, v in summary.items() if k not in NOT_REPRODUCIBLE}
         metrics = {**reproducible, "test_loss": loss, "perplexity": math.exp(loss),
                    "bits_per_char": loss / math.log(2)}

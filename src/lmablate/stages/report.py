@@ -80,7 +80,7 @@ from lmablate.analysis.report_figures import draw_report_figures
 from lmablate.analysis.report_text import report_markdown
 from lmablate.analysis.tables import compute_tables, csv_tables
 from lmablate.config import StudyConfig
-from lmablate.tracking import NullTracker, make_tracker
+from lmablate.tracking import Tracker, make_tracker
 
 
 def environment() -> dict:
@@ -172,7 +172,7 @@ def build_report(cfg: StudyConfig, runs_dir: Path, out_dir: Path,
 
 
 def run(cfg: StudyConfig, runs_dir: Path, tokens_dir: Path, out_dir: Path,
-        tracker: NullTracker) -> dict:
+        tracker: Tracker) -> dict:
     """Write the report under ``out_dir`` and log it to an MLflow summary run.
 
     Draws the model figures from the checkpoints first, then :func:`build_report` with this

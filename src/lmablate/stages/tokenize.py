@@ -50,7 +50,7 @@ def run(cfg: DatasetConfig, raw_dir: Path, out_dir: Path) -> dict:
     ``meta.json`` into ``out_dir`` (formats: :mod:`lmablate.tokenizer`) and returns the meta dict;
     an arithmetic dataset's meta adds ``line_length``, the tokens of one problem (its newline
     included unless stripped), at whose multiples training windows start
-    (:attr:`lmablate.tokens.TokenData.stride`).
+    (:attr:`lmablate.token_data.TokenData.stride`).
 
     Raises:
         TokenizerError: ``corpus.txt`` missing; ``test.txt`` present but ``split.test`` > 0;

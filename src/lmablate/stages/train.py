@@ -18,14 +18,14 @@ from pathlib import Path
 from .. import fileio, interrupt
 from ..budget import run_steps, tokens_per_step, training_flops
 from ..batched import batched_on, train_seeds
-from ..checkpoint import code_version, load_resume, save_checkpoint, verify_checkpoint
+from ..checkpoint import load_resume, save_checkpoint, verify_checkpoint
 from ..config import ModelConfig, StudyConfig
-from ..fingerprint import fingerprint
+from ..fingerprint import code_version, fingerprint
 from ..device import resolve_device
 from ..model import count_params, flops_per_token
 from ..parallel import map_jobs, use_processes, worker_count
-from ..tokens import TokenData
-from ..tracking import NullTracker, make_tracker
+from ..token_data import TokenData
+from ..tracking import RunTracker, make_tracker
 from ..training import (GRAD_STATS_COLUMNS, HISTORY_COLUMNS, DivergenceError, TrainResult,
                         train_model)
 from ..variants import preflight, resolve_model_config
@@ -102,7 +102,7 @@ def _run_params(job: SeedJob, device) -> dict:
             "device": device.type}
 
 
-def _finish(job: SeedJob, fp: str, result: TrainResult, tracker: NullTracker,
+def _finish(job: SeedJob, fp: str, result: TrainResult, tracker: RunTracker,
             run_id: str | None, device) -> dict:
     """Record a trained seed: summary metrics to ``tracker``, ``checkpoint.pt`` and
     ``result.json`` written, ``resume.pt`` removed, the checkpoint logged as an artifact.

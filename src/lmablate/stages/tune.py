@@ -22,15 +22,15 @@ from ..config import MAX_SEED, ConfigError, StudyConfig
 from ..device import resolve_device
 from ..parallel import use_processes
 from ..studies import load_study, make_storage
-from ..tokens import TokenData
-from ..tracking import NullTracker, make_tracker
+from ..token_data import TokenData
+from ..tracking import Tracker, make_tracker
 from ..trials import TRIALS_COLUMNS, TuneJob, run_batches, summarise_study
 from ..tuning import describe_study, initial_space, slot_results, study_name, width_ladder
 from ..variants import preflight, resolve_model_config
 
 
 def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, best_path: Path,
-        trials_path: Path, tracker: NullTracker, replicate: int = 0) -> dict:
+        trials_path: Path, tracker: Tracker, replicate: int = 0) -> dict:
     """Run (or resume) the study until every rung is done (:mod:`lmablate.tuning`).
 
     ``replicate`` > 0 re-tunes with sampler seed ``tune.sampler_seed + replicate`` (a separate
