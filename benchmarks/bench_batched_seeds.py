@@ -29,7 +29,6 @@ import argparse
 import dataclasses
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import common  # first: it disables tqdm before torch imports it

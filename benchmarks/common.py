@@ -46,6 +46,7 @@ def cpu_model() -> str:
 
 
 def device_name(device: torch.device) -> str:
+    """``device``'s type, with the GPU's model name on CUDA."""
     if device.type == "cuda":
         return f"cuda ({torch.cuda.get_device_name(device)})"
     return device.type
@@ -68,6 +69,7 @@ def machine_header(title: str, device: torch.device) -> str:
 
 
 def auto_device() -> torch.device:
+    """The device the pipeline picks by default (CUDA, then MPS, then CPU)."""
     return resolve_device("auto")
 
 
@@ -114,6 +116,7 @@ def interleaved(fns: dict[str, Callable[[], object]], device: torch.device, repe
 
 
 def median(xs: list[float]) -> float:
+    """The median of ``xs`` (e.g. seconds)."""
     return statistics.median(xs)
 
 
@@ -199,12 +202,6 @@ def load_tiny_config() -> lconfig.StudyConfig:
     return dataclasses.replace(cfg, tracking=dataclasses.replace(cfg.tracking, enabled=False))
 
 
-def print_ratio(what: str, ratio: float, detail: str = "") -> None:
-    """One result line, ``ratio <what> = <ratio>x`` (+ ``detail``): the line every benchmark
-    prints for each comparison against its reference (the smoke tests look for it)."""
-    print(f"   ratio {what} = {ratio:.2f}x" + (f" {detail}" if detail else ""))
-
-
 def arithmetic_data(cfg: lconfig.StudyConfig, workdir: Path, n_test: int | None = None) -> Path:
     """Raw and token files of the study's arithmetic dataset, generated afresh in ``workdir``
     (seeded, ~0.1 s at the default size); ``n_test`` overrides the number of test problems.
@@ -232,17 +229,6 @@ def pipeline_tokens(dataset: str, workdir: Path) -> Path | None:
     dst = Path(workdir) / f"{dataset}-tokens"
     shutil.copytree(src, dst)
     return dst
-
-
-def study_tokens(cfg: lconfig.StudyConfig, workdir: Path) -> dict[str, Path]:
-    """Token directories for the benchmarks that run the study's stages: arithmetic is generated
-    (always available); shakespeare is the pipeline's copy when it exists (it needs a download
-    otherwise, so it is skipped)."""
-    out = {"arithmetic": arithmetic_data(cfg, workdir) / "tokens"}
-    shakespeare = pipeline_tokens("shakespeare", workdir)
-    if shakespeare is not None and "shakespeare" in cfg.datasets:
-        out["shakespeare"] = shakespeare
-    return out
 
 
 # ------------------------------------------------------------------------------- GPU busy share
