@@ -1,20 +1,25 @@
-"""The seeds of one variant trained as one batched model vs today's seeds-as-threads.
+"""The seeds of one variant trained as one batched model vs the train stage's seeds-as-threads.
 
     python benchmarks/bench_batched_seeds.py [--seeds 5] [--steps 100] [--rounds 3]
-                                             [--compile-steps 30]
+                                             [--model default|seed-scale] [--foreach]
+                                             [--compile-steps 0] [--compile-only] [--smoke]
 
 The default study's model (params.yaml ``model``, baseline, d_model 64, batch 16 x 64) on the
 arithmetic data, ``--seeds`` seeds of ``--steps`` steps each (evaluations at params.yaml's
 interval included), run in this process on the device lmablate picks, tracking off. Arms, run
 interleaved over ``--rounds`` rounds, tokens/s = seeds x steps x batch x context / wall time:
 
-* threads: today's train stage on a CPU: every seed ``train_model`` in a thread of
+* threads: the train stage on a CPU: every seed ``train_model`` in a thread of
   ``lmablate.parallel.map_jobs`` with the workers and intra-op threads the stage picks;
 * batched@k: ``lmablate.batched.train_seeds`` with k intra-op threads (k = 1 and all cores);
-* batched-foreach@k: the same with the for-each AdamW instead of the fused one.
+* batched, k groups: the seeds split into one batched group per core, the groups in threads;
+* batched-foreach@k (``--foreach``): the same with the for-each AdamW instead of the fused one.
 
-Then ``torch.compile`` of the batched step (vmapped forward + backward; the optimizer stays
-eager): compile time, steady-state tokens/s against the eager step, and the largest loss
+On CUDA the batched arms are eager and CUDA-graph replay (the train stage's path) instead of
+the intra-op thread counts. ``--smoke``: 2 seeds x 4 steps, one round: checks that it runs.
+
+With ``--compile-steps N`` > 0, then ``torch.compile`` of the batched step (vmapped forward +
+backward; the optimizer stays eager): compile time, steady-state tokens/s against the eager step, and the largest loss
 difference to eager over ``--compile-steps`` steps from the same start.
 """
 
@@ -24,7 +29,6 @@ import argparse
 import dataclasses
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import common  # first: it disables tqdm before torch imports it
@@ -126,12 +130,19 @@ def main() -> None:
                          "(d_model 96, 8 layers, context 128)")
     ap.add_argument("--foreach", action="store_true",
                     help="CPU: add arms with the for-each AdamW instead of the fused one")
-    ap.add_argument("--compile-steps", type=int, default=30, help="0 skips the compile probe")
+    ap.add_argument("--compile-steps", type=int, default=0,
+                    help="steps of the torch.compile probe (0, the default, skips it; on a CPU "
+                         "compilation alone takes about a minute)")
     ap.add_argument("--compile-only", action="store_true", help="skip the whole-run arms")
     ap.add_argument("--compile-modes", default="default",
                     help="torch.compile modes to probe, comma-separated (e.g. "
                          "default,reduce-overhead: the latter adds CUDA graphs)")
+    ap.add_argument("--smoke", action="store_true",
+                    help="2 seeds x 4 steps, 1 round, no compile probe: checks that it runs")
     args = ap.parse_args()
+    if args.smoke:
+        args.seeds, args.steps, args.rounds, args.compile_steps = 2, 4, 1, 0
+        args.compile_only = False
     device = common.auto_device()
     print(common.machine_header("seeds of one variant: one batched model vs threads", device))
     cfg = common.load_default_config()
@@ -232,7 +243,7 @@ def main() -> None:
         for name in arms:
             if name != "threads":
                 ratios = [b / t for b, t in zip(rate[name], rate["threads"])]
-                print(f"   {name:<20} median {statistics.median(ratios):.2f}x "
+                print(f"   ratio {name} / threads = {statistics.median(ratios):.2f}x median "
                       f"[{min(ratios):.2f}..{max(ratios):.2f}]")
         if args.compile_steps:
             print(f"\ntorch.compile of the batched forward + backward ({cores} intra-op threads, "

@@ -1,28 +1,31 @@
 """All cores: study wall time with the default parallel settings vs one job at a time.
 
     python benchmarks/bench_parallel.py [--variants baseline,rope] [--dataset arithmetic]
-                                        [--rounds 1]
+                                        [--budget-fraction 0.05] [--rounds 1]
+                                        [--arms serial,threads,processes] [--smoke]
 
-A representative slice of the study, run in this process on the device lmablate picks:
+A slice of the study, run in this process on the device lmablate picks:
 ``lmablate.stages.tune.run``, ``lmablate.stages.train.run`` (every seed of params.yaml) and
 ``lmablate.stages.evaluate.run`` for each variant on one dataset, tracking off, a fresh temp-file
-SQLite Optuna storage per run. The arms (``dataclasses.replace`` on params.yaml's runtime
-section):
+SQLite Optuna storage per run, every ``train.budget_flops`` scaled by ``--budget-fraction`` (so
+that the slice takes minutes; the tuning's widths are derived from the scaled budget). The arms
+(``dataclasses.replace`` on params.yaml's runtime section):
 
-* serial: ``runtime.workers: 1, threads: 0`` -> one job at a time with every core's thread;
-* threads (params.yaml): ``runtime.workers: 0, threads: 0, parallel: threads`` -> trials
-  (Optuna's ``n_jobs``), seeds and evaluations side by side in threads with one intra-op thread
-  each;
+* serial: ``runtime.workers: 1`` -> one job at a time;
+* threads (params.yaml): ``runtime.workers: 0, parallel: threads`` -> a tuning batch's trials,
+  the seeds and the evaluations side by side in threads;
 * processes: the same in spawned worker processes (``runtime.parallel: processes``), each of
   which imports torch again.
 
-Arms rotate (serial, threads, processes, then threads, processes, serial, ...) over
-``--rounds`` and the median per arm is reported. Pruning differs when trials run side by side,
-so the training steps each arm spent are printed next to its time, and steps/s is compared as
-well. What the slice leaves out is the cost that does not change with the setting: each DVC
-stage is a new process that imports torch, MLflow and torch._dynamo (~4 s here; see the README's
-default-study figures). On a GPU every arm runs one job at a time
-(``lmablate.parallel.worker_count``), so the ratio is ~1.
+Every job computes with ``lmablate.parallel.INTRA_OP_THREADS`` (1) intra-op thread in every arm,
+so all arms compute the same numbers. Arms rotate (serial, threads, processes, then threads,
+processes, serial, ...) over ``--rounds`` and the median per arm is reported; the training steps
+each arm spent are printed next to its time (the same in every arm: tuning's successive halving
+has no in-trial pruning). What the slice leaves out is the cost that does not change with the
+setting: each DVC stage is a new process that imports torch (and Optuna or MLflow's sidecar).
+On a GPU every arm runs one job at a time (``lmablate.parallel.worker_count``), so the ratio is
+~1. ``--smoke``: params.yaml cut down to ``common.TINY`` (2 seeds, 8 steps), one variant, the
+serial and threads arms: checks that the script runs, in seconds.
 """
 
 from __future__ import annotations
@@ -39,28 +42,27 @@ import common  # first: it disables tqdm before torch imports it
 
 import optuna
 
-from lmablate.parallel import threads_per_worker, worker_count
+from lmablate.parallel import INTRA_OP_THREADS, worker_count
 from lmablate.stages import evaluate, train, tune
 from lmablate.token_data import TokenData
 from lmablate.tracking import NullTracker
 from lmablate.training import train_model
-from lmablate.tuning import FINISHED
 
 STAGES = ("tune", "train", "evaluate")
 
 
 def run_slice(cfg, dataset: str, variants: list[str], tokens: Path, raw: Path | None,
               out: Path) -> dict:
-    """tune + train + evaluate of every variant; returns seconds per stage and training steps
-    spent."""
+    """tune + train + evaluate of every variant; returns seconds per stage (``times``), the
+    training steps spent by tuning and training (``steps``), and their sums."""
     times, steps = dict.fromkeys(STAGES, 0.0), {"tune": 0, "train": 0}
     for v in variants:
         d = out / v
         t0 = time.perf_counter()
         best = tune.run(cfg, dataset, v, tokens, d / "best.json", d / "trials.csv", NullTracker())
         t1 = time.perf_counter()
-        train.run(cfg, dataset, v, tokens, d / "best.json", d / "checkpoints", d / "history.csv",
-                  d / "grad_stats.csv")
+        runs = train.run(cfg, dataset, v, tokens, d / "best.json", d / "checkpoints",
+                         d / "history.csv", d / "grad_stats.csv")
         t2 = time.perf_counter()
         evaluate.run(cfg, dataset, v, tokens, raw or tokens, d / "checkpoints",
                      d / "metrics.json", d / "examples.json", NullTracker())
@@ -68,10 +70,8 @@ def run_slice(cfg, dataset: str, variants: list[str], tokens: Path, raw: Path | 
         times["tune"] += t1 - t0
         times["train"] += t2 - t1
         times["evaluate"] += t3 - t2
-        study = optuna.load_study(study_name=best["study_name"], storage=cfg.tune.storage_url)
-        steps["tune"] += sum(max(t.intermediate_values) for t in study.trials
-                             if t.state in FINISHED and t.intermediate_values)
-        steps["train"] += cfg.train.steps * len(cfg.seeds)
+        steps["tune"] += best["steps"]
+        steps["train"] += sum(r["steps"] for r in runs.values())
     return {"times": times, "steps": steps, "total": sum(times.values()),
             "total_steps": steps["tune"] + steps["train"]}
 
@@ -82,30 +82,43 @@ def main() -> None:
     ap.add_argument("--variants", default="baseline,rope")
     ap.add_argument("--rounds", type=int, default=1,
                     help="runs per arm; the order rotates between rounds")
+    ap.add_argument("--budget-fraction", type=float, default=0.05,
+                    help="share of params.yaml's train.budget_flops every run spends")
+    ap.add_argument("--arms", default="serial,threads,processes")
+    ap.add_argument("--smoke", action="store_true",
+                    help="tiny study, one variant, serial and threads: checks that it runs")
     args = ap.parse_args()
     os.environ.pop("LMABLATE_OPTUNA_STORAGE", None)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     device = common.auto_device()
     print(common.machine_header("all cores: concurrent jobs vs one at a time", device))
-    base = common.load_default_config()
+    if args.smoke:
+        base, args.variants, args.dataset = common.load_tiny_config(), "baseline", "arithmetic"
+        args.arms, args.budget_fraction, args.rounds = "serial,threads", 1.0, 1
+    else:
+        base = common.load_default_config()
+    base = dataclasses.replace(base, train=dataclasses.replace(base.train, budget_flops={
+        k: v * args.budget_fraction for k, v in base.train.budget_flops.items()}))
     variants = args.variants.split(",")
-    arms = {
-        "serial": dataclasses.replace(base.runtime, workers=1, threads=0),
-        "threads": dataclasses.replace(base.runtime, workers=0, threads=0, parallel="threads"),
-        "processes": dataclasses.replace(base.runtime, workers=0, threads=0,
-                                         parallel="processes"),
+    every = {
+        "serial": dataclasses.replace(base.runtime, workers=1),
+        "threads": dataclasses.replace(base.runtime, workers=0, parallel="threads"),
+        "processes": dataclasses.replace(base.runtime, workers=0, parallel="processes"),
     }
+    arms = {name: every[name] for name in args.arms.split(",")}
+    if "serial" not in arms:
+        raise SystemExit("--arms must include serial, the reference")
     for name, rc in arms.items():
-        w, ws = worker_count(rc, base.tune.n_trials, device), worker_count(
+        w, ws = worker_count(rc, base.tune.trials_per_batch, device), worker_count(
             rc, len(base.seeds), device, all_at_once=True)
         kind = "process(es)" if name == "processes" else "thread(s)"
-        print(f"{name:<9}: runtime.workers={rc.workers} threads={rc.threads} parallel="
-              f"{rc.parallel} -> trials {w}, seeds {ws} {kind} at a time x "
-              f"{threads_per_worker(rc, w)} intra-op thread(s)")
-    print(f"slice    : tune ({base.tune.n_trials} trials x {base.tune.steps} steps, pruner "
-          f"{base.tune.pruner}, report every {base.tune.report_interval}) + train "
-          f"({len(base.seeds)} seeds x {base.train.steps} steps) + evaluate of "
-          f"{', '.join(variants)} on {args.dataset}; default model size; tracking off")
+        print(f"{name:<9}: runtime.workers={rc.workers} parallel={rc.parallel} -> trials {w}, "
+              f"seeds {ws} {kind} at a time x {INTRA_OP_THREADS} intra-op thread(s)")
+    rungs = " then ".join(f"{n} x {f:g}" for n, f in base.tune.rungs)
+    print(f"slice    : tune (rungs: {rungs} of the budget, {base.tune.trials_per_batch} trials "
+          f"per batch) + train ({len(base.seeds)} seeds) + evaluate of {', '.join(variants)} on "
+          f"{args.dataset}, budget {base.train.budget_flops[args.dataset]:.3g} FLOPs per run "
+          f"({args.budget_fraction:g} of the profile's); tracking off")
 
     results: dict[str, list[dict]] = {name: [] for name in arms}
     names = list(arms)
@@ -143,8 +156,8 @@ def main() -> None:
     stage = {n: {s: statistics.median(r["times"][s] for r in rs) for s in STAGES}
              for n, rs in results.items()}
     sps = {n: med[n]["total_steps"] / med[n]["total"] for n in med}
-    for arm in ("threads", "processes"):
-        print(f"\n   wall time serial / {arm:<9}: {med['serial']['total']:.1f} s / "
+    for arm in [a for a in arms if a != "serial"]:
+        print(f"\n   ratio wall time serial / {arm:<9} = {med['serial']['total']:.1f} s / "
               f"{med[arm]['total']:.1f} s = {med['serial']['total'] / med[arm]['total']:.2f}x")
         for s in STAGES:
             print(f"     {s:<8} stages              : {stage['serial'][s]:.1f} s / "

@@ -4,17 +4,16 @@ reference checkout.
     git archive b3e8291 | (mkdir -p /tmp/startup-ref && tar -x -C /tmp/startup-ref)
     python benchmarks/bench_stage_startup.py --reference /tmp/startup-ref [--repeats 5]
                                              [--stages tune,train,evaluate]
+    python benchmarks/bench_stage_startup.py --smoke   # this checkout against itself, seconds
 
 DVC runs every stage as a new ``lmablate`` process, which imports torch, MLflow (and, in the
 older code, ``torch._dynamo`` at the first optimizer step) and opens the MLflow store before it
 does any work. This benchmark measures that cost the way DVC pays it: each arm (``reference``:
 ``--reference``'s ``src``; ``current``: this checkout's ``src``, through ``PYTHONPATH``) gets a
-tiny project of its own (params.yaml with every size cut down: 1 seed, 4 training steps, 2
-Optuna trials of 2 steps, a d_model 16 one-layer model; tracking on with the default SQLite
-MLflow store ``sqlite:///mlflow.db``; ``runtime.workers: 1`` (one intra-op thread): trials one after
-another, so that both arms' Optuna searches and so their MLflow records are the same, and one
-intra-op thread, so that a busy machine's oversubscribed OpenMP threads do not swamp the few
-steps), and its ``tune``, ``train`` and
+tiny project of its own (its own code version's params.yaml with every size cut down,
+:func:`tiny_params`: 1 seed, a d_model 16 one-layer model, a few training steps and tuning
+trials; tracking on with the default SQLite MLflow store ``sqlite:///mlflow.db``;
+``runtime.workers: 1``: trials and seeds one after another), and its ``tune``, ``train`` and
 ``evaluate`` commands are timed from process start to exit as ``subprocess.run`` sees them.
 Before each repetition the Optuna study is deleted and the checkpoints removed, so every run
 does its (trivial) work again; the MLflow database grows as in a real study. One untimed
@@ -23,12 +22,14 @@ per-stage cost). Arms and stages run interleaved (ref tune, cur tune, ref train,
 other load on the machine affects both alike.
 
 Breakdown, per arm and stage, from extra runs: ``python -X importtime`` (imports of torch,
-torch._dynamo, MLflow, pandas, MLflow's SQLite store, Optuna, GitPython; "all imports" is the sum of the
-top-level import statements; importtime itself adds some overhead), and timers in a separate
+torch._dynamo, MLflow, pandas, MLflow's SQLite store, Optuna, GitPython; "all imports" is the
+sum of the top-level import statements; importtime itself adds some overhead), and timers in a separate
 process with torch and MLflow already imported: opening the MLflow store and starting one run
 (``make_tracker`` + ``tracker.run``), and the first optimizer step of ``train_step`` vs the
-second. At the end, the two arms' MLflow records (runs, status, tags, params, metrics, artifacts; no
-ids, times or timing metrics) are compared. Nothing is asserted; only the ratios within one run
+second. At the end, the two arms' MLflow records (runs, status, tags, params, metrics, artifacts;
+no ids, host or process tags, times or timing metrics) are compared. ``--smoke``: this checkout
+as both arms, the tune stage once, without warm-up or import breakdown, the timers of one arm:
+checks that the script runs. Nothing is asserted; only the ratios within one run
 are comparable.
 """
 
@@ -49,30 +50,39 @@ from pathlib import Path
 
 import yaml
 
-from common import ROOT, fmt_seconds, machine_header
-from lmablate.config import ModelConfig
+import common
+from common import ROOT, fmt_seconds, machine_header, merge
 from lmablate.device import resolve_device
-from lmablate.model import flops_per_token
 
 BIN = Path(sys.executable).parent
-TINY_MODEL = {"context_length": 16, "n_layers": 1, "n_heads": 2, "d_model": 16}
-TINY = {
-    "study": {"seeds": [0], "variants": ["baseline"], "datasets": ["arithmetic"]},
+# Every arm's project: params.yaml of its code version, cut down so that a stage's work is
+# trivial (1 seed, a d_model 16 one-layer model); tracking on with the default SQLite store,
+# trials and seeds one at a time.
+COMMON = {"study": {"seeds": [0], "variants": ["baseline"], "datasets": ["arithmetic"]},
+          "tracking": {"enabled": True, "uri": "sqlite:///mlflow.db"},
+          "tune": {"storage": "sqlite:///optuna.db"}, "runtime": {"workers": 1}}
+# Code with step counts in its params (before lmablate.budget, e.g. b3e8291): 4 training steps,
+# 2 Optuna trials of 2 steps, one intra-op thread.
+TINY_STEPS = {
     "datasets": {"arithmetic": {"n_train": 2000, "n_test": 16}},
-    "model": TINY_MODEL,
-    "train": {"eval_interval": 2, "eval_iters": 1, "warmup_fraction": 0.0, "batch_size": 4},
-    "tune": {"n_trials": 2, "d_model_choices": [16], "storage": "sqlite:///optuna.db"},
+    "model": common.TINY_MODEL,
+    "train": {"steps": 4, "eval_interval": 2, "eval_iters": 1, "warmup_steps": 0,
+              "batch_size": 4},
+    "tune": {"n_trials": 2, "steps": 2, "d_model_choices": [16]},
     "evaluate": {"max_batches": 1, "batch_size": 8, "max_problems": 8},
-    "tracking": {"enabled": True, "uri": "sqlite:///mlflow.db"},
-    "runtime": {"workers": 1},
+    "runtime": {"threads": 1},
 }
-# 4 training steps and trials of 2, in the params of either code version: a FLOPs budget
-# (lmablate.budget) or, before it, step counts
-_FLOPS_4_STEPS = 4 * 4 * 16 * flops_per_token(ModelConfig(**TINY_MODEL))
-TINY_BUDGET = {"train": {"budget_flops": {"arithmetic": float(_FLOPS_4_STEPS)}},
-               "tune": {"trials_per_batch": 2, "budget_fraction": 0.5,
-                        "reports": 2}}
-TINY_STEPS = {"train": {"steps": 4}, "tune": {"steps": 2}, "runtime": {"threads": 1}}
+
+
+def tiny_params(raw: dict) -> dict:
+    """``raw`` (an arm's params.yaml) cut down for this benchmark: :func:`common.tiny_params`
+    (FLOPs budgets, tuning rungs) for code that has ``train.budget_flops``, else
+    :data:`TINY_STEPS`; then :data:`COMMON`."""
+    if "budget_flops" in raw["train"]:
+        return merge(common.tiny_params(raw), COMMON)
+    return merge(merge(raw, TINY_STEPS), COMMON)
+
+
 DATASET, VARIANT = "arithmetic", "baseline"
 COMMANDS = {
     "tune": ["tune", DATASET, VARIANT, "--tokens", "tokens", "--best", "runs/best.json",
@@ -89,14 +99,6 @@ IMPORT_GROUPS = ("torch", "torch._dynamo", "mlflow", "pandas",
                  "mlflow.store.tracking.sqlalchemy_store", "optuna", "git")
 
 
-def merge(base: dict, changes: dict) -> dict:
-    out = dict(base)
-    for key, value in changes.items():
-        out[key] = merge(out[key], value) if isinstance(value, dict) and isinstance(
-            out.get(key), dict) else value
-    return out
-
-
 class Arm:
     """One code version: its ``src`` and a tiny project folder of its own."""
 
@@ -104,8 +106,7 @@ class Arm:
         self.name, self.src, self.project = name, src, workdir / name
         self.project.mkdir(parents=True)
         raw = yaml.safe_load((src.parent / "params.yaml").read_text())
-        tiny = merge(TINY, TINY_BUDGET if "budget_flops" in raw["train"] else TINY_STEPS)
-        (self.project / "params.yaml").write_text(yaml.safe_dump(merge(raw, tiny)))
+        (self.project / "params.yaml").write_text(yaml.safe_dump(tiny_params(raw)))
 
     def env(self) -> dict[str, str]:
         env = {**os.environ, "PYTHONPATH": str(self.src),
@@ -158,11 +159,15 @@ TIMERS = textwrap.dedent("""
     import json, sys, time
     import torch, mlflow
     torch.set_num_threads(1)  # as runtime.threads: 1
-    from lmablate import params, tracking, training
+    from lmablate import tracking, training
+    try:
+        from lmablate.params import load
+    except ImportError:  # older code: the loader was lmablate.config.load
+        from lmablate.config import load
     from lmablate.model import GPT
     from lmablate.token_data import TokenData, get_batch
     from lmablate.variants import resolve_model_config
-    cfg = params.load("params.yaml")
+    cfg = load("params.yaml")
     out = {}
     t = time.perf_counter()
     tracker = tracking.make_tracker(cfg.tracking)
@@ -191,6 +196,7 @@ TIMERS = textwrap.dedent("""
 
 # Differ between any two runs of the same work: times, and what names a run's identity.
 VOLATILE_METRICS = ("train_seconds", "tokens_per_second")
+VOLATILE_TAGS = ("lmablate.pid", "lmablate.pid_start", "lmablate.host")
 
 
 def mlflow_records(project: Path) -> list[dict]:
@@ -205,7 +211,8 @@ def mlflow_records(project: Path) -> list[dict]:
         names = {r[0]: r[1] for r in runs}
         out = []
         for run_id, name, status, uri in runs:
-            tags = dict(db.execute("select key, value from tags where run_uuid=?", (run_id,)))
+            tags = {k: v for k, v in db.execute("select key, value from tags where run_uuid=?",
+                                                (run_id,)) if k not in VOLATILE_TAGS}
             if "mlflow.parentRunId" in tags:
                 tags["mlflow.parentRunId"] = names.get(tags["mlflow.parentRunId"], "?")
             params = dict(db.execute("select key, value from params where run_uuid=?", (run_id,)))
@@ -221,19 +228,30 @@ def mlflow_records(project: Path) -> list[dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--reference", type=Path, required=True,
-                    help="a checkout of the old code (its src/ is used), e.g. git archive b3e8291")
+    ap.add_argument("--reference", type=Path,
+                    help="a checkout of the old code (its src/ is used), e.g. git archive b3e8291 "
+                         "(required unless --smoke)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--stages", default="tune,train,evaluate")
+    ap.add_argument("--smoke", action="store_true",
+                    help="this checkout against itself, the tune stage once, no warm-up and no "
+                         "import breakdown: checks that the script runs")
     args = ap.parse_args()
+    if args.smoke:
+        args.reference, args.stages, args.repeats = ROOT, "tune", 1
+    elif args.reference is None:
+        ap.error("--reference is required (or --smoke)")
     ref_src = args.reference / "src" if (args.reference / "src").is_dir() else args.reference
     stages = args.stages.split(",")
     print(machine_header("stage start-up: one lmablate process per stage, reference vs current",
                          resolve_device("auto")))
     print(f"reference: {ref_src}\ncurrent  : {ROOT / 'src'}")
-    print("project  : tiny (1 seed, train 4 steps, tune 2 trials x 2 steps, d_model 16, 1 layer, "
-          "runtime.workers 1, threads 1), tracking on, MLflow store sqlite:///mlflow.db, "
-          f"{args.repeats} repeats, interleaved; median [min..max]")
+    print(f"project  : tiny (1 seed, d_model 16, 1 layer; train {common.TINY_TRAIN_STEPS} steps, "
+          "tune rungs 2 x 0.5 then 1 x 1 of that budget; the reference with step counts: train 4 "
+          "steps, tune 2 trials x 2 steps), runtime.workers 1, tracking on, MLflow store "
+          f"sqlite:///mlflow.db, {args.repeats} repeats, interleaved; median [min..max]"
+          + ("; smoke: this checkout against itself, no warm-up, no import breakdown"
+             if args.smoke else ""))
 
     t_start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench-startup-") as tmp:
@@ -242,13 +260,18 @@ def main() -> None:
             where = arm.python(["-c", "import lmablate; print(lmablate.__file__)"]).stdout.strip()
             if not Path(where).resolve().is_relative_to(arm.src.resolve()):
                 raise SystemExit(f"{arm.name}: lmablate imports from {where}, not {arm.src}")
-            arm.lmablate(["generate", DATASET, "--out", "raw"])
-            arm.lmablate(["tokenize", DATASET, "--raw", "raw", "--out", "tokens"])
-            for stage in stages:  # warm-up: creates the MLflow and Optuna databases
+            if args.smoke:  # the same data, made in this process (seconds saved)
+                data = common.arithmetic_data(common.load_tiny_config(), arm.project / "data")
+                shutil.move(data / "raw", arm.project / "raw")
+                shutil.move(data / "tokens", arm.project / "tokens")
+            else:
+                arm.lmablate(["generate", DATASET, "--out", "raw"])
+                arm.lmablate(["tokenize", DATASET, "--raw", "raw", "--out", "tokens"])
+            for stage in [] if args.smoke else stages:  # warm-up: creates the databases
                 arm.prepare(stage)
                 arm.lmablate(COMMANDS[stage])
         interp = []
-        for _ in range(args.repeats):
+        for _ in range(0 if args.smoke else args.repeats):
             t0 = time.perf_counter()
             arms[0].python(["-c", "pass"])
             interp.append(time.perf_counter() - t0)
@@ -261,37 +284,43 @@ def main() -> None:
                     times[arm.name, stage].append(arm.lmablate(COMMANDS[stage])[0])
 
         imports, timers = {}, {}
-        for stage in stages:
+        for stage in [] if args.smoke else stages:
             for arm in arms:
                 arm.prepare(stage)
                 imports[arm.name, stage] = import_breakdown(
                     arm.lmablate(COMMANDS[stage], ("-X", "importtime"))[1])
         records = {arm.name: mlflow_records(arm.project) for arm in arms}
-        for arm in arms:
-            timers[arm.name] = json.loads(arm.python(["-c", TIMERS]).stdout.strip()
-                                          .splitlines()[-1])
+        for arm in arms[1:] if args.smoke else arms:  # smoke: the current code's only
+            done = arm.python(["-c", TIMERS], check=False)
+            timers[arm.name] = (json.loads(done.stdout.strip().splitlines()[-1])
+                                if done.returncode == 0 else
+                                {"failed": done.stderr.strip().splitlines()[-1]})
 
-    print(f"\ninterpreter start-up (python -c pass): {fmt_seconds(interp)}")
+    if interp:
+        print(f"\ninterpreter start-up (python -c pass): {fmt_seconds(interp)}")
     print("\nwall time per stage process (start to exit)")
     for stage in stages:
         ref, cur = times["reference", stage], times["current", stage]
         print(f"   {stage:9s} reference {fmt_seconds(ref):22s} current {fmt_seconds(cur):22s} "
-              f"-> current/reference {statistics.median(cur) / statistics.median(ref):.2f} "
-              f"(median), {min(cur) / min(ref):.2f} (best); saved "
+              f"-> ratio current/reference = {min(cur) / min(ref):.2f}x best, "
+              f"{statistics.median(cur) / statistics.median(ref):.2f}x median; saved "
               f"{statistics.median(ref) - statistics.median(cur):.2f} s")
 
-    print("\nimports (python -X importtime, one run each; cumulative s at the first import; "
-          "nested groups are inside their parents)")
-    for stage in stages:
+    if imports:
+        print("\nimports (python -X importtime, one run each; cumulative s at the first import; "
+              "nested groups are inside their parents)")
+    for stage in [] if args.smoke else stages:
         for arm in arms:
             b = imports[arm.name, stage]
             parts = "  ".join(f"{k} {v:.2f}" for k, v in b.items() if k != "all imports")
             print(f"   {stage:9s} {arm.name:9s} all imports {b['all imports']:.2f} | {parts}")
-    print("\ntimers (torch and mlflow already imported; one run each)")
-    for arm in arms:
+    if timers:
+        print("\ntimers (torch and mlflow already imported; one run each)")
+    for arm in [a for a in arms if a.name in timers]:
         t = timers[arm.name]
         print(f"   {arm.name:9s} " + "  ".join(
-            f"{k} {v:.3f}" if "imported" not in k else f"{k}: {bool(v)}" for k, v in t.items()))
+            f"{k}: {v}" if isinstance(v, str) else f"{k}: {bool(v)}" if "imported" in k
+            else f"{k} {v:.3f}" for k, v in t.items()))
     ref, cur = records["reference"], records["current"]
     same = ref == cur
     print(f"\nMLflow records of the stage runs above (runs, status, tags, params, metrics "

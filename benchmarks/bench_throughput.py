@@ -1,6 +1,9 @@
 """Training throughput of lmablate's baseline vs a seed-000-style reference, and its MFU.
 
-    python benchmarks/bench_throughput.py [--steps 3] [--repeats 12] [--loop-steps 8]
+    python benchmarks/bench_throughput.py [--steps 3] [--repeats 12] [--loop-steps 8] [--smoke]
+
+``--smoke``: one step per repeat, one repeat, a small matmul peak: checks that the script runs
+(seconds), its figures mean nothing.
 
 Model: the seed-scale baseline (profiles/seed-scale.yaml: d_model 96, 8 layers, 8 heads,
 context 128, batch 16; learned positions, pre-norm LayerNorm, ReLU FFN 4x), vocabulary of the
@@ -10,7 +13,8 @@ generated arithmetic data. Compared, in one process, on the device lmablate pick
    masked softmax attention), identical batches, optimizer (lmablate's AdamW groups), grad clip
    and autocast; the two models are first checked to compute the same loss from the same weights.
    lmablate's side runs the pipeline's own step, ``lmablate.training.train_step``, with the
-   learning-rate scheduler ``train_model`` uses (``make_scheduler``); the reference runs the same
+   learning-rate scheduler ``train_model`` uses (``make_scheduler`` over the steps the
+   comparison runs); the reference runs the same
    step written out by hand, without a scheduler (which only adds to lmablate's time).
 2. training loop: ``lmablate.training.train_model`` (its own tokens/s, which times the steps
    only) vs seed 000's loop (makemore sampler with a Python loop over the batch, plain AdamW).
@@ -50,12 +54,13 @@ def seed_scale_config(vocab_size: int) -> tuple[lconfig.ModelConfig, lconfig.Tra
     return mcfg, cfg.train
 
 
-def make_stepper(model, tcfg: lconfig.TrainConfig, batches, device):
+def make_stepper(model, tcfg: lconfig.TrainConfig, batches, device, total_steps: int):
     """A function running one optimizer step per batch of ``batches`` with the pipeline's own
     step, :func:`lmablate.training.train_step`, and the optimizer and learning-rate scheduler
-    that ``train_model`` builds (``make_optimizer``, ``make_scheduler`` over ``tcfg.steps``)."""
+    that ``train_model`` builds (``make_optimizer``, ``make_scheduler`` over ``total_steps``,
+    the steps of all the calls the comparison makes)."""
     opt = make_optimizer(model, tcfg, 1e-3, device)
-    sched = make_scheduler(opt, tcfg, tcfg.steps)
+    sched = make_scheduler(opt, tcfg, total_steps)
 
     def run():
         for x, y in batches:
@@ -124,10 +129,15 @@ def main() -> None:
     ap.add_argument("--loop-steps", type=int, default=None,
                     help="steps per training-loop run (comparison 2)")
     ap.add_argument("--loop-repeats", type=int, default=5)
+    ap.add_argument("--smoke", action="store_true",
+                    help="tiny sizes: checks that the script runs, in seconds")
     args = ap.parse_args()
     device = common.auto_device()
+    if args.smoke:
+        args.steps, args.repeats, args.loop_steps, args.loop_repeats = 1, 1, 2, 1
     steps = args.steps or (50 if device.type == "cuda" else 3)
     loop_steps = args.loop_steps or (100 if device.type == "cuda" else 8)
+    peak_sizes = (256,) if args.smoke else (1024, 2048)
     print(common.machine_header("training throughput: lmablate GPT vs seed-000 reference", device))
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -137,16 +147,19 @@ def main() -> None:
         data = TokenData(np.array(data.train), np.array(data.val), np.array(data.test),
                          data.vocab_size)
     mcfg, tcfg = seed_scale_config(data.vocab_size)
+    what = "seed-scale baseline"
+    if args.smoke:  # the same architecture, tiny
+        mcfg, what = mcfg.replace(**common.TINY_MODEL), "smoke-size baseline"
     B, T = tcfg.batch_size, mcfg.context_length
     fpt = flops_per_token(mcfg)
-    print(f"model   : seed-scale baseline d_model={mcfg.d_model} n_layers={mcfg.n_layers} "
+    print(f"model   : {what} d_model={mcfg.d_model} n_layers={mcfg.n_layers} "
           f"n_heads={mcfg.n_heads} context={T} batch={B} vocab={mcfg.vocab_size}; "
           f"flops_per_token={fpt / 1e6:.2f} MFLOP (Kaplan 6N + 6 L T C)")
     print(f"timing  : {steps} steps ({steps * B * T} tokens) per repeat, 1 warm-up + "
           f"{args.repeats} repeats, interleaved, median [min..max]")
 
     # ---- peak
-    peak32, n32 = common.matmul_peak_flops(device, torch.float32)
+    peak32, n32 = common.matmul_peak_flops(device, torch.float32, sizes=peak_sizes)
     peaks = {"fp32": peak32}
     line = f"peak    : fp32 matmul {peak32 / 1e9:.1f} GFLOP/s (best of {n32}x{n32})"
     if device.type == "cuda":
@@ -175,7 +188,8 @@ def main() -> None:
     torch.manual_seed(1)
     gpt = GPT(mcfg).to(device)
     ref = copy_from_lmablate(MinGPT(mcfg).to(device), gpt)
-    times = common.interleaved({"lmablate": make_stepper(gpt, tcfg, batches, device),
+    total = steps * (args.repeats + 1)  # warm-up included
+    times = common.interleaved({"lmablate": make_stepper(gpt, tcfg, batches, device, total),
                                 "reference": make_reference_stepper(ref, tcfg, batches, device)},
                                device, args.repeats)
     tps = {k: steps * B * T / min(v) for k, v in times.items()}
@@ -199,7 +213,8 @@ def main() -> None:
 
     # ---- 2. whole training loops
     train_tokens = torch.from_numpy(data.train.astype(np.int64))
-    loop_cfg = dataclasses.replace(tcfg, eval_interval=10**9, eval_iters=1, warmup_steps=0)
+    loop_cfg = dataclasses.replace(tcfg, eval_interval=loop_steps, eval_iters=1,
+                                   warmup_fraction=0.0)
     lm_tps, ref_tps = [], []
     seed_loop(mcfg, train_tokens, B, loop_steps, device, seed=0)  # warm-up
     train_model(mcfg, loop_cfg, data, seed=0, lr=1e-3, steps=loop_steps, device=device)
@@ -218,7 +233,7 @@ def main() -> None:
 
     # ---- MFU; the peak is measured again now, as other load on the machine only lowers it
     again = common.matmul_peak_flops(device, torch.float32 if compute == "fp32" else torch.bfloat16,
-                                     sizes=(1024, 2048) if compute == "fp32" else (4096, 8192))[0]
+                                     sizes=peak_sizes if compute == "fp32" else (4096, 8192))[0]
     peak = max(peak, again)
     print(f"\nMFU = flops_per_token x best tokens/s / {compute} matmul peak "
           f"{peak / 1e9:,.1f} GFLOP/s (best of the start and end measurements)")
@@ -230,10 +245,11 @@ def main() -> None:
 
     # ---- 3. sampler
     print("\n3. batch sampler, per batch (lmablate: one gather; reference: loop over the batch)")
+    n = 3 if args.smoke else 50
     for bs in (B, 1024):
-        t_lm = common.repeat(lambda bs=bs: get_batch(data.train, bs, T, g, device), device, 50, 5)
+        t_lm = common.repeat(lambda bs=bs: get_batch(data.train, bs, T, g, device), device, n, 2)
         t_ref = common.repeat(lambda bs=bs: seed_get_batch(train_tokens, bs, T, device),
-                              device, 50, 5)
+                              device, n, 2)
         print(f"   batch {bs:>4}: lmablate {common.median(t_lm) * 1e6:8.1f} us, reference "
               f"{common.median(t_ref) * 1e6:8.1f} us -> "
               f"{common.median(t_ref) / common.median(t_lm):.1f}x")

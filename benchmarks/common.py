@@ -46,6 +46,7 @@ def cpu_model() -> str:
 
 
 def device_name(device: torch.device) -> str:
+    """``device``'s type, with the GPU's model name on CUDA."""
     if device.type == "cuda":
         return f"cuda ({torch.cuda.get_device_name(device)})"
     return device.type
@@ -68,6 +69,7 @@ def machine_header(title: str, device: torch.device) -> str:
 
 
 def auto_device() -> torch.device:
+    """The device the pipeline picks by default (CUDA, then MPS, then CPU)."""
     return resolve_device("auto")
 
 
@@ -114,6 +116,7 @@ def interleaved(fns: dict[str, Callable[[], object]], device: torch.device, repe
 
 
 def median(xs: list[float]) -> float:
+    """The median of ``xs`` (e.g. seconds)."""
     return statistics.median(xs)
 
 
@@ -150,6 +153,55 @@ def load_default_config(**tracking_changes) -> lconfig.StudyConfig:
                                                                  **tracking_changes))
 
 
+def merge(base: dict, changes: dict) -> dict:
+    """``base`` with ``changes`` merged in, nested mappings key by key (neither is modified)."""
+    out = dict(base)
+    for key, value in changes.items():
+        out[key] = merge(out[key], value) if isinstance(value, dict) and isinstance(
+            out.get(key), dict) else value
+    return out
+
+
+# A study small enough for a smoke run of a benchmark (``--smoke``): 2 seeds, a one-layer
+# d_model 16 model with context 16, 8 training steps at that width, tuning of 2 + 1 trials of
+# 4 and 8 steps, evaluation of 8 arithmetic problems. Only the sizes change; the code is the
+# pipeline's. ``TINY_TRAIN_STEPS`` training steps at d_model 16 buy the budget below.
+TINY_MODEL = {"context_length": 16, "n_layers": 1, "n_heads": 2, "d_model": 16}
+TINY_BATCH = 4
+TINY_TRAIN_STEPS = 8
+TINY = {
+    "study": {"seeds": [0, 1], "variants": ["baseline"], "datasets": ["arithmetic"]},
+    "datasets": {"arithmetic": {"n_train": 2000, "n_test": 16}},
+    "model": TINY_MODEL,
+    "train": {"eval_interval": 4, "eval_iters": 1, "warmup_fraction": 0.0,
+              "batch_size": TINY_BATCH},
+    "tune": {"rungs": [[2, 0.5], [1, 1.0]], "trials_per_batch": 2, "reports": 2,
+             "min_steps": 2, "d_model_choices": [16]},
+    "evaluate": {"max_batches": 1, "batch_size": 8, "max_problems": 8, "n_samples": 1,
+                 "sample_tokens": 8},
+}
+
+
+def tiny_params(raw: dict) -> dict:
+    """The raw params mapping ``raw`` (params.yaml as YAML reads it) cut down to :data:`TINY`,
+    with a training budget of :data:`TINY_TRAIN_STEPS` steps at the tiny width."""
+    from lmablate.model import flops_per_token
+
+    flops = TINY_TRAIN_STEPS * TINY_BATCH * TINY_MODEL["context_length"] * flops_per_token(
+        lconfig.ModelConfig(**TINY_MODEL))
+    return merge(merge(raw, TINY), {"train": {"budget_flops": {"arithmetic": float(flops)}}})
+
+
+def load_tiny_config() -> lconfig.StudyConfig:
+    """params.yaml cut down by :func:`tiny_params` (arithmetic only), tracking disabled: the
+    study of the benchmarks' ``--smoke`` runs."""
+    import yaml
+
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text(encoding="utf-8"))
+    cfg = lparams.parse(tiny_params(raw))
+    return dataclasses.replace(cfg, tracking=dataclasses.replace(cfg.tracking, enabled=False))
+
+
 def arithmetic_data(cfg: lconfig.StudyConfig, workdir: Path, n_test: int | None = None) -> Path:
     """Raw and token files of the study's arithmetic dataset, generated afresh in ``workdir``
     (seeded, ~0.1 s at the default size); ``n_test`` overrides the number of test problems.
@@ -177,17 +229,6 @@ def pipeline_tokens(dataset: str, workdir: Path) -> Path | None:
     dst = Path(workdir) / f"{dataset}-tokens"
     shutil.copytree(src, dst)
     return dst
-
-
-def study_tokens(cfg: lconfig.StudyConfig, workdir: Path) -> dict[str, Path]:
-    """Token directories for the benchmarks that run the study's stages: arithmetic is generated
-    (always available); shakespeare is the pipeline's copy when it exists (it needs a download
-    otherwise, so it is skipped)."""
-    out = {"arithmetic": arithmetic_data(cfg, workdir) / "tokens"}
-    shakespeare = pipeline_tokens("shakespeare", workdir)
-    if shakespeare is not None and "shakespeare" in cfg.datasets:
-        out["shakespeare"] = shakespeare
-    return out
 
 
 # ------------------------------------------------------------------------------- GPU busy share

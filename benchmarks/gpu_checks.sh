@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
-# The [speed] issue's GPU checks in one call of a lent GPU machine (its python3 holds torch;
-# MLflow, Optuna and DVC are not needed). From the repository root:
+# The GPU checks in one call of a GPU machine (its python3 needs torch only; MLflow, Optuna
+# and DVC are not needed). From the repository root:
 #   bash benchmarks/gpu_checks.sh TOKENS_DIR OUT_DIR [PARTS]
 # TOKENS_DIR: data/tokens/shakespeare made with profiles/seed-scale.yaml (the whole corpus).
-# PARTS: any of tests,study,bench,bench-default,compile (default: all), run in that order, each with a time
-# limit so that the others still run and report; each part's log goes to OUT_DIR.
+# PARTS: any of the following (default: all), run in this order, each under a time limit so
+# that the others still run and report; each part's log goes to OUT_DIR:
+#   tests          tests/test_gpu.py
+#   study          seed_scale_gpu.py: the seed-scale train stage, 5 variants x 3 seeds
+#   bench          bench_batched_seeds.py, seed-scale model, 3 seeds x 500 steps, 1 round
+#   bench-default  bench_batched_seeds.py, default model, 5 seeds x 250 steps, 2 rounds
+#   compile        bench_batched_seeds.py --compile-only, seed-scale model, 3 seeds x 100 steps
 set -uo pipefail
 tokens=$1; out=$2; parts=${3:-tests,study,bench,bench-default,compile}
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1

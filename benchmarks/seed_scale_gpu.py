@@ -2,6 +2,7 @@
 
     python benchmarks/seed_scale_gpu.py --tokens data/tokens/shakespeare --out /tmp/seed-scale \
         [--variants baseline,swiglu,rmsnorm,rope,llama] [--seeds 0,1,2] [--lr 3e-4]
+    python benchmarks/seed_scale_gpu.py --smoke   # any device, seconds: checks that it runs
 
 ``profiles/seed-scale.yaml`` (seed 000's model: d_model 96, 8 layers, 8 heads, context 128,
 batch 16; its training budget, 6.1e13 FLOPs = 5,000 steps of the baseline), Shakespeare only,
@@ -16,6 +17,10 @@ mean and standard deviation, the stage's wall time, training tokens/s (all seeds
 of the stage's wall time the GPU was busy (NVML, see ``common.GpuBusy``); then seed 000's
 numbers (TinyShakespeare, one seed: baseline val 1.758, SwiGLU 1.711). Writes
 ``results.json`` into ``--out``.
+
+``--smoke`` replaces the profile by ``common.TINY`` (params.yaml cut down: 2 seeds, 8 steps of
+a d_model 16 model) on freshly generated arithmetic data in a temporary directory (no
+``--tokens`` or ``--out``), the baseline only: the same code path on any device, in seconds.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import argparse
 import dataclasses
 import json
 import statistics
+import tempfile
 import time
 from pathlib import Path
 
@@ -40,17 +46,34 @@ SEED_000 = {"baseline": 1.758, "swiglu": 1.711}  # val loss, TinyShakespeare, se
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--tokens", type=Path, required=True)
-    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--tokens", type=Path, help="the dataset's token directory (required "
+                    "unless --smoke)")
+    ap.add_argument("--out", type=Path, help="output directory (required unless --smoke)")
     ap.add_argument("--variants", default="baseline,swiglu,rmsnorm,rope,llama")
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--lr", type=float, default=None, help="default: the profile's train.lr")
     ap.add_argument("--budget-fraction", type=float, default=1.0,
                     help="train on this fraction of the profile's budget (a smoke test)")
+    ap.add_argument("--smoke", action="store_true",
+                    help="tiny study on generated arithmetic data, baseline only")
     args = ap.parse_args()
+    if not args.smoke and (args.tokens is None or args.out is None):
+        ap.error("--tokens and --out are required (or --smoke)")
+    with tempfile.TemporaryDirectory(prefix="seed-scale-smoke-") as tmp:
+        if args.smoke:
+            args.variants, args.seeds, args.out = "baseline", "0,1", Path(tmp) / "out"
+            args.tokens = common.arithmetic_data(common.load_tiny_config(), Path(tmp)) / "tokens"
+        run(args)
+
+
+def run(args: argparse.Namespace) -> None:
+    """Train every variant of ``args.variants`` through the train stage and print the table."""
     device = common.auto_device()
-    print(common.machine_header("seed-scale train stage, Shakespeare", device))
-    cfg = lparams.load(common.ROOT / "profiles" / "seed-scale.yaml")
+    dataset = "arithmetic" if args.smoke else "shakespeare"
+    print(common.machine_header(f"seed-scale train stage, {dataset}"
+                                + (" (smoke: tiny sizes)" if args.smoke else ""), device))
+    cfg = (common.load_tiny_config() if args.smoke
+           else lparams.load(common.ROOT / "profiles" / "seed-scale.yaml"))
     cfg = dataclasses.replace(
         cfg, seeds=tuple(int(s) for s in args.seeds.split(",")),
         tracking=dataclasses.replace(cfg.tracking, enabled=False),
@@ -61,7 +84,7 @@ def main() -> None:
     print(f"data    : {args.tokens} ({len(data.train):,} train / {len(data.val):,} val tokens, "
           f"vocab {data.vocab_size})")
     print(f"runs    : seeds {list(cfg.seeds)}, lr {lr:g}, d_model {cfg.model.d_model}, "
-          f"budget {cfg.train.budget_flops['shakespeare']:.4g} FLOPs")
+          f"budget {cfg.train.budget_flops[dataset]:.4g} FLOPs")
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
     for variant in args.variants.split(","):
@@ -71,7 +94,7 @@ def main() -> None:
         mc = resolve_model_config(cfg, variant, data.vocab_size, cfg.model.d_model)
         with common.GpuBusy(device) as busy:
             t0 = time.perf_counter()
-            runs = train.run(cfg, "shakespeare", variant, args.tokens, d / "best.json",
+            runs = train.run(cfg, dataset, variant, args.tokens, d / "best.json",
                              d / "checkpoints", d / "history.csv", d / "grad_stats.csv")
             wall = time.perf_counter() - t0
         summaries = list(runs.values())
@@ -83,7 +106,8 @@ def main() -> None:
                "sd": statistics.stdev(losses) if len(losses) > 1 else 0.0,
                "wall_seconds": wall, "train_seconds": summaries[0]["train_seconds"],
                "tokens_per_second": tokens / summaries[0]["train_seconds"],
-               "gpu_busy": busy.share, "seed_000": SEED_000.get(variant)}
+               "gpu_busy": busy.share,
+               "seed_000": SEED_000.get(variant) if dataset == "shakespeare" else None}
         rows.append(row)
         print(f"{variant:<9} {row['steps']:>5} steps  val {row['mean']:.4f} +- {row['sd']:.4f} "
               f"({', '.join(f'{v:.4f}' for v in losses)})  wall {wall:.1f} s  "
