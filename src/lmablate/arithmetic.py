@@ -33,7 +33,7 @@ from typing import Sequence, Union
 
 import numpy as np
 
-from .validation import DataError, check_bool, check_int, fail
+from lmablate.validation import DataError, check_bool, check_int, fail
 
 __all__ = [
     "DataError", "ArithmeticFormat", "SEED_FORMAT", "Operand", "OPS", "OP_NAMES", "MAX_DIGITS",

@@ -26,16 +26,17 @@ import torch
 from torch.func import functional_call, stack_module_state, vmap
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from . import interrupt
-from .checkpoint import load_resume, save_resume
-from .config import ModelConfig, TrainConfig
-from .device import autocast
-from .model import GLOBAL_RNG_LOCK, GPT
-from .progress import progress
-from .token_data import TokenData, batch_starts, get_batch
-from .tracking import NullTracker, RunTracker
-from .training import (VAL_BATCH_SEED, DivergenceError, TrainResult, decayed_parameter_names,
-                       gradient_stats, make_optimizer, make_scheduler)
+from lmablate import interrupt
+from lmablate.checkpoint import load_resume, save_resume
+from lmablate.config import ModelConfig, TrainConfig
+from lmablate.device import autocast
+from lmablate.model import GLOBAL_RNG_LOCK, GPT
+from lmablate.progress import progress
+from lmablate.token_data import TokenData, batch_starts, get_batch
+from lmablate.tracking import NullTracker, RunTracker
+from lmablate.training import (VAL_BATCH_SEED, DivergenceError, TrainResult,
+                               decayed_parameter_names, gradient_stats, make_optimizer,
+                               make_scheduler)
 
 
 def batched_on(device: torch.device) -> bool:

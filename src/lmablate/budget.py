@@ -13,9 +13,9 @@ with ``flops_per_token`` = 6 N + 6 n_layers n_ctx d_model (Kaplan et al. 2020, T
 
 from __future__ import annotations
 
-from .config import ModelConfig, StudyConfig
-from .model import flops_per_token
-from .validation import ConfigError
+from lmablate.config import ModelConfig, StudyConfig
+from lmablate.model import flops_per_token
+from lmablate.validation import ConfigError
 
 
 def tokens_per_step(model_cfg: ModelConfig, batch_size: int) -> int:

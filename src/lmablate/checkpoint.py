@@ -24,10 +24,10 @@ from typing import Any
 
 import torch
 
-from . import fileio
-from .config import ModelConfig
-from .model import GPT
-from .validation import DataError
+from lmablate import fileio
+from lmablate.config import ModelConfig
+from lmablate.model import GPT
+from lmablate.validation import DataError
 
 def _save(path: Path, obj: Any) -> str:
     """``torch.save`` of ``obj`` to ``path``, atomically and byte-reproducibly; returns the

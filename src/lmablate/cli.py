@@ -23,10 +23,10 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import ConfigError
-from .fileio import check_writable
-from .gc_pause import gc_paused
-from .params import load
+from lmablate.config import ConfigError
+from lmablate.fileio import check_writable
+from lmablate.gc_pause import gc_paused
+from lmablate.params import load
 
 
 @dataclass(frozen=True)
@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         stage = STAGES[args.command]
         check_preconditions(cfg, args, stage)
         if stage.tracks and cfg.tracking.enabled and argv is None:
-            from .sidecar import start_sidecar
+            from lmablate.sidecar import start_sidecar
             start_sidecar(cfg.tracking)
         start = time.perf_counter()
         summary = import_stage(stage.module).main(cfg, args)

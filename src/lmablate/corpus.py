@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, NamedTuple
 
-from .config import DataError, DatasetConfig
-from .fileio import sha256_file
+from lmablate.config import DataError, DatasetConfig
+from lmablate.fileio import sha256_file
 
 __all__ = [
     "DataError", "ChecksumError", "MemberSelection", "PYPI_MEMBERS", "Source", "parse_source",

@@ -6,7 +6,7 @@ import contextlib
 
 import torch
 
-from .validation import fail
+from lmablate.validation import fail
 
 
 def resolve_device(name: str) -> torch.device:

@@ -26,12 +26,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from . import interrupt
-from .arithmetic import OP_NAMES, answer_digits, operand_digits, problem_op, split_problem
-from .device import autocast
-from .parallel import map_jobs
-from .progress import progress
-from .tokenizer import CharTokenizer
+from lmablate import interrupt
+from lmablate.arithmetic import OP_NAMES, answer_digits, operand_digits, problem_op, split_problem
+from lmablate.device import autocast
+from lmablate.parallel import map_jobs
+from lmablate.progress import progress
+from lmablate.tokenizer import CharTokenizer
 
 
 def aligned_step(length: int, stride: int) -> int:

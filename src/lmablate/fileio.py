@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
-from .validation import OutputError
+from lmablate.validation import OutputError
 
 if TYPE_CHECKING:  # pandas is imported by write_csv only: the data stages never need it
     import pandas as pd

@@ -26,8 +26,8 @@ from typing import Callable, Iterable, Iterator, Sequence, TypeVar
 
 import torch
 
-from . import interrupt
-from .config import ModelConfig, RuntimeConfig
+from lmablate import interrupt
+from lmablate.config import ModelConfig, RuntimeConfig
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 J = TypeVar("J")

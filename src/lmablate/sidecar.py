@@ -16,8 +16,8 @@ import sys
 import threading
 from typing import Any
 
-from .config import TrackingConfig
-from .tracking import MlflowStore, TrackingError
+from lmablate.config import TrackingConfig
+from lmablate.tracking import MlflowStore, TrackingError
 
 
 class Sidecar:

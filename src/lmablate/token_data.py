@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .tokenizer import load_split, load_tokenizer, read_meta
+from lmablate.tokenizer import load_split, load_tokenizer, read_meta
 
 
 @dataclass

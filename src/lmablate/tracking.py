@@ -17,9 +17,9 @@ import time
 from pathlib import Path
 from typing import Any, ContextManager, Iterator, Mapping, Protocol
 
-from . import mlflow_views as views
-from .config import TrackingConfig
-from .gc_pause import gc_paused
+from lmablate import mlflow_views as views
+from lmablate.config import TrackingConfig
+from lmablate.gc_pause import gc_paused
 
 # The experiment's kind, as MLflow 3's UI reads it (its ExperimentKind enum): a model-training
 # experiment opens on the runs table instead of the GenAI "Traces" view.
@@ -411,7 +411,7 @@ class MlflowTracker(Tracker):
 
     def __init__(self, cfg: TrackingConfig):
         self.uri = cfg.tracking_uri
-        from . import sidecar  # imports this module: a cycle only at module level
+        from lmablate import sidecar  # imports this module: a cycle only at module level
 
         running = sidecar.current()
         self._store = (MlflowStore(self.uri, cfg.experiment) if running is None

@@ -20,14 +20,14 @@ import numpy as np
 import torch
 from torch.optim import optimizer as torch_optimizer
 
-from . import interrupt
-from .checkpoint import load_resume, save_resume
-from .config import ModelConfig, TrainConfig
-from .device import autocast
-from .model import GLOBAL_RNG_LOCK, GPT
-from .progress import progress
-from .token_data import TokenData, get_batch
-from .tracking import NullTracker, RunTracker
+from lmablate import interrupt
+from lmablate.checkpoint import load_resume, save_resume
+from lmablate.config import ModelConfig, TrainConfig
+from lmablate.device import autocast
+from lmablate.model import GLOBAL_RNG_LOCK, GPT
+from lmablate.progress import progress
+from lmablate.token_data import TokenData, get_batch
+from lmablate.tracking import NullTracker, RunTracker
 
 HISTORY_COLUMNS = ("seed", "step", "tokens", "train_loss", "val_loss", "lr", "elapsed_seconds")
 GRAD_STATS_COLUMNS = ("seed", "group", "frac_near_zero", "grad_norm")

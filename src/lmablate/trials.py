@@ -24,19 +24,19 @@ from pathlib import Path
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from . import interrupt
-from .budget import training_flops, trial_steps
-from .config import StudyConfig
-from .device import resolve_device
-from .parallel import map_jobs, worker_count
-from .studies import Heartbeat, claim, load_study, make_storage
-from .token_data import TokenData
-from .tracking import Tracker, make_tracker
-from .training import DivergenceError, train_model
-from .tuning import (DIVERGED, FRACTION, OUTCOME, RUNG, SLOT, Batch, batch_of, chosen,
-                     n_slots, next_batch, on_edge, slot_results, space_for_batch,
-                     tokens_per_parameter, trial_distributions, trial_train_config)
-from .variants import resolve_model_config
+from lmablate import interrupt
+from lmablate.budget import training_flops, trial_steps
+from lmablate.config import StudyConfig
+from lmablate.device import resolve_device
+from lmablate.parallel import map_jobs, worker_count
+from lmablate.studies import Heartbeat, claim, load_study, make_storage
+from lmablate.token_data import TokenData
+from lmablate.tracking import Tracker, make_tracker
+from lmablate.training import DivergenceError, train_model
+from lmablate.tuning import (DIVERGED, FRACTION, OUTCOME, RUNG, SLOT, Batch, batch_of, chosen,
+                             n_slots, next_batch, on_edge, slot_results, space_for_batch,
+                             tokens_per_parameter, trial_distributions, trial_train_config)
+from lmablate.variants import resolve_model_config
 
 TRIALS_COLUMNS = ("number", "rung", "batch", "budget_fraction", "state", "value", "params_lr",
                   "params_d_model", "tokens_per_parameter", "steps", "last_step", "flops",

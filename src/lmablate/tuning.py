@@ -55,10 +55,10 @@ from optuna.distributions import (CategoricalDistribution, FloatDistribution,
                                   IntDistribution)
 from optuna.trial import FrozenTrial, TrialState
 
-from .budget import steps_for_budget
-from .config import MAX_WIDTH, ModelConfig, StudyConfig, TrainConfig, TuneConfig
-from .fingerprint import RUN_MODULES, code_version, fingerprint
-from .model import count_params, flops_per_token
+from lmablate.budget import steps_for_budget
+from lmablate.config import MAX_WIDTH, ModelConfig, StudyConfig, TrainConfig, TuneConfig
+from lmablate.fingerprint import RUN_MODULES, code_version, fingerprint
+from lmablate.model import count_params, flops_per_token
 
 SLOT = "slot"  # user attribute: the trial's place in the study (0 .. n_slots - 1)
 RUNG = "rung"  # user attribute: the rung of the trial's slot

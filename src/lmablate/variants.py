@@ -3,8 +3,8 @@ every stage runs before its first step."""
 
 from __future__ import annotations
 
-from .config import ModelConfig, StudyConfig
-from .model import check_causality, match_ffn_hidden
+from lmablate.config import ModelConfig, StudyConfig
+from lmablate.model import check_causality, match_ffn_hidden
 
 
 def resolve_model_config(cfg: StudyConfig, variant: str, vocab_size: int, d_model: int) -> ModelConfig:

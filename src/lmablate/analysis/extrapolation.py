@@ -15,8 +15,8 @@ from typing import Sequence
 
 import pandas as pd
 
-from .collect import BASELINE, maybe_int, present
-from .statistics import compare, summarise
+from lmablate.analysis.collect import BASELINE, maybe_int, present
+from lmablate.analysis.statistics import compare, summarise
 
 REFERENCE = "rope"  # the compared-with variant when the study has it
 TABLE_COLUMNS = ["dataset", "variant", "factor", "length", "n", "mean", "ci95_low", "ci95_high",

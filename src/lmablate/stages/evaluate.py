@@ -11,18 +11,19 @@ import argparse
 import math
 from pathlib import Path
 
-from .. import fileio
-from ..arithmetic import operand_digits, split_problem
-from ..checkpoint import load_checkpoint, verify_checkpoint
-from ..config import DataError, StudyConfig
-from ..device import resolve_device
-from ..model import check_causality
-from ..evaluation import (answer_nats, arithmetic_predictions, arithmetic_scores,
-                          by_operand_digits, extrapolation, not_reaching, split_loss, text_samples)
-from ..parallel import map_jobs, worker_count
-from ..tokenizer import load_tokenizer
-from ..token_data import TokenData
-from ..tracking import Tracker, make_tracker
+from lmablate import fileio
+from lmablate.arithmetic import operand_digits, split_problem
+from lmablate.checkpoint import load_checkpoint, verify_checkpoint
+from lmablate.config import DataError, StudyConfig
+from lmablate.device import resolve_device
+from lmablate.model import check_causality
+from lmablate.evaluation import (answer_nats, arithmetic_predictions, arithmetic_scores,
+                                 by_operand_digits, extrapolation, not_reaching, split_loss,
+                                 text_samples)
+from lmablate.parallel import map_jobs, worker_count
+from lmablate.tokenizer import load_tokenizer
+from lmablate.token_data import TokenData
+from lmablate.tracking import Tracker, make_tracker
 
 
 # Summary fields of a training run that differ from run to run (timings, MLflow's random run

@@ -21,10 +21,10 @@ import contextlib
 import time
 from pathlib import Path
 
-from .. import fileio
-from ..arithmetic import generate_arithmetic, length_problems
-from ..config import DatasetConfig, StudyConfig
-from ..corpus import load_text_corpus
+from lmablate import fileio
+from lmablate.arithmetic import generate_arithmetic, length_problems
+from lmablate.config import DatasetConfig, StudyConfig
+from lmablate.corpus import load_text_corpus
 
 
 def _lines_text(lines: list[str]) -> str:

@@ -10,10 +10,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .. import fileio
-from ..config import DatasetConfig, StudyConfig
-from ..corpus import read_text_file
-from ..tokenizer import SPLITS, UNK_ID, CharTokenizer, TokenizerError, split_text
+from lmablate import fileio
+from lmablate.config import DatasetConfig, StudyConfig
+from lmablate.corpus import read_text_file
+from lmablate.tokenizer import SPLITS, UNK_ID, CharTokenizer, TokenizerError, split_text
 
 
 def _strip_newlines(pieces: dict[str, str]) -> dict[str, str]:

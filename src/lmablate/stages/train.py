@@ -15,20 +15,20 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import fileio, interrupt
-from ..budget import run_steps, tokens_per_step, training_flops
-from ..batched import batched_on, train_seeds
-from ..checkpoint import load_resume, save_checkpoint, verify_checkpoint
-from ..config import ModelConfig, StudyConfig
-from ..fingerprint import code_version, fingerprint
-from ..device import resolve_device
-from ..model import count_params, flops_per_token
-from ..parallel import map_jobs, use_processes, worker_count
-from ..token_data import TokenData
-from ..tracking import RunTracker, make_tracker
-from ..training import (GRAD_STATS_COLUMNS, HISTORY_COLUMNS, DivergenceError, TrainResult,
-                        train_model)
-from ..variants import preflight, resolve_model_config
+from lmablate import fileio, interrupt
+from lmablate.budget import run_steps, tokens_per_step, training_flops
+from lmablate.batched import batched_on, train_seeds
+from lmablate.checkpoint import load_resume, save_checkpoint, verify_checkpoint
+from lmablate.config import ModelConfig, StudyConfig
+from lmablate.fingerprint import code_version, fingerprint
+from lmablate.device import resolve_device
+from lmablate.model import count_params, flops_per_token
+from lmablate.parallel import map_jobs, use_processes, worker_count
+from lmablate.token_data import TokenData
+from lmablate.tracking import RunTracker, make_tracker
+from lmablate.training import (GRAD_STATS_COLUMNS, HISTORY_COLUMNS, DivergenceError, TrainResult,
+                               train_model)
+from lmablate.variants import preflight, resolve_model_config
 
 
 @dataclass(frozen=True)

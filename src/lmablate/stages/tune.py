@@ -16,17 +16,17 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .. import fileio
-from ..budget import run_steps, trial_steps
-from ..config import MAX_SEED, ConfigError, StudyConfig
-from ..device import resolve_device
-from ..parallel import use_processes
-from ..studies import load_study, make_storage
-from ..token_data import TokenData
-from ..tracking import Tracker, make_tracker
-from ..trials import TRIALS_COLUMNS, TuneJob, run_batches, summarise_study
-from ..tuning import describe_study, initial_space, slot_results, study_name, width_ladder
-from ..variants import preflight, resolve_model_config
+from lmablate import fileio
+from lmablate.budget import run_steps, trial_steps
+from lmablate.config import MAX_SEED, ConfigError, StudyConfig
+from lmablate.device import resolve_device
+from lmablate.parallel import use_processes
+from lmablate.studies import load_study, make_storage
+from lmablate.token_data import TokenData
+from lmablate.tracking import Tracker, make_tracker
+from lmablate.trials import TRIALS_COLUMNS, TuneJob, run_batches, summarise_study
+from lmablate.tuning import describe_study, initial_space, slot_results, study_name, width_ladder
+from lmablate.variants import preflight, resolve_model_config
 
 
 def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, best_path: Path,
