@@ -346,7 +346,8 @@ def test_a_study_list_deleted_is_an_error_naming_it(raw, key):
 
 
 def test_a_dataset_without_its_kind_is_an_error_naming_it(raw):
-    with pytest.raises(ConfigError, match=r"missing key datasets\.arithmetic\.kind; .*arithmetic, text"):
+    with pytest.raises(ConfigError,
+                       match=r"missing key datasets\.arithmetic\.kind; .*arithmetic, text"):
         params.parse(mutate(raw, "datasets.arithmetic.kind", KeyError))
 
 

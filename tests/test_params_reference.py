@@ -45,9 +45,9 @@ def tables(page: str) -> dict[str, dict[str, list[str]]]:
             section = line[3:].strip()
             out[section] = {}
         elif section and line.startswith("| `"):
-            cells = [c.strip().replace("\\|", "|")
+            # a cell's own | is written \|
+            cells = [c.strip().replace("\0", "|")
                      for c in line.strip("|").replace("\\|", "\0").split("|")]
-            cells = [c.replace("\0", "|") for c in cells]
             out[section][cells[0].strip("`")] = cells
     return out
 

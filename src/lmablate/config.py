@@ -6,6 +6,12 @@ naming the key, and a :class:`StudyConfig` comes back. Stage
 functions take these dataclasses, never the raw YAML dict. Component choices (``ffn``, ``norm``,
 ``position`` ...) stay strings so the config remains serialisable; ``lmablate.model`` resolves them
 through explicit registries (litgpt's ``config.py`` style).
+
+Every key of ``params.yaml`` is a :func:`~lmablate.validation.param` field of its section's
+dataclass (:data:`SECTIONS`), the one source of its default (the default study's value:
+``params.yaml`` gives every key at it, which ``tests/test_config.py`` checks), its one-line
+description and the :class:`~lmablate.validation.Rule` that both validates it and says what is
+allowed; ``docs/params_reference.py`` renders them as the params.yaml reference.
 """
 
 from __future__ import annotations
@@ -228,8 +234,9 @@ class TrainConfig:
     optimizer step of ``batch_size`` sequences; ``warmup_fraction`` is the share of a run's
     steps over which the learning rate ramps up (so a tuning trial of a quarter of the budget
     warms up over a quarter of the steps, and every run's schedule has the same shape),
-    ``eval_interval`` is in steps, ``eval_iters`` in batches per estimate. Every field changes what a run computes;
-    settings that only change how fast it is computed live in :class:`RuntimeConfig`.
+    ``eval_interval`` is in steps, ``eval_iters`` in batches per estimate. Every field changes
+    what a run computes; settings that only change how fast it is computed live in
+    :class:`RuntimeConfig`.
     """
 
     budget_flops: Mapping[str, float] = param(
