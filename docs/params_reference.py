@@ -29,10 +29,11 @@ from lmablate.validation import is_param  # noqa: E402
 
 TITLE = "params.yaml reference"
 SECTION_TEXT = {
-    "study": "Which runs the study makes. The three lists have no default: a study names them.",
+    "study": "Which runs the study makes: seeds, and names from the datasets and variants "
+             "sections.",
     "datasets": "One entry per dataset, under its name (letters, digits and _). A key marked "
                 "*arithmetic* or *text* applies to that kind only; an entry of params.yaml "
-                "gives every key of its kind.",
+                "gives every key of its kind, and a key of the other kind is an error.",
     "model": "The baseline architecture every variant starts from.",
     "variants": "Named overrides of `model`: any model key but `d_model` (every width is tuned).",
     "train": "Optimisation of a run; every final run of a dataset spends its `budget_flops`.",
@@ -63,9 +64,9 @@ _OTHER: dict[str, Any] = {
 # the variants a key is tried on: the baseline, and one with a gated FFN (which
 # study.match_params resizes and which overrides model.ffn)
 VARIANTS = ("baseline", "swiglu")
-# keys whose change needs others changed with it
-_OTHER_WITH = {"datasets.kind": {"kind": "text", "source": "corpus.txt",
-                                 "split": {"val": 0.1, "test": 0.1}}}
+# keys whose change needs the whole entry replaced
+_OTHER_ENTRY = {"datasets.kind": {"kind": "text", "source": "corpus.txt",
+                                  "split": {"val": 0.1, "test": 0.1}}}
 # what a change of the key reaches besides the fingerprints it enters as a setting
 _ALSO = {
     "datasets": "the seeds too where it changes the train or validation tokens",
@@ -166,8 +167,9 @@ def enters(section: str, name: str, raw: dict) -> list[str]:
         node = raw[section]
     key = f"{section}.{name}"
     changed = copy.deepcopy(raw)
-    target = changed["datasets"][dataset] if section == "datasets" else changed[section]
-    target.update(_OTHER_WITH.get(key) or {name: _other(key, node[name])})
+    target = changed["datasets"] if section == "datasets" else changed
+    where = dataset if section == "datasets" else section
+    target[where] = _OTHER_ENTRY.get(key) or {**node, name: _other(key, node[name])}
     reached = []
     for variant in VARIANTS:
         memo = (json.dumps(raw, sort_keys=True, default=str), dataset, variant)

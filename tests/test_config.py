@@ -339,10 +339,17 @@ def test_a_profile_gives_every_key_params_yaml_gives(raw, path):
 
 
 @pytest.mark.parametrize("key", ["study.variants", "study.datasets", "study.seeds"])
-def test_a_study_list_deleted_is_an_error_naming_it(raw, key):
+def test_a_study_list_deleted_takes_the_default_study_s(raw, key):
     """study.variants used to default to every variant defined (13 instead of the study's 4)."""
-    with pytest.raises(ConfigError, match=f"missing key {key};"):
-        params.parse(mutate(raw, key, KeyError))
+    assert params.parse(mutate(raw, key, KeyError)) == params.parse(raw)
+
+
+def test_a_key_of_the_other_kind_of_dataset_is_an_error_naming_it(raw):
+    with pytest.raises(ConfigError, match=r"datasets\.shakespeare\.n_train is a key of "
+                                          r"arithmetic datasets; a text dataset takes kind, "):
+        params.parse(mutate(raw, "datasets.shakespeare.n_train", 100))
+    with pytest.raises(ConfigError, match=r"datasets\.arithmetic\.source is a key of text"):
+        params.parse(mutate(raw, "datasets.arithmetic.source", "x.txt"))
 
 
 def test_a_dataset_without_its_kind_is_an_error_naming_it(raw):

@@ -115,19 +115,20 @@ def _check_names(key: str, value: Any) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class StudySection:
-    """The ``study`` section: which runs the study makes. Its lists have no default: a study
-    names its seeds, datasets and variants (:func:`lmablate.params.parse` checks the names)."""
+    """The ``study`` section: which runs the study makes (:func:`lmablate.params.parse` checks
+    that each name is defined in its section)."""
 
     seeds: tuple[int, ...] = param(
-        doc="the final runs' seeds: the same seed gives every variant the same init and data "
-        "order", rule=Rule("a non-empty list of distinct seeds, each "
-                           f"{integer(0, MAX_SEED).allowed}", _check_seeds))
-    datasets: tuple[str, ...] = param(doc="the datasets studied, in report order",
-                                      rule=Rule("a non-empty list of names of the datasets "
-                                                "section", _check_names))
-    variants: tuple[str, ...] = param(doc="the variants studied, in report order",
-                                      rule=Rule("a non-empty list of names of the variants "
-                                                "section", _check_names))
+        (0, 1, 2, 3, 4), "the final runs' seeds: the same seed gives every variant the same "
+        "init and data order", Rule("a non-empty list of distinct seeds, each "
+                                    f"{integer(0, MAX_SEED).allowed}", _check_seeds))
+    datasets: tuple[str, ...] = param(("shakespeare", "arithmetic"), "the datasets studied, in "
+                                      "report order", Rule("a non-empty list of names of the "
+                                                           "datasets section", _check_names))
+    variants: tuple[str, ...] = param(("baseline", "swiglu", "rmsnorm", "rope"), "the variants "
+                                      "studied, in report order",
+                                      Rule("a non-empty list of names of the variants section",
+                                           _check_names))
     match_params: bool = param(False, "true: each variant's FFN hidden width is set so that its "
                                "non-embedding parameters equal the baseline's", BOOLEAN)
 

@@ -20,7 +20,8 @@ import yaml
 from .config import (NAME_PATTERN, NAME_RULE, DatasetConfig, EvaluateConfig, ModelConfig,
                      RuntimeConfig, StudyConfig, StudySection, TrackingConfig, TrainConfig,
                      TuneConfig)
-from .validation import ConfigError, check_types, fail, from_mapping
+from .datasets import DATASET_KINDS as KINDS
+from .validation import ConfigError, check_types, fail, from_mapping, is_param
 
 TOP_LEVEL_KEYS = ("study", "datasets", "model", "variants", "train", "tune", "evaluate", "tracking",
                   "runtime")
@@ -45,10 +46,6 @@ def parse(raw: Mapping[str, Any]) -> StudyConfig:
     bad = sorted(set(study) - set(allowed_study), key=str)
     if bad:
         raise ConfigError(f"params: unknown key study.{bad[0]}; allowed: {', '.join(allowed_study)}")
-    for f in dataclasses.fields(StudySection):
-        if f.name not in study and f.default is dataclasses.MISSING:
-            raise ConfigError(f"params: missing key study.{f.name}; it has no default, expected "
-                              f"{f.metadata['rule'].allowed}")
     study = StudySection(**study)
 
     raw_datasets = raw.get("datasets") or {}
@@ -57,6 +54,14 @@ def parse(raw: Mapping[str, Any]) -> StudyConfig:
     for name, spec in raw_datasets.items():
         if spec is not None and not isinstance(spec, Mapping):
             fail(f"datasets.{name}", spec, "expected a mapping of the dataset's settings")
+        kind = (spec or {}).get("kind")
+        for f in dataclasses.fields(DatasetConfig):  # a key of the other kind would be ignored
+            if f.name in (spec or {}) and f.metadata.get("kind", kind) != kind and kind in KINDS:
+                own = sorted(g.name for g in dataclasses.fields(DatasetConfig)
+                             if is_param(g) and g.metadata.get("kind", kind) == kind)
+                raise ConfigError(f"params: datasets.{name}.{f.name} is a key of "
+                                  f"{f.metadata['kind']} datasets; a {kind} dataset takes "
+                                  f"{', '.join(own)}")
     datasets = {
         name: from_mapping(DatasetConfig, spec, f"datasets.{name}", name=name)
         for name, spec in raw_datasets.items()
