@@ -241,7 +241,8 @@ class Rule:
     ``allowed`` is the text the reference (``docs/params_reference.py``) shows, and ``check``
     (``check(key, value)``) raises a :class:`ConfigError` naming the key, the value and the same
     rule, returning the value to keep (``None``: the value as given). A rule with no ``check``
-    is enforced by the validator that ``allowed`` names."""
+    is enforced by another validator from the same constants (an arithmetic dataset's format
+    keys, by :class:`~lmablate.arithmetic.ArithmeticFormat`)."""
 
     allowed: str
     check: Callable[[str, Any], Any] | None = None
