@@ -140,3 +140,14 @@ def test_stage_command_records_its_mlflow_run_and_exits(project, start_lmablate)
                           "--grad-stats", "g2.csv"], project.path)
     _, err = bad.communicate(timeout=300)
     assert bad.returncode == 2 and err.startswith("lmablate: error: ")
+
+
+def test_package_modules_import_each_other_by_absolute_name():
+    """One import style: ``from lmablate.x import y``, never ``from .x import y``, so a module's
+    imports read the same wherever it sits and grep finds every user of a module."""
+    src = Path(__file__).resolve().parents[1] / "src" / "lmablate"
+    relative = [f"{path.relative_to(src)}:{n}: {line.strip()}"
+                for path in sorted(src.rglob("*.py"))
+                for n, line in enumerate(path.read_text().splitlines(), 1)
+                if line.lstrip().startswith("from .")]
+    assert relative == []

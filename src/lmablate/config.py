@@ -22,13 +22,13 @@ import os
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
-from .validation import (BOOLEAN, FRACTION, STRING, Rule, check_fields, check_int,
-                         check_positive, choice, fail, integer, low_high, number, optional, param,
-                         rungs)
+from lmablate.validation import (BOOLEAN, FRACTION, STRING, Rule, check_fields, check_int,
+                                 check_positive, choice, fail, integer, low_high, number, optional,
+                                 param, rungs)
 # re-exported (the errors for the data modules and tests)
-from .validation import ConfigError, DataError, MAX_SEED, NAME_PATTERN, NAME_RULE, from_mapping
+from lmablate.validation import ConfigError, DataError, MAX_SEED, NAME_PATTERN, NAME_RULE, from_mapping
 # the datasets section, re-exported: every section's config is importable from here
-from .datasets import DATASET_KINDS, MAX_PROBLEMS, DatasetConfig, SplitConfig
+from lmablate.datasets import DATASET_KINDS, MAX_PROBLEMS, DatasetConfig, SplitConfig
 
 __all__ = [
     "ConfigError", "DataError", "MAX_SEED", "NAME_PATTERN", "NAME_RULE", "from_mapping",

@@ -17,11 +17,11 @@ from typing import Any, Mapping
 
 import yaml
 
-from .config import (NAME_PATTERN, NAME_RULE, DatasetConfig, EvaluateConfig, ModelConfig,
-                     RuntimeConfig, StudyConfig, StudySection, TrackingConfig, TrainConfig,
-                     TuneConfig)
-from .datasets import DATASET_KINDS as KINDS
-from .validation import ConfigError, check_types, fail, from_mapping, is_param
+from lmablate.config import (NAME_PATTERN, NAME_RULE, DatasetConfig, EvaluateConfig, ModelConfig,
+                             RuntimeConfig, StudyConfig, StudySection, TrackingConfig, TrainConfig,
+                             TuneConfig)
+from lmablate.datasets import DATASET_KINDS as KINDS
+from lmablate.validation import ConfigError, check_types, fail, from_mapping, is_param
 
 TOP_LEVEL_KEYS = ("study", "datasets", "model", "variants", "train", "tune", "evaluate", "tracking",
                   "runtime")

@@ -13,7 +13,7 @@ import typing
 from dataclasses import MISSING, Field, dataclass, field, fields, is_dataclass
 from typing import Any, Callable, Mapping, NoReturn
 
-from .fingerprint import NOT_A_RESULT
+from lmablate.fingerprint import NOT_A_RESULT
 
 MAX_SEED = 2**31 - 1  # every generator here (torch, numpy, random) takes it
 # Variant and dataset names name DVC stages (tune@<dataset>-<variant>), folders and MLflow runs.
