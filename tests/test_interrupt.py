@@ -23,7 +23,7 @@ import torch
 import yaml
 
 from lmablate import interrupt, parallel
-from lmablate.tracking import HOST_TAG, PID_TAG
+from lmablate.mlflow_store import HOST_TAG, PID_TAG
 
 from conftest import budgets
 
@@ -237,7 +237,7 @@ def test_a_run_of_another_host_is_left_running(tmp_path, monkeypatch):
     host whose process is gone are ended."""
     import mlflow
 
-    from lmablate.tracking import MlflowStore
+    from lmablate.mlflow_store import MlflowStore
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from lmablate import sidecar as sidecar_module
-from lmablate import tracking
+from lmablate import mlflow_store, tracking
 from lmablate.config import TrackingConfig
 from lmablate.sidecar import Sidecar
 from lmablate.tracking import MlflowTracker, TrackingError
@@ -109,10 +109,10 @@ def test_the_sidecar_writes_the_records_an_in_process_tracker_writes(tmp_path, a
 def test_the_experiment_is_created_as_a_model_training_one_so_the_ui_opens_on_runs(tmp_path):
     import mlflow
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    tracking.MlflowStore(uri, "study")
-    tracking.MlflowStore(uri, "study")  # found again, not created twice
+    mlflow_store.MlflowStore(uri, "study")
+    mlflow_store.MlflowStore(uri, "study")  # found again, not created twice
     (exp,) = mlflow.MlflowClient(uri).search_experiments(filter_string="name = 'study'")
-    assert exp.tags[tracking.EXPERIMENT_KIND_TAG] == "custom_model_development"
+    assert exp.tags[mlflow_store.EXPERIMENT_KIND_TAG] == "custom_model_development"
 
 
 def test_the_experiment_carries_the_saved_runs_view_its_url_opens(tmp_path):
@@ -120,13 +120,13 @@ def test_the_experiment_carries_the_saved_runs_view_its_url_opens(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = mlflow.MlflowClient(uri)
     exp_id = client.create_experiment("study")  # made elsewhere: the view is added when opened
-    store = tracking.MlflowStore(uri, "study")
-    view = json.loads(client.get_experiment(exp_id).tags[tracking.RUNS_VIEW_TAG])
+    store = mlflow_store.MlflowStore(uri, "study")
+    view = json.loads(client.get_experiment(exp_id).tags[mlflow_store.RUNS_VIEW_TAG])
     assert view["searchFilter"] == "tags.stage = 'final' AND tags.replicate = '0'"
     assert "metrics.`test_loss`" in view["selectedColumns"]
     assert "params.`peak_lr`" in view["selectedColumns"]
     assert store.runs_view_url() == (f"#/experiments/{exp_id}/runs?viewStateShareKey="
-                                     f"{tracking.RUNS_VIEW_KEY}&workflowType=machine_learning")
+                                     f"{mlflow_store.RUNS_VIEW_KEY}&workflowType=machine_learning")
     # the filter is one MLflow's search accepts, and it finds the final runs only
     final = store.start_run("final", {"stage": "final", "replicate": "0"})
     store.start_run("trial", {"stage": "tune"})
@@ -140,7 +140,7 @@ SUMMARIES = {"test_loss": 1.5, "bits_per_char": 2.1, "train_seconds": 60.0, "per
 ARITHMETIC_ONLY = {"exact_match": 0.5, "answer_loss": 0.4, "exact_match_add": 0.6}
 
 
-def record_final_runs(store: tracking.MlflowStore) -> dict[tuple[str, str, int], str]:
+def record_final_runs(store: mlflow_store.MlflowStore) -> dict[tuple[str, str, int], str]:
     """Final runs as train and evaluate record them: curves per step, summaries once at the
     last step (arithmetic's with its own), a replicate of the baseline and a tuning trial."""
     ids = {}
@@ -166,7 +166,7 @@ def test_the_study_views_open_on_validation_loss_with_groups_closed_and_runs_col
     from lmablate import mlflow_views
     from lmablate.analysis import families
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    store = tracking.MlflowStore(uri, "study")
+    store = mlflow_store.MlflowStore(uri, "study")
     ids = record_final_runs(store)
     datasets, variants = ["shakespeare", "arithmetic"], list(STUDY_COLOURS)
     urls = store.save_views(datasets, variants, STUDY_COLOURS)
@@ -230,7 +230,7 @@ def test_the_study_views_open_on_validation_loss_with_groups_closed_and_runs_col
     assert "metrics.`exact_match`" in per_dataset["arithmetic"]["selectedColumns"]
     # written again by a later report: the same tags; a later store keeps them
     assert store.save_views(datasets, variants, STUDY_COLOURS) == urls
-    tracking.MlflowStore(uri, "study")
+    mlflow_store.MlflowStore(uri, "study")
     assert client.get_experiment(exp_id).tags == tags
     assert families.hex_colours({"baseline": (0.1, 0.1, 0.1)}) == {"baseline": "#1a1a1a"}
     with pytest.raises(ValueError, match="quote"):
@@ -243,10 +243,10 @@ def test_the_sidecar_answers_the_runs_view_url_as_the_store_does(tmp_path, monke
     monkeypatch.setattr(sidecar_module, "_SIDECAR", Sidecar())
     monkeypatch.chdir(tmp_path)
     tracker = tracking.make_tracker(TrackingConfig(uri=uri, experiment="study"))
-    assert tracker.runs_view_url() == tracking.MlflowStore(uri, "study").runs_view_url()
+    assert tracker.runs_view_url() == mlflow_store.MlflowStore(uri, "study").runs_view_url()
     assert tracking.NullTracker().runs_view_url() is None
     urls = tracker.save_views(["arithmetic"], ["baseline"], {"baseline": "#1a1a1a"})
-    assert urls == tracking.MlflowStore(uri, "study").save_views(
+    assert urls == mlflow_store.MlflowStore(uri, "study").save_views(
         ["arithmetic"], ["baseline"], {"baseline": "#1a1a1a"})
     assert all("workflowType=machine_learning" in url for url in urls.values())
     assert tracking.NullTracker().save_views(["arithmetic"], ["baseline"], {}) == {}
@@ -256,7 +256,7 @@ def test_a_reopened_run_keeps_its_duration(tmp_path):
     """evaluate adds its metrics to train's run: the UI's Duration stays the training's."""
     import mlflow
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    store = tracking.MlflowStore(uri, "study")
+    store = mlflow_store.MlflowStore(uri, "study")
     run_id = store.start_run("seed-0", {})
     store.end_run(run_id, "FINISHED")
     ended = mlflow.MlflowClient(uri).get_run(run_id).info.end_time

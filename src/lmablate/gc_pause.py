@@ -15,7 +15,7 @@ def gc_paused() -> Iterator[None]:
     the collections they trigger scan them again and again (a quarter of the import time). For
     blocks that make nothing collectable meanwhile: a stage module's import
     (:func:`lmablate.cli.import_stage`), MLflow's import and the first store opened
-    (:class:`lmablate.tracking.MlflowStore`). Paused in several threads at once, the collector
+    (:class:`lmablate.mlflow_store.MlflowStore`). Paused in several threads at once, the collector
     is back on once the thread that paused it first is done."""
     enabled = gc.isenabled()
     gc.disable()

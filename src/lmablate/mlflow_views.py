@@ -1,5 +1,6 @@
-"""The saved views of the MLflow UI that show a study: what :class:`lmablate.tracking.MlflowStore`
-writes on the experiment. Pure Python: nothing here imports MLflow.
+"""The saved views of the MLflow UI that show a study: what
+:class:`lmablate.mlflow_store.MlflowStore` writes on the experiment. Pure Python: nothing here
+imports MLflow.
 
 A saved view is an experiment tag ``mlflow.sharedViewState.<key>`` holding the runs page's state
 as JSON, opened by the URL parameter ``viewStateShareKey=<key>`` (what the UI's Share button

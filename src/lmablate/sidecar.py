@@ -1,4 +1,4 @@
-"""MLflow in a child process: the calls of :class:`~lmablate.tracking.MlflowStore`, made by a
+"""MLflow in a child process: the calls of :class:`~lmablate.mlflow_store.MlflowStore`, made by a
 process that imported MLflow while the stage imported torch.
 
 A stage command starts it first thing (:func:`start_sidecar`, from :mod:`lmablate.cli`); every
@@ -17,7 +17,7 @@ import threading
 from typing import Any
 
 from lmablate.config import TrackingConfig
-from lmablate.tracking import MlflowStore, TrackingError
+from lmablate.mlflow_store import MlflowStore, TrackingError
 
 
 class Sidecar:

@@ -207,9 +207,9 @@ def where_to_look(cfg: StudyConfig, paths: dict, runs_view_url: str | None = Non
                   chart_urls: dict[str, str] | None = None) -> str:
     """The lines the report stage ends with: where the report is, and the command that opens
     the MLflow UI on this study's runs (when tracking is on), with the URL of the saved runs
-    view (``runs_view_url``, :meth:`lmablate.tracking.MlflowStore.runs_view_url`) if known, then
+    view (``runs_view_url``, :meth:`lmablate.mlflow_store.MlflowStore.runs_view_url`) if known, then
     that of each dataset's chart view (``chart_urls``: dataset -> URL part,
-    :meth:`lmablate.tracking.MlflowStore.save_views`)."""
+    :meth:`lmablate.mlflow_store.MlflowStore.save_views`)."""
     lines = [f"report: {paths['report']} ({len(paths['figures'])} figures, tables next to it)"]
     if cfg.tracking.enabled:
         uri = cfg.tracking.tracking_uri
@@ -227,7 +227,7 @@ def where_to_look(cfg: StudyConfig, paths: dict, runs_view_url: str | None = Non
 
 def main(cfg: StudyConfig, args: argparse.Namespace) -> None:
     """``lmablate report --runs DIR --tokens DIR --out DIR``; writes the study's MLflow views
-    (:meth:`lmablate.tracking.MlflowStore.save_views`) and ends by printing
+    (:meth:`lmablate.mlflow_store.MlflowStore.save_views`) and ends by printing
     :func:`where_to_look`."""
     tracker = make_tracker(cfg.tracking)
     paths = run(cfg, args.runs, args.tokens, args.out, tracker)
