@@ -146,7 +146,7 @@ def train_seeds(model_cfg: ModelConfig, cfg: TrainConfig, data: TokenData, *, se
 
     Each seed gets what :func:`~lmablate.training.train_model` gives it: the same initial weights,
     training batches, learning-rate schedule, clipping, history rows, validation batches,
-    gradient statistics and resume states; one :class:`~lmablate.training.TrainResult` per seed,
+    gradient statistics and resume states; one :class:`~lmablate.loop.TrainResult` per seed,
     in ``seeds``' order. ``train_seconds`` of a seed is the wall time of the batched run it was
     part of, so its ``tokens_per_second`` counts its own tokens only.
 
