@@ -16,10 +16,9 @@ Losses are mean cross-entropy in nats per token, per seed.
 from __future__ import annotations
 
 import contextlib
-import math
 import threading
-import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -27,15 +26,14 @@ from torch.func import functional_call, stack_module_state, vmap
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from lmablate import interrupt
-from lmablate.checkpoint import load_resume, save_resume
+from lmablate.checkpoint import load_resume
 from lmablate.config import ModelConfig, TrainConfig
 from lmablate.device import autocast
+from lmablate.loop import TrainResult, train_loop
 from lmablate.model import GLOBAL_RNG_LOCK, GPT
-from lmablate.progress import progress
 from lmablate.token_data import TokenData, batch_starts, get_batch
 from lmablate.tracking import NullTracker, RunTracker
-from lmablate.training import (VAL_BATCH_SEED, DivergenceError, TrainResult,
-                               decayed_parameter_names, gradient_stats, make_optimizer,
+from lmablate.training import (VAL_BATCH_SEED, decayed_parameter_names, make_optimizer,
                                make_scheduler)
 
 
@@ -148,7 +146,7 @@ def train_seeds(model_cfg: ModelConfig, cfg: TrainConfig, data: TokenData, *, se
 
     Each seed gets what :func:`~lmablate.training.train_model` gives it: the same initial weights,
     training batches, learning-rate schedule, clipping, history rows, validation batches,
-    gradient statistics and resume states; one :class:`~lmablate.training.TrainResult` per seed,
+    gradient statistics and resume states; one :class:`~lmablate.loop.TrainResult` per seed,
     in ``seeds``' order. ``train_seconds`` of a seed is the wall time of the batched run it was
     part of, so its ``tokens_per_second`` counts its own tokens only.
 
@@ -219,177 +217,178 @@ def uses_cuda_graph(device: torch.device) -> bool:
     return device.type == "cuda"
 
 
-def _train_group(model_cfg: ModelConfig, cfg: TrainConfig, data: TokenData, *, seeds: list[int],
-                 lr: float, steps: int, device: torch.device, trackers: list, desc: str,
-                 resume_paths: list, fingerprints: list[str], resume_meta: list[dict],
-                 states: list[dict | None], cuda_graph: bool | None = None) -> list[TrainResult]:
-    """:func:`train_seeds` for seeds whose ``states`` (all None, or all at one step) agree.
+class GroupStepper:
+    """The :class:`~lmablate.loop.Stepper` of S seeds trained as one batched model: their
+    parameters stacked (S, ...), the forward ``vmap(functional_call(...))``, one stacked AdamW
+    and schedule, per-seed clipping; with ``graphed``, forward + backward + clipping replayed
+    as a CUDA graph (:func:`_graphed`), else run eagerly.
 
-    The loop never waits for the device between evaluations: the window starts of every step up
-    to the next evaluation are drawn ahead from each seed's generator (the draws
+    It never waits for the device between evaluations: the window starts of every step of a
+    segment are drawn ahead from each seed's generator (the draws
     :func:`~lmablate.token_data.get_batch` makes, in the same order) and sent in one copy, the
     windows are gathered on the device from the training split held there, and the step's
-    losses go to a device buffer that is read (with the divergence check) at the evaluation."""
-    S, T, B = len(seeds), model_cfg.context_length, cfg.batch_size
-    graphed = uses_cuda_graph(device) if cuda_graph is None else cuda_graph
-    models = []
-    for seed, state in zip(seeds, states):
-        with GLOBAL_RNG_LOCK:  # train_model's initialisation, seed by seed
-            torch.manual_seed(seed)
-            model = GPT(model_cfg).to(device)
-        if state is not None:
-            model.load_state_dict(state["model"])
-        models.append(model)
-    # Stacked leaves (S, ...); tied weights appear once, functional_call re-ties them. The
-    # non-persistent buffers (position tables, ALiBi slopes) are the same for every seed and
-    # are read from ``base``.
-    params, _ = stack_module_state(models)
-    base = models[0]
+    losses go to a device buffer that :meth:`segment_losses` reads.
 
-    def seed_loss(p: dict, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return functional_call(base, p, (x, y))[1]
+    ``states`` (all None, or all at one step, in ``train_model``'s layout) are applied.
+    """
 
-    train_loss = vmap(seed_loss, in_dims=(0, 0, 0))  # (S,B,T) batches -> (S,)
-    val_loss = vmap(seed_loss, in_dims=(0, None, None))  # shared (b,T) batch -> (S,)
-    opt = make_stacked_optimizer(params, cfg, lr, device, decayed_parameter_names(base))
-    sched = make_scheduler(opt, cfg, steps)
-    g_train = [torch.Generator().manual_seed(seed) for seed in seeds]
-    g_val = torch.Generator().manual_seed(VAL_BATCH_SEED)
-    val_x, val_y = (torch.stack(t) for t in zip(*(get_batch(data.val, B, T, g_val, device,
-                                                             data.stride)
-                                                   for _ in range(cfg.eval_iters))))  # (n,B,T)
-    # the training split on the device, as int32 (half of int64's memory); windows are
-    # gathered from it by start offset
-    train_tokens = torch.from_numpy(np.asarray(data.train, dtype=np.int32)).to(device)
-    window = torch.arange(T + 1, device=device)
+    names_seeds = True
 
-    histories: list[list[dict]] = [[] for _ in seeds]
-    train_time = [0.0] * S
-    first = 1
-    if states[0] is not None:
-        opt.load_state_dict(_stack_optimizer_states([s["optimizer"] for s in states]))
-        sched.load_state_dict(states[0]["scheduler"])  # the same lr at the same step
-        for i, state in enumerate(states):
-            g_train[i].set_state(state["rng_train"])
-            histories[i], train_time[i] = state["history"], state["train_time"]
-        # No dropout here, so the process-wide RNG (train_model restores it for dropout) is
-        # never drawn from and is left alone.
-        first = states[0]["step"] + 1
-    now = time.perf_counter()
-    starts = [now - (h[-1]["elapsed_seconds"] if h else 0.0) for h in histories]
+    def __init__(self, model_cfg: ModelConfig, cfg: TrainConfig, data: TokenData, *,
+                 seeds: list[int], lr: float, steps: int, device: torch.device,
+                 states: list[dict | None], graphed: bool):
+        S, T, B = len(seeds), model_cfg.context_length, cfg.batch_size
+        self.seeds, self.cfg, self.data, self.device, self.lr_peak = seeds, cfg, data, device, lr
+        self.S, self.T, self.B = S, T, B
+        models = []
+        for seed, state in zip(seeds, states):
+            with GLOBAL_RNG_LOCK:  # train_model's initialisation, seed by seed
+                torch.manual_seed(seed)
+                model = GPT(model_cfg).to(device)
+            if state is not None:
+                model.load_state_dict(state["model"])
+            models.append(model)
+        # Stacked leaves (S, ...); tied weights appear once, functional_call re-ties them. The
+        # non-persistent buffers (position tables, ALiBi slopes) are the same for every seed
+        # and are read from ``base``.
+        params, _ = stack_module_state(models)
+        base = models[0]
+        self.models, self.params, self.base = models, params, base
 
-    def forward_backward(batch_starts_: torch.Tensor) -> torch.Tensor:
-        """One step's losses (S,) from window starts (S, B), gradients in ``params``' .grad,
-        clipped per seed."""
-        windows = train_tokens[batch_starts_.unsqueeze(-1) + window].long()  # (S, B, T+1)
-        with autocast(device), _attention_backend(device):
-            losses = train_loss(params, windows[..., :-1], windows[..., 1:])  # (S,)
-        # Seeds share no parameter, so d(sum)/d(seed s's slice) is seed s's own gradient.
-        losses.sum().backward()
-        if cfg.grad_clip:
-            clip_grad_norm_per_seed_([p.grad for p in params.values()], cfg.grad_clip)
-        return losses
+        def seed_loss(p: dict, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return functional_call(base, p, (x, y))[1]
 
-    if graphed:
-        step_fn = _graphed(forward_backward, torch.zeros(S, B, dtype=torch.long, device=device),
-                           opt, device)
-    else:
-        def step_fn(batch_starts_: torch.Tensor) -> torch.Tensor:
-            opt.zero_grad(set_to_none=True)
-            return forward_backward(batch_starts_)
+        train_loss = vmap(seed_loss, in_dims=(0, 0, 0))  # (S,B,T) batches -> (S,)
+        self.val_loss = vmap(seed_loss, in_dims=(0, None, None))  # shared (b,T) batch -> (S,)
+        opt = make_stacked_optimizer(params, cfg, lr, device, decayed_parameter_names(base))
+        self.opt, self.sched = opt, make_scheduler(opt, cfg, steps)
+        self.g_train = [torch.Generator().manual_seed(seed) for seed in seeds]
+        g_val = torch.Generator().manual_seed(VAL_BATCH_SEED)
+        self.val_x, self.val_y = (torch.stack(t) for t in zip(*(
+            get_batch(data.val, B, T, g_val, device, data.stride)
+            for _ in range(cfg.eval_iters))))  # (n,B,T)
+        # the training split on the device, as int32 (half of int64's memory); windows are
+        # gathered from it by start offset
+        train_tokens = torch.from_numpy(np.asarray(data.train, dtype=np.int32)).to(device)
+        window = torch.arange(T + 1, device=device)
+        if states[0] is not None:
+            opt.load_state_dict(_stack_optimizer_states([s["optimizer"] for s in states]))
+            self.sched.load_state_dict(states[0]["scheduler"])  # the same lr at the same step
+            for i, state in enumerate(states):
+                self.g_train[i].set_state(state["rng_train"])
+            # No dropout here, so the process-wide RNG (train_model restores it for dropout) is
+            # never drawn from and is left alone.
 
-    def sync_models() -> None:
-        """Copy the stacked weights into the per-seed GPTs (for their state dicts)."""
-        with torch.no_grad():
-            for s, model in enumerate(models):
-                for name, p in model.named_parameters():
-                    p.copy_(params[name][s])
+        def forward_backward(batch_starts_: torch.Tensor) -> torch.Tensor:
+            """One step's losses (S,) from window starts (S, B), gradients in ``params``' .grad,
+            clipped per seed."""
+            windows = train_tokens[batch_starts_.unsqueeze(-1) + window].long()  # (S, B, T+1)
+            with autocast(device), _attention_backend(device):
+                losses = train_loss(params, windows[..., :-1], windows[..., 1:])  # (S,)
+            # Seeds share no parameter, so d(sum)/d(seed s's slice) is seed s's own gradient.
+            losses.sum().backward()
+            if cfg.grad_clip:
+                clip_grad_norm_per_seed_([p.grad for p in params.values()], cfg.grad_clip)
+            return losses
+
+        if graphed:
+            step_fn = _graphed(forward_backward,
+                               torch.zeros(S, B, dtype=torch.long, device=device), opt, device)
+        else:
+            def step_fn(batch_starts_: torch.Tensor) -> torch.Tensor:
+                opt.zero_grad(set_to_none=True)
+                return forward_backward(batch_starts_)
+        self.step_fn = step_fn
+
+    def begin_segment(self, first: int, last: int) -> None:
+        """Draw the window starts of steps ``first`` to ``last`` for every seed, (n, S, B),
+        send them to the device in one copy, and make the segment's loss buffer (n, S)."""
+        drawn = torch.stack([torch.stack([batch_starts(len(self.data.train), self.B, self.T, g,
+                                                       self.data.stride)
+                                          for g in self.g_train])
+                             for _ in range(first, last + 1)])  # (n, S, B)
+        if self.device.type == "cuda":
+            drawn = drawn.pin_memory()
+        self.seg_first = first
+        self.seg_starts = drawn.to(self.device, non_blocking=True)
+        self.seg_losses = torch.empty(len(drawn), self.S, device=self.device)
+
+    def step(self, step: int) -> None:
+        """One batched step; its losses (S,) go to the segment's buffer, unread (None)."""
+        losses = self.step_fn(self.seg_starts[step - self.seg_first])
+        self.seg_losses[step - self.seg_first].copy_(losses.detach())
+        self.opt.step()
+        self.sched.step()
+
+    def segment_losses(self) -> list[list[float]]:
+        """The segment's loss buffer, (n, S): the segment's only wait for the device."""
+        return self.seg_losses.tolist()
 
     @torch.no_grad()
-    def estimate_losses() -> list[float]:
-        """Each seed's mean validation loss over the ``eval_iters`` fixed batches."""
-        base.eval()
+    def evaluate(self) -> list[float]:
+        """Each seed's mean validation loss over the ``eval_iters`` fixed batches, in vmapped
+        forwards of :data:`VAL_CHUNK` batches."""
+        S, device, val_x, val_y = self.S, self.device, self.val_x, self.val_y
+        self.base.eval()
         total = torch.zeros(S, dtype=torch.float64, device=device)
         with autocast(device), _attention_backend(device):
             for i in range(0, len(val_x), VAL_CHUNK):
                 interrupt.check()
                 x, y = val_x[i:i + VAL_CHUNK], val_y[i:i + VAL_CHUNK]  # (k, B, T)
-                total += val_loss(params, x.flatten(0, 1), y.flatten(0, 1)).double() * len(x)
-        base.train()
+                total += self.val_loss(self.params, x.flatten(0, 1),
+                                       y.flatten(0, 1)).double() * len(x)
+        self.base.train()
         return (total / len(val_x)).tolist()
 
-    ei = cfg.eval_interval
-    bar = progress(range(first, steps + 1), desc=desc, initial=first - 1, total=steps)
-    segment_start = time.perf_counter()
-    for step in bar:
-        interrupt.check()  # a flag read on the host: no wait for the device
-        if step == first or (step - 1) % ei == 0:  # a segment: up to the next evaluation
-            seg_first, seg_last = step, min(steps, -(-step // ei) * ei)
-            drawn = torch.stack([torch.stack([batch_starts(len(data.train), B, T, g,
-                                                           data.stride)
-                                              for g in g_train])
-                                 for _ in range(seg_first, seg_last + 1)])  # (n, S, B)
-            if device.type == "cuda":
-                drawn = drawn.pin_memory()
-            seg_starts = drawn.to(device, non_blocking=True)
-            seg_losses = torch.empty(len(drawn), S, device=device)
-        losses = step_fn(seg_starts[step - seg_first])
-        seg_losses[step - seg_first].copy_(losses.detach())
-        opt.step()
-        sched.step()
-        if step != seg_last:
-            continue
-        values = seg_losses.tolist()  # the segment's only wait for the device
-        elapsed = time.perf_counter() - segment_start
-        train_time = [t + elapsed for t in train_time]
-        for i, row in enumerate(values):
-            for s, value in enumerate(row):
-                if not math.isfinite(value):
-                    err = DivergenceError(
-                        f"{desc}, seed {seeds[s]}: training loss is {value} at step "
-                        f"{seg_first + i} (lr={lr:g}); lower the learning rate")
-                    err.seed = seeds[s]  # type: ignore[attr-defined]
-                    raise err
-        val_losses = estimate_losses()
-        lr_now = sched.get_last_lr()[0]
-        if any(p is not None for p in resume_paths):
-            sync_models()
-            opt_state, sched_state = opt.state_dict(), sched.state_dict()
-        for s, seed in enumerate(seeds):
-            row = {"seed": seed, "step": step, "tokens": step * B * T,
-                   "train_loss": float(np.mean([v[s] for v in values])),
-                   "val_loss": val_losses[s],
-                   "lr": lr_now, "elapsed_seconds": time.perf_counter() - starts[s]}
-            histories[s].append(row)
-            trackers[s].log_metrics({k: row[k] for k in ("train_loss", "val_loss", "lr")},
-                                    step=step)
-            if resume_paths[s] is not None:
-                save_resume(resume_paths[s], {
-                    "fingerprint": fingerprints[s], "step": step,
-                    "model": models[s].state_dict(),
-                    "optimizer": _seed_optimizer_state(opt_state, s),
-                    "scheduler": sched_state, "rng_train": g_train[s].get_state(),
-                    "rng_global": torch.get_rng_state(), "history": histories[s],
-                    "train_time": train_time[s], "meta": resume_meta[s] or {}})
-        bar.set_postfix(val_loss=f"{min(val_losses):.3f}", refresh=False)
-        segment_start = time.perf_counter()
-    bar.close()
+    def lr(self) -> float:
+        """The scheduler's last learning rate (one schedule for all seeds)."""
+        return self.sched.get_last_lr()[0]
 
-    sync_models()
-    opt_state = opt.state_dict()
-    results = []
-    for s, model in enumerate(models):
-        for name, p in model.named_parameters():  # the last step's gradients, as train_model
-            grad = params[name].grad
-            p.grad = None if grad is None else grad[s].clone()
-        seed_opt = make_optimizer(model, cfg, lr, device)
-        seed_opt.load_state_dict(_seed_optimizer_state(opt_state, s))
-        results.append(TrainResult(
-            model=model, optimizer=seed_opt, history=histories[s],
-            val_loss=histories[s][-1]["val_loss"], train_seconds=train_time[s],
-            tokens_per_second=steps * B * T / max(train_time[s], 1e-9),
-            grad_stats=gradient_stats(model)))
-    return results
+    def _sync_models(self) -> None:
+        """Copy the stacked weights into the per-seed GPTs (for their state dicts)."""
+        with torch.no_grad():
+            for s, model in enumerate(self.models):
+                for name, p in model.named_parameters():
+                    p.copy_(self.params[name][s])
+
+    def snapshot(self) -> Callable[[int], dict]:
+        """The per-seed GPTs synced with the stacked weights; seed s's state takes its slice of
+        the stacked optimizer state (cloned when asked for)."""
+        self._sync_models()
+        opt_state, sched_state = self.opt.state_dict(), self.sched.state_dict()
+        return lambda s: {"model": self.models[s].state_dict(),
+                          "optimizer": _seed_optimizer_state(opt_state, s),
+                          "scheduler": sched_state, "rng_train": self.g_train[s].get_state()}
+
+    def finish(self) -> list[tuple[GPT, torch.optim.Optimizer]]:
+        """Per seed: its GPT with the stacked weights and its slice of the last step's
+        gradients, and a single-seed AdamW holding its slice of the optimizer state."""
+        self._sync_models()
+        opt_state = self.opt.state_dict()
+        out = []
+        for s, model in enumerate(self.models):
+            for name, p in model.named_parameters():  # the last step's gradients, as train_model
+                grad = self.params[name].grad
+                p.grad = None if grad is None else grad[s].clone()
+            seed_opt = make_optimizer(model, self.cfg, self.lr_peak, self.device)
+            seed_opt.load_state_dict(_seed_optimizer_state(opt_state, s))
+            out.append((model, seed_opt))
+        return out
+
+
+def _train_group(model_cfg: ModelConfig, cfg: TrainConfig, data: TokenData, *, seeds: list[int],
+                 lr: float, steps: int, device: torch.device, trackers: list, desc: str,
+                 resume_paths: list, fingerprints: list[str], resume_meta: list[dict],
+                 states: list[dict | None], cuda_graph: bool | None = None) -> list[TrainResult]:
+    """:func:`train_seeds` for seeds whose ``states`` (all None, or all at one step) agree:
+    :func:`lmablate.loop.train_loop` driving a :class:`GroupStepper`."""
+    graphed = uses_cuda_graph(device) if cuda_graph is None else cuda_graph
+    stepper = GroupStepper(model_cfg, cfg, data, seeds=seeds, lr=lr, steps=steps, device=device,
+                           states=states, graphed=graphed)
+    return train_loop(stepper, steps=steps, eval_interval=cfg.eval_interval,
+                      tokens_per_step=cfg.batch_size * model_cfg.context_length, lr=lr,
+                      states=states, trackers=trackers, desc=desc, resume_paths=resume_paths,
+                      fingerprints=fingerprints, resume_meta=resume_meta)
 
 
 def _graphed(forward_backward, static_input: torch.Tensor, opt: torch.optim.Optimizer,

@@ -17,7 +17,7 @@ NOT_A_RESULT = {"fingerprint": False}
 
 # The modules whose code defines what a training run computes: a resume state written by other
 # code is not resumed (see code_version).
-RUN_MODULES = ("model.py", "training.py", "batched.py", "token_data.py", "device.py")
+RUN_MODULES = ("model.py", "loop.py", "training.py", "batched.py", "token_data.py", "device.py")
 
 
 def fingerprint(*parts: Any) -> str:
@@ -45,9 +45,9 @@ def _jsonable(obj: Any) -> Any:
 
 def code_version(modules: tuple[str, ...] = RUN_MODULES) -> str:
     """First 16 hex digits of the sha256 of ``modules``' names and bytes (paths relative to the
-    package; by default :data:`RUN_MODULES`: the model, the training loop, the batched loop,
-    the token data and its batches, the device): part of every training fingerprint and every
-    Optuna study name.
+    package; by default :data:`RUN_MODULES`: the model, the training loop, the single-seed and
+    batched steps, the token data and its batches, the device): part of every training
+    fingerprint and every Optuna study name.
 
     Raises:
         FileNotFoundError: a module of ``modules`` does not exist.

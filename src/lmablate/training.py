@@ -1,43 +1,43 @@
-"""The training loop: AdamW with warm-up and cosine decay, one optimizer step at a time.
+"""Training one seed: AdamW with warm-up and cosine decay, one optimizer step at a time.
 
 :func:`train_model` trains one GPT on one seed and is shared by the ``tune`` objective and the
-``train`` stage; :func:`train_step` is its step, public so that the benchmarks time the real
-code. The same seed gives every variant the same initialisation seed and the same batch order,
-so comparisons across variants are paired. Losses are mean cross-entropy in nats per token.
+``train`` stage: :func:`lmablate.loop.train_loop` (evaluations, divergence checks, logging,
+resume states) driving a :class:`SeedStepper`, whose step is :func:`train_step`, public so that
+the benchmarks time the real code. The same seed gives every variant the same initialisation
+seed and the same batch order, so comparisons across variants are paired. Losses are mean cross-entropy in nats per token.
 """
 
 from __future__ import annotations
 
-import math
 import sys
-import time
 import types
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
 import torch
 from torch.optim import optimizer as torch_optimizer
 
 from lmablate import interrupt
-from lmablate.checkpoint import load_resume, save_resume
+from lmablate.checkpoint import load_resume
 from lmablate.config import ModelConfig, TrainConfig
 from lmablate.device import autocast
+from lmablate.loop import DivergenceError, TrainResult, gradient_stats, train_loop
 from lmablate.model import GLOBAL_RNG_LOCK, GPT
-from lmablate.progress import progress
 from lmablate.token_data import TokenData, get_batch
 from lmablate.tracking import NullTracker, RunTracker
+
+# DivergenceError, TrainResult and gradient_stats live in lmablate.loop (the loop raises and
+# returns them) and are importable from here as well.
+__all__ = ["DivergenceError", "GRAD_STATS_COLUMNS", "HISTORY_COLUMNS", "SeedStepper",
+           "TrainResult", "VAL_BATCH_SEED", "decayed_parameter_names", "estimate_loss",
+           "gradient_stats", "make_optimizer", "make_scheduler", "train_model", "train_step",
+           "without_dynamo"]
 
 HISTORY_COLUMNS = ("seed", "step", "tokens", "train_loss", "val_loss", "lr", "elapsed_seconds")
 GRAD_STATS_COLUMNS = ("seed", "group", "frac_near_zero", "grad_norm")
 # Data for val-loss estimates is drawn from its own generator so that every variant and every
 # eval point sees the same validation batches (less noise in comparisons and in pruning).
 VAL_BATCH_SEED = 2**31 - 1
-
-
-class DivergenceError(RuntimeError):
-    """The training loss became NaN or infinite."""
 
 
 def decayed_parameter_names(model: torch.nn.Module) -> set[str]:
@@ -198,17 +198,74 @@ def estimate_loss(model: GPT, batches: list[tuple[torch.Tensor, torch.Tensor]],
     return torch.stack(losses).float().mean().item()
 
 
-@dataclass
-class TrainResult:
-    """What one training run produced. Losses in nats/char, times in seconds."""
+class SeedStepper:
+    """The :class:`~lmablate.loop.Stepper` of one seed: one GPT, AdamW and schedule, one
+    :func:`train_step` at a time, its loss read at every step (S = 1).
 
-    model: GPT
-    optimizer: torch.optim.Optimizer
-    history: list[dict] = field(default_factory=list)
-    val_loss: float = math.nan
-    train_seconds: float = 0.0
-    tokens_per_second: float = 0.0
-    grad_stats: list[dict] = field(default_factory=list)
+    ``seed`` fixes initialisation (under :data:`~lmablate.model.GLOBAL_RNG_LOCK`) and the
+    training batch order; ``state`` (a resume state of ``train_model``'s layout, or None) is
+    applied: weights, optimizer, scheduler, batch generator and the process-wide RNG
+    (dropout's).
+    """
+
+    names_seeds = False
+
+    def __init__(self, model_cfg: ModelConfig, cfg: TrainConfig, data: TokenData, *, seed: int,
+                 lr: float, steps: int, device: torch.device, state: dict | None):
+        with GLOBAL_RNG_LOCK:
+            torch.manual_seed(seed)
+            self.model = GPT(model_cfg).to(device)
+        self.seeds, self.cfg, self.data, self.device = [seed], cfg, data, device
+        self.opt = make_optimizer(self.model, cfg, lr, device)
+        self.sched = make_scheduler(self.opt, cfg, steps)
+        self.g_train = torch.Generator().manual_seed(seed)
+        g_val = torch.Generator().manual_seed(VAL_BATCH_SEED)
+        self.T, self.B = model_cfg.context_length, cfg.batch_size
+        self.val_batches = [get_batch(data.val, self.B, self.T, g_val, device, data.stride)
+                            for _ in range(cfg.eval_iters)]
+        self.running: list[float] = []
+        if state is not None:
+            self.model.load_state_dict(state["model"])
+            self.opt.load_state_dict(state["optimizer"])
+            self.sched.load_state_dict(state["scheduler"])
+            self.g_train.set_state(state["rng_train"])
+            with GLOBAL_RNG_LOCK:  # dropout's RNG (dropout runs in processes, lmablate.parallel)
+                torch.set_rng_state(state["rng_global"])
+
+    def begin_segment(self, first: int, last: int) -> None:
+        """Nothing to draw ahead: each step draws its batch."""
+
+    def step(self, step: int) -> list[float]:
+        """One :func:`train_step` on the next training batch; returns [its loss]."""
+        x, y = get_batch(self.data.train, self.B, self.T, self.g_train, self.device,
+                         self.data.stride)
+        loss = train_step(self.model, self.opt, self.sched, x, y, grad_clip=self.cfg.grad_clip,
+                          device=self.device)
+        self.running.append(loss)
+        return [loss]
+
+    def segment_losses(self) -> list[list[float]]:
+        """The segment's losses, one [loss] per step; starts the next segment's list."""
+        values, self.running = [[v] for v in self.running], []
+        return values
+
+    def evaluate(self) -> list[float]:
+        """[:func:`estimate_loss` over the fixed validation batches]."""
+        return [estimate_loss(self.model, self.val_batches, self.device)]
+
+    def lr(self) -> float:
+        """The scheduler's last learning rate."""
+        return self.sched.get_last_lr()[0]
+
+    def snapshot(self) -> Callable[[int], dict]:
+        """The model's, optimizer's, scheduler's and batch generator's states (seed index 0)."""
+        return lambda s: {"model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
+                          "scheduler": self.sched.state_dict(),
+                          "rng_train": self.g_train.get_state()}
+
+    def finish(self) -> list[tuple[GPT, torch.optim.Optimizer]]:
+        """[(the model, its optimizer)]."""
+        return [(self.model, self.opt)]
 
 
 def train_model(model_cfg: ModelConfig, cfg: TrainConfig, data: TokenData, *, seed: int,
@@ -226,86 +283,22 @@ def train_model(model_cfg: ModelConfig, cfg: TrainConfig, data: TokenData, *, se
     With ``resume_path``, the full training state (model, optimizer, scheduler, RNG states,
     step, history, ``resume_meta``) is saved there atomically at every eval interval, and a
     state saved with the same ``fingerprint`` is resumed: the run then ends with the same
-    weights and metrics as an uninterrupted one.
+    weights and metrics as an uninterrupted one. The loop is :func:`lmablate.loop.train_loop`
+    over a :class:`SeedStepper`.
 
     Raises:
         DivergenceError: the training loss is NaN/inf (names the step).
         Interrupted: the stage was asked to stop (:mod:`lmablate.interrupt`, checked before
             every step and evaluation batch); the last state saved at an eval interval stays.
     """
-    with GLOBAL_RNG_LOCK:
-        torch.manual_seed(seed)
-        model = GPT(model_cfg).to(device)
-    opt = make_optimizer(model, cfg, lr, device)
-    sched = make_scheduler(opt, cfg, steps)
-    g_train = torch.Generator().manual_seed(seed)
-    g_val = torch.Generator().manual_seed(VAL_BATCH_SEED)
-    T, B = model_cfg.context_length, cfg.batch_size
-    val_batches = [get_batch(data.val, B, T, g_val, device, data.stride)
-                   for _ in range(cfg.eval_iters)]
-    result = TrainResult(model=model, optimizer=opt)
-    tracker = tracker or NullTracker()
-
-    first, train_time, running = 1, 0.0, []
     state = load_resume(resume_path, fingerprint)
-    if state is not None:
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
-        sched.load_state_dict(state["scheduler"])
-        g_train.set_state(state["rng_train"])
-        with GLOBAL_RNG_LOCK:  # dropout's RNG (dropout runs in processes, see lmablate.parallel)
-            torch.set_rng_state(state["rng_global"])
-        result.history, train_time, first = state["history"], state["train_time"], state["step"] + 1
-    start = time.perf_counter() - (result.history[-1]["elapsed_seconds"] if result.history else 0)
-
-    bar = progress(range(first, steps + 1), desc=desc, initial=first - 1, total=steps)
-    for step in bar:
-        interrupt.check()
-        t0 = time.perf_counter()
-        x, y = get_batch(data.train, B, T, g_train, device, data.stride)
-        loss_value = train_step(model, opt, sched, x, y, grad_clip=cfg.grad_clip, device=device)
-        train_time += time.perf_counter() - t0
-        if not math.isfinite(loss_value):
-            raise DivergenceError(f"{desc}: training loss is {loss_value} at step {step} "
-                                  f"(lr={lr:g}); lower the learning rate")
-        running.append(loss_value)
-        if step % cfg.eval_interval == 0 or step == steps:
-            val_loss = estimate_loss(model, val_batches, device)
-            row = {"seed": seed, "step": step, "tokens": step * B * T,
-                   "train_loss": float(np.mean(running)), "val_loss": val_loss,
-                   "lr": sched.get_last_lr()[0], "elapsed_seconds": time.perf_counter() - start}
-            running = []
-            result.history.append(row)
-            tracker.log_metrics({k: row[k] for k in ("train_loss", "val_loss", "lr")}, step=step)
-            bar.set_postfix(val_loss=f"{val_loss:.3f}", refresh=False)
-            if resume_path is not None:
-                save_resume(resume_path, {
-                    "fingerprint": fingerprint, "step": step, "model": model.state_dict(),
-                    "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
-                    "rng_train": g_train.get_state(), "rng_global": torch.get_rng_state(),
-                    "history": result.history, "train_time": train_time,
-                    "meta": resume_meta or {}})
-            if on_eval is not None:
-                on_eval(step, val_loss)
-    bar.close()
-    result.grad_stats = gradient_stats(model)
-    result.val_loss = result.history[-1]["val_loss"]
-    result.train_seconds = train_time
-    result.tokens_per_second = steps * B * T / max(train_time, 1e-9)
+    stepper = SeedStepper(model_cfg, cfg, data, seed=seed, lr=lr, steps=steps, device=device,
+                          state=state)
+    (result,) = train_loop(
+        stepper, steps=steps, eval_interval=cfg.eval_interval,
+        tokens_per_step=cfg.batch_size * model_cfg.context_length, lr=lr, states=[state],
+        trackers=[tracker or NullTracker()], desc=desc, resume_paths=[resume_path],
+        fingerprints=[fingerprint], resume_meta=[resume_meta],
+        on_eval=None if on_eval is None else lambda step, losses: on_eval(step, losses[0]))
     return result
 
-
-def gradient_stats(model: GPT, eps: float = 1e-8) -> list[dict]:
-    """Per parameter group (module prefix such as ``blocks.0.attn``): the fraction of gradient
-    entries with |g| < eps and the gradient L2 norm, from the last backward pass (seed 002's
-    gradient-flow check)."""
-    groups: dict[str, list[torch.Tensor]] = {}
-    for name, p in model.named_parameters():
-        if p.grad is not None:
-            groups.setdefault(name.rsplit(".", 1)[0], []).append(p.grad.detach().flatten().float())
-    out = []
-    for group, grads in groups.items():
-        g = torch.cat(grads)
-        out.append({"group": group, "frac_near_zero": (g.abs() < eps).float().mean().item(),
-                    "grad_norm": g.norm().item()})
-    return out
