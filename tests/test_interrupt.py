@@ -351,7 +351,7 @@ def test_the_batched_path_stops_at_the_next_step_and_resumes_to_the_uninterrupte
 
     import mlflow
 
-    from lmablate import batched
+    from lmablate import loop
     from lmablate.stages import train
 
     project = make_project(tmp_path, {"study": {"seeds": [0, 1]},
@@ -371,19 +371,19 @@ def test_the_batched_path_stops_at_the_next_step_and_resumes_to_the_uninterrupte
                          tmp / out / "ck", tmp / out / "history.csv", tmp / out / "grad.csv")
 
     reference = stage("ref", project.cfg)  # untracked
-    save = batched.save_resume
+    save = loop.save_resume
 
     def save_then_stop(path, state):
         save(path, state)
         interrupt.request()  # as SIGINT does, between two steps
 
-    monkeypatch.setattr(batched, "save_resume", save_then_stop)
+    monkeypatch.setattr(loop, "save_resume", save_then_stop)
     try:
         with pytest.raises(interrupt.Interrupted):
             stage("out")
     finally:
         interrupt.reset()
-    monkeypatch.setattr(batched, "save_resume", save)
+    monkeypatch.setattr(loop, "save_resume", save)
     for seed in (0, 1):
         resume = tmp / "out" / "ck" / f"seed_{seed}" / "resume.pt"
         assert torch.load(resume, weights_only=False)["step"] == 10

@@ -4,6 +4,7 @@ that stage commands use (lmablate.sidecar.Sidecar), and its errors."""
 from __future__ import annotations
 
 import contextlib
+import importlib
 import itertools
 import json
 import os
@@ -346,3 +347,25 @@ def test_a_command_interrupted_with_ctrl_c_records_its_run_as_killed(project, st
     assert "Traceback" not in err and err.strip().splitlines()[-1] == INTERRUPTED, err[-3000:]
     with sqlite3.connect(db) as con:
         assert con.execute("select status from runs").fetchall() == [("KILLED",)]
+
+
+def _open_store_after(barrier, uri: str) -> str:
+    importlib.import_module("mlflow")  # before the barrier, so that the opens start together
+
+    barrier.wait()
+    return mlflow_store.MlflowStore(uri, "study").experiment_id
+
+
+def test_processes_opening_a_new_sqlite_store_at_once_all_get_the_one_experiment(tmp_path):
+    """MLflow creates a new SQLite store's tables on first use: processes that open the same new
+    file at once (the train stage's worker processes) take turns instead of failing with
+    "table ... already exists", and find one experiment, not one each."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Manager().Barrier(3)
+    with ProcessPoolExecutor(3, mp_context=ctx) as pool:
+        ids = list(pool.map(_open_store_after, [barrier] * 3, [uri] * 3))
+    assert len(ids) == 3 and len(set(ids)) == 1

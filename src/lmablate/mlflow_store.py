@@ -9,12 +9,16 @@ stages use on top of it.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import hashlib
 import json
 import logging
 import os
 import socket
+import tempfile
 from pathlib import Path
-from typing import Mapping
+from typing import Iterator, Mapping
 
 from lmablate import mlflow_views as views
 from lmablate.gc_pause import gc_paused
@@ -82,6 +86,26 @@ class TrackingError(RuntimeError):
     """The MLflow tracking store cannot be reached or written."""
 
 
+@contextlib.contextmanager
+def _first_use_lock(uri: str) -> Iterator[None]:
+    """Hold an exclusive lock, per SQLite file, while a store is opened: MLflow creates a new
+    SQLite store's tables (alembic migrations) on first use, and processes that open the same
+    new file at once (the train stage's worker processes) fail with "table ... already exists".
+    The lock file is in the temporary directory, keyed by the database's absolute path (only
+    processes of one host share a SQLite file). Other stores (a server, PostgreSQL) need none."""
+    if not uri.startswith("sqlite:///"):
+        yield
+        return
+    database = Path(uri.removeprefix("sqlite:///")).resolve()
+    key = hashlib.sha256(str(database).encode()).hexdigest()[:16]
+    with open(Path(tempfile.gettempdir()) / f"lmablate-mlflow-{key}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 _SWEPT: set[tuple[str, str]] = set()  # stores whose stale runs this process has ended
 
 
@@ -113,31 +137,33 @@ class MlflowStore:
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
             self.uri = uri
-            self.client = mlflow.MlflowClient(tracking_uri=uri)
             self._end_times: dict[str, int] = {}  # reopened run id -> its earlier end (ms)
-            try:  # what mlflow.set_experiment does
-                exp = self.client.get_experiment_by_name(experiment)
-                if exp is None:
-                    # MLflow 3's UI opens an experiment of no kind on its GenAI "Traces" view;
-                    # this kind opens it on the runs table
-                    self.experiment_id = self.client.create_experiment(
-                        experiment, tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
-                elif exp.lifecycle_stage == LifecycleStage.DELETED:
-                    raise RuntimeError(f"experiment {experiment!r} is deleted; restore it "
-                                       "(mlflow experiments restore) or pick another name")
-                else:
-                    self.experiment_id = exp.experiment_id
-                if exp is None or RUNS_VIEW_TAG not in exp.tags:  # save_views writes the rest
-                    self.client.set_experiment_tag(self.experiment_id, RUNS_VIEW_TAG,
-                                                   json.dumps(RUNS_VIEW, sort_keys=True))
-                if exp is not None and (uri, experiment) not in _SWEPT:  # once per process
-                    _SWEPT.add((uri, experiment))
-                    self.end_stale_runs()
-            except Exception as exc:  # noqa: BLE001 - any backend failure means "unreachable"
-                raise TrackingError(
-                    f"MLflow tracking store {uri!r} cannot be used ({type(exc).__name__}: "
-                    f"{str(exc).splitlines()[0][:200]}); set MLFLOW_TRACKING_URI or tracking.uri "
-                    "to a reachable store, or tracking.enabled: false") from None
+            # processes opening a new SQLite store at once would each create its tables
+            with _first_use_lock(uri):
+                self.client = mlflow.MlflowClient(tracking_uri=uri)
+                try:  # what mlflow.set_experiment does
+                    exp = self.client.get_experiment_by_name(experiment)
+                    if exp is None:
+                        # MLflow 3's UI opens an experiment of no kind on its GenAI "Traces" view;
+                        # this kind opens it on the runs table
+                        self.experiment_id = self.client.create_experiment(
+                            experiment, tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
+                    elif exp.lifecycle_stage == LifecycleStage.DELETED:
+                        raise RuntimeError(f"experiment {experiment!r} is deleted; restore it "
+                                           "(mlflow experiments restore) or pick another name")
+                    else:
+                        self.experiment_id = exp.experiment_id
+                    if exp is None or RUNS_VIEW_TAG not in exp.tags:  # save_views writes the rest
+                        self.client.set_experiment_tag(self.experiment_id, RUNS_VIEW_TAG,
+                                                       json.dumps(RUNS_VIEW, sort_keys=True))
+                    if exp is not None and (uri, experiment) not in _SWEPT:  # once per process
+                        _SWEPT.add((uri, experiment))
+                        self.end_stale_runs()
+                except Exception as exc:  # noqa: BLE001 - any backend failure means "unreachable"
+                    raise TrackingError(
+                        f"MLflow tracking store {uri!r} cannot be used ({type(exc).__name__}: "
+                        f"{str(exc).splitlines()[0][:200]}); set MLFLOW_TRACKING_URI or tracking.uri "
+                        "to a reachable store, or tracking.enabled: false") from None
 
     def _search(self, filter_string: str) -> list:
         """Every run of the experiment that ``filter_string`` selects, oldest first."""
