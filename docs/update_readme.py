@@ -20,6 +20,11 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import pandas as pd
+
+from lmablate.analysis.collect import BASELINE
+from lmablate.analysis.headline import headline_loss
+
 ROOT = Path(__file__).resolve().parents[1]
 START, END = "<!-- findings:start -->", "<!-- findings:end -->"
 NOTE = ("<!-- written by docs/update_readme.py from the default study's reports/; "
@@ -27,7 +32,6 @@ NOTE = ("<!-- written by docs/update_readme.py from the default study's reports/
 FIGURE = "docs/assets/headline.png"
 FIGURE_ALT = ("Each variant minus the baseline in the headline loss, per dataset, with raw and "
               "Holm-adjusted 95% intervals")
-BASELINE = "baseline"
 LOSS_NAMES = {"test_loss": "test loss, nats/char", "answer_loss": "answer loss, nats/answer char"}
 MARKS = {"better": "▲ better", "worse": "▼ worse"}
 COLUMNS = ["dataset", "variant", "seeds", "headline loss", "mean ± 95% CI",
@@ -72,6 +76,7 @@ def collect(study: Path) -> list[Row]:
     order (that of ``summary.csv``)."""
     reports = study / "reports"
     summary = _read(reports / "summary.csv")
+    summary_frame = pd.read_csv(reports / "summary.csv")
     comparisons = _read(reports / "comparisons.csv")
     sensitivity = {(r["dataset"], r["variant"]): _num(r["lr_sensitivity"])
                    for r in _read(reports / "lr_sensitivity.csv")}
@@ -79,8 +84,8 @@ def collect(study: Path) -> list[Row]:
     datasets = list(dict.fromkeys(r["dataset"] for r in summary))
     rows = []
     for dataset in datasets:
-        headline = ("answer_loss" if any(r["dataset"] == dataset and r["metric"] == "answer_loss"
-                                         for r in summary) else "test_loss")
+        # the report's own rule (answer loss where a dataset has one), on the summary it wrote
+        headline = headline_loss(summary_frame, dataset)
         variants = list(dict.fromkeys(r["variant"] for r in summary if r["dataset"] == dataset))
         variants.sort(key=lambda v: v != BASELINE)
         for variant in variants:
