@@ -42,7 +42,8 @@ SECTION_TEXT = {
     "evaluate": "The test-set evaluation of every final run.",
     "tracking": "MLflow tracking.",
     "runtime": "Where and how concurrently the stages compute: no stage's DVC param, and of "
-               "these settings only the device type a run resolves to enters a fingerprint.",
+               "these settings only the kind of device a run resolves to (the device type with "
+               "its CPU kernels or GPU) enters a fingerprint.",
 }
 # the dataset a datasets key is tried on, by the kind it applies to
 _DATASET_FOR_KIND = {None: "arithmetic", "arithmetic": "arithmetic", "text": "shakespeare"}
@@ -60,6 +61,7 @@ _OTHER: dict[str, Any] = {
     "tune.d_model_choices": [32], "evaluate.extrapolation_factors": [1, 2],
     "tracking.uri": "sqlite:///other.db", "tracking.experiment": "other",
     "tune.storage": "sqlite:///other.db", "runtime.device": "cpu", "runtime.parallel": "processes",
+    "runtime.cluster": "tcp://127.0.0.1:8786",
 }
 # the variants a key is tried on: the baseline, and one with a gated FFN (which
 # study.match_params resizes and which overrides model.ffn)
@@ -70,7 +72,8 @@ _OTHER_ENTRY = {"datasets.kind": {"kind": "text", "source": "corpus.txt",
 # what a change of the key reaches besides the fingerprints it enters as a setting
 _ALSO = {
     "datasets": "the seeds too where it changes the train or validation tokens",
-    "runtime.device": "seed, as the device type it resolves to (cpu, cuda, mps)",
+    "runtime.device": "seed and tune, as the kind of device it resolves to (e.g. cpu AVX512, "
+                      "cuda NVIDIA H200)",
 }
 
 
@@ -134,7 +137,7 @@ def _fingerprints(raw: dict, dataset: str, variant: str) -> dict[str, str]:
     model_cfg = resolve_model_config(cfg, variant, vocab_size=20, d_model=32)
     job = SeedJob(cfg, dataset, variant, model_cfg, 1e-3, cfg.seeds[0],
                   run_steps(cfg, dataset, model_cfg), Path("tokens"), Path("seed"))
-    return {"tune": study_name(cfg, dataset, variant, "data", cfg.tune.sampler_seed),
+    return {"tune": study_name(cfg, dataset, variant, "data", cfg.tune.sampler_seed, "cpu"),
             "seed": seed_fingerprint(job, Data())}
 
 

@@ -197,9 +197,9 @@ def test_study_name_covers_what_a_trial_computes_and_nothing_else(raw):
     study; runtime settings never do; the data and the code do."""
     from lmablate.tuning import study_name
 
-    def name(path=None, value=None, data="d4t4", sampler_seed=0):
+    def name(path=None, value=None, data="d4t4", sampler_seed=0, kind="cpu AVX512"):
         cfg = params.parse(mutate(raw, path, value) if path else raw)
-        return study_name(cfg, "arithmetic", "baseline", data, sampler_seed)
+        return study_name(cfg, "arithmetic", "baseline", data, sampler_seed, kind)
 
     assert name("train.eval_interval", 7) == name("train.budget_flops.shakespeare", 1e9) == name()
     assert name("runtime.workers", 3) == name("runtime.parallel", "processes") == name()
@@ -210,6 +210,8 @@ def test_study_name_covers_what_a_trial_computes_and_nothing_else(raw):
     assert name("train.warmup_fraction", 0.2) != name()
     assert name(data="other") != name()
     assert name(sampler_seed=1) != name()
+    assert name(kind="cpu AVX2") != name()  # other kernels, other trials
+    assert name("runtime.cluster", "tcp://127.0.0.1:8786") == name()
 
 
 @pytest.mark.parametrize("source", ["model.py", "training.py", "tuning.py"])
@@ -224,7 +226,7 @@ def test_an_edited_source_file_names_a_new_study(tmp_path, source):
 
     code = ("import sys, yaml; from lmablate import params; from lmablate.tuning import "
             "study_name; cfg = params.parse(yaml.safe_load(open(sys.argv[1]))); "
-            "print(study_name(cfg, 'arithmetic', 'baseline', 'd4t4', 0))")
+            "print(study_name(cfg, 'arithmetic', 'baseline', 'd4t4', 0, 'cpu'))")
 
     def name_in_copy(edit: bool) -> str:
         root = tmp_path / ("edited" if edit else "unedited")
@@ -245,7 +247,7 @@ def test_an_edited_source_file_names_a_new_study(tmp_path, source):
     from lmablate.tuning import study_name
 
     here = study_name(params.parse(yaml.safe_load((ROOT / "params.yaml").read_text())),
-                      "arithmetic", "baseline", "d4t4", 0)
+                      "arithmetic", "baseline", "d4t4", 0, "cpu")
     assert name_in_copy(edit=False) == here
     assert name_in_copy(edit=True) != here
 

@@ -14,6 +14,7 @@ import pytest
 import torch
 import yaml
 from lmablate import tuning
+from lmablate.device import device_kind
 from lmablate.stages import tune
 from lmablate.token_data import TokenData
 from lmablate.tracking import NullTracker
@@ -84,7 +85,8 @@ def test_kill_9_during_tune_keeps_trials_and_finishes_the_count(project, start_l
                 "--trials", "t/trials.csv"]
     victim = start_lmablate(tune_cmd, project)
     name = tuning.study_name(cfg, "arithmetic", "baseline",
-                             TokenData.load(project / "tokens").fingerprint(), 0)
+                             TokenData.load(project / "tokens").fingerprint(), 0,
+                             device_kind(torch.device("cpu")))
     storage = cfg.tune.storage_url
 
     def n_complete() -> int:
@@ -133,7 +135,8 @@ def test_diverging_trial_is_failed_with_reason_and_the_study_goes_on(project):
     except RuntimeError as exc:  # every trial may diverge at such rates
         assert "no trial" in str(exc)
     name = tuning.study_name(cfg, "arithmetic", "baseline",
-                             TokenData.load(project / "tokens").fingerprint(), 0)
+                             TokenData.load(project / "tokens").fingerprint(), 0,
+                             device_kind(torch.device("cpu")))
     study = optuna.load_study(study_name=name, storage=cfg.tune.storage_url)
     failed = [t for t in study.trials if t.state == optuna.trial.TrialState.FAIL]
     assert failed, "some trial at a learning rate up to 1e7 should diverge"

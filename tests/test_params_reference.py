@@ -133,7 +133,7 @@ def test_the_fingerprint_column_follows_the_code(page):
 
 
 def test_the_resolved_device_type_enters_a_seed_fingerprint(script, monkeypatch):
-    """The page's note on runtime.device: the seed fingerprint takes the device type the
+    """The page's note on runtime.device: the seed fingerprint takes the kind of device the
     setting resolves to (on this machine every setting resolves to the CPU, so the page cannot
     find it by trying)."""
     import torch
@@ -142,9 +142,10 @@ def test_the_resolved_device_type_enters_a_seed_fingerprint(script, monkeypatch)
     raw = yaml.safe_load((ROOT / "params.yaml").read_text())
     cpu = script._fingerprints(raw, "arithmetic", "baseline")
     monkeypatch.setattr(train, "resolve_device", lambda name: torch.device("cuda"))
+    monkeypatch.setattr(train, "device_kind", lambda device: f"{device.type} NVIDIA H200")
     cuda = script._fingerprints(raw, "arithmetic", "baseline")
     assert cpu["seed"] != cuda["seed"] and cpu["tune"] == cuda["tune"]
-    assert "device type" in script._ALSO["runtime.device"]
+    assert "kind of device" in script._ALSO["runtime.device"]
 
 
 def test_the_reruns_column_follows_dvc_yaml(page):

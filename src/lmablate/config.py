@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
@@ -64,6 +65,19 @@ MAX_COUNT = 1_000_000  # steps, evaluation batches, samples, reports: counts of 
 MAX_WORKERS = 1024
 # the largest learning rate a study may tune or extend to (tune.lr_limits)
 MAX_LR = 1e8  # a guard against typos only
+
+
+# A Dask scheduler address: the protocols distributed's TCP, TLS and websocket comms accept.
+CLUSTER_PATTERN = re.compile(r"(tcp|tls|ws|wss)://[A-Za-z0-9.\-]+:[0-9]{1,5}|"
+                             r"(tcp|tls|ws|wss)://\[[0-9A-Fa-f:]+\]:[0-9]{1,5}")
+CLUSTER_TEXT = ("a Dask scheduler address <protocol>://<host>:<port> "
+                "with protocol tcp, tls, ws or wss (e.g. tcp://127.0.0.1:8786)")
+
+
+def _check_cluster(key: str, value: Any) -> None:
+    if not isinstance(value, str) or (value and not CLUSTER_PATTERN.fullmatch(value)):
+        # the environment variable may be empty (no cluster); the params key is null then
+        fail(key, value, CLUSTER_TEXT)
 
 
 def _check_budgets(key: str, value: Any) -> dict[str, float]:
@@ -305,9 +319,27 @@ class RuntimeConfig:
                          "core)", integer(0, MAX_WORKERS), result=False)
     parallel: str = param("threads", "workers are threads of the stage or spawned processes",
                           choice(PARALLEL_CHOICES), result=False)
+    cluster: str | None = param(None, "a Dask scheduler address (tcp://host:8786) that computes "
+                                "the stages' seeds, evaluations and trials; null: this machine "
+                                "(env LMABLATE_CLUSTER overrides it)",
+                                optional(Rule(CLUSTER_TEXT, _check_cluster)), result=False)
 
     def __post_init__(self) -> None:
         check_fields(self, "runtime")
+
+    @property
+    def cluster_address(self) -> str | None:
+        """``cluster``, or the environment variable ``LMABLATE_CLUSTER`` when it is set (checked
+        by the same rule; empty: no cluster). None: the stages compute on this machine.
+
+        Raises:
+            ConfigError: ``LMABLATE_CLUSTER`` is not a scheduler address.
+        """
+        value = os.environ.get("LMABLATE_CLUSTER")
+        if value is None:
+            return self.cluster
+        _check_cluster("LMABLATE_CLUSTER (env)", value)
+        return value or None
 
 
 @dataclass(frozen=True)

@@ -38,3 +38,19 @@ def autocast(device: torch.device) -> contextlib.AbstractContextManager:
     if device.type == "cuda":
         return torch.autocast("cuda", dtype=torch.bfloat16)
     return torch.autocast("cpu", enabled=False)
+
+
+def device_kind(device: torch.device) -> str:
+    """The kind of machine ``device`` computes on, as far as it changes a result's bytes: the
+    device type with, on a CPU, the kernels PyTorch dispatches to
+    (``torch.backends.cpu.get_cpu_capability()``, e.g. ``cpu AVX512``; the environment variable
+    ``ATEN_CPU_CAPABILITY`` lowers it) and, on CUDA, the GPU's name (``cuda NVIDIA H200``).
+
+    The same torch wheel and seed give other weights with AVX512, AVX2 or the default kernels
+    (other reduction orders), so this enters every training fingerprint and tuning study name,
+    and every worker of a cluster must match it (:mod:`lmablate.cluster`)."""
+    if device.type == "cpu":
+        return f"cpu {torch.backends.cpu.get_cpu_capability()}"
+    if device.type == "cuda":
+        return f"cuda {torch.cuda.get_device_name(device)}"
+    return device.type

@@ -26,6 +26,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from lmablate import interrupt
 from lmablate.budget import training_flops, trial_steps
+from lmablate.cluster import Cluster
 from lmablate.config import StudyConfig
 from lmablate.device import resolve_device
 from lmablate.parallel import map_jobs, worker_count
@@ -168,10 +169,10 @@ def queue_batch(cfg: StudyConfig, dataset: str, variant: str, study: optuna.Stud
 
 
 def run_batches(job: TuneJob, study: optuna.Study, sampler_seed: int,
-                processes: bool) -> None:
+                processes: bool, cluster: Cluster | None = None) -> None:
     """Queue and run the study's batches (:func:`queue_batch`) until every rung is done: each
     batch's waiting trials on up to ``runtime.workers`` workers (:func:`tune_worker`, in
-    processes when ``processes``). A batch whose trials all run elsewhere (another machine, or a
+    processes when ``processes``), or as one task per waiting trial on ``cluster``. A batch whose trials all run elsewhere (another machine, or a
     worker that died) is waited for: Optuna fails a trial whose heartbeat stopped, and its slot
     is queued again.
 
@@ -182,7 +183,11 @@ def run_batches(job: TuneJob, study: optuna.Study, sampler_seed: int,
     while (batch := queue_batch(cfg, job.dataset, job.variant, study, sampler_seed)) is not None:
         waiting = sum(t.user_attrs.get(SLOT) in batch.slots for t in study.get_trials(
             deepcopy=False, states=(TrialState.WAITING,)))
-        if waiting:
+        if waiting and cluster is not None:
+            cluster.map(tune_worker, [job] * waiting,
+                        [f"tune-{job.dataset}-{job.variant}-batch{batch.index}-{i}"
+                         for i in range(waiting)], inputs=lambda j: [j.tokens_dir])
+        elif waiting:
             workers = worker_count(cfg.runtime, waiting, resolve_device(cfg.runtime.device))
             map_jobs(tune_worker, [job] * workers, workers, processes=processes)
         else:

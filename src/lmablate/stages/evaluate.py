@@ -8,20 +8,24 @@ for every variant.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
 import math
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from lmablate import fileio
 from lmablate.arithmetic import operand_digits, split_problem
 from lmablate.checkpoint import load_checkpoint, verify_checkpoint
 from lmablate.config import DataError, StudyConfig
+from lmablate.cluster import resolve
 from lmablate.device import resolve_device
 from lmablate.model import check_causality
 from lmablate.evaluation import (answer_nats, arithmetic_predictions, arithmetic_scores,
                                  by_operand_digits, extrapolation, not_reaching, split_loss,
                                  text_samples)
 from lmablate.parallel import map_jobs, worker_count
-from lmablate.tokenizer import load_tokenizer
+from lmablate.tokenizer import CharTokenizer, load_tokenizer
 from lmablate.token_data import TokenData
 from lmablate.tracking import Tracker, make_tracker
 
@@ -30,6 +34,106 @@ from lmablate.tracking import Tracker, make_tracker
 # id): kept in the seed's result.json and in MLflow, left out of metrics.json so that the same
 # commit and params give the same bytes.
 NOT_REPRODUCIBLE = ("train_seconds", "tokens_per_second", "mlflow_run_id")
+
+
+@dataclass(frozen=True)
+class EvalJob:
+    """One seed's evaluation, picklable for a cluster task: its checkpoint folder, its
+    training summary, the longest window (tokens) and, on arithmetic, the test problems and
+    the longer problems by operand digits."""
+
+    cfg: StudyConfig
+    dataset: str
+    variant: str
+    tokens_dir: Path
+    seed_dir: Path
+    seed: int
+    summary: dict = field(hash=False)
+    longest: int = 0
+    problems: tuple[str, ...] = ()
+    lengths: tuple[tuple[int, tuple[str, ...]], ...] = ()
+    replicate: int = 0
+
+
+def evaluate_seed(job: EvalJob, data: TokenData | None = None, tok: CharTokenizer | None = None,
+                  tracker: Tracker | None = None) -> tuple[dict, object]:
+    """Evaluate one seed's checkpoint: ``(metrics, examples)`` as :func:`run` describes them,
+    its test metrics logged into the seed's MLflow training run. ``data``, ``tok`` and
+    ``tracker`` are loaded from ``job`` when not given (on a cluster's worker).
+
+    Raises:
+        ValueError: the checkpoint's vocabulary is not the data's.
+        CausalityError: a model that would see the future past its context.
+    """
+    cfg, dataset, variant, seed, seed_dir = (job.cfg, job.dataset, job.variant, job.seed,
+                                              job.seed_dir)
+    ds, summary, longest, problems = (cfg.dataset(dataset), job.summary, job.longest,
+                                      list(job.problems))
+    device = resolve_device(cfg.runtime.device)
+    data = TokenData.load(job.tokens_dir) if data is None else data
+    tok = load_tokenizer(job.tokens_dir) if tok is None else tok
+    tracker = make_tracker(cfg.tracking) if tracker is None else tracker
+    model, ckpt = load_checkpoint(seed_dir / "checkpoint.pt", device)
+    if ckpt["model_config"]["vocab_size"] != tok.vocab_size:
+        raise ValueError(f"{seed_dir / 'checkpoint.pt'}: vocab_size "
+                         f"{ckpt['model_config']['vocab_size']} does not match the data's "
+                         f"{tok.vocab_size} ({job.tokens_dir}); retrain")
+    if model.position.max_positions is None:  # run past its context below: mask and
+        check_causality(model.cfg, length=longest)  # positions must stay causal there
+    loss = split_loss(model, data.test, cfg.evaluate.batch_size, cfg.evaluate.max_batches,
+                      device, data.stride)
+    reproducible = {k: v for k, v in summary.items() if k not in NOT_REPRODUCIBLE}
+    metrics = {**reproducible, "test_loss": loss, "perplexity": math.exp(loss),
+               "bits_per_char": loss / math.log(2)}
+    ev = cfg.evaluate
+    metrics["extrapolation"] = extrapolation(
+        model, data.test, ev.extrapolation_factors, ev.position_bucket, ev.batch_size,
+        ev.max_batches * ev.batch_size * model.cfg.context_length, device, data.stride)
+    if ds.kind == "arithmetic":
+        ev, name = cfg.evaluate, f"{dataset}/{variant}/seed {seed}"
+        preds = arithmetic_predictions(model, tok, problems, ev.batch_size, device,
+                                       desc=f"{name}: decoding")
+        nats = answer_nats(model, tok, problems, ev.batch_size, device)
+        metrics.update(arithmetic_scores(problems, preds, nats))
+        digits = by_operand_digits(problems, preds, nats, "test")
+        for n, lines in job.lengths:  # longer than any training problem
+            reason = not_reaching(model, len(lines[0]))
+            if reason:
+                digits[str(n)] = reason
+                continue
+            long_preds = arithmetic_predictions(model, tok, lines, ev.batch_size, device,
+                                                desc=f"{name}: {n} digits")
+            digits.update(by_operand_digits(
+                lines, long_preds, answer_nats(model, tok, lines, ev.batch_size, device),
+                "length"))
+        metrics["by_operand_digits"] = digits
+        # every problem, in test.txt's order: the report pairs variants problem by problem
+        examples = [{"prompt": split_problem(p)[0], "target": split_problem(p)[1],
+                     "prediction": q} for p, q in zip(problems, preds)]
+    else:
+        examples = text_samples(model, tok, cfg.evaluate.n_samples,
+                                cfg.evaluate.sample_tokens, cfg.evaluate.temperature, seed,
+                                device)
+    # only what evaluation measured (the training summary is in the run already), at the
+    # run's last step: a value without a step would be a point at step 0 of its curve
+    flat = {k: v for k, v in metrics.items() if isinstance(v, float) and k not in summary}
+    for op, s in metrics.get("per_op", {}).items():
+        flat.update({f"{k}_{op}": v for k, v in s.items() if k != "n"})
+    # exact match by operand length, e.g. exact_match_d4; NaN where the model cannot read
+    # that long, so every variant's run has the same keys
+    flat.update({f"exact_match_d{n}": r["exact_match"] if isinstance(r, dict) else math.nan
+                 for n, r in metrics.get("by_operand_digits", {}).items()})
+    # e.g. test_loss_x4; NaN past a learned table, so every variant's run has the same keys
+    flat.update({f"test_loss_{x}": r["test_loss"] if isinstance(r, dict) else math.nan
+                 for x, r in metrics["extrapolation"].items()})
+    tags = {"dataset": dataset, "variant": variant, "seed": seed, "stage": "final",
+            "replicate": job.replicate}
+    with tracker.run(f"{dataset}-{variant}-seed{seed}"
+                     + (f"-r{job.replicate}" if job.replicate else ""), tags,
+                     run_id=summary.get("mlflow_run_id")):
+        tracker.set_tags(tags)
+        tracker.log_metrics(flat, step=summary["steps"])
+    return metrics, examples
 
 
 def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, raw_dir: Path,
@@ -54,7 +158,9 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, raw_dir:
     """
     ds = cfg.dataset(dataset)
     cfg.check_variant(variant)
-    device = resolve_device(cfg.runtime.device)  # a device this machine lacks: before any work
+    # a device this machine lacks, a cluster that does not answer or a worker of another kind:
+    # before any work
+    device, _, cluster = resolve(cfg)
     data = TokenData.load(tokens_dir)
     tok = load_tokenizer(tokens_dir)
     factors = list(cfg.evaluate.extrapolation_factors)
@@ -82,74 +188,20 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, raw_dir:
             lengths.setdefault(operand_digits(line), []).append(line)
         lengths = {n: lines[:cfg.evaluate.max_problems] for n, lines in lengths.items()}
 
-    def evaluate_seed(seed: int) -> tuple[dict, object]:
-        seed_dir = checkpoints_dir / f"seed_{seed}"
-        summary = trained[seed]["summary"]
-        model, ckpt = load_checkpoint(seed_dir / "checkpoint.pt", device)
-        if ckpt["model_config"]["vocab_size"] != tok.vocab_size:
-            raise ValueError(f"{seed_dir / 'checkpoint.pt'}: vocab_size "
-                             f"{ckpt['model_config']['vocab_size']} does not match the data's "
-                             f"{tok.vocab_size} ({tokens_dir}); retrain")
-        if model.position.max_positions is None:  # run past its context below: mask and
-            check_causality(model.cfg, length=longest)  # positions must stay causal there
-        loss = split_loss(model, data.test, cfg.evaluate.batch_size, cfg.evaluate.max_batches,
-                          device, data.stride)
-        reproducible = {k: v for k, v in summary.items() if k not in NOT_REPRODUCIBLE}
-        metrics = {**reproducible, "test_loss": loss, "perplexity": math.exp(loss),
-                   "bits_per_char": loss / math.log(2)}
-        ev = cfg.evaluate
-        metrics["extrapolation"] = extrapolation(
-            model, data.test, ev.extrapolation_factors, ev.position_bucket, ev.batch_size,
-            ev.max_batches * ev.batch_size * model.cfg.context_length, device, data.stride)
-        if ds.kind == "arithmetic":
-            ev, name = cfg.evaluate, f"{dataset}/{variant}/seed {seed}"
-            preds = arithmetic_predictions(model, tok, problems, ev.batch_size, device,
-                                           desc=f"{name}: decoding")
-            nats = answer_nats(model, tok, problems, ev.batch_size, device)
-            metrics.update(arithmetic_scores(problems, preds, nats))
-            digits = by_operand_digits(problems, preds, nats, "test")
-            for n, lines in sorted(lengths.items()):  # longer than any training problem
-                reason = not_reaching(model, len(lines[0]))
-                if reason:
-                    digits[str(n)] = reason
-                    continue
-                long_preds = arithmetic_predictions(model, tok, lines, ev.batch_size, device,
-                                                    desc=f"{name}: {n} digits")
-                digits.update(by_operand_digits(
-                    lines, long_preds, answer_nats(model, tok, lines, ev.batch_size, device),
-                    "length"))
-            metrics["by_operand_digits"] = digits
-            # every problem, in test.txt's order: the report pairs variants problem by problem
-            examples = [{"prompt": split_problem(p)[0], "target": split_problem(p)[1],
-                         "prediction": q} for p, q in zip(problems, preds)]
-        else:
-            examples = text_samples(model, tok, cfg.evaluate.n_samples,
-                                    cfg.evaluate.sample_tokens, cfg.evaluate.temperature, seed,
-                                    device)
-        # only what evaluation measured (the training summary is in the run already), at the
-        # run's last step: a value without a step would be a point at step 0 of its curve
-        flat = {k: v for k, v in metrics.items() if isinstance(v, float) and k not in summary}
-        for op, s in metrics.get("per_op", {}).items():
-            flat.update({f"{k}_{op}": v for k, v in s.items() if k != "n"})
-        # exact match by operand length, e.g. exact_match_d4; NaN where the model cannot read
-        # that long, so every variant's run has the same keys
-        flat.update({f"exact_match_d{n}": r["exact_match"] if isinstance(r, dict) else math.nan
-                     for n, r in metrics.get("by_operand_digits", {}).items()})
-        # e.g. test_loss_x4; NaN past a learned table, so every variant's run has the same keys
-        flat.update({f"test_loss_{x}": r["test_loss"] if isinstance(r, dict) else math.nan
-                     for x, r in metrics["extrapolation"].items()})
-        tags = {"dataset": dataset, "variant": variant, "seed": seed, "stage": "final",
-                "replicate": replicate}
-        with tracker.run(f"{dataset}-{variant}-seed{seed}"
-                         + (f"-r{replicate}" if replicate else ""), tags,
-                         run_id=summary.get("mlflow_run_id")):
-            tracker.set_tags(tags)
-            tracker.log_metrics(flat, step=summary["steps"])
-        return metrics, examples
-
-    # Seeds in threads of this process (evaluation draws no global random numbers).
-    workers = worker_count(cfg.runtime, len(cfg.seeds), device, all_at_once=True)
-    done = map_jobs(evaluate_seed, cfg.seeds, workers)
+    jobs = [EvalJob(cfg, dataset, variant, tokens_dir, checkpoints_dir / f"seed_{seed}", seed,
+                    trained[seed]["summary"], longest, tuple(problems),
+                    tuple((n, tuple(lines)) for n, lines in sorted(lengths.items())),
+                    replicate) for seed in cfg.seeds]
+    if cluster is not None:
+        jobs = [dataclasses.replace(job, cfg=cluster.pin(cfg)) for job in jobs]
+        done = cluster.map(evaluate_seed, jobs, [f"evaluate-{dataset}-{variant}-seed{j.seed}"
+                                                 for j in jobs],
+                           inputs=lambda j: [j.tokens_dir, j.seed_dir / "checkpoint.pt"])
+    else:
+        # Seeds in threads of this process (evaluation draws no global random numbers).
+        workers = worker_count(cfg.runtime, len(cfg.seeds), device, all_at_once=True)
+        done = map_jobs(functools.partial(evaluate_seed, data=data, tok=tok, tracker=tracker),
+                        jobs, workers)
     runs = {f"seed_{seed}": metrics for seed, (metrics, _) in zip(cfg.seeds, done)}
     examples = {f"seed_{seed}": ex for seed, (_, ex) in zip(cfg.seeds, done)}
     result = {"dataset": dataset, "variant": variant,

@@ -21,7 +21,8 @@ from lmablate.batched import batched_on, train_seeds
 from lmablate.checkpoint import load_resume, save_checkpoint, verify_checkpoint
 from lmablate.config import ModelConfig, StudyConfig
 from lmablate.fingerprint import code_version, fingerprint
-from lmablate.device import resolve_device
+from lmablate.cluster import resolve
+from lmablate.device import device_kind, resolve_device
 from lmablate.model import count_params, flops_per_token
 from lmablate.parallel import map_jobs, use_processes, worker_count
 from lmablate.token_data import TokenData
@@ -49,12 +50,13 @@ class SeedJob:
 
 def seed_fingerprint(job: SeedJob, data: TokenData) -> str:
     """What a seed's result depends on: model, training settings (with its dataset's budget
-    only), steps, lr, seed, the code of a run, its data and the device type it computes on
-    (never the runtime settings that only change speed: ``runtime.workers``, ``threads``,
-    ``parallel``)."""
+    only), steps, lr, seed, the code of a run, its data and the kind of device it computes on
+    (:func:`lmablate.device.device_kind`: the device type with its CPU kernels or GPU; never
+    the runtime settings that only change speed: ``runtime.workers``, ``threads``,
+    ``parallel``, ``cluster``)."""
     device = resolve_device(job.cfg.runtime.device)
     return fingerprint(job.model_cfg, job.cfg.train.for_dataset(job.dataset), job.steps, job.lr,
-                       job.seed, code_version(), data.fingerprint(), device.type)
+                       job.seed, code_version(), data.fingerprint(), device_kind(device))
 
 
 def _finished(job: SeedJob, fp: str) -> dict | None:
@@ -243,7 +245,9 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, best_pat
         DivergenceError: a run's loss became NaN/inf (names dataset, variant, seed and step).
     """
     cfg.dataset(dataset)
-    device = resolve_device(cfg.runtime.device)  # a device this machine lacks: before any work
+    # a device this machine lacks, a cluster that does not answer or a worker of another kind:
+    # before any work
+    device, _, cluster = resolve(cfg)
     best = fileio.read_json(best_path)
     expected = cfg.tune.sampler_seed + replicate
     if best.get("sampler_seed", expected) != expected:
@@ -255,9 +259,26 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, best_pat
     data.check_fits(model_cfg.context_length, f"{dataset}")
     preflight(model_cfg, f"variant {variant!r}")
     steps = run_steps(cfg, dataset, model_cfg)
+    if cluster is not None:
+        cfg = cluster.pin(cfg)
+        if use_processes(cfg.runtime, [model_cfg]):
+            cluster.check_single_threaded(f"variant {variant!r} has dropout")
     jobs = [SeedJob(cfg, dataset, variant, model_cfg, best["lr"], seed, steps, tokens_dir,
                     checkpoints_dir / f"seed_{seed}", replicate) for seed in cfg.seeds]
-    if batched_on(device) and model_cfg.dropout == 0:
+    batched = batched_on(device) and model_cfg.dropout == 0
+    if cluster is not None:
+        # one task per seed, or the batched seeds as one task on one GPU; the files travel
+        # with the task where the workers do not see this workspace
+        inputs, outputs = (lambda j: [j.tokens_dir, j.seed_dir]), (lambda j: [j.seed_dir])
+        if batched:
+            results = cluster.map(train_seeds_batched, [jobs], [f"train-{dataset}-{variant}"],
+                                  inputs=lambda js: [x for j in js for x in inputs(j)],
+                                  outputs=lambda js: [x for j in js for x in outputs(j)])[0]
+        else:
+            results = cluster.map(train_seed, jobs,
+                                  [f"train-{dataset}-{variant}-seed{j.seed}" for j in jobs],
+                                  inputs=inputs, outputs=outputs)
+    elif batched:
         # one path per device type and model (both in the fingerprint), never per setting:
         # batched and per-seed results agree to fp32 rounding only
         results = train_seeds_batched(jobs)

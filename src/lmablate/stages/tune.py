@@ -19,7 +19,7 @@ from pathlib import Path
 from lmablate import fileio
 from lmablate.budget import run_steps, trial_steps
 from lmablate.config import MAX_SEED, ConfigError, StudyConfig
-from lmablate.device import resolve_device
+from lmablate.cluster import resolve
 from lmablate.parallel import use_processes
 from lmablate.studies import load_study, make_storage
 from lmablate.token_data import TokenData
@@ -59,7 +59,9 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, best_pat
     if sampler_seed > MAX_SEED:
         raise ConfigError(f"params: tune.sampler_seed={tune.sampler_seed} + --replicate "
                           f"{replicate} is not allowed; the sum must be <= {MAX_SEED:,}")
-    resolve_device(cfg.runtime.device)  # a device this machine lacks fails before any trial
+    # a device this machine lacks, a cluster that does not answer or a worker of another
+    # kind: before any trial
+    _, kind, cluster = resolve(cfg)
     data = TokenData.load(tokens_dir)
     data.check_fits(cfg.model.context_length, dataset)
     widths = (list(tune.d_model_choices) if tune.d_model_choices is not None
@@ -72,8 +74,10 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, best_pat
         trial_steps(cfg, dataset, model_cfg)  # a budget too small for a width fails here
         run_steps(cfg, dataset, model_cfg)
     processes = use_processes(cfg.runtime, models)
+    if cluster is not None and processes:
+        cluster.check_single_threaded(f"variant {variant!r} has dropout")
     storage = make_storage(tune.storage_url, tune.heartbeat_seconds)
-    name = study_name(cfg, dataset, variant, data.fingerprint(), sampler_seed)
+    name = study_name(cfg, dataset, variant, data.fingerprint(), sampler_seed, kind)
     study = load_study(storage, name)
     describe_study(study, cfg, dataset, variant, sampler_seed)
     tags = {"dataset": dataset, "variant": variant, "stage": "tune", "optuna_study": name,
@@ -88,8 +92,9 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, best_pat
                             "lr_low": space.lr_low, "lr_high": space.lr_high,
                             "d_model_choices": list(space.d_model_choices),
                             "sampler_seed": sampler_seed})
-        run_batches(TuneJob(cfg, dataset, variant, tokens_dir, name, parent_run_id), study,
-                    sampler_seed, processes)
+        job_cfg = cfg if cluster is None else cluster.pin(cfg)
+        run_batches(TuneJob(job_cfg, dataset, variant, tokens_dir, name, parent_run_id), study,
+                    sampler_seed, processes, cluster)
         result, rows = summarise_study(cfg, dataset, variant, name, slot_results(study),
                                        data.vocab_size, sampler_seed, widths)
         tracker.log_metrics({"best_val_loss": result["val_loss"]})
