@@ -60,6 +60,18 @@ def test_the_same_state_saved_twice_gives_the_same_bytes_and_the_sha256_of_the_f
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.pt", "b.pt"]  # no temporary left
 
 
+def test_a_state_read_back_from_a_file_saves_to_the_same_bytes_as_the_one_it_came_from(tmp_path):
+    """As a run resumed from resume.pt does: the optimizer's state keys are then strings read
+    from the file, not torch's own constants, and must not change the checkpoint's bytes."""
+    model, opt = trained_model()
+    save_checkpoint(tmp_path / "a.pt", model, opt, TINY, step=2, meta={"seed": 0})
+    again = make_optimizer(model, TrainConfig(), 1e-2, CPU)
+    again.load_state_dict(torch.load(tmp_path / "a.pt", weights_only=True)["optimizer"])
+    assert next(iter(again.state_dict()["state"][0])) is not "step"  # noqa: F632 - the point
+    save_checkpoint(tmp_path / "b.pt", model, again, TINY, step=2, meta={"seed": 0})
+    assert (tmp_path / "a.pt").read_bytes() == (tmp_path / "b.pt").read_bytes()
+
+
 def test_a_truncated_checkpoint_is_refused_naming_the_file(tmp_path):
     model, opt = trained_model()
     path = tmp_path / "checkpoint.pt"

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,24 @@ from lmablate.config import ModelConfig
 from lmablate.model import GPT
 from lmablate.validation import DataError
 
+def _interned(obj: Any) -> Any:
+    """``obj`` with every string interned, in dicts (keys too, ``_metadata`` kept), lists and
+    tuples. Pickle writes a string it has seen as the same object once and refers back to it
+    later, so equal states whose strings are different objects would give other bytes: a run
+    resumed from ``resume.pt`` holds the optimizer's state keys (``"step"``, ``"exp_avg"``) as
+    strings read back from the file, an uninterrupted run holds torch's own constants."""
+    if type(obj) is str:
+        return sys.intern(obj)
+    if isinstance(obj, dict):
+        out = type(obj)((_interned(k), _interned(v)) for k, v in obj.items())
+        if hasattr(obj, "_metadata"):  # a module's state_dict: its version numbers
+            out._metadata = _interned(obj._metadata)
+        return out
+    if type(obj) in (list, tuple):
+        return type(obj)(_interned(x) for x in obj)
+    return obj
+
+
 def _save(path: Path, obj: Any) -> str:
     """``torch.save`` of ``obj`` to ``path``, atomically and byte-reproducibly; returns the
     sha256 (hex) of the bytes written.
@@ -38,7 +57,7 @@ def _save(path: Path, obj: Any) -> str:
     Saved to a buffer, the folder is always ``archive``.
     """
     buffer = io.BytesIO()
-    torch.save(obj, buffer)
+    torch.save(_interned(obj), buffer)
     data = buffer.getvalue()
     fileio.write_bytes(path, data)
     return hashlib.sha256(data).hexdigest()

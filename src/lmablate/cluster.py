@@ -302,9 +302,16 @@ def _client(address: str):
         except OSError as exc:
             raise ConfigError(f"params: runtime.cluster={address!r} is not allowed; no Dask "
                               f"scheduler answers there ({exc})") from None
+        if not _CLIENTS:
+            atexit.register(close_clients)
         _CLIENTS[address] = client
-        atexit.register(client.close)
     return _CLIENTS[address]
+
+
+def close_clients() -> None:
+    """Close this process's clients (at exit; before a scheduler they talk to goes away)."""
+    while _CLIENTS:
+        _CLIENTS.popitem()[1].close()
 
 
 def _identify() -> MachineKind:

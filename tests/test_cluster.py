@@ -1,0 +1,349 @@
+"""runtime.cluster: the stages' seeds, evaluations and trials on a Dask cluster give the bytes of
+the embedded run; a worker of another kind is refused; a worker killed mid-task is survived."""
+
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from distributed import Client
+
+from lmablate import cluster, params
+from lmablate.cluster import MachineKind, mismatch
+from lmablate.config import ConfigError
+from lmablate.stages import train
+
+from conftest import budgets, tiny_params
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+SEEDS = [0, 1, 2]
+# run-to-run fields: wall-clock timings and MLflow's random run ids
+TIMINGS = ("train_seconds", "tokens_per_second", "mlflow_run_id", "elapsed_seconds")
+
+
+class Loopback:
+    """A Dask scheduler and workers on 127.0.0.1, each process in a session of its own (a kill
+    takes the worker's nanny with it, as when a machine goes away)."""
+
+    def __init__(self, folder: Path):
+        self.folder, self.workers = folder, {}
+        file = folder / "scheduler.json"
+        self.scheduler = self._start("scheduler", [
+            str(BIN / "dask"), "scheduler", "--host", "127.0.0.1", "--port", "0",
+            "--no-dashboard", "--scheduler-file", str(file)])
+        for _ in range(300):
+            if file.exists() and file.stat().st_size:
+                break
+            time.sleep(0.1)
+        self.address = json.loads(file.read_text())["address"]
+        self.client = Client(self.address, timeout=60)
+        self.client.get_task_stream()  # the scheduler records every task from here on
+
+    def _start(self, name: str, cmd: list[str], env: dict | None = None) -> subprocess.Popen:
+        log = open(self.folder / f"{name}.log", "w")
+        # from another folder than the study's: a worker must not rely on the driver's cwd
+        return subprocess.Popen(cmd, cwd=self.folder, stdout=log, stderr=subprocess.STDOUT,
+                                env={**os.environ, **(env or {})}, start_new_session=True)
+
+    def start_worker(self, name: str, env: dict | None = None) -> None:
+        before = len(self.client.scheduler_info(n_workers=-1)["workers"])
+        self.workers[name] = self._start(name, [
+            str(BIN / "dask"), "worker", self.address, "--nthreads", "1", "--nworkers", "1",
+            "--host", "127.0.0.1", "--name", name, "--no-dashboard"], env)
+        self.client.wait_for_workers(before + 1, timeout=60)
+
+    def address_of(self, name: str) -> str:
+        return next(a for a, w in self.client.scheduler_info(n_workers=-1)["workers"].items()
+                    if w["name"] == name)
+
+    def kill(self, name: str) -> None:
+        proc = self.workers.pop(name)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+    def close(self) -> None:
+        cluster.close_clients()  # the stages' clients of this process, before the scheduler
+        self.client.close()
+        for proc in [*self.workers.values(), self.scheduler]:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+@pytest.fixture(scope="module")
+def loopback(tmp_path_factory):
+    lb = Loopback(tmp_path_factory.mktemp("dask"))
+    try:
+        lb.start_worker("w1")
+        lb.start_worker("w2")
+        yield lb
+    finally:
+        lb.close()
+
+
+def make_study(work: Path, overrides: dict | None = None) -> Path:
+    """A tiny project in ``work`` (one dataset, two variants, three seeds, MLflow on)."""
+    work.mkdir(parents=True)
+    for name in ("dvc.yaml", "pyproject.toml"):
+        (work / name).write_bytes((ROOT / name).read_bytes())
+    raw = tiny_params({"study": {"seeds": SEEDS}, "tracking": {"enabled": True},
+                       **(overrides or {})})
+    (work / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    shutil.copytree(ROOT / "src", work / "src", ignore=shutil.ignore_patterns("__pycache__"))
+    for cmd in (["git", "init", "-q"], [str(BIN / "dvc"), "init", "-q"]):
+        subprocess.run(cmd, cwd=work, check=True)
+    shutil.copytree(ROOT / ".dvc" / "plots", work / ".dvc" / "plots")  # the plot templates
+    return work
+
+
+def run(cmd: list[str], cwd: Path, cluster_address: str | None = None,
+        **kw) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("LMABLATE_CLUSTER", "MLFLOW_TRACKING_URI", "LMABLATE_OPTUNA_STORAGE")}
+    env["PATH"] = f"{BIN}{os.pathsep}{env['PATH']}"
+    if cluster_address:
+        env["LMABLATE_CLUSTER"] = cluster_address
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, **kw)
+
+
+def without_timings(obj):
+    if isinstance(obj, dict):
+        return {k: without_timings(v) for k, v in obj.items() if k not in TIMINGS}
+    if isinstance(obj, list):
+        return [without_timings(v) for v in obj]
+    return obj
+
+
+def same_results(a: Path, b: Path) -> list[str]:
+    """Every result file of study ``a`` compared with ``b``'s: byte for byte, but for the
+    timings and MLflow run ids in ``result.json``, ``history.csv`` and the report's tables of
+    them. Returns the files compared."""
+    compared = []
+    for path in sorted(p for p in a.rglob("*") if p.is_file()):
+        rel = path.relative_to(a)
+        if rel.parts[0] not in ("runs", "reports"):
+            continue
+        other = b / rel
+        compared.append(str(rel))
+        if rel.name == "result.json":
+            assert without_timings(json.loads(path.read_text())) == without_timings(
+                json.loads(other.read_text())), rel
+        elif rel.name in ("history.csv", "summary.csv", "ablation.csv", "report.md") or (
+                rel.parts[:2] == ("reports", "figures")):
+            continue  # timings (wall-clock seconds, tokens per second) and figures of them
+        else:
+            assert path.read_bytes() == other.read_bytes(), rel
+    return compared
+
+
+# ---------------------------------------------------------------------------------- unit tests
+
+
+def test_a_scheduler_address_is_checked_by_the_params_rule(monkeypatch):
+    raw = tiny_params({"runtime": {"cluster": "localhost:8786"}})
+    with pytest.raises(ConfigError, match=r"runtime\.cluster='localhost:8786' is not allowed; "
+                                          r"a Dask scheduler address <protocol>://<host>:<port>"):
+        params.parse(raw)
+    cfg = params.parse(tiny_params({"runtime": {"cluster": "tcp://10.0.0.5:8786"}}))
+    assert cfg.runtime.cluster_address == "tcp://10.0.0.5:8786"
+    monkeypatch.setenv("LMABLATE_CLUSTER", "")
+    assert cfg.runtime.cluster_address is None  # the environment says: no cluster
+    monkeypatch.setenv("LMABLATE_CLUSTER", "8786")
+    with pytest.raises(ConfigError, match=r"LMABLATE_CLUSTER \(env\)='8786' is not allowed"):
+        cfg.runtime.cluster_address
+
+
+def test_a_worker_of_another_kind_is_refused_in_one_line_naming_both():
+    ours = MachineKind("2.13.0+cpu", "c0de", "cpu AVX512", None, "driver")
+    assert mismatch("tcp://w:1", dataclasses.replace(ours, host="elsewhere"), ours, "cpu") is None
+    line = mismatch("tcp://w:1", dataclasses.replace(ours, cpu="cpu AVX2"), ours, "cpu")
+    assert line.startswith("runtime.cluster: worker tcp://w:1 computes with CPU capability AVX2, "
+                           "this machine with AVX512; its results would differ, so it is "
+                           "refused (start every worker with the same ATEN_CPU_CAPABILITY")
+    assert "torch 2.12.0, this machine with 2.13.0+cpu" in mismatch(
+        "tcp://w:1", dataclasses.replace(ours, torch="2.12.0"), ours, "cpu")
+    assert "lmablate code 1234, this machine with c0de" in mismatch(
+        "tcp://w:1", dataclasses.replace(ours, code="1234"), ours, "cpu")
+    gpu = dataclasses.replace(ours, gpu="cuda NVIDIA H200")
+    assert "GPU NVIDIA H100, this machine with NVIDIA H200" in mismatch(
+        "tcp://w:1", dataclasses.replace(gpu, gpu="cuda NVIDIA H100"), gpu, "cuda")
+    # on CUDA the CPU kernels compute nothing that is kept
+    assert mismatch("tcp://w:1", dataclasses.replace(gpu, cpu="cpu AVX2"), gpu, "cuda") is None
+
+
+def test_a_jobs_paths_move_to_a_scratch_folder_and_relative_ones_become_absolute(tmp_path):
+    cfg = params.parse(tiny_params())
+    job = train.SeedJob(cfg, "arithmetic", "baseline", cfg.model, 1e-3, 0, 4,
+                        Path("data/tokens"), Path("runs/seed_0"))
+    absolute = cluster._absolute([job], tmp_path)[0]
+    assert absolute.tokens_dir == tmp_path / "data/tokens"
+    moved = cluster._moved(absolute, tmp_path, Path("/scratch"))
+    assert (moved.tokens_dir, moved.seed_dir) == (Path("/scratch/data/tokens"),
+                                                 Path("/scratch/runs/seed_0"))
+    assert moved.cfg == cfg and moved.model_cfg == cfg.model
+    assert cluster._moved(Path("/elsewhere/x"), tmp_path, Path("/scratch")) == Path("/elsewhere/x")
+
+
+def test_a_relative_sqlite_store_is_made_absolute_and_servers_are_kept(tmp_path):
+    assert cluster._absolute_url("sqlite:///optuna.db", tmp_path) == f"sqlite:///{tmp_path}/optuna.db"
+    assert cluster._absolute_url("sqlite:////abs/optuna.db", tmp_path) == "sqlite:////abs/optuna.db"
+    url = "postgresql+psycopg2://u:p@db/optuna"
+    assert cluster._absolute_url(url, tmp_path) == url
+    assert cluster._local_store("sqlite:////abs/mlflow.db") and cluster._local_store("mlruns")
+    assert not cluster._local_store(url) and not cluster._local_store("http://mlflow:5000")
+
+
+def test_the_kind_of_device_is_the_cpu_kernels_torch_dispatches_to():
+    from lmablate.device import device_kind
+    assert device_kind(torch.device("cpu")) == f"cpu {torch.backends.cpu.get_cpu_capability()}"
+    code = "import torch; from lmablate.device import device_kind; print(device_kind(torch.device('cpu')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "ATEN_CPU_CAPABILITY": "default"}).stdout
+    assert out.strip() == "cpu DEFAULT"
+
+
+# ------------------------------------------------------------------------------------ cluster
+
+
+def test_a_remote_worker_with_sqlite_stores_is_refused_before_any_task(loopback, monkeypatch,
+                                                                       tmp_path):
+    ours = cluster.machine_kind()
+    # this process plays a driver on another host: every worker is then remote
+    monkeypatch.setattr(cluster, "machine_kind", lambda: dataclasses.replace(ours, host="driver"))
+    monkeypatch.setenv("LMABLATE_CLUSTER", loopback.address)
+    monkeypatch.chdir(tmp_path)
+    cfg = params.parse(tiny_params())
+    with pytest.raises(ConfigError, match=r"params: tune\.storage \(LMABLATE_OPTUNA_STORAGE\)="
+                                          r"'sqlite:///.*' is not allowed with workers on other "
+                                          r"hosts \(tcp://127\.0\.0\.1:\d+\); use a server"):
+        cluster.connect(cfg)
+
+
+def test_without_a_shared_filesystem_a_seeds_files_travel_with_its_task(
+        loopback, make_project, tmp_path, monkeypatch):
+    """Workers that do not see the workspace get the tokens with the task and send the
+    checkpoint and result back: the same bytes as training here."""
+    results = {}
+    for where in ("local", "cluster"):
+        project = make_project(tmp_path / where, {"study": {"seeds": [0, 1]}})
+        best = project.path / "best.json"
+        best.write_text(json.dumps({"lr": 0.01, "d_model": 16, "sampler_seed": 0}))
+        monkeypatch.chdir(project.path)
+        if where == "cluster":
+            monkeypatch.setenv("LMABLATE_CLUSTER", loopback.address)
+            real = cluster.connect
+
+            def unshared(cfg):
+                found = real(cfg)
+                found.shared = False
+                return found
+
+            monkeypatch.setattr(cluster, "connect", unshared)
+        train.run(project.cfg, "arithmetic", "baseline", Path("tokens"), Path("best.json"),
+                  Path("ckpt"), Path("history.csv"), Path("grad_stats.csv"))
+        results[where] = project.path
+    for seed in (0, 1):
+        rel = Path("ckpt") / f"seed_{seed}"
+        assert (results["local"] / rel / "checkpoint.pt").read_bytes() == (
+            results["cluster"] / rel / "checkpoint.pt").read_bytes()
+        assert without_timings(json.loads((results["local"] / rel / "result.json").read_text())) \
+            == without_timings(json.loads((results["cluster"] / rel / "result.json").read_text()))
+        assert not (results["cluster"] / rel / "resume.pt").exists()
+
+
+@pytest.mark.slow
+def test_a_study_on_a_loopback_cluster_gives_the_embedded_runs_bytes(loopback, tmp_path):
+    embedded = make_study(tmp_path / "embedded")
+    done = run([str(BIN / "dvc"), "repro"], embedded, timeout=900)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    on_cluster = make_study(tmp_path / "cluster")
+    start = time.time()
+    done = run([str(BIN / "dvc"), "repro"], on_cluster, loopback.address, timeout=900)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    compared = same_results(embedded, on_cluster)
+    assert any(p.endswith("checkpoint.pt") for p in compared)
+    assert any(p.endswith("best.json") for p in compared)
+    assert any(p.endswith("metrics.json") for p in compared)
+    # every kind of task ran, on both workers
+    stream = loopback.client.get_task_stream(start=start)
+    kinds = {r["key"].split("-")[0] for r in stream}
+    assert {"tune", "train", "evaluate"} <= kinds
+    assert {r["worker"] for r in stream} == {loopback.address_of("w1"), loopback.address_of("w2")}
+
+
+@pytest.mark.slow
+def test_a_worker_with_other_cpu_kernels_is_refused_with_one_line(loopback, tmp_path):
+    ours = torch.backends.cpu.get_cpu_capability()
+    if ours == "DEFAULT":
+        pytest.skip("this machine's own kernels are the default ones")
+    study = make_study(tmp_path / "study")
+    assert run([str(BIN / "dvc"), "repro", "tokenize"], study).returncode == 0
+    loopback.start_worker("other", {"ATEN_CPU_CAPABILITY": "default"})
+    try:
+        done = run([str(BIN / "lmablate"), "tune", "arithmetic", "baseline", "--tokens",
+                    "data/tokens/arithmetic", "--best", "best.json", "--trials", "trials.csv"],
+                   study, loopback.address, timeout=300)
+    finally:
+        loopback.kill("other")
+    assert done.returncode == 2
+    line = done.stderr.strip().splitlines()[-1]
+    assert line == (f"lmablate: error: runtime.cluster: worker {line.split()[4]} computes with "
+                    f"CPU capability DEFAULT, this machine with {ours}; its results would "
+                    "differ, so it is refused (start every worker with the same "
+                    "ATEN_CPU_CAPABILITY, or none, as this machine)")
+    assert not (study / "best.json").exists() and not (study / "optuna.db").exists()
+
+
+@pytest.mark.slow
+def test_a_worker_killed_mid_task_is_survived_with_the_same_bytes(loopback, tmp_path):
+    """Seeds long enough to be caught running: one worker is killed (nanny and all) while it
+    trains a seed; the seed trains again on the other worker and the stage ends as a local
+    run does."""
+    longer = {"train": {"budget_flops": budgets(2000), "eval_interval": 200}}
+    best = json.dumps({"lr": 0.01, "d_model": 16, "sampler_seed": 0})
+    stage = [str(BIN / "lmablate"), "train", "arithmetic", "baseline", "--tokens",
+             "data/tokens/arithmetic", "--best", "best.json", "--checkpoints", "ckpt",
+             "--history", "history.csv", "--grad-stats", "grad_stats.csv"]
+    studies = {}
+    for where in ("local", "cluster"):
+        study = studies[where] = make_study(tmp_path / where, longer)
+        assert run([str(BIN / "dvc"), "repro", "tokenize"], study).returncode == 0
+        (study / "best.json").write_text(best)
+    assert run(stage, studies["local"], timeout=600).returncode == 0
+    victim = loopback.address_of("w1")
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    env.update(LMABLATE_CLUSTER=loopback.address, PATH=f"{BIN}{os.pathsep}{env['PATH']}")
+    proc = subprocess.Popen(stage, cwd=studies["cluster"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(600):  # until w1 is training a seed that has saved a resume state
+            running = loopback.client.processing(workers=[victim]).get(victim, [])
+            if any(k.startswith("train-") for k in running) and any(
+                    (studies["cluster"] / "ckpt").glob("seed_*/resume.pt")):
+                break
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.05)
+        else:
+            pytest.fail("no seed was caught running on w1")
+        loopback.kill("w1")
+        out, err = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        loopback.start_worker("w1")  # for the tests after this one
+    assert proc.returncode == 0, err[-2000:]
+    for seed in SEEDS:
+        rel = Path("ckpt") / f"seed_{seed}"
+        assert (studies["local"] / rel / "checkpoint.pt").read_bytes() == (
+            studies["cluster"] / rel / "checkpoint.pt").read_bytes(), seed
+        assert without_timings(json.loads((studies["local"] / rel / "result.json").read_text())) \
+            == without_timings(json.loads((studies["cluster"] / rel / "result.json").read_text()))
