@@ -4,6 +4,7 @@ the embedded run; a worker of another kind is refused; a worker killed mid-task 
 import dataclasses
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -347,3 +348,42 @@ def test_a_worker_killed_mid_task_is_survived_with_the_same_bytes(loopback, tmp_
             studies["cluster"] / rel / "checkpoint.pt").read_bytes(), seed
         assert without_timings(json.loads((studies["local"] / rel / "result.json").read_text())) \
             == without_timings(json.loads((studies["cluster"] / rel / "result.json").read_text()))
+
+
+# ------------------------------------------------------------------ scripts/cluster_busy.py
+
+
+def _busy_script():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("cluster_busy",
+                                                  ROOT / "scripts" / "cluster_busy.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_busy_share_is_computing_seconds_over_threads_times_the_wall_clipped_to_it():
+    busy = _busy_script().busy_share
+    stream = [{"worker": "a", "startstops": [{"action": "compute", "start": 10, "stop": 14},
+                                             {"action": "transfer", "start": 14, "stop": 15}]},
+              {"worker": "b", "startstops": [{"action": "compute", "start": 8, "stop": 12}]},
+              {"worker": "b", "startstops": [{"action": "compute", "start": 18, "stop": 30}]}]
+    overall, per_worker = busy(stream, {"a": 1, "b": 1, "c": 2}, 10, 20)
+    # a: 4 s of 10; b: 2 (from 10) + 2 (to 20) s of 10; c: idle, 2 threads
+    assert per_worker == {"a": 0.4, "b": 0.4, "c": 0.0}
+    assert overall == pytest.approx(8 / 40)
+    with pytest.raises(ValueError, match="no window"):
+        busy(stream, {"a": 1}, 10, 10)
+
+
+def test_the_busy_script_measures_the_tasks_of_the_command_it_runs(loopback, tmp_path):
+    sleeper = ("import distributed, os, time; c = distributed.Client(os.environ["
+               "'LMABLATE_CLUSTER']); c.gather(c.map(time.sleep, [0.5] * 4, pure=False))")
+    done = run([sys.executable, str(ROOT / "scripts" / "cluster_busy.py"), loopback.address,
+                "--report", str(tmp_path / "report.html"), "--", sys.executable, "-c", sleeper],
+               tmp_path, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert re.fullmatch(r"wall \d+\.\d s; 4 tasks \(4 sleep\) on 2 workers, 2 threads", lines[0])
+    share = float(re.search(r"busy share (\d+\.\d)%", lines[-1]).group(1))
+    assert 10 < share <= 100  # 2 s of sleeping on 2 threads within a few seconds
