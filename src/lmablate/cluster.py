@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import hashlib
 import os
 import secrets
 import socket
@@ -56,7 +57,6 @@ class MachineKind:
 def package_code() -> str:
     """First 16 hex digits of the sha256 of every ``.py`` module of the lmablate package (names
     and bytes, in sorted order): a worker with other code would compute other results."""
-    import hashlib
     root = Path(__file__).parent
     h = hashlib.sha256()
     for path in sorted(root.rglob("*.py")):
@@ -315,6 +315,7 @@ def close_clients() -> None:
 
 
 def _identify() -> MachineKind:
+    # sent to the workers by name, so each answers with its own machine_kind()
     return machine_kind()
 
 
