@@ -1,5 +1,6 @@
 """Concurrent jobs: seeds trained in threads give the weights and histories they give alone;
-dropout moves jobs to processes; a tuning study gives the same bytes at any worker count."""
+dropout moves jobs to processes; a tuning study and an evaluation give the same bytes at any
+worker count; a job thread computes with one intra-op thread from its first op."""
 
 import dataclasses
 import threading
@@ -11,7 +12,7 @@ import pytest
 import torch
 from lmablate import budget, parallel, trials, tuning
 from lmablate.config import ModelConfig, RuntimeConfig
-from lmablate.stages import train, tune
+from lmablate.stages import evaluate, train, tune
 from lmablate.tracking import NullTracker
 
 from conftest import budgets
@@ -35,10 +36,10 @@ def project(tmp_path_factory, make_project):
     return project.cfg, tmp
 
 
-def train_all(cfg, tmp: Path, out: str, **runtime_changes) -> dict:
+def train_all(cfg, tmp: Path, out: str, variant: str = "baseline", **runtime_changes) -> dict:
     cfg = dataclasses.replace(cfg, runtime=dataclasses.replace(cfg.runtime, **runtime_changes))
     d = tmp / out
-    return train.run(cfg, "arithmetic", "baseline", tmp / "tokens", tmp / "best.json",
+    return train.run(cfg, "arithmetic", variant, tmp / "tokens", tmp / "best.json",
                      d / "ck", d / "history.csv", d / "grad.csv")
 
 
@@ -146,6 +147,41 @@ def test_map_jobs_keeps_order_raises_and_restores_threads():
     with pytest.raises(ValueError, match="job 2 failed"):
         parallel.map_jobs(fails, range(4), 2)
     assert torch.get_num_threads() == before
+
+
+def test_a_thread_job_computes_with_one_intra_op_thread_from_its_first_op():
+    # A product with a long inner dimension: its last bits depend on how many threads MKL
+    # splits it over. As a job's first op, no earlier op has set the job thread's count. (On
+    # one core every count is 1 and this cannot fail.)
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(16, 1024, generator=g), torch.randn(1024, 64, generator=g)
+    before = torch.get_num_threads()
+    torch.set_num_threads(parallel.INTRA_OP_THREADS)
+    try:
+        alone = a @ b
+    finally:
+        torch.set_num_threads(before)
+    for _ in range(3):  # fresh job threads every time
+        for workers in (1, 2, 4):
+            products = parallel.map_jobs(lambda _: a @ b, range(workers), workers)
+            assert all(torch.equal(p, alone) for p in products), workers
+
+
+def test_evaluation_gives_the_same_bytes_at_any_worker_count(project):
+    cfg, tmp = project
+    train_all(cfg, tmp, "rope", variant="rope", workers=3)
+    d = tmp / "rope"
+
+    def evaluate_at(workers: int, name: str) -> tuple[bytes, bytes]:
+        at = dataclasses.replace(cfg, runtime=dataclasses.replace(cfg.runtime, workers=workers))
+        evaluate.run(at, "arithmetic", "rope", tmp / "tokens", tmp / "raw", d / "ck",
+                     d / f"{name}.json", d / f"{name}-examples.json", NullTracker())
+        return (d / f"{name}.json").read_bytes(), (d / f"{name}-examples.json").read_bytes()
+
+    alone = evaluate_at(1, "serial")
+    for i in range(3):
+        for workers in (2, 3):
+            assert evaluate_at(workers, f"threads-{workers}-{i}") == alone, (workers, i)
 
 
 def tune_all(cfg, tmp: Path, out: str, **runtime_changes) -> dict:

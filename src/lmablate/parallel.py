@@ -94,6 +94,18 @@ def _init_worker(threads: int, parent: int) -> None:
         os._exit(1)
 
 
+def _init_thread(threads: int) -> None:
+    # A new thread starts with OpenMP's and MKL's defaults (every core), not with the count
+    # torch.set_num_threads gave the thread that made it: those are per thread. Torch sets a
+    # thread's own count only when an op first asks for it (at::parallel_for,
+    # torch.get_num_threads), and small elementwise ops and matrix products do not; until then
+    # MKL splits a product over every core, which changes the last bits of a long inner
+    # dimension (measured, 2 cores: a (16, 1024) @ (1024, 64) product differs in its last
+    # bits on a fresh thread from the same product with one thread). Set here, every op of a
+    # job computes with the thread count the job would have at runtime.workers: 1.
+    torch.set_num_threads(threads)
+
+
 def _job(fn: Callable[[J], R], job: J) -> R:
     """``fn(job)``, unless the stage was asked to stop before the job started."""
     interrupt.check()
@@ -178,8 +190,10 @@ def map_jobs(fn: Callable[[J], R], jobs: Sequence[J], workers: int, *,
                                                initializer=_init_worker,
                                                initargs=(INTRA_OP_THREADS, os.getpid()))
                 else:
-                    torch.set_num_threads(INTRA_OP_THREADS)  # process-wide: every thread's
-                    pool = ThreadPoolExecutor(workers, thread_name_prefix="lmablate-job")
+                    torch.set_num_threads(INTRA_OP_THREADS)  # here, and what torch gives a thread
+                    pool = ThreadPoolExecutor(workers, thread_name_prefix="lmablate-job",
+                                              initializer=_init_thread,
+                                              initargs=(INTRA_OP_THREADS,))
                 futures = [pool.submit(call, job) for job in jobs]  # spawns the processes
             with pool:
                 try:
