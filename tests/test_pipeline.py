@@ -37,21 +37,41 @@ def pipeline_overrides(corpus: Path) -> dict:
     }
 
 
-def repro_from_scratch(work: Path, tiny_params, run_command, **runtime) -> Path:
-    """A fresh project in ``work`` (sources, dvc.yaml, params with ``runtime`` changes), after
-    one ``dvc repro``."""
+def new_study(work: Path, params: dict, run_command) -> Path:
+    """A fresh project in folder ``work``: the sources, dvc.yaml, ``params`` as params.yaml, the
+    plot templates, git and DVC initialised (nothing committed)."""
+    work.mkdir(parents=True, exist_ok=True)
     for name in ("dvc.yaml", "pyproject.toml"):
         shutil.copy(ROOT / name, work / name)
     shutil.copytree(ROOT / "src", work / "src", ignore=shutil.ignore_patterns("__pycache__"))
+    (work / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    assert run_command(["git", "init", "-q"], work).returncode == 0
+    assert run_command(["dvc", "init", "-q"], work).returncode == 0
+    shutil.copytree(ROOT / ".dvc" / "plots", work / ".dvc" / "plots")
+    return work
+
+
+def result_files(study: Path) -> list[Path]:
+    """The files, relative to ``study``, that two studies of the same params write byte for
+    byte alike (timings, fingerprints, Optuna study names and MLflow run ids are in others)."""
+    results = sorted(p.relative_to(study) for pattern in (
+        "runs/*/*/best.json", "runs/*/*/metrics.json", "runs/*/baseline/replicate_1/best.json",
+        "runs/*/baseline/replicate_1/metrics.json") for p in study.glob(pattern))
+    return results + [Path("reports") / name for name in (
+        "comparisons.csv", "tuning_variation.csv", "problem_comparisons.csv",
+        "detectable_effects.csv", "references.csv", "tuned.csv", "lr_sensitivity.csv",
+        "extrapolation.csv", "extrapolation_comparisons.csv", "extrapolation_positions.csv")]
+
+
+def repro_from_scratch(work: Path, tiny_params, run_command, **runtime) -> Path:
+    """A fresh project in ``work`` (:func:`new_study`, params with ``runtime`` changes), after
+    one ``dvc repro``."""
     corpus = work / "corpus.txt"
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     corpus.write_text((text * (40_000 // len(text) + 1))[:40_000], encoding="utf-8")
     params = tiny_params(pipeline_overrides(corpus))
     params["runtime"].update(runtime)
-    (work / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    assert run_command(["git", "init", "-q"], work).returncode == 0
-    assert run_command(["dvc", "init", "-q"], work).returncode == 0
-    shutil.copytree(ROOT / ".dvc" / "plots", work / ".dvc" / "plots")  # the plot templates
+    new_study(work, params, run_command)
     first = run_command(["dvc", "repro"], work, timeout=1500)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     return work
@@ -66,13 +86,7 @@ def study(tmp_path_factory, tiny_params, run_command):
 def test_a_second_study_from_scratch_gives_the_same_bytes_at_another_worker_count(
         study, tmp_path, tiny_params, run_command):
     again = repro_from_scratch(tmp_path, tiny_params, run_command, workers=1)
-    results = sorted(p.relative_to(study) for pattern in (
-        "runs/*/*/best.json", "runs/*/*/metrics.json", "runs/*/baseline/replicate_1/best.json",
-        "runs/*/baseline/replicate_1/metrics.json") for p in study.glob(pattern))
-    results += [Path("reports") / name for name in (
-        "comparisons.csv", "tuning_variation.csv", "problem_comparisons.csv",
-        "detectable_effects.csv", "references.csv", "tuned.csv", "lr_sensitivity.csv",
-        "extrapolation.csv", "extrapolation_comparisons.csv", "extrapolation_positions.csv")]
+    results = result_files(study)
     assert len(results) == 2 * 2 * len(VARIANTS) + 2 * 2 + 10
     for path in results:
         assert (again / path).read_bytes() == (study / path).read_bytes(), path

@@ -8,7 +8,8 @@ divergence) print one line ``lmablate: error: ...`` and exit 2.
 
 Stage modules are imported by name (:data:`STAGES`) only when their command runs, and each
 one's ``main(cfg, args)`` takes it from there: a command then imports exactly this module's and
-its stage's closure of project modules, which is what ``dvc.yaml`` lists as deps.
+its stage's closure of project modules, which is what ``dvc.yaml`` lists as deps. Commands that
+are no stage (:data:`COMMANDS`) are imported by name too, so that no stage depends on them.
 """
 
 from __future__ import annotations
@@ -71,6 +72,12 @@ STAGES: dict[str, Stage] = {
 }
 
 
+# Commands that are no DVC stage -> the module whose ``main(cfg, args)`` runs it and returns the
+# exit status. ``repro``: the study's independent chains of stages at once, each in a workspace of
+# its own, then ``dvc repro`` (lmablate.workspaces).
+COMMANDS: dict[str, str] = {"repro": "lmablate.workspaces"}
+
+
 def _count(text: str) -> int:
     """An integer >= 0 (argparse type)."""
     try:
@@ -83,7 +90,8 @@ def _count(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``lmablate`` parser: ``--params`` and one subparser per entry of :data:`STAGES`."""
+    """The ``lmablate`` parser: ``--params``, one subparser per entry of :data:`STAGES` and one
+    per entry of :data:`COMMANDS`."""
     p = argparse.ArgumentParser(prog="lmablate", description=__doc__.splitlines()[0])
     p.add_argument("--params", type=Path, default=Path("params.yaml"),
                    help="study parameters (default: params.yaml)")
@@ -102,6 +110,12 @@ def build_parser() -> argparse.ArgumentParser:
             s.add_argument(f"--{opt}", type=Path, required=True, help="read")
         for opt in stage.writes:
             s.add_argument(f"--{opt}", type=Path, required=True, help="written")
+    s = sub.add_parser("repro", help="dvc repro with the independent chains of stages (tune -> "
+                       "train -> evaluate of a dataset x variant) run at once in workspaces "
+                       "that share the DVC cache")
+    s.add_argument("--jobs", metavar="N", help="chains at once (default: one per core, at most "
+                   "the chains there are)")
+    s.add_argument("--dry", action="store_true", help="print the chains; run nothing")
     return p
 
 
@@ -161,6 +175,11 @@ def main(argv: list[str] | None = None) -> int:
     status = 0
     try:
         cfg = load(args.params)
+        if args.command in COMMANDS:  # no stage: its module's main gives the exit status
+            status = import_stage(COMMANDS[args.command]).main(cfg, args)
+            if argv is None:
+                exit_now(status)
+            return status
         stage = STAGES[args.command]
         check_preconditions(cfg, args, stage)
         if stage.tracks and cfg.tracking.enabled and argv is None:
