@@ -23,6 +23,9 @@ from lmablate.config import ConfigError
 from lmablate.stages import train
 
 from conftest import budgets, tiny_params
+from test_scale_out import mlflow_server, postgres
+
+SERVERS = (mlflow_server, postgres)  # test_scale_out's fixtures, used here by name
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -106,11 +109,12 @@ def make_study(work: Path, overrides: dict | None = None) -> Path:
     return work
 
 
-def run(cmd: list[str], cwd: Path, cluster_address: str | None = None,
+def run(cmd: list[str], cwd: Path, cluster_address: str | None = None, stores: dict | None = None,
         **kw) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items()
            if k not in ("LMABLATE_CLUSTER", "MLFLOW_TRACKING_URI", "LMABLATE_OPTUNA_STORAGE")}
     env["PATH"] = f"{BIN}{os.pathsep}{env['PATH']}"
+    env.update(stores or {})
     if cluster_address:
         env["LMABLATE_CLUSTER"] = cluster_address
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, **kw)
@@ -261,11 +265,18 @@ def test_without_a_shared_filesystem_a_seeds_files_travel_with_its_task(
         assert not (results["cluster"] / rel / "resume.pt").exists()
 
 
-@pytest.mark.slow
-def test_a_study_on_a_loopback_cluster_gives_the_embedded_runs_bytes(loopback, tmp_path):
-    embedded = make_study(tmp_path / "embedded")
-    done = run([str(BIN / "dvc"), "repro"], embedded, timeout=900)
+@pytest.fixture(scope="module")
+def embedded(tmp_path_factory) -> Path:
+    """The tiny study, run without a cluster."""
+    study = make_study(tmp_path_factory.mktemp("embedded") / "study")
+    done = run([str(BIN / "dvc"), "repro"], study, timeout=900)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return study
+
+
+@pytest.mark.slow
+def test_a_study_on_a_loopback_cluster_gives_the_embedded_runs_bytes(loopback, embedded,
+                                                                     tmp_path):
     on_cluster = make_study(tmp_path / "cluster")
     start = time.time()
     done = run([str(BIN / "dvc"), "repro"], on_cluster, loopback.address, timeout=900)
@@ -279,6 +290,29 @@ def test_a_study_on_a_loopback_cluster_gives_the_embedded_runs_bytes(loopback, t
     kinds = {r["key"].split("-")[0] for r in stream}
     assert {"tune", "train", "evaluate"} <= kinds
     assert {r["worker"] for r in stream} == {loopback.address_of("w1"), loopback.address_of("w2")}
+
+
+@pytest.mark.slow
+def test_a_study_on_the_cluster_with_postgresql_and_a_tracking_server_gives_the_same_bytes(
+        loopback, embedded, postgres, mlflow_server, tmp_path):
+    """The stores of a real cluster: the workers write trials to PostgreSQL and runs (with
+    their checkpoints) through an MLflow server, none to the workspace's files."""
+    from mlflow import MlflowClient
+    study = make_study(tmp_path / "study")
+    stores = {"LMABLATE_OPTUNA_STORAGE": postgres.create_database("cluster"),
+              "MLFLOW_TRACKING_URI": mlflow_server}
+    done = run([str(BIN / "dvc"), "repro"], study, loopback.address, stores, timeout=900)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    same_results(embedded, study)
+    assert not (study / "optuna.db").exists() and not (study / "mlflow.db").exists()
+    client = MlflowClient(tracking_uri=mlflow_server)
+    experiment = client.get_experiment_by_name("lmablate")
+    # each seed's training run, which the evaluate stage tags final
+    runs = client.search_runs([experiment.experiment_id], "tags.stage = 'final'")
+    assert len(runs) == 3 * len(SEEDS)  # baseline, rope and the baseline's replicate
+    for r in runs:
+        assert [a.path for a in client.list_artifacts(r.info.run_id, "checkpoint")] == [
+            "checkpoint/checkpoint.pt"]
 
 
 @pytest.mark.slow

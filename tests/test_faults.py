@@ -192,3 +192,33 @@ def test_a_trial_whose_worker_died_right_after_taking_it_is_queued_again(tmp_pat
     trials = study.get_trials(deepcopy=False)
     assert [t.state for t in trials] == [S.FAIL, S.WAITING]
     assert trials[1].user_attrs[SLOT] == 0
+
+
+def test_a_trial_another_process_finished_first_is_left_as_that_process_told_it(
+        project, monkeypatch):
+    """Two processes on one SQLite file can take the same queued trial (see
+    lmablate.studies.claim); the one that finishes second must leave the trial as the first
+    told it, not fail the stage ('Cannot tell a COMPLETE trial')."""
+    from lmablate import trials
+    from lmablate.studies import claim, load_study, make_storage
+    from lmablate.tuning import FRACTION, RUNG, SLOT
+
+    cfg = project.cfg
+    study = load_study(make_storage(cfg.tune.storage_url, cfg.tune.heartbeat_seconds), "s")
+    study.enqueue_trial({"lr": 0.01, "d_model": 16},
+                        user_attrs={SLOT: 0, RUNG: 0, FRACTION: 0.5})
+    taken = claim(study)
+    real = trials.train_model
+
+    def the_other_process_tells_first(*args, **kwargs):
+        result = real(*args, **kwargs)
+        study._storage.set_trial_state_values(taken._trial_id, optuna.trial.TrialState.COMPLETE,
+                                              [1.25])
+        return result
+
+    monkeypatch.setattr(trials, "train_model", the_other_process_tells_first)
+    job = trials.TuneJob(cfg, "arithmetic", "baseline", project.path / "tokens", "s", None)
+    trials.run_trial(job, study, taken, TokenData.load(project.path / "tokens"),
+                     torch.device("cpu"), NullTracker())
+    [trial] = study.get_trials(deepcopy=False)
+    assert (trial.state, trial.value) == (optuna.trial.TrialState.COMPLETE, 1.25)

@@ -136,7 +136,7 @@ def _train_trial(job: TuneJob, study: optuna.Study, trial: optuna.Trial, data: T
             trial.set_user_attr(OUTCOME, DIVERGED)
             trial.set_user_attr("fail_reason", str(exc))
             tracker.set_tags({"state": "FAILED", "fail_reason": str(exc)})
-            study.tell(trial, state=TrialState.FAIL)
+            study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
             return
         except optuna.exceptions.UpdateFinishedTrialError:
             raise
@@ -146,7 +146,9 @@ def _train_trial(job: TuneJob, study: optuna.Study, trial: optuna.Trial, data: T
                     trial.set_user_attr("fail_reason", "interrupted")
             study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
             raise
-        study.tell(trial, result.val_loss)
+        # skip_if_finished: another process took the same trial and finished it first (see
+        # lmablate.studies.claim); Optuna raises ValueError for a finished trial otherwise
+        study.tell(trial, result.val_loss, skip_if_finished=True)
 
 
 def queue_batch(cfg: StudyConfig, dataset: str, variant: str, study: optuna.Study,
