@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import re
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
@@ -28,8 +27,9 @@ from lmablate.validation import (BOOLEAN, FRACTION, STRING, Rule, check_fields, 
                                  param, rungs)
 # re-exported (the errors for the data modules and tests)
 from lmablate.validation import ConfigError, DataError, MAX_SEED, NAME_PATTERN, NAME_RULE, from_mapping
-# the datasets section, re-exported: every section's config is importable from here
+# the datasets and runtime sections, re-exported: every section's config is importable from here
 from lmablate.datasets import DATASET_KINDS, MAX_PROBLEMS, DatasetConfig, SplitConfig
+from lmablate.runtime import DEVICE_CHOICES, MAX_WORKERS, PARALLEL_CHOICES, RuntimeConfig
 
 __all__ = [
     "ConfigError", "DataError", "MAX_SEED", "NAME_PATTERN", "NAME_RULE", "from_mapping",
@@ -48,9 +48,7 @@ GATED_FFNS = ("swiglu", "geglu", "reglu", "glu")
 NORM_CHOICES = ("layernorm", "rmsnorm")
 NORM_PLACEMENT_CHOICES = ("pre", "post")
 POSITION_CHOICES = ("learned", "sinusoidal", "rope", "alibi", "none")
-DEVICE_CHOICES = ("auto", "cpu", "cuda", "mps")
 LR_SCHEDULE_CHOICES = ("constant", "cosine")
-PARALLEL_CHOICES = ("threads", "processes")
 
 # Upper limits, where a typo (an extra zero, 1e30 for 1e13) would exhaust memory or run for
 # days before anything failed. Each is far above the posts' GPU scale (profiles/seed-scale.yaml).
@@ -62,22 +60,8 @@ MAX_BATCH = 4096  # sequences of a training or evaluation batch
 MAX_BUDGET = 1e20  # training FLOPs of one run: about 3 days of an H100 at 40% of its bf16 peak
 MAX_TRIALS = 10_000  # tune.n_trials, trials_per_batch
 MAX_COUNT = 1_000_000  # steps, evaluation batches, samples, reports: counts of loop iterations
-MAX_WORKERS = 1024
 # the largest learning rate a study may tune or extend to (tune.lr_limits)
 MAX_LR = 1e8  # a guard against typos only
-
-
-# A Dask scheduler address: the protocols distributed's TCP, TLS and websocket comms accept.
-CLUSTER_PATTERN = re.compile(r"(tcp|tls|ws|wss)://[A-Za-z0-9.\-]+:[0-9]{1,5}|"
-                             r"(tcp|tls|ws|wss)://\[[0-9A-Fa-f:]+\]:[0-9]{1,5}")
-CLUSTER_TEXT = ("a Dask scheduler address <protocol>://<host>:<port> "
-                "with protocol tcp, tls, ws or wss (e.g. tcp://127.0.0.1:8786)")
-
-
-def _check_cluster(key: str, value: Any) -> None:
-    if not isinstance(value, str) or (value and not CLUSTER_PATTERN.fullmatch(value)):
-        # the environment variable may be empty (no cluster); the params key is null then
-        fail(key, value, CLUSTER_TEXT)
 
 
 def _check_budgets(key: str, value: Any) -> dict[str, float]:
@@ -298,48 +282,6 @@ class TrainConfig:
         if self.warmup_fraction == 0 or steps <= 1:
             return 0
         return min(steps - 1, max(1, math.ceil(self.warmup_fraction * steps)))
-
-
-@dataclass(frozen=True)
-class RuntimeConfig:
-    """Where and how concurrently the stages compute: never part of a fingerprint.
-
-    ``workers`` concurrent seeds / Optuna trials on a CPU (0 = auto, see
-    :mod:`lmablate.parallel`; each computes with one intra-op thread, as more would change the
-    last bits of results), ``parallel`` whether workers are threads of the stage or spawned
-    processes. ``tests/test_parallel.py`` shows these give bit-identical results. ``device`` picks
-    the hardware (``auto``: CUDA, then MPS, then CPU); the device *type* a run resolved to is
-    recorded with its result and enters its fingerprint, since bf16 autocast on CUDA computes
-    other numbers than fp32 on a CPU.
-    """
-
-    device: str = param("auto", "where the stages compute (auto: cuda, then mps, then cpu)",
-                        choice(DEVICE_CHOICES), result=False)
-    workers: int = param(0, "seeds / Optuna trials computed at once on a CPU (0: about one per "
-                         "core)", integer(0, MAX_WORKERS), result=False)
-    parallel: str = param("threads", "workers are threads of the stage or spawned processes",
-                          choice(PARALLEL_CHOICES), result=False)
-    cluster: str | None = param(None, "a Dask scheduler address (tcp://host:8786) that computes "
-                                "the stages' seeds, evaluations and trials; null: this machine "
-                                "(env LMABLATE_CLUSTER overrides it)",
-                                optional(Rule(CLUSTER_TEXT, _check_cluster)), result=False)
-
-    def __post_init__(self) -> None:
-        check_fields(self, "runtime")
-
-    @property
-    def cluster_address(self) -> str | None:
-        """``cluster``, or the environment variable ``LMABLATE_CLUSTER`` when it is set (checked
-        by the same rule; empty: no cluster). None: the stages compute on this machine.
-
-        Raises:
-            ConfigError: ``LMABLATE_CLUSTER`` is not a scheduler address.
-        """
-        value = os.environ.get("LMABLATE_CLUSTER")
-        if value is None:
-            return self.cluster
-        _check_cluster("LMABLATE_CLUSTER (env)", value)
-        return value or None
 
 
 @dataclass(frozen=True)
