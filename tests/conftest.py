@@ -187,3 +187,16 @@ def built(study_root):
     cfg = make_cfg()
     out = report.build_report(cfg, root / "runs", root / "reports", environment=ENV)
     return cfg, root / "reports", out
+
+
+def load_script(path: Path, name: str | None = None):
+    """The Python file at ``path`` (a script of ``docs/`` or ``scripts/``, not a package module)
+    imported as module ``name`` (default: the file's stem), registered in ``sys.modules``, where
+    dataclasses look their module up."""
+    import importlib.util
+    name = name or path.stem
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module

@@ -22,7 +22,7 @@ from lmablate.cluster import MachineKind, mismatch
 from lmablate.config import ConfigError
 from lmablate.stages import train
 
-from conftest import budgets, tiny_params
+from conftest import budgets, load_script, tiny_params
 from test_scale_out import mlflow_server, postgres
 
 SERVERS = (mlflow_server, postgres)  # test_scale_out's fixtures, used here by name
@@ -388,12 +388,7 @@ def test_a_worker_killed_mid_task_is_survived_with_the_same_bytes(loopback, tmp_
 
 
 def _busy_script():
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("cluster_busy",
-                                                  ROOT / "scripts" / "cluster_busy.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(ROOT / "scripts" / "cluster_busy.py")
 
 
 def test_the_busy_share_is_computing_seconds_over_threads_times_the_wall_clipped_to_it():

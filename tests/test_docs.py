@@ -4,23 +4,19 @@ commands block is what .ci/run reads, and its links into the handbook lead to pa
 from __future__ import annotations
 
 import csv
-import importlib.util
 import re
-import sys
 from pathlib import Path
 
 import pytest
+
+from conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 
 
 def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "docs" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_script(ROOT / "docs" / f"{name}.py")
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,6 @@
 default, a description and what is allowed, and its fingerprint column says what the code does."""
 
 import dataclasses
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -11,6 +10,7 @@ import yaml
 from lmablate import params
 from lmablate.config import SECTIONS, SplitConfig
 from lmablate.validation import is_param
+from conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 # init fields that are not keys of params.yaml: the tokenizer sets the vocabulary, an entry's
@@ -18,17 +18,13 @@ ROOT = Path(__file__).resolve().parents[1]
 NOT_KEYS = {("model", "vocab_size"), ("variants", "vocab_size"), ("datasets", "name")}
 
 
-def load_script():
-    spec = importlib.util.spec_from_file_location("params_reference",
-                                                  ROOT / "docs" / "params_reference.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def load_reference():
+    return load_script(ROOT / "docs" / "params_reference.py")
 
 
 @pytest.fixture(scope="module")
 def script():
-    return load_script()
+    return load_reference()
 
 
 @pytest.fixture(scope="module")

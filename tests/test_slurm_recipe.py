@@ -4,7 +4,7 @@ Nothing here submits a job; each cluster's scheduler listens on 127.0.0.1 and is
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import os
 import re
 import sys
@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "slurm_cluster.py"
@@ -25,10 +27,7 @@ def recipe():
     except ImportError as exc:
         pytest.fail(f"dask-jobqueue is not installed ({exc}); it comes with the test extra: "
                     "pip install -e '.[test]'", pytrace=False)
-    spec = importlib.util.spec_from_file_location("slurm_cluster", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT)
 
 
 @pytest.fixture

@@ -144,31 +144,28 @@ def _run_task(task: _Task) -> tuple[Any, dict[str, bytes]]:
         return result, files
 
 
-def _moved(obj: Any, old: Path, new: Path) -> Any:
-    """``obj`` with every path under ``old`` moved under ``new``: in dataclasses (their init
-    fields), lists and tuples, recursively."""
+def _map_paths(obj: Any, change: Callable[[Path], Path]) -> Any:
+    """``obj`` with ``change`` applied to every path in it: in dataclasses (their init fields),
+    lists and tuples, recursively."""
     if isinstance(obj, Path):
-        return new / obj.relative_to(old) if obj.is_relative_to(old) else obj
+        return change(obj)
     if isinstance(obj, (list, tuple)):
-        return type(obj)(_moved(x, old, new) for x in obj)
+        return type(obj)(_map_paths(x, change) for x in obj)
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        changes = {f.name: _moved(getattr(obj, f.name), old, new)
-                   for f in dataclasses.fields(obj) if f.init}
-        return dataclasses.replace(obj, **changes)
+        return dataclasses.replace(obj, **{f.name: _map_paths(getattr(obj, f.name), change)
+                                           for f in dataclasses.fields(obj) if f.init})
     return obj
+
+
+def _moved(obj: Any, old: Path, new: Path) -> Any:
+    """``obj`` with every path under ``old`` moved under ``new``."""
+    return _map_paths(obj, lambda p: new / p.relative_to(old) if p.is_relative_to(old) else p)
 
 
 def _absolute(obj: Any, root: Path) -> Any:
     """``obj`` with every relative path made absolute under ``root`` (workers have other
     working directories)."""
-    if isinstance(obj, Path):
-        return obj if obj.is_absolute() else root / obj
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_absolute(x, root) for x in obj)
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return dataclasses.replace(obj, **{f.name: _absolute(getattr(obj, f.name), root)
-                                           for f in dataclasses.fields(obj) if f.init})
-    return obj
+    return _map_paths(obj, lambda p: p if p.is_absolute() else root / p)
 
 
 def _absolute_url(url: str, root: Path) -> str:
