@@ -13,7 +13,7 @@ with ``flops_per_token`` = 6 N + 6 n_layers n_ctx d_model (Kaplan et al. 2020, T
 
 from __future__ import annotations
 
-from lmablate.config import ModelConfig, StudyConfig
+from lmablate.config import ModelConfig, StudyConfig, budget_label
 from lmablate.model import flops_per_token
 from lmablate.validation import ConfigError
 
@@ -92,3 +92,22 @@ def trial_steps(cfg: StudyConfig, dataset: str, model_cfg: ModelConfig,
             f"d_model={model_cfg.d_model}; allowed: at least {key}={least} steps (a larger "
             "share at the first of tune.rungs, a larger budget, or narrower widths)")
     return steps
+
+
+def stage_budgets(cfg: StudyConfig, dataset: str, replicate: int = 0
+                  ) -> list[tuple[float, str | None]]:
+    """The budgets (training FLOPs per final run) a tune, train or evaluate stage computes on
+    ``dataset``, increasing, each with the folder its checkpoints go to in a scaling study
+    (:func:`lmablate.config.budget_label`, e.g. ``1.1e10``) or None where there is one.
+
+    Every budget of the dataset; for a re-tuning (``replicate`` > 0) the headline budget alone
+    (:meth:`~lmablate.config.StudyConfig.headline_budget`): it measures how much the verdicts,
+    drawn there, owe to the tuner's luck.
+
+    Raises:
+        ConfigError: no budget for ``dataset``.
+    """
+    budgets = cfg.budgets(dataset)
+    if replicate:
+        budgets = budgets[-1:]
+    return [(b, budget_label(b) if len(budgets) > 1 else None) for b in budgets]

@@ -17,19 +17,20 @@ allowed; ``docs/params_reference.py`` renders them as the params.yaml reference.
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
 from lmablate.validation import (BOOLEAN, FRACTION, STRING, Rule, check_fields, check_int,
-                                 check_positive, choice, fail, integer, low_high, number, optional,
+                                 choice, fail, integer, low_high, number, optional,
                                  param, rungs)
 # re-exported (the errors for the data modules and tests)
 from lmablate.validation import ConfigError, DataError, MAX_SEED, NAME_PATTERN, NAME_RULE, from_mapping
-# the datasets and runtime sections, re-exported: every section's config is importable from here
+# the datasets, runtime and train sections, re-exported: every section's config is importable from here
 from lmablate.datasets import DATASET_KINDS, MAX_PROBLEMS, DatasetConfig, SplitConfig
 from lmablate.runtime import DEVICE_CHOICES, MAX_WORKERS, PARALLEL_CHOICES, RuntimeConfig
+from lmablate.train_config import (LR_SCHEDULE_CHOICES, MAX_BATCH, MAX_BUDGET, MAX_COUNT,
+                                   TrainConfig, budget_label)
 
 __all__ = [
     "ConfigError", "DataError", "MAX_SEED", "NAME_PATTERN", "NAME_RULE", "from_mapping",
@@ -38,7 +39,7 @@ __all__ = [
     "LR_SCHEDULE_CHOICES", "PARALLEL_CHOICES", "MAX_CONTEXT", "MAX_WIDTH", "MAX_LAYERS",
     "MAX_HEADS", "MAX_BATCH", "MAX_BUDGET", "MAX_TRIALS", "MAX_COUNT", "MAX_WORKERS", "MAX_LR",
     "StudySection", "ModelConfig", "TrainConfig", "RuntimeConfig", "TuneConfig", "EvaluateConfig",
-    "TrackingConfig", "StudyConfig", "SECTIONS",
+    "TrackingConfig", "StudyConfig", "SECTIONS", "budget_label",
 ]
 
 # Allowed component strings. The model's registries are keyed by exactly these names; a test
@@ -48,7 +49,6 @@ GATED_FFNS = ("swiglu", "geglu", "reglu", "glu")
 NORM_CHOICES = ("layernorm", "rmsnorm")
 NORM_PLACEMENT_CHOICES = ("pre", "post")
 POSITION_CHOICES = ("learned", "sinusoidal", "rope", "alibi", "none")
-LR_SCHEDULE_CHOICES = ("constant", "cosine")
 
 # Upper limits, where a typo (an extra zero, 1e30 for 1e13) would exhaust memory or run for
 # days before anything failed. Each is far above the posts' GPU scale (profiles/seed-scale.yaml).
@@ -56,21 +56,9 @@ MAX_CONTEXT = 8192  # tokens; attention memory grows with its square
 MAX_WIDTH = 8192  # d_model, ffn_hidden
 MAX_LAYERS = 128
 MAX_HEADS = 256
-MAX_BATCH = 4096  # sequences of a training or evaluation batch
-MAX_BUDGET = 1e20  # training FLOPs of one run: about 3 days of an H100 at 40% of its bf16 peak
 MAX_TRIALS = 10_000  # tune.n_trials, trials_per_batch
-MAX_COUNT = 1_000_000  # steps, evaluation batches, samples, reports: counts of loop iterations
 # the largest learning rate a study may tune or extend to (tune.lr_limits)
 MAX_LR = 1e8  # a guard against typos only
-
-
-def _check_budgets(key: str, value: Any) -> dict[str, float]:
-    if not isinstance(value, Mapping):
-        fail(key, value, "expected a mapping of dataset name -> training FLOPs per run (e.g. "
-             "1.0e+12)")
-    for name, flops in value.items():
-        check_positive(f"{key}.{name}", flops, maximum=MAX_BUDGET)
-    return dict(value)
 
 
 def _check_distinct_ints(key: str, value: Any, maximum: int, empty: str,
@@ -221,67 +209,6 @@ class ModelConfig:
     def to_dict(self) -> dict[str, Any]:
         """The init fields only (what ``ModelConfig(**d)`` accepts back)."""
         return {f.name: getattr(self, f.name) for f in fields(self) if f.init}
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """Optimisation of one run at equal training compute.
-
-    ``budget_flops`` maps each dataset to the training FLOPs every final run of that dataset
-    spends (:mod:`lmablate.budget` turns it into a step count for the run's own width:
-    budget / (``flops_per_token`` x ``batch_size`` x ``context_length``)). A step is one
-    optimizer step of ``batch_size`` sequences; ``warmup_fraction`` is the share of a run's
-    steps over which the learning rate ramps up (so a tuning trial of a quarter of the budget
-    warms up over a quarter of the steps, and every run's schedule has the same shape),
-    ``eval_interval`` is in steps, ``eval_iters`` in batches per estimate. Every field changes
-    what a run computes; settings that only change how fast it is computed live in
-    :class:`RuntimeConfig`.
-    """
-
-    budget_flops: Mapping[str, float] = param(
-        {"shakespeare": 1.0e11, "arithmetic": 3.5e11},
-        "training FLOPs of every final run, per dataset (its steps follow from its width)",
-        Rule(f"a mapping of dataset name -> {number(MAX_BUDGET).allowed}", _check_budgets))
-    batch_size: int = param(16, "sequences per optimizer step", integer(maximum=MAX_BATCH))
-    lr: float = param(3e-4, "learning rate outside tuning (final runs use the tuned lr)",
-                      number())
-    weight_decay: float = param(0.1, "AdamW weight decay of the weight matrices",
-                                number(allow_zero=True))
-    beta1: float = param(0.9, "AdamW beta1", FRACTION)
-    beta2: float = param(0.99, "AdamW beta2", FRACTION)
-    grad_clip: float = param(1.0, "gradient-norm clipping threshold (0: none)",
-                             number(allow_zero=True))
-    # at most half: the loss a tuning trial is judged on then comes after its warm-up
-    warmup_fraction: float = param(0.05, "share of a run's steps over which the lr ramps up",
-                                   number(0.5, allow_zero=True))
-    lr_schedule: str = param("cosine", "learning-rate decay after the warm-up",
-                             choice(LR_SCHEDULE_CHOICES))
-    eval_interval: int = param(100, "steps between validation losses of a final run (a trial "
-                               "validates tune.reports times)", integer(maximum=MAX_COUNT))
-    eval_iters: int = param(8, "batches per validation-loss estimate",
-                            integer(maximum=MAX_COUNT))
-
-    def __post_init__(self) -> None:
-        # may name other datasets than the study's; parse() requires a budget for each of them
-        check_fields(self, "train")
-
-    def for_dataset(self, name: str) -> "TrainConfig":
-        """These settings with only dataset ``name``'s budget: what a run on ``name`` depends on,
-        so that another dataset's budget never enters its fingerprint.
-
-        Raises:
-            ConfigError: ``name`` has no budget.
-        """
-        if name not in self.budget_flops:
-            fail("train.budget_flops", dict(self.budget_flops), f"no budget for dataset {name!r}")
-        return dataclasses.replace(self, budget_flops={name: self.budget_flops[name]})
-
-    def warmup_steps(self, steps: int) -> int:
-        """Warm-up steps of a run of ``steps`` steps: ``warmup_fraction`` of them, rounded up (at
-        least one when the fraction is not 0), and fewer than ``steps``."""
-        if self.warmup_fraction == 0 or steps <= 1:
-            return 0
-        return min(steps - 1, max(1, math.ceil(self.warmup_fraction * steps)))
 
 
 @dataclass(frozen=True)
@@ -446,6 +373,26 @@ class StudyConfig:
         """Raise ConfigError unless ``name`` is a defined variant."""
         if name not in self.variants:
             fail("variant", name, f"choose one of {', '.join(self.variants)}")
+
+    def budgets(self, dataset: str) -> tuple[float, ...]:
+        """Dataset ``dataset``'s budgets in training FLOPs, increasing (see
+        :meth:`TrainConfig.budgets`)."""
+        return self.train.budgets(dataset)
+
+    def headline_budget(self, dataset: str) -> float:
+        """The budget the report's verdicts are drawn at: ``dataset``'s largest (its only one
+        outside a scaling study), where each variant is closest to its converged loss."""
+        return self.train.budgets(dataset)[-1]
+
+    def at_budget(self, dataset: str, budget: float) -> "StudyConfig":
+        """This study with ``dataset`` at one of its budgets: the config every stage computes
+        a budget's tuning, training and evaluation with, so that fingerprints and study names
+        depend on that budget alone.
+
+        Raises:
+            ConfigError: ``budget`` is not one of the dataset's budgets.
+        """
+        return dataclasses.replace(self, train=self.train.at_budget(dataset, budget))
 
     def model_config(self, variant: str, vocab_size: int, **overrides: Any) -> ModelConfig:
         """The baseline model with the variant's overrides, then ``overrides`` (tuned values).

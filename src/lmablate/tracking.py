@@ -259,3 +259,10 @@ class MlflowTracker(Tracker):
 def make_tracker(cfg: TrackingConfig) -> Tracker:
     """An :class:`MlflowTracker` when ``cfg.enabled``, else a :class:`NullTracker`."""
     return MlflowTracker(cfg) if cfg.enabled else NullTracker()
+
+
+def run_name(dataset: str, variant: str, seed: int, label: str | None, replicate: int) -> str:
+    """A final run's MLflow name: ``shakespeare-rope-seed0``; in a scaling study with its
+    budget, ``shakespeare-rope-1.1e10-seed0``; a re-tuning's ends in ``-r<N>``."""
+    return (f"{dataset}-{variant}-" + (f"{label}-" if label else "") + f"seed{seed}"
+            + (f"-r{replicate}" if replicate else ""))

@@ -39,9 +39,9 @@ from lmablate.tuning import (DIVERGED, FRACTION, OUTCOME, RUNG, SLOT, Batch, bat
                              tokens_per_parameter, trial_distributions, trial_train_config)
 from lmablate.variants import resolve_model_config
 
-TRIALS_COLUMNS = ("number", "rung", "batch", "budget_fraction", "state", "value", "params_lr",
-                  "params_d_model", "tokens_per_parameter", "steps", "last_step", "flops",
-                  "fail_reason")
+TRIALS_COLUMNS = ("number", "rung", "batch", "budget_flops", "budget_fraction", "state", "value",
+                  "params_lr", "params_d_model", "tokens_per_parameter", "steps", "last_step",
+                  "flops", "fail_reason")
 
 
 @dataclass(frozen=True)
@@ -201,8 +201,9 @@ def run_batches(job: TuneJob, study: optuna.Study, sampler_seed: int,
 
 def trials_frame(cfg: StudyConfig, dataset: str, variant: str, vocab_size: int,
                  results: dict[int, FrozenTrial]) -> list[dict]:
-    """One row per slot with a result (:data:`TRIALS_COLUMNS`): its rung, batch and share of
-    the budget, params, the baseline's tokens per parameter at its width, state, value (final
+    """One row per slot with a result (:data:`TRIALS_COLUMNS`): its rung, batch, the budget
+    (FLOPs of a final run; ``cfg`` holds one per dataset, see
+    :meth:`~lmablate.config.StudyConfig.at_budget`) and its share of it, params, the baseline's tokens per parameter at its width, state, value (final
     val loss; empty for a diverged trial), steps planned and trained (up to its last report),
     FLOPs spent."""
     rows = []
@@ -220,6 +221,7 @@ def trials_frame(cfg: StudyConfig, dataset: str, variant: str, vocab_size: int,
             last = steps
         rows.append({"number": slot, "rung": t.user_attrs[RUNG],
                      "batch": batch_of(cfg.tune, slot).index,
+                     "budget_flops": cfg.train.for_dataset(dataset).budget_flops[dataset],
                      "budget_fraction": t.user_attrs[FRACTION], "state": t.state.name,
                      "value": t.value, "params_lr": t.params["lr"],
                      "params_d_model": t.params["d_model"],
@@ -238,7 +240,8 @@ def summarise_study(cfg: StudyConfig, dataset: str, variant: str, study_name: st
                     widths: list[int]) -> tuple[dict, list[dict]]:
     """``(best, rows)`` of a finished study: ``rows`` its :func:`trials_frame`, and ``best``
     what ``best.json`` records: the chosen trial (:func:`lmablate.tuning.chosen`: ``lr``,
-    ``d_model``, ``val_loss`` in nats/char, its ``slot``, ``rung`` and ``budget_fraction``,
+    ``d_model``, ``val_loss`` in nats/char, its ``slot``, ``rung``, the ``budget_flops`` of
+    a final run and the trial's ``budget_fraction`` of it,
     whether it was trained at the ``full_budget``), its ``on_edge`` flags against the ranges
     searched by the last batch (``lr_range``, ``d_model_choices``, how they were
     ``extended``; ``widths`` the derived width ladder, or the configured choices), the
@@ -259,7 +262,9 @@ def summarise_study(cfg: StudyConfig, dataset: str, variant: str, study_name: st
     complete = [t for t in results.values() if t.state == TrialState.COMPLETE]
     result = {"lr": best.params["lr"], "d_model": best.params["d_model"],
               "val_loss": best.value, "slot": best.user_attrs[SLOT],
-              "rung": best.user_attrs[RUNG], "budget_fraction": best.user_attrs[FRACTION],
+              "rung": best.user_attrs[RUNG],
+              "budget_flops": cfg.train.for_dataset(dataset).budget_flops[dataset],
+              "budget_fraction": best.user_attrs[FRACTION],
               "full_budget": best.user_attrs[FRACTION] == 1.0,
               "on_edge": on_edge(searched, best.params, tune,
                                  None if tune.d_model_choices is not None else widths),

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from lmablate import fileio
 from lmablate.arithmetic import operand_digits, split_problem
+from lmablate.budget import stage_budgets
 from lmablate.checkpoint import load_checkpoint, verify_checkpoint
 from lmablate.config import DataError, StudyConfig
 from lmablate.cluster import resolve
@@ -27,7 +28,7 @@ from lmablate.evaluation import (answer_nats, arithmetic_predictions, arithmetic
 from lmablate.parallel import map_jobs, worker_count
 from lmablate.tokenizer import CharTokenizer, load_tokenizer
 from lmablate.token_data import TokenData
-from lmablate.tracking import Tracker, make_tracker
+from lmablate.tracking import Tracker, make_tracker, run_name
 
 
 # Summary fields of a training run that differ from run to run (timings, MLflow's random run
@@ -53,6 +54,7 @@ class EvalJob:
     problems: tuple[str, ...] = ()
     lengths: tuple[tuple[int, tuple[str, ...]], ...] = ()
     replicate: int = 0
+    label: str | None = None  # the budget's, in a scaling study (names the MLflow run)
 
 
 def evaluate_seed(job: EvalJob, data: TokenData | None = None, tok: CharTokenizer | None = None,
@@ -127,9 +129,8 @@ def evaluate_seed(job: EvalJob, data: TokenData | None = None, tok: CharTokenize
     flat.update({f"test_loss_{x}": r["test_loss"] if isinstance(r, dict) else math.nan
                  for x, r in metrics["extrapolation"].items()})
     tags = {"dataset": dataset, "variant": variant, "seed": seed, "stage": "final",
-            "replicate": job.replicate}
-    with tracker.run(f"{dataset}-{variant}-seed{seed}"
-                     + (f"-r{job.replicate}" if job.replicate else ""), tags,
+            "replicate": job.replicate, "budget_flops": summary["budget_flops"]}
+    with tracker.run(run_name(dataset, variant, seed, job.label, job.replicate), tags,
                      run_id=summary.get("mlflow_run_id")):
         tracker.set_tags(tags)
         tracker.log_metrics(flat, step=summary["steps"])
@@ -141,8 +142,9 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, raw_dir:
         tracker: Tracker, replicate: int = 0) -> dict:
     """Evaluate every seed's checkpoint of ``dataset`` x ``variant``.
 
-    Writes ``metrics_path`` (JSON ``{"dataset", "variant", "runs": {"seed_<s>": {...}}}``, each
-    seed's with its length extrapolation under ``"extrapolation"``
+    Writes ``metrics_path`` (JSON ``{"dataset", "variant", "runs": {"seed_<s>": {...}}}``, in a
+    scaling study keyed ``"<budget label>/seed_<s>"``, every budget's (each run's training
+    summary has its ``budget_flops``); each seed's with its length extrapolation under ``"extrapolation"``
     (:func:`lmablate.evaluation.extrapolation`); an arithmetic seed's with its answer loss,
     exact match and char accuracy overall, ``per_op`` and ``by_answer_digits``
     (:func:`lmablate.evaluation.arithmetic_scores`) and ``by_operand_digits``, the test split's
@@ -151,9 +153,9 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, raw_dir:
     read (:func:`lmablate.evaluation.not_reaching`); plus
     ``"replicate": N`` for the final runs of the N-th re-tuning; a DVC metrics file) and
     ``examples_path`` (JSON, per seed: text samples, or the prediction of every arithmetic test
-    problem with its prompt and target, in the order of ``test.txt``). Test metrics are logged
-    into each seed's MLflow training run, so one run per seed carries the same metric names
-    for every variant. Seeds are evaluated concurrently
+    problem with its prompt and target, in the order of ``test.txt``; keyed as the runs). Test
+    metrics are logged into each seed's MLflow training run, so one run per seed carries the
+    same metric names for every variant. Seeds (of every budget) are evaluated concurrently
     on a CPU (see :mod:`lmablate.parallel`).
     """
     ds = cfg.dataset(dataset)
@@ -169,12 +171,16 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, raw_dir:
         raise DataError(f"evaluate.extrapolation_factors: {factors} needs a test split of at "
                         f"least {longest + 1} tokens (the longest window, {longest}, plus one); "
                         f"{tokens_dir} has {len(data.test)}")
+    # every budget's seeds (a scaling study's under checkpoints_dir/<budget label>/), every
+    # checkpoint checked before any is evaluated or logged
+    seeds = [(label, seed, (checkpoints_dir / label if label else checkpoints_dir)
+              / f"seed_{seed}") for _, label in stage_budgets(cfg, dataset, replicate)
+             for seed in cfg.seeds]
     trained = {}
-    for seed in cfg.seeds:  # every checkpoint checked before any is evaluated or logged
-        seed_dir = checkpoints_dir / f"seed_{seed}"
-        trained[seed] = fileio.read_json(seed_dir / "result.json")
+    for label, seed, seed_dir in seeds:
+        trained[label, seed] = fileio.read_json(seed_dir / "result.json")
         problem = verify_checkpoint(seed_dir / "checkpoint.pt",
-                                    trained[seed].get("checkpoint_sha256"))
+                                    trained[label, seed].get("checkpoint_sha256"))
         if problem:
             raise DataError(f"{problem}; run lmablate train {dataset} {variant} (or dvc repro) "
                             f"again to retrain seed {seed}")
@@ -188,22 +194,24 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, raw_dir:
             lengths.setdefault(operand_digits(line), []).append(line)
         lengths = {n: lines[:cfg.evaluate.max_problems] for n, lines in lengths.items()}
 
-    jobs = [EvalJob(cfg, dataset, variant, tokens_dir, checkpoints_dir / f"seed_{seed}", seed,
-                    trained[seed]["summary"], longest, tuple(problems),
+    jobs = [EvalJob(cfg, dataset, variant, tokens_dir, seed_dir, seed,
+                    trained[label, seed]["summary"], longest, tuple(problems),
                     tuple((n, tuple(lines)) for n, lines in sorted(lengths.items())),
-                    replicate) for seed in cfg.seeds]
+                    replicate, label) for label, seed, seed_dir in seeds]
     if cluster is not None:
         jobs = [dataclasses.replace(job, cfg=cluster.pin(cfg)) for job in jobs]
-        done = cluster.map(evaluate_seed, jobs, [f"evaluate-{dataset}-{variant}-seed{j.seed}"
-                                                 for j in jobs],
+        done = cluster.map(evaluate_seed, jobs, [
+            f"evaluate-{dataset}-{variant}-" + (f"{j.label}-" if j.label else "") + f"seed{j.seed}"
+            for j in jobs],
                            inputs=lambda j: [j.tokens_dir, j.seed_dir / "checkpoint.pt"])
     else:
         # Seeds in threads of this process (evaluation draws no global random numbers).
-        workers = worker_count(cfg.runtime, len(cfg.seeds), device, all_at_once=True)
+        workers = worker_count(cfg.runtime, len(jobs), device, all_at_once=True)
         done = map_jobs(functools.partial(evaluate_seed, data=data, tok=tok, tracker=tracker),
                         jobs, workers)
-    runs = {f"seed_{seed}": metrics for seed, (metrics, _) in zip(cfg.seeds, done)}
-    examples = {f"seed_{seed}": ex for seed, (_, ex) in zip(cfg.seeds, done)}
+    keys = [(f"{label}/" if label else "") + f"seed_{seed}" for label, seed, _ in seeds]
+    runs = {key: metrics for key, (metrics, _) in zip(keys, done)}
+    examples = {key: ex for key, (_, ex) in zip(keys, done)}
     result = {"dataset": dataset, "variant": variant,
               **({"replicate": replicate} if replicate else {}), "runs": runs}
     fileio.write_json(metrics_path, result)

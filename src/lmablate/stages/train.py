@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from lmablate import fileio, interrupt
-from lmablate.budget import run_steps, tokens_per_step, training_flops
+from lmablate.budget import run_steps, stage_budgets, tokens_per_step, training_flops
 from lmablate.batched import batched_on, train_seeds
 from lmablate.checkpoint import load_resume, save_checkpoint, verify_checkpoint
 from lmablate.config import ModelConfig, StudyConfig
@@ -26,10 +27,16 @@ from lmablate.device import device_kind, resolve_device
 from lmablate.model import count_params, flops_per_token
 from lmablate.parallel import map_jobs, use_processes, worker_count
 from lmablate.token_data import TokenData
-from lmablate.tracking import RunTracker, make_tracker
-from lmablate.training import (GRAD_STATS_COLUMNS, HISTORY_COLUMNS, DivergenceError, TrainResult,
-                               train_model)
+from lmablate.tracking import RunTracker, make_tracker, run_name
+from lmablate.training import GRAD_STATS_COLUMNS as SEED_GRAD_STATS_COLUMNS
+from lmablate.training import HISTORY_COLUMNS as SEED_HISTORY_COLUMNS
+from lmablate.training import DivergenceError, TrainResult, train_model
 from lmablate.variants import preflight, resolve_model_config
+
+
+# The stage's CSVs: every seed's rows with the budget (training FLOPs of a final run) first
+HISTORY_COLUMNS = ("budget_flops", *SEED_HISTORY_COLUMNS)
+GRAD_STATS_COLUMNS = ("budget_flops", *SEED_GRAD_STATS_COLUMNS)
 
 
 @dataclass(frozen=True)
@@ -46,6 +53,12 @@ class SeedJob:
     tokens_dir: Path
     seed_dir: Path
     replicate: int = 0  # the re-tuning whose values these are: names the MLflow run only
+    label: str | None = None  # the budget's, in a scaling study: names the MLflow run only
+
+    @property
+    def budget_flops(self) -> float:
+        """The training FLOPs budget of this run (``cfg`` holds one per dataset)."""
+        return self.cfg.train.for_dataset(self.dataset).budget_flops[self.dataset]
 
 
 def seed_fingerprint(job: SeedJob, data: TokenData) -> str:
@@ -87,11 +100,11 @@ def _distrust(job: SeedJob, problem: str) -> None:
 
 
 def _run_name_tags(job: SeedJob) -> tuple[str, dict]:
-    """A seed's MLflow run name and tags (a re-tuning's runs end in ``-r<N>``)."""
-    return (f"{job.dataset}-{job.variant}-seed{job.seed}"
-            + (f"-r{job.replicate}" if job.replicate else ""),
+    """A seed's MLflow run name and tags (a scaling study's name the budget, a re-tuning's
+    end in ``-r<N>``)."""
+    return (run_name(job.dataset, job.variant, job.seed, job.label, job.replicate),
             {"dataset": job.dataset, "variant": job.variant, "seed": job.seed, "stage": "train",
-             "replicate": job.replicate})
+             "replicate": job.replicate, "budget_flops": job.budget_flops})
 
 
 def _run_params(job: SeedJob, device) -> dict:
@@ -115,6 +128,7 @@ def _finish(job: SeedJob, fp: str, result: TrainResult, tracker: RunTracker,
                "flops_per_token": flops_per_token(job.model_cfg), "steps": job.steps,
                "tokens": job.steps * tokens_per_step(job.model_cfg, job.cfg.train.batch_size),
                "train_flops": training_flops(job.model_cfg, job.cfg.train.batch_size, job.steps),
+               "budget_flops": job.budget_flops,
                "val_loss": result.val_loss,
                "train_seconds": result.train_seconds,
                "tokens_per_second": result.tokens_per_second,
@@ -225,23 +239,28 @@ def train_seeds_batched(jobs: list[SeedJob]) -> list[dict]:
 def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, best_path: Path,
         checkpoints_dir: Path, history_path: Path, grad_stats_path: Path,
         replicate: int = 0) -> dict:
-    """Train ``variant`` on ``dataset`` for every seed with the tuned lr and d_model.
+    """Train ``variant`` on ``dataset`` for every seed with the tuned lr and d_model, at each
+    of the dataset's budgets (:func:`lmablate.budget.stage_budgets`).
 
     ``replicate`` N > 0: ``best_path`` is the N-th re-tuning's (``lmablate tune --replicate
-    N``), and the seeds' MLflow runs say so; the training itself does not depend on N.
+    N``, the headline budget only), and the seeds' MLflow runs say so; the training itself
+    does not depend on N.
 
     On a CPU, seeds run concurrently as threads or processes (see :mod:`lmablate.parallel`); on
     a GPU (:func:`lmablate.batched.batched_on`) the seeds of a model without dropout train
     together as one batched model (:func:`train_seeds_batched`). Writes
     ``checkpoints_dir/seed_<s>/checkpoint.pt`` and ``result.json`` per seed (see
-    :func:`train_seed`; interrupted seeds resume, finished ones are kept),
-    ``history_path`` (CSV, columns :data:`~lmablate.training.HISTORY_COLUMNS`, a DVC plot) and
-    ``grad_stats_path`` (CSV, :data:`~lmablate.training.GRAD_STATS_COLUMNS`).
+    :func:`train_seed`; interrupted seeds resume, finished ones are kept; in a scaling study
+    under ``checkpoints_dir/<budget label>/``), ``history_path`` (CSV, columns
+    :data:`HISTORY_COLUMNS`, every budget's) and ``grad_stats_path`` (CSV,
+    :data:`GRAD_STATS_COLUMNS`).
+
+    Returns the headline budget's seed summaries, ``{"seed_<s>": {...}}``.
 
     Raises:
         ConfigError / ValueError: unknown dataset or variant, data too small for the context,
             the model fails the causality pre-flight, ``best_path`` comes from another
-            replicate's tuning. All raised before the first step.
+            replicate's tuning or lacks a budget. All raised before the first step.
         DivergenceError: a run's loss became NaN/inf (names dataset, variant, seed and step).
     """
     cfg.dataset(dataset)
@@ -249,58 +268,102 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, best_pat
     # before any work
     device, _, cluster = resolve(cfg)
     best = fileio.read_json(best_path)
+    data = TokenData.load(tokens_dir)
+    # every budget's model, checked, before any seed of any budget trains
+    plans = [_plan(cfg.at_budget(dataset, budget), dataset, variant, data, tokens_dir, best,
+                   best_path, replicate, label,
+                   checkpoints_dir / label if label else checkpoints_dir)
+             for budget, label in stage_budgets(cfg, dataset, replicate)]
+    results: list[dict] = []
+    for jobs in plans:
+        results += _train_budget(jobs, device, cluster)
+    fileio.write_csv(history_path, [{"budget_flops": r["summary"]["budget_flops"], **row}
+                                    for r in results for row in r["history"]], HISTORY_COLUMNS)
+    fileio.write_csv(grad_stats_path, [{"budget_flops": r["summary"]["budget_flops"], **row}
+                                       for r in results for row in r["grad_stats"]],
+                     GRAD_STATS_COLUMNS)
+    headline = cfg.headline_budget(dataset)
+    return {f"seed_{r['summary']['seed']}": r["summary"] for r in results
+            if r["summary"]["budget_flops"] == headline}
+
+
+def tuned_at(best: dict, budget: float, best_path: Path) -> dict:
+    """The tuned values of ``budget`` in a ``best.json`` (one entry, or a scaling study's
+    ``{"budgets": [...]}``).
+
+    Raises:
+        ValueError: the file has no entry for ``budget`` (tuned for other budgets: run the
+            tune stage again).
+    """
+    for entry in best.get("budgets", [best]):
+        if entry.get("budget_flops", budget) == budget:
+            return entry
+    raise ValueError(f"{best_path}: tuned for budgets "
+                     f"{[e.get('budget_flops') for e in best.get('budgets', [best])]}, not "
+                     f"{budget:.3g}; run lmablate tune (or dvc repro) again")
+
+
+def _plan(cfg: StudyConfig, dataset: str, variant: str, data: TokenData, tokens_dir: Path,
+          best: dict, best_path: Path, replicate: int, label: str | None,
+          checkpoints_dir: Path) -> list[SeedJob]:
+    """One budget's seed jobs (``cfg`` holds that budget), checked: tuned by this replicate,
+    data long enough, the model causal."""
+    tuned = tuned_at(best, cfg.train.for_dataset(dataset).budget_flops[dataset], best_path)
     expected = cfg.tune.sampler_seed + replicate
-    if best.get("sampler_seed", expected) != expected:
-        raise ValueError(f"{best_path}: tuned with sampler seed {best['sampler_seed']}, but "
+    if tuned.get("sampler_seed", expected) != expected:
+        raise ValueError(f"{best_path}: tuned with sampler seed {tuned['sampler_seed']}, but "
                          f"--replicate {replicate} means tune.sampler_seed + {replicate} = "
                          f"{expected}")
-    data = TokenData.load(tokens_dir)
-    model_cfg = resolve_model_config(cfg, variant, data.vocab_size, best["d_model"])
+    model_cfg = resolve_model_config(cfg, variant, data.vocab_size, tuned["d_model"])
     data.check_fits(model_cfg.context_length, f"{dataset}")
     preflight(model_cfg, f"variant {variant!r}")
     steps = run_steps(cfg, dataset, model_cfg)
+    return [SeedJob(cfg, dataset, variant, model_cfg, tuned["lr"], seed, steps, tokens_dir,
+                    checkpoints_dir / f"seed_{seed}", replicate, label) for seed in cfg.seeds]
+
+
+def _train_budget(jobs: list[SeedJob], device, cluster) -> list[dict]:
+    """Train one budget's seeds (same model and lr): per seed on CPU workers, batched on a
+    GPU, as tasks on a cluster. Returns their ``result.json`` contents in seed order."""
+    first = jobs[0]
+    cfg, dataset, variant, model_cfg = first.cfg, first.dataset, first.variant, first.model_cfg
+    name = f"{dataset}-{variant}" + (f"-{first.label}" if first.label else "")
     if cluster is not None:
         cfg = cluster.pin(cfg)
+        jobs = [dataclasses.replace(job, cfg=cfg) for job in jobs]
         if use_processes(cfg.runtime, [model_cfg]):
             cluster.check_single_threaded(f"variant {variant!r} has dropout")
-    jobs = [SeedJob(cfg, dataset, variant, model_cfg, best["lr"], seed, steps, tokens_dir,
-                    checkpoints_dir / f"seed_{seed}", replicate) for seed in cfg.seeds]
     batched = batched_on(device) and model_cfg.dropout == 0
     if cluster is not None:
         # one task per seed, or the batched seeds as one task on one GPU; the files travel
         # with the task where the workers do not see this workspace
         inputs, outputs = (lambda j: [j.tokens_dir, j.seed_dir]), (lambda j: [j.seed_dir])
         if batched:
-            results = cluster.map(train_seeds_batched, [jobs], [f"train-{dataset}-{variant}"],
-                                  inputs=lambda js: [x for j in js for x in inputs(j)],
-                                  outputs=lambda js: [x for j in js for x in outputs(j)])[0]
-        else:
-            results = cluster.map(train_seed, jobs,
-                                  [f"train-{dataset}-{variant}-seed{j.seed}" for j in jobs],
-                                  inputs=inputs, outputs=outputs)
-    elif batched:
+            return cluster.map(train_seeds_batched, [jobs], [f"train-{name}"],
+                               inputs=lambda js: [x for j in js for x in inputs(j)],
+                               outputs=lambda js: [x for j in js for x in outputs(j)])[0]
+        return cluster.map(train_seed, jobs, [f"train-{name}-seed{j.seed}" for j in jobs],
+                           inputs=inputs, outputs=outputs)
+    if batched:
         # one path per device type and model (both in the fingerprint), never per setting:
         # batched and per-seed results agree to fp32 rounding only
-        results = train_seeds_batched(jobs)
-    else:
-        workers = worker_count(cfg.runtime, len(jobs), device, all_at_once=True)
-        results = map_jobs(train_seed, jobs, workers,
-                           processes=use_processes(cfg.runtime, [model_cfg]))
-    fileio.write_csv(history_path, [row for r in results for row in r["history"]],
-                     HISTORY_COLUMNS)
-    fileio.write_csv(grad_stats_path, [row for r in results for row in r["grad_stats"]],
-                     GRAD_STATS_COLUMNS)
-    return {f"seed_{r['summary']['seed']}": r["summary"] for r in results}
+        return train_seeds_batched(jobs)
+    workers = worker_count(cfg.runtime, len(jobs), device, all_at_once=True)
+    return map_jobs(train_seed, jobs, workers, processes=use_processes(cfg.runtime, [model_cfg]))
 
 
 def main(cfg: StudyConfig, args: argparse.Namespace) -> str:
     """``lmablate train <dataset> <variant> --tokens DIR --best FILE --checkpoints DIR
     --history FILE --grad-stats FILE [--replicate N]``. Returns the stage's summary line:
-    seeds, steps, width, lr and the range of final validation losses (nats/char)."""
+    seeds, steps, width, lr and the range of final validation losses (nats/char); in a
+    scaling study, of the headline budget."""
     cfg.check_variant(args.variant)
     runs = run(cfg, args.dataset, args.variant, args.tokens, args.best, args.checkpoints,
                args.history, args.grad_stats, replicate=getattr(args, "replicate", 0))
     losses = [r["val_loss"] for r in runs.values()]
     first = next(iter(runs.values()))
-    return (f"{len(runs)} seeds x {first['steps']:,} steps at d_model {first['d_model']}, "
+    budgets = [label for _, label in stage_budgets(cfg, args.dataset,
+                                                   getattr(args, "replicate", 0)) if label]
+    return ((f"budgets {', '.join(budgets)} FLOPs; at {budgets[-1]}: " if budgets else "")
+            + f"{len(runs)} seeds x {first['steps']:,} steps at d_model {first['d_model']}, "
             f"lr {first['lr']:.3g}; final val_loss {min(losses):.4f} to {max(losses):.4f}")

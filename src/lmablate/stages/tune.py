@@ -17,8 +17,8 @@ import argparse
 from pathlib import Path
 
 from lmablate import fileio
-from lmablate.budget import run_steps, trial_steps
-from lmablate.config import MAX_SEED, ConfigError, StudyConfig
+from lmablate.budget import run_steps, stage_budgets, trial_steps
+from lmablate.config import MAX_SEED, ConfigError, StudyConfig, budget_label
 from lmablate.cluster import resolve
 from lmablate.parallel import use_processes
 from lmablate.studies import load_study, make_storage
@@ -31,20 +31,24 @@ from lmablate.variants import preflight, resolve_model_config
 
 def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, best_path: Path,
         trials_path: Path, tracker: Tracker, replicate: int = 0) -> dict:
-    """Run (or resume) the study until every rung is done (:mod:`lmablate.tuning`).
+    """Run (or resume) the study of each of the dataset's budgets until every rung is done
+    (:mod:`lmablate.tuning`); every budget is checked before any trial.
 
     ``replicate`` > 0 re-tunes with sampler seed ``tune.sampler_seed + replicate`` (a separate
     study with its own design and proposals): how much the tuned result owes to the luck of
-    the search.
+    the search. It tunes the headline budget only (:func:`lmablate.budget.stage_budgets`).
 
-    Writes ``best_path`` (JSON: ``lr``, ``d_model``, ``val_loss``, its ``slot``, ``rung`` and
-    ``budget_fraction``, ``full_budget`` (whether it was trained at the final runs' budget),
-    ``on_edge`` flags, the ranges searched (``lr_range``, ``d_model_choices``) and how they
-    were ``extended``, trial counts, tuning steps and FLOPs, ``study_name``; the same bytes on
-    every run of the same commit, params and data;
-    :func:`lmablate.trials.summarise_study`) and ``trials_path`` (CSV,
-    :data:`lmablate.trials.TRIALS_COLUMNS`, one row per slot). A diverging trial (NaN/inf
-    loss) is a result (FAIL, ``outcome: diverged``) and the study goes on.
+    Writes ``best_path`` (JSON: ``lr``, ``d_model``, ``val_loss``, its ``slot``, ``rung``,
+    ``budget_flops`` and ``budget_fraction``, ``full_budget`` (whether it was trained at the
+    final runs' budget), ``on_edge`` flags, the ranges searched (``lr_range``,
+    ``d_model_choices``) and how they were ``extended``, trial counts, tuning steps and FLOPs,
+    ``study_name``; the same bytes on every run of the same commit, params and data;
+    :func:`lmablate.trials.summarise_study`; in a scaling study ``{"budgets": [...]}``, one
+    such entry per budget, increasing) and ``trials_path`` (CSV,
+    :data:`lmablate.trials.TRIALS_COLUMNS`, one row per slot and budget). A diverging trial
+    (NaN/inf loss) is a result (FAIL, ``outcome: diverged``) and the study goes on.
+
+    Returns the headline budget's entry.
 
     Raises:
         ConfigError / ValueError: unknown dataset or variant, data too small, a budget too small
@@ -64,15 +68,50 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, best_pat
     _, kind, cluster = resolve(cfg)
     data = TokenData.load(tokens_dir)
     data.check_fits(cfg.model.context_length, dataset)
+    budgets = stage_budgets(cfg, dataset, replicate)
+    # every budget's widths and step counts before the first trial of any
+    plans = [(label, cfg.at_budget(dataset, budget)) for budget, label in budgets]
+    plans = [(label, at, _widths(at, dataset, variant, data.vocab_size)) for label, at in plans]
+    results, rows = [], []
+    for label, at, (widths, models) in plans:
+        result, budget_rows = _tune_budget(at, dataset, variant, tokens_dir, data, tracker,
+                                           replicate, label, widths, models, kind, cluster)
+        results.append(result)
+        rows += budget_rows
+    fileio.write_csv(trials_path, rows, TRIALS_COLUMNS)
+    fileio.write_json(best_path, results[0] if len(results) == 1 else {"budgets": results})
+    return results[-1]
+
+
+def _widths(cfg: StudyConfig, dataset: str, variant: str, vocab_size: int
+            ) -> tuple[list[int], list]:
+    """The widths a budget's study searches and their model configs, each checked: causal,
+    and a trial of the lowest rung and a final run both buy enough steps at ``cfg``'s budget.
+
+    Raises:
+        ConfigError / ValueError: no width derivable, a budget too small for a width, a model
+            that fails the causality pre-flight.
+    """
+    tune = cfg.tune
     widths = (list(tune.d_model_choices) if tune.d_model_choices is not None
               else width_ladder(cfg, dataset))
     if tune.d_model_choices is None:
         initial_space(cfg, dataset)  # no derivable width fails here, before any trial
-    models = [resolve_model_config(cfg, variant, data.vocab_size, d_model) for d_model in widths]
+    models = [resolve_model_config(cfg, variant, vocab_size, d_model) for d_model in widths]
     for model_cfg in models:
         preflight(model_cfg, f"variant {variant!r}")
         trial_steps(cfg, dataset, model_cfg)  # a budget too small for a width fails here
         run_steps(cfg, dataset, model_cfg)
+    return widths, models
+
+
+def _tune_budget(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path,
+                 data: TokenData, tracker: Tracker, replicate: int, label: str | None,
+                 widths: list[int], models: list, kind: str, cluster) -> tuple[dict, list[dict]]:
+    """One budget's study (``cfg`` holds that budget), run or resumed under its MLflow parent
+    run (named with the budget's ``label`` in a scaling study): ``(best, trial rows)``."""
+    tune = cfg.tune
+    sampler_seed = tune.sampler_seed + replicate
     processes = use_processes(cfg.runtime, models)
     if cluster is not None and processes:
         cluster.check_single_threaded(f"variant {variant!r} has dropout")
@@ -81,12 +120,14 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, best_pat
     study = load_study(storage, name)
     describe_study(study, cfg, dataset, variant, sampler_seed)
     tags = {"dataset": dataset, "variant": variant, "stage": "tune", "optuna_study": name,
-            "replicate": replicate}
+            "replicate": replicate,
+            "budget_flops": cfg.train.for_dataset(dataset).budget_flops[dataset]}
     space = initial_space(cfg, dataset)
     # the study's parent run from an earlier, interrupted or killed, run of this stage: its
     # trials go on under it rather than under a duplicate
-    with tracker.run(f"tune-{dataset}-{variant}" + (f"-r{replicate}" if replicate else ""),
-                     tags, run_id=tracker.find_run(tags)) as parent_run_id:
+    run_name = (f"tune-{dataset}-{variant}" + (f"-{label}" if label else "")
+                + (f"-r{replicate}" if replicate else ""))
+    with tracker.run(run_name, tags, run_id=tracker.find_run(tags)) as parent_run_id:
         tracker.log_params({"rungs": [list(r) for r in tune.rungs],
                             "trials_per_batch": tune.trials_per_batch,
                             "lr_low": space.lr_low, "lr_high": space.lr_high,
@@ -100,19 +141,25 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, best_pat
         tracker.log_metrics({"best_val_loss": result["val_loss"]})
         tracker.log_params({"best_lr": result["lr"], "best_d_model": result["d_model"],
                             "full_budget": result["full_budget"]})
-    fileio.write_csv(trials_path, rows, TRIALS_COLUMNS)
-    fileio.write_json(best_path, result)
-    return result
+    return result, rows
 
 
 def main(cfg: StudyConfig, args: argparse.Namespace) -> str:
     """``lmablate tune <dataset> <variant> --tokens DIR --best FILE --trials FILE
     [--replicate N]``. Returns the stage's summary line: trials per rung, the best value, where
-    it was found and at which share of the budget (:func:`lmablate.cli.main` prints it with the
-    stage's time)."""
+    it was found and at which share of the budget; in a scaling study one such part per budget
+    (:func:`lmablate.cli.main` prints it with the stage's time)."""
     cfg.check_variant(args.variant)
-    r = run(cfg, args.dataset, args.variant, args.tokens, args.best, args.trials,
-            make_tracker(cfg.tracking), replicate=getattr(args, "replicate", 0))
+    run(cfg, args.dataset, args.variant, args.tokens, args.best, args.trials,
+        make_tracker(cfg.tracking), replicate=getattr(args, "replicate", 0))
+    best = fileio.read_json(args.best)
+    entries = best.get("budgets", [best])
+    return "; ".join((f"at {budget_label(r['budget_flops'])} FLOPs: " if len(entries) > 1
+                      else "") + _summary(r) for r in entries)
+
+
+def _summary(r: dict) -> str:
+    """One budget's tuning in one line."""
     rungs = " -> ".join(f"{n} x {f:g}" for n, f in r["rungs"])
     where = ("trained at the full budget" if r["full_budget"] else
              f"NOT trained at the full budget (best of rung {r['rung']}, "
