@@ -32,7 +32,8 @@ import numpy as np
 import pandas as pd
 
 from lmablate import references as refs
-from lmablate.analysis.collect import BASELINE, maybe_int, present
+from lmablate.analysis.collect import BASELINE, present
+from lmablate.analysis.run_files import maybe_int
 from lmablate.analysis.headline import ANSWER_LOSS, headline_loss, verdict_text
 from lmablate.analysis.mdtable import delta_cell as _delta_cell, md_table as _md_table, num as _num
 from lmablate.analysis.statistics import (CONFIDENCE, COMPARISON_COLUMNS, METRICS, compare,

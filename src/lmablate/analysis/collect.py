@@ -15,52 +15,18 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Sequence
 
-import numpy as np
 import pandas as pd
 
 from lmablate import fileio
+from lmablate.analysis.run_files import (
+    ABLATION_COLUMNS, ANSWER_DIGITS_COLUMNS, EXTRAPOLATION_COLUMNS, OPERAND_DIGITS_COLUMNS,
+    PER_OP_COLUMNS, POSITION_LOSS_COLUMNS, REPLICATE_COLUMNS, TUNED_COLUMNS, at_headline,
+    read_csv_tagged, read_metrics, tuned_row, typed_columns, typed_numbers)
 from lmablate.config import StudyConfig
 
 BASELINE = "baseline"  # the variant every other is compared with; first in every table
-
-ABLATION_COLUMNS = [
-    "dataset", "variant", "seed", "n_params", "n_params_non_embedding", "flops_per_token", "lr",
-    "d_model", "steps", "tokens", "train_flops", "val_loss", "test_loss", "answer_loss",
-    "perplexity", "bits_per_char", "char_accuracy", "exact_match", "train_seconds",
-    "tokens_per_second",
-]
-# Stored as integers when every present value is integral (pandas' nullable Int64, so NaN stays
-# possible and the CSV shows 104321 rather than 104321.0).
-_INTEGER_COLUMNS = ("seed", "n_params", "n_params_non_embedding", "flops_per_token", "d_model",
-                    "steps", "tokens", "train_flops")
-# Timings are not in metrics.json (they differ from run to run); they come from each seed's
-# training result, runs/<dataset>/<variant>/checkpoints/seed_<s>/result.json.
-TIMING_COLUMNS = ("train_seconds", "tokens_per_second")
-PER_OP_COLUMNS = ["dataset", "variant", "seed", "op", "char_accuracy", "exact_match",
-                  "answer_loss", "n"]
-# Arithmetic results by operand length (evaluate's "by_operand_digits": ``split`` "test" up to
-# the training digits, "length" past them; NaN with the reason in ``note`` where the model
-# cannot run that long) and by answer length ("by_answer_digits"), per seed.
-OPERAND_DIGITS_COLUMNS = ["dataset", "variant", "seed", "digits", "split", "exact_match",
-                          "char_accuracy", "answer_loss", "n", "note"]
-ANSWER_DIGITS_COLUMNS = ["dataset", "variant", "seed", "digits", "exact_match",
-                         "char_accuracy", "answer_loss", "n"]
-# The final runs of a re-tuning (``runs/<dataset>/<variant>/replicate_<N>/``): the ablation
-# columns with the replicate number N after the variant.
-REPLICATE_COLUMNS = [*ABLATION_COLUMNS[:2], "replicate", *ABLATION_COLUMNS[2:]]
-# Length extrapolation (evaluate's "extrapolation"): per seed and factor the test loss on windows
-# of factor x context_length tokens, or the reason there is none ("n/a (learned table of N
-# positions)"); and per position bucket its mean loss.
-EXTRAPOLATION_COLUMNS = ["dataset", "variant", "seed", "factor", "length", "test_loss", "note"]
-POSITION_LOSS_COLUMNS = ["dataset", "variant", "seed", "factor", "position", "loss"]
-# What tuning chose per dataset x variant (``best.json``); ``on_edge`` and ``extended`` join
-# their notes with "; ", ``d_model_choices`` the widths searched with " ".
-TUNED_COLUMNS = ["dataset", "variant", "lr", "d_model", "val_loss", "full_budget", "on_edge",
-                 "extended", "lr_low", "lr_high", "d_model_choices", "n_trials", "n_complete",
-                 "n_diverged"]
-
 
 @dataclass(frozen=True, eq=False)
 class RunOutputs:
@@ -103,6 +69,15 @@ class RunOutputs:
             the model cannot run that long. Sorted by dataset, variant, seed, digits.
         by_answer_digits: the same by the digits of the answer's integer part, columns
             :data:`ANSWER_DIGITS_COLUMNS`, sorted alike.
+        scaling: every budget's runs of a scaling study (``train.budget_flops`` lists), the
+            columns of ``ablation`` (``budget_flops``: the run's budget in training FLOPs),
+            sorted by dataset, variant, budget, seed. Every other frame holds the headline
+            budget's runs only: each ``metrics.json``'s largest budget, where the verdicts are
+            drawn.
+        scaling_trials: the tuning trials of every budget (``trials.csv`` with its
+            ``budget_flops`` column), in file order.
+        scaling_tuned: what tuning chose at every budget, ``budget_flops`` and
+            :data:`TUNED_COLUMNS`.
 
     The raw frames (history, trials, grad, per_op) keep the row order of the files: the figures
     draw their points in row order, and overlapping markers are stacked in that order.
@@ -127,6 +102,11 @@ class RunOutputs:
         default_factory=lambda: pd.DataFrame(columns=OPERAND_DIGITS_COLUMNS))
     by_answer_digits: pd.DataFrame = dataclasses.field(
         default_factory=lambda: pd.DataFrame(columns=ANSWER_DIGITS_COLUMNS))
+    scaling: pd.DataFrame = dataclasses.field(
+        default_factory=lambda: pd.DataFrame(columns=ABLATION_COLUMNS))
+    scaling_trials: pd.DataFrame = dataclasses.field(default_factory=pd.DataFrame)
+    scaling_tuned: pd.DataFrame = dataclasses.field(
+        default_factory=lambda: pd.DataFrame(columns=["budget_flops", *TUNED_COLUMNS]))
 
 
 # --------------------------------------------------------------------------------------------
@@ -188,32 +168,6 @@ def with_order(df: pd.DataFrame, datasets: Sequence[str] | None = None,
 # Collecting the stage outputs
 # --------------------------------------------------------------------------------------------
 
-def _seed_of(key: str, run: Mapping[str, Any]) -> int:
-    """The run's seed: its ``seed`` field, else the number in its ``seed_<n>`` key."""
-    if run.get("seed") is not None:
-        return int(run["seed"])
-    return int(str(key).rsplit("_", 1)[-1])
-
-
-def maybe_int(series: pd.Series) -> pd.Series:
-    """``series`` as nullable ``Int64`` when every non-missing value is integral (to within
-    ``np.isclose``), else as float; non-numbers become NaN."""
-    values = pd.to_numeric(series, errors="coerce")
-    finite = values.dropna()
-    if len(finite) and np.all(np.isclose(finite, np.round(finite))):
-        return values.round().astype("Int64")
-    return values.astype(float)
-
-
-def _read_csv_tagged(path: Path, dataset: str, variant: str) -> pd.DataFrame | None:
-    if not path.is_file():
-        return None
-    df = pd.read_csv(path)
-    df.insert(0, "variant", variant)
-    df.insert(0, "dataset", dataset)
-    return df
-
-
 def _stack(frames: list[pd.DataFrame]) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
@@ -225,109 +179,20 @@ def _ordered(runs: RunOutputs, datasets: Sequence[str], variants: Sequence[str])
     """``runs`` with the study order set on every frame; the ablation table sorted by it."""
     frames = {f: with_order(getattr(runs, f), datasets, variants)
               for f in ("ablation", "history", "trials", "grad", "per_op", "replicates",
-                        "tuned", "extrapolation", "position_loss", *_DIGIT_FRAMES)}
+                        "tuned", "extrapolation", "position_loss", *_DIGIT_FRAMES, "scaling",
+                        "scaling_trials", "scaling_tuned")}
     frames["ablation"] = frames["ablation"].sort_values(
         ["dataset", "variant", "seed"], kind="stable", ignore_index=True)
     frames["tuned"] = frames["tuned"].sort_values(["dataset", "variant"], kind="stable",
                                                   ignore_index=True)
+    frames["scaling"] = frames["scaling"].sort_values(
+        ["dataset", "variant", "budget_flops", "seed"], kind="stable", ignore_index=True)
     frames["replicates"] = frames["replicates"].sort_values(
         ["dataset", "variant", "replicate", "seed"], kind="stable", ignore_index=True)
     for f in _DIGIT_FRAMES:
         frames[f] = frames[f].sort_values(["dataset", "variant", "seed", "digits"],
                                           kind="stable", ignore_index=True)
     return dataclasses.replace(runs, **frames)
-
-
-def _typed(df: pd.DataFrame) -> pd.DataFrame:
-    """``df`` (ablation or replicate columns) with its numbers typed: integer columns as
-    nullable Int64 where integral (:func:`maybe_int`), the others as float."""
-    for col in df.columns:
-        if col in _INTEGER_COLUMNS or col == "replicate":
-            df[col] = maybe_int(df[col])
-        elif col not in ("dataset", "variant"):
-            df[col] = pd.to_numeric(df[col], errors="coerce").astype(float)
-    return df
-
-
-def _extrapolation_rows(dataset: str, variant: str, seed: int, run: Mapping[str, Any]
-                        ) -> tuple[list[dict], list[dict]]:
-    """A seed's ``extrapolation`` results as rows of :data:`EXTRAPOLATION_COLUMNS` and
-    :data:`POSITION_LOSS_COLUMNS`."""
-    rows, buckets = [], []
-    for key, r in (run.get("extrapolation") or {}).items():
-        factor = int(key.removeprefix("x"))
-        base = {"dataset": dataset, "variant": variant, "seed": seed, "factor": factor}
-        if not isinstance(r, dict):
-            rows.append({**base, "length": None, "test_loss": None, "note": str(r)})
-            continue
-        rows.append({**base, "length": r["length"], "test_loss": r["test_loss"], "note": ""})
-        buckets += [{**base, "position": i * r["bucket"], "loss": loss}
-                    for i, loss in enumerate(r["position_loss"])]
-    return rows, buckets
-
-
-def _numbers(df: pd.DataFrame) -> pd.DataFrame:
-    """An extrapolation, per-op or by-digits frame with integer seed/factor/length/position/
-    digits/n and float losses and accuracies."""
-    for col in df.columns:
-        if col in ("seed", "factor", "length", "position", "digits", "n"):
-            df[col] = maybe_int(df[col])
-        elif col in ("test_loss", "loss", "answer_loss", "exact_match", "char_accuracy"):
-            df[col] = pd.to_numeric(df[col], errors="coerce").astype(float)
-    return df
-
-
-def _digit_rows(base: dict, entries: Mapping[str, Any] | None,
-                columns: Sequence[str]) -> list[dict]:
-    """A seed's ``by_operand_digits`` or ``by_answer_digits`` (digits as strings -> a dict of
-    results, or a string saying why there is none) as rows of ``columns``."""
-    rows = []
-    for key, r in (entries or {}).items():
-        row = {**base, "digits": int(key)}
-        if isinstance(r, dict):
-            row.update({c: r.get(c) for c in columns[4:] if c != "note"}, note="")
-        else:
-            row["note"] = str(r)
-        rows.append({c: row.get(c) for c in columns})
-    return rows
-
-
-def _read_metrics(metrics_path: Path, run_dir: Path | None = None
-                  ) -> tuple[str, str, list[dict], dict[str, list[dict]]]:
-    """One ``metrics.json``: ``(dataset, variant, seed rows, {"per_op", "extrapolation",
-    "position_loss", "by_operand_digits", "by_answer_digits": rows})``
-    (:func:`_extrapolation_rows`, :func:`_digit_rows`). A seed row has
-    :data:`ABLATION_COLUMNS`, its timings from ``checkpoints/seed_<s>/result.json`` next to
-    the metrics file. Dataset and variant come from the file, else from the folders
-    ``<dataset>/<variant>/`` (``run_dir``, default the file's folder)."""
-    run_dir = run_dir or metrics_path.parent
-    doc = fileio.read_json(metrics_path)
-    dataset = str(doc.get("dataset") or run_dir.parent.name)
-    variant = str(doc.get("variant") or run_dir.name)
-    rows, per_op_rows = [], []
-    more: dict[str, list[dict]] = {"per_op": per_op_rows, "extrapolation": [],
-                                   "position_loss": [], "by_operand_digits": [],
-                                   "by_answer_digits": []}
-    for key, run in (doc.get("runs") or {}).items():
-        seed = _seed_of(key, run)
-        e_rows, p_rows = _extrapolation_rows(dataset, variant, seed, run)
-        more["extrapolation"] += e_rows
-        more["position_loss"] += p_rows
-        base = {"dataset": dataset, "variant": variant, "seed": seed}
-        more["by_operand_digits"] += _digit_rows(base, run.get("by_operand_digits"),
-                                                 OPERAND_DIGITS_COLUMNS)
-        more["by_answer_digits"] += _digit_rows(base, run.get("by_answer_digits"),
-                                                ANSWER_DIGITS_COLUMNS)
-        row = {col: run.get(col) for col in ABLATION_COLUMNS[3:]}
-        result_path = metrics_path.parent / "checkpoints" / f"seed_{seed}" / "result.json"
-        if result_path.is_file():
-            summary = fileio.read_json(result_path).get("summary", {})
-            row.update({col: summary.get(col, row[col]) for col in TIMING_COLUMNS})
-        rows.append({"dataset": dataset, "variant": variant, "seed": seed, **row})
-        for op, values in (run.get("per_op") or {}).items():
-            per_op_rows.append({**base, "op": op, **{c: (values or {}).get(c)
-                                                     for c in PER_OP_COLUMNS[4:]}})
-    return dataset, variant, rows, more
 
 
 def collect(runs_dir: Path) -> RunOutputs:
@@ -353,30 +218,35 @@ def collect(runs_dir: Path) -> RunOutputs:
     histories, trials, grads, tuned_rows = [], [], [], []
     samples: dict[tuple[str, str], dict] = {}
     predictions: dict[tuple[str, str], dict] = {}
+    scaling_rows, scaling_trials, scaling_tuned = [], [], []
     for metrics_path in sorted(runs_dir.glob("*/*/metrics.json")):
         run_dir = metrics_path.parent
-        dataset, variant, seed_rows, parts = _read_metrics(metrics_path)
+        dataset, variant, seed_rows, parts, headline = read_metrics(metrics_path)
         rows += seed_rows
+        scaling_rows += parts.pop("scaling")
         for name, part in parts.items():
             more.setdefault(name, []).extend(part)
         for name, sink in (("history.csv", histories), ("trials.csv", trials),
                            ("grad_stats.csv", grads)):
-            df = _read_csv_tagged(run_dir / name, dataset, variant)
+            df = read_csv_tagged(run_dir / name, dataset, variant)
+            if name == "trials.csv" and df is not None:
+                scaling_trials.append(df)
+            df = at_headline(df, headline)
             if df is not None:
                 sink.append(df)
         if (run_dir / "best.json").is_file():
             best = fileio.read_json(run_dir / "best.json")
-            lr_range = best.get("lr_range") or [None, None]
-            tuned_rows.append({"dataset": dataset, "variant": variant,
-                               **{c: best.get(c) for c in TUNED_COLUMNS[2:]},
-                               "on_edge": "; ".join(best.get("on_edge") or []),
-                               "extended": "; ".join(best.get("extended") or []),
-                               "lr_low": lr_range[0], "lr_high": lr_range[1],
-                               "d_model_choices": " ".join(
-                                   str(d) for d in best.get("d_model_choices") or [])})
+            entries = [tuned_row(dataset, variant, b) for b in best.get("budgets", [best])]
+            scaling_tuned += entries
+            tuned_rows += [e for e in entries if e["budget_flops"] in (None, headline)][-1:]
         if (run_dir / "examples.json").is_file():
-            # Per seed: text samples (strings) or arithmetic predictions (dicts).
+            # Per seed: text samples (strings) or arithmetic predictions (dicts); a scaling
+            # study's keyed "<budget label>/seed_<s>", of which the headline budget's are kept
             examples = fileio.read_json(run_dir / "examples.json")
+            labels = sorted({k.rpartition("/")[0] for k in examples},
+                            key=lambda label: float(label or 0))
+            examples = {k.rpartition("/")[2]: v for k, v in examples.items()
+                        if k.rpartition("/")[0] == labels[-1]} if labels else examples
             first = next((v[0] for v in examples.values() if v), None)
             sink = predictions if isinstance(first, dict) else samples
             sink[(dataset, variant)] = examples
@@ -387,23 +257,27 @@ def collect(runs_dir: Path) -> RunOutputs:
         if not number.isdigit():
             continue
         replicate = int(number)
-        _, _, seed_rows, _ = _read_metrics(metrics_path, metrics_path.parent.parent)
+        _, _, seed_rows, _, _ = read_metrics(metrics_path, metrics_path.parent.parent)
         replicate_rows += [{**row, "replicate": replicate} for row in seed_rows]
 
-    ablation = _typed(pd.DataFrame(rows, columns=ABLATION_COLUMNS))
-    per_op = _numbers(pd.DataFrame(more.get("per_op", []), columns=PER_OP_COLUMNS))
-    digit_frames = {name: _numbers(pd.DataFrame(more.get(name, []), columns=columns))
+    ablation = typed_columns(pd.DataFrame(rows, columns=ABLATION_COLUMNS))
+    per_op = typed_numbers(pd.DataFrame(more.get("per_op", []), columns=PER_OP_COLUMNS))
+    digit_frames = {name: typed_numbers(pd.DataFrame(more.get(name, []), columns=columns))
                     for name, columns in (("by_operand_digits", OPERAND_DIGITS_COLUMNS),
                                           ("by_answer_digits", ANSWER_DIGITS_COLUMNS))}
 
     runs = RunOutputs(ablation=ablation, history=_stack(histories), trials=_stack(trials),
                       grad=_stack(grads), per_op=per_op, samples=samples,
                       predictions=predictions,
-                      replicates=_typed(pd.DataFrame(replicate_rows, columns=REPLICATE_COLUMNS)),
+                      replicates=typed_columns(pd.DataFrame(replicate_rows, columns=REPLICATE_COLUMNS)),
                       tuned=pd.DataFrame(tuned_rows, columns=TUNED_COLUMNS),
-                      extrapolation=_numbers(pd.DataFrame(more.get("extrapolation", []),
+                      scaling=typed_columns(pd.DataFrame(scaling_rows, columns=ABLATION_COLUMNS)),
+                      scaling_trials=_stack(scaling_trials),
+                      scaling_tuned=pd.DataFrame(scaling_tuned,
+                                                 columns=["budget_flops", *TUNED_COLUMNS]),
+                      extrapolation=typed_numbers(pd.DataFrame(more.get("extrapolation", []),
                                                           columns=EXTRAPOLATION_COLUMNS)),
-                      position_loss=_numbers(pd.DataFrame(more.get("position_loss", []),
+                      position_loss=typed_numbers(pd.DataFrame(more.get("position_loss", []),
                                                           columns=POSITION_LOSS_COLUMNS)),
                       **digit_frames)
     frames = [runs.ablation, runs.history, runs.trials, runs.grad, runs.per_op, runs.replicates,
@@ -474,6 +348,8 @@ def restrict_to_study(cfg: StudyConfig, runs: RunOutputs) -> tuple[RunOutputs, l
         position_loss=_filter(runs.position_loss, cfg),
         **{f: _filter(getattr(runs, f), cfg) for f in _DIGIT_FRAMES},
         per_op=_filter(runs.per_op, cfg), samples=configured(runs.samples),
+        scaling=_filter(runs.scaling, cfg), scaling_trials=_filter(runs.scaling_trials, cfg),
+        scaling_tuned=_filter(runs.scaling_tuned, cfg),
         predictions=configured(runs.predictions))
     variants = variant_order(cfg.study_variants, cfg.study_variants)
     return _ordered(kept, list(cfg.datasets), variants), notes

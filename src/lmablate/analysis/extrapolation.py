@@ -15,7 +15,8 @@ from typing import Sequence
 
 import pandas as pd
 
-from lmablate.analysis.collect import BASELINE, maybe_int, present
+from lmablate.analysis.collect import BASELINE, present
+from lmablate.analysis.run_files import maybe_int
 from lmablate.analysis.statistics import compare, summarise
 
 REFERENCE = "rope"  # the compared-with variant when the study has it
