@@ -15,12 +15,14 @@ Units: losses in nats/char (one token is one character), accuracies as fractions
 from __future__ import annotations
 
 import math
+from typing import Mapping, Sequence
 
 import pandas as pd
 
 from lmablate.analysis.collect import BASELINE, present
 from lmablate.analysis.headline import headline_loss
 from lmablate.analysis.mdtable import join_names as _names
+from lmablate.analysis.scaling import SCALING_TITLE
 from lmablate.analysis.statistics import (ALPHA, METRICS, POWER, VERDICT_BETTER,
                                           VERDICT_IDENTICAL, VERDICT_WORSE)
 
@@ -33,7 +35,7 @@ def _mean(summary: pd.DataFrame, dataset: str, metric: str) -> pd.Series:
     return s.set_index(s["variant"].astype(str))["mean"]
 
 
-def _training(ablation: pd.DataFrame, dataset: str, budget: float | None) -> str:
+def _training(ablation: pd.DataFrame, dataset: str, budgets: Sequence[float] = ()) -> str:
     d = ablation[ablation["dataset"] == dataset]
     tokens, flops = d["tokens"].dropna().astype(float), d["train_flops"].dropna().astype(float)
     widths = sorted({int(w) for w in d["d_model"].dropna()})
@@ -43,9 +45,18 @@ def _training(ablation: pd.DataFrame, dataset: str, budget: float | None) -> str
 
     text = (f"Each final run trained on {span(tokens.min(), tokens.max(), ',.0f')} tokens "
             f"({span(flops.min(), flops.max(), '.3g')} training FLOPs")
-    text += f" of a {budget:.3g} budget)" if budget else ")"
+    text += f" of a {budgets[-1]:.3g} budget)" if len(budgets) else ")"
     text += (f" at d_model {_names([str(w) for w in widths])}. Every conclusion holds for "
              "models of this size trained this long; it need not hold at another scale.")
+    if len(budgets) > 1:
+        text += (f" The verdicts are drawn at the largest of {len(budgets)} budgets "
+                 f"({', '.join(f'{b:.2g}' for b in budgets)} FLOPs); \"{SCALING_TITLE}\" "
+                 "gives the trend of each effect across them.")
+    elif len(budgets):
+        text += (" Its effects were measured at one budget: whether a gain grows or shrinks "
+                 "with compute is what `profiles/scaling.yaml` measures (every variant tuned "
+                 "and trained at four budgets 3x apart, its report's section "
+                 f"\"{SCALING_TITLE}\").")
     return text
 
 
@@ -253,7 +264,7 @@ def _flags(comparisons: pd.DataFrame, problems: pd.DataFrame, tuned: pd.DataFram
     return lines
 
 
-def limits_section(cfg_budgets: dict[str, float], ablation: pd.DataFrame,
+def limits_section(cfg_budgets: Mapping[str, Sequence[float]], ablation: pd.DataFrame,
                    summary: pd.DataFrame, comparisons: pd.DataFrame,
                    problems: pd.DataFrame, detectable: pd.DataFrame,
                    references: pd.DataFrame, variation: pd.DataFrame | None,
@@ -261,7 +272,8 @@ def limits_section(cfg_budgets: dict[str, float], ablation: pd.DataFrame,
     """Markdown lines of the section, one bullet list per dataset of ``ablation``.
 
     Args:
-        cfg_budgets: ``train.budget_flops`` (dataset -> FLOPs).
+        cfg_budgets: each dataset's budgets in training FLOPs, increasing
+            (:meth:`lmablate.config.StudyConfig.budgets`); the verdicts are the last one's.
         ablation, summary, comparisons, variation, tuned: the report's frames
             (:mod:`lmablate.analysis.collect`, :mod:`lmablate.analysis.statistics`).
         problems: :func:`~lmablate.analysis.problems.compare_problems` (may be empty).
@@ -273,7 +285,7 @@ def limits_section(cfg_budgets: dict[str, float], ablation: pd.DataFrame,
     variation = variation if variation is not None else pd.DataFrame(
         columns=["dataset", "metric"])
     for ds in present(ablation["dataset"]):
-        bullets = [_training(ablation, ds, cfg_budgets.get(ds))]
+        bullets = [_training(ablation, ds, cfg_budgets.get(ds, ()))]
         bullets += _between_references(summary, references, ds)
         bullets += _answer_floors(summary, references, problems, ds)
         bullets += _power(detectable, ds)

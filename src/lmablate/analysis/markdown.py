@@ -318,7 +318,7 @@ def render_markdown(cfg: StudyConfig, runs: RunOutputs, summary: pd.DataFrame,
                     sensitivity: pd.DataFrame | None = None,
                     lr_figures: Mapping[str, tuple[str, str]] | None = None,
                     arithmetic: Mapping[str, Sequence[str]] | None = None,
-                    findings: Sequence[str] = ()) -> str:
+                    findings: Sequence[str] = (), scaling: Sequence[str] = ()) -> str:
     """The text of ``report.md`` (GitHub-flavoured Markdown, ``\n`` line ends, one final
     newline).
 
@@ -354,6 +354,8 @@ def render_markdown(cfg: StudyConfig, runs: RunOutputs, summary: pd.DataFrame,
         arithmetic: dataset -> the lines opening its section (:mod:`~lmablate.analysis.arithmetic`).
         findings: the lines of "Findings"
             (:func:`~lmablate.analysis.findings.findings_section`), which open the report.
+        scaling: the lines of a scaling study's section "How the effects change with compute"
+            (:func:`~lmablate.analysis.scaling_section.scaling_section`), after the limits.
 
     The section "What this study can and cannot say" (:mod:`lmablate.analysis.limits`) follows
     the introduction; it is written from the same frames.
@@ -389,8 +391,10 @@ def render_markdown(cfg: StudyConfig, runs: RunOutputs, summary: pd.DataFrame,
         "`length_generalisation.csv`, `length_generalisation_comparisons.csv`, "
         "`convergence.csv` and `grad_flow.csv`.", "",
     ]
-    lines += limits_section(dict(cfg.train.budget_flops), ablation, summary, comparisons,
-                            problems, detectable, references, variation, tuned)
+    lines += limits_section({d: cfg.budgets(d) for d in cfg.datasets}, ablation,
+                            summary, comparisons, problems, detectable, references, variation,
+                            tuned)
+    lines += scaling
     lines += methods_section(cfg, ablation, environment, datasets, order)
     if notes:
         lines += ["Data notes:", "", *[f"- {n}" for n in notes], ""]

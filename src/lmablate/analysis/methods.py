@@ -22,7 +22,7 @@ def _compute_table(cfg: StudyConfig, ablation: pd.DataFrame, datasets: Sequence[
     and those FLOPs as a share of the dataset's budget."""
     rows = []
     for ds in datasets:
-        budget = cfg.train.budget_flops.get(ds)
+        budget = cfg.headline_budget(ds) if ds in cfg.train.budget_flops else None
         for variant in order:
             v = ablation[(ablation["dataset"] == ds) & (ablation["variant"] == variant)]
             if v.empty:
@@ -70,7 +70,8 @@ def methods_section(cfg: StudyConfig, ablation: pd.DataFrame,
     kinds = ", ".join(f"{name} ({d.kind})" for name, d in cfg.datasets.items())
     changes = [f"{v}: " + ", ".join(f"{k}={val}" for k, val in cfg.variants[v].items())
                for v in cfg.study_variants if cfg.variants.get(v)]
-    budgets = ", ".join(f"{name} {tr.budget_flops[name]:.3g}" for name in cfg.datasets)
+    budgets = ", ".join(f"{name} " + ", ".join(f"{b:.3g}" for b in cfg.budgets(name))
+                        for name in cfg.datasets)
     text = (
         f"Each of {len(cfg.study_variants)} variants was trained on each of "
         f"{len(cfg.datasets)} datasets ({kinds}) with {len(cfg.seeds)} seeds "

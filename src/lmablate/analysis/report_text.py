@@ -43,13 +43,15 @@ def arithmetic_lines(cfg: StudyConfig, runs: RunOutputs, tables: ReportTables,
 
 def report_markdown(cfg: StudyConfig, runs: RunOutputs, notes: Sequence[str],
                     tables: ReportTables, figures: ReportFigures, out_dir: Path,
-                    environment: Mapping[str, Any] | None = None) -> str:
+                    environment: Mapping[str, Any] | None = None,
+                    scaling: Sequence[str] = ()) -> str:
     """The text of ``report.md`` (:func:`~lmablate.analysis.markdown.render_markdown`), to be
     written in ``out_dir``: figures are linked relative to it, and a dataset's findings point
     to its forest plot (``figures/forest_<dataset>.png``) where one was drawn. ``notes``: the
     lines of the data section about runs missing or ignored
     (:func:`~lmablate.analysis.collect.restrict_to_study`); ``environment``: the machine and
-    versions for the methodology paragraph."""
+    versions for the methodology paragraph; ``scaling``: the lines of a scaling study's section
+    (:func:`~lmablate.analysis.scaling_section.scaling_section`)."""
     ablation = runs.ablation
     datasets = present(ablation["dataset"])
     written = {p for _, _, p in figures.figures if p is not None}
@@ -72,4 +74,5 @@ def report_markdown(cfg: StudyConfig, runs: RunOutputs, notes: Sequence[str],
         sensitivity=tables.sensitivity, arithmetic=arithmetic_lines(cfg, runs, tables,
                                                                     figures, out_dir),
         lr_figures={ds: (cap, p.relative_to(out_dir).as_posix())
-                    for ds, (cap, p) in figures.lr_figures.items()}, findings=findings)
+                    for ds, (cap, p) in figures.lr_figures.items()}, findings=findings,
+        scaling=scaling)

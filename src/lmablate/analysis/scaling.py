@@ -37,8 +37,10 @@ from scipy import optimize, stats
 from statsmodels.stats.multitest import multipletests
 
 from lmablate.analysis.collect import BASELINE, present
-from lmablate.analysis.statistics import ALPHA, CONFIDENCE, holm_interval
+from lmablate.analysis.statistics import (ALPHA, COMPARISON_COLUMNS, CONFIDENCE, compare,
+                                         holm_interval)
 
+SCALING_TITLE = "How the effects change with compute"  # the report's section
 MIN_BUDGETS_SATURATING = 4  # E, A, alpha and at least one residual degree of freedom
 N_BOOTSTRAP = 1000  # bootstrap resamples of the seeds per fitted curve
 BOOTSTRAP_SEED = 0  # the resampling's random seed: the report is the same bytes on every run
@@ -56,7 +58,7 @@ TREND_COLUMNS = ["dataset", "variant", "metric", "n_budgets", "n_seeds", "slope"
                  "slope_high", "slope_holm_low", "slope_holm_high", "p_value", "p_holm",
                  "trend", "crossing_flops"]
 EXTRAPOLATION_COLUMNS = ["dataset", "variant", "metric", "form", "target_flops", "predicted",
-                         "predicted_low", "predicted_high"]
+                         "predicted_low", "predicted_high", "delta", "delta_low", "delta_high"]
 
 
 def power_law(flops: np.ndarray, e: float, a: float, alpha: float) -> np.ndarray:
@@ -116,28 +118,26 @@ def _fit(form: str, flops: np.ndarray, means: np.ndarray) -> tuple[float, float,
     return 0.0, a, alpha
 
 
-def _seed_matrix(frame: pd.DataFrame, metric: str) -> tuple[np.ndarray, np.ndarray]:
-    """``(budgets, losses)``: the budgets in increasing order and a seeds x budgets matrix of
-    ``metric``, with only the seeds that have a value at every budget."""
+def _seed_matrix(frame: pd.DataFrame, metric: str) -> tuple[np.ndarray, np.ndarray, list]:
+    """``(budgets, losses, seeds)``: the budgets in increasing order and a seeds x budgets
+    matrix of ``metric``, with only the seeds that have a value at every budget."""
     wide = frame.pivot_table(index="seed", columns="budget_flops", values=metric,
                              aggfunc="mean").dropna()
     wide = wide.reindex(columns=sorted(wide.columns))
-    return wide.columns.to_numpy(float), wide.to_numpy(float)
+    return wide.columns.to_numpy(float), wide.to_numpy(float), list(wide.index)
 
 
 def _bootstrap(form: str, budgets: np.ndarray, matrix: np.ndarray,
-               rng: np.random.Generator) -> np.ndarray:
-    """``(E, A, alpha)`` refitted on :data:`N_BOOTSTRAP` resamples of the seeds (rows of
-    ``matrix``); resamples whose fit does not converge are left out."""
-    out = []
-    n = len(matrix)
-    for _ in range(N_BOOTSTRAP):
-        rows = matrix[rng.integers(0, n, n)]
+               draws: np.ndarray) -> np.ndarray:
+    """``(E, A, alpha)`` refitted on each resample of the seeds (rows of ``matrix``; a row
+    of ``draws`` holds one resample's row indices); NaN where a fit does not converge."""
+    out = np.full((len(draws), 3), np.nan)
+    for i, rows in enumerate(draws):
         try:
-            out.append(_fit(form, budgets, rows.mean(axis=0)))
+            out[i] = _fit(form, budgets, matrix[rows].mean(axis=0))
         except (RuntimeError, ValueError):
             continue
-    return np.asarray(out, dtype=float).reshape(-1, 3)
+    return out
 
 
 def fit_curves(scaling: pd.DataFrame, metric_of: dict[str, str]
@@ -152,16 +152,18 @@ def fit_curves(scaling: pd.DataFrame, metric_of: dict[str, str]
         ``(fits, resamples)``: ``fits`` with :data:`FIT_COLUMNS` (the parameters of the mean
         over seeds, ``*_low``/``*_high`` the :data:`CONFIDENCE` percentile interval of the
         bootstrap, ``note`` why a curve has no fit or only the log-log line); ``resamples``
-        maps (dataset, variant) to the bootstrap's ``(E, A, alpha)`` rows, for bands and
-        extrapolations. Rows in the study order of ``scaling``.
+        maps (dataset, variant) to the bootstrap's ``(E, A, alpha)`` rows (NaN where a fit
+        did not converge), for bands and extrapolations; resample i draws the same seeds for
+        every variant of a dataset (a paired bootstrap). Rows in the study order of
+        ``scaling``.
     """
     rows, resamples = [], {}
-    rng = np.random.default_rng(BOOTSTRAP_SEED)
     q = (1 - CONFIDENCE) / 2 * 100
+    draws: dict[tuple[str, tuple], np.ndarray] = {}
     for (dataset, variant), frame in scaling.groupby(["dataset", "variant"], observed=True,
                                                      sort=True):
         metric = metric_of[str(dataset)]
-        budgets, matrix = _seed_matrix(frame, metric)
+        budgets, matrix, seeds = _seed_matrix(frame, metric)
         n_b, n_s = len(budgets), len(matrix)
         row = {"dataset": dataset, "variant": variant, "metric": metric, "form": "",
                "n_budgets": n_b, "n_seeds": n_s, "n_bootstrap": 0, "note": ""}
@@ -180,12 +182,19 @@ def fit_curves(scaling: pd.DataFrame, metric_of: dict[str, str]
             row.update(form=form, note=f"the fit failed: {exc}")
             rows.append(row)
             continue
-        boot = _bootstrap(form, budgets, matrix, rng) if n_s > 1 else np.empty((0, 3))
+        # the same resamples of the same seeds for every variant of a dataset: the bootstrap
+        # is paired, so differences between curves have intervals too
+        key = (str(dataset), tuple(seeds))
+        if key not in draws:
+            rng = np.random.default_rng(BOOTSTRAP_SEED)
+            draws[key] = rng.integers(0, n_s, (N_BOOTSTRAP if n_s > 1 else 0, n_s))
+        boot = _bootstrap(form, budgets, matrix, draws[key])
         resamples[(str(dataset), str(variant))] = boot
-        row.update(form=form, E=e, A=a, alpha=alpha, n_bootstrap=len(boot))
+        ok = boot[np.isfinite(boot).all(axis=1)]
+        row.update(form=form, E=e, A=a, alpha=alpha, n_bootstrap=len(ok))
         for i, name in enumerate(("E", "A", "alpha")):
-            if len(boot):
-                row[f"{name}_low"], row[f"{name}_high"] = np.percentile(boot[:, i], [q, 100 - q])
+            if len(ok):
+                row[f"{name}_low"], row[f"{name}_high"] = np.percentile(ok[:, i], [q, 100 - q])
         rows.append(row)
     return pd.DataFrame(rows, columns=FIT_COLUMNS), resamples
 
@@ -193,7 +202,8 @@ def fit_curves(scaling: pd.DataFrame, metric_of: dict[str, str]
 def predict(fit: pd.Series, boot: np.ndarray | None, flops: np.ndarray
             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A fitted curve at ``flops``: ``(L, low, high)``, the band the :data:`CONFIDENCE`
-    percentile interval of the bootstrap's curves (NaN without resamples)."""
+    percentile interval of the bootstrap's curves (resamples whose fit failed left out; NaN
+    without resamples)."""
     flops = np.asarray(flops, dtype=float)
     mid = power_law(flops, fit["E"], fit["A"], fit["alpha"])
     if boot is None or not len(boot):
@@ -201,27 +211,45 @@ def predict(fit: pd.Series, boot: np.ndarray | None, flops: np.ndarray
         return mid, nan, nan
     curves = np.stack([power_law(flops, *p) for p in boot])
     q = (1 - CONFIDENCE) / 2 * 100
-    low, high = np.percentile(curves, [q, 100 - q], axis=0)
+    low, high = np.nanpercentile(curves, [q, 100 - q], axis=0)
     return mid, low, high
 
 
 def extrapolate(fits: pd.DataFrame, resamples: dict[tuple[str, str], np.ndarray],
-                target_flops: dict[str, float]) -> pd.DataFrame:
+                target_flops: dict[str, float], baseline: str = BASELINE) -> pd.DataFrame:
     """Each fitted curve at its dataset's ``target_flops`` (a larger budget than any
-    measured): :data:`EXTRAPOLATION_COLUMNS`, ``predicted`` with its bootstrap interval, in
-    the unit of the curve's metric. Curves without a fit, and datasets without a target, give
-    no row."""
+    measured): :data:`EXTRAPOLATION_COLUMNS`, ``predicted`` with its bootstrap interval, and
+    ``delta`` = predicted minus the baseline's prediction, with the interval of the paired
+    bootstrap (the same resampled seeds for both curves), in the unit of the curve's metric.
+    Curves without a fit, and datasets without a target, give no row."""
     rows = []
+    q = (1 - CONFIDENCE) / 2 * 100
     for _, fit in fits.iterrows():
-        target = target_flops.get(str(fit["dataset"]))
+        dataset, variant = str(fit["dataset"]), str(fit["variant"])
+        target = target_flops.get(dataset)
         if not fit["form"] or target is None or not np.isfinite(fit["E"]):
             continue
-        mid, low, high = predict(fit, resamples.get((str(fit["dataset"]), str(fit["variant"]))),
-                                 np.array([target]))
-        rows.append({"dataset": fit["dataset"], "variant": fit["variant"],
-                     "metric": fit["metric"], "form": fit["form"], "target_flops": target,
-                     "predicted": float(mid[0]), "predicted_low": float(low[0]),
-                     "predicted_high": float(high[0])})
+        x = np.array([target])
+        boot = resamples.get((dataset, variant))
+        mid, low, high = predict(fit, boot, x)
+        row = {"dataset": fit["dataset"], "variant": fit["variant"], "metric": fit["metric"],
+               "form": fit["form"], "target_flops": target, "predicted": float(mid[0]),
+               "predicted_low": float(low[0]), "predicted_high": float(high[0]),
+               "delta": math.nan, "delta_low": math.nan, "delta_high": math.nan}
+        base = fits[(fits["dataset"].astype(str) == dataset)
+                    & (fits["variant"].astype(str) == baseline)]
+        base_boot = resamples.get((dataset, baseline))
+        if variant != baseline and len(base) and base.iloc[0]["form"] == fit["form"]:
+            b = base.iloc[0]
+            row["delta"] = float(mid[0] - power_law(x, b["E"], b["A"], b["alpha"])[0])
+            if boot is not None and base_boot is not None and len(boot) == len(base_boot) \
+                    and len(boot):
+                d = (np.array([power_law(x, *p)[0] for p in boot])
+                     - np.array([power_law(x, *p)[0] for p in base_boot]))
+                if np.isfinite(d).any():
+                    row["delta_low"], row["delta_high"] = (float(v) for v in
+                                                           np.nanpercentile(d, [q, 100 - q]))
+        rows.append(row)
     return pd.DataFrame(rows, columns=EXTRAPOLATION_COLUMNS)
 
 
@@ -303,3 +331,20 @@ def effect_trends(scaling: pd.DataFrame, metric_of: dict[str, str],
                 if rej:
                     r["trend"] = TREND_GROWS if r["slope"] < 0 else TREND_SHRINKS
     return pd.DataFrame(rows, columns=TREND_COLUMNS)
+
+
+def effects_by_budget(scaling: pd.DataFrame, metric_of: dict[str, str]) -> pd.DataFrame:
+    """Every variant against the baseline at each budget, exactly as the report compares them
+    at one (:func:`lmablate.analysis.statistics.compare`: paired by seed, Holm-corrected over
+    a dataset's variants at that budget, the intervals at the level the adjusted p-value is
+    judged at), on each dataset's headline loss. Columns ``budget_flops`` and
+    :data:`~lmablate.analysis.statistics.COMPARISON_COLUMNS`, by dataset, budget, variant."""
+    frames = []
+    for (dataset, budget), frame in scaling.groupby(["dataset", "budget_flops"], observed=True,
+                                                    sort=True):
+        rows = compare(frame, metrics=(metric_of[str(dataset)],))
+        rows.insert(0, "budget_flops", budget)
+        frames.append(rows)
+    if not frames:
+        return pd.DataFrame(columns=["budget_flops", *COMPARISON_COLUMNS])
+    return pd.concat(frames, ignore_index=True)

@@ -43,6 +43,11 @@ first-seed checkpoints and the tokenized test splits, for the model figures) and
 * ``length_generalisation.csv``, ``length_generalisation_comparisons.csv`` arithmetic exact
   match by operand length and its comparison with the baseline at each length
   (:mod:`lmablate.analysis.arithmetic`).
+* ``scaling_fits.csv``, ``scaling_effects.csv``, ``scaling_trends.csv``,
+  ``scaling_extrapolation.csv``, ``scaling_isoflop.csv``, ``scaling_optimal_width.csv`` a
+  scaling study's curves, effects per budget, trends, extrapolation and isoFLOP view
+  (:mod:`lmablate.analysis.scaling_section`; with their header only where every dataset has
+  one budget).
 * ``figures/*.png``  the seaborn figures of :mod:`lmablate.analysis.figures`,
   :mod:`~lmablate.analysis.tuning_figure` and :mod:`~lmablate.analysis.arithmetic_figures`,
   plus the last layer's attention maps and a PCA of the token embeddings drawn from the
@@ -78,6 +83,8 @@ from lmablate.analysis.headline import metrics_files
 from lmablate.analysis.model_figures import draw_model_figures
 from lmablate.analysis.report_figures import draw_report_figures
 from lmablate.analysis.report_text import report_markdown
+from lmablate.analysis.scaling_section import (draw_scaling_figures, scaling_csvs,
+                                               scaling_section, scaling_tables)
 from lmablate.analysis.tables import compute_tables, csv_tables
 from lmablate.config import StudyConfig
 from lmablate.tracking import Tracker, make_tracker
@@ -136,8 +143,9 @@ def build_report(cfg: StudyConfig, runs_dir: Path, out_dir: Path,
         ``{"report", "ablation", "summary", "comparisons", "problem_comparisons",
         "detectable_effects", "references", "tuned", "lr_sensitivity", "tuning_variation",
         "extrapolation", "extrapolation_comparisons", "extrapolation_positions",
-        "length_generalisation", "length_generalisation_comparisons", "metrics", "curves":
-        Path, "figures": [Path, ...]}``.
+        "length_generalisation", "length_generalisation_comparisons", "scaling_fits",
+        "scaling_effects", "scaling_trends", "scaling_extrapolation", "scaling_isoflop",
+        "scaling_optimal_width", "metrics", "curves": Path, "figures": [Path, ...]}``.
 
     Raises:
         FileNotFoundError: no ``metrics.json`` of the configured study under ``runs_dir``.
@@ -162,12 +170,18 @@ def build_report(cfg: StudyConfig, runs_dir: Path, out_dir: Path,
                          CURVE_COLUMNS)
     paths["curves"] = curves_dir
 
+    scaling = scaling_tables(cfg, runs)
+    paths.update({name: fileio.write_csv(out_dir / file, frame, columns)
+                  for name, (file, frame, columns) in scaling_csvs(scaling).items()})
+
     figures = draw_report_figures(cfg, runs, tables, out_dir / "figures", palette,
                                   extra=extra_figures)
+    scaling_figures = draw_scaling_figures(scaling, runs, out_dir / "figures", palette)
     paths["report"] = out_dir / "report.md"
-    fileio.write_text(paths["report"], report_markdown(cfg, runs, notes, tables, figures,
-                                                       out_dir, environment))
-    paths["figures"] = figures.written()
+    fileio.write_text(paths["report"], report_markdown(
+        cfg, runs, notes, tables, figures, out_dir, environment,
+        scaling=scaling_section(scaling, runs, scaling_figures, out_dir)))
+    paths["figures"] = figures.written() + list(scaling_figures.values())
     return paths
 
 
