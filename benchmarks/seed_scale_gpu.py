@@ -77,8 +77,9 @@ def run(args: argparse.Namespace) -> None:
     cfg = dataclasses.replace(
         cfg, seeds=tuple(int(s) for s in args.seeds.split(",")),
         tracking=dataclasses.replace(cfg.tracking, enabled=False),
+        # each dataset's largest budget (Shakespeare's is a scaling study's list): seed 000's
         train=dataclasses.replace(cfg.train, budget_flops={
-            k: v * args.budget_fraction for k, v in cfg.train.budget_flops.items()}))
+            k: cfg.train.budgets(k)[-1] * args.budget_fraction for k in cfg.train.budget_flops}))
     lr = args.lr if args.lr is not None else cfg.train.lr
     data = TokenData.load(args.tokens)
     print(f"data    : {args.tokens} ({len(data.train):,} train / {len(data.val):,} val tokens, "

@@ -18,9 +18,9 @@ def test_every_final_run_of_a_shipped_profile_spends_its_budget_within_one_perce
     """...at every width its tuning may search, and every tuning trial its rung's share within
     half a step (the lowest rung's trials are short: tune.min_steps is 30, where half a step is
     1.7%)."""
-    cfg = params.load(path)
-    for ds in cfg.datasets:
-        budget = cfg.train.budget_flops[ds]
+    study = params.load(path)
+    for ds, budget in ((d, b) for d in study.datasets for b in study.budgets(d)):
+        cfg = study.at_budget(ds, budget)  # a scaling profile's every budget
         widths = cfg.tune.d_model_choices or width_ladder(cfg, ds)
         for variant in cfg.study_variants:
             for d_model in widths:

@@ -35,7 +35,7 @@ def test_stages_run_on_tiny_data_and_each_ends_with_one_summary_line(project, ca
                      "--checkpoints", "out/ck", "--history", "out/history.csv",
                      "--grad-stats", "out/grad.csv"]) == 0
     header = (project.path / "out" / "history.csv").read_text().splitlines()[0]
-    assert header == "seed,step,tokens,train_loss,val_loss,lr,elapsed_seconds"
+    assert header == "budget_flops,seed,step,tokens,train_loss,val_loss,lr,elapsed_seconds"
     assert re.fullmatch(r"lmablate train arithmetic rope: done in \d+\.\d s; 1 seeds x \d+ steps "
                         r"at d_model 16, lr \S+; final val_loss \d\.\d{4} to \d\.\d{4}",
                         last_line(capsys))

@@ -40,8 +40,9 @@ def test_seed_scale_profile_is_valid():
     assert cfg.datasets["arithmetic"].n_train == 3_000_000
     # seed 000's compute: 5000 steps at d_model 96
     from lmablate.budget import run_steps
-    for ds in cfg.datasets:
-        assert run_steps(cfg, ds, cfg.model_config("baseline", 65, d_model=96)) == 5000
+    for ds in cfg.datasets:  # at the largest budget of Shakespeare's scaling study
+        at = cfg.at_budget(ds, cfg.headline_budget(ds))
+        assert run_steps(at, ds, cfg.model_config("baseline", 65, d_model=96)) == 5000
 
 
 def test_variant_overrides_apply(raw):
@@ -316,7 +317,8 @@ def kind_keys(kind):
     return {f.name for f in param_fields("datasets") if f.metadata.get("kind", kind) == kind}
 
 
-PROFILES = ["params.yaml", "profiles/full.yaml", "profiles/seed-scale.yaml"]
+PROFILES = ["params.yaml", "profiles/full.yaml", "profiles/scaling.yaml",
+            "profiles/seed-scale.yaml"]
 
 
 @pytest.mark.parametrize("path", PROFILES)

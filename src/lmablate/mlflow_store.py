@@ -241,7 +241,7 @@ class MlflowStore:
     def save_views(self, datasets: list[str], variants: list[str],
                    colours: dict[str, str]) -> dict[str, str]:
         """Write the study's saved views (:func:`lmablate.mlflow_views.study_views`) on the
-        experiment, from the metrics its final runs logged, and tag every final run with its
+        experiment, from the metrics and budgets its final runs logged, and tag every final run with its
         variant's colour (``colours``: variant -> ``"#rrggbb"``, the run tag
         ``mlflow.runColor`` the UI draws a run in). Tags already right are not written again.
 
@@ -252,15 +252,19 @@ class MlflowStore:
         from mlflow.entities import RunTag
 
         metrics: dict[str, set[str]] = {d: set() for d in datasets}
+        budgets: dict[str, set[str]] = {}
         for run in self._search("tags.stage = 'final'"):
             tags = run.data.tags
             metrics.setdefault(tags.get("dataset", ""), set()).update(run.data.metrics)
+            if views.BUDGET_TAG in tags:
+                budgets.setdefault(tags.get("dataset", ""), set()).add(tags[views.BUDGET_TAG])
             colour = colours.get(tags.get("variant", ""))
             if colour and tags.get(views.RUN_COLOR_TAG) != colour:
                 self.client.log_batch(run.info.run_id,
                                       tags=[RunTag(views.RUN_COLOR_TAG, colour)])
         have = self.client.get_experiment(self.experiment_id).tags
-        for tag, value in views.study_views(datasets, variants, metrics).items():
+        ordered = {d: sorted(b, key=float) for d, b in budgets.items()}
+        for tag, value in views.study_views(datasets, variants, metrics, ordered).items():
             if have.get(tag) != value:
                 self.client.set_experiment_tag(self.experiment_id, tag, value)
         return {"runs": self.runs_view_url(),

@@ -54,6 +54,8 @@ CREATED_COLUMN, CREATED_WIDTH = "runDateAndNestInfo", 116
 # and the run count; a run's name "shakespeare-baseline-seed0"; a value's first digits
 GROUPED_NAME_WIDTH, RUN_NAME_WIDTH, VALUE_WIDTH = 360, 230, 96
 TAG_WIDTHS = {"dataset": 100, "variant": 80, "seed": 56}
+BUDGET_TAG = "budget_flops"  # a final run's budget, training FLOPs (a scaling study has several)
+BUDGET_WIDTH = 110
 CHART_RUNS = 100  # runs a chart may draw: every final run of a dataset
 
 
@@ -146,27 +148,40 @@ def group_id(dataset: str, variant: str) -> str:
 
 
 def runs_view(datasets: Sequence[str] = (), variants: Sequence[str] = (),
-              metrics: Iterable[str] = ()) -> dict:
+              metrics: Iterable[str] = (),
+              budgets: Mapping[str, Sequence[str]] | None = None) -> dict:
     """The study's table: the final runs grouped by dataset x variant, one row per group (the
     seeds' average), every group of ``datasets`` x ``variants`` closed; the group label, then
     dataset, variant and seed, then the headline metrics, then the params. Its charts draw one
-    line or bar per group: validation loss first, then the summaries of ``metrics`` as bars."""
+    line or bar per group: validation loss first, then the summaries of ``metrics`` as bars.
+
+    ``budgets``: in a scaling study, the ``budget_flops`` tag values of each dataset with
+    several; the groups are then dataset x variant x budget (a mean over budgets would mix
+    runs of different compute) and the budget is a column after the variant."""
+    tags = dict(TAG_WIDTHS)
+    keys = [{"mode": "tag", "groupByData": "dataset"}, {"mode": "tag", "groupByData": "variant"}]
+    groups = {group_id(d, v): False for d in datasets for v in variants}
+    if budgets:
+        tags = {"dataset": TAG_WIDTHS["dataset"], "variant": TAG_WIDTHS["variant"],
+                BUDGET_TAG: BUDGET_WIDTH, "seed": TAG_WIDTHS["seed"]}
+        keys.append({"mode": "tag", "groupByData": BUDGET_TAG})
+        groups = {f"{group_id(d, v)},tag.{BUDGET_TAG}.{b}": False for d in datasets
+                  for v in variants for b in budgets.get(d, ())}
     first = [(RUN_NAME_COLUMN, GROUPED_NAME_WIDTH)] + [(column("tags", t), w)
-                                                       for t, w in TAG_WIDTHS.items()]
+                                                       for t, w in tags.items()]
     cards, sections = _charts(metrics)
     return {**_base(FINAL_FILTER), **_columns(first, metrics),
-            "groupBy": {"aggregateFunction": "average",
-                        "groupByKeys": [{"mode": "tag", "groupByData": "dataset"},
-                                        {"mode": "tag", "groupByData": "variant"}]},
-            "groupsExpanded": {group_id(d, v): False for d in datasets for v in variants},
+            "groupBy": {"aggregateFunction": "average", "groupByKeys": keys},
+            "groupsExpanded": groups,
             "useGroupedValuesInCharts": True,
             "compareRunCharts": cards, "compareRunSections": sections}
 
 
-def dataset_view(dataset: str, metrics: Iterable[str] = ()) -> dict:
-    """One dataset's final runs, one row and one line per seed, sorted by name (so by variant):
-    each run drawn in its ``mlflow.runColor``. Validation loss by step first, then the
-    summaries of ``metrics`` as bars.
+def dataset_view(dataset: str, metrics: Iterable[str] = (), budgets: bool = False) -> dict:
+    """One dataset's final runs, one row and one line per seed, sorted by name (so by variant,
+    then budget in a scaling study, whose ``budgets`` are then a column): each run drawn in its
+    ``mlflow.runColor``. Validation loss by step first, then the summaries of ``metrics`` as
+    bars.
 
     Raises:
         ValueError: ``dataset`` holds a quote, which the search filter cannot hold.
@@ -174,6 +189,7 @@ def dataset_view(dataset: str, metrics: Iterable[str] = ()) -> dict:
     if "'" in dataset:
         raise ValueError(f"dataset name {dataset!r} holds a quote; MLflow's filter cannot")
     first = [(RUN_NAME_COLUMN, RUN_NAME_WIDTH), (column("tags", "variant"), TAG_WIDTHS["variant"]),
+             *([(column("tags", BUDGET_TAG), BUDGET_WIDTH)] if budgets else []),
              (column("tags", "seed"), TAG_WIDTHS["seed"])]
     cards, sections = _charts(metrics)
     return {**_base(f"{FINAL_FILTER} AND tags.dataset = '{dataset}'"), **_columns(first, metrics),
@@ -182,11 +198,16 @@ def dataset_view(dataset: str, metrics: Iterable[str] = ()) -> dict:
 
 
 def study_views(datasets: Sequence[str], variants: Sequence[str],
-                metrics: Mapping[str, Iterable[str]]) -> dict[str, str]:
+                metrics: Mapping[str, Iterable[str]],
+                budgets: Mapping[str, Sequence[str]] | None = None) -> dict[str, str]:
     """Every saved view of a study, as experiment tag -> JSON: :func:`runs_view` and one
     :func:`dataset_view` per dataset; ``metrics`` maps a dataset to the metric keys its final
-    runs logged."""
+    runs logged, ``budgets`` a scaling study's dataset to its ``budget_flops`` tag values
+    (only datasets with several)."""
+    budgets = {d: list(b) for d, b in (budgets or {}).items() if len(b) > 1}
     views = {RUNS_VIEW_KEY: runs_view(datasets, variants,
-                                      {m for d in datasets for m in metrics.get(d, ())})}
-    views.update({dataset_view_key(d): dataset_view(d, metrics.get(d, ())) for d in datasets})
+                                      {m for d in datasets for m in metrics.get(d, ())},
+                                      budgets)}
+    views.update({dataset_view_key(d): dataset_view(d, metrics.get(d, ()), d in budgets)
+                  for d in datasets})
     return {view_tag(k): json.dumps(v, sort_keys=True) for k, v in views.items()}

@@ -31,7 +31,7 @@ def isoflop_points(trials: pd.DataFrame) -> pd.DataFrame:
 
     Args:
         trials: the tuning trials of every budget
-            (:attr:`~lmablate.analysis.collect.RunOutputs.scaling_trials`: ``trials.csv``
+            (``RunOutputs.scaling_trials`` of :mod:`lmablate.analysis.collect`: ``trials.csv``
             columns with ``dataset``, ``variant``, ``budget_flops``).
 
     Returns:

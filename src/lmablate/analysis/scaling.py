@@ -145,7 +145,8 @@ def fit_curves(scaling: pd.DataFrame, metric_of: dict[str, str]
     """Each dataset x variant's loss against compute, fitted (see the module docstring).
 
     Args:
-        scaling: every budget's runs (:attr:`~lmablate.analysis.collect.RunOutputs.scaling`).
+        scaling: every budget's runs (``RunOutputs.scaling`` of
+            :mod:`lmablate.analysis.collect`).
         metric_of: each dataset's headline loss column (``test_loss``, or ``answer_loss``).
 
     Returns:

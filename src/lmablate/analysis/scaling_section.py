@@ -24,7 +24,7 @@ from lmablate.analysis.collect import BASELINE, RunOutputs, present
 from lmablate.analysis.headline import headline_loss
 from lmablate.analysis.mdtable import interval, join_names, md_table, num, verdict_cell
 from lmablate.analysis.statistics import COMPARISON_COLUMNS, METRICS
-from lmablate.config import StudyConfig
+from lmablate.config import StudyConfig, budget_label
 
 # Seed 000's run (profiles/seed-scale.yaml's budget: 5,000 steps of 16 x 128 tokens at d_model
 # 96, the posts' scale): the larger budget the fitted curves are extrapolated to
@@ -272,3 +272,44 @@ def scaling_section(tables: ScalingTables, runs: RunOutputs, figures: Mapping[st
                       f"and the rest of the setup unchanged.{caveat}", "",
                       _extrapolation_table(tables.extrapolation, ds), ""]
     return lines
+
+
+def scaling_metrics(tables: ScalingTables, runs: RunOutputs,
+                    docs: Mapping[str, dict]) -> dict[str, dict]:
+    """The DVC metrics files of a scaling study (``docs``:
+    :func:`lmablate.analysis.headline.metrics_files`, relative path -> document): each
+    ``<dataset>/<variant>.json`` of a scaling dataset with its ``budget_flops`` (the headline
+    budget) and the ``trend`` of its effect, and a ``<dataset>/<variant>@<budget label>.json``
+    per smaller budget: ``seeds``, ``budget_flops``, the mean ``test_loss`` (and headline
+    loss), ``delta_<headline>`` and ``verdict`` at that budget. ``docs`` unchanged where no
+    dataset has two budgets."""
+    out = {name: dict(doc) for name, doc in docs.items()}
+    for ds, budgets in tables.budgets.items():
+        metric = tables.metric_of[ds]
+        frame = runs.scaling[runs.scaling["dataset"] == ds]
+        for variant in present(frame["variant"]):
+            trend = tables.trends[(tables.trends["dataset"] == ds)
+                                  & (tables.trends["variant"] == variant)]
+            for budget in budgets:
+                v = frame[(frame["variant"] == variant)
+                          & np.isclose(frame["budget_flops"].astype(float), budget)]
+                c = tables.effects[(tables.effects["dataset"] == ds)
+                                   & (tables.effects["variant"] == variant)
+                                   & np.isclose(tables.effects["budget_flops"].astype(float),
+                                                budget)]
+                if budget == budgets[-1]:
+                    doc = out.setdefault(f"{ds}/{variant}.json", {})
+                    doc["budget_flops"] = budget
+                    if variant != BASELINE:
+                        doc["trend"] = str(trend["trend"].iloc[0]) if len(trend) else "–"
+                    continue
+                doc = {"seeds": int(v["seed"].nunique()), "budget_flops": budget,
+                       "test_loss": float(v["test_loss"].mean())}
+                if metric != "test_loss":
+                    doc[metric] = float(v[metric].mean())
+                doc.update({f"delta_{metric}": 0.0, "verdict": "baseline"}
+                           if variant == BASELINE else
+                           {f"delta_{metric}": float(c["mean_diff"].iloc[0]),
+                            "verdict": str(c["verdict"].iloc[0])} if len(c) else {})
+                out[f"{ds}/{variant}@{budget_label(budget)}.json"] = doc
+    return out

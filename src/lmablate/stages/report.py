@@ -29,7 +29,9 @@ first-seed checkpoints and the tokenized test splits, for the model figures) and
   (:func:`~lmablate.analysis.reference_points.uniform_losses`).
 * ``metrics/<dataset>/<variant>.json`` the study-level DVC metrics, and ``metrics/<dataset>.json``
   each dataset's verdicts, both in the dataset's headline loss (:mod:`lmablate.analysis.headline`:
-  ``study_metrics``, ``dataset_verdicts``; the answer loss on arithmetic).
+  ``study_metrics``, ``dataset_verdicts``; the answer loss on arithmetic); in a scaling study
+  with the budget and the trend, and ``metrics/<dataset>/<variant>@<budget>.json`` per smaller
+  budget (:func:`~lmablate.analysis.scaling_section.scaling_metrics`).
 * ``curves/<dataset>.csv`` each variant's mean validation curve
   (:func:`~lmablate.analysis.curves.mean_curves`), the data
   of ``dvc plots show``.
@@ -84,7 +86,8 @@ from lmablate.analysis.model_figures import draw_model_figures
 from lmablate.analysis.report_figures import draw_report_figures
 from lmablate.analysis.report_text import report_markdown
 from lmablate.analysis.scaling_section import (draw_scaling_figures, scaling_csvs,
-                                               scaling_section, scaling_tables)
+                                               scaling_metrics, scaling_section,
+                                               scaling_tables)
 from lmablate.analysis.tables import compute_tables, csv_tables
 from lmablate.config import StudyConfig
 from lmablate.tracking import Tracker, make_tracker
@@ -161,8 +164,6 @@ def build_report(cfg: StudyConfig, runs_dir: Path, out_dir: Path,
     out_dir.mkdir(parents=True, exist_ok=True)
     paths: dict = {name: fileio.write_csv(out_dir / file, frame, columns)
                    for name, (file, frame, columns) in csv_tables(runs, tables).items()}
-    paths["metrics"] = write_metrics(out_dir / "metrics", metrics_files(
-        tables.summary, tables.comparisons, tables.extrapolation))
     palette = variant_palette(cfg)
     curves_dir = out_dir / "curves"
     for ds in present(runs.ablation["dataset"]):  # in the figures' colours (analysis/curves.py)
@@ -173,6 +174,8 @@ def build_report(cfg: StudyConfig, runs_dir: Path, out_dir: Path,
     scaling = scaling_tables(cfg, runs)
     paths.update({name: fileio.write_csv(out_dir / file, frame, columns)
                   for name, (file, frame, columns) in scaling_csvs(scaling).items()})
+    paths["metrics"] = write_metrics(out_dir / "metrics", scaling_metrics(scaling, runs, (
+        metrics_files(tables.summary, tables.comparisons, tables.extrapolation))))
 
     figures = draw_report_figures(cfg, runs, tables, out_dir / "figures", palette,
                                   extra=extra_figures)
