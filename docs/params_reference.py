@@ -252,8 +252,10 @@ def render() -> str:
         "learning rate and width as well. **re-runs (DVC)**: the stages of `dvc.yaml` whose "
         "params hold the key, re-run by `dvc repro` when it changes (the stages after them re-run "
         "when their outputs change).", "",
-        "**Profiles**: `profiles/full.yaml` (all 13 variants) and `profiles/seed-scale.yaml` "
-        "(seed 000's sizes, for a GPU) are complete params files giving every key: use one with "
+        "**Profiles**: `profiles/full.yaml` (all 13 variants), `profiles/scaling.yaml` (six "
+        "variants at four budgets: `train.budget_flops.shakespeare` is a list) and "
+        "`profiles/seed-scale.yaml` (seed 000's sizes, for a GPU) are complete params files "
+        "giving every key: use one with "
         "`cp profiles/<name>.yaml params.yaml && dvc repro`.", "",
         "**Environment**: `LMABLATE_OPTUNA_STORAGE` replaces `tune.storage` and "
         "`MLFLOW_TRACKING_URI` replaces `tracking.uri`; neither enters a fingerprint.", "",

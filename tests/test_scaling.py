@@ -267,6 +267,8 @@ def test_a_scaling_study_s_report_draws_its_verdicts_at_the_largest_budget(scali
     text = paths["report"].read_text()
     assert "## How the effects change with compute" in text
     assert "The verdicts are drawn at the largest of 4 budgets" in text
+    findings = text.split("## What this study")[0]
+    assert "**Across 4 budgets**" in findings  # the trend is part of the answer, up top
     assert "### An extrapolation, not a measurement" in text
     for name in ("scaling_curves", "scaling_effects", "scaling_isoflop"):
         assert f"figures/{name}.png" in text and (root / "reports/figures" / f"{name}.png")\
@@ -311,3 +313,23 @@ def test_the_mlflow_views_of_a_scaling_study_group_and_show_its_runs_by_budget_t
     assert "tags.`budget_flops`" in scaling["columnOrder"]
     assert len(scaling["groupsExpanded"]) == 2 * 2
     assert table({"shakespeare": ["100000000000.0"]}) == table()  # one budget: as before
+
+
+def test_a_scaling_study_s_stages_summarise_every_budget_and_keep_finished_work(
+        scaling_study):
+    import argparse
+    from lmablate.stages import train, tune
+    cfg, root, budgets, _ = scaling_study
+    run = root / "runs" / "arithmetic" / "rope"
+    before = (run / "best.json").read_bytes(), (run / "history.csv").read_bytes()
+    args = argparse.Namespace(dataset="arithmetic", variant="rope", tokens=root / "tokens",
+                              best=run / "best.json", trials=run / "trials.csv",
+                              checkpoints=run / "checkpoints", history=run / "history.csv",
+                              grad_stats=run / "grad_stats.csv", replicate=0)
+    line = tune.main(cfg, args)  # the finished studies, read back
+    assert [part.split(":")[0] for part in line.split("; at ")] == [
+        f"{'at ' if i == 0 else ''}{budget_label(b)} FLOPs" for i, b in enumerate(budgets)]
+    assert train.main(cfg, args).startswith(
+        f"budgets {', '.join(budget_label(b) for b in budgets)} FLOPs; at "
+        f"{budget_label(budgets[-1])}: 3 seeds x ")
+    assert ((run / "best.json").read_bytes(), (run / "history.csv").read_bytes()) == before

@@ -35,6 +35,8 @@ from lmablate.analysis.collect import BASELINE
 from lmablate.analysis.headline import headline_loss
 from lmablate.analysis.limits import tuning_luck
 from lmablate.analysis.mdtable import join_names as _names
+from lmablate.analysis.scaling import (SCALING_TITLE, TREND_FEW, TREND_GROWS, TREND_NONE,
+                                      TREND_SHRINKS)
 from lmablate.analysis.statistics import (ALPHA, METRICS, POWER, VERDICT_BETTER, VERDICT_FEW,
                                           VERDICT_IDENTICAL, VERDICT_NSD, VERDICT_WORSE)
 
@@ -261,6 +263,22 @@ def _length(length: pd.DataFrame, dataset: str) -> list[str]:
             + ", over every variant."]
 
 
+def _trends(trends: pd.DataFrame | None, dataset: str) -> list[str]:
+    """One bullet on how the effects change with compute, where ``dataset`` has a scaling
+    study's trends: the variants whose gain grows, shrinks, or shows no detectable trend."""
+    if trends is None or trends.empty:
+        return []
+    t = trends[trends["dataset"] == dataset]
+    if t.empty:
+        return []
+    parts = [f"{label}: {', '.join(map(str, t[t['trend'] == label]['variant']))}"
+             for label in (TREND_GROWS, TREND_SHRINKS, TREND_NONE, TREND_FEW)
+             if (t["trend"] == label).any()]
+    return [f"- **Across {int(t['n_budgets'].max())} budgets**, the slope of each difference "
+            f"per decade of compute (Holm-corrected; \"{SCALING_TITLE}\" below): "
+            f"{'; '.join(parts)}."]
+
+
 def findings_section(comparisons: pd.DataFrame, *, datasets: Sequence[str],
                      order: Sequence[str], variation: pd.DataFrame | None = None,
                      convergence: pd.DataFrame | None = None,
@@ -268,7 +286,8 @@ def findings_section(comparisons: pd.DataFrame, *, datasets: Sequence[str],
                      extrapolation: pd.DataFrame | None = None,
                      length: pd.DataFrame | None = None,
                      positions: Mapping[str, str] | None = None,
-                     figures: Mapping[str, str] | None = None) -> list[str]:
+                     figures: Mapping[str, str] | None = None,
+                     trends: pd.DataFrame | None = None) -> list[str]:
     """The Markdown lines of "Findings" (see the module docstring), one block per dataset.
 
     Args:
@@ -279,6 +298,8 @@ def findings_section(comparisons: pd.DataFrame, *, datasets: Sequence[str],
         extrapolation: ``extrapolation.csv``; length: ``length_generalisation.csv``.
         positions: variant -> its position scheme, for the extrapolation sentence.
         figures: dataset -> the relative path of the figure that shows its verdicts.
+        trends: a scaling study's :func:`lmablate.analysis.scaling.effect_trends`
+            (``scaling_trends.csv``): how each effect changes with compute.
     """
     empty = pd.DataFrame(columns=["dataset", "variant", "factor", "mean", "split", "digits"])
     lines = [TITLE, ""]
@@ -300,6 +321,7 @@ def findings_section(comparisons: pd.DataFrame, *, datasets: Sequence[str],
         lines += _extrapolation(extrapolation if extrapolation is not None else empty, ds,
                                 positions or {})
         lines += _length(length if length is not None else empty, ds)
+        lines += _trends(trends, ds)
         lines.append("")
         fig = (figures or {}).get(ds)
         if fig:

@@ -11,6 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+import pandas as pd
+
 from lmablate.analysis import arithmetic as arith
 from lmablate.analysis import findings as fi
 from lmablate.analysis.collect import RunOutputs, present
@@ -44,14 +46,15 @@ def arithmetic_lines(cfg: StudyConfig, runs: RunOutputs, tables: ReportTables,
 def report_markdown(cfg: StudyConfig, runs: RunOutputs, notes: Sequence[str],
                     tables: ReportTables, figures: ReportFigures, out_dir: Path,
                     environment: Mapping[str, Any] | None = None,
-                    scaling: Sequence[str] = ()) -> str:
+                    scaling: Sequence[str] = (), trends: pd.DataFrame | None = None) -> str:
     """The text of ``report.md`` (:func:`~lmablate.analysis.markdown.render_markdown`), to be
     written in ``out_dir``: figures are linked relative to it, and a dataset's findings point
     to its forest plot (``figures/forest_<dataset>.png``) where one was drawn. ``notes``: the
     lines of the data section about runs missing or ignored
     (:func:`~lmablate.analysis.collect.restrict_to_study`); ``environment``: the machine and
     versions for the methodology paragraph; ``scaling``: the lines of a scaling study's section
-    (:func:`~lmablate.analysis.scaling_section.scaling_section`)."""
+    (:func:`~lmablate.analysis.scaling_section.scaling_section`) and ``trends`` its trend
+    table, summed up in the findings."""
     ablation = runs.ablation
     datasets = present(ablation["dataset"])
     written = {p for _, _, p in figures.figures if p is not None}
@@ -63,7 +66,7 @@ def report_markdown(cfg: StudyConfig, runs: RunOutputs, notes: Sequence[str],
         positions={v: cfg.model_config(v, vocab_size=1).position
                    for v in present(ablation["variant"])},
         figures={ds: f"figures/forest_{ds}.png" for ds in datasets
-                 if (fig_dir / f"forest_{ds}.png") in written})
+                 if (fig_dir / f"forest_{ds}.png") in written}, trends=trends)
     return render_markdown(
         cfg, runs, tables.summary, tables.comparisons,
         [(ds, cap, p.relative_to(out_dir).as_posix() if p is not None else None)

@@ -92,7 +92,8 @@ def evaluate_seed(job: EvalJob, data: TokenData | None = None, tok: CharTokenize
         model, data.test, ev.extrapolation_factors, ev.position_bucket, ev.batch_size,
         ev.max_batches * ev.batch_size * model.cfg.context_length, device, data.stride)
     if ds.kind == "arithmetic":
-        ev, name = cfg.evaluate, f"{dataset}/{variant}/seed {seed}"
+        ev = cfg.evaluate
+        name = f"{dataset}/{variant}/" + (f"{job.label}/" if job.label else "") + f"seed {seed}"
         preds = arithmetic_predictions(model, tok, problems, ev.batch_size, device,
                                        desc=f"{name}: decoding")
         nats = answer_nats(model, tok, problems, ev.batch_size, device)

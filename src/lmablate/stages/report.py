@@ -183,7 +183,8 @@ def build_report(cfg: StudyConfig, runs_dir: Path, out_dir: Path,
     paths["report"] = out_dir / "report.md"
     fileio.write_text(paths["report"], report_markdown(
         cfg, runs, notes, tables, figures, out_dir, environment,
-        scaling=scaling_section(scaling, runs, scaling_figures, out_dir)))
+        scaling=scaling_section(scaling, runs, scaling_figures, out_dir),
+        trends=scaling.trends))
     paths["figures"] = figures.written() + list(scaling_figures.values())
     return paths
 

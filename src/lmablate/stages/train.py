@@ -94,6 +94,11 @@ def _finished(job: SeedJob, fp: str) -> dict | None:
     return done
 
 
+def _where(job: SeedJob) -> str:
+    """``dataset/variant``, and ``/<budget label>`` in a scaling study: a progress bar's name."""
+    return f"{job.dataset}/{job.variant}" + (f"/{job.label}" if job.label else "")
+
+
 def _distrust(job: SeedJob, problem: str) -> None:
     print(f"lmablate: {problem}; training {job.dataset}/{job.variant} seed {job.seed} again",
           file=sys.stderr, flush=True)
@@ -179,7 +184,7 @@ def train_seed(job: SeedJob) -> dict:
         try:
             result = train_model(job.model_cfg, cfg.train, data, seed=seed, lr=job.lr,
                                  steps=job.steps, device=device, tracker=tracker,
-                                 desc=f"{job.dataset}/{job.variant}/seed {seed}",
+                                 desc=f"{_where(job)}/seed {seed}",
                                  resume_path=resume_path, fingerprint=fp,
                                  resume_meta={"mlflow_run_id": run_id})
         except DivergenceError as exc:
@@ -224,7 +229,7 @@ def train_seeds_batched(jobs: list[SeedJob]) -> list[dict]:
                 results = train_seeds(
                     first.model_cfg, cfg.train, data, seeds=[job.seed for job in todo],
                     lr=first.lr, steps=first.steps, device=device, trackers=runs,
-                    desc=f"{first.dataset}/{first.variant}",
+                    desc=_where(first),
                     resume_paths=[job.seed_dir / "resume.pt" for job in todo],
                     fingerprints=[fps[job.seed] for job in todo],
                     resume_meta=[{"mlflow_run_id": run.run_id} for run in runs])
