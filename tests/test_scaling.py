@@ -119,6 +119,28 @@ def test_curves_that_cross_within_the_budgets_say_where():
     at = sc.crossing(BUDGETS[:4], deltas)
     assert at == pytest.approx(10 ** ((np.log10(3e9) + np.log10(1e10)) / 2))
     assert math.isnan(sc.crossing(BUDGETS[:4], np.abs(deltas)))
+    # back and forth across 0 is noise, not a crossing
+    assert math.isnan(sc.crossing(BUDGETS[:4], np.array([0.01, -0.01, 0.01, -0.01])))
+
+
+def test_a_crossing_is_stated_only_where_the_effect_has_a_trend():
+    n = len(BUDGETS)
+    df = study({"baseline": np.zeros(n),
+                "crosses": 0.05 - 0.02 * np.arange(n),  # worse, then better: 0 at i = 2.5
+                "wobbles": 0.004 * np.array([1, -1, 1, 1, -1, 1])})  # slope 0
+    trends = sc.effect_trends(df, {"shakespeare": "test_loss"}).set_index("variant")
+    expected = 10 ** np.interp(2.5, np.arange(n), np.log10(BUDGETS))
+    assert trends.loc["crosses", "crossing_flops"] == pytest.approx(expected, rel=0.3)
+    assert trends.loc["wobbles", "trend"] == sc.TREND_NONE
+    assert math.isnan(trends.loc["wobbles", "crossing_flops"])
+
+
+def test_a_fit_without_a_floor_says_so():
+    df = study({"baseline": np.zeros(len(BUDGETS))})
+    noise = np.random.default_rng(1).normal(0, 1e-4, len(df))
+    df["test_loss"] = 30 * df["budget_flops"] ** -0.1 * (1 + noise)  # no floor at all
+    fits, _ = sc.fit_curves(df, {"shakespeare": "test_loss"})
+    assert fits.iloc[0]["note"].startswith("E at its lower bound 0")
 
 
 def test_an_effect_at_each_budget_is_the_one_budget_comparison():
@@ -163,6 +185,19 @@ def test_isoflop_points_take_each_width_s_best_trial_of_the_lowest_rung():
     assert points[["d_model", "val_loss", "lr", "n_trials"]].values.tolist() == [
         [16, 2.3, 0.02, 2], [24, 2.4, 0.01, 1]]
     assert (points["trial_flops"] == 2.5e9).all()
+
+
+def test_widths_tried_at_one_lr_are_left_out_of_the_vertex_where_three_others_exist():
+    widths = [12, 16, 20, 24, 32]
+    loss = list(2.0 + 0.3 * (np.log(widths) - np.log(18)) ** 2)
+    loss[-1] = 1.9  # one lucky-looking, once-tried width pulls a fit of all five
+    points = pd.DataFrame({"dataset": "shakespeare", "variant": "baseline",
+                           "budget_flops": 1e10, "trial_flops": 2.5e9, "d_model": widths,
+                           "val_loss": loss, "lr": 0.01, "n_trials": [2, 2, 2, 2, 1]})
+    optimal = iso.optimal_widths(points, pd.DataFrame(columns=["dataset", "variant",
+                                                                "budget_flops", "d_model"]))
+    assert optimal.iloc[0]["optimal_d_model"] == pytest.approx(18, rel=0.02)
+    assert optimal.iloc[0]["method"] == iso.PARABOLA
 
 
 # ------------------------------------------------------------------------------------- config

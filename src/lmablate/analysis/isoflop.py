@@ -4,10 +4,12 @@ the tuning trials, and the compute-optimal width (Hoffmann et al. 2022, approach
 Every trial of a rung spends the same compute (its share of the budget) whatever its width, so a
 rung's trials are an isoFLOP profile. The lowest rung is used: it is the one that spans the
 width ladder (a higher rung holds the few promoted trials, often of one width). Each width is
-represented by its best trial over learning rates (the loss at that width's tuned lr). The
-compute-optimal width is the vertex of a parabola in log ``d_model`` fitted to those points
-(``numpy.polyfit``) where there are three or more widths, the parabola opens upwards and its
-vertex lies among them; otherwise it is the best measured width, and ``method`` says which.
+represented by its best trial over learning rates (the loss at that width's tuned lr; a width
+tried at one learning rate only may sit well above it, so such widths are left out of the fit
+wherever three widths were tried at two or more). The compute-optimal width is the vertex of a
+parabola in log ``d_model`` fitted to those points (``numpy.polyfit``) where there are three or
+more widths, the parabola opens upwards and its vertex lies among them; otherwise it is the best
+measured width, and ``method`` says which.
 The width tuning chose at the full budget is listed next to it.
 """
 
@@ -75,13 +77,18 @@ def optimal_width(d_model: np.ndarray, loss: np.ndarray) -> tuple[float, str]:
 
 def optimal_widths(points: pd.DataFrame, tuned: pd.DataFrame) -> pd.DataFrame:
     """The compute-optimal width of each dataset x variant x budget from
-    :func:`isoflop_points`, with the width tuning chose (``tuned``: ``budget_flops`` and
+    :func:`isoflop_points` (:func:`optimal_width` of the widths tried at two or more learning
+    rates where there are three such, else of every width), with the width tuning chose (``tuned``: ``budget_flops`` and
     :data:`~lmablate.analysis.collect.TUNED_COLUMNS`, one row per budget). Columns
     :data:`OPTIMAL_COLUMNS`."""
     rows = []
     for (dataset, variant, budget), group in points.groupby(
             ["dataset", "variant", "budget_flops"], observed=True, sort=True):
-        width, method = optimal_width(group["d_model"].to_numpy(), group["val_loss"].to_numpy())
+        # a width tried at one lr only may sit well above its best loss: left out of the fit
+        # wherever three widths were tried at two or more
+        tried = group[group["n_trials"] >= 2]
+        used = tried if len(tried) >= 3 else group
+        width, method = optimal_width(used["d_model"].to_numpy(), used["val_loss"].to_numpy())
         match = tuned[(tuned["dataset"].astype(str) == str(dataset))
                       & (tuned["variant"].astype(str) == str(variant))
                       & np.isclose(tuned["budget_flops"].astype(float), float(budget))]

@@ -16,8 +16,9 @@
   two-sided one-sample t-test, Holm-corrected over the dataset's variants (as the comparisons
   at one budget, :func:`lmablate.analysis.statistics.compare`). A slope below 0 whose corrected
   interval excludes 0 reads "gain grows" (Delta falls as compute grows), above 0 "gain shrinks",
-  else "no detectable trend". Where the mean Delta changes sign between two adjacent budgets
-  the curves cross there, at the compute found by interpolating Delta linearly in log C.
+  else "no detectable trend". Where the trend is detectable and the mean Delta changes sign
+  once, between two adjacent budgets, the curves cross there, at the compute found by
+  interpolating Delta linearly in log C.
 * **Extrapolation** (:func:`extrapolate`): the fitted curves at a larger budget, with the
   bootstrap interval: an extrapolation, never a measurement.
 
@@ -93,6 +94,12 @@ def fit_power_law(flops: Sequence[float], loss: Sequence[float]) -> tuple[float,
             power_law, x, y, p0=p0, bounds=([0.0, 1e-12, 1e-4], [np.inf, np.inf, 2.0]),
             maxfev=20000)
     return float(e), float(a_scaled * scale ** alpha), float(alpha)
+
+
+def e_at_bound(e: float, losses: np.ndarray) -> bool:
+    """Whether a fitted irreducible loss ``e`` sits at its lower bound 0 (below 1e-6 of the
+    smallest loss in ``losses``): the points identified no floor."""
+    return bool(e < 1e-6 * float(np.nanmin(losses)))
 
 
 def fit_log_linear(flops: Sequence[float], loss: Sequence[float]) -> tuple[float, float]:
@@ -193,6 +200,9 @@ def fit_curves(scaling: pd.DataFrame, metric_of: dict[str, str]
         resamples[(str(dataset), str(variant))] = boot
         ok = boot[np.isfinite(boot).all(axis=1)]
         row.update(form=form, E=e, A=a, alpha=alpha, n_bootstrap=len(ok))
+        if form == SATURATING and e_at_bound(e, matrix):
+            row["note"] = ("E at its lower bound 0: the losses show no floor within the "
+                           "budgets, and the law is a pure power law there")
         for i, name in enumerate(("E", "A", "alpha")):
             if len(ok):
                 row[f"{name}_low"], row[f"{name}_high"] = np.percentile(ok[:, i], [q, 100 - q])
@@ -256,14 +266,17 @@ def extrapolate(fits: pd.DataFrame, resamples: dict[tuple[str, str], np.ndarray]
 
 def crossing(budgets: np.ndarray, deltas: np.ndarray) -> float:
     """The compute (FLOPs) at which the mean difference ``deltas`` (one per budget, budgets
-    increasing) first changes sign, interpolated linearly in log10 C between the two budgets
-    around it; NaN where it keeps its sign."""
-    for i in range(len(deltas) - 1):
-        d0, d1 = deltas[i], deltas[i + 1]
-        if np.isfinite(d0) and np.isfinite(d1) and d0 * d1 < 0:
-            x0, x1 = np.log10(budgets[i]), np.log10(budgets[i + 1])
-            return float(10 ** (x0 + (x1 - x0) * d0 / (d0 - d1)))
-    return math.nan
+    increasing) changes sign, interpolated linearly in log10 C between the two budgets around
+    it; NaN where it keeps its sign, or changes it more than once (noise, not a crossing)."""
+    changes = [i for i in range(len(deltas) - 1)
+               if np.isfinite(deltas[i]) and np.isfinite(deltas[i + 1])
+               and deltas[i] * deltas[i + 1] < 0]
+    if len(changes) != 1:
+        return math.nan
+    i = changes[0]
+    d0, d1 = deltas[i], deltas[i + 1]
+    x0, x1 = np.log10(budgets[i]), np.log10(budgets[i + 1])
+    return float(10 ** (x0 + (x1 - x0) * d0 / (d0 - d1)))
 
 
 def effect_trends(scaling: pd.DataFrame, metric_of: dict[str, str],
@@ -281,8 +294,9 @@ def effect_trends(scaling: pd.DataFrame, metric_of: dict[str, str],
         :data:`TREND_COLUMNS`, one row per dataset x variant other than ``baseline``:
         ``slope`` and its intervals in the metric's unit per decade of compute, ``trend`` one
         of :data:`TREND_GROWS`, :data:`TREND_SHRINKS`, :data:`TREND_NONE`, :data:`TREND_FEW`
-        (fewer than 2 budgets or 3 seeds), ``crossing_flops`` where the mean difference
-        changes sign between budgets (NaN otherwise).
+        (fewer than 2 budgets or 3 seeds), ``crossing_flops`` where the trend is detectable
+        and the mean difference changes sign once between budgets (:func:`crossing`; NaN
+        otherwise).
     """
     rows = []
     for dataset, d in scaling.groupby("dataset", observed=True, sort=True):
@@ -302,7 +316,7 @@ def effect_trends(scaling: pd.DataFrame, metric_of: dict[str, str],
                    "n_budgets": len(budgets), "n_seeds": len(diff), "trend": TREND_FEW,
                    "crossing_flops": crossing(np.asarray(budgets, dtype=float),
                                               diff.mean().to_numpy(float)) if len(diff)
-                   else math.nan}
+                   else math.nan}  # kept below only where the trend is detectable
             row.update(dict.fromkeys(TREND_COLUMNS[5:12], math.nan))
             if len(budgets) >= 2 and len(diff) >= 3:
                 slopes = np.array([np.polyfit(x, r, 1)[0] for r in diff.to_numpy(float)])
@@ -331,6 +345,9 @@ def effect_trends(scaling: pd.DataFrame, metric_of: dict[str, str],
                     r["slope"], r.pop("_sem"), r.pop("_df"), r["p_value"], float(p), alpha)
                 if rej:
                     r["trend"] = TREND_GROWS if r["slope"] < 0 else TREND_SHRINKS
+        for r in rows:
+            if r["dataset"] == dataset and r["trend"] not in (TREND_GROWS, TREND_SHRINKS):
+                r["crossing_flops"] = math.nan  # a sign change without a trend is noise
     return pd.DataFrame(rows, columns=TREND_COLUMNS)
 
 

@@ -124,8 +124,8 @@ def plot_effect_trends(path: Path, effects: pd.DataFrame, palette: Mapping[str, 
 def plot_isoflop(path: Path, points: pd.DataFrame, optimal: pd.DataFrame,
                  order: Sequence[str]) -> Path | None:
     """One panel per dataset x variant: validation loss of each width's best lowest-rung trial
-    against ``d_model`` (log axis), one line per budget (darker: more compute), the
-    compute-optimal width of each budget marked (a star at a parabola's vertex, a ring at the
+    against ``d_model`` (log axis), one line per budget (darker: more compute; a hollow point:
+    a width tried at one learning rate only), the compute-optimal width of each budget marked (a star at a parabola's vertex, a ring at the
     best measured width). None without points."""
     if points.empty:
         return None
@@ -138,9 +138,13 @@ def plot_isoflop(path: Path, points: pd.DataFrame, optimal: pd.DataFrame,
             frame = points[(points["dataset"] == ds) & (points["variant"] == variant)]
             for budget, group in frame.groupby("budget_flops", sort=True):
                 group = group.sort_values("d_model")
-                ax.plot(group["d_model"], group["val_loss"], marker="o", markersize=3,
-                        color=shades[budget],
+                ax.plot(group["d_model"], group["val_loss"], color=shades[budget],
                         label=f"{budget:.2g} (trials {group['trial_flops'].iloc[0]:.2g})")
+                once = group["n_trials"] < 2  # hollow: a width tried at one lr only
+                ax.scatter(group["d_model"][~once], group["val_loss"][~once], s=14,
+                           color=shades[budget], zorder=3)
+                ax.scatter(group["d_model"][once], group["val_loss"][once], s=14,
+                           facecolors="white", edgecolors=shades[budget], zorder=3)
                 best = optimal[(optimal["dataset"] == ds) & (optimal["variant"] == variant)
                                & np.isclose(optimal["budget_flops"].astype(float), budget)]
                 if len(best) and np.isfinite(best.iloc[0]["optimal_d_model"]):

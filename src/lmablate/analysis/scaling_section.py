@@ -107,7 +107,7 @@ def draw_scaling_figures(tables: ScalingTables, runs: RunOutputs, fig_dir: Path,
 
 
 def _flops(x: float) -> str:
-    return f"{x:.2g}"
+    return budget_label(x)
 
 
 def _fit_table(fits: pd.DataFrame, dataset: str) -> str:
@@ -119,8 +119,13 @@ def _fit_table(fits: pd.DataFrame, dataset: str) -> str:
             cell += f" [{row[f'{name}_low']:.{digits}g}, {row[f'{name}_high']:.{digits}g}]"
         return cell
 
-    rows = [{"variant": r["variant"], "fitted law": r["form"] or "–",
-             "E": with_interval(r, "E", 3) if r["form"] == sc.SATURATING else "–",
+    def e_cell(row: pd.Series) -> str:
+        if row["form"] != sc.SATURATING:
+            return "–"
+        return "0 (at its bound)" if row["note"].startswith("E at its") else with_interval(
+            row, "E", 3)
+
+    rows = [{"variant": r["variant"], "fitted law": r["form"] or "–", "E": e_cell(r),
              "A": with_interval(r, "A", 3), "α": with_interval(r, "alpha", 3),
              "bootstrap fits": int(r["n_bootstrap"])}
             for _, r in fits[fits["dataset"] == dataset].iterrows()]
@@ -151,9 +156,9 @@ def _trend_table(effects: pd.DataFrame, trends: pd.DataFrame, dataset: str,
 def _trend_sentences(trends: pd.DataFrame, dataset: str) -> list[str]:
     t = trends[trends["dataset"] == dataset]
     parts = []
-    for label, meaning in ((sc.TREND_GROWS, "its difference to the baseline falls as compute "
+    for label, meaning in ((sc.TREND_GROWS, "the difference to the baseline falls as compute "
                             "grows"),
-                           (sc.TREND_SHRINKS, "its difference to the baseline rises as compute "
+                           (sc.TREND_SHRINKS, "the difference to the baseline rises as compute "
                             "grows"),
                            (sc.TREND_NONE, "no slope distinguishable from 0")):
         names = list(t[t["trend"] == label]["variant"].astype(str))
@@ -163,15 +168,16 @@ def _trend_sentences(trends: pd.DataFrame, dataset: str) -> list[str]:
                  for _, r in t.iterrows() if np.isfinite(r["crossing_flops"])]
     lines = [f"Trend of each effect: {'; '.join(parts)}." if parts else ""]
     if crossings:
-        lines.append(f"The mean difference changes sign between two budgets, so the curves "
-                     f"cross within the measured range: {join_names(crossings)}.")
+        lines.append(f"The mean difference changes sign once, between two budgets, so the "
+                     f"curves cross within the measured range: {join_names(crossings)}.")
     return [x for x in lines if x]
 
 
-def _optimal_table(optimal: pd.DataFrame, dataset: str, budgets: Sequence[float]) -> str:
+def _optimal_table(optimal: pd.DataFrame, dataset: str, budgets: Sequence[float],
+                   order: Sequence[str]) -> str:
     rows = []
     d = optimal[optimal["dataset"] == dataset]
-    for variant in present(d["variant"]):
+    for variant in [v for v in order if (d["variant"] == v).any()]:
         row = {"variant": variant}
         for b in budgets:
             o = d[(d["variant"] == variant) & np.isclose(d["budget_flops"].astype(float), b)]
@@ -248,10 +254,14 @@ def scaling_section(tables: ScalingTables, runs: RunOutputs, figures: Mapping[st
                   "tuning's lowest rung (an isoFLOP profile: every trial of a rung spends the "
                   "same compute) and the width that minimises it: the vertex of a parabola in "
                   "log d_model (Hoffmann et al. 2022, approach 2), or, marked \\*, the best "
-                  "width measured where no parabola has its minimum within the widths. The "
-                  "width tuning chose at the full budget is in brackets.", ""]
+                  "width measured where no parabola has its minimum within the widths. A width "
+                  "the tuning tried at one learning rate only (a hollow point in the figure) "
+                  "may sit above its best loss, so the vertex is fitted to the widths tried "
+                  "at two or more wherever three such widths exist. The width tuning chose at "
+                  "the full budget is in brackets.", ""]
         for ds, budgets in tables.budgets.items():
-            lines += [f"**{ds}**", "", _optimal_table(tables.optimal, ds, budgets), ""]
+            lines += [f"**{ds}**", "", _optimal_table(tables.optimal, ds, budgets,
+                                                      present(runs.scaling["variant"])), ""]
         if "isoflop" in figures:
             lines += [f"![IsoFLOP profiles]"
                       f"({figures['isoflop'].relative_to(out_dir).as_posix()})", ""]
@@ -264,6 +274,15 @@ def scaling_section(tables: ScalingTables, runs: RunOutputs, figures: Mapping[st
             caveat = ("" if (ex["form"] == sc.SATURATING).all() else
                       " A log-log line has no floor, so it predicts lower losses, and larger "
                       "gaps, than a saturating law would.")
+            fits = tables.fits[(tables.fits["dataset"] == ds) & (tables.fits["form"] != "")]
+            floorless = list(fits[fits["note"].str.startswith("E at its")]["variant"])
+            floored = [v for v in fits["variant"] if v not in floorless]
+            if floorless and floored:
+                caveat += (f" The fits of {join_names(floorless)} found no floor (E at 0) and "
+                           f"keep falling, while those of {join_names(floored)} level off at "
+                           "their E: a predicted difference between the two groups comes from "
+                           f"that difference of form, fitted on {len(tables.budgets[ds])} "
+                           "budgets, more than from the data.")
             lines += [f"The fitted curves of {ds} at {target:.3g} FLOPs (the seed scale, "
                       f"{factor:,.0f}x the largest budget measured), with the 95% interval of "
                       "the bootstrap over seeds (paired across variants for Δ). Nothing was "
