@@ -22,7 +22,7 @@ def test_ablation_csv_schema_and_one_row_per_run(built):
     df = pd.read_csv(out["ablation"])
     assert list(df.columns) == collect.ABLATION_COLUMNS == [
         "dataset", "variant", "seed", "n_params", "n_params_non_embedding", "flops_per_token",
-        "lr", "d_model", "steps", "tokens", "train_flops", "val_loss", "test_loss",
+        "lr", "d_model", "steps", "tokens", "train_flops", "budget_flops", "val_loss", "test_loss",
         "answer_loss", "perplexity", "bits_per_char", "char_accuracy", "exact_match",
         "train_seconds", "tokens_per_second"]
     assert len(df) == 2 * 3 * 3
