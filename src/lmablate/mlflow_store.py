@@ -241,8 +241,8 @@ class MlflowStore:
     def save_views(self, datasets: list[str], variants: list[str],
                    colours: dict[str, str]) -> dict[str, str]:
         """Write the study's saved views (:func:`lmablate.mlflow_views.study_views`) on the
-        experiment, from the metrics and budgets its final runs logged, and tag every final run with its
-        variant's colour (``colours``: variant -> ``"#rrggbb"``, the run tag
+        experiment, from the metrics and budgets its final runs logged, and tag every final run
+        with its variant's colour (``colours``: variant -> ``"#rrggbb"``, the run tag
         ``mlflow.runColor`` the UI draws a run in). Tags already right are not written again.
 
         Returns:

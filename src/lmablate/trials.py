@@ -203,9 +203,9 @@ def trials_frame(cfg: StudyConfig, dataset: str, variant: str, vocab_size: int,
                  results: dict[int, FrozenTrial]) -> list[dict]:
     """One row per slot with a result (:data:`TRIALS_COLUMNS`): its rung, batch, the budget
     (FLOPs of a final run; ``cfg`` holds one per dataset, see
-    :meth:`~lmablate.config.StudyConfig.at_budget`) and its share of it, params, the baseline's tokens per parameter at its width, state, value (final
-    val loss; empty for a diverged trial), steps planned and trained (up to its last report),
-    FLOPs spent."""
+    :meth:`~lmablate.config.StudyConfig.at_budget`) and its share of it, params, the
+    baseline's tokens per parameter at its width, state, value (final val loss; empty for a
+    diverged trial), steps planned and trained (up to its last report), FLOPs spent."""
     rows = []
     for slot in sorted(results):
         t = results[slot]

@@ -24,7 +24,7 @@ from lmablate.analysis.run_files import (
     ABLATION_COLUMNS, ANSWER_DIGITS_COLUMNS, EXTRAPOLATION_COLUMNS, OPERAND_DIGITS_COLUMNS,
     PER_OP_COLUMNS, POSITION_LOSS_COLUMNS, REPLICATE_COLUMNS, TUNED_COLUMNS, at_headline,
     read_csv_tagged, read_metrics, tuned_row, typed_columns, typed_numbers)
-from lmablate.config import StudyConfig
+from lmablate.config import StudyConfig, budget_label
 
 BASELINE = "baseline"  # the variant every other is compared with; first in every table
 
@@ -243,10 +243,9 @@ def collect(runs_dir: Path) -> RunOutputs:
             # Per seed: text samples (strings) or arithmetic predictions (dicts); a scaling
             # study's keyed "<budget label>/seed_<s>", of which the headline budget's are kept
             examples = fileio.read_json(run_dir / "examples.json")
-            labels = sorted({k.rpartition("/")[0] for k in examples},
-                            key=lambda label: float(label or 0))
+            keep = ("",) if headline is None else ("", budget_label(headline))
             examples = {k.rpartition("/")[2]: v for k, v in examples.items()
-                        if k.rpartition("/")[0] == labels[-1]} if labels else examples
+                        if k.rpartition("/")[0] in keep}
             first = next((v[0] for v in examples.values() if v), None)
             sink = predictions if isinstance(first, dict) else samples
             sink[(dataset, variant)] = examples
@@ -269,7 +268,8 @@ def collect(runs_dir: Path) -> RunOutputs:
     runs = RunOutputs(ablation=ablation, history=_stack(histories), trials=_stack(trials),
                       grad=_stack(grads), per_op=per_op, samples=samples,
                       predictions=predictions,
-                      replicates=typed_columns(pd.DataFrame(replicate_rows, columns=REPLICATE_COLUMNS)),
+                      replicates=typed_columns(pd.DataFrame(replicate_rows,
+                                                            columns=REPLICATE_COLUMNS)),
                       tuned=pd.DataFrame(tuned_rows, columns=TUNED_COLUMNS),
                       scaling=typed_columns(pd.DataFrame(scaling_rows, columns=ABLATION_COLUMNS)),
                       scaling_trials=_stack(scaling_trials),

@@ -78,9 +78,9 @@ def optimal_width(d_model: np.ndarray, loss: np.ndarray) -> tuple[float, str]:
 def optimal_widths(points: pd.DataFrame, tuned: pd.DataFrame) -> pd.DataFrame:
     """The compute-optimal width of each dataset x variant x budget from
     :func:`isoflop_points` (:func:`optimal_width` of the widths tried at two or more learning
-    rates where there are three such, else of every width), with the width tuning chose (``tuned``: ``budget_flops`` and
-    :data:`~lmablate.analysis.collect.TUNED_COLUMNS`, one row per budget). Columns
-    :data:`OPTIMAL_COLUMNS`."""
+    rates where there are three such, else of every width), with the width tuning chose
+    (``tuned``: ``budget_flops`` and :data:`~lmablate.analysis.collect.TUNED_COLUMNS`, one row
+    per budget). Columns :data:`OPTIMAL_COLUMNS`."""
     rows = []
     for (dataset, variant, budget), group in points.groupby(
             ["dataset", "variant", "budget_flops"], observed=True, sort=True):

@@ -16,9 +16,9 @@ from lmablate import fileio
 
 ABLATION_COLUMNS = [
     "dataset", "variant", "seed", "n_params", "n_params_non_embedding", "flops_per_token", "lr",
-    "d_model", "steps", "tokens", "train_flops", "budget_flops", "val_loss", "test_loss", "answer_loss",
-    "perplexity", "bits_per_char", "char_accuracy", "exact_match", "train_seconds",
-    "tokens_per_second",
+    "d_model", "steps", "tokens", "train_flops", "budget_flops", "val_loss", "test_loss",
+    "answer_loss", "perplexity", "bits_per_char", "char_accuracy", "exact_match",
+    "train_seconds", "tokens_per_second",
 ]
 # Stored as integers when every present value is integral (pandas' nullable Int64, so NaN stays
 # possible and the CSV shows 104321 rather than 104321.0).

@@ -125,8 +125,9 @@ def plot_isoflop(path: Path, points: pd.DataFrame, optimal: pd.DataFrame,
                  order: Sequence[str]) -> Path | None:
     """One panel per dataset x variant: validation loss of each width's best lowest-rung trial
     against ``d_model`` (log axis), one line per budget (darker: more compute; a hollow point:
-    a width tried at one learning rate only), the compute-optimal width of each budget marked (a star at a parabola's vertex, a ring at the
-    best measured width). None without points."""
+    a width tried at one learning rate only), the compute-optimal width of each budget marked
+    (a star at a parabola's vertex, a ring at the best measured width). None without
+    points."""
     if points.empty:
         return None
     keys = [(d, v) for d in present(points["dataset"]) for v in order

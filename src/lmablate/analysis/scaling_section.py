@@ -186,8 +186,8 @@ def _optimal_table(optimal: pd.DataFrame, dataset: str, budgets: Sequence[float]
                 continue
             o = o.iloc[0]
             mark = "" if o["method"] == iso.PARABOLA else "*"
-            row[f"{_flops(b)}"] = (f"{o['optimal_d_model']:.0f}{mark} (tuned "
-                                   f"{'–' if pd.isna(o['tuned_d_model']) else int(o['tuned_d_model'])})")
+            tuned = "–" if pd.isna(o["tuned_d_model"]) else int(o["tuned_d_model"])
+            row[f"{_flops(b)}"] = f"{o['optimal_d_model']:.0f}{mark} (tuned {tuned})"
         rows.append(row)
     return md_table(pd.DataFrame(rows))
 

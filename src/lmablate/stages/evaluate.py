@@ -145,9 +145,9 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, raw_dir:
 
     Writes ``metrics_path`` (JSON ``{"dataset", "variant", "runs": {"seed_<s>": {...}}}``, in a
     scaling study keyed ``"<budget label>/seed_<s>"``, every budget's (each run's training
-    summary has its ``budget_flops``); each seed's with its length extrapolation under ``"extrapolation"``
-    (:func:`lmablate.evaluation.extrapolation`); an arithmetic seed's with its answer loss,
-    exact match and char accuracy overall, ``per_op`` and ``by_answer_digits``
+    summary has its ``budget_flops``); each seed's with its length extrapolation under
+    ``"extrapolation"`` (:func:`lmablate.evaluation.extrapolation`); an arithmetic seed's with
+    its answer loss, exact match and char accuracy overall, ``per_op`` and ``by_answer_digits``
     (:func:`lmablate.evaluation.arithmetic_scores`) and ``by_operand_digits``, the test split's
     lengths and each length of ``length.txt`` (``"split": "test"`` / ``"length"``;
     :func:`lmablate.evaluation.by_operand_digits`), or "n/a (...)" for a length the model cannot
