@@ -1,0 +1,90 @@
+"""Brute force for the tuner: train variants at the dataset's full budget on a grid of learning
+rates x widths x seeds and print each run's test loss, as the evaluate stage scores it.
+
+The tuner's answer for a variant is right when this grid agrees with it: its lr within a factor
+of 2 of the grid's best and its loss within the spread of the grid's seeds. Run from a
+workspace where ``dvc repro tokenize`` (or the whole study) has run::
+
+    python scripts/lr_grid.py shakespeare baseline rmsnorm --lr 0.005 0.01 0.02 0.04 \\
+        --d-model 24 --seeds 0 1 [--csv grid.csv]
+
+Prints one row per variant x width x lr: the test loss (nats/char) of each seed and their mean;
+``--csv`` writes every run. Seeds run one after another on this process's threads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+from pathlib import Path
+
+from lmablate.budget import run_steps
+from lmablate.device import resolve_device
+from lmablate.evaluation import split_loss
+from lmablate.params import load
+from lmablate.token_data import TokenData
+from lmablate.training import train_model
+from lmablate.variants import preflight, resolve_model_config
+
+
+def grid(params: Path, dataset: str, variants: list[str], lrs: list[float],
+         widths: list[int], seeds: list[int]) -> list[dict]:
+    """One row per run: ``variant``, ``d_model``, ``lr``, ``seed``, ``steps`` and
+    ``test_loss`` (nats/char over the evaluate stage's test windows).
+
+    Raises:
+        ConfigError: unknown dataset or variant, or a width the budget cannot train.
+    """
+    cfg = load(params)
+    data = TokenData.load(Path("data/tokens") / dataset)
+    train_cfg = cfg.train.for_dataset(dataset)
+    device = resolve_device(cfg.runtime.device)
+    models = {}
+    for variant in variants:  # every model checked before the first step
+        cfg.check_variant(variant)
+        for d in widths:
+            model_cfg = resolve_model_config(cfg, variant, data.vocab_size, d)
+            preflight(model_cfg, f"variant {variant!r}")
+            models[variant, d] = (model_cfg, run_steps(cfg, dataset, model_cfg))
+    rows = []
+    for (variant, d), (model_cfg, steps) in models.items():
+        for lr in lrs:
+            for seed in seeds:
+                result = train_model(model_cfg, train_cfg, data, seed=seed, lr=lr, steps=steps,
+                                     device=device, desc=f"{variant} d{d} lr{lr:g} s{seed}")
+                loss = split_loss(result.model, data.test, cfg.evaluate.batch_size,
+                                  cfg.evaluate.max_batches, device, stride=data.stride)
+                rows.append({"variant": variant, "d_model": d, "lr": lr, "seed": seed,
+                             "steps": steps, "test_loss": loss})
+                print(f"{variant:>10} d_model {d:>3} lr {lr:<8.3g} seed {seed}: "
+                      f"{loss:.4f}", file=sys.stderr, flush=True)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("dataset")
+    ap.add_argument("variants", nargs="+")
+    ap.add_argument("--lr", type=float, nargs="+", required=True)
+    ap.add_argument("--d-model", type=int, nargs="+", required=True)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    ap.add_argument("--params", type=Path, default=Path("params.yaml"))
+    ap.add_argument("--csv", type=Path)
+    args = ap.parse_args(argv)
+    rows = grid(args.params, args.dataset, args.variants, args.lr, args.d_model, args.seeds)
+    if args.csv:
+        with open(args.csv, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+    print("variant,d_model,lr," + ",".join(f"seed_{s}" for s in args.seeds) + ",mean")
+    for key in dict.fromkeys((r["variant"], r["d_model"], r["lr"]) for r in rows):
+        losses = [r["test_loss"] for r in rows if (r["variant"], r["d_model"], r["lr"]) == key]
+        print(f"{key[0]},{key[1]},{key[2]:g}," + ",".join(f"{x:.4f}" for x in losses)
+              + f",{sum(losses) / len(losses):.4f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
