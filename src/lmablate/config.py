@@ -83,6 +83,13 @@ def _check_factors(key: str, value: Any) -> tuple[int, ...]:
                                 "of context_length, e.g. [1, 2, 4]", "factors must be distinct")
 
 
+def _check_factor(key: str, value: Any) -> float:
+    if not 1 < value <= 4:
+        fail(key, value, "expected a number above 1 and at most 4 (neighbouring learning rates "
+             "within a factor of 4)")
+    return float(value)
+
+
 def _check_seeds(key: str, value: Any) -> tuple[int, ...]:
     if not isinstance(value, (list, tuple)) or not value:
         fail(key, value, "expected a non-empty list of integers")
@@ -236,14 +243,22 @@ class TuneConfig:
     """
 
     rungs: tuple[tuple[int, float], ...] = param(
-        ((12, 0.125), (2, 1.0)), "successive halving: [trials, share of the budget] per rung, "
+        ((8, 0.125), (3, 1.0)), "successive halving: [trials, share of the budget] per rung, "
         "lowest first", rungs(MAX_TRIALS))
     trials_per_batch: int = param(4, "first-rung trials proposed at a time (the first batch: "
                                   "one lr sweep for every variant)", integer(maximum=MAX_TRIALS))
     reports: int = param(8, "validation losses a trial records, at equal fractions of its "
                          "budget", integer(maximum=MAX_COUNT))
-    seed: int = param(1000, "the trials' training seed (not one of study.seeds)",
-                      integer(0, MAX_SEED))
+    seed: int = param(1000, "the trials' training seed (not one of study.seeds); the "
+                      "full-budget points train on seed, seed + 1, ...", integer(0, MAX_SEED))
+    bracket_seeds: int = param(2, "tuning seeds each full-budget learning rate trains on (the "
+                               "bracket's points are their mean)", integer(maximum=16))
+    bracket_factor: float = param(2.0, "ratio of neighbouring learning rates at the full "
+                                  "budget", Rule("a number above 1 and at most 4",
+                                                 lambda key, value: _check_factor(key, value)))
+    bracket_points: int = param(7, "the most learning rates trained at the full budget, "
+                                "extensions past an end of the bracket included",
+                                integer(maximum=64))
     lr_low: float = param(1e-3, "lowest learning rate of the initial log-uniform range",
                           number())
     lr_high: float = param(1e-1, "highest learning rate of the initial range", number())
@@ -254,10 +269,10 @@ class TuneConfig:
         Rule("null, or a non-empty list of distinct widths, each "
              f"{integer(maximum=MAX_WIDTH).allowed} and divisible by model.n_heads", _check_widths))
     tokens_per_parameter: tuple[float, ...] = param(
-        (5.0, 80.0), "training tokens per non-embedding parameter the derived widths span",
+        (30.0, 500.0), "training tokens per non-embedding parameter the derived widths span",
         low_high(1e6))
     tokens_per_parameter_limits: tuple[float, ...] = param(
-        (2.0, 200.0), "how far an edge may extend tokens_per_parameter", low_high(1e6))
+        (5.0, 3000.0), "how far an edge may extend tokens_per_parameter", low_high(1e6))
     n_widths: int = param(4, "widths derived when d_model_choices is null",
                           integer(maximum=64))
     min_steps: int = param(30, "the fewest steps a first-rung trial trains",
@@ -277,6 +292,9 @@ class TuneConfig:
         if not lo <= self.lr_low < self.lr_high <= hi:
             fail("tune.lr_limits", list(self.lr_limits), f"must contain [tune.lr_low, "
                  f"tune.lr_high] = [{self.lr_low:g}, {self.lr_high:g}]")
+        if len(self.rungs) > 1 and self.bracket_points < self.rungs[-1][0]:
+            fail("tune.bracket_points", self.bracket_points, f"must be at least the full-budget "
+                 f"rung's {self.rungs[-1][0]} learning rates (tune.rungs)")
         lo, hi = self.tokens_per_parameter_limits
         if not lo <= self.tokens_per_parameter[0] < self.tokens_per_parameter[1] <= hi:
             fail("tune.tokens_per_parameter_limits", list(self.tokens_per_parameter_limits),

@@ -114,8 +114,10 @@ def parse(raw: Mapping[str, Any]) -> StudyConfig:
         runtime=from_mapping(RuntimeConfig, raw.get("runtime"), "runtime"),
         match_params=study.match_params,
     )
-    if cfg.tune.seed in cfg.seeds:
-        fail("tune.seed", cfg.tune.seed, f"must not be one of study.seeds {list(cfg.seeds)}: a "
+    tuning_seeds = range(cfg.tune.seed, cfg.tune.seed + cfg.tune.bracket_seeds)
+    if any(s in cfg.seeds for s in tuning_seeds):
+        fail("tune.seed", cfg.tune.seed, f"must not be one of study.seeds {list(cfg.seeds)}, "
+             f"nor the next tune.bracket_seeds={cfg.tune.bracket_seeds} - 1 seeds after it: a "
              "final seed would then have been seen by tuning")
     missing = [d for d in cfg.datasets if d not in cfg.train.budget_flops]
     if missing:

@@ -15,6 +15,7 @@ optimizer steps.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import socket
 import time
@@ -34,13 +35,15 @@ from lmablate.studies import Heartbeat, claim, load_study, make_storage
 from lmablate.token_data import TokenData
 from lmablate.tracking import Tracker, make_tracker
 from lmablate.training import DivergenceError, train_model
-from lmablate.tuning import (DIVERGED, FRACTION, OUTCOME, RUNG, SLOT, Batch, batch_of, chosen,
-                             n_slots, next_batch, on_edge, slot_results, space_for_batch,
-                             tokens_per_parameter, trial_distributions, trial_train_config)
+from lmablate.lr_bracket import BRACKETED, sensitivity
+from lmablate.tuning import (DIVERGED, FRACTION, OUTCOME, RUNG, SLOT, TRIAL_SEED, Batch,
+                             batch_of, bracket_outcome, chosen, n_slots, next_batch, on_edge,
+                             slot_results, space_for_batch, tokens_per_parameter,
+                             slot_seed, trial_distributions, trial_train_config)
 from lmablate.variants import resolve_model_config
 
-TRIALS_COLUMNS = ("number", "rung", "batch", "budget_flops", "budget_fraction", "state", "value",
-                  "params_lr", "params_d_model", "tokens_per_parameter", "steps", "last_step",
+TRIALS_COLUMNS = ("number", "rung", "batch", "budget_flops", "budget_fraction", "seed", "state",
+                  "value", "params_lr", "params_d_model", "tokens_per_parameter", "steps", "last_step",
                   "flops", "fail_reason")
 
 
@@ -129,7 +132,8 @@ def _train_trial(job: TuneJob, study: optuna.Study, trial: optuna.Trial, data: T
         trial.set_user_attr("steps", steps)
         trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
         try:
-            result = train_model(model_cfg, train_cfg, data, seed=cfg.tune.seed, lr=lr, steps=steps,
+            seed = trial.user_attrs.get(TRIAL_SEED, cfg.tune.seed)
+            result = train_model(model_cfg, train_cfg, data, seed=seed, lr=lr, steps=steps,
                                  device=device, on_eval=report, tracker=tracker,
                                  desc=f"{job.dataset}/{job.variant}/trial {slot}")
         except DivergenceError as exc:
@@ -166,7 +170,8 @@ def queue_batch(cfg: StudyConfig, dataset: str, variant: str, study: optuna.Stud
     for slot, values in params.items():
         if slot not in results and slot not in live:
             study.enqueue_trial(values, user_attrs={SLOT: slot, RUNG: batch.rung,
-                                                    FRACTION: batch.fraction})
+                                                    FRACTION: batch.fraction,
+                                                    TRIAL_SEED: slot_seed(cfg.tune, slot)})
     return batch
 
 
@@ -222,7 +227,8 @@ def trials_frame(cfg: StudyConfig, dataset: str, variant: str, vocab_size: int,
         rows.append({"number": slot, "rung": t.user_attrs[RUNG],
                      "batch": batch_of(cfg.tune, slot).index,
                      "budget_flops": cfg.train.for_dataset(dataset).budget_flops[dataset],
-                     "budget_fraction": t.user_attrs[FRACTION], "state": t.state.name,
+                     "budget_fraction": t.user_attrs[FRACTION],
+                     "seed": t.user_attrs.get(TRIAL_SEED, cfg.tune.seed), "state": t.state.name,
                      "value": t.value, "params_lr": t.params["lr"],
                      "params_d_model": t.params["d_model"],
                      "tokens_per_parameter": round(tokens_per_parameter(
@@ -260,14 +266,25 @@ def summarise_study(cfg: StudyConfig, dataset: str, variant: str, study_name: st
     searched = space_for_batch(cfg, dataset, results, last)
     rows = trials_frame(cfg, dataset, variant, vocab_size, results)
     complete = [t for t in results.values() if t.state == TrialState.COMPLETE]
-    result = {"lr": best.params["lr"], "d_model": best.params["d_model"],
-              "val_loss": best.value, "slot": best.user_attrs[SLOT],
-              "rung": best.user_attrs[RUNG],
+    ladder = None if tune.d_model_choices is not None else widths
+    bracket = bracket_outcome(cfg, dataset, results)
+    if bracket is None:  # one rung, or every full-budget point diverged: the best trial
+        chosen_values = {"lr": best.params["lr"], "d_model": best.params["d_model"],
+                         "val_loss": best.value, "slot": best.user_attrs[SLOT],
+                         "rung": best.user_attrs[RUNG],
+                         "budget_fraction": best.user_attrs[FRACTION],
+                         "full_budget": best.user_attrs[FRACTION] == 1.0,
+                         "on_edge": on_edge(searched, best.params, tune, ladder),
+                         "bracket": None}
+    else:
+        chosen_values = {"lr": bracket.fit.lr, "d_model": bracket.width,
+                         "val_loss": bracket.fit.loss, "slot": None,
+                         "rung": len(tune.rungs) - 1, "budget_fraction": 1.0,
+                         "full_budget": True,
+                         "on_edge": _bracket_edges(bracket, searched, tune, ladder),
+                         "bracket": _bracket_record(bracket)}
+    result = {**{k: v for k, v in chosen_values.items() if k != "bracket"},
               "budget_flops": cfg.train.for_dataset(dataset).budget_flops[dataset],
-              "budget_fraction": best.user_attrs[FRACTION],
-              "full_budget": best.user_attrs[FRACTION] == 1.0,
-              "on_edge": on_edge(searched, best.params, tune,
-                                 None if tune.d_model_choices is not None else widths),
               "lr_range": [searched.lr_low, searched.lr_high],
               "d_model_choices": list(searched.d_model_choices),
               "extended": list(searched.extended),
@@ -276,5 +293,45 @@ def summarise_study(cfg: StudyConfig, dataset: str, variant: str, study_name: st
               "n_diverged": len(results) - len(complete),
               "steps": sum(r["last_step"] for r in rows),
               "flops": sum(r["flops"] for r in rows),
-              "sampler_seed": sampler_seed, "study_name": study_name}
+              "sampler_seed": sampler_seed, "study_name": study_name,
+              "bracket": chosen_values["bracket"]}
     return result, rows
+
+
+def _bracket_edges(bracket, searched, tune, ladder: list[int] | None) -> list[str]:
+    """The bracket's edge flags: a learning rate not bracketed (at ``tune.lr_limits``, or out
+    of ``tune.bracket_points``), and a width at an end of the ladder (the hard limit)."""
+    flags = [] if bracket.state == BRACKETED else [f"lr {bracket.state}"]
+    widths = ladder if ladder is not None else list(tune.d_model_choices)
+    if len(widths) > 1 and bracket.width in (widths[0], widths[-1]):
+        which = "smallest" if bracket.width == widths[0] else "largest"
+        limit = (" (the limit tune.tokens_per_parameter_limits)" if ladder is not None
+                 else " (of tune.d_model_choices)")
+        flags.append(f"d_model the {which} choice{limit}")
+    return flags
+
+
+def _bracket_record(bracket) -> dict:
+    """``best.json``'s ``bracket``: how it ended (``state``), the ``width``, each full-budget
+    point (``lr``, the tuning seeds' ``losses`` and their ``mean``, nats/char; a diverged seed
+    as null), the fit (``fit``: ``used`` vertex or best point, ``note``, ``coefficients`` of
+    loss in ln lr, highest power first, ``lrs`` fitted over), the ``seed_spread`` of one trial,
+    the ``regret`` at the chosen lr (bootstrap median) and the ``uncertainty`` of the tuned loss
+    (its 95th percentile), and the fitted curve's ``sensitivity`` (excess loss at 2x or 1/2 the
+    chosen lr); nats/char throughout."""
+    u = bracket.uncertainty
+
+    def finite(x: float) -> float | None:
+        return x if math.isfinite(x) else None
+
+    return {"state": bracket.state, "width": bracket.width,
+            "points": [{"lr": p.lr, "losses": [finite(x) for x in p.losses],
+                        "mean": finite(p.loss)} for p in bracket.points],
+            "fit": {"used": bracket.fit.used, "note": bracket.fit.note,
+                    "coefficients": (list(bracket.fit.coefficients)
+                                     if bracket.fit.coefficients is not None else None),
+                    "lrs": list(bracket.fit.lrs)},
+            "seed_spread": u.spread if u else None,
+            "regret": u.median if u else None,
+            "uncertainty": u.bound if u else None,
+            "sensitivity": sensitivity(bracket.fit)}

@@ -58,6 +58,8 @@ from optuna.trial import FrozenTrial, TrialState
 from lmablate.budget import steps_for_budget
 from lmablate.config import MAX_WIDTH, ModelConfig, StudyConfig, TrainConfig, TuneConfig
 from lmablate.fingerprint import RUN_MODULES, code_version, fingerprint
+from lmablate.lr_bracket import (OUT_OF_POINTS, Fit, Point, Uncertainty, fit_minimum, next_lr,
+                                 tuning_uncertainty)
 from lmablate.model import count_params, flops_per_token
 
 SLOT = "slot"  # user attribute: the trial's place in the study (0 .. n_slots - 1)
@@ -65,10 +67,12 @@ RUNG = "rung"  # user attribute: the rung of the trial's slot
 FRACTION = "budget_fraction"  # user attribute: the share of the budget the trial trains
 OUTCOME = "outcome"  # user attribute "diverged": a FAIL that is a result, not a lost worker
 DIVERGED = "diverged"
+TRIAL_SEED = "seed"  # user attribute: the trial's training seed (tune.seed + k in the bracket)
 EDGE_SHARE = 0.1  # the outer tenth of the log learning-rate range counts as its edge
 LR_EXTENSION = 10.0  # an edge extends the learning-rate range by a decade
+WIDTH_EXPONENT = 0.25  # compute-optimal d_model ~ C^0.25 at a fixed depth (bracket_width)
 # Modules whose code decides a trial's result besides the training code (RUN_MODULES).
-TUNE_MODULES = RUN_MODULES + ("budget.py", "tuning.py", "trials.py", "variants.py",
+TUNE_MODULES = RUN_MODULES + ("budget.py", "lr_bracket.py", "tuning.py", "trials.py", "variants.py",
                                "stages/tune.py")
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
@@ -90,10 +94,22 @@ class Batch:
 
 def plan(tune: TuneConfig) -> list[Batch]:
     """Every batch of the study, in order: the first rung in batches of
-    ``tune.trials_per_batch``, each later rung as one batch (its promotions)."""
+    ``tune.trials_per_batch``, each later rung below the full budget as one batch (its
+    promotions), and, when there is more than one rung, the full-budget bracket: one batch of
+    its first learning rates x ``tune.bracket_seeds`` slots, then up to ``tune.bracket_points``
+    minus those extension batches of ``tune.bracket_seeds`` slots each (one learning rate),
+    which stay empty once the bracket is closed."""
     batches: list[Batch] = []
     start = 0
     for rung, (n, fraction) in enumerate(tune.rungs):
+        if is_bracket(tune, rung):
+            seeds = tune.bracket_seeds
+            batches.append(Batch(len(batches), rung, fraction, range(start, start + n * seeds)))
+            start += n * seeds
+            for _ in range(tune.bracket_points - n):
+                batches.append(Batch(len(batches), rung, fraction, range(start, start + seeds)))
+                start += seeds
+            continue
         size = tune.trials_per_batch if rung == 0 else n
         for first in range(start, start + n, size):
             batches.append(Batch(len(batches), rung, fraction,
@@ -102,9 +118,24 @@ def plan(tune: TuneConfig) -> list[Batch]:
     return batches
 
 
+def is_bracket(tune: TuneConfig, rung: int) -> bool:
+    """Whether ``rung`` is the full-budget bracket: the last of several rungs."""
+    return len(tune.rungs) > 1 and rung == len(tune.rungs) - 1
+
+
 def n_slots(tune: TuneConfig) -> int:
     """How many trials the study has room for, over all rungs."""
-    return sum(n for n, _ in tune.rungs)
+    return plan(tune)[-1].slots.stop
+
+
+def slot_seed(tune: TuneConfig, slot: int) -> int:
+    """The training seed of ``slot``'s trial: ``tune.seed``, or in the bracket ``tune.seed`` +
+    the slot's place among the ``tune.bracket_seeds`` seeds of its learning rate."""
+    batch = batch_of(tune, slot)
+    if not is_bracket(tune, batch.rung):
+        return tune.seed
+    first = next(b for b in plan(tune) if b.rung == batch.rung).slots.start
+    return tune.seed + (slot - first) % tune.bracket_seeds
 
 
 def batch_of(tune: TuneConfig, slot: int) -> Batch:
@@ -345,12 +376,14 @@ def propose(cfg: StudyConfig, dataset: str, variant: str, results: dict[int, Fro
     Raises:
         RuntimeError: a slot of an earlier batch has no result yet.
     """
-    proposed = _proposed(cfg, results, batch)
+    proposed = _proposed(cfg, dataset, results, batch)
     missing = [s for s in range(batch.slots.start) if s not in results and s in proposed]
     if missing:
         raise RuntimeError(f"tune {dataset}/{variant}: batch {batch.index} proposed before "
                            f"slots {missing} of earlier batches finished")
     tune = cfg.tune
+    if is_bracket(tune, batch.rung):
+        return bracket_proposals(cfg, dataset, results, batch)
     if batch.rung > 0:
         return {slot: dict(t.params) for slot, t in zip(batch.slots, promote(
             tune, results, batch.rung))}
@@ -366,16 +399,147 @@ def propose(cfg: StudyConfig, dataset: str, variant: str, results: dict[int, Fro
     return {slot: study.ask(space.distributions()).params for slot in batch.slots}
 
 
-def _proposed(cfg: StudyConfig, results: dict[int, FrozenTrial], before: Batch) -> set[int]:
+def _proposed(cfg: StudyConfig, dataset: str, results: dict[int, FrozenTrial],
+              before: Batch) -> set[int]:
     """The slots of batches before ``before`` that hold a proposal (a later rung's slots can
     stay empty)."""
     slots: set[int] = set()
     for batch in plan(cfg.tune):
         if batch.index >= before.index:
             break
-        slots |= set(batch.slots) if batch.rung == 0 else set(
-            list(batch.slots)[:len(promote(cfg.tune, results, batch.rung))])
+        if is_bracket(cfg.tune, batch.rung):
+            slots |= set(bracket_proposals(cfg, dataset, results, batch))
+        else:
+            slots |= set(batch.slots) if batch.rung == 0 else set(
+                list(batch.slots)[:len(promote(cfg.tune, results, batch.rung))])
     return slots
+
+
+# ------------------------------------------------------------------- the full-budget bracket
+
+
+def _rung_slots(tune: TuneConfig, rung: int) -> range:
+    batches = [b for b in plan(tune) if b.rung == rung]
+    return range(batches[0].slots.start, batches[-1].slots.stop)
+
+
+def bracket_width(cfg: StudyConfig, dataset: str, results: dict[int, FrozenTrial],
+                  rung: int) -> int | None:
+    """The width the bracket trains: the best width of the rung below, scaled to the full
+    budget by (1 / its share) ** :data:`WIDTH_EXPONENT` and snapped, in log, to the nearest of
+    ``tune.d_model_choices`` or the derived ladder (:func:`width_ladder`). At a fixed depth the
+    non-embedding parameters grow as d_model^2, and the compute-optimal parameters as C^0.5
+    (Hoffmann et al. 2022), so the compute-optimal width grows as C^0.25: a width chosen on a
+    share of the budget is too narrow for the whole of it. None when no trial of the rung below
+    completed."""
+    below = _best(results, _rung_slots(cfg.tune, rung - 1))
+    if below is None:
+        return None
+    target = below.params["d_model"] * (1 / below.user_attrs[FRACTION]) ** WIDTH_EXPONENT
+    widths = (list(cfg.tune.d_model_choices) if cfg.tune.d_model_choices is not None
+              else width_ladder(cfg, dataset)) or [below.params["d_model"]]
+    return min(widths, key=lambda d: (abs(math.log(d / target)), d))
+
+
+def _first_lrs(tune: TuneConfig, centre: float, n: int) -> list[float]:
+    """``n`` learning rates ``tune.bracket_factor`` apart, centred (in log) on ``centre`` and
+    moved as a whole inside ``tune.lr_limits``."""
+    factor, (low, high) = tune.bracket_factor, tune.lr_limits
+    lrs = [centre * factor ** (k - (n - 1) / 2) for k in range(n)]
+    if lrs[0] < low:
+        lrs = [lr * low / lrs[0] for lr in lrs]
+    if lrs[-1] > high:
+        lrs = [lr * high / lrs[-1] for lr in lrs]
+    return [min(high, max(low, lr)) for lr in lrs]
+
+
+def bracket_points(tune: TuneConfig, results: dict[int, FrozenTrial],
+                   before: Batch | None = None) -> list[Point]:
+    """The full-budget points (:class:`lmablate.lr_bracket.Point`) of the bracket's batches
+    before ``before`` (all when None), sorted by lr: the final validation loss of each tuning
+    seed that has a result (``inf`` for one that diverged). A point whose seeds have not all
+    finished is left out."""
+    rung = len(tune.rungs) - 1
+    seeds = tune.bracket_seeds
+    groups: dict[tuple[int, int], list[FrozenTrial | None]] = {}
+    for batch in plan(tune):
+        if batch.rung != rung or (before is not None and batch.index >= before.index):
+            continue
+        for slot in batch.slots:
+            point = (batch.index, (slot - batch.slots.start) // seeds)
+            groups.setdefault(point, []).append(results.get(slot))
+    points = []
+    for trials in groups.values():
+        if any(t is None for t in trials):
+            continue
+        points.append(Point(trials[0].params["lr"], tuple(
+            t.value if t.state == TrialState.COMPLETE else math.inf for t in trials)))
+    return sorted(points, key=lambda p: p.lr)
+
+
+def bracket_proposals(cfg: StudyConfig, dataset: str, results: dict[int, FrozenTrial],
+                      batch: Batch) -> dict[int, dict[str, Any]]:
+    """Parameters for the slots of a bracket ``batch``: the first batch trains the rung's
+    learning rates (``tune.bracket_factor`` apart) at
+    :func:`bracket_width`, each on ``tune.bracket_seeds`` seeds (:func:`slot_seed`), centred one
+    factor below the best lr of the rung below; a later
+    batch trains one more learning rate, one factor past the end the best point sits on
+    (:func:`lmablate.lr_bracket.next_lr`), or nothing once the bracket is closed or at
+    ``tune.lr_limits``."""
+    tune = cfg.tune
+    width = bracket_width(cfg, dataset, results, batch.rung)
+    if width is None:
+        return {}
+    first = next(b for b in plan(tune) if b.rung == batch.rung)
+    if batch.index == first.index:
+        # a share of the budget favours a higher lr than the whole (the short-horizon bias,
+        # Bjorck et al. 2024): the bracket starts one factor below the rung's best
+        centre = _best(results, _rung_slots(tune, batch.rung - 1)).params["lr"] / tune.bracket_factor
+        lrs = _first_lrs(tune, centre, tune.rungs[batch.rung][0])
+    else:
+        points = bracket_points(tune, results, batch)
+        expected = (tune.rungs[batch.rung][0] + batch.index - first.index - 1)
+        if len(points) < expected:
+            return {}  # an earlier extension was not needed (or has not finished)
+        state, lr = next_lr(points, tune.bracket_factor, tune.lr_limits)
+        if lr is None:
+            return {}
+        lrs = [lr]
+    slots = iter(batch.slots)
+    return {next(slots): {"lr": lr, "d_model": width}
+            for lr in lrs for _ in range(tune.bracket_seeds)}
+
+
+@dataclass(frozen=True)
+class BracketOutcome:
+    """What the full-budget bracket chose: the ``fit`` (:class:`lmablate.lr_bracket.Fit`,
+    whose ``lr`` is the answer), the ``width`` it trained, its ``points``, how it ended
+    (``state``: bracketed, at the limit, or out of points) and the ``uncertainty`` of the tuned
+    loss (:func:`lmablate.lr_bracket.tuning_uncertainty`; None when not measurable)."""
+
+    fit: Fit
+    width: int
+    points: list[Point]
+    state: str
+    uncertainty: Uncertainty | None
+
+
+def bracket_outcome(cfg: StudyConfig, dataset: str,
+                    results: dict[int, FrozenTrial]) -> BracketOutcome | None:
+    """The bracket's answer, or None when the study has no bracket or none of its points has a
+    finite loss (every full-budget trial diverged)."""
+    tune = cfg.tune
+    if len(tune.rungs) < 2:
+        return None
+    points = bracket_points(tune, results)
+    if not any(math.isfinite(p.loss) for p in points):
+        return None
+    state, _ = next_lr(points, tune.bracket_factor, tune.lr_limits)
+    if state == "extend":
+        state = OUT_OF_POINTS
+    fit = fit_minimum(points)
+    width = bracket_width(cfg, dataset, results, len(tune.rungs) - 1)
+    return BracketOutcome(fit, width, points, state, tuning_uncertainty(points, fit.lr))
 
 
 def next_batch(cfg: StudyConfig, dataset: str, variant: str, results: dict[int, FrozenTrial],

@@ -39,8 +39,8 @@ from lmablate.analysis.collect import BASELINE, present
 from lmablate.analysis.limits import tuning_luck
 from lmablate.analysis.plotting import LOSS_UNIT
 from lmablate.analysis.statistics import (ALPHA, METRICS, VERDICT_BETTER, VERDICT_FEW,
-                                          VERDICT_IDENTICAL, VERDICT_NSD, VERDICT_WORSE,
-                                          t_interval)
+                                          VERDICT_IDENTICAL, VERDICT_NSD,
+                                          VERDICT_UNDECIDED_TUNING, VERDICT_WORSE, t_interval)
 
 VERDICT_COLORS = {
     VERDICT_BETTER: "#1a9850",
@@ -48,6 +48,7 @@ VERDICT_COLORS = {
     VERDICT_NSD: "#4d4d4d",
     VERDICT_FEW: "#b0b0b0",
     VERDICT_IDENTICAL: "#5b7a99",  # blue-grey: a result, but not a tested one
+    VERDICT_UNDECIDED_TUNING: "#e08214",  # orange: significant, but inside the tuning's reach
 }
 
 LUCK_COLOUR = "#f2e3b3"  # pale sand: the tuning-luck band, behind everything

@@ -24,7 +24,8 @@ from lmablate.analysis.headline import headline_loss
 from lmablate.analysis.mdtable import join_names as _names
 from lmablate.analysis.scaling import SCALING_TITLE
 from lmablate.analysis.statistics import (ALPHA, METRICS, POWER, VERDICT_BETTER,
-                                          VERDICT_IDENTICAL, VERDICT_WORSE)
+                                          VERDICT_IDENTICAL, VERDICT_UNDECIDED_TUNING,
+                                          VERDICT_WORSE)
 
 TITLE = "What this study can and cannot say"
 
@@ -189,6 +190,32 @@ def _tuning(variation: pd.DataFrame, comparisons: pd.DataFrame, dataset: str) ->
     return [text]
 
 
+def _tuning_uncertainty(comparisons: pd.DataFrame, tuned: pd.DataFrame,
+                        dataset: str) -> list[str]:
+    """Each variant's tuning uncertainty (best.json's full-budget bracket, nats/char) and the
+    verdicts it turned "undecided (tuning)" (:func:`~lmablate.analysis.statistics.
+    tuning_check`); nothing for a study without brackets."""
+    if tuned is None or tuned.empty or "tuning_uncertainty" not in tuned:
+        return []
+    t = tuned[(tuned["dataset"] == dataset) & tuned["bracket_state"].notna()]
+    if t.empty:
+        return []
+    values = "; ".join(f"{r.variant} " + ("not measured" if pd.isna(r.tuning_uncertainty)
+                                          else f"{r.tuning_uncertainty:.3f}")
+                       for r in t.itertuples())
+    c = comparisons[(comparisons["dataset"] == dataset)
+                    & (comparisons["verdict"] == VERDICT_UNDECIDED_TUNING)]
+    text = (f"Tuning uncertainty (how much lower a variant's loss could be at a learning rate "
+            f"its full-budget bracket missed; 95% bound, nats/char): {values}. It is measured "
+            f"in the tuning objective, so it checks the test-loss verdicts only.")
+    if len(c):
+        text += (" Significant over seeds but within the larger of the two tuning "
+                 "uncertainties, so undecided (tuning): " + _names(
+                     [f"{r.variant} (Δ {r.mean_diff:+.3f}, uncertainty "
+                      f"{r.tuning_uncertainty:.3f})" for r in c.itertuples()]) + ".")
+    return [text]
+
+
 def _flags(comparisons: pd.DataFrame, problems: pd.DataFrame, tuned: pd.DataFrame,
            ablation: pd.DataFrame, summary: pd.DataFrame, references: pd.DataFrame,
            dataset: str) -> list[str]:
@@ -290,6 +317,7 @@ def limits_section(cfg_budgets: Mapping[str, Sequence[float]], ablation: pd.Data
         bullets += _answer_floors(summary, references, problems, ds)
         bullets += _power(detectable, ds)
         bullets += _tuning(variation, comparisons, ds)
+        bullets += _tuning_uncertainty(comparisons, tuned, ds)
         bullets += _flags(comparisons, problems, tuned, ablation, summary, references, ds)
         lines += [f"**{ds}**", "", *[f"- {b}" for b in bullets], ""]
     return lines

@@ -26,6 +26,7 @@ from lmablate.analysis.mdtable import (code_span as _code_span,
                                        interval as _interval, md_table as _md_table,
                                        num as _num, p_value as _p,
                                        verdict_cell as _verdict)
+from lmablate.analysis.bracket_figure import bracket_lines
 from lmablate.analysis.lr_section import lr_section
 from lmablate.analysis.statistics import (ALPHA, CONFIDENCE, METRICS, MIN_SEEDS_FOR_TEST,
                                           VERDICT_BETTER, VERDICT_FEW, VERDICT_WORSE)
@@ -317,6 +318,7 @@ def render_markdown(cfg: StudyConfig, runs: RunOutputs, summary: pd.DataFrame,
                     extrapolation: tuple[pd.DataFrame, pd.DataFrame] | None = None,
                     sensitivity: pd.DataFrame | None = None,
                     lr_figures: Mapping[str, tuple[str, str]] | None = None,
+                    bracket_figures: Mapping[str, tuple[str, str]] | None = None,
                     arithmetic: Mapping[str, Sequence[str]] | None = None,
                     findings: Sequence[str] = (), scaling: Sequence[str] = ()) -> str:
     """The text of ``report.md`` (GitHub-flavoured Markdown, ``\n`` line ends, one final
@@ -348,6 +350,8 @@ def render_markdown(cfg: StudyConfig, runs: RunOutputs, summary: pd.DataFrame,
         sensitivity: :func:`~lmablate.analysis.sensitivity.lr_sensitivity` of the trials,
             shown per dataset with the tuned values as "How each variant responds to the
             learning rate" (:data:`lmablate.analysis.lr_section.LR_SECTION`).
+        bracket_figures: dataset -> ``(caption, relative path)`` of its full-budget bracket
+            figure (:func:`~lmablate.analysis.bracket_figure.plot_bracket`).
         lr_figures: dataset -> ``(caption, relative path)`` of its learning-rate figure
             (:func:`~lmablate.analysis.tuning_figure.plot_lr_response`), shown in that section
             rather than among the dataset's other figures.
@@ -431,6 +435,8 @@ def render_markdown(cfg: StudyConfig, runs: RunOutputs, summary: pd.DataFrame,
                   _tuned_table(ablation, ds, order), ""]
         lines += lr_section(cfg, sensitivity, tuned, runs.trials, ds, order,
                              (lr_figures or {}).get(ds))
+        if tuned is not None and "bracket_state" in tuned:
+            lines += bracket_lines(cfg, tuned, ds, order, (bracket_figures or {}).get(ds))
         ds_figs = [(cap, rel) for d, cap, rel in figures if d == ds]
         if ds_figs:
             lines += ["### Figures", ""]

@@ -21,6 +21,7 @@ from lmablate import references as refs
 from lmablate.analysis import arithmetic as arith
 from lmablate.analysis import arithmetic_figures as arith_figs
 from lmablate.analysis import figures as plots
+from lmablate.analysis.bracket_figure import plot_bracket
 from lmablate.analysis.collect import RunOutputs, present
 from lmablate.analysis.headline import headline_loss
 from lmablate.analysis.limits import tuning_luck
@@ -41,6 +42,8 @@ class ReportFigures:
     figures: list[Figure] = field(default_factory=list)
     # dataset -> (caption, path): shown in the report's learning-rate section
     lr_figures: dict[str, tuple[str, Path]] = field(default_factory=dict)
+    # dataset -> (caption, path): the full-budget bracket, shown in the same section
+    bracket_figures: dict[str, tuple[str, Path]] = field(default_factory=dict)
     # arithmetic dataset -> (caption, path or None): shown in its length-generalisation lines
     length_figures: dict[str, tuple[str, Path | None]] = field(default_factory=dict)
 
@@ -48,6 +51,7 @@ class ReportFigures:
         """The files drawn: the figures, then the learning-rate and the length figures."""
         return ([p for _, _, p in self.figures if p is not None]
                 + [p for _, p in self.lr_figures.values()]
+                + [p for _, p in self.bracket_figures.values()]
                 + [p for _, p in self.length_figures.values() if p is not None])
 
 
@@ -126,6 +130,13 @@ def _dataset_figures(cfg: StudyConfig, runs: RunOutputs, tables: ReportTables, d
             "width at equal compute, diamonds the last rung's trials"
             + (". Shaded: outside the learning rates and widths the tuner searched"
                if search_bounds(runs.tuned, ds) != (None, None, []) else ""), path)
+    path = plot_bracket(runs.trials, runs.tuned, ds, fig_dir / f"lr_bracket_{ds}.png",
+                        palette=palette, order=variants)
+    if path is not None:
+        out.bracket_figures[ds] = (
+            f"{ds}: each variant's learning rate at the full budget (dots: tuning seeds; "
+            "large dots: their mean; line: the quadratic in ln lr fitted through them; "
+            "dashed: the chosen lr)", path)
     path = plots.plot_params_vs_loss(ablation, ds, fig_dir / f"params_vs_loss_{ds}.png",
                                      palette=palette)
     out.figures += drawn([(ds, f"{ds}: non-embedding parameters vs test loss", path)],

@@ -77,5 +77,7 @@ def report_markdown(cfg: StudyConfig, runs: RunOutputs, notes: Sequence[str],
         sensitivity=tables.sensitivity, arithmetic=arithmetic_lines(cfg, runs, tables,
                                                                     figures, out_dir),
         lr_figures={ds: (cap, p.relative_to(out_dir).as_posix())
-                    for ds, (cap, p) in figures.lr_figures.items()}, findings=findings,
+                    for ds, (cap, p) in figures.lr_figures.items()},
+        bracket_figures={ds: (cap, p.relative_to(out_dir).as_posix())
+                         for ds, (cap, p) in figures.bracket_figures.items()}, findings=findings,
         scaling=scaling)

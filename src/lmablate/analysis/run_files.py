@@ -46,9 +46,16 @@ EXTRAPOLATION_COLUMNS = ["dataset", "variant", "seed", "factor", "length", "test
 POSITION_LOSS_COLUMNS = ["dataset", "variant", "seed", "factor", "position", "loss"]
 # What tuning chose per dataset x variant (``best.json``); ``on_edge`` and ``extended`` join
 # their notes with "; ", ``d_model_choices`` the widths searched with " ".
+# The full-budget bracket (best.json's ``bracket``): how it ended, its points, how the lr was
+# taken (``fit_used``: vertex or best point; ``fit_a/b/c`` the quadratic in ln lr), the seed
+# spread of one trial, the regret at the chosen lr (bootstrap median), the tuning uncertainty
+# of the tuned loss (its 95th percentile) and the fitted curve's excess loss at 2x or 1/2 the
+# chosen lr (``lr_sensitivity_full``); nats/char. Empty for a study without a bracket.
+BRACKET_COLUMNS = ["bracket_state", "n_points", "fit_used", "fit_a", "fit_b", "fit_c",
+                   "seed_spread", "regret", "tuning_uncertainty", "lr_sensitivity_full"]
 TUNED_COLUMNS = ["dataset", "variant", "lr", "d_model", "val_loss", "full_budget", "on_edge",
                  "extended", "lr_low", "lr_high", "d_model_choices", "n_trials", "n_complete",
-                 "n_diverged"]
+                 "n_diverged", *BRACKET_COLUMNS]
 
 
 def _seed_of(key: str, run: Mapping[str, Any]) -> int:
@@ -192,7 +199,20 @@ def tuned_row(dataset: str, variant: str, best: Mapping[str, Any]) -> dict:
             "on_edge": "; ".join(best.get("on_edge") or []),
             "extended": "; ".join(best.get("extended") or []),
             "lr_low": lr_range[0], "lr_high": lr_range[1],
-            "d_model_choices": " ".join(str(d) for d in best.get("d_model_choices") or [])}
+            "d_model_choices": " ".join(str(d) for d in best.get("d_model_choices") or []),
+            **bracket_columns(best.get("bracket"))}
+
+
+def bracket_columns(bracket: Mapping[str, Any] | None) -> dict:
+    """:data:`BRACKET_COLUMNS` of best.json's ``bracket`` (all None without one)."""
+    if not bracket:
+        return dict.fromkeys(BRACKET_COLUMNS)
+    a, b, c = bracket["fit"]["coefficients"] or (None, None, None)
+    return {"bracket_state": bracket["state"], "n_points": len(bracket["points"]),
+            "fit_used": bracket["fit"]["used"], "fit_a": a, "fit_b": b, "fit_c": c,
+            "seed_spread": bracket["seed_spread"], "regret": bracket["regret"],
+            "tuning_uncertainty": bracket["uncertainty"],
+            "lr_sensitivity_full": bracket["sensitivity"]}
 
 
 def typed_columns(df: pd.DataFrame) -> pd.DataFrame:

@@ -40,6 +40,7 @@ COMPARISON_COLUMNS = [
     "dataset", "metric", "higher_is_better", "baseline", "variant", "n_pairs", "baseline_mean",
     "variant_mean", "mean_diff", "sd_diff", "ci95_low", "ci95_high", "ci_holm_low",
     "ci_holm_high", "t_stat", "p_value", "p_holm", "reject_holm", "mde", "verdict",
+    "tuning_uncertainty",
 ]
 
 # metric -> (label, unit, higher_is_better); the order is the order of the summary tables.
@@ -62,6 +63,11 @@ VERDICT_WORSE = "worse"
 VERDICT_NSD = "no significant difference"
 VERDICT_FEW = "too few seeds"
 VERDICT_IDENTICAL = "identical on every seed"  # a constant difference: no spread, no test
+# a Holm-significant effect that the variants' tuning uncertainty could explain (tuning_check)
+VERDICT_UNDECIDED_TUNING = "undecided (tuning)"
+# the metric in the units of the tuning objective (the validation loss, nats/char): the only one
+# whose verdicts the tuning uncertainty, measured in that objective, can check
+TUNED_METRIC = "test_loss"
 
 
 def mean_interval(mean: Any, sem: Any, n: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -393,3 +399,40 @@ def tuning_variation(ablation: pd.DataFrame, replicates: pd.DataFrame,
                 "mean_diff": float(diff.mean()), "ci95_low": low, "ci95_high": high,
             })
     return pd.DataFrame(rows, columns=TUNING_VARIATION_COLUMNS)
+
+
+def tuning_check(comparisons: pd.DataFrame, tuned: pd.DataFrame) -> pd.DataFrame:
+    """``comparisons`` with each row's ``tuning_uncertainty``: the larger of the two variants'
+    tuning uncertainties (``tuned``'s, best.json's bracket: the 95th percentile of the regret
+    at the chosen learning rate, nats/char), on :data:`TUNED_METRIC` rows; NaN elsewhere.
+
+    A better or worse verdict there becomes :data:`VERDICT_UNDECIDED_TUNING` when the
+    Holm-adjusted interval, moved towards 0 by that uncertainty, no longer excludes 0: a miss of
+    either variant's learning rate could then explain the effect (a tuned loss is too high by
+    its regret, at most the uncertainty, so the true effect lies within the uncertainty of the
+    measured one in either direction). It does so too when either variant was bracketed but its
+    uncertainty could not be measured (one tuning seed, fewer than three points). Rows of a
+    study without brackets are left as they are.
+    """
+    out = comparisons.copy()
+    out["tuning_uncertainty"] = np.nan
+    if out.empty or tuned is None or tuned.empty or "tuning_uncertainty" not in tuned:
+        return out
+    key = {(str(r.dataset), str(r.variant)): (r.bracket_state, r.tuning_uncertainty)
+           for r in tuned.itertuples()}
+    for i, row in out.iterrows():
+        if row["metric"] != TUNED_METRIC:
+            continue
+        pair = [key.get((str(row["dataset"]), str(v))) for v in (row["variant"], row["baseline"])]
+        if any(p is None or p[0] is None or (isinstance(p[0], float) and math.isnan(p[0]))
+               for p in pair):
+            continue  # no bracket: a study tuned without one
+        bounds = [float(p[1]) if p[1] is not None else math.nan for p in pair]
+        u = math.nan if any(math.isnan(b) for b in bounds) else max(bounds)
+        out.at[i, "tuning_uncertainty"] = u
+        if row["verdict"] not in (VERDICT_BETTER, VERDICT_WORSE):
+            continue
+        low, high = row["ci_holm_low"], row["ci_holm_high"]
+        if math.isnan(u) or (low - u <= 0 <= high + u):
+            out.at[i, "verdict"] = VERDICT_UNDECIDED_TUNING
+    return out

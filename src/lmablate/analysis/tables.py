@@ -30,7 +30,7 @@ from lmablate.analysis.reference_points import REFERENCE_COLUMNS, reference_tabl
 from lmablate.analysis.sensitivity import SENSITIVITY_COLUMNS, lr_sensitivity
 from lmablate.analysis.statistics import (DETECTABLE_COLUMNS, TUNING_VARIATION_COLUMNS,
                                           compare, detectable_effects, summarise,
-                                          tuning_variation)
+                                          tuning_check, tuning_variation)
 from lmablate.config import StudyConfig
 
 
@@ -76,7 +76,7 @@ def compute_tables(cfg: StudyConfig, runs: RunOutputs, tokens_dir: Path | None) 
     """
     ablation = runs.ablation
     summary = summarise(ablation)
-    comparisons = compare(ablation, baseline=BASELINE)
+    comparisons = tuning_check(compare(ablation, baseline=BASELINE), runs.tuned)
     problems = compare_problems(runs.predictions, baseline=BASELINE,
                                 variants=present(ablation["variant"]))
     detectable = detectable_effects(comparisons)
