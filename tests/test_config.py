@@ -185,8 +185,9 @@ def test_every_result_setting_enters_the_fingerprint_and_no_runtime_setting_does
                 continue  # a choice: the numeric fields check the same rule
             # pairs and lists whose rules a generic change would break
             special = {"rungs": ((8, 0.25), (2, 1.0)), "lr_limits": (1e-6, 1.0),
-                       "tokens_per_parameter": (4.0, 80.0),
-                       "tokens_per_parameter_limits": (1.0, 200.0), "d_model_choices": (32, 48)}
+                       "tokens_per_parameter": (40.0, 600.0),
+                       "tokens_per_parameter_limits": (4.0, 3000.0), "d_model_choices": (32, 48),
+                       "bracket_factor": 3.0}
             new = special[f.name] if f.name in special else changed[type(value)](value)
             other = dataclasses.replace(section, **{f.name: new})
             assert fingerprint(other) != fingerprint(section), f.name

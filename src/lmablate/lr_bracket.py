@@ -10,7 +10,7 @@ constructed curves.
   infinitely bad: it lies past the stable range.
 - **Bracket** (:func:`next_lr`): the best point needs a worse point on each side, each within
   the bracket's factor of it. While the best is the lowest or the highest learning rate tried,
-  the next point goes one factor further that way, within ``tune.lr_limits``.
+  the next point goes one factor further that way, or to ``tune.lr_limits`` when nearer.
 - **Fit** (:func:`fit_minimum`): a quadratic in log learning rate, least squares over the best
   point and up to two neighbours on each side; its vertex is the chosen learning rate when the
   quadratic is convex and the vertex lies inside the points fitted, otherwise the best point
@@ -70,7 +70,8 @@ def next_lr(points: list[Point], factor: float, limits: tuple[float, float]
 
     ``points`` sorted by lr. ``state`` is :data:`BRACKETED` (a worse point on each side of the
     best, each within ``factor``), ``"extend"`` with the next lr (one ``factor`` past the end
-    the best sits on), or :data:`AT_LIMIT` (the next lr would leave ``limits``). A study that
+    the best sits on, or the end of ``limits`` when nearer), or :data:`AT_LIMIT` (the best is
+    at an end of ``limits``). A study that
     runs out of points says :data:`OUT_OF_POINTS` itself.
 
     Raises:
@@ -86,12 +87,15 @@ def next_lr(points: list[Point], factor: float, limits: tuple[float, float]
              and points[i + 1].lr / best.lr <= factor * (1 + 1e-9))
     if below and above:
         return BRACKETED, None
+    # past an end, one factor further, or to the hard limit when that is nearer
     if i == 0:
-        lr = points[0].lr / factor
-        return (AT_LIMIT, None) if lr < limits[0] * (1 - 1e-9) else ("extend", lr)
+        low = points[0].lr
+        return (AT_LIMIT, None) if low <= limits[0] * (1 + 1e-9) else (
+            "extend", max(low / factor, limits[0]))
     if i == len(points) - 1:
-        lr = points[-1].lr * factor
-        return (AT_LIMIT, None) if lr > limits[1] * (1 + 1e-9) else ("extend", lr)
+        high = points[-1].lr
+        return (AT_LIMIT, None) if high >= limits[1] * (1 - 1e-9) else (
+            "extend", min(high * factor, limits[1]))
     # an interior best whose neighbours tie with it or lie too far: no further point helps
     return BRACKETED, None
 

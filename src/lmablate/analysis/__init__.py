@@ -17,6 +17,7 @@ Every module, one line each (``tests/test_docstrings.py`` checks that none is le
 * :mod:`~lmablate.analysis.plotting`: what every figure shares: the figure, colours, units.
 * :mod:`~lmablate.analysis.figures`: the figures of losses, comparisons and gradients (PNG).
 * :mod:`~lmablate.analysis.tuning_figure`: loss against learning rate and width, from tuning.
+* :mod:`~lmablate.analysis.bracket_figure`: each variant's full-budget lr bracket: figure, table.
 * :mod:`~lmablate.analysis.model_figures`: attention maps and token embeddings of a model.
 * :mod:`~lmablate.analysis.arithmetic_figures`: arithmetic by operation and by operand length.
 * :mod:`~lmablate.analysis.scaling_figures`: curves, effects and isoFLOP profiles against compute.

@@ -1,0 +1,187 @@
+"""The learning rate at the full budget (lmablate.lr_bracket and the bracket of
+lmablate.tuning): bracketing, the fitted minimum, the tuning uncertainty, and the verdicts it
+turns undecided; driven by constructed curves instead of training."""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from lmablate import lr_bracket as lb
+from lmablate import tuning
+from lmablate.analysis.statistics import (VERDICT_BETTER, VERDICT_NSD, VERDICT_UNDECIDED_TUNING,
+                                          VERDICT_WORSE, tuning_check)
+from lmablate.trials import summarise_study
+from test_tuning import simulate, trial, with_tune
+
+
+def curve(lr_opt, curvature=0.05, floor=2.0):
+    """A loss quadratic in ln lr with its minimum ``floor`` at ``lr_opt``."""
+    return lambda lr: floor + curvature * math.log(lr / lr_opt) ** 2
+
+
+def points(f, lrs, noise=(0.0, 0.0)):
+    return [lb.Point(lr, tuple(f(lr) + e for e in noise)) for lr in lrs]
+
+
+def test_the_fitted_minimum_of_a_quadratic_in_log_lr_is_its_vertex():
+    f = curve(0.013)
+    fit = lb.fit_minimum(points(f, [0.005, 0.01, 0.02, 0.04]))
+    assert fit.used == "vertex"
+    assert fit.lr == pytest.approx(0.013, rel=1e-6)
+    assert fit.loss == pytest.approx(2.0, abs=1e-9)
+    assert fit.curve(0.026) == pytest.approx(f(0.026), abs=1e-9)
+
+
+def test_the_fit_uses_the_best_point_and_two_neighbours_on_each_side():
+    f = curve(0.01)
+    lrs = [0.01 * 2 ** k for k in range(-4, 4)]
+    far = {lrs[0]: 5.0, lrs[-1]: 7.0}  # far points off the curve must not move the vertex
+    pts = [lb.Point(lr, (far.get(lr, f(lr)),)) for lr in lrs]
+    fit = lb.fit_minimum(pts)
+    assert fit.lrs == tuple(lrs[2:7])
+    assert fit.lr == pytest.approx(0.01, rel=1e-6)
+
+
+def test_a_concave_fit_or_too_few_points_takes_the_best_point_and_says_why():
+    concave = [lb.Point(0.01, (2.0,)), lb.Point(0.02, (2.1,)), lb.Point(0.04, (2.05,))]
+    assert lb.fit_minimum(concave).used == "best point"
+    assert "not convex" in lb.fit_minimum(concave).note
+    two = [lb.Point(0.01, (2.1,)), lb.Point(0.02, (2.0,))]
+    fit = lb.fit_minimum(two)
+    assert (fit.used, fit.lr, fit.loss) == ("best point", 0.02, 2.0)
+    assert "too few" in fit.note
+
+
+def test_a_diverged_seed_makes_its_point_the_worst():
+    p = lb.Point(0.1, (2.0, math.inf))
+    assert p.loss == math.inf
+    pts = [lb.Point(0.025, (2.2, 2.2)), lb.Point(0.05, (2.1, 2.1)), p]
+    assert lb.next_lr(pts, 2.0, (1e-5, 1.0)) == (lb.BRACKETED, None)
+
+
+@pytest.mark.parametrize("lrs, expected", [
+    ([0.01, 0.02, 0.04], 0.005),   # the best is the lowest: one factor further down
+    ([0.0001, 0.0002, 0.0004], 0.0008),  # the best is the highest: one factor up
+])
+def test_an_end_point_best_asks_for_one_more_learning_rate_that_way(lrs, expected):
+    state, lr = lb.next_lr(points(curve(0.002 if lrs[0] > 0.005 else 0.01), lrs), 2.0,
+                           (1e-5, 1.0))
+    assert state == "extend"
+    assert lr == pytest.approx(expected)
+
+
+def test_an_extension_goes_to_the_hard_limit_and_no_further():
+    assert lb.next_lr(points(curve(10.0), [0.15, 0.3, 0.6]), 2.0, (1e-5, 1.0)) == (
+        "extend", 1.0)
+    assert lb.next_lr(points(curve(10.0), [0.25, 0.5, 1.0]), 2.0, (1e-5, 1.0)) == (
+        lb.AT_LIMIT, None)
+    assert lb.next_lr(points(curve(1e-9), [1.5e-5, 3e-5]), 2.0, (1e-5, 1.0)) == (
+        "extend", 1e-5)
+
+
+def test_the_protocol_brackets_an_optimum_that_lies_past_the_first_full_budget_points():
+    """The first rung favours a high lr (as short runs do), the full budget a 16x lower one:
+    the bracket extends downwards until a worse point lies on each side of the best, each
+    within the factor, and the answer is the fitted minimum, within 2% of the true one."""
+    cfg = with_tune(rungs=((8, 0.125), (3, 1.0)), bracket_seeds=2, bracket_points=9)
+    def objective(p, fraction):
+        lr_opt = 0.04 if fraction < 1 else 0.0025
+        return curve(lr_opt)(p["lr"]) + 0.3 * math.log(p["d_model"] / 32) ** 2 / 10
+
+    results, order = simulate(cfg, objective)
+    out = tuning.bracket_outcome(cfg, "arithmetic", results)
+    assert out.state == lb.BRACKETED
+    lrs = [p.lr for p in out.points]
+    assert len(lrs) > 3  # it had to extend
+    i = lb.best_index(out.points)
+    assert 0 < i < len(lrs) - 1
+    assert all(b / a == pytest.approx(2.0) for a, b in zip(lrs, lrs[1:]))
+    assert out.fit.lr == pytest.approx(0.0025, rel=0.02)
+    # every point trained on both tuning seeds, which are not the final seeds
+    seeds = {tuning.slot_seed(cfg.tune, s) for s, t in results.items()
+             if t.user_attrs[tuning.FRACTION] == 1.0}
+    assert seeds == {cfg.tune.seed, cfg.tune.seed + 1}
+    assert not seeds & set(cfg.seeds)
+    # the extension batches after the bracket closed stayed empty
+    assert sum(b.rung == 1 for b in order) == len(lrs) - 3 + 1
+
+
+def test_the_bracket_stops_at_its_most_points_and_says_so():
+    cfg = with_tune(rungs=((8, 0.125), (3, 1.0)), bracket_seeds=1, bracket_points=4)
+    results, _ = simulate(cfg, lambda p, f: curve(1e-4)(p["lr"]))
+    out = tuning.bracket_outcome(cfg, "arithmetic", results)
+    assert len(out.points) == 4
+    assert out.state == lb.OUT_OF_POINTS
+    best, _ = summarise_study(cfg, "arithmetic", "baseline", "s", results, 20, 0,
+                              tuning.width_ladder(cfg, "arithmetic"))
+    assert any(flag.startswith("lr not bracketed") for flag in best["on_edge"])
+
+
+def test_the_bracket_width_scales_the_first_rung_width_to_the_full_budget():
+    cfg = with_tune(rungs=((8, 0.125), (3, 1.0)), d_model_choices=(16, 24, 32, 40, 48, 64))
+    first = tuning.plan(cfg.tune)[0]
+    # the first rung's best width is 16 at 1/8 of the budget: 16 * 8 ** 0.25 = 26.9 -> 24
+    results = {0: trial(cfg, 0, first, {"lr": 0.01, "d_model": 16}, 2.0),
+               1: trial(cfg, 1, first, {"lr": 0.01, "d_model": 32}, 2.1)}
+    assert tuning.bracket_width(cfg, "arithmetic", results, 1) == 24
+    # 32 * 1.68 = 53.8 -> 48
+    results[2] = trial(cfg, 2, first, {"lr": 0.01, "d_model": 32}, 1.9)
+    assert tuning.bracket_width(cfg, "arithmetic", results, 1) == 48
+
+
+def test_the_tuning_uncertainty_grows_with_the_seed_spread_and_is_reproducible():
+    f = curve(0.01, curvature=0.01)
+    lrs = [0.0025, 0.005, 0.01, 0.02, 0.04]
+    quiet = lb.tuning_uncertainty(points(f, lrs, (-0.001, 0.001)), 0.01)
+    loud = lb.tuning_uncertainty(points(f, lrs, (-0.02, 0.02)), 0.01)
+    assert quiet.spread == pytest.approx(math.sqrt(2) * 0.001)
+    assert 0 <= quiet.median <= quiet.bound < loud.bound
+    assert lb.tuning_uncertainty(points(f, lrs, (-0.02, 0.02)), 0.01) == loud
+    assert lb.tuning_uncertainty(points(f, lrs), 0.01) is not None  # zero spread: no regret
+    assert lb.tuning_uncertainty(points(f, lrs, (0.0,)), 0.01) is None  # one seed
+
+
+def test_a_regret_is_the_rise_of_the_curve_above_its_minimum():
+    f = curve(0.01, curvature=0.05)
+    pts = points(f, [0.005, 0.01, 0.02], (-1e-9, 1e-9))
+    u = lb.tuning_uncertainty(pts, 0.02)  # chosen a factor 2 off: regret 0.05 ln(2)^2
+    assert u.median == pytest.approx(0.05 * math.log(2) ** 2, rel=1e-3)
+    assert lb.sensitivity(lb.fit_minimum(pts)) == pytest.approx(0.05 * math.log(2) ** 2)
+
+
+def _comparison(variant, low, high, verdict, metric="test_loss"):
+    return {"dataset": "shakespeare", "metric": metric, "baseline": "baseline",
+            "variant": variant, "ci_holm_low": low, "ci_holm_high": high,
+            "mean_diff": (low + high) / 2, "verdict": verdict}
+
+
+def _tuned(**uncertainties):
+    return pd.DataFrame([{"dataset": "shakespeare", "variant": v, "bracket_state": "bracketed",
+                          "tuning_uncertainty": u} for v, u in uncertainties.items()])
+
+
+def test_a_verdict_inside_the_larger_tuning_uncertainty_reads_undecided():
+    c = pd.DataFrame([
+        _comparison("rmsnorm", 0.035, 0.089, VERDICT_WORSE),   # clears 0 by 0.035 < 0.04
+        _comparison("rope", -0.15, -0.10, VERDICT_BETTER),     # clears 0 by 0.10 > 0.04
+        _comparison("swiglu", -0.06, -0.01, VERDICT_BETTER),   # 0.01 < 0.03
+        _comparison("gelu", -0.01, 0.02, VERDICT_NSD),
+        _comparison("rmsnorm", 0.05, 0.09, VERDICT_WORSE, metric="exact_match"),
+    ])
+    out = tuning_check(c, _tuned(baseline=0.03, rmsnorm=0.04, rope=0.01, swiglu=0.02,
+                                 gelu=0.01))
+    assert list(out["verdict"]) == [VERDICT_UNDECIDED_TUNING, VERDICT_BETTER,
+                                    VERDICT_UNDECIDED_TUNING, VERDICT_NSD, VERDICT_WORSE]
+    assert out["tuning_uncertainty"].iloc[:4].tolist() == [0.04, 0.03, 0.03, 0.03]
+    assert np.isnan(out["tuning_uncertainty"].iloc[4])  # not the tuning objective's metric
+
+
+def test_an_unmeasured_tuning_uncertainty_leaves_no_verdict_and_no_bracket_leaves_it_be():
+    c = pd.DataFrame([_comparison("rope", -0.15, -0.10, VERDICT_BETTER)])
+    assert tuning_check(c, _tuned(baseline=None, rope=0.01))["verdict"].iloc[0] == \
+        VERDICT_UNDECIDED_TUNING
+    plain = pd.DataFrame([{"dataset": "shakespeare", "variant": v, "bracket_state": None,
+                           "tuning_uncertainty": None} for v in ("baseline", "rope")])
+    assert tuning_check(c, plain)["verdict"].iloc[0] == VERDICT_BETTER
