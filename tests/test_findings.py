@@ -53,8 +53,7 @@ def _history(dataset: str, falling: bool) -> pd.DataFrame:
 
 def test_a_clear_winner_gets_its_verdict_effect_and_intervals_from_the_comparisons_row(
         comparisons):
-    lines = fi.findings_section(comparisons, datasets=["text"],
-                                order=["baseline", "winner", "noisy"])
+    lines = fi.findings_section(comparisons, datasets=["text"])
     r = comparisons[comparisons["variant"] == "winner"].iloc[0]
     assert r["verdict"] == "better"
     expected = (f"- **winner: better**, {r['mean_diff']:+.3f} nats/char ({r['variant_mean']:.3f} "
@@ -68,19 +67,18 @@ def test_a_clear_winner_gets_its_verdict_effect_and_intervals_from_the_compariso
 def test_an_effect_within_the_tuning_luck_is_flagged_as_such(comparisons):
     variation = pd.DataFrame([{"dataset": "text", "variant": "baseline", "metric": "test_loss",
                                "mean_diff": 0.05, "ci95_low": -0.02, "ci95_high": 0.15}])
-    lines = fi.findings_section(comparisons, datasets=["text"], order=["baseline", "winner"],
+    lines = fi.findings_section(comparisons, datasets=["text"],
                                 variation=variation)
     winner = next(x for x in lines if x.startswith("- **winner"))
     assert winner.endswith("No larger than the change re-tuning the baseline made (0.150): it "
                            "may owe as much to the tuner as to the feature.")
-    lines = fi.findings_section(comparisons, datasets=["text"], order=["baseline", "winner"],
+    lines = fi.findings_section(comparisons, datasets=["text"],
                                 variation=variation.assign(ci95_high=0.08))
     assert "tuner" not in next(x for x in lines if x.startswith("- **winner"))
 
 
 def test_an_undecided_pair_names_the_seeds_that_would_decide_it(comparisons):
-    lines = fi.findings_section(comparisons, datasets=["text"],
-                                order=["baseline", "winner", "noisy"])
+    lines = fi.findings_section(comparisons, datasets=["text"])
     r = comparisons[comparisons["variant"] == "noisy"].iloc[0]
     assert r["verdict"] == "no significant difference"
     undecided = next(x for x in lines if x.startswith("- **Undecided"))
@@ -88,11 +86,11 @@ def test_an_undecided_pair_names_the_seeds_that_would_decide_it(comparisons):
     assert need is not None and need > 5
     assert undecided.startswith("- **Undecided: noisy.**")
     assert (f"noisy about {need:,} (Δ {r['mean_diff']:+.3f}, SD of its per-seed differences "
-            f"{r['sd_diff']:.3f}); the study has 5.") in undecided
-    assert f"differences of {r['mde']:.3f} nats/char or more (MDE)" in undecided
+            f"{r['sd_diff']:.3f}, MDE with 5 seeds {r['mde']:.3f} nats/char); the study has "
+            "5.") in undecided
+    assert "The MDE is per comparison" in undecided
     assert not any(x.startswith("- **Undecided") for x in fi.findings_section(
-        comparisons[comparisons["variant"] != "noisy"], datasets=["text"],
-        order=["baseline", "winner"]))
+        comparisons[comparisons["variant"] != "noisy"], datasets=["text"]))
 
 
 @pytest.mark.parametrize("diff, sd, m", [(0.05, 0.1, 1), (0.04, 0.2, 3), (1.0, 0.5, 2)])
@@ -123,34 +121,14 @@ def test_a_curve_still_falling_on_every_seed_is_said_and_a_flat_one_is_not(compa
     assert np.allclose(text["drop"], 0.2)
     flat = conv[conv["dataset"] == "flat"]
     assert (flat["seeds_falling"] < flat["seeds"]).all()
-    lines = fi.findings_section(comparisons, datasets=["text"], order=["baseline"],
-                                convergence=conv)
+    lines = fi.findings_section(comparisons, datasets=["text"], convergence=conv)
     assert any(x.startswith("- **Validation loss was still falling when training stopped** for "
                             "every variant: over the last 20% of training (from step 800) it "
                             "fell on every seed, by 0.200 to 0.200 nats/char.") for x in lines)
     lines = fi.findings_section(comparisons.assign(dataset="flat"), datasets=["flat"],
-                                order=["baseline"], convergence=conv)
+                                convergence=conv)
     assert "- Validation loss had levelled off: over the last 20% of training no variant fell on " \
            "every seed." in lines
-
-
-def test_the_gradient_finding_names_the_group_that_splits_the_variants(comparisons):
-    grad = pd.DataFrame(
-        [{"dataset": "text", "variant": v, "seed": s, "group": g, "frac_near_zero": x}
-         for s in SEEDS
-         for v, ffn in (("baseline", 0.5), ("winner", 0.0), ("noisy", 0.56))
-         for g, x in (("wte", 0.2), ("blocks.1.ffn", ffn))])
-    table = fi.gradient_table(grad)
-    assert list(table.columns) == fi.GRAD_COLUMNS and (table["seeds"] == 5).all()
-    lines = fi.findings_section(comparisons, datasets=["text"],
-                                order=["baseline", "winner", "noisy"], gradients=table)
-    assert ("- **Near-zero gradients differ between variants** (after the last step, mean over "
-            "seeds): in `blocks.1.ffn`, 50% to 56% of gradient entries are near zero for "
-            "baseline and noisy, against 0% or less for winner: parameters that no longer "
-            "receive a gradient.") in lines
-    even = table.assign(frac_near_zero=0.3)  # the same everywhere: no contrast, no finding
-    assert not any("Near-zero" in x for x in fi.findings_section(
-        comparisons, datasets=["text"], order=["baseline"], gradients=even))
 
 
 def test_extrapolation_and_length_findings_come_from_their_tables(comparisons):
@@ -164,7 +142,7 @@ def test_extrapolation_and_length_findings_come_from_their_tables(comparisons):
         for v in ("baseline", "winner")
         for d, split, x in ((2, "test", 0.5 if v == "baseline" else 0.7), (3, "length", 0.0),
                             (4, "length", 0.0))])
-    lines = fi.findings_section(comparisons, datasets=["text"], order=["baseline", "winner"],
+    lines = fi.findings_section(comparisons, datasets=["text"],
                                 extrapolation=extrapolation, length=length,
                                 positions={"baseline": "learned", "winner": "alibi"})
     assert ("- **Past the training context** the test loss of winner (alibi) falls from 2.100 "
@@ -175,7 +153,7 @@ def test_extrapolation_and_length_findings_come_from_their_tables(comparisons):
 
 
 def test_the_figure_that_shows_the_verdicts_follows_them(comparisons):
-    lines = fi.findings_section(comparisons, datasets=["text"], order=["baseline", "winner"],
+    lines = fi.findings_section(comparisons, datasets=["text"],
                                 figures={"text": "figures/forest_text.png"})
     assert lines[-2] == ("![text: test loss, difference to the baseline with 95% and "
                          "Holm-adjusted intervals](figures/forest_text.png)")
@@ -186,3 +164,76 @@ def test_the_console_verdict_lines_list_decided_variants_then_the_undecided(comp
     assert fi.verdict_lines(comparisons, ["text"]) == [
         f"text, test loss (nats/char): winner better {r['mean_diff']:+.3f} "
         f"[{r['ci_holm_low']:.3f}, {r['ci_holm_high']:.3f}]; no significant difference: noisy"]
+
+
+def _references(trigram: float) -> pd.DataFrame:
+    """references.csv of dataset ``text``: the n-gram losses, the trigram at ``trigram``."""
+    return pd.DataFrame([{"dataset": "text", "reference": name, "metric": "test_loss",
+                          "value": value, "detail": "KN"}
+                         for name, value in (("unigram", 3.3), ("bigram", 2.5),
+                                             ("trigram", trigram))])
+
+
+def test_a_verdict_between_models_above_the_trigram_says_so_in_its_own_sentence(comparisons):
+    # every mean is 2.1 to 2.3: a trigram at 2.5 is beaten by all, at 2.0 by none
+    assert comparisons[["variant_mean", "baseline_mean"]].stack().between(2.0, 2.5).all()
+    lines = fi.findings_section(comparisons, datasets=["text"], references=_references(2.0))
+    winner = next(x for x in lines if x.startswith("- **winner: better**"))
+    assert winner.startswith("- **winner: better** (neither model is past the trigram "
+                             "reference, 2.000 nats/char: the comparison is between models "
+                             "that have learned little more than trigram counts), ")
+    assert winner.endswith("]).")  # one sentence: the caveat comes before its full stop
+    noisy = next(x for x in lines if x.startswith("- noisy:"))
+    assert "neither model is past the trigram reference, 2.000 nats/char" in noisy
+    lines = fi.findings_section(comparisons, datasets=["text"], references=_references(2.5))
+    assert not any("trigram" in x for x in lines)
+    assert not any("trigram" in x for x in fi.findings_section(comparisons, datasets=["text"]))
+
+
+def test_the_caveat_names_the_one_side_that_is_not_past_the_trigram(comparisons):
+    r = comparisons[comparisons["variant"] == "winner"].iloc[0]
+    between = (r["variant_mean"] + r["baseline_mean"]) / 2  # winner below it, baseline not
+    lines = fi.findings_section(comparisons, datasets=["text"],
+                                references=_references(between))
+    winner = next(x for x in lines if x.startswith("- **winner: better**"))
+    assert (f"(baseline is not past the trigram reference, {between:.3f} nats/char, winner "
+            "is: one side of the comparison has learned little more than trigram counts)"
+            ) in winner
+    assert fi.reference_caveat("v", 2.2, 2.1, 2.15, "nats/char") == (
+        "v is not past the trigram reference, 2.150 nats/char, baseline is: one side of the "
+        "comparison has learned little more than trigram counts")
+    assert fi.reference_caveat("v", 2.1, 2.1, 2.15, "nats/char") == ""
+    assert fi.reference_caveat("v", 2.15, 2.2, 2.15, "nats/char", short=True) == \
+        "neither past the trigram 2.150"  # at the reference is not past it
+
+
+def test_arithmetic_answer_loss_verdicts_get_no_trigram_caveat(comparisons):
+    """The trigram is a test-loss reference: it does not speak to the answer loss."""
+    answer = comparisons.assign(metric="answer_loss")
+    refs = _references(9.0)
+    lines = fi.findings_section(answer, datasets=["text"], references=refs)
+    assert any(x.startswith("- **winner: better**, ") for x in lines)
+    assert not any("trigram" in x for x in lines)
+    assert "trigram" not in fi.verdict_lines(answer, ["text"], refs)[0]
+
+
+def test_an_unknown_verdict_is_stated_as_written_never_as_better_or_worse(comparisons):
+    c = comparisons.copy()
+    c.loc[c["variant"] == "winner", "verdict"] = "undecided (tuning)"
+    lines = fi.findings_section(c, datasets=["text"])
+    r = c[c["variant"] == "winner"].iloc[0]
+    assert (f"- winner: undecided (tuning), {r['mean_diff']:+.3f} nats/char "
+            f"({r['variant_mean']:.3f} against {r['baseline_mean']:.3f}; 95% CI "
+            f"[{r['ci95_low']:.3f}, {r['ci95_high']:.3f}]).") in lines
+    assert not any("**winner" in x for x in lines)
+    assert fi.verdict_lines(c, ["text"]) == [
+        "text, test loss (nats/char): undecided (tuning): winner; "
+        "no significant difference: noisy"]
+
+
+def test_the_console_lines_carry_the_trigram_caveat_per_comparison(comparisons):
+    r = comparisons[comparisons["variant"] == "winner"].iloc[0]
+    assert fi.verdict_lines(comparisons, ["text"], _references(2.0)) == [
+        f"text, test loss (nats/char): winner better {r['mean_diff']:+.3f} "
+        f"[{r['ci_holm_low']:.3f}, {r['ci_holm_high']:.3f}] (neither past the trigram 2.000); "
+        "no significant difference: noisy (neither past the trigram 2.000)"]

@@ -9,7 +9,8 @@ import re
 import numpy as np
 import pandas as pd
 
-from lmablate.analysis import collect, statistics
+from lmablate.analysis import collect, limits, statistics
+from lmablate.analysis.headline import headline_loss
 from lmablate.stages import report
 
 from synthetic_study import DATASETS, EXPECTED_VERDICTS, REPLICATE_SHIFT, make_cfg, write_runs
@@ -23,9 +24,10 @@ def test_limits_section_is_written_from_the_report_tables(built):
     parts = dict(zip(*[iter(re.split(r"\*\*(shakespeare|arithmetic)\*\*", section)[1:])] * 2))
     assert set(parts) == {"shakespeare", "arithmetic"}
     detectable = pd.read_csv(out["detectable_effects"])
-    for r in detectable.itertuples():  # the minimum detectable effects, as in the CSV
-        assert f"{r.mde:.3g} {statistics.METRICS[r.metric][1]}" in parts[r.dataset]
-        assert f"With {r.n_seeds} seeds per variant" in parts[r.dataset]
+    for r in detectable.itertuples():  # each comparison's minimum detectable effect
+        assert f"{r.variant} {r.mde:.3f}" in parts[r.dataset]
+        assert f"With {r.n_pairs} seeds per variant" in parts[r.dataset]
+        assert "MDE, per comparison" in parts[r.dataset]
     # the better/worse verdicts, and nothing else, are what the study can say
     for ds in DATASETS:
         called = [f"{v} {verdict} in {statistics.METRICS[m][0]}"
@@ -86,3 +88,46 @@ def test_tuning_luck_on_arithmetic_is_measured_in_the_answer_loss(tmp_path):
     assert "nats/answer char may owe as much to the tuner" in part
     # gelu's answer-loss effect (+0.0007) is within that; rmsnorm's (-0.20) is not
     assert "Answer loss effects of that size or less here: gelu." in part
+
+
+def test_one_mde_per_comparison_is_the_same_number_wherever_the_report_states_it(built):
+    """comparisons.csv's mde is detectable_effects.csv's, the comparison table's MDE column,
+    the limits' per-comparison value and the findings' value for an undecided comparison."""
+    cfg, out_dir, out = built
+    md = out["report"].read_text()
+    comparisons = pd.read_csv(out["comparisons"])
+    detectable = pd.read_csv(out["detectable_effects"])
+    tested = comparisons[comparisons["p_value"].notna()]
+    merged = tested.merge(detectable, on=["dataset", "metric", "variant"],
+                          suffixes=("", "_csv"))
+    assert len(merged) == len(tested) == len(detectable)
+    assert np.array_equal(merged["mde"], merged["mde_csv"])
+    assert list(detectable.columns) == limits.DETECTABLE_COLUMNS
+    findings = md.split("## Findings\n", 1)[1].split("**How to read", 1)[0]
+    section = md.split("## What this study can and cannot say")[1].split("## Methodology")[0]
+    for r in tested.itertuples():
+        mde = f"{r.mde:.3f}"
+        part = section.split(f"**{r.dataset}**")[1].split("\n**")[0]
+        assert f"{r.variant} {mde}" in part
+        table = md.split(f"## {r.dataset}\n", 1)[1].split("### Comparison with the baseline",
+                                                          1)[1].split("\n### ", 1)[0]
+        label = statistics.METRICS[r.metric][0]
+        row = next(x for x in table.splitlines()
+                   if x.startswith(f"| {label} (") and f"| {r.variant} |" in x)
+        assert row.split(" | ")[-2] == mde  # the MDE column, before the verdict
+        if r.verdict == statistics.VERDICT_NSD and r.metric == headline_loss(comparisons,
+                                                                             r.dataset):
+            block = findings.split(f"**{r.dataset}**", 1)[1].split("\n**", 1)[0]
+            undecided = next(x for x in block.splitlines() if x.startswith("- **Undecided"))
+            assert f"MDE with {r.n_pairs} seeds {mde} " in undecided
+    assert "for one planned comparison" not in section  # no second MDE per comparison
+
+def test_the_limits_call_problem_level_results_a_diagnostic_not_a_verdict(built):
+    cfg, out_dir, out = built
+    md = out["report"].read_text()
+    section = md.split("## What this study can and cannot say")[1].split("## Methodology")[0]
+    part = section.split("**arithmetic**")[1]
+    line = next(x for x in part.splitlines() if x.startswith("- Problem by problem"))
+    assert "a diagnostic" in line and "not a verdict" in line
+    assert "treat the problems as independent" in line and "drawn over seeds" in line
+    assert "better" not in line and "worse" not in line

@@ -46,3 +46,47 @@ def test_report_markdown(built):
     assert "`$(0000000782+0000000021)=`" in md and "✗" in md
     # the ignored stale run is mentioned
     assert "not part of the configured study" in md and "shakespeare/old" in md
+
+
+def test_the_problem_table_is_a_diagnostic_without_verdicts(built):
+    cfg, out_dir, out = built
+    md = out["report"].read_text()
+    part = md.split("### Problem by problem (a diagnostic, not a verdict)\n", 1)[1]
+    part = part.split("\n### ", 1)[0]
+    assert "A diagnostic of which problems the models get right" in part
+    assert "treat the problems as independent" in part and "drawn over seeds" in part
+    table = [x for x in part.splitlines() if x.startswith("|")]
+    assert len(table) > 2 and "verdict" not in table[0]
+    for mark in ("▲", "▼", "**", "better |", "worse |", "better**", "worse**"):
+        assert mark not in "\n".join(table), mark
+
+
+def test_a_problem_level_rejection_still_gets_no_mark_or_verdict_word():
+    """A frame whose Holm test rejects (a ``better`` row of problem_comparisons.csv) is drawn
+    with its p-values only."""
+    from lmablate.analysis.markdown import _problem_table
+    row = {"dataset": "sums", "metric": "exact_match", "baseline": "baseline",
+           "variant": "swiglu", "n_problems": 1000, "n_seeds": 5, "baseline_count": 2000,
+           "variant_count": 2600, "total": 5000, "baseline_rate": 0.4, "variant_rate": 0.52,
+           "n_differing": 300, "mean_diff": 0.12, "ci95_low": 0.1, "ci95_high": 0.14,
+           "ci_holm_low": 0.09, "ci_holm_high": 0.15, "p_value": 1e-4, "p_holm": 2e-4,
+           "reject_holm": True, "verdict": "better"}
+    lines = _problem_table(pd.DataFrame([row, {**row, "variant": "rope", "mean_diff": -0.1,
+                                               "verdict": "worse"}]), "sums")
+    text = "\n".join(lines)
+    assert lines[0] == "### Problem by problem (a diagnostic, not a verdict)"
+    assert "| exact match (higher is better) | swiglu | 2,000 of 5,000 problems solved | " \
+           "2,600 of 5,000 | 0.1200 |" in text
+    for mark in ("▲", "▼", "**", "better |", "worse |"):
+        assert mark not in text, mark
+
+
+def test_gradient_shares_are_a_labelled_diagnostic_not_a_finding(built):
+    cfg, out_dir, out = built
+    md = out["report"].read_text()
+    findings = md.split("## Findings\n", 1)[1].split("**How to read", 1)[0]
+    assert "gradient" not in findings.lower() and "attention" not in findings.lower()
+    caption = next(x for x in md.splitlines() if "grad_flow" not in x and "gradient" in x
+                   and x.startswith("**shakespeare:"))
+    assert "one-batch diagnostic" in caption and "exact-zero activations" in caption
+    assert "absent from that batch" in caption and "not a finding" in caption

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import csv
 
+import pytest
+
 from lmablate.analysis import statistics
 from lmablate.stages import report
 
@@ -50,3 +52,19 @@ def test_every_table_follows_the_configured_variant_order(tmp_path):
         # arithmetic: headline and length tables first; then summary and tuned tables
         tables = 4 if ds == "arithmetic" else 2
         assert rows[:3 * tables] == want * tables, ds
+
+
+def test_the_gradient_table_is_the_mean_share_over_seeds_per_group():
+    import pandas as pd
+
+    from lmablate.analysis import tables
+    grad = pd.DataFrame(
+        [{"dataset": "text", "variant": v, "seed": s, "group": g, "frac_near_zero": x + s / 100}
+         for s in range(3) for v, ffn in (("baseline", 0.5), ("swiglu", 0.0))
+         for g, x in (("wte", 0.2), ("blocks.1.ffn", ffn))])
+    table = tables.gradient_table(grad)
+    assert list(table.columns) == tables.GRAD_COLUMNS and (table["seeds"] == 3).all()
+    got = table.set_index(["variant", "group"])["frac_near_zero"]
+    assert got[("baseline", "blocks.1.ffn")] == pytest.approx(0.51)
+    assert got[("swiglu", "wte")] == pytest.approx(0.21)
+    assert tables.gradient_table(pd.DataFrame()).empty

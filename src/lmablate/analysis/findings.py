@@ -4,19 +4,26 @@ Per dataset, in the dataset's headline loss (:func:`lmablate.analysis.headline.h
 
 * one sentence per variant: its verdict against the baseline (paired by seed, Holm-corrected,
   :func:`lmablate.analysis.statistics.compare`) with the effect, its raw and Holm-adjusted
-  intervals, and a warning where the effect is no larger than the tuner's luck
+  intervals, a caveat in the same sentence where the variant or the baseline is not below the
+  trigram reference of the data (:func:`trigram_reference`, :func:`reference_caveat`), and a
+  warning where the effect is no larger than the tuner's luck
   (:func:`lmablate.analysis.limits.tuning_luck`);
 * the one figure that shows them (the forest plot of the headline loss);
 * what the study could not decide and what would decide it: for every "no significant
   difference", the seeds a paired t-test would need to detect a true difference as large as
-  the observed one, at the observed seed-to-seed spread (:func:`seeds_needed`);
-* what the diagnostics support: validation loss still falling at the end of training
-  (:func:`convergence_table`), gradients near zero in some variants and not in others
-  (:func:`gradient_table`), the loss past the training context and exact match past the
-  trained operand length.
+  the observed one, at the observed seed-to-seed spread (:func:`seeds_needed`), and that
+  comparison's minimum detectable effect (``comparisons.csv``'s ``mde``, the number of the
+  comparison table's MDE column);
+* the training and evaluation facts the verdicts rest on: validation loss still falling at the
+  end of training (:func:`convergence_table`), the loss past the training context and exact
+  match past the trained operand length.
+
+Diagnostics are not findings: the one-batch gradient shares of ``grad_flow.csv``
+(:func:`lmablate.analysis.tables.gradient_table`) and the attention maps appear only as
+labelled figures further down the report.
 
 Every number comes from a table the report stage also writes as CSV (``comparisons.csv``,
-``tuning_variation.csv``, ``convergence.csv``, ``grad_flow.csv``, ``extrapolation.csv``,
+``references.csv``, ``tuning_variation.csv``, ``convergence.csv``, ``extrapolation.csv``,
 ``length_generalisation.csv``), so a sentence here can be checked against its row there.
 :func:`verdict_lines` gives the same verdicts as a few console lines, printed at the end of the
 report stage. Units: losses in nats/char (the answer loss per answer character), accuracies as
@@ -33,7 +40,7 @@ import pandas as pd
 
 from lmablate.analysis.collect import BASELINE
 from lmablate.analysis.headline import headline_loss
-from lmablate.analysis.limits import tuning_luck
+from lmablate.analysis.limits import TRIGRAM, trigram_reference, tuning_luck
 from lmablate.analysis.mdtable import join_names as _names
 from lmablate.analysis.scaling import (SCALING_TITLE, TREND_FEW, TREND_GROWS, TREND_NONE,
                                       TREND_SHRINKS)
@@ -43,12 +50,8 @@ from lmablate.analysis.statistics import (ALPHA, METRICS, POWER, VERDICT_BETTER,
 TITLE = "## Findings"
 MAX_SEEDS = 1000  # past this, "more than 1,000 seeds": the difference is lost in the spread
 TAIL = 0.2  # the share of training at the end over which a curve counts as still falling
-# a parameter group is "sparse" in a variant when at least this share of its gradient entries
-# is near zero, and the finding needs a variant at most half that: a contrast, not a level
-SPARSE = 0.25
 CONVERGENCE_COLUMNS = ["dataset", "variant", "seeds", "from_step", "last_step",
                        "val_loss_from", "val_loss_last", "drop", "seeds_falling"]
-GRAD_COLUMNS = ["dataset", "variant", "group", "seeds", "frac_near_zero"]
 
 
 def _signed(x: float, digits: int = 3) -> str:
@@ -129,56 +132,75 @@ def convergence_table(history: pd.DataFrame, tail: float = TAIL) -> pd.DataFrame
     return pd.DataFrame(rows, columns=CONVERGENCE_COLUMNS)
 
 
-def gradient_table(grad: pd.DataFrame) -> pd.DataFrame:
-    """The share of gradient entries near zero after the last training step (``grad_stats.csv``'s
-    ``frac_near_zero``, |grad| < 1e-8), mean over seeds, per dataset x variant x parameter
-    group: the numbers of the gradient-flow figure. Columns :data:`GRAD_COLUMNS`, groups in
-    the order of the model's parameters."""
-    if grad.empty or "frac_near_zero" not in grad:
-        return pd.DataFrame(columns=GRAD_COLUMNS)
-    out = (grad.groupby(["dataset", "variant", "group"], observed=True, sort=False)
-           ["frac_near_zero"].agg(seeds="count", frac_near_zero="mean").reset_index())
-    return out[GRAD_COLUMNS]
+def reference_caveat(variant: str, variant_mean: float, baseline_mean: float,
+                     trigram: float | None, unit: str, short: bool = False) -> str:
+    """Which side of a comparison is not below the trigram reference ``trigram`` (same unit as
+    the means: nats/char), as a clause for the verdict's own sentence; "" when both are below
+    it or there is no reference. ``short``: the console form, e.g. ``neither past the trigram
+    2.159``."""
+    if trigram is None or not math.isfinite(trigram):
+        return ""
+    above = [name for name, x in ((variant, variant_mean), (BASELINE, baseline_mean))
+             if pd.notna(x) and float(x) >= trigram]
+    if not above:
+        return ""
+    if short:
+        who = "neither" if len(above) == 2 else f"{above[0]} not"
+        return f"{who} past the {TRIGRAM} {trigram:.3f}"
+    ref = f"the {TRIGRAM} reference, {trigram:.3f} {unit}"
+    if len(above) == 2:
+        return (f"neither model is past {ref}: the comparison is between models that have "
+                f"learned little more than {TRIGRAM} counts")
+    other = BASELINE if above[0] == variant else variant
+    return (f"{above[0]} is not past {ref}, {other} is: one side of the comparison has learned "
+            f"little more than {TRIGRAM} counts")
 
 
-def _effect(row: pd.Series, unit: str, luck: float | None) -> str:
-    """One variant's verdict against the baseline as a sentence."""
-    v, d = row["variant"], float(row["mean_diff"])
+def _effect(row: pd.Series, unit: str, luck: float | None, trigram: float | None = None
+            ) -> str:
+    """One variant's verdict against the baseline as a sentence; a verdict string this module
+    does not know is stated as it is, never as better or worse."""
+    v, d, verdict = row["variant"], float(row["mean_diff"]), str(row["verdict"])
+    caveat = reference_caveat(v, row["variant_mean"], row["baseline_mean"], trigram, unit)
+    caveat = f" ({caveat})" if caveat else ""
     means = f"{row['variant_mean']:.3f} against {row['baseline_mean']:.3f}"
     raw = f"95% CI [{row['ci95_low']:.3f}, {row['ci95_high']:.3f}]"
-    if row["verdict"] in (VERDICT_BETTER, VERDICT_WORSE):
-        text = (f"**{v}: {row['verdict']}**, {_signed(d)} {unit} ({means}; {raw}, "
+    if verdict in (VERDICT_BETTER, VERDICT_WORSE):
+        text = (f"**{v}: {verdict}**{caveat}, {_signed(d)} {unit} ({means}; {raw}, "
                 f"Holm-adjusted [{row['ci_holm_low']:.3f}, {row['ci_holm_high']:.3f}]).")
         if luck is not None and abs(d) <= luck:
             text += (f" No larger than the change re-tuning the baseline made ({luck:.3f}): it "
                      "may owe as much to the tuner as to the feature.")
         return text
-    if row["verdict"] == VERDICT_IDENTICAL:
-        return f"{v}: identical on every seed ({_signed(d)} {unit})."
-    if row["verdict"] == VERDICT_FEW:
-        return (f"{v}: not tested, only {int(row['n_pairs'])} seed(s) pair with the baseline "
-                f"({_signed(d)} {unit}).")
-    return f"{v}: no significant difference, {_signed(d)} {unit} ({means}; {raw})."
+    if verdict == VERDICT_IDENTICAL:
+        return f"{v}: identical on every seed{caveat} ({_signed(d)} {unit})."
+    if verdict == VERDICT_FEW:
+        return (f"{v}: not tested{caveat}, only {int(row['n_pairs'])} seed(s) pair with the "
+                f"baseline ({_signed(d)} {unit}).")
+    return f"{v}: {verdict}{caveat}, {_signed(d)} {unit} ({means}; {raw})."
 
 
 def _undecided(c: pd.DataFrame, unit: str) -> list[str]:
-    """What would decide each "no significant difference": seeds needed at the observed spread."""
+    """What would decide each "no significant difference": seeds needed at the observed spread,
+    and that comparison's MDE (its ``mde``, as in the comparison table)."""
     nsd = c[c["verdict"] == VERDICT_NSD]
     if nsd.empty:
         return []
-    m = int(c["verdict"].isin([VERDICT_BETTER, VERDICT_WORSE, VERDICT_NSD]).sum())
+    m = int(c["p_value"].notna().sum())  # the Holm family: every comparison with a test
     n = int(nsd["n_pairs"].max())
     parts = []
     for r in nsd.itertuples():
         need = seeds_needed(r.mean_diff, r.sd_diff, m)
         parts.append(f"{r.variant} about {need:,}" if need is not None else
                      f"{r.variant} more than {MAX_SEEDS:,}")
-        parts[-1] += f" (Δ {_signed(r.mean_diff)}, SD of its per-seed differences {r.sd_diff:.3f})"
+        parts[-1] += (f" (Δ {_signed(r.mean_diff)}, SD of its per-seed differences "
+                      f"{r.sd_diff:.3f}, MDE with {int(r.n_pairs)} seeds {r.mde:.3f} {unit})")
     return [f"- **Undecided: {_names(list(nsd['variant']))}.** Seeds per variant that a paired "
             f"t-test (at Holm's strictest level α/{m}) would need to detect, with {POWER:.0%} "
             f"power at the observed seed-to-seed spread, a true difference as large as the "
-            f"observed one: {'; '.join(parts)}; the study has {n}. With {n} seeds it detects "
-            f"differences of {nsd['mde'].min():.3f} {unit} or more (MDE)."]
+            f"observed one: {'; '.join(parts)}; the study has {n}. The MDE is per comparison: "
+            "the smallest true difference its test detects with that power at its own spread "
+            "(the comparison table's MDE column)."]
 
 
 def _convergence(conv: pd.DataFrame, dataset: str) -> list[str]:
@@ -197,28 +219,6 @@ def _convergence(conv: pd.DataFrame, dataset: str) -> list[str]:
             f"it fell on every seed, by {falling['drop'].min():.3f} to "
             f"{falling['drop'].max():.3f} nats/char. More compute would lower these losses; "
             "whether the ranking holds at a larger budget is not measured here."]
-
-
-def _gradients(grads: pd.DataFrame, dataset: str, order: Sequence[str]) -> list[str]:
-    """The parameter group whose near-zero gradient share differs most between variants."""
-    g = grads[grads["dataset"] == dataset]
-    if g.empty or g["variant"].nunique() < 2:
-        return []
-    t = g.pivot_table(index="group", columns="variant", values="frac_near_zero",
-                      observed=True, sort=False)
-    t = t.reindex(columns=[v for v in order if v in t.columns])
-    spread = (t.max(axis=1) - t.min(axis=1)).sort_values(ascending=False, kind="stable")
-    group = spread.index[0]
-    row = t.loc[group].dropna()
-    if row.max() < SPARSE or row.min() > row.max() / 2:
-        return []
-    high, low = row[row >= SPARSE], row[row < row.max() / 2]
-    share = (f"{high.min():.0%}" if round(high.min(), 2) == round(high.max(), 2)
-             else f"{high.min():.0%} to {high.max():.0%}")
-    return [f"- **Near-zero gradients differ between variants** (after the last step, mean over "
-            f"seeds): in `{group}`, {share} of gradient entries are near zero for "
-            f"{_names(list(high.index))}, against {low.max():.0%} or less for "
-            f"{_names(list(low.index))}: parameters that no longer receive a gradient."]
 
 
 def _extrapolation(table: pd.DataFrame, dataset: str, positions: Mapping[str, str]) -> list[str]:
@@ -280,9 +280,9 @@ def _trends(trends: pd.DataFrame | None, dataset: str) -> list[str]:
 
 
 def findings_section(comparisons: pd.DataFrame, *, datasets: Sequence[str],
-                     order: Sequence[str], variation: pd.DataFrame | None = None,
+                     variation: pd.DataFrame | None = None,
+                     references: pd.DataFrame | None = None,
                      convergence: pd.DataFrame | None = None,
-                     gradients: pd.DataFrame | None = None,
                      extrapolation: pd.DataFrame | None = None,
                      length: pd.DataFrame | None = None,
                      positions: Mapping[str, str] | None = None,
@@ -292,9 +292,11 @@ def findings_section(comparisons: pd.DataFrame, *, datasets: Sequence[str],
 
     Args:
         comparisons: :func:`~lmablate.analysis.statistics.compare` (``comparisons.csv``).
-        datasets, order: the datasets and variants in study order.
+        datasets: the datasets in study order.
         variation: ``tuning_variation.csv`` (the tuner's luck).
-        convergence: :func:`convergence_table`; gradients: :func:`gradient_table`.
+        references: ``references.csv`` (nats/char): its trigram row of a dataset's headline
+            loss adds the caveat of :func:`reference_caveat` to each verdict.
+        convergence: :func:`convergence_table`.
         extrapolation: ``extrapolation.csv``; length: ``length_generalisation.csv``.
         positions: variant -> its position scheme, for the extrapolation sentence.
         figures: dataset -> the relative path of the figure that shows its verdicts.
@@ -311,13 +313,12 @@ def findings_section(comparisons: pd.DataFrame, *, datasets: Sequence[str],
         lines += [f"**{ds}**: {label} ({unit}, lower is better) of every variant against the "
                   f"{BASELINE}, paired over {n} seeds, Holm-corrected at α = {ALPHA}.", ""]
         luck = tuning_luck(variation, ds, metric)
-        lines += [f"- {_effect(r, unit, luck)}" for _, r in c.iterrows()] or [
+        trigram = trigram_reference(references, ds, metric)
+        lines += [f"- {_effect(r, unit, luck, trigram)}" for _, r in c.iterrows()] or [
             "- No variant to compare with the baseline."]
         lines += _undecided(c, unit)
         lines += _convergence(convergence if convergence is not None
                               else pd.DataFrame(columns=CONVERGENCE_COLUMNS), ds)
-        lines += _gradients(gradients if gradients is not None
-                            else pd.DataFrame(columns=GRAD_COLUMNS), ds, order)
         lines += _extrapolation(extrapolation if extrapolation is not None else empty, ds,
                                 positions or {})
         lines += _length(length if length is not None else empty, ds)
@@ -330,21 +331,31 @@ def findings_section(comparisons: pd.DataFrame, *, datasets: Sequence[str],
     return lines
 
 
-def verdict_lines(comparisons: pd.DataFrame, datasets: Sequence[str]) -> list[str]:
+def verdict_lines(comparisons: pd.DataFrame, datasets: Sequence[str],
+                  references: pd.DataFrame | None = None) -> list[str]:
     """The verdicts as console lines, one per dataset, in its headline loss, e.g.
     ``shakespeare, test loss (nats/char): rope better -0.126 [-0.174, -0.078]; ...``, the
-    interval Holm-adjusted; the rest listed as undecided."""
+    interval Holm-adjusted; the rest grouped under their verdict as written (``no significant
+    difference: ...``). ``references`` (``references.csv``) adds, per comparison, where a model
+    is not below the trigram (:func:`reference_caveat`, short form, nats/char)."""
     out = []
     for ds in datasets:
         metric = headline_loss(comparisons, ds)
         label, unit, _ = METRICS[metric]
         c = comparisons[(comparisons["dataset"] == ds) & (comparisons["metric"] == metric)]
+        trigram = trigram_reference(references, ds, metric)
+
+        def caveat(r) -> str:
+            text = reference_caveat(str(r.variant), r.variant_mean, r.baseline_mean, trigram,
+                                    unit, short=True)
+            return f" ({text})" if text else ""
         decided = c[c["verdict"].isin([VERDICT_BETTER, VERDICT_WORSE])]
         parts = [f"{r.variant} {r.verdict} {_signed(r.mean_diff)} "
-                 f"[{r.ci_holm_low:.3f}, {r.ci_holm_high:.3f}]" for r in decided.itertuples()]
-        rest = [str(v) for v in c.loc[~c.index.isin(decided.index), "variant"]]
-        if rest:
-            parts.append(f"no significant difference: {', '.join(rest)}")
+                 f"[{r.ci_holm_low:.3f}, {r.ci_holm_high:.3f}]{caveat(r)}"
+                 for r in decided.itertuples()]
+        rest: dict[str, list[str]] = {}  # verdict as written -> variants, in row order
+        for r in c.loc[~c.index.isin(decided.index)].itertuples():
+            rest.setdefault(str(r.verdict), []).append(f"{r.variant}{caveat(r)}")
+        parts += [f"{verdict}: {', '.join(names)}" for verdict, names in rest.items()]
         out.append(f"{ds}, {label} ({unit}): {'; '.join(parts) or 'no variant compared'}")
     return out
-

@@ -1,13 +1,13 @@
 """The report's "What this study can and cannot say" section, written from the study's tables.
 
 Every sentence is computed from the frames the report stage writes as CSVs (``ablation``,
-``summary``, ``comparisons``, ``problem_comparisons``, ``detectable_effects``, ``references``,
-``tuning_variation``, ``tuned``); nothing is typed by hand, so the section follows the results
-of any profile. It states, per dataset: the training each model got, where the variants sit
-between the data's reference points, the exact-match floor, the seed count and the smallest
-difference the study could detect, how much the tuning itself varies, and every flag raised
-(a tuned value on the edge of its range, a difference identical on every seed, a variant
-trained at another width than the baseline).
+``summary``, ``comparisons``, ``problem_comparisons``, ``references``, ``tuning_variation``,
+``tuned``); nothing is typed by hand, so the section follows the results of any profile. It
+states, per dataset: the training each model got, where the variants sit between the data's
+reference points, the exact-match floor, the seed count and the smallest difference each
+comparison could detect (its ``mde``, :func:`detectable_table`), how much the tuning itself
+varies, and every flag raised (a tuned value on the edge of its range, a difference identical
+on every seed, a variant trained at another width than the baseline).
 
 Units: losses in nats/char (one token is one character), accuracies as fractions.
 """
@@ -28,6 +28,37 @@ from lmablate.analysis.statistics import (ALPHA, METRICS, POWER, VERDICT_BETTER,
                                           VERDICT_WORSE)
 
 TITLE = "What this study can and cannot say"
+# the name of the order-3 reference in references.csv (lmablate.references.ngram_references)
+TRIGRAM = "trigram"
+DETECTABLE_COLUMNS = ["dataset", "metric", "variant", "n_pairs", "n_compared", "alpha", "power",
+                      "sd_diff", "mde"]
+
+
+def trigram_reference(references: pd.DataFrame | None, dataset: str,
+                      metric: str) -> float | None:
+    """The trigram cross-entropy of ``dataset``'s test split in ``metric`` (nats/char), from
+    the report's reference table; None where it has none (no tokens given, or a metric other
+    than ``test_loss``, such as arithmetic's answer loss)."""
+    if references is None or references.empty:
+        return None
+    r = references[(references["dataset"] == dataset) & (references["metric"] == metric)
+                   & (references["reference"] == TRIGRAM)]
+    return float(r["value"].iloc[0]) if len(r) else None
+
+
+def detectable_table(comparisons: pd.DataFrame, alpha: float = ALPHA,
+                     power: float = POWER) -> pd.DataFrame:
+    """``detectable_effects.csv``: one row per tested comparison (variant vs baseline, dataset x
+    metric), its minimum detectable effect ``mde`` copied from ``comparisons`` (:func:`~lmablate.
+    analysis.statistics.compare`: power ``power`` at Holm's strictest level ``alpha /
+    n_compared``, at the row's ``sd_diff`` and ``n_pairs``), so every MDE the report states is
+    that column. In the metric's unit; columns :data:`DETECTABLE_COLUMNS`."""
+    if comparisons.empty:
+        return pd.DataFrame(columns=DETECTABLE_COLUMNS)
+    tested = comparisons[comparisons["p_value"].notna()]
+    n_compared = tested.groupby(["dataset", "metric"], observed=True)["variant"].transform("size")
+    out = tested.assign(n_compared=n_compared, alpha=alpha, power=power)
+    return out[DETECTABLE_COLUMNS].reset_index(drop=True)
 
 
 def _mean(summary: pd.DataFrame, dataset: str, metric: str) -> pd.Series:
@@ -128,25 +159,32 @@ def _answer_floors(summary: pd.DataFrame, references: pd.DataFrame, problems: pd
     return lines
 
 
-def _power(detectable: pd.DataFrame, dataset: str) -> list[str]:
-    d = detectable[detectable["dataset"] == dataset]
+def _power(comparisons: pd.DataFrame, dataset: str) -> list[str]:
+    """The minimum detectable effect of each comparison (:func:`detectable_table`), per metric:
+    the range over the comparisons and each one's value, as in the comparison table."""
+    d = detectable_table(comparisons)
+    d = d[d["dataset"] == dataset]
     if d.empty:
         return []
     parts = []
-    for r in d.itertuples():
-        label, unit, _ = METRICS[r.metric]
-        if not math.isfinite(r.mde):
-            parts.append(f"{label}: not estimable (no variant with a spread to test)")
+    for metric, m in d.groupby("metric", sort=False):
+        label, unit, _ = METRICS[metric]
+        finite = m[m["mde"].map(math.isfinite)]
+        if finite.empty:
+            parts.append(f"{label}: not estimable")
             continue
-        parts.append(f"{label} {r.mde:.3g} {unit} ({r.mde_unadjusted:.3g} for one planned "
-                     f"comparison; SD of a paired difference {r.sd_diff:.3g})")
-    n = int(d["n_seeds"].max())
+        lo, hi = f"{finite['mde'].min():.3f}", f"{finite['mde'].max():.3f}"
+        span = lo if lo == hi else f"{lo} to {hi}"
+        each = ", ".join(f"{r.variant} {r.mde:.3f}" for r in finite.itertuples())
+        parts.append(f"{label} {span} {unit} ({each})")
+    n = int(d["n_pairs"].max())
     m = int(d["n_compared"].max())
     return [f"With {n} seeds per variant, {m} variants compared at family-wise α = {ALPHA} "
             f"(Holm) and {POWER:.0%} power, the smallest true difference to the baseline "
-            f"the study could detect is: {'; '.join(parts)}. A smaller effect is likely to "
-            "end as \"no significant difference\", which is not evidence that the variants "
-            "are equal."]
+            f"each comparison could detect (MDE, per comparison: at its own seed-to-seed "
+            f"spread and Holm's strictest level α/{m}; the comparison table's MDE column) is: "
+            f"{'; '.join(parts)}. A smaller effect is likely to end as \"no significant "
+            "difference\", which is not evidence that the variants are equal."]
 
 
 def tuning_luck(variation: pd.DataFrame | None, dataset: str, metric: str) -> float | None:
@@ -259,24 +297,13 @@ def _flags(comparisons: pd.DataFrame, problems: pd.DataFrame, tuned: pd.DataFram
     lines.append("What it can say, over training seeds (paired by seed, Holm at family-wise "
                  f"α = {ALPHA}): " + (_names(verdicts) + " than the baseline." if verdicts else
                                       "no variant differs from the baseline beyond chance."))
-    called_p = problems[(problems["dataset"] == dataset)
-                        & problems["verdict"].isin([VERDICT_BETTER, VERDICT_WORSE])]
-    if len(called_p):
-        seed_level = {(str(r.variant), r.metric): r.verdict for r in comparisons[
-            comparisons["dataset"] == dataset].itertuples()}
-        parts = []
-        for r in called_p.itertuples():
-            text = f"{r.variant} {r.verdict} in {METRICS[r.metric][0]}"
-            over_seeds = seed_level.get((str(r.variant), r.metric))
-            if over_seeds and over_seeds not in (VERDICT_BETTER, VERDICT_WORSE):
-                text += f" (over seeds: {over_seeds})"
-            parts.append(text)
-        lines.append("Problem by problem, on these trained seeds (Holm at family-wise "
-                     f"α = {ALPHA}): {_names(parts)}. The unit there is the test problem, so "
-                     "such a verdict generalises to other problems for these trained models, "
-                     "not to models trained on other seeds; where the seed-level test finds no "
-                     "difference, the feature's effect is not shown to outlast the training "
-                     "seed.")
+    p = problems[problems["dataset"] == dataset] if len(problems) else problems
+    if len(p):
+        lines.append(f"Problem by problem (its section below) is a diagnostic of which of the "
+                     f"{int(p['n_problems'].max()):,} test problems these "
+                     f"{int(p['n_seeds'].max())} trained seeds per variant get right, not a "
+                     "verdict: its p-values treat the problems as independent, which problems "
+                     "of the same models are not; the verdicts are drawn over seeds.")
     unbeaten = []
     for metric in ("answer_loss", "exact_match", "char_accuracy"):
         refs = references[(references["dataset"] == dataset) & (references["metric"] == metric)]
@@ -293,9 +320,8 @@ def _flags(comparisons: pd.DataFrame, problems: pd.DataFrame, tuned: pd.DataFram
 
 def limits_section(cfg_budgets: Mapping[str, Sequence[float]], ablation: pd.DataFrame,
                    summary: pd.DataFrame, comparisons: pd.DataFrame,
-                   problems: pd.DataFrame, detectable: pd.DataFrame,
-                   references: pd.DataFrame, variation: pd.DataFrame | None,
-                   tuned: pd.DataFrame) -> list[str]:
+                   problems: pd.DataFrame, references: pd.DataFrame,
+                   variation: pd.DataFrame | None, tuned: pd.DataFrame) -> list[str]:
     """Markdown lines of the section, one bullet list per dataset of ``ablation``.
 
     Args:
@@ -304,7 +330,6 @@ def limits_section(cfg_budgets: Mapping[str, Sequence[float]], ablation: pd.Data
         ablation, summary, comparisons, variation, tuned: the report's frames
             (:mod:`lmablate.analysis.collect`, :mod:`lmablate.analysis.statistics`).
         problems: :func:`~lmablate.analysis.problems.compare_problems` (may be empty).
-        detectable: :func:`~lmablate.analysis.statistics.detectable_effects`.
         references: columns ``dataset, reference, metric, value, detail`` (the report stage's
             reference table; losses in nats/char, accuracies as fractions).
     """
@@ -315,7 +340,7 @@ def limits_section(cfg_budgets: Mapping[str, Sequence[float]], ablation: pd.Data
         bullets = [_training(ablation, ds, cfg_budgets.get(ds, ()))]
         bullets += _between_references(summary, references, ds)
         bullets += _answer_floors(summary, references, problems, ds)
-        bullets += _power(detectable, ds)
+        bullets += _power(comparisons, ds)
         bullets += _tuning(variation, comparisons, ds)
         bullets += _tuning_uncertainty(comparisons, tuned, ds)
         bullets += _flags(comparisons, problems, tuned, ablation, summary, references, ds)

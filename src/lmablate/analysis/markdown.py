@@ -169,9 +169,13 @@ def _count(n: Any, total: Any) -> str:
     return f"{_int(n)} of {_int(total)}"
 
 
+PROBLEM_TITLE = "### Problem by problem (a diagnostic, not a verdict)"
+
+
 def _problem_table(problems: pd.DataFrame, dataset: str) -> list[str]:
     """The per-problem comparison of ``dataset`` (:func:`~lmablate.analysis.problems.
-    compare_problems`): counts, rates, intervals, test and verdict; no lines without one."""
+    compare_problems`) as a diagnostic: counts, rates (fractions), intervals and p-values,
+    with no verdict, mark or bold; no lines without one."""
     p = problems[problems["dataset"] == dataset] if len(problems) else problems
     if p.empty:
         return []
@@ -187,22 +191,20 @@ def _problem_table(problems: pd.DataFrame, dataset: str) -> list[str]:
             "95% CI of Δ (raw)": _interval(r, 4),
             "CI of Δ (Holm-adjusted)": _interval(r, 4, "ci_holm"),
             "problems that differ": f"{_int(r['n_differing'])} of {_int(r['n_problems'])}",
-            "p (sign-flip)": _p(r["p_value"]),
+            "p (sign-flip, problems as independent)": _p(r["p_value"]),
             "p (Holm)": _p(r["p_holm"]),
-            "verdict": _verdict(r["verdict"]),
         })
     first = p.iloc[0]
-    return ["### Problem by problem", "",
-            f"The same {_int(first['n_problems'])} test problems, decoded by every variant on "
-            f"{_int(first['n_seeds'])} seeds, paired problem by problem: the per-problem "
-            "difference is averaged over seeds (a problem's seeds are not independent), tested "
-            "with a sign-flip permutation test over problems (on one seed, McNemar's exact "
-            "test) and Holm-corrected over the variants. The t-interval over problems is the "
-            "large-sample one; with few problems that differ, trust the test. The unit is the "
-            "problem and the models are these trained seeds: a verdict here generalises to "
-            "other problems, not to other training seeds, which the comparison above (paired "
-            "by seed) tests.", "",
-            _md_table(pd.DataFrame(rows)), ""]
+    return [PROBLEM_TITLE, "",
+            f"A diagnostic of which problems the models get right: the same "
+            f"{_int(first['n_problems'])} test problems, decoded by every variant on "
+            f"{_int(first['n_seeds'])} seeds, paired problem by problem (the per-problem "
+            "difference averaged over seeds), with a sign-flip permutation test over problems "
+            "(on one seed, McNemar's exact test), Holm-corrected over the variants. Its "
+            "p-values treat the problems as independent, but they are problems of the same "
+            f"{_int(first['n_seeds'])} trained models, not independent replications, so they "
+            "are not the study's verdict, which is drawn over seeds (the comparison above).",
+            "", _md_table(pd.DataFrame(rows)), ""]
 
 
 def _tuning_variation_section(variation: pd.DataFrame, dataset: str) -> list[str]:
@@ -312,7 +314,6 @@ def render_markdown(cfg: StudyConfig, runs: RunOutputs, summary: pd.DataFrame,
                     notes: Sequence[str] = (),
                     variation: pd.DataFrame | None = None, *,
                     problems: pd.DataFrame | None = None,
-                    detectable: pd.DataFrame | None = None,
                     references: pd.DataFrame | None = None,
                     tuned: pd.DataFrame | None = None,
                     extrapolation: tuple[pd.DataFrame, pd.DataFrame] | None = None,
@@ -341,7 +342,6 @@ def render_markdown(cfg: StudyConfig, runs: RunOutputs, summary: pd.DataFrame,
         variation: :func:`~lmablate.analysis.statistics.tuning_variation` of the runs; each
             dataset's rows are shown after its comparison with the baseline.
         problems: :func:`~lmablate.analysis.problems.compare_problems` (arithmetic).
-        detectable: :func:`~lmablate.analysis.statistics.detectable_effects`.
         references: the report stage's reference points (``dataset, reference, metric,
             value, detail``), shown in the summary tables.
         tuned: :attr:`~lmablate.analysis.collect.RunOutputs.tuned` (range-edge flags).
@@ -365,8 +365,7 @@ def render_markdown(cfg: StudyConfig, runs: RunOutputs, summary: pd.DataFrame,
     the introduction; it is written from the same frames.
     """
     empty = pd.DataFrame(columns=["dataset", "metric", "verdict", "reference", "on_edge"])
-    problems, detectable, references = (x if x is not None else empty
-                                        for x in (problems, detectable, references))
+    problems, references = (x if x is not None else empty for x in (problems, references))
     tuned = tuned if tuned is not None else runs.tuned
     sensitivity = sensitivity if sensitivity is not None else pd.DataFrame(
         columns=["dataset", "variant", "uniform_loss", "note"])
@@ -387,7 +386,10 @@ def render_markdown(cfg: StudyConfig, runs: RunOutputs, summary: pd.DataFrame,
         f"baseline only when the paired t-test survives Holm's correction (α = {ALPHA}): "
         f"**▲ better** / **▼ worse**, and then its Holm-adjusted interval excludes 0; anything "
         f"else is \"no significant difference\", which is not evidence that the variants are "
-        f"equal: MDE says how large a difference the study could have missed. Raw numbers are "
+        f"equal: MDE, one per comparison (the comparison table's column, also in "
+        f"`detectable_effects.csv`), says how large a difference that comparison could have "
+        f"missed. The problem-by-problem tables are diagnostics, not verdicts, and "
+        f"`grad_flow.csv` is a one-batch diagnostic (see its figure). Raw numbers are "
         "in `ablation.csv`, `summary.csv` (long format: one row per dataset x variant x "
         "metric), `comparisons.csv`, `problem_comparisons.csv`, `detectable_effects.csv`, "
         "`references.csv`, `tuned.csv`, `lr_sensitivity.csv`, `tuning_variation.csv`, "
@@ -396,8 +398,7 @@ def render_markdown(cfg: StudyConfig, runs: RunOutputs, summary: pd.DataFrame,
         "`convergence.csv` and `grad_flow.csv`.", "",
     ]
     lines += limits_section({d: cfg.budgets(d) for d in cfg.datasets}, ablation,
-                            summary, comparisons, problems, detectable, references, variation,
-                            tuned)
+                            summary, comparisons, problems, references, variation, tuned)
     lines += scaling
     lines += methods_section(cfg, ablation, environment, datasets, order)
     if notes:

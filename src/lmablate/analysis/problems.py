@@ -1,9 +1,11 @@
 """Arithmetic variants against the baseline problem by problem: the same test problems,
 decoded by every variant on every seed, compared with a sign-flip permutation test and Holm's
-correction (:func:`compare_problems`). The unit is the problem, so a verdict here generalises to
-other problems for these trained models, not to other training seeds, which
-:func:`lmablate.analysis.statistics.compare` (paired by seed) tests. Rates are fractions of
-problems (exact match) or of answer characters (char accuracy).
+correction (:func:`compare_problems`). A diagnostic of which problems these trained models get
+right, not a verdict: the test treats the problems as independent, but they are problems of the
+same few trained models, not independent replications. The study's verdicts are drawn over
+seeds (:func:`lmablate.analysis.statistics.compare`), and the report renders this table without
+verdict words or marks (:mod:`lmablate.analysis.markdown`). Rates are fractions
+of problems (exact match) or of answer characters (char accuracy).
 """
 
 from __future__ import annotations

@@ -141,7 +141,10 @@ def _dataset_figures(cfg: StudyConfig, runs: RunOutputs, tables: ReportTables, d
                                      palette=palette)
     out.figures += drawn([(ds, f"{ds}: non-embedding parameters vs test loss", path)],
                          plots.params_too_narrow(ablation, ds))
-    out.figures += drawn([(ds, f"{ds}: fraction of near-zero gradients per parameter group",
+    out.figures += drawn([(ds, f"{ds}: one-batch diagnostic, share of gradient entries below "
+                           "1e-8 per parameter group in the last training batch (it counts "
+                           "exact-zero activations, e.g. a ReLU's, and embedding rows of "
+                           "characters absent from that batch; not a finding)",
                            plots.plot_grad_flow(runs.grad, ds, fig_dir / f"grad_flow_{ds}.png"))])
 
 

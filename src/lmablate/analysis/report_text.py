@@ -60,9 +60,9 @@ def report_markdown(cfg: StudyConfig, runs: RunOutputs, notes: Sequence[str],
     written = {p for _, _, p in figures.figures if p is not None}
     fig_dir = out_dir / "figures"
     findings = fi.findings_section(
-        tables.comparisons, datasets=datasets, order=present(ablation["variant"]),
-        variation=tables.variation, convergence=tables.convergence,
-        gradients=tables.gradients, extrapolation=tables.extrapolation, length=tables.length,
+        tables.comparisons, datasets=datasets, variation=tables.variation,
+        references=tables.references, convergence=tables.convergence,
+        extrapolation=tables.extrapolation, length=tables.length,
         positions={v: cfg.model_config(v, vocab_size=1).position
                    for v in present(ablation["variant"])},
         figures={ds: f"figures/forest_{ds}.png" for ds in datasets
@@ -72,7 +72,7 @@ def report_markdown(cfg: StudyConfig, runs: RunOutputs, notes: Sequence[str],
         [(ds, cap, p.relative_to(out_dir).as_posix() if p is not None else None)
          for ds, cap, p in figures.figures],
         environment, notes, tables.variation, problems=tables.problems,
-        detectable=tables.detectable, references=tables.references, tuned=runs.tuned,
+        references=tables.references, tuned=runs.tuned,
         extrapolation=(tables.extrapolation, tables.extrapolation_comparisons),
         sensitivity=tables.sensitivity, arithmetic=arithmetic_lines(cfg, runs, tables,
                                                                     figures, out_dir),

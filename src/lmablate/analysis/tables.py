@@ -3,8 +3,10 @@ written to.
 
 :func:`compute_tables` runs the statistics of :mod:`~lmablate.analysis.statistics`,
 :mod:`~lmablate.analysis.problems`, :mod:`~lmablate.analysis.extrapolation`,
-:mod:`~lmablate.analysis.arithmetic`, :mod:`~lmablate.analysis.sensitivity` and
-:mod:`~lmablate.analysis.findings` over one :class:`~lmablate.analysis.collect.RunOutputs`;
+:mod:`~lmablate.analysis.arithmetic`, :mod:`~lmablate.analysis.sensitivity`,
+:mod:`~lmablate.analysis.limits` and :mod:`~lmablate.analysis.findings` over one
+:class:`~lmablate.analysis.collect.RunOutputs`, and the one-batch gradient diagnostic
+(:func:`gradient_table`);
 :func:`csv_tables` says which file of ``reports/`` each frame goes to, with its columns. Nothing
 here writes: the report stage does (:mod:`lmablate.stages.report`).
 
@@ -25,13 +27,28 @@ from lmablate.analysis import extrapolation as ex
 from lmablate.analysis import findings as fi
 from lmablate.analysis.collect import (ABLATION_COLUMNS, BASELINE, TUNED_COLUMNS, RunOutputs,
                                        present)
+from lmablate.analysis.limits import DETECTABLE_COLUMNS, detectable_table
 from lmablate.analysis.problems import PROBLEM_COLUMNS, compare_problems
 from lmablate.analysis.reference_points import REFERENCE_COLUMNS, reference_table, uniform_losses
 from lmablate.analysis.sensitivity import SENSITIVITY_COLUMNS, lr_sensitivity
-from lmablate.analysis.statistics import (DETECTABLE_COLUMNS, TUNING_VARIATION_COLUMNS,
-                                          compare, detectable_effects, summarise,
+from lmablate.analysis.statistics import (TUNING_VARIATION_COLUMNS, compare, summarise,
                                           tuning_check, tuning_variation)
 from lmablate.config import StudyConfig
+
+GRAD_COLUMNS = ["dataset", "variant", "group", "seeds", "frac_near_zero"]
+
+
+def gradient_table(grad: pd.DataFrame) -> pd.DataFrame:
+    """``grad_flow.csv``, a one-batch diagnostic, not a finding: per dataset x variant x
+    parameter group, the share of gradient entries with |g| < 1e-8 in the last training
+    batch's backward pass (``grad_stats.csv``'s ``frac_near_zero``, a fraction), mean over
+    seeds. It counts exact zeros from activations (a ReLU's, not a SiLU gate's) and embedding
+    rows of tokens absent from that batch. Columns :data:`GRAD_COLUMNS`."""
+    if grad.empty or "frac_near_zero" not in grad:
+        return pd.DataFrame(columns=GRAD_COLUMNS)
+    out = (grad.groupby(["dataset", "variant", "group"], observed=True, sort=False)
+           ["frac_near_zero"].agg(seeds="count", frac_near_zero="mean").reset_index())
+    return out[GRAD_COLUMNS]
 
 
 @dataclass(frozen=True)
@@ -42,7 +59,7 @@ class ReportTables:
     summary: pd.DataFrame  # statistics.SUMMARY_COLUMNS, one row per dataset x variant x metric
     comparisons: pd.DataFrame  # statistics.COMPARISON_COLUMNS, every variant against baseline
     problems: pd.DataFrame  # problems.PROBLEM_COLUMNS, arithmetic problem by problem
-    detectable: pd.DataFrame  # statistics.DETECTABLE_COLUMNS, per dataset x metric
+    detectable: pd.DataFrame  # limits.DETECTABLE_COLUMNS, the mde of each comparison
     variation: pd.DataFrame  # statistics.TUNING_VARIATION_COLUMNS, the re-tunings
     references: pd.DataFrame  # REFERENCE_COLUMNS; empty without the tokenized data
     extrapolation: pd.DataFrame  # extrapolation.TABLE_COLUMNS, test loss per context multiple
@@ -52,7 +69,7 @@ class ReportTables:
     length: pd.DataFrame  # arithmetic.LENGTH_COLUMNS, exact match by operand length
     length_comparisons: pd.DataFrame  # arithmetic.LENGTH_COMPARISON_COLUMNS
     convergence: pd.DataFrame  # findings.CONVERGENCE_COLUMNS
-    gradients: pd.DataFrame  # findings.GRAD_COLUMNS
+    gradients: pd.DataFrame  # GRAD_COLUMNS, a one-batch diagnostic
 
 
 def _in_study_order(table: pd.DataFrame, ablation: pd.DataFrame) -> pd.DataFrame:
@@ -79,7 +96,7 @@ def compute_tables(cfg: StudyConfig, runs: RunOutputs, tokens_dir: Path | None) 
     comparisons = tuning_check(compare(ablation, baseline=BASELINE), runs.tuned)
     problems = compare_problems(runs.predictions, baseline=BASELINE,
                                 variants=present(ablation["variant"]))
-    detectable = detectable_effects(comparisons)
+    detectable = detectable_table(comparisons)
     variation = tuning_variation(ablation, runs.replicates)
     references = (reference_table(cfg, tokens_dir, runs) if tokens_dir is not None
                   else pd.DataFrame(columns=REFERENCE_COLUMNS))
@@ -96,7 +113,7 @@ def compute_tables(cfg: StudyConfig, runs: RunOutputs, tokens_dir: Path | None) 
         extrapolation_comparisons=extrapolation_comparisons, positions=positions,
         sensitivity=sensitivity, length=length, length_comparisons=length_comparisons,
         convergence=_in_study_order(fi.convergence_table(runs.history), ablation),
-        gradients=_in_study_order(fi.gradient_table(runs.grad), ablation))
+        gradients=_in_study_order(gradient_table(runs.grad), ablation))
 
 
 def csv_tables(runs: RunOutputs, tables: ReportTables
@@ -124,7 +141,7 @@ def csv_tables(runs: RunOutputs, tables: ReportTables
                       ignore_index=True),
             ["dataset", *ex.CURVE_COLUMNS]),
         "convergence": ("convergence.csv", tables.convergence, fi.CONVERGENCE_COLUMNS),
-        "grad_flow": ("grad_flow.csv", tables.gradients, fi.GRAD_COLUMNS),
+        "grad_flow": ("grad_flow.csv", tables.gradients, GRAD_COLUMNS),
         "length_generalisation": ("length_generalisation.csv", tables.length,
                                   arith.LENGTH_COLUMNS),
         "length_generalisation_comparisons": ("length_generalisation_comparisons.csv",

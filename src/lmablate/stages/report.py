@@ -16,8 +16,9 @@ first-seed checkpoints and the tokenized test splits, for the model figures) and
   step-down correction within each dataset x metric.
 * ``problem_comparisons.csv`` arithmetic variants against the baseline problem by problem
   (:data:`~lmablate.analysis.problems.PROBLEM_COLUMNS`): counts solved, sign-flip test, Holm.
-* ``detectable_effects.csv`` per dataset x metric, the smallest difference the study could
-  detect (:data:`~lmablate.analysis.statistics.DETECTABLE_COLUMNS`).
+* ``detectable_effects.csv`` per comparison (dataset x metric x variant), the smallest
+  difference it could detect: ``comparisons.csv``'s ``mde``
+  (:data:`~lmablate.analysis.limits.DETECTABLE_COLUMNS`).
 * ``references.csv`` reference points computed from the data
   (:data:`~lmablate.analysis.reference_points.REFERENCE_COLUMNS`):
   n-gram cross-entropies of the test split, and constant answers to the arithmetic problems.
@@ -255,6 +256,8 @@ def main(cfg: StudyConfig, args: argparse.Namespace) -> None:
           flush=True)
     # the answer last, where a terminal's scroll stops: read back from the CSV the report wrote
     comparisons = pd.read_csv(paths["comparisons"])
+    references = pd.read_csv(paths["references"])
     print("findings (paired by seed, Holm-corrected; Δ and its adjusted interval):",
-          *(f"  {line}" for line in fi.verdict_lines(comparisons, list(cfg.datasets))),
+          *(f"  {line}" for line in fi.verdict_lines(comparisons, list(cfg.datasets),
+                                                     references)),
           sep="\n", flush=True)
