@@ -3,6 +3,7 @@ study (synthetic_study.py)."""
 
 from __future__ import annotations
 
+import math
 import pandas as pd
 
 
@@ -35,8 +36,12 @@ def test_report_markdown(built):
     assert "FLOPs: shakespeare 2.4e+11, arithmetic 1.2e+11" in md
     assert f"context of {cfg.model.context_length} characters" in md
     assert ("successive halving with Optuna: 6 configurations at 0.2 of the budget, then the "
-            "best 1 at 1, every trial on seed 1000") in md
-    assert "3 learning rates evenly spaced in log over the range at the width nearest 20" in md
+            "full-budget bracket: 1 learning rates 2x apart at the best width scaled to the full "
+            "budget (d_model ~ C^0.25), each on tuning seeds 1000, 1001") in md
+    assert "every trial below the full budget on seed 1000" in md
+    middle = math.sqrt(cfg.tune.tokens_per_parameter[0] * cfg.tune.tokens_per_parameter[1])
+    assert ("3 learning rates evenly spaced in log over the range at the width nearest "
+            f"{middle:g}") in md
     assert "3 seeds (0, 1, 2)" in md
     assert "2-core test CPU" in md and "torch 9.9.9-test" in md
     # tuned lr / d_model, parameter counts, throughput

@@ -40,9 +40,18 @@ def _compute_table(cfg: StudyConfig, ablation: pd.DataFrame, datasets: Sequence[
 
 
 def _rungs_text(tu) -> str:
-    """``tune.rungs`` in words: "8 configurations at 0.125 of the budget, the best 2 at 1"."""
+    """``tune.rungs`` in words: "8 configurations at 0.125 of the budget, then the full-budget
+    bracket: 3 learning rates 2x apart ..."."""
     parts = [f"{tu.rungs[0][0]} configurations at {tu.rungs[0][1]:g} of the budget"]
-    parts += [f"the best {n} at {f:g}" for n, f in tu.rungs[1:]]
+    parts += [f"the best {n} at {f:g}" for n, f in tu.rungs[1:-1]]
+    if len(tu.rungs) > 1:
+        parts.append(
+            f"the full-budget bracket: {tu.rungs[-1][0]} learning rates {tu.bracket_factor:g}x "
+            f"apart at the best width scaled to the full budget (d_model ~ C^0.25), each on "
+            f"tuning seeds {', '.join(str(tu.seed + k) for k in range(tu.bracket_seeds))}, "
+            f"extended {tu.bracket_factor:g}x past an end while the best lies there (at most "
+            f"{tu.bracket_points} learning rates), the answer the minimum of a quadratic in "
+            "ln lr fitted through them")
     return ", then ".join(parts)
 
 
@@ -88,7 +97,8 @@ def methods_section(cfg: StudyConfig, ablation: pd.DataFrame,
         f"Before training, the learning rate (log-uniform in [{tu.lr_low:g}, {tu.lr_high:g}], "
         f"extended by 10x past an edge within [{tu.lr_limits[0]:g}, {tu.lr_limits[1]:g}]) and "
         f"d_model ({_widths_text(tu)}) were tuned per dataset x variant by successive halving "
-        f"with Optuna: {_rungs_text(tu)}, every trial on seed {tu.seed} (not a final seed), "
+        f"with Optuna: {_rungs_text(tu)}; every trial below the full budget on seed "
+        f"{tu.seed} (not a final seed), "
         f"objective the validation loss at the end of the trial; the first "
         f"{tu.trials_per_batch} configurations are the same for every variant, "
         f"{tu.trials_per_batch} learning rates evenly spaced in log over the range at the "
