@@ -2,7 +2,7 @@
 
     python docs/update_readme.py [STUDY]      # STUDY: a project after `dvc repro` (default: .)
 
-Reads ``STUDY/reports/summary.csv``, ``comparisons.csv`` and ``lr_sensitivity.csv``, writes
+Reads ``STUDY/reports/summary.csv``, ``comparisons.csv``, ``lr_sensitivity.csv`` and ``tuned.csv``, writes
 ``docs/assets/headline.png`` (the forest plots ``reports/figures/forest_<dataset>.png`` side by
 side) and replaces the README's text between ``<!-- findings:start -->`` and
 ``<!-- findings:end -->`` with :func:`render` of the study's rows. Nothing in that block is typed
@@ -33,9 +33,10 @@ FIGURE = "docs/assets/headline.png"
 FIGURE_ALT = ("Each variant minus the baseline in the headline loss, per dataset, with raw and "
               "Holm-adjusted 95% intervals")
 LOSS_NAMES = {"test_loss": "test loss, nats/char", "answer_loss": "answer loss, nats/answer char"}
-MARKS = {"better": "▲ better", "worse": "▼ worse"}
+MARKS = {"better": "▲ better", "worse": "▼ worse"}  # any other verdict is shown as written
 COLUMNS = ["dataset", "variant", "seeds", "headline loss", "mean ± 95% CI",
-           "Δ vs baseline [Holm 95% CI]", "Holm p", "verdict", "exact match", "LR sensitivity"]
+           "Δ vs baseline [Holm 95% CI]", "Holm p", "verdict", "exact match",
+           "tuning uncertainty", "LR sensitivity (first rung)", "LR sensitivity (full budget)"]
 DASH = "–"
 
 
@@ -54,7 +55,9 @@ class Row:
     p_holm: float | None = None
     verdict: str | None = None  # as in comparisons.csv: better, worse, no significant difference
     exact_match: float | None = None
-    lr_sensitivity: float | None = None
+    lr_sensitivity: float | None = None  # over the first rung's shared lr sweep (nats)
+    tuning_uncertainty: float | None = None  # 95% bound of the regret at the chosen lr (nats)
+    lr_sensitivity_full: float | None = None  # the full-budget curve's rise at 2x the lr (nats)
 
 
 # --- reading a study ----------------------------------------------------------------------------
@@ -80,6 +83,7 @@ def collect(study: Path) -> list[Row]:
     comparisons = _read(reports / "comparisons.csv")
     sensitivity = {(r["dataset"], r["variant"]): _num(r["lr_sensitivity"])
                    for r in _read(reports / "lr_sensitivity.csv")}
+    tuned = {(r["dataset"], r["variant"]): r for r in _read(reports / "tuned.csv")}
     metrics = {(r["dataset"], r["variant"], r["metric"]): r for r in summary}
     datasets = list(dict.fromkeys(r["dataset"] for r in summary))
     rows = []
@@ -104,7 +108,11 @@ def collect(study: Path) -> list[Row]:
                 p_holm=_num(c["p_holm"]) if c else None,
                 verdict=c["verdict"] if c else None,
                 exact_match=_num(em["mean"]) if em else None,
-                lr_sensitivity=sensitivity.get((dataset, variant))))
+                lr_sensitivity=sensitivity.get((dataset, variant)),
+                tuning_uncertainty=_num(tuned.get((dataset, variant), {}).get(
+                    "tuning_uncertainty")),
+                lr_sensitivity_full=_num(tuned.get((dataset, variant), {}).get(
+                    "lr_sensitivity_full"))))
     return rows
 
 
@@ -153,7 +161,8 @@ def _cells(row: Row) -> list[str]:
          if compared else DASH),
         _p(row.p_holm) if compared else DASH,
         MARKS.get(row.verdict, row.verdict) if compared and row.verdict else DASH,
-        _f(row.exact_match), _f(row.lr_sensitivity),
+        _f(row.exact_match), _f(row.tuning_uncertainty), _f(row.lr_sensitivity),
+        _f(row.lr_sensitivity_full),
     ]
 
 
@@ -209,7 +218,8 @@ def parse(block: str) -> list[Row]:
                         metric=names[c[3]], mean=_unf(mean), half_width=_unf(half),
                         diff=diff, holm_low=low, holm_high=high, p_holm=_unp(c[6]),
                         verdict=None if c[7] == DASH else verdicts.get(c[7], c[7]),
-                        exact_match=_unf(c[8]), lr_sensitivity=_unf(c[9])))
+                        exact_match=_unf(c[8]), tuning_uncertainty=_unf(c[9]),
+                        lr_sensitivity=_unf(c[10]), lr_sensitivity_full=_unf(c[11])))
     return rows
 
 

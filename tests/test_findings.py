@@ -219,16 +219,22 @@ def test_arithmetic_answer_loss_verdicts_get_no_trigram_caveat(comparisons):
 
 def test_an_unknown_verdict_is_stated_as_written_never_as_better_or_worse(comparisons):
     c = comparisons.copy()
-    c.loc[c["variant"] == "winner", "verdict"] = "undecided (tuning)"
+    c.loc[c["variant"] == "winner", "verdict"] = "not judged"
     lines = fi.findings_section(c, datasets=["text"])
     r = c[c["variant"] == "winner"].iloc[0]
-    assert (f"- winner: undecided (tuning), {r['mean_diff']:+.3f} nats/char "
+    assert (f"- winner: not judged, {r['mean_diff']:+.3f} nats/char "
             f"({r['variant_mean']:.3f} against {r['baseline_mean']:.3f}; 95% CI "
             f"[{r['ci95_low']:.3f}, {r['ci95_high']:.3f}]).") in lines
     assert not any("**winner" in x for x in lines)
     assert fi.verdict_lines(c, ["text"]) == [
-        "text, test loss (nats/char): undecided (tuning): winner; "
+        "text, test loss (nats/char): not judged: winner; "
         "no significant difference: noisy"]
+    c.loc[c["variant"] == "winner", "verdict"] = "undecided (tuning)"
+    c["tuning_uncertainty"] = 0.2
+    lines = fi.findings_section(c, datasets=["text"])
+    assert any(x.startswith("- winner: undecided (tuning), ") and "0.200 nats/char" in x
+               for x in lines)
+    assert not any("**winner" in x for x in lines)
 
 
 def test_the_console_lines_carry_the_trigram_caveat_per_comparison(comparisons):

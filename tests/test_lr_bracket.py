@@ -185,3 +185,14 @@ def test_an_unmeasured_tuning_uncertainty_leaves_no_verdict_and_no_bracket_leave
     plain = pd.DataFrame([{"dataset": "shakespeare", "variant": v, "bracket_state": None,
                            "tuning_uncertainty": None} for v in ("baseline", "rope")])
     assert tuning_check(c, plain)["verdict"].iloc[0] == VERDICT_BETTER
+
+
+def test_the_findings_give_an_undecided_verdict_its_tuning_uncertainty():
+    from lmablate.analysis.findings import _effect
+
+    row = pd.Series({**_comparison("rmsnorm", 0.035, 0.089, VERDICT_UNDECIDED_TUNING),
+                     "variant_mean": 2.26, "baseline_mean": 2.20, "ci95_low": 0.04,
+                     "ci95_high": 0.085, "tuning_uncertainty": 0.041})
+    text = _effect(row, "nats/char", None)
+    assert text.startswith("rmsnorm: undecided (tuning), +0.062 nats/char")
+    assert "tuning uncertainties, 0.041 nats/char" in text and "**" not in text

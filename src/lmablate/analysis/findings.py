@@ -45,7 +45,8 @@ from lmablate.analysis.mdtable import join_names as _names
 from lmablate.analysis.scaling import (SCALING_TITLE, TREND_FEW, TREND_GROWS, TREND_NONE,
                                       TREND_SHRINKS)
 from lmablate.analysis.statistics import (ALPHA, METRICS, POWER, VERDICT_BETTER, VERDICT_FEW,
-                                          VERDICT_IDENTICAL, VERDICT_NSD, VERDICT_WORSE)
+                                          VERDICT_IDENTICAL, VERDICT_NSD,
+                                          VERDICT_UNDECIDED_TUNING, VERDICT_WORSE)
 
 TITLE = "## Findings"
 MAX_SEEDS = 1000  # past this, "more than 1,000 seeds": the difference is lost in the spread
@@ -172,6 +173,14 @@ def _effect(row: pd.Series, unit: str, luck: float | None, trigram: float | None
             text += (f" No larger than the change re-tuning the baseline made ({luck:.3f}): it "
                      "may owe as much to the tuner as to the feature.")
         return text
+    if verdict == VERDICT_UNDECIDED_TUNING:
+        u = row.get("tuning_uncertainty")
+        inside = ("its tuning uncertainty was not measured" if u is None or pd.isna(u) else
+                  f"it is within the larger of the two variants' tuning uncertainties, "
+                  f"{float(u):.3f} {unit}, so a missed learning rate could explain it")
+        return (f"{v}: undecided (tuning){caveat}, {_signed(d)} {unit} ({means}; {raw}, "
+                f"Holm-adjusted [{row['ci_holm_low']:.3f}, {row['ci_holm_high']:.3f}]): "
+                f"significant over seeds, but {inside}.")
     if verdict == VERDICT_IDENTICAL:
         return f"{v}: identical on every seed{caveat} ({_signed(d)} {unit})."
     if verdict == VERDICT_FEW:
