@@ -104,8 +104,11 @@ def test_the_protocol_brackets_an_optimum_that_lies_past_the_first_full_budget_p
              if t.user_attrs[tuning.FRACTION] == 1.0}
     assert seeds == {cfg.tune.seed, cfg.tune.seed + 1}
     assert not seeds & set(cfg.seeds)
-    # the extension batches after the bracket closed stayed empty
-    assert sum(b.rung == 1 for b in order) == len(lrs) - 3 + 1
+    # the first batch, then one batch per extension; those after the bracket closed stayed
+    # empty
+    scaled, below = tuning.bracket_widths(cfg, "arithmetic", results, 1)
+    initial = 3 if out.width == scaled else 1
+    assert sum(b.rung == 1 for b in order) == 1 + len(lrs) - initial
 
 
 def test_the_bracket_stops_at_its_most_points_and_says_so():
@@ -125,10 +128,43 @@ def test_the_bracket_width_scales_the_first_rung_width_to_the_full_budget():
     # the first rung's best width is 16 at 1/8 of the budget: 16 * 8 ** 0.25 = 26.9 -> 24
     results = {0: trial(cfg, 0, first, {"lr": 0.01, "d_model": 16}, 2.0),
                1: trial(cfg, 1, first, {"lr": 0.01, "d_model": 32}, 2.1)}
-    assert tuning.bracket_width(cfg, "arithmetic", results, 1) == 24
+    assert tuning.bracket_widths(cfg, "arithmetic", results, 1) == (24, 16)
     # 32 * 1.68 = 53.8 -> 48
     results[2] = trial(cfg, 2, first, {"lr": 0.01, "d_model": 32}, 1.9)
-    assert tuning.bracket_width(cfg, "arithmetic", results, 1) == 48
+    assert tuning.bracket_widths(cfg, "arithmetic", results, 1) == (48, 32)
+
+
+@pytest.mark.parametrize("full_budget_width", [24, 16])
+def test_the_full_budget_decides_between_the_scaled_width_and_the_first_rungs(
+        full_budget_width):
+    """Short runs favour width 16 (scaled: 24); at the full budget the constructed loss is
+    lowest at ``full_budget_width``. The bracket's first batch trains its middle lr at both,
+    takes the better, and brackets the lr there."""
+    cfg = with_tune(rungs=((8, 0.125), (3, 1.0)), d_model_choices=(16, 24, 32, 48),
+                    bracket_points=7)
+
+    def objective(p, fraction):
+        best = 16 if fraction < 1 else full_budget_width
+        return curve(0.01)(p["lr"]) + 0.2 * math.log(p["d_model"] / best) ** 2
+
+    results = {}  # the first rung: 16 is best there
+    for slot in range(8):
+        p = {"lr": 0.02, "d_model": (16, 24, 32, 48)[slot % 4]}
+        results[slot] = trial(cfg, slot, tuning.batch_of(cfg.tune, slot), p,
+                              objective(p, 0.125))
+    while (found := tuning.next_batch(cfg, "arithmetic", "baseline", results, 0)) is not None:
+        batch, proposals = found
+        assert batch.rung == 1
+        for slot, p in proposals.items():
+            results[slot] = trial(cfg, slot, batch, p, objective(p, 1.0))
+    out = tuning.bracket_outcome(cfg, "arithmetic", results)
+    assert tuning.bracket_widths(cfg, "arithmetic", results, 1) == (24, 16)
+    assert out.width == full_budget_width and set(out.widths) == {16, 24}
+    assert out.state == lb.BRACKETED and len(out.points) >= 3
+    assert out.fit.lr == pytest.approx(0.01, rel=1e-6)
+    trained = {t.params["d_model"] for t in results.values()
+               if t.user_attrs[tuning.FRACTION] == 1.0}
+    assert trained == {16, 24}
 
 
 def test_the_tuning_uncertainty_grows_with_the_seed_spread_and_is_reproducible():

@@ -56,17 +56,18 @@ def test_rungs_end_at_the_full_budget_with_the_first_rung_in_batches():
     assert tune.rungs == ((8, 0.125), (3, 1.0))
     assert (tune.bracket_seeds, tune.bracket_points) == (2, 7)
     batches = tuning.plan(tune)
-    # the bracket: 3 learning rates x 2 seeds, then up to 4 more learning rates x 2 seeds
+    # the bracket: 3 learning rates and a width comparison x 2 seeds, then up to 4 more
+    # learning rates x 2 seeds
     assert [(b.rung, b.fraction, list(b.slots)) for b in batches] == [
         (0, 0.125, [0, 1, 2, 3]), (0, 0.125, [4, 5, 6, 7]),
-        (1, 1.0, [8, 9, 10, 11, 12, 13]), (1, 1.0, [14, 15]), (1, 1.0, [16, 17]),
-        (1, 1.0, [18, 19]), (1, 1.0, [20, 21])]
-    assert tuning.n_slots(tune) == 22
-    assert tuning.batch_of(tune, 21).index == 6
-    assert [tuning.slot_seed(tune, s) for s in (0, 7, 8, 9, 12, 13, 20, 21)] == [
+        (1, 1.0, [8, 9, 10, 11, 12, 13, 14, 15]), (1, 1.0, [16, 17]), (1, 1.0, [18, 19]),
+        (1, 1.0, [20, 21]), (1, 1.0, [22, 23])]
+    assert tuning.n_slots(tune) == 24
+    assert tuning.batch_of(tune, 23).index == 6
+    assert [tuning.slot_seed(tune, s) for s in (0, 7, 8, 9, 14, 15, 22, 23)] == [
         1000, 1000, 1000, 1001, 1000, 1001, 1000, 1001]
-    with pytest.raises(ValueError, match="slot 22 is not one of the study's 22 slots"):
-        tuning.batch_of(tune, 22)
+    with pytest.raises(ValueError, match="slot 24 is not one of the study's 24 slots"):
+        tuning.batch_of(tune, 24)
 
 
 @pytest.mark.parametrize("rungs", [[[8, 0.5]], [[8, 0.25], [2, 0.5]], [[2, 0.5], [4, 1.0]],
@@ -247,8 +248,10 @@ def test_explicit_widths_are_searched_as_given_and_never_extended():
     assert space.d_model_choices == (32, 48)
     assert "d_model the smallest choice" in tuning.on_edge(
         space, {"lr": 0.01, "d_model": 32}, cfg.tune)
-    # the bracket trains one of the choices: 32 on 1/8 of the budget scales to 48 at all of it
-    assert tuning.bracket_outcome(cfg, "arithmetic", results).width == 48
+    # 32 on 1/8 of the budget scales to 48 at all of it; the full budget prefers 32 here
+    out = tuning.bracket_outcome(cfg, "arithmetic", results)
+    assert tuning.bracket_widths(cfg, "arithmetic", results, 1) == (48, 32)
+    assert out.width == 32 and out.widths[32] < out.widths[48]
 
 
 def test_the_protocol_is_a_pure_function_of_the_results():

@@ -312,7 +312,8 @@ def _bracket_edges(bracket, searched, tune, ladder: list[int] | None) -> list[st
 
 
 def _bracket_record(bracket) -> dict:
-    """``best.json``'s ``bracket``: how it ended (``state``), the ``width``, each full-budget
+    """``best.json``'s ``bracket``: how it ended (``state``), the ``width`` and the mean losses
+    at the first batch's middle lr that chose it (``widths_compared``), each full-budget
     point (``lr``, the tuning seeds' ``losses`` and their ``mean``, nats/char; a diverged seed
     as null), the fit (``fit``: ``used`` vertex or best point, ``note``, ``coefficients`` of
     loss in ln lr, highest power first, ``lrs`` fitted over), the ``seed_spread`` of one trial,
@@ -325,6 +326,7 @@ def _bracket_record(bracket) -> dict:
         return x if math.isfinite(x) else None
 
     return {"state": bracket.state, "width": bracket.width,
+            "widths_compared": {str(d): finite(x) for d, x in bracket.widths.items()},
             "points": [{"lr": p.lr, "losses": [finite(x) for x in p.losses],
                         "mean": finite(p.loss)} for p in bracket.points],
             "fit": {"used": bracket.fit.used, "note": bracket.fit.note,

@@ -70,7 +70,7 @@ DIVERGED = "diverged"
 TRIAL_SEED = "seed"  # user attribute: the trial's training seed (tune.seed + k in the bracket)
 EDGE_SHARE = 0.1  # the outer tenth of the log learning-rate range counts as its edge
 LR_EXTENSION = 10.0  # an edge extends the learning-rate range by a decade
-WIDTH_EXPONENT = 0.25  # compute-optimal d_model ~ C^0.25 at a fixed depth (bracket_width)
+WIDTH_EXPONENT = 0.25  # compute-optimal d_model ~ C^0.25 at a fixed depth (bracket_widths)
 # Modules whose code decides a trial's result besides the training code (RUN_MODULES).
 TUNE_MODULES = RUN_MODULES + ("budget.py", "lr_bracket.py", "tuning.py", "trials.py", "variants.py",
                                "stages/tune.py")
@@ -96,16 +96,19 @@ def plan(tune: TuneConfig) -> list[Batch]:
     """Every batch of the study, in order: the first rung in batches of
     ``tune.trials_per_batch``, each later rung below the full budget as one batch (its
     promotions), and, when there is more than one rung, the full-budget bracket: one batch of
-    its first learning rates x ``tune.bracket_seeds`` slots, then up to ``tune.bracket_points``
-    minus those extension batches of ``tune.bracket_seeds`` slots each (one learning rate),
+    its first learning rates plus one (the width comparison, :func:`bracket_proposals`) x
+    ``tune.bracket_seeds`` slots, then up to ``tune.bracket_points`` minus its learning rates
+    extension batches of ``tune.bracket_seeds`` slots each (one learning rate),
     which stay empty once the bracket is closed."""
     batches: list[Batch] = []
     start = 0
     for rung, (n, fraction) in enumerate(tune.rungs):
         if is_bracket(tune, rung):
             seeds = tune.bracket_seeds
-            batches.append(Batch(len(batches), rung, fraction, range(start, start + n * seeds)))
-            start += n * seeds
+            # n learning rates at the scaled width, and the middle one at the rung below's
+            batches.append(Batch(len(batches), rung, fraction,
+                                 range(start, start + (n + 1) * seeds)))
+            start += (n + 1) * seeds
             for _ in range(tune.bracket_points - n):
                 batches.append(Batch(len(batches), rung, fraction, range(start, start + seeds)))
                 start += seeds
@@ -423,22 +426,25 @@ def _rung_slots(tune: TuneConfig, rung: int) -> range:
     return range(batches[0].slots.start, batches[-1].slots.stop)
 
 
-def bracket_width(cfg: StudyConfig, dataset: str, results: dict[int, FrozenTrial],
-                  rung: int) -> int | None:
-    """The width the bracket trains: the best width of the rung below, scaled to the full
-    budget by (1 / its share) ** :data:`WIDTH_EXPONENT` and snapped, in log, to the nearest of
+def bracket_widths(cfg: StudyConfig, dataset: str, results: dict[int, FrozenTrial],
+                   rung: int) -> tuple[int, int] | None:
+    """``(scaled, below)``: the widths the bracket compares at the full budget. ``below`` is the
+    best width of the rung below; ``scaled`` is it scaled to the full budget by (1 / its
+    share) ** :data:`WIDTH_EXPONENT` and snapped, in log, to the nearest of
     ``tune.d_model_choices`` or the derived ladder (:func:`width_ladder`). At a fixed depth the
-    non-embedding parameters grow as d_model^2, and the compute-optimal parameters as C^0.5
-    (Hoffmann et al. 2022), so the compute-optimal width grows as C^0.25: a width chosen on a
-    share of the budget is too narrow for the whole of it. None when no trial of the rung below
+    non-embedding parameters grow as d_model^2 and the compute-optimal ones as C^0.5 (Hoffmann
+    et al. 2022), so the compute-optimal width grows as C^0.25: a width chosen on a share of the
+    budget is likely too narrow for the whole of it, unless the objective says otherwise,
+    which the bracket's first batch measures. None when no trial of the rung below
     completed."""
     below = _best(results, _rung_slots(cfg.tune, rung - 1))
     if below is None:
         return None
-    target = below.params["d_model"] * (1 / below.user_attrs[FRACTION]) ** WIDTH_EXPONENT
+    width = below.params["d_model"]
+    target = width * (1 / below.user_attrs[FRACTION]) ** WIDTH_EXPONENT
     widths = (list(cfg.tune.d_model_choices) if cfg.tune.d_model_choices is not None
-              else width_ladder(cfg, dataset)) or [below.params["d_model"]]
-    return min(widths, key=lambda d: (abs(math.log(d / target)), d))
+              else width_ladder(cfg, dataset)) or [width]
+    return min(widths, key=lambda d: (abs(math.log(d / target)), d)), width
 
 
 def _first_lrs(tune: TuneConfig, centre: float, n: int) -> list[float]:
@@ -453,12 +459,11 @@ def _first_lrs(tune: TuneConfig, centre: float, n: int) -> list[float]:
     return [min(high, max(low, lr)) for lr in lrs]
 
 
-def bracket_points(tune: TuneConfig, results: dict[int, FrozenTrial],
-                   before: Batch | None = None) -> list[Point]:
-    """The full-budget points (:class:`lmablate.lr_bracket.Point`) of the bracket's batches
-    before ``before`` (all when None), sorted by lr: the final validation loss of each tuning
-    seed that has a result (``inf`` for one that diverged). A point whose seeds have not all
-    finished is left out."""
+def _bracket_trials(tune: TuneConfig, results: dict[int, FrozenTrial],
+                    before: Batch | None = None) -> list[tuple[int, Point]]:
+    """``(d_model, point)`` of every full-budget point of the bracket's batches before
+    ``before`` (all when None) whose seeds have all finished, in slot order: the final
+    validation loss of each tuning seed (``inf`` for one that diverged)."""
     rung = len(tune.rungs) - 1
     seeds = tune.bracket_seeds
     groups: dict[tuple[int, int], list[FrozenTrial | None]] = {}
@@ -468,57 +473,100 @@ def bracket_points(tune: TuneConfig, results: dict[int, FrozenTrial],
         for slot in batch.slots:
             point = (batch.index, (slot - batch.slots.start) // seeds)
             groups.setdefault(point, []).append(results.get(slot))
-    points = []
+    out = []
     for trials in groups.values():
         if any(t is None for t in trials):
             continue
-        points.append(Point(trials[0].params["lr"], tuple(
-            t.value if t.state == TrialState.COMPLETE else math.inf for t in trials)))
-    return sorted(points, key=lambda p: p.lr)
+        out.append((trials[0].params["d_model"], Point(trials[0].params["lr"], tuple(
+            t.value if t.state == TrialState.COMPLETE else math.inf for t in trials))))
+    return out
+
+
+def bracket_width(cfg: StudyConfig, dataset: str, results: dict[int, FrozenTrial],
+                  rung: int) -> tuple[int, dict[int, float]] | None:
+    """The width the bracket trains past its first batch, and the losses that chose it:
+    ``(width, {d_model: mean loss at the first batch's middle lr})``. The first batch trains
+    that lr at both of :func:`bracket_widths`; the lower mean wins (the scaled width on a tie
+    or while the other has not finished). None when no trial of the rung below completed."""
+    widths = bracket_widths(cfg, dataset, results, rung)
+    if widths is None:
+        return None
+    scaled, below = widths
+    if scaled == below:
+        return scaled, {}
+    n = cfg.tune.rungs[rung][0]
+    centre = _first_lrs(cfg.tune, _centre(cfg.tune, results, rung), n)[(n - 1) // 2]
+    at = {d: p.loss for d, p in _bracket_trials(cfg.tune, results) if p.lr == centre
+          and d in widths}
+    if len(at) < 2 or not at[below] < at[scaled]:
+        return scaled, at
+    return below, at
+
+
+def _centre(tune: TuneConfig, results: dict[int, FrozenTrial], rung: int) -> float:
+    """The first batch's middle learning rate: one factor below the best lr of the rung below,
+    since a share of the budget favours a higher lr than the whole (the short-horizon bias,
+    Bjorck et al. 2024, "Scaling Optimal LR Across Token Horizons")."""
+    return _best(results, _rung_slots(tune, rung - 1)).params["lr"] / tune.bracket_factor
+
+
+def bracket_points(tune: TuneConfig, results: dict[int, FrozenTrial], width: int,
+                   before: Batch | None = None) -> list[Point]:
+    """The full-budget points (:class:`lmablate.lr_bracket.Point`) at ``width`` of the
+    bracket's batches before ``before`` (all when None), sorted by lr. A point whose seeds
+    have not all finished is left out."""
+    return sorted((p for d, p in _bracket_trials(tune, results, before) if d == width),
+                  key=lambda p: p.lr)
 
 
 def bracket_proposals(cfg: StudyConfig, dataset: str, results: dict[int, FrozenTrial],
                       batch: Batch) -> dict[int, dict[str, Any]]:
-    """Parameters for the slots of a bracket ``batch``: the first batch trains the rung's
-    learning rates (``tune.bracket_factor`` apart) at
-    :func:`bracket_width`, each on ``tune.bracket_seeds`` seeds (:func:`slot_seed`), centred one
-    factor below the best lr of the rung below; a later
-    batch trains one more learning rate, one factor past the end the best point sits on
+    """Parameters for the slots of a bracket ``batch``, each learning rate on
+    ``tune.bracket_seeds`` seeds (:func:`slot_seed`). The first batch trains the rung's
+    learning rates, ``tune.bracket_factor`` apart and centred one factor below the best lr of
+    the rung below, at the scaled width of :func:`bracket_widths`, and its middle lr at the
+    rung below's width too when that differs. A later batch trains one more learning rate at
+    :func:`bracket_width`, one factor past the end its best point sits on
     (:func:`lmablate.lr_bracket.next_lr`), or nothing once the bracket is closed or at
     ``tune.lr_limits``."""
     tune = cfg.tune
-    width = bracket_width(cfg, dataset, results, batch.rung)
-    if width is None:
+    widths = bracket_widths(cfg, dataset, results, batch.rung)
+    if widths is None:
         return {}
     first = next(b for b in plan(tune) if b.rung == batch.rung)
+    n = tune.rungs[batch.rung][0]
     if batch.index == first.index:
-        # a share of the budget favours a higher lr than the whole (the short-horizon bias,
-        # Bjorck et al. 2024): the bracket starts one factor below the rung's best
-        centre = _best(results, _rung_slots(tune, batch.rung - 1)).params["lr"] / tune.bracket_factor
-        lrs = _first_lrs(tune, centre, tune.rungs[batch.rung][0])
+        lrs = _first_lrs(tune, _centre(tune, results, batch.rung), n)
+        points = [(lr, widths[0]) for lr in lrs]
+        if widths[1] != widths[0]:
+            points.append((lrs[(n - 1) // 2], widths[1]))
     else:
-        points = bracket_points(tune, results, batch)
-        expected = (tune.rungs[batch.rung][0] + batch.index - first.index - 1)
-        if len(points) < expected:
+        width, _ = bracket_width(cfg, dataset, results, batch.rung)
+        before = bracket_points(tune, results, width, batch)
+        initial = n if width == widths[0] else 1
+        if len(before) < initial + batch.index - first.index - 1:
             return {}  # an earlier extension was not needed (or has not finished)
-        state, lr = next_lr(points, tune.bracket_factor, tune.lr_limits)
+        state, lr = next_lr(before, tune.bracket_factor, tune.lr_limits)
         if lr is None:
             return {}
-        lrs = [lr]
+        points = [(lr, width)]
     slots = iter(batch.slots)
-    return {next(slots): {"lr": lr, "d_model": width}
-            for lr in lrs for _ in range(tune.bracket_seeds)}
+    return {next(slots): {"lr": lr, "d_model": d}
+            for lr, d in points for _ in range(tune.bracket_seeds)}
 
 
 @dataclass(frozen=True)
 class BracketOutcome:
     """What the full-budget bracket chose: the ``fit`` (:class:`lmablate.lr_bracket.Fit`,
-    whose ``lr`` is the answer), the ``width`` it trained, its ``points``, how it ended
-    (``state``: bracketed, at the limit, or out of points) and the ``uncertainty`` of the tuned
-    loss (:func:`lmablate.lr_bracket.tuning_uncertainty`; None when not measurable)."""
+    whose ``lr`` is the answer), the ``width`` it trained past its first batch and the mean
+    losses that chose it (``widths``: d_model -> loss at the first batch's middle lr, empty
+    when there was one candidate), its ``points`` at that width, how it ended (``state``:
+    bracketed, at the limit, or out of points) and the ``uncertainty`` of the tuned loss
+    (:func:`lmablate.lr_bracket.tuning_uncertainty`; None when not measurable)."""
 
     fit: Fit
     width: int
+    widths: dict[int, float]
     points: list[Point]
     state: str
     uncertainty: Uncertainty | None
@@ -526,20 +574,24 @@ class BracketOutcome:
 
 def bracket_outcome(cfg: StudyConfig, dataset: str,
                     results: dict[int, FrozenTrial]) -> BracketOutcome | None:
-    """The bracket's answer, or None when the study has no bracket or none of its points has a
-    finite loss (every full-budget trial diverged)."""
+    """The bracket's answer, or None when the study has no bracket or none of its points at
+    the chosen width has a finite loss (every full-budget trial there diverged)."""
     tune = cfg.tune
     if len(tune.rungs) < 2:
         return None
-    points = bracket_points(tune, results)
+    chosen_width = bracket_width(cfg, dataset, results, len(tune.rungs) - 1)
+    if chosen_width is None:
+        return None
+    width, compared = chosen_width
+    points = bracket_points(tune, results, width)
     if not any(math.isfinite(p.loss) for p in points):
         return None
     state, _ = next_lr(points, tune.bracket_factor, tune.lr_limits)
     if state == "extend":
         state = OUT_OF_POINTS
     fit = fit_minimum(points)
-    width = bracket_width(cfg, dataset, results, len(tune.rungs) - 1)
-    return BracketOutcome(fit, width, points, state, tuning_uncertainty(points, fit.lr))
+    return BracketOutcome(fit, width, compared, points, state,
+                          tuning_uncertainty(points, fit.lr))
 
 
 def next_batch(cfg: StudyConfig, dataset: str, variant: str, results: dict[int, FrozenTrial],

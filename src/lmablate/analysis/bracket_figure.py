@@ -31,7 +31,8 @@ def plot_bracket(trials: pd.DataFrame, tuned: pd.DataFrame, dataset: str, path: 
                  palette: Mapping[str, Any], order: Sequence[str]) -> Path | None:
     """One panel per variant of ``dataset`` (in ``order``): validation loss against the
     learning rate (log axis) of its full-budget trials (small dots: one tuning seed each; large
-    dots: their mean; an ``x`` at the top for a point with a diverged seed), the fitted
+    dots: their mean; an ``x`` at the top for a point with a diverged seed; hollow: the other
+    width its first batch compared, not kept), the fitted
     quadratic (``tuned``'s ``fit_a/b/c``) over the points fitted, and a vertical line at the
     chosen lr; the title gives the regret and the tuning uncertainty. Returns ``path``, or None
     when no variant has a bracket."""
@@ -53,8 +54,14 @@ def plot_bracket(trials: pd.DataFrame, tuned: pd.DataFrame, dataset: str, path: 
     top = float(means.max()) if len(means) else 1.0
     for ax, variant in zip(axes[0], variants):
         colour = palette[variant]
-        v = t[t["variant"] == variant]
         r = tu[tu["variant"] == variant].iloc[0]
+        other = t[(t["variant"] == variant) & (t["params_d_model"] != r["d_model"])]
+        v = t[(t["variant"] == variant) & (t["params_d_model"] == r["d_model"])]
+        for d, o in other.groupby("params_d_model"):  # the width the first batch set aside
+            loss = pd.to_numeric(o["value"], errors="coerce")
+            ax.scatter(o["params_lr"], loss, s=30, facecolors="none", edgecolors=colour,
+                       zorder=3, label=f"d_model {int(d)} (not kept)")
+            ax.legend(fontsize=7, loc="upper center")
         loss = pd.to_numeric(v["value"], errors="coerce")
         ax.scatter(v["params_lr"][loss.notna()], loss[loss.notna()], s=10, color=colour,
                    alpha=0.5, linewidths=0)
@@ -85,7 +92,8 @@ def plot_bracket(trials: pd.DataFrame, tuned: pd.DataFrame, dataset: str, path: 
 
 
 def bracket_table(tuned: pd.DataFrame, dataset: str, order: Sequence[str]) -> str:
-    """One row per bracketed variant of ``dataset``: width, full-budget points and how the
+    """One row per bracketed variant of ``dataset``: width (and the widths its first batch
+    compared, with their losses), full-budget points and how the
     bracket ended, the chosen lr and how it was taken, the validation loss there (fitted),
     the seed spread of one trial, the regret at the chosen lr, the tuning uncertainty (95%)
     and the excess loss at 2x or 1/2 the chosen lr; "" when none has a bracket."""
@@ -98,6 +106,8 @@ def bracket_table(tuned: pd.DataFrame, dataset: str, order: Sequence[str]) -> st
         r = r.iloc[0]
         rows.append({
             "variant": variant, "d_model": int(r["d_model"]),
+            "widths compared (val loss)": "–" if pd.isna(r.get("widths_compared")) or not
+            r.get("widths_compared") else str(r["widths_compared"]),
             "full-budget lrs": f"{int(r['n_points'])} ({r['bracket_state']})",
             "chosen lr": f"{float(r['lr']):.3g} ({'fitted minimum' if r['fit_used'] == 'vertex' else 'best point'})",
             "val loss there": num(r["val_loss"], 4),
@@ -121,8 +131,10 @@ def bracket_lines(cfg, tuned: pd.DataFrame, dataset: str, order: Sequence[str],
     text = (
         f"Each variant's learning rate is chosen at the full budget: {tu.rungs[-1][0]} "
         f"learning rates {tu.bracket_factor:g}x apart, each trained on the tuning seeds "
-        f"{seeds} (not final seeds), and while the best is the lowest or the highest one, a "
-        f"further one {tu.bracket_factor:g}x past it (at most {tu.bracket_points}, within "
+        f"{seeds} (not final seeds), at the first rung's best width scaled to the full budget "
+        "(d_model ~ C^0.25); the middle one at the first rung's width too, and the better of "
+        "the two widths is kept. While the best is the lowest or the highest learning rate, a "
+        f"further one is trained {tu.bracket_factor:g}x past it (at most {tu.bracket_points}, within "
         f"tune.lr_limits). The chosen lr is the minimum of a quadratic in ln lr fitted "
         "through the best point and up to two neighbours on each side, or the best point "
         "where that curve is not convex. The regret is how far above the minimum of the "

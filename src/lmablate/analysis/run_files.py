@@ -50,9 +50,11 @@ POSITION_LOSS_COLUMNS = ["dataset", "variant", "seed", "factor", "position", "lo
 # taken (``fit_used``: vertex or best point; ``fit_a/b/c`` the quadratic in ln lr), the seed
 # spread of one trial, the regret at the chosen lr (bootstrap median), the tuning uncertainty
 # of the tuned loss (its 95th percentile) and the fitted curve's excess loss at 2x or 1/2 the
-# chosen lr (``lr_sensitivity_full``); nats/char. Empty for a study without a bracket.
+# chosen lr (``lr_sensitivity_full``); nats/char; ``widths_compared`` the mean loss of each
+# width the first batch compared ("16: 2.1410; 24: 2.0970"). Empty without a bracket.
 BRACKET_COLUMNS = ["bracket_state", "n_points", "fit_used", "fit_a", "fit_b", "fit_c",
-                   "seed_spread", "regret", "tuning_uncertainty", "lr_sensitivity_full"]
+                   "seed_spread", "regret", "tuning_uncertainty", "lr_sensitivity_full",
+                   "widths_compared"]
 TUNED_COLUMNS = ["dataset", "variant", "lr", "d_model", "val_loss", "full_budget", "on_edge",
                  "extended", "lr_low", "lr_high", "d_model_choices", "n_trials", "n_complete",
                  "n_diverged", *BRACKET_COLUMNS]
@@ -212,7 +214,11 @@ def bracket_columns(bracket: Mapping[str, Any] | None) -> dict:
             "fit_used": bracket["fit"]["used"], "fit_a": a, "fit_b": b, "fit_c": c,
             "seed_spread": bracket["seed_spread"], "regret": bracket["regret"],
             "tuning_uncertainty": bracket["uncertainty"],
-            "lr_sensitivity_full": bracket["sensitivity"]}
+            "lr_sensitivity_full": bracket["sensitivity"],
+            "widths_compared": "; ".join(
+                f"{d}: " + ("diverged" if x is None else f"{x:.4f}")
+                for d, x in sorted((bracket.get("widths_compared") or {}).items(),
+                                   key=lambda kv: int(kv[0]))) or None}
 
 
 def typed_columns(df: pd.DataFrame) -> pd.DataFrame:
