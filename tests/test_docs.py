@@ -46,7 +46,7 @@ def _write(path: Path, rows: list[dict]) -> None:
 def test_the_generator_reads_a_study_and_writes_the_block(gen, tmp_path):
     reports = tmp_path / "reports"
     reports.mkdir()
-    summary, comparisons, sensitivity = [], [], []
+    summary, comparisons, sensitivity, tuned = [], [], [], []
     for ds, metric in (("text", "test_loss"), ("sums", "answer_loss")):
         for i, variant in enumerate(("baseline", "rope")):
             for m in {metric, "test_loss"} | ({"exact_match"} if ds == "sums" else set()):
@@ -54,19 +54,22 @@ def test_the_generator_reads_a_study_and_writes_the_block(gen, tmp_path):
                                 "mean": 2.0 - 0.1 * i, "std": 0.01, "ci95_low": 1.99 - 0.1 * i,
                                 "ci95_high": 2.01 - 0.1 * i})
             sensitivity.append({"dataset": ds, "variant": variant, "lr_sensitivity": 0.25 + i})
+            tuned.append({"dataset": ds, "variant": variant, "tuning_uncertainty": 0.01 + i / 100,
+                          "lr_sensitivity_full": 0.003 * (1 + i)})
         comparisons.append({"dataset": ds, "metric": metric, "variant": "rope",
                             "mean_diff": -0.1, "ci_holm_low": -0.12, "ci_holm_high": -0.08,
                             "p_holm": 0.0004, "verdict": "better"})
     _write(reports / "summary.csv", summary)
     _write(reports / "comparisons.csv", comparisons)
     _write(reports / "lr_sensitivity.csv", sensitivity)
+    _write(reports / "tuned.csv", tuned)
     rows = gen.collect(tmp_path)
     assert [(r.dataset, r.variant, r.metric) for r in rows] == [
         ("text", "baseline", "test_loss"), ("text", "rope", "test_loss"),
         ("sums", "baseline", "answer_loss"), ("sums", "rope", "answer_loss")]
     block = gen.render(rows)
     assert "| text | `rope` | 5 | test loss, nats/char | 1.900 ± 0.010 | −0.100 [−0.120, −0.080] " \
-           "| <0.001 | ▲ better | – | 1.250 |" in block
+           "| <0.001 | ▲ better | – | 0.020 | 1.250 | 0.006 |" in block
     assert "**sums**: better than the baseline: rope" in block
     assert gen.render(gen.parse(block)) == block
     readme = f"before\n{gen.START}\nold\n{gen.END}\nafter\n"
