@@ -77,7 +77,7 @@ def make_cfg(seeds=(0, 1, 2), variants=VARIANTS):
         "train": {"budget_flops": {"shakespeare": 2.4e11, "arithmetic": 1.2e11},
                   "batch_size": 12, "eval_interval": 50},
         "tune": {"rungs": [[6, 0.2], [1, 1.0]], "trials_per_batch": 3,
-                 "d_model_choices": [32, 64], "bracket_seeds": 1, "bracket_points": 1},
+                 "d_model_choices": [32, 64]},
     }
     return params.parse(raw)
 
