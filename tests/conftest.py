@@ -52,11 +52,12 @@ TINY = {
     "study": {"seeds": [0], "variants": ["baseline", "rope"], "datasets": ["arithmetic"]},
     "datasets": {"arithmetic": {"n_train": 2000, "n_test": 16}},
     "model": TINY_MODEL,
-    # final runs 4 steps; tuning: 2 trials of half of that, then the better one at the full budget
+    # final runs 4 steps; tuning: 2 trials of half of that, then one lr at the full budget (a
+    # bracket of one point on one seed: bracket_points is the last rung's trials)
     "train": {"budget_flops": budgets(4), "eval_interval": 2, "eval_iters": 1,
               "warmup_fraction": 0.0, "batch_size": TINY_BATCH},
     "tune": {"rungs": [[2, 0.5], [1, 1.0]], "trials_per_batch": 2, "reports": 2,
-             "d_model_choices": [16], "min_steps": 1},
+             "d_model_choices": [16], "min_steps": 1, "bracket_seeds": 1, "bracket_points": 1},
     "evaluate": {"max_batches": 1, "batch_size": 8, "max_problems": 8},
     "tracking": {"enabled": False},
 }

@@ -62,6 +62,14 @@ def setting(path: str, value):
     return change
 
 
+def settings(*changes):
+    """Several :func:`setting` changes, in order."""
+    def change(raw):
+        for one in changes:
+            one(raw)
+    return change
+
+
 def text_edit(edit):
     """A change of params.yaml's text (what yaml.safe_dump cannot write: duplicates, bytes)."""
     edit.text = True
@@ -292,8 +300,15 @@ CASES = [
     ("kv heads not dividing the heads", setting("model.n_kv_heads", 3), tune_args(),
      "params: model.n_kv_heads=3 is not allowed; must divide n_heads=2"),
     ("tuning seed among the final seeds", setting("tune.seed", 0), tune_args(),
-     "params: tune.seed=0 is not allowed; must not be one of study.seeds [0]: a final seed "
-     "would then have been seen by tuning"),
+     "params: tune.seed=0 is not allowed; must not be one of study.seeds [0], nor the next "
+     "tune.bracket_seeds=1 - 1 seeds after it: a final seed would then have been seen by "
+     "tuning"),
+    ("a bracket's second tuning seed among the final seeds",
+     settings(setting("tune.seed", 1000), setting("tune.bracket_seeds", 2),
+              setting("study.seeds", [1001])), tune_args(),
+     "params: tune.seed=1000 is not allowed; must not be one of study.seeds [1001], nor the "
+     "next tune.bracket_seeds=2 - 1 seeds after it: a final seed would then have been seen by "
+     "tuning"),
     ("a budget too small for one step", setting("train.budget_flops.arithmetic", 1000),
      tune_args(), "params: train.budget_flops.arithmetic=1e+03 x tune.rungs[0] share 0.5 buys "
      "no tuning trial of d_model=16 (1.37e+06 FLOPs for 1 step(s)); allowed: a larger budget"),

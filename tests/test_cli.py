@@ -27,10 +27,14 @@ def test_stages_run_on_tiny_data_and_each_ends_with_one_summary_line(project, ca
     assert cli.main(tune_args("rope")) == 0
     best = json.loads((project.path / "out" / "best.json").read_text())
     assert best["d_model"] == 16 and 0 < best["lr"] and best["n_trials"] == 3
+    assert best["full_budget"] and len(best["bracket"]["points"]) == 1
+    # the full-budget rung is a bracket of one learning rate on one seed: its point is the answer
     assert re.fullmatch(
         rf"lmablate tune arithmetic rope: done in \d+\.\d s; 3 trials \(rungs 2 x 0\.5 -> 1 x 1 "
-        rf"of the budget; 0 diverged\); best val_loss {best['val_loss']:.4f} at lr "
-        rf"{best['lr']:.3g}, d_model 16, trained at the full budget", last_line(capsys))
+        rf"of the budget; 0 diverged\); lr {best['lr']:.3g} \(best point: 1 finite point\(s\): "
+        rf"too few for a curve; 1 full-budget lrs, not bracketed within tune\.bracket_points\), "
+        rf"d_model 16, val_loss {best['val_loss']:.4f}; lr not bracketed within "
+        rf"tune\.bracket_points", last_line(capsys))
     assert cli.main(["train", "arithmetic", "rope", "--tokens", "tokens", "--best", "out/best.json",
                      "--checkpoints", "out/ck", "--history", "out/history.csv",
                      "--grad-stats", "out/grad.csv"]) == 0

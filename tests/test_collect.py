@@ -56,6 +56,20 @@ def test_restrict_to_study_sets_config_order_with_baseline_first(study_root):
     assert len(notes) == 1 and "shakespeare/old/seed 0" in notes[0]
 
 
+def test_restrict_to_study_keeps_tuning_trials_whatever_their_tuning_seed(study_root):
+    """trials.csv's ``seed`` is a trial's tuning seed (tune.seed, and tune.seed + 1 ... in the
+    full-budget bracket), never one of study.seeds: the configured variants' trials are all
+    kept, at every budget."""
+    runs = collect.collect(study_root / "runs")
+    tuning_seeds = [1000 + i % 2 for i in range(len(runs.trials))]
+    runs = dataclasses.replace(runs, trials=runs.trials.assign(seed=tuning_seeds),
+                               scaling_trials=runs.trials.assign(seed=tuning_seeds))
+    kept, _ = collect.restrict_to_study(make_cfg(), runs)
+    configured = runs.trials["variant"].isin(VARIANTS)
+    assert len(kept.trials) == len(kept.scaling_trials) == configured.sum() > 0
+    assert set(kept.trials["seed"]) == {1000, 1001}
+
+
 def test_variant_order_helpers():
     assert collect.variant_order(["z", "a", "baseline", "m", "a"], ["m", "z"]) == [
         "baseline", "m", "z", "a"]

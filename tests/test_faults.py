@@ -27,7 +27,7 @@ FAULTS = {
     "train": {"budget_flops": budgets(200), "eval_interval": 10, "warmup_fraction": 0.1},
     # trials of 60 steps, two at a time
     "tune": {"rungs": [[4, 0.3], [1, 1.0]], "trials_per_batch": 2, "reports": 4,
-             "heartbeat_seconds": 1},
+             "bracket_seeds": 1, "bracket_points": 1, "heartbeat_seconds": 1},
     "runtime": {"workers": 1},
 }
 

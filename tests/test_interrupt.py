@@ -36,7 +36,7 @@ LONG = {
     "study": {"variants": ["baseline"], "seeds": [0, 1]},
     "train": {"budget_flops": budgets(3000), "eval_interval": 50, "warmup_fraction": 0.1},
     "tune": {"rungs": [[4, 0.3], [1, 1.0]], "trials_per_batch": 2, "reports": 4,
-             "heartbeat_seconds": 1},
+             "bracket_seeds": 1, "bracket_points": 1, "heartbeat_seconds": 1},
     "runtime": {"workers": 2},
     "tracking": {"enabled": True},
 }

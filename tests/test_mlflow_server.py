@@ -21,7 +21,7 @@ STUDY = {
               "warmup_fraction": 0.1},
     # as tests/test_parallel.py: 3 batches of 2 trials, which prunes some of the later ones
     "tune": {"rungs": [[4, 0.5], [2, 1.0]], "trials_per_batch": 2, "reports": 4,
-             "d_model_choices": [16, 32], "lr_low": 1e-3,
+             "bracket_seeds": 1, "bracket_points": 2, "d_model_choices": [16, 32], "lr_low": 1e-3,
              "lr_high": 1e-1},
     "tracking": {"enabled": True, "experiment": "server-test"},
 }
@@ -119,7 +119,8 @@ def test_every_final_run_has_a_val_loss_curve_strictly_increasing_in_step(study)
 @pytest.mark.slow
 def test_every_tuning_trial_says_its_rung_and_share_of_the_budget(study):
     """The tiny study's rungs are [[4, 0.5], [2, 1.0]]: four trials at half the budget, then
-    the best two at the full budget; each trial run finished and carries both as params."""
+    a bracket of two learning rates (one seed each) at the full budget; each trial run finished
+    and carries both as params."""
     trials = [r for r in _runs(study, "tags.stage = 'tune'") if "trial" in _tags(r)]
     assert len(trials) == 6 * len(VARIANTS)
     for run in trials:

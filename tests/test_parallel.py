@@ -21,9 +21,10 @@ PARALLEL = {
     "study": {"seeds": [0, 1, 2], "variants": ["baseline"]},
     "train": {"budget_flops": budgets(30), "eval_interval": 10, "eval_iters": 2,
               "warmup_fraction": 0.1},
-    # the first rung: 2 batches of 2 at half the budget; then the best 2 at the full budget
+    # the first rung: 2 batches of 2 at half the budget; then 2 lrs at the full budget, one
+    # seed each, no extension
     "tune": {"rungs": [[4, 0.5], [2, 1.0]], "trials_per_batch": 2, "reports": 4,
-             "d_model_choices": [16, 32], "lr_low": 1e-3,
+             "bracket_seeds": 1, "bracket_points": 2, "d_model_choices": [16, 32], "lr_low": 1e-3,
              "lr_high": 1e-1},
 }
 
@@ -194,22 +195,48 @@ def tune_all(cfg, tmp: Path, out: str, **runtime_changes) -> dict:
                     tmp / out / "trials.csv", NullTracker())
 
 
+def study_trials(tmp: Path, out: str, best: dict) -> list[tuple]:
+    """Each trial of ``out``'s study in slot order: its slot, rung, training seed and params."""
+    study = optuna.load_study(study_name=best["study_name"],
+                              storage=f"sqlite:///{tmp / out / 'optuna.db'}")
+    return sorted((t.user_attrs[tuning.SLOT], t.user_attrs[tuning.RUNG],
+                   t.user_attrs[tuning.TRIAL_SEED], t.params["lr"], t.params["d_model"])
+                  for t in study.get_trials())
+
+
 def test_tuning_gives_the_same_bytes_twice_and_at_any_worker_count(project):
-    """Deterministic rungs: the same trials, promotions and answer at 1 and 2 workers, in
-    threads or processes."""
+    """Deterministic rungs and bracket: the same trials (params and seeds), bracket
+    and answer at 1 and 2 workers, in threads or processes. The full-budget bracket is the real
+    one: its learning rates each on two tuning seeds, and one extension batch."""
     cfg, tmp = project
-    tune_all(cfg, tmp, "tune-1", workers=1)
+    cfg = dataclasses.replace(cfg, tune=dataclasses.replace(cfg.tune, bracket_seeds=2,
+                                                            bracket_points=3))
+    best = tune_all(cfg, tmp, "tune-1", workers=1)
+    first = study_trials(tmp, "tune-1", best)
     for other in ("tune-1-again", "tune-2", "tune-processes"):
-        tune_all(cfg, tmp, other, workers=1 if other == "tune-1-again" else 2,
-                 parallel="processes" if other == "tune-processes" else "threads")
+        again = tune_all(cfg, tmp, other, workers=1 if other == "tune-1-again" else 2,
+                         parallel="processes" if other == "tune-processes" else "threads")
+        assert study_trials(tmp, other, again) == first, other
+        assert again["bracket"] == best["bracket"], other
         for name in ("best.json", "trials.csv"):
             assert (tmp / other / name).read_bytes() == (tmp / "tune-1" / name).read_bytes(), \
                 (other, name)
-    # the comparison is not vacuous: trials differ, both widths and both rungs were trained
+    # the comparison is not vacuous: trials differ, both widths and both rungs were trained,
+    # and the bracket trained at least 2 learning rates at the full budget, each on the 2
+    # tuning seeds
     trials = pd.read_csv(tmp / "tune-1" / "trials.csv")
-    assert trials["value"].nunique() == len(trials) == tuning.n_slots(cfg.tune)
+    assert trials["value"].nunique() == len(trials) == len(first)
     assert set(trials["params_d_model"]) == {16, 32}
-    assert list(trials["rung"]) == [0, 0, 0, 0, 1, 1]
+    assert list(trials["rung"]) == [0] * 4 + [1] * (len(trials) - 4)
+    assert set(trials.loc[trials["rung"] == 0, "seed"]) == {cfg.tune.seed}
+    full = trials[trials["rung"] == 1]
+    seeds = full.groupby("params_lr")["seed"].apply(sorted)
+    assert len(seeds) >= 2 and all(s == [cfg.tune.seed, cfg.tune.seed + 1] for s in seeds)
+    assert full["params_d_model"].nunique() == 1
+    bracket = best["bracket"]
+    assert bracket is not None and len(bracket["points"]) == len(seeds)
+    assert [p["lr"] for p in bracket["points"]] == pytest.approx(sorted(seeds.index))
+    assert all(len(p["losses"]) == 2 for p in bracket["points"])
 
 
 def test_a_slower_duplicate_of_a_trial_cannot_change_its_recorded_steps(project):
@@ -240,8 +267,9 @@ def test_a_slower_duplicate_of_a_trial_cannot_change_its_recorded_steps(project)
 def test_tuning_follows_the_protocol(project):
     """Slots rung by rung, the first rung in batches of trials_per_batch; each trial spends
     its rung's share of the budget, warms up over a share of its own steps and reports at
-    equal fractions of it; the promoted trials are the first rung's best; the answer was
-    trained at the full budget."""
+    equal fractions of it; the full-budget rung is a bracket of learning rates a factor apart,
+    centred one factor below the first rung's best, at that trial's width scaled to the full
+    budget; the answer was trained at the full budget."""
     cfg, tmp = project
     best = tune_all(cfg, tmp, "protocol", workers=2)
     study = optuna.load_study(study_name=best["study_name"],
@@ -271,11 +299,24 @@ def test_tuning_follows_the_protocol(project):
         assert len(reports) - cfg.tune.reports in (0, steps % cfg.tune.reports != 0)
         assert cfg.train.warmup_steps(steps) < steps // 2
     first = sorted(trials[:4], key=lambda t: (t.value, t.number))
-    assert [t.params for t in trials[4:]] == [t.params for t in first[:2]]
-    assert best["val_loss"] == min(t.value for t in trials[4:])
-    space = tuning.space_for_batch(cfg, "arithmetic", tuning.slot_results(study),
-                                   tuning.batch_of(cfg.tune, 5))
-    assert best["on_edge"] == tuning.on_edge(space, {"lr": best["lr"], "d_model": best["d_model"]},
-                                             cfg.tune)
+    factor = cfg.tune.bracket_factor
+    centre = first[0].params["lr"] / factor
+    width = tuning.bracket_width(cfg, "arithmetic", tuning.slot_results(study), 1)
+    assert width in cfg.tune.d_model_choices
+    assert [t.params["d_model"] for t in trials[4:]] == [width, width]
+    assert [t.params["lr"] for t in trials[4:]] == pytest.approx(
+        [centre / factor ** 0.5, centre * factor ** 0.5])
+    assert [t.user_attrs[tuning.TRIAL_SEED] for t in trials] == [cfg.tune.seed] * 6
+    # two points and no room for a third: the better one is the answer (too few for a curve)
+    winner = min(trials[4:], key=lambda t: (t.value, t.params["lr"]))
+    assert (best["val_loss"], best["lr"], best["d_model"]) == (
+        winner.value, winner.params["lr"], width)
+    assert best["slot"] is None and best["budget_fraction"] == 1.0
+    bracket = best["bracket"]
+    assert bracket["state"] == "not bracketed within tune.bracket_points"
+    assert bracket["fit"]["used"] == "best point" and bracket["uncertainty"] is None
+    which = "smallest" if width == min(cfg.tune.d_model_choices) else "largest"
+    assert best["on_edge"] == [f"lr {bracket['state']}",
+                               f"d_model the {which} choice (of tune.d_model_choices)"]
 
 

@@ -55,8 +55,7 @@ def result_files(study: Path) -> list[Path]:
     """The files, relative to ``study``, that two studies of the same params write byte for
     byte alike (timings, fingerprints, Optuna study names and MLflow run ids are in others)."""
     results = sorted(p.relative_to(study) for pattern in (
-        "runs/*/*/best.json", "runs/*/*/metrics.json", "runs/*/baseline/replicate_1/best.json",
-        "runs/*/baseline/replicate_1/metrics.json") for p in study.glob(pattern))
+        "runs/*/*/best.json", "runs/*/*/metrics.json") for p in study.glob(pattern))
     return results + [Path("reports") / name for name in (
         "comparisons.csv", "tuning_variation.csv", "problem_comparisons.csv",
         "detectable_effects.csv", "references.csv", "tuned.csv", "lr_sensitivity.csv",
@@ -87,7 +86,7 @@ def test_a_second_study_from_scratch_gives_the_same_bytes_at_another_worker_coun
         study, tmp_path, tiny_params, run_command):
     again = repro_from_scratch(tmp_path, tiny_params, run_command, workers=1)
     results = result_files(study)
-    assert len(results) == 2 * 2 * len(VARIANTS) + 2 * 2 + 10
+    assert len(results) == 2 * 2 * len(VARIANTS) + 10
     for path in results:
         assert (again / path).read_bytes() == (study / path).read_bytes(), path
 
@@ -104,17 +103,24 @@ def test_repro_writes_report_tables_and_figures(study):
             assert 0.0 <= float(r["exact_match"]) <= 1.0
     figures = list((study / "reports" / "figures").glob("*.png"))
     assert len(figures) >= 4
+    # the tuning trials reach the report (trials.csv's seed is a tuning seed, not a final one):
+    # each dataset's full-budget bracket and first-rung sensitivity
+    assert {f"lr_bracket_{d}.png" for d in ("shakespeare", "arithmetic")} <= {
+        f.name for f in figures}
+    sensitivity = list(csv.DictReader((study / "reports" / "lr_sensitivity.csv").open()))
+    assert {(r["dataset"], r["variant"]) for r in sensitivity} == {
+        (d, v) for d in ("shakespeare", "arithmetic") for v in VARIANTS}
     report = (study / "reports" / "report.md").read_text()
     for f in figures:
         assert f"figures/{f.name}" in report
     comparisons = list(csv.DictReader((study / "reports" / "comparisons.csv").open()))
     assert {r["variant"] for r in comparisons} == {"swiglu", "rope"}
-    # the baseline tuned again (sampler seed + 1), its values trained on the same seeds
+    # no stage tunes the baseline again (each variant's bracket measures its tuning
+    # uncertainty instead): the re-tuning table has its header and no rows, the report no section
+    assert "tuning_uncertainty" in comparisons[0]
     variation = list(csv.DictReader((study / "reports" / "tuning_variation.csv").open()))
-    assert {(r["dataset"], r["variant"], r["replicate"], r["n_pairs"]) for r in variation
-            if r["metric"] == "test_loss"} == {(d, "baseline", "1", str(len(SEEDS)))
-                                               for d in ("shakespeare", "arithmetic")}
-    assert "### How much the tuning varies" in report
+    assert variation == []
+    assert "### How much the tuning varies" not in report
 
 
 @pytest.mark.slow
@@ -169,18 +175,21 @@ def test_repro_records_trials_and_runs(study):
     with sqlite3.connect(study / "mlflow.db") as db:
         tags = db.execute("select key, value from tags").fetchall()
     stages = [v for k, v in tags if k == "stage"]
-    # every variant's seeds, and the re-tuned baseline's (tags replicate 1)
-    assert stages.count("final") == 2 * (len(VARIANTS) + 1) * len(SEEDS)
+    # every variant's seeds, and no re-tuning (no runs tagged replicate 1)
+    assert stages.count("final") == 2 * len(VARIANTS) * len(SEEDS)
     replicates = [v for k, v in tags if k == "replicate"]
-    assert replicates.count("1") == 2 * (1 + len(SEEDS))  # the re-tuning and its final runs
-    assert stages.count("tune") >= 2 * (len(VARIANTS) + 1) * 2  # parents and nested trials
+    assert replicates and set(replicates) == {"0"}
+    assert stages.count("tune") >= 2 * len(VARIANTS) * 2  # parents and nested trials
     with sqlite3.connect(study / "optuna.db") as db:
         studies = db.execute("select count(*) from studies").fetchone()[0]
         finished = db.execute("select count(*) from trials where state in "
                               "('COMPLETE', 'PRUNED')").fetchone()[0]
-    assert studies == 2 * (len(VARIANTS) + 1)
-    # each study: the first rung's trials, then the promoted ones at the full budget
-    assert finished == 2 * (len(VARIANTS) + 1) * sum(n for n, _ in TINY["tune"]["rungs"])
+    assert studies == 2 * len(VARIANTS)
+    # each study: the first rung's trials, then the full-budget bracket (as many learning rates
+    # as the last rung's trials, one seed each: tune.bracket_points and bracket_seeds of TINY)
+    assert TINY["tune"]["bracket_seeds"] == 1
+    assert TINY["tune"]["bracket_points"] == TINY["tune"]["rungs"][-1][0]
+    assert finished == 2 * len(VARIANTS) * sum(n for n, _ in TINY["tune"]["rungs"])
     metrics = json.loads((study / "runs" / "arithmetic" / "rope" / "metrics.json").read_text())
     assert set(metrics["runs"]) == {f"seed_{s}" for s in SEEDS}
 
@@ -246,9 +255,7 @@ def test_an_edit_reruns_exactly_the_stages_that_import_the_module(study, run_com
     after_model = changed_stages(study, "model.py", run_command)
     pairs = [f"{d}-{v}" for d in ("shakespeare", "arithmetic") for v in VARIANTS]
     assert after_model == {f"{stage}@{p}" for stage in ("tune", "train", "evaluate")
-                           for p in pairs} | {f"{stage}@{d}" for stage in (
-                               "retune", "retrain", "reevaluate")
-                                              for d in ("shakespeare", "arithmetic")} | {"report"}
+                           for p in pairs} | {"report"}
     assert changed_stages(study, "corpus.py", run_command) == {
         "generate@shakespeare", "generate@arithmetic", "tokenize@shakespeare",
         "tokenize@arithmetic"}

@@ -456,7 +456,7 @@ def test_mlflow_tracking_server(mlflow_server, tmp_path, scale_project, start_lm
     assert parent.data.tags["dataset"] == DATASET and parent.data.tags["variant"] == VARIANT
     assert parent.info.status == "FINISHED" and "best_val_loss" in parent.data.metrics
     trials = [r for r in by_stage["tune"] if "mlflow.parentRunId" in r.data.tags]
-    assert len(trials) == 3  # two at the first rung, the better one at the full budget
+    assert len(trials) == 3  # two at the first rung, one lr at the full budget
     assert {r.data.tags["mlflow.parentRunId"] for r in trials} == {parent.info.run_id}
     (final,) = by_stage["train"]
     assert {k: final.data.tags[k] for k in ("dataset", "variant", "seed", "stage")} == {

@@ -34,7 +34,7 @@ def dvc_project(path: Path, raw_params: dict, run_command) -> Path:
     return path
 
 
-def test_dvc_lists_one_chain_per_dataset_and_variant_and_one_per_baseline_replicate(
+def test_dvc_lists_one_chain_per_dataset_and_variant(
         tmp_path, tiny_params, run_command):
     datasets, variants = ["arithmetic", "shakespeare"], ["baseline", "rope"]
     raw = tiny_params({"study": {"datasets": datasets, "variants": variants}})
@@ -43,9 +43,7 @@ def test_dvc_lists_one_chain_per_dataset_and_variant_and_one_per_baseline_replic
                                    for d in datasets)
     pairs = [f"{d}-{v}" for d in datasets for v in variants]
     assert steps.chains == {
-        **{f"evaluate@{p}": (f"tune@{p}", f"train@{p}", f"evaluate@{p}") for p in pairs},
-        **{f"reevaluate@{d}": (f"retune@{d}", f"retrain@{d}", f"reevaluate@{d}")
-           for d in datasets}}
+        f"evaluate@{p}": (f"tune@{p}", f"train@{p}", f"evaluate@{p}") for p in pairs}
     assert steps.final == ("report",)
 
 
@@ -116,16 +114,14 @@ def test_dry_prints_the_chains_and_runs_nothing(tmp_path, tiny_params, run_comma
     monkeypatch.chdir(root)
     monkeypatch.delenv("LMABLATE_OPTUNA_STORAGE", raising=False)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    assert cli.main(["repro", "--dry", "--jobs", "3"]) == 0
+    assert cli.main(["repro", "--dry", "--jobs", "2"]) == 0
     assert capsys.readouterr().out.splitlines() == [
         "lmablate repro: upstream, in the main workspace: generate@arithmetic tokenize@arithmetic",
         "lmablate repro: chain evaluate@arithmetic-baseline: tune@arithmetic-baseline -> "
         "train@arithmetic-baseline -> evaluate@arithmetic-baseline",
         "lmablate repro: chain evaluate@arithmetic-rope: tune@arithmetic-rope -> "
         "train@arithmetic-rope -> evaluate@arithmetic-rope",
-        "lmablate repro: chain reevaluate@arithmetic: retune@arithmetic -> retrain@arithmetic -> "
-        "reevaluate@arithmetic",
-        f"lmablate repro: 3 chains, 3 at a time, in .dvc/tmp/lmablate-workspaces/<chain>; "
+        f"lmablate repro: 2 chains, 2 at a time, in .dvc/tmp/lmablate-workspaces/<chain>; "
         f"LMABLATE_OPTUNA_STORAGE=sqlite:///{root / 'optuna.db'}; "
         f"MLFLOW_TRACKING_URI=sqlite:///{root / 'mlflow.db'}",
         "lmablate repro: then dvc repro in the main workspace (left for it: report)"]
@@ -233,7 +229,7 @@ def test_chains_in_workspaces_give_the_bytes_of_a_plain_repro_and_the_main_repro
     done = run_command(["lmablate", "repro", "--jobs", "2"], main, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     results = result_files(plain)
-    assert len(results) == 2 + 2 + 1 + 1 + 10
+    assert len(results) == 2 + 2 + 10
     for path in results:
         assert (main / path).read_bytes() == (plain / path).read_bytes(), path
     # the main workspace ran the upstream stages before the chains and the report after them;
@@ -243,23 +239,21 @@ def test_chains_in_workspaces_give_the_bytes_of_a_plain_repro_and_the_main_repro
         "generate@arithmetic", "tokenize@arithmetic", "report"]
     pairs = ("arithmetic-baseline", "arithmetic-rope")
     assert set(re.findall(r"Stage '([^']+)' is cached - skipping run", done.stdout)) == {
-        *(f"{stage}@{p}" for stage in ("tune", "evaluate") for p in pairs),
-        "retune@arithmetic", "reevaluate@arithmetic"}
-    assert {"train@arithmetic-baseline", "train@arithmetic-rope", "retrain@arithmetic"} <= set(
+        *(f"{stage}@{p}" for stage in ("tune", "evaluate") for p in pairs)}
+    assert {"train@arithmetic-baseline", "train@arithmetic-rope"} <= set(
         re.findall(r"Stage '([^']+)' didn't change", done.stdout))
     # each chain ran its stages in its own workspace, removed at the end; its log is kept
     out = main / workspaces.WORKSPACES
     assert sorted(p.name for p in out.iterdir()) == ["logs"]
     logs = {p.stem: p.read_text() for p in (out / "logs").iterdir()}
-    assert sorted(logs) == ["evaluate@arithmetic-baseline", "evaluate@arithmetic-rope",
-                            "reevaluate@arithmetic"]
+    assert sorted(logs) == ["evaluate@arithmetic-baseline", "evaluate@arithmetic-rope"]
     for end, log in logs.items():
-        first = end.replace("evaluate@", "tune@").replace("reevaluate@", "retune@")
+        first = end.replace("evaluate@", "tune@")
         assert f"Running stage '{first}'" in log and f"Running stage '{end}'" in log
     assert "database is locked" not in done.stderr + "".join(logs.values())
     # one Optuna storage and one MLflow store, the main workspace's, as in the plain study
     with sqlite3.connect(main / "optuna.db") as db:
-        assert db.execute("select count(*) from studies").fetchone() == (3,)
+        assert db.execute("select count(*) from studies").fetchone() == (2,)
     counts = []
     for study in (plain, main):
         with sqlite3.connect(study / "mlflow.db") as db:

@@ -313,12 +313,14 @@ def _restrict_to_study(cfg: StudyConfig, ablation: pd.DataFrame) -> tuple[pd.Dat
     return kept, notes
 
 
-def _filter(df: pd.DataFrame, cfg: StudyConfig) -> pd.DataFrame:
-    """The rows of ``df`` that belong to the configured datasets, variants and seeds."""
+def _filter(df: pd.DataFrame, cfg: StudyConfig, by_seed: bool = True) -> pd.DataFrame:
+    """The rows of ``df`` that belong to the configured datasets, variants and (``by_seed``)
+    seeds. Tuning trials are not filtered by seed: their ``seed`` is a tuning seed
+    (``tune.seed`` and after), never one of ``study.seeds``."""
     if df.empty:
         return df
     keep = df["dataset"].isin(list(cfg.datasets)) & df["variant"].isin(list(cfg.study_variants))
-    if "seed" in df:
+    if by_seed and "seed" in df:
         keep &= df["seed"].isin(list(cfg.seeds))
     return df[keep]
 
@@ -343,12 +345,13 @@ def restrict_to_study(cfg: StudyConfig, runs: RunOutputs) -> tuple[RunOutputs, l
     kept = dataclasses.replace(
         runs, ablation=ablation, replicates=_filter(runs.replicates, cfg),
         history=_filter(runs.history, cfg), tuned=_filter(runs.tuned, cfg),
-        trials=_filter(runs.trials, cfg), grad=_filter(runs.grad, cfg),
+        trials=_filter(runs.trials, cfg, by_seed=False), grad=_filter(runs.grad, cfg),
         extrapolation=_filter(runs.extrapolation, cfg),
         position_loss=_filter(runs.position_loss, cfg),
         **{f: _filter(getattr(runs, f), cfg) for f in _DIGIT_FRAMES},
         per_op=_filter(runs.per_op, cfg), samples=configured(runs.samples),
-        scaling=_filter(runs.scaling, cfg), scaling_trials=_filter(runs.scaling_trials, cfg),
+        scaling=_filter(runs.scaling, cfg),
+        scaling_trials=_filter(runs.scaling_trials, cfg, by_seed=False),
         scaling_tuned=_filter(runs.scaling_tuned, cfg),
         predictions=configured(runs.predictions))
     variants = variant_order(cfg.study_variants, cfg.study_variants)
