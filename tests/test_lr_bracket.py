@@ -104,11 +104,9 @@ def test_the_protocol_brackets_an_optimum_that_lies_past_the_first_full_budget_p
              if t.user_attrs[tuning.FRACTION] == 1.0}
     assert seeds == {cfg.tune.seed, cfg.tune.seed + 1}
     assert not seeds & set(cfg.seeds)
-    # the first batch, then one batch per extension; those after the bracket closed stayed
-    # empty
-    scaled, below = tuning.bracket_widths(cfg, "arithmetic", results, 1)
-    initial = 3 if out.width == scaled else 1
-    assert sum(b.rung == 1 for b in order) == 1 + len(lrs) - initial
+    # the width comparison, the middle lr's neighbours, then one batch per extension; those
+    # after the bracket closed stayed empty
+    assert sum(b.rung == 1 for b in order) == 2 + len(lrs) - 3
 
 
 def test_the_bracket_stops_at_its_most_points_and_says_so():

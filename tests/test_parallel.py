@@ -284,9 +284,16 @@ def test_tuning_follows_the_protocol(project):
         "lr_range": [cfg.tune.lr_low, cfg.tune.lr_high],
         "d_model_choices": list(cfg.tune.d_model_choices),
         "sampler_seed": cfg.tune.sampler_seed}
-    assert [t.user_attrs[tuning.SLOT] for t in trials] == list(range(6))
-    assert [t.user_attrs[tuning.RUNG] for t in trials] == [0, 0, 0, 0, 1, 1]
-    assert best["n_trials"] == 6 and best["full_budget"] and best["rung"] == 1
+    results = tuning.slot_results(study)
+    scaled, below = tuning.bracket_widths(cfg, "arithmetic", results, 1)
+    width, compared = tuning.bracket_width(cfg, "arithmetic", results, 1)
+    assert width in (scaled, below) and {scaled, below} <= set(cfg.tune.d_model_choices)
+    # slots 4 and 5: the middle lr at both widths (5 stays empty when they are one), slot 6
+    # the other lr at the width kept
+    full = [4, 5, 6] if scaled != below else [4, 6]
+    assert [t.user_attrs[tuning.SLOT] for t in trials] == [0, 1, 2, 3, *full]
+    assert [t.user_attrs[tuning.RUNG] for t in trials] == [0, 0, 0, 0] + [1] * len(full)
+    assert best["n_trials"] == 4 + len(full) and best["full_budget"] and best["rung"] == 1
     for t in trials:
         steps, fraction = t.user_attrs["steps"], t.user_attrs[tuning.FRACTION]
         model = cfg.model_config("baseline", 10, d_model=t.params["d_model"])
@@ -301,14 +308,18 @@ def test_tuning_follows_the_protocol(project):
     first = sorted(trials[:4], key=lambda t: (t.value, t.number))
     factor = cfg.tune.bracket_factor
     centre = first[0].params["lr"] / factor
-    width = tuning.bracket_width(cfg, "arithmetic", tuning.slot_results(study), 1)
-    assert width in cfg.tune.d_model_choices
-    assert [t.params["d_model"] for t in trials[4:]] == [width, width]
-    assert [t.params["lr"] for t in trials[4:]] == pytest.approx(
-        [centre / factor ** 0.5, centre * factor ** 0.5])
-    assert [t.user_attrs[tuning.TRIAL_SEED] for t in trials] == [cfg.tune.seed] * 6
+    low, high = centre / factor ** 0.5, centre * factor ** 0.5
+    bracket_trials = trials[4:]
+    assert [t.params["d_model"] for t in bracket_trials] == (
+        [scaled, below, width] if scaled != below else [width, width])
+    assert [t.params["lr"] for t in bracket_trials] == pytest.approx(
+        [low] * (len(full) - 1) + [high])
+    if scaled != below:  # the width kept had the lower loss at the middle lr
+        assert compared[width] == min(compared.values())
+    assert [t.user_attrs[tuning.TRIAL_SEED] for t in trials] == [cfg.tune.seed] * len(trials)
     # two points and no room for a third: the better one is the answer (too few for a curve)
-    winner = min(trials[4:], key=lambda t: (t.value, t.params["lr"]))
+    at_width = [t for t in bracket_trials if t.params["d_model"] == width]
+    winner = min(at_width, key=lambda t: (t.value, t.params["lr"]))
     assert (best["val_loss"], best["lr"], best["d_model"]) == (
         winner.value, winner.params["lr"], width)
     assert best["slot"] is None and best["budget_fraction"] == 1.0

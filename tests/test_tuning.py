@@ -56,18 +56,18 @@ def test_rungs_end_at_the_full_budget_with_the_first_rung_in_batches():
     assert tune.rungs == ((8, 0.125), (3, 1.0))
     assert (tune.bracket_seeds, tune.bracket_points) == (2, 7)
     batches = tuning.plan(tune)
-    # the bracket: 3 learning rates x 2 seeds and a width comparison on one, then up to 4
-    # more learning rates x 2 seeds
+    # the bracket, each learning rate on 2 seeds: the middle one at two widths, the two others,
+    # then up to 4 more learning rates
     assert [(b.rung, b.fraction, list(b.slots)) for b in batches] == [
         (0, 0.125, [0, 1, 2, 3]), (0, 0.125, [4, 5, 6, 7]),
-        (1, 1.0, [8, 9, 10, 11, 12, 13, 14]), (1, 1.0, [15, 16]), (1, 1.0, [17, 18]),
-        (1, 1.0, [19, 20]), (1, 1.0, [21, 22])]
-    assert tuning.n_slots(tune) == 23
-    assert tuning.batch_of(tune, 22).index == 6
-    assert [tuning.slot_seed(tune, s) for s in (0, 7, 8, 9, 13, 14, 21, 22)] == [
-        1000, 1000, 1000, 1001, 1001, 1000, 1000, 1001]
-    with pytest.raises(ValueError, match="slot 23 is not one of the study's 23 slots"):
-        tuning.batch_of(tune, 23)
+        (1, 1.0, [8, 9, 10, 11]), (1, 1.0, [12, 13, 14, 15]), (1, 1.0, [16, 17]),
+        (1, 1.0, [18, 19]), (1, 1.0, [20, 21]), (1, 1.0, [22, 23])]
+    assert tuning.n_slots(tune) == 24
+    assert tuning.batch_of(tune, 23).index == 7
+    assert [tuning.slot_seed(tune, s) for s in (0, 7, 8, 9, 10, 11, 14, 15, 22, 23)] == [
+        1000, 1000, 1000, 1001, 1000, 1001, 1000, 1001, 1000, 1001]
+    with pytest.raises(ValueError, match="slot 24 is not one of the study's 24 slots"):
+        tuning.batch_of(tune, 24)
 
 
 @pytest.mark.parametrize("rungs", [[[8, 0.5]], [[8, 0.25], [2, 0.5]], [[2, 0.5], [4, 1.0]],

@@ -312,9 +312,8 @@ def _bracket_edges(bracket, searched, tune, ladder: list[int] | None) -> list[st
 
 
 def _bracket_record(bracket) -> dict:
-    """``best.json``'s ``bracket``: how it ended (``state``), the ``width`` and the losses at
-    the first batch's middle lr, first tuning seed, that chose it (``widths_compared``), each
-    full-budget
+    """``best.json``'s ``bracket``: how it ended (``state``), the ``width`` and the mean losses
+    at the middle lr that chose it (``widths_compared``), each full-budget
     point (``lr``, the tuning seeds' ``losses`` and their ``mean``, nats/char; a diverged seed
     as null), the fit (``fit``: ``used`` vertex or best point, ``note``, ``coefficients`` of
     loss in ln lr, highest power first, ``lrs`` fitted over), the ``seed_spread`` of one trial,

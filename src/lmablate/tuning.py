@@ -95,24 +95,23 @@ class Batch:
 def plan(tune: TuneConfig) -> list[Batch]:
     """Every batch of the study, in order: the first rung in batches of
     ``tune.trials_per_batch``, each later rung below the full budget as one batch (its
-    promotions), and, when there is more than one rung, the full-budget bracket: one batch of
-    its first learning rates x ``tune.bracket_seeds`` slots plus one (the width comparison,
-    :func:`bracket_proposals`), then up to ``tune.bracket_points`` minus its learning rates
-    extension batches of ``tune.bracket_seeds`` slots each (one learning rate),
+    promotions), and, when there is more than one rung, the full-budget bracket
+    (:func:`bracket_proposals`), each learning rate on ``tune.bracket_seeds`` slots: a batch of
+    its middle learning rate at two widths, a batch of its other learning rates, then up to
+    ``tune.bracket_points`` minus its learning rates extension batches of one learning rate,
     which stay empty once the bracket is closed."""
     batches: list[Batch] = []
     start = 0
     for rung, (n, fraction) in enumerate(tune.rungs):
         if is_bracket(tune, rung):
             seeds = tune.bracket_seeds
-            # n learning rates at the scaled width, and the middle one at the rung below's on
-            # the first tuning seed (the width comparison)
-            batches.append(Batch(len(batches), rung, fraction,
-                                 range(start, start + n * seeds + 1)))
-            start += n * seeds + 1
-            for _ in range(tune.bracket_points - n):
-                batches.append(Batch(len(batches), rung, fraction, range(start, start + seeds)))
-                start += seeds
+            # the middle learning rate at two widths (the width comparison), then the rung's
+            # other learning rates at the width kept, then one more a batch
+            sizes = [2 * seeds] + ([(n - 1) * seeds] if n > 1 else [])
+            sizes += [seeds] * (tune.bracket_points - n)
+            for size in sizes:
+                batches.append(Batch(len(batches), rung, fraction, range(start, start + size)))
+                start += size
             continue
         size = tune.trials_per_batch if rung == 0 else n
         for first in range(start, start + n, size):
@@ -134,8 +133,7 @@ def n_slots(tune: TuneConfig) -> int:
 
 def slot_seed(tune: TuneConfig, slot: int) -> int:
     """The training seed of ``slot``'s trial: ``tune.seed``, or in the bracket ``tune.seed`` +
-    the slot's place among the ``tune.bracket_seeds`` seeds of its learning rate (the width
-    comparison, last in the first batch, on ``tune.seed``)."""
+    the slot's place among the ``tune.bracket_seeds`` seeds of its learning rate."""
     batch = batch_of(tune, slot)
     if not is_bracket(tune, batch.rung):
         return tune.seed
@@ -486,24 +484,27 @@ def _bracket_trials(tune: TuneConfig, results: dict[int, FrozenTrial],
 def bracket_width(cfg: StudyConfig, dataset: str, results: dict[int, FrozenTrial],
                   rung: int) -> tuple[int, dict[int, float]] | None:
     """The width the bracket trains past its first batch, and the losses that chose it:
-    ``(width, {d_model: loss at the first batch's middle lr on the first tuning seed})``. The
-    first batch trains that lr at both of :func:`bracket_widths`; the lower loss wins (the
-    scaled width on a tie or while the other has not finished). One seed suffices where the
-    widths differ by more than a seed's spread (on Shakespeare, 0.04 to 0.09 nats against a
-    spread of 0.006 to 0.015). None when no trial of the rung below completed."""
+    ``(width, {d_model: mean loss at the middle learning rate})``. The first batch trains that
+    lr at both of :func:`bracket_widths`, each on ``tune.bracket_seeds`` seeds; the lower mean
+    wins (the scaled width on a tie or while the other has not finished). None when no trial
+    of the rung below completed."""
     widths = bracket_widths(cfg, dataset, results, rung)
     if widths is None:
         return None
     scaled, below = widths
     if scaled == below:
         return scaled, {}
-    n = cfg.tune.rungs[rung][0]
-    centre = _first_lrs(cfg.tune, _centre(cfg.tune, results, rung), n)[(n - 1) // 2]
-    at = {d: p.losses[0] for d, p in _bracket_trials(cfg.tune, results) if p.lr == centre
-          and d in widths and p.losses}
+    first = next(b for b in plan(cfg.tune) if b.rung == rung)
+    at = {d: p.loss for d, p in _bracket_trials(cfg.tune, results, _next_batch(cfg.tune, first))}
     if len(at) < 2 or not at[below] < at[scaled]:
         return scaled, at
     return below, at
+
+
+def _next_batch(tune: TuneConfig, batch: Batch) -> Batch | None:
+    """The batch after ``batch`` in :func:`plan`; None after the last."""
+    batches = plan(tune)
+    return batches[batch.index + 1] if batch.index + 1 < len(batches) else None
 
 
 def _centre(tune: TuneConfig, results: dict[int, FrozenTrial], rung: int) -> float:
@@ -525,41 +526,39 @@ def bracket_points(tune: TuneConfig, results: dict[int, FrozenTrial], width: int
 def bracket_proposals(cfg: StudyConfig, dataset: str, results: dict[int, FrozenTrial],
                       batch: Batch) -> dict[int, dict[str, Any]]:
     """Parameters for the slots of a bracket ``batch``, each learning rate on
-    ``tune.bracket_seeds`` seeds (:func:`slot_seed`). The first batch trains the rung's
-    learning rates, ``tune.bracket_factor`` apart and centred one factor below the best lr of
-    the rung below, at the scaled width of :func:`bracket_widths`, and its middle lr at the
-    rung below's width too when that differs. A later batch trains one more learning rate at
-    :func:`bracket_width`, one factor past the end its best point sits on
+    ``tune.bracket_seeds`` seeds (:func:`slot_seed`). The rung's learning rates lie
+    ``tune.bracket_factor`` apart, centred one factor below the best lr of the rung below. The
+    first batch trains the middle one at both widths of :func:`bracket_widths` (once when they
+    are equal); the second the others at the width kept (:func:`bracket_width`); each later
+    batch one more learning rate there, one factor past the end its best point sits on
     (:func:`lmablate.lr_bracket.next_lr`), or nothing once the bracket is closed or at
     ``tune.lr_limits``."""
     tune = cfg.tune
     widths = bracket_widths(cfg, dataset, results, batch.rung)
     if widths is None:
         return {}
-    first = next(b for b in plan(tune) if b.rung == batch.rung)
+    batches = [b for b in plan(tune) if b.rung == batch.rung]
     n = tune.rungs[batch.rung][0]
-    if batch.index == first.index:
-        lrs = _first_lrs(tune, _centre(tune, results, batch.rung), n)
-        points = [(lr, widths[0]) for lr in lrs]
-        if widths[1] != widths[0]:
-            points.append((lrs[(n - 1) // 2], widths[1]))
+    lrs = _first_lrs(tune, _centre(tune, results, batch.rung), n)
+    middle = lrs[(n - 1) // 2]
+    if batch.index == batches[0].index:
+        points = [(middle, d) for d in dict.fromkeys(widths)]
     else:
         width, _ = bracket_width(cfg, dataset, results, batch.rung)
-        before = bracket_points(tune, results, width, batch)
-        initial = n if width == widths[0] else 1
-        if len(before) < initial + batch.index - first.index - 1:
-            return {}  # an earlier extension was not needed (or has not finished)
-        state, lr = next_lr(before, tune.bracket_factor, tune.lr_limits)
-        if lr is None:
-            return {}
-        points = [(lr, width)]
+        if n > 1 and batch.index == batches[1].index:
+            points = [(lr, width) for lr in lrs if lr != middle]
+        else:
+            before = bracket_points(tune, results, width, batch)
+            done = batch.index - batches[0].index - (2 if n > 1 else 1)  # extensions before
+            if len(before) < n + done:
+                return {}  # an earlier extension was not needed (or has not finished)
+            state, lr = next_lr(before, tune.bracket_factor, tune.lr_limits)
+            if lr is None:
+                return {}
+            points = [(lr, width)]
     slots = iter(batch.slots)
-    proposals = {next(slots): {"lr": lr, "d_model": d}
-                 for lr, d in points[:len(points) if batch.index > first.index else n]
-                 for _ in range(tune.bracket_seeds)}
-    if batch.index == first.index and len(points) > n:  # the comparison, on the first seed
-        proposals[next(slots)] = {"lr": points[n][0], "d_model": points[n][1]}
-    return proposals
+    return {next(slots): {"lr": lr, "d_model": d}
+            for lr, d in points for _ in range(tune.bracket_seeds)}
 
 
 @dataclass(frozen=True)

@@ -106,7 +106,7 @@ def bracket_table(tuned: pd.DataFrame, dataset: str, order: Sequence[str]) -> st
         r = r.iloc[0]
         rows.append({
             "variant": variant, "d_model": int(r["d_model"]),
-            "widths compared (val loss, first tuning seed)": "–" if pd.isna(r.get("widths_compared")) or not
+            "widths compared (val loss)": "–" if pd.isna(r.get("widths_compared")) or not
             r.get("widths_compared") else str(r["widths_compared"]),
             "full-budget lrs": f"{int(r['n_points'])} ({r['bracket_state']})",
             "chosen lr": f"{float(r['lr']):.3g} ({'fitted minimum' if r['fit_used'] == 'vertex' else 'best point'})",
@@ -132,8 +132,8 @@ def bracket_lines(cfg, tuned: pd.DataFrame, dataset: str, order: Sequence[str],
         f"Each variant's learning rate is chosen at the full budget: {tu.rungs[-1][0]} "
         f"learning rates {tu.bracket_factor:g}x apart, each trained on the tuning seeds "
         f"{seeds} (not final seeds), at the first rung's best width scaled to the full budget "
-        "(d_model ~ C^0.25); the middle one at the first rung's width too (first seed), and "
-        "the better of the two widths is kept. While the best is the lowest or the highest "
+        "(d_model ~ C^0.25), the middle one first, at that width and at the first rung's, "
+        "and the others at the better of the two. While the best is the lowest or the highest "
         f"learning rate, a further one is trained {tu.bracket_factor:g}x past it (at most "
         f"{tu.bracket_points}, within tune.lr_limits). The chosen lr is the minimum of a quadratic in ln lr fitted "
         "through the best point and up to two neighbours on each side, or the best point "

@@ -50,9 +50,8 @@ POSITION_LOSS_COLUMNS = ["dataset", "variant", "seed", "factor", "position", "lo
 # taken (``fit_used``: vertex or best point; ``fit_a/b/c`` the quadratic in ln lr), the seed
 # spread of one trial, the regret at the chosen lr (bootstrap median), the tuning uncertainty
 # of the tuned loss (its 95th percentile) and the fitted curve's excess loss at 2x or 1/2 the
-# chosen lr (``lr_sensitivity_full``); nats/char; ``widths_compared`` the loss of each width
-# the first batch compared, on the first tuning seed ("16: 2.1410; 24: 2.0970"). Empty without
-# a bracket.
+# chosen lr (``lr_sensitivity_full``); nats/char; ``widths_compared`` the mean loss of each
+# width the first batch compared ("16: 2.1410; 24: 2.0970"). Empty without a bracket.
 BRACKET_COLUMNS = ["bracket_state", "n_points", "fit_used", "fit_a", "fit_b", "fit_c",
                    "seed_spread", "regret", "tuning_uncertainty", "lr_sensitivity_full",
                    "widths_compared"]
