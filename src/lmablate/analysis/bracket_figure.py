@@ -40,6 +40,7 @@ def plot_bracket(trials: pd.DataFrame, tuned: pd.DataFrame, dataset: str, path: 
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
     t = full_budget_trials(trials, dataset)
     tu = tuned[tuned["dataset"] == dataset] if len(tuned) else tuned
@@ -61,7 +62,7 @@ def plot_bracket(trials: pd.DataFrame, tuned: pd.DataFrame, dataset: str, path: 
             loss = pd.to_numeric(o["value"], errors="coerce")
             ax.scatter(o["params_lr"], loss, s=30, facecolors="none", edgecolors=colour,
                        zorder=3, label=f"d_model {int(d)} (not kept)")
-            ax.legend(fontsize=7, loc="upper center")
+            ax.legend(fontsize=7, loc="best")
         loss = pd.to_numeric(v["value"], errors="coerce")
         ax.scatter(v["params_lr"][loss.notna()], loss[loss.notna()], s=10, color=colour,
                    alpha=0.5, linewidths=0)
@@ -76,6 +77,11 @@ def plot_bracket(trials: pd.DataFrame, tuned: pd.DataFrame, dataset: str, path: 
                     color=colour, linewidth=1.2)
         ax.axvline(float(r["lr"]), color="0.3", linestyle="--", linewidth=0.9)
         ax.set_xscale("log")
+        # a tick at each learning rate trained: log axes' own labels collide over one octave
+        ax.xaxis.set_major_locator(FixedLocator(sorted(set(v["params_lr"]))))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:.2g}"))
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.tick_params(axis="x", labelrotation=45, labelsize=7)
         u = r.get("tuning_uncertainty")
         ax.set_title(f"{variant}: lr {float(r['lr']):.3g}, d_model {int(r['d_model'])}\n"
                      + ("tuning uncertainty not measured" if pd.isna(u) else
