@@ -7,7 +7,7 @@ from lmablate import params
 from lmablate.budget import run_steps, steps_for_budget, training_flops, trial_steps
 from lmablate.config import ConfigError, ModelConfig
 from lmablate.model import flops_per_token
-from lmablate.tuning import width_ladder
+from lmablate.search_space import width_ladder
 
 ROOT = Path(__file__).resolve().parents[1]
 PROFILES = [ROOT / "params.yaml", *sorted((ROOT / "profiles").glob("*.yaml"))]

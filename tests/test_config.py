@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lmablate.tuning import width_ladder
+from lmablate.search_space import width_ladder
 from lmablate import config, params
 from lmablate.config import ConfigError, ModelConfig
 from lmablate.fingerprint import NOT_A_RESULT, fingerprint

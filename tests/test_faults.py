@@ -13,7 +13,7 @@ import optuna
 import pytest
 import torch
 import yaml
-from lmablate import tuning
+from lmablate import rungs, tuning
 from lmablate.device import device_kind
 from lmablate.stages import tune
 from lmablate.token_data import TokenData
@@ -141,7 +141,7 @@ def test_diverging_trial_is_failed_with_reason_and_the_study_goes_on(project):
     failed = [t for t in study.trials if t.state == optuna.trial.TrialState.FAIL]
     assert failed, "some trial at a learning rate up to 1e7 should diverge"
     assert all("training loss is" in t.user_attrs["fail_reason"] for t in failed)
-    assert all(t.user_attrs[tuning.OUTCOME] == tuning.DIVERGED for t in failed)
+    assert all(t.user_attrs[rungs.OUTCOME] == rungs.DIVERGED for t in failed)
     assert len(study.trials) == 4  # a divergence is a result: its slot is not run again
 
 
@@ -178,7 +178,7 @@ def test_a_trial_whose_worker_died_right_after_taking_it_is_queued_again(tmp_pat
     trial still has a heartbeat (claim records one first), so it goes stale and is queued again
     with its slot, instead of staying RUNNING for good."""
     from lmablate.studies import claim, load_study, make_storage
-    from lmablate.tuning import SLOT
+    from lmablate.rungs import SLOT
 
     study = load_study(make_storage(f"sqlite:///{tmp_path / 'o.db'}", heartbeat_seconds=1), "s")
     study.enqueue_trial({"x": 1.0}, user_attrs={SLOT: 0})
@@ -201,7 +201,7 @@ def test_a_trial_another_process_finished_first_is_left_as_that_process_told_it(
     told it, not fail the stage ('Cannot tell a COMPLETE trial')."""
     from lmablate import trials
     from lmablate.studies import claim, load_study, make_storage
-    from lmablate.tuning import FRACTION, RUNG, SLOT
+    from lmablate.rungs import FRACTION, RUNG, SLOT
 
     cfg = project.cfg
     study = load_study(make_storage(cfg.tune.storage_url, cfg.tune.heartbeat_seconds), "s")

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from lmablate import lr_bracket as lb
-from lmablate import tuning
+from lmablate import bracket, rungs, search_space, tuning
 from lmablate.analysis.statistics import (VERDICT_BETTER, VERDICT_NSD, VERDICT_UNDECIDED_TUNING,
                                           VERDICT_WORSE, tuning_check)
 from lmablate.trials import summarise_study
@@ -91,7 +91,7 @@ def test_the_protocol_brackets_an_optimum_that_lies_past_the_first_full_budget_p
         return curve(lr_opt)(p["lr"]) + 0.3 * math.log(p["d_model"] / 32) ** 2 / 10
 
     results, order = simulate(cfg, objective)
-    out = tuning.bracket_outcome(cfg, "arithmetic", results)
+    out = bracket.bracket_outcome(cfg, "arithmetic", results)
     assert out.state == lb.BRACKETED
     lrs = [p.lr for p in out.points]
     assert len(lrs) > 3  # it had to extend
@@ -100,8 +100,8 @@ def test_the_protocol_brackets_an_optimum_that_lies_past_the_first_full_budget_p
     assert all(b / a == pytest.approx(2.0) for a, b in zip(lrs, lrs[1:]))
     assert out.fit.lr == pytest.approx(0.0025, rel=0.02)
     # every point trained on both tuning seeds, which are not the final seeds
-    seeds = {tuning.slot_seed(cfg.tune, s) for s, t in results.items()
-             if t.user_attrs[tuning.FRACTION] == 1.0}
+    seeds = {rungs.slot_seed(cfg.tune, s) for s, t in results.items()
+             if t.user_attrs[rungs.FRACTION] == 1.0}
     assert seeds == {cfg.tune.seed, cfg.tune.seed + 1}
     assert not seeds & set(cfg.seeds)
     # the width comparison, the middle lr's neighbours, then one batch per extension; those
@@ -112,24 +112,24 @@ def test_the_protocol_brackets_an_optimum_that_lies_past_the_first_full_budget_p
 def test_the_bracket_stops_at_its_most_points_and_says_so():
     cfg = with_tune(rungs=((8, 0.125), (3, 1.0)), bracket_seeds=1, bracket_points=4)
     results, _ = simulate(cfg, lambda p, f: curve(1e-4)(p["lr"]))
-    out = tuning.bracket_outcome(cfg, "arithmetic", results)
+    out = bracket.bracket_outcome(cfg, "arithmetic", results)
     assert len(out.points) == 4
     assert out.state == lb.OUT_OF_POINTS
     best, _ = summarise_study(cfg, "arithmetic", "baseline", "s", results, 20, 0,
-                              tuning.width_ladder(cfg, "arithmetic"))
+                              search_space.width_ladder(cfg, "arithmetic"))
     assert any(flag.startswith("lr not bracketed") for flag in best["on_edge"])
 
 
 def test_the_bracket_width_scales_the_first_rung_width_to_the_full_budget():
     cfg = with_tune(rungs=((8, 0.125), (3, 1.0)), d_model_choices=(16, 24, 32, 40, 48, 64))
-    first = tuning.plan(cfg.tune)[0]
+    first = rungs.plan(cfg.tune)[0]
     # the first rung's best width is 16 at 1/8 of the budget: 16 * 8 ** 0.25 = 26.9 -> 24
     results = {0: trial(cfg, 0, first, {"lr": 0.01, "d_model": 16}, 2.0),
                1: trial(cfg, 1, first, {"lr": 0.01, "d_model": 32}, 2.1)}
-    assert tuning.bracket_widths(cfg, "arithmetic", results, 1) == (24, 16)
+    assert bracket.bracket_widths(cfg, "arithmetic", results, 1) == (24, 16)
     # 32 * 1.68 = 53.8 -> 48
     results[2] = trial(cfg, 2, first, {"lr": 0.01, "d_model": 32}, 1.9)
-    assert tuning.bracket_widths(cfg, "arithmetic", results, 1) == (48, 32)
+    assert bracket.bracket_widths(cfg, "arithmetic", results, 1) == (48, 32)
 
 
 @pytest.mark.parametrize("full_budget_width", [24, 16])
@@ -148,20 +148,20 @@ def test_the_full_budget_decides_between_the_scaled_width_and_the_first_rungs(
     results = {}  # the first rung: 16 is best there
     for slot in range(8):
         p = {"lr": 0.02, "d_model": (16, 24, 32, 48)[slot % 4]}
-        results[slot] = trial(cfg, slot, tuning.batch_of(cfg.tune, slot), p,
+        results[slot] = trial(cfg, slot, rungs.batch_of(cfg.tune, slot), p,
                               objective(p, 0.125))
     while (found := tuning.next_batch(cfg, "arithmetic", "baseline", results, 0)) is not None:
         batch, proposals = found
         assert batch.rung == 1
         for slot, p in proposals.items():
             results[slot] = trial(cfg, slot, batch, p, objective(p, 1.0))
-    out = tuning.bracket_outcome(cfg, "arithmetic", results)
-    assert tuning.bracket_widths(cfg, "arithmetic", results, 1) == (24, 16)
+    out = bracket.bracket_outcome(cfg, "arithmetic", results)
+    assert bracket.bracket_widths(cfg, "arithmetic", results, 1) == (24, 16)
     assert out.width == full_budget_width and set(out.widths) == {16, 24}
     assert out.state == lb.BRACKETED and len(out.points) >= 3
     assert out.fit.lr == pytest.approx(0.01, rel=1e-6)
     trained = {t.params["d_model"] for t in results.values()
-               if t.user_attrs[tuning.FRACTION] == 1.0}
+               if t.user_attrs[rungs.FRACTION] == 1.0}
     assert trained == {16, 24}
 
 

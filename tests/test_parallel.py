@@ -10,7 +10,7 @@ import optuna
 import pandas as pd
 import pytest
 import torch
-from lmablate import budget, parallel, trials, tuning
+from lmablate import budget, parallel, trials, bracket, rungs, search_space, tuning
 from lmablate.config import ModelConfig, RuntimeConfig
 from lmablate.stages import evaluate, train, tune
 from lmablate.tracking import NullTracker
@@ -199,8 +199,8 @@ def study_trials(tmp: Path, out: str, best: dict) -> list[tuple]:
     """Each trial of ``out``'s study in slot order: its slot, rung, training seed and params."""
     study = optuna.load_study(study_name=best["study_name"],
                               storage=f"sqlite:///{tmp / out / 'optuna.db'}")
-    return sorted((t.user_attrs[tuning.SLOT], t.user_attrs[tuning.RUNG],
-                   t.user_attrs[tuning.TRIAL_SEED], t.params["lr"], t.params["d_model"])
+    return sorted((t.user_attrs[rungs.SLOT], t.user_attrs[rungs.RUNG],
+                   t.user_attrs[rungs.TRIAL_SEED], t.params["lr"], t.params["d_model"])
                   for t in study.get_trials())
 
 
@@ -233,10 +233,10 @@ def test_tuning_gives_the_same_bytes_twice_and_at_any_worker_count(project):
     seeds = full.groupby("params_lr")["seed"].apply(sorted)
     assert len(seeds) >= 2 and all(s == [cfg.tune.seed, cfg.tune.seed + 1] for s in seeds)
     assert full["params_d_model"].nunique() == 1
-    bracket = best["bracket"]
-    assert bracket is not None and len(bracket["points"]) == len(seeds)
-    assert [p["lr"] for p in bracket["points"]] == pytest.approx(sorted(seeds.index))
-    assert all(len(p["losses"]) == 2 for p in bracket["points"])
+    record = best["bracket"]
+    assert record is not None and len(record["points"]) == len(seeds)
+    assert [p["lr"] for p in record["points"]] == pytest.approx(sorted(seeds.index))
+    assert all(len(p["losses"]) == 2 for p in record["points"])
 
 
 def test_a_slower_duplicate_of_a_trial_cannot_change_its_recorded_steps(project):
@@ -248,16 +248,16 @@ def test_a_slower_duplicate_of_a_trial_cannot_change_its_recorded_steps(project)
     steps = budget.trial_steps(cfg, "arithmetic", cfg.model_config("baseline", 10, d_model=16))
     interval = tuning.trial_train_config(cfg, "arithmetic", steps).eval_interval
     reports = {k: 2.0 - 0.1 * k for k in range(1, cfg.tune.reports + 1)}
-    dists = tuning.trial_distributions(cfg.tune)
-    attrs = {tuning.RUNG: 0, tuning.FRACTION: cfg.tune.budget_fraction, "steps": steps}
+    dists = search_space.trial_distributions(cfg.tune)
+    attrs = {rungs.RUNG: 0, rungs.FRACTION: cfg.tune.budget_fraction, "steps": steps}
     finished = optuna.trial.create_trial(
         params={"lr": 1e-3, "d_model": 16}, distributions=dists, value=1.0,
         intermediate_values=reports,
-        user_attrs={tuning.SLOT: 0, "last_step": (len(reports) - 1) * interval, **attrs})
+        user_attrs={rungs.SLOT: 0, "last_step": (len(reports) - 1) * interval, **attrs})
     diverged = optuna.trial.create_trial(
         params={"lr": 1e-2, "d_model": 16}, distributions=dists,
         state=optuna.trial.TrialState.FAIL, intermediate_values={1: 2.5, 2: 2.4},
-        user_attrs={tuning.SLOT: 1, "last_step": interval, tuning.OUTCOME: tuning.DIVERGED,
+        user_attrs={rungs.SLOT: 1, "last_step": interval, rungs.OUTCOME: rungs.DIVERGED,
                     **attrs})
     rows = trials.trials_frame(cfg, "arithmetic", "baseline", 10, {0: finished, 1: diverged})
     assert [r["last_step"] for r in rows] == [steps, 2 * interval]
@@ -285,17 +285,17 @@ def test_tuning_follows_the_protocol(project):
         "d_model_choices": list(cfg.tune.d_model_choices),
         "sampler_seed": cfg.tune.sampler_seed}
     results = tuning.slot_results(study)
-    scaled, below = tuning.bracket_widths(cfg, "arithmetic", results, 1)
-    width, compared = tuning.bracket_width(cfg, "arithmetic", results, 1)
+    scaled, below = bracket.bracket_widths(cfg, "arithmetic", results, 1)
+    width, compared = bracket.bracket_width(cfg, "arithmetic", results, 1)
     assert width in (scaled, below) and {scaled, below} <= set(cfg.tune.d_model_choices)
     # slots 4 and 5: the middle lr at both widths (5 stays empty when they are one), slot 6
     # the other lr at the width kept
     full = [4, 5, 6] if scaled != below else [4, 6]
-    assert [t.user_attrs[tuning.SLOT] for t in trials] == [0, 1, 2, 3, *full]
-    assert [t.user_attrs[tuning.RUNG] for t in trials] == [0, 0, 0, 0] + [1] * len(full)
+    assert [t.user_attrs[rungs.SLOT] for t in trials] == [0, 1, 2, 3, *full]
+    assert [t.user_attrs[rungs.RUNG] for t in trials] == [0, 0, 0, 0] + [1] * len(full)
     assert best["n_trials"] == 4 + len(full) and best["full_budget"] and best["rung"] == 1
     for t in trials:
-        steps, fraction = t.user_attrs["steps"], t.user_attrs[tuning.FRACTION]
+        steps, fraction = t.user_attrs["steps"], t.user_attrs[rungs.FRACTION]
         model = cfg.model_config("baseline", 10, d_model=t.params["d_model"])
         assert abs(budget.training_flops(model, cfg.train.batch_size, steps)
                    / (fraction * cfg.train.budget_flops["arithmetic"]) - 1) < 0.05
@@ -316,18 +316,18 @@ def test_tuning_follows_the_protocol(project):
         [low] * (len(full) - 1) + [high])
     if scaled != below:  # the width kept had the lower loss at the middle lr
         assert compared[width] == min(compared.values())
-    assert [t.user_attrs[tuning.TRIAL_SEED] for t in trials] == [cfg.tune.seed] * len(trials)
+    assert [t.user_attrs[rungs.TRIAL_SEED] for t in trials] == [cfg.tune.seed] * len(trials)
     # two points and no room for a third: the better one is the answer (too few for a curve)
     at_width = [t for t in bracket_trials if t.params["d_model"] == width]
     winner = min(at_width, key=lambda t: (t.value, t.params["lr"]))
     assert (best["val_loss"], best["lr"], best["d_model"]) == (
         winner.value, winner.params["lr"], width)
     assert best["slot"] is None and best["budget_fraction"] == 1.0
-    bracket = best["bracket"]
-    assert bracket["state"] == "not bracketed within tune.bracket_points"
-    assert bracket["fit"]["used"] == "best point" and bracket["uncertainty"] is None
+    record = best["bracket"]
+    assert record["state"] == "not bracketed within tune.bracket_points"
+    assert record["fit"]["used"] == "best point" and record["uncertainty"] is None
     which = "smallest" if width == min(cfg.tune.d_model_choices) else "largest"
-    assert best["on_edge"] == [f"lr {bracket['state']}",
+    assert best["on_edge"] == [f"lr {record['state']}",
                                f"d_model the {which} choice (of tune.d_model_choices)"]
 
 

@@ -245,7 +245,8 @@ def check_study(project: Path, study, start_lmablate) -> None:
     trials, and both wrote the bytes that one worker alone writes on a fresh database."""
     import optuna
 
-    from lmablate.tuning import SLOT, slot_results
+    from lmablate.rungs import SLOT
+    from lmablate.tuning import slot_results
 
     S = optuna.trial.TrialState
     trials = study.get_trials(deepcopy=False)

@@ -9,7 +9,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from lmablate import budget, params, tuning
+from lmablate import budget, params, bracket, rungs, search_space, tuning
 from lmablate.config import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -22,11 +22,11 @@ def with_tune(cfg=DEFAULT, **changes):
 
 def trial(cfg, slot, batch, p, value):
     """A finished trial of ``slot``: COMPLETE with ``value``, or diverged when it is None."""
-    attrs = {tuning.SLOT: slot, tuning.RUNG: batch.rung, tuning.FRACTION: batch.fraction}
+    attrs = {rungs.SLOT: slot, rungs.RUNG: batch.rung, rungs.FRACTION: batch.fraction}
     if value is None:
-        attrs[tuning.OUTCOME] = tuning.DIVERGED
+        attrs[rungs.OUTCOME] = rungs.DIVERGED
     return optuna.trial.create_trial(
-        params=p, distributions=tuning.trial_distributions(cfg.tune), user_attrs=attrs,
+        params=p, distributions=search_space.trial_distributions(cfg.tune), user_attrs=attrs,
         state=optuna.trial.TrialState.FAIL if value is None else optuna.trial.TrialState.COMPLETE,
         value=value)
 
@@ -55,19 +55,19 @@ def test_rungs_end_at_the_full_budget_with_the_first_rung_in_batches():
     tune = DEFAULT.tune
     assert tune.rungs == ((8, 0.125), (3, 1.0))
     assert (tune.bracket_seeds, tune.bracket_points) == (2, 7)
-    batches = tuning.plan(tune)
+    batches = rungs.plan(tune)
     # the bracket, each learning rate on 2 seeds: the middle one at two widths, the two others,
     # then up to 4 more learning rates
     assert [(b.rung, b.fraction, list(b.slots)) for b in batches] == [
         (0, 0.125, [0, 1, 2, 3]), (0, 0.125, [4, 5, 6, 7]),
         (1, 1.0, [8, 9, 10, 11]), (1, 1.0, [12, 13, 14, 15]), (1, 1.0, [16, 17]),
         (1, 1.0, [18, 19]), (1, 1.0, [20, 21]), (1, 1.0, [22, 23])]
-    assert tuning.n_slots(tune) == 24
-    assert tuning.batch_of(tune, 23).index == 7
-    assert [tuning.slot_seed(tune, s) for s in (0, 7, 8, 9, 10, 11, 14, 15, 22, 23)] == [
+    assert rungs.n_slots(tune) == 24
+    assert rungs.batch_of(tune, 23).index == 7
+    assert [rungs.slot_seed(tune, s) for s in (0, 7, 8, 9, 10, 11, 14, 15, 22, 23)] == [
         1000, 1000, 1000, 1001, 1000, 1001, 1000, 1001, 1000, 1001]
     with pytest.raises(ValueError, match="slot 24 is not one of the study's 24 slots"):
-        tuning.batch_of(tune, 24)
+        rungs.batch_of(tune, 24)
 
 
 @pytest.mark.parametrize("rungs", [[[8, 0.5]], [[8, 0.25], [2, 0.5]], [[2, 0.5], [4, 1.0]],
@@ -84,7 +84,7 @@ def test_every_trial_warms_up_before_the_loss_it_is_judged_on():
     the steps; the lowest rung gives every width the study may search at least tune.min_steps
     steps, and the loss a rung judges (at its last step) comes after the warm-up."""
     for dataset in DEFAULT.datasets:
-        for d_model in tuning.width_ladder(DEFAULT, dataset):
+        for d_model in search_space.width_ladder(DEFAULT, dataset):
             model = DEFAULT.model_config("llama", 70, d_model=d_model)
             for _, fraction in DEFAULT.tune.rungs:
                 steps = budget.trial_steps(DEFAULT, dataset, model, fraction)
@@ -108,8 +108,8 @@ def test_a_lowest_rung_too_short_to_leave_its_warm_up_is_refused_before_any_work
 def test_widths_follow_the_budget_around_the_measured_optimum_of_tokens_per_parameter():
     low, high = DEFAULT.tune.tokens_per_parameter
     for dataset in DEFAULT.datasets:
-        widths = tuning.initial_space(DEFAULT, dataset).d_model_choices
-        ratios = [tuning.tokens_per_parameter(DEFAULT, dataset, d) for d in widths]
+        widths = search_space.initial_space(DEFAULT, dataset).d_model_choices
+        ratios = [search_space.tokens_per_parameter(DEFAULT, dataset, d) for d in widths]
         assert len(widths) >= 3 and all(d % (2 * DEFAULT.model.n_heads) == 0 for d in widths)
         assert all(low <= r <= high for r in ratios), (dataset, widths, ratios)
         # the middle of the range, where the default's brute force found the optimum
@@ -118,14 +118,14 @@ def test_widths_follow_the_budget_around_the_measured_optimum_of_tokens_per_para
     bigger = dataclasses.replace(DEFAULT, train=dataclasses.replace(
         DEFAULT.train, budget_flops={k: 16 * v for k, v in DEFAULT.train.budget_flops.items()}))
     for dataset in DEFAULT.datasets:
-        before = tuning.initial_space(DEFAULT, dataset).d_model_choices
-        after = tuning.initial_space(bigger, dataset).d_model_choices
+        before = search_space.initial_space(DEFAULT, dataset).d_model_choices
+        after = search_space.initial_space(bigger, dataset).d_model_choices
         assert min(after) > max(before) / 2 and max(after) > max(before)
 
 
 def test_the_shared_design_is_the_same_for_every_variant_and_later_batches_are_not():
     cfg = DEFAULT
-    first = {v: tuning.propose(cfg, "shakespeare", v, {}, tuning.plan(cfg.tune)[0], 0)
+    first = {v: tuning.propose(cfg, "shakespeare", v, {}, rungs.plan(cfg.tune)[0], 0)
              for v in ("baseline", "rope")}
     assert first["baseline"] == first["rope"]
     lrs = [p["lr"] for p in first["baseline"].values()]
@@ -134,35 +134,35 @@ def test_the_shared_design_is_the_same_for_every_variant_and_later_batches_are_n
     assert all(math.isclose(s, math.log(100) / 4) for s in steps)  # evenly spaced in log
     assert cfg.tune.lr_low <= min(lrs) and max(lrs) <= cfg.tune.lr_high
     # a re-tuning replicate (another sampler seed) tries other points
-    other = tuning.propose(cfg, "shakespeare", "baseline", {}, tuning.plan(cfg.tune)[0], 1)
+    other = tuning.propose(cfg, "shakespeare", "baseline", {}, rungs.plan(cfg.tune)[0], 1)
     assert other != first["baseline"]
     # the same results, two variants: TPE's next proposals differ (each study its own seed)
-    batch0 = tuning.plan(cfg.tune)[0]
+    batch0 = rungs.plan(cfg.tune)[0]
     results = {s: trial(cfg, s, batch0, p, 2.0 + 0.1 * s)
                for s, p in first["baseline"].items()}
-    second = {v: tuning.propose(cfg, "shakespeare", v, results, tuning.plan(cfg.tune)[1], 0)
+    second = {v: tuning.propose(cfg, "shakespeare", v, results, rungs.plan(cfg.tune)[1], 0)
               for v in ("baseline", "rope")}
     assert second["baseline"] != second["rope"]
     assert second["baseline"] == tuning.propose(cfg, "shakespeare", "baseline", results,
-                                                tuning.plan(cfg.tune)[1], 0)
+                                                rungs.plan(cfg.tune)[1], 0)
 
 
 def test_a_batch_is_not_proposed_before_the_batches_before_it_finish():
-    batches = tuning.plan(DEFAULT.tune)
+    batches = rungs.plan(DEFAULT.tune)
     with pytest.raises(RuntimeError, match=r"batch 1 proposed before slots \[0, 1, 2, 3\]"):
         tuning.propose(DEFAULT, "arithmetic", "baseline", {}, batches[1], 0)
 
 
 def test_promotion_takes_the_best_completed_trials_by_value_then_slot():
     cfg = with_tune(rungs=((8, 0.125), (2, 0.5), (2, 1.0)))
-    batches = tuning.plan(cfg.tune)
+    batches = rungs.plan(cfg.tune)
     values = [3.0, None, 1.5, 2.0, 1.5, 4.0, None, 2.5]  # two diverged, a tie at 1.5
     results = {}
     for s, v in enumerate(values):
         b = batches[0] if s < 4 else batches[1]
         results[s] = trial(cfg, s, b, {"lr": 1e-3 * (s + 1), "d_model": 32}, v)
-    promoted = tuning.promote(cfg.tune, results, 1)
-    assert [t.user_attrs[tuning.SLOT] for t in promoted] == [2, 4]
+    promoted = rungs.promote(cfg.tune, results, 1)
+    assert [t.user_attrs[rungs.SLOT] for t in promoted] == [2, 4]
     proposals = tuning.propose(cfg, "arithmetic", "baseline", results, batches[2], 0)
     assert proposals == {8: results[2].params, 9: results[4].params}
 
@@ -171,11 +171,11 @@ def test_the_answer_is_the_fitted_minimum_of_the_full_budget_points():
     cfg = DEFAULT
     results, order = simulate(cfg, bowl(0.01))
     best = tuning.chosen(cfg.tune, results)
-    assert best.user_attrs[tuning.FRACTION] == 1.0 and best.user_attrs[tuning.RUNG] == 1
+    assert best.user_attrs[rungs.FRACTION] == 1.0 and best.user_attrs[rungs.RUNG] == 1
     assert [b.index for b in order][:3] == [0, 1, 2]
-    full = [t for t in results.values() if t.user_attrs[tuning.FRACTION] == 1.0]
+    full = [t for t in results.values() if t.user_attrs[rungs.FRACTION] == 1.0]
     assert best.value == min(t.value for t in full) and len(full) >= 6
-    out = tuning.bracket_outcome(cfg, "arithmetic", results)
+    out = bracket.bracket_outcome(cfg, "arithmetic", results)
     assert out.fit.used == "vertex" and out.fit.lr == pytest.approx(0.01, rel=1e-6)
 
 
@@ -187,7 +187,7 @@ def test_when_every_full_budget_trial_diverges_the_answer_says_it_was_not_traine
 
     results, _ = simulate(cfg, objective)
     best = tuning.chosen(cfg.tune, results)
-    assert best.user_attrs[tuning.FRACTION] == 0.125
+    assert best.user_attrs[rungs.FRACTION] == 0.125
     assert tuning.chosen(cfg.tune, {}) is None
 
 
@@ -197,10 +197,10 @@ def test_an_optimum_above_the_range_extends_it_within_the_hard_limit():
     answer lies above the configured range."""
     cfg = DEFAULT
     results, order = simulate(cfg, bowl(0.5))
-    space = tuning.space_for_batch(cfg, "arithmetic", results, order[-1])
+    space = search_space.space_for_batch(cfg, "arithmetic", results, order[-1])
     assert "lr up to 1" in space.extended
     assert (space.lr_low, space.lr_high) == (1e-3, 1.0)
-    first = [t for t in results.values() if t.user_attrs[tuning.SLOT] in range(4, 8)]
+    first = [t for t in results.values() if t.user_attrs[rungs.SLOT] in range(4, 8)]
     assert max(t.params["lr"] for t in first) > cfg.tune.lr_high  # TPE searched the new part
     best = tuning.chosen(cfg.tune, results)
     assert best.params["lr"] > cfg.tune.lr_high
@@ -209,12 +209,12 @@ def test_an_optimum_above_the_range_extends_it_within_the_hard_limit():
 def test_an_extension_stops_at_the_hard_limit_and_the_answer_is_flagged_there():
     cfg = with_tune(lr_limits=(1e-5, 0.1))
     results, order = simulate(cfg, bowl(5.0))
-    space = tuning.space_for_batch(cfg, "arithmetic", results, order[-1])
+    space = search_space.space_for_batch(cfg, "arithmetic", results, order[-1])
     assert not [e for e in space.extended if e.startswith("lr")] and space.lr_high == 0.1
     best = tuning.chosen(cfg.tune, results)
-    assert tuning.on_edge(space, best.params, cfg.tune)[0] == (
+    assert search_space.on_edge(space, best.params, cfg.tune)[0] == (
         "lr at upper bound 0.1 (the limit tune.lr_limits)")
-    out = tuning.bracket_outcome(cfg, "arithmetic", results)
+    out = bracket.bracket_outcome(cfg, "arithmetic", results)
     assert out.state == "at the limit tune.lr_limits" and max(p.lr for p in out.points) == 0.1
 
 
@@ -224,33 +224,33 @@ def test_a_width_optimum_below_the_range_adds_a_narrower_width():
     # a range whose ladder reaches below the first widths searched
     cfg = with_tune(tokens_per_parameter=(5.0, 80.0), tokens_per_parameter_limits=(2.0, 200.0),
                     rungs=((12, 0.125), (3, 1.0)))
-    narrow = tuning.width_ladder(cfg, "shakespeare")[0]
-    assert narrow < tuning.initial_space(cfg, "shakespeare").d_model_choices[0]
+    narrow = search_space.width_ladder(cfg, "shakespeare")[0]
+    assert narrow < search_space.initial_space(cfg, "shakespeare").d_model_choices[0]
     results, order = simulate(cfg, bowl(0.01, d_opt=narrow / 2), dataset="shakespeare")
-    space = tuning.space_for_batch(cfg, "shakespeare", results, order[-1])
+    space = search_space.space_for_batch(cfg, "shakespeare", results, order[-1])
     assert f"d_model {narrow} added" in space.extended
     assert space.d_model_choices[0] == narrow
-    assert tuning.tokens_per_parameter(cfg, "shakespeare", narrow) <= 200
+    assert search_space.tokens_per_parameter(cfg, "shakespeare", narrow) <= 200
     # an answer at the narrowest width the ladder allows is flagged at the limit, one at the
     # narrowest width searched but not the ladder's end is flagged without it
-    ladder = tuning.width_ladder(cfg, "shakespeare")
-    assert tuning.on_edge(space, {"lr": 0.01, "d_model": narrow}, cfg.tune, ladder) == [
+    ladder = search_space.width_ladder(cfg, "shakespeare")
+    assert search_space.on_edge(space, {"lr": 0.01, "d_model": narrow}, cfg.tune, ladder) == [
         "d_model the smallest choice (the limit tune.tokens_per_parameter_limits)"]
-    first = tuning.initial_space(cfg, "shakespeare")
-    assert tuning.on_edge(first, {"lr": 0.01, "d_model": first.d_model_choices[0]}, cfg.tune,
+    first = search_space.initial_space(cfg, "shakespeare")
+    assert search_space.on_edge(first, {"lr": 0.01, "d_model": first.d_model_choices[0]}, cfg.tune,
                           ladder) == ["d_model the smallest choice"]
 
 
 def test_explicit_widths_are_searched_as_given_and_never_extended():
     cfg = with_tune(d_model_choices=(32, 48))
     results, order = simulate(cfg, bowl(0.01, d_opt=8))
-    space = tuning.space_for_batch(cfg, "arithmetic", results, order[-1])
+    space = search_space.space_for_batch(cfg, "arithmetic", results, order[-1])
     assert space.d_model_choices == (32, 48)
-    assert "d_model the smallest choice" in tuning.on_edge(
+    assert "d_model the smallest choice" in search_space.on_edge(
         space, {"lr": 0.01, "d_model": 32}, cfg.tune)
     # 32 on 1/8 of the budget scales to 48 at all of it; the full budget prefers 32 here
-    out = tuning.bracket_outcome(cfg, "arithmetic", results)
-    assert tuning.bracket_widths(cfg, "arithmetic", results, 1) == (48, 32)
+    out = bracket.bracket_outcome(cfg, "arithmetic", results)
+    assert bracket.bracket_widths(cfg, "arithmetic", results, 1) == (48, 32)
     assert out.width == 32 and out.widths[32] < out.widths[48]
 
 

@@ -36,10 +36,12 @@ from lmablate.token_data import TokenData
 from lmablate.tracking import Tracker, make_tracker
 from lmablate.training import DivergenceError, train_model
 from lmablate.lr_bracket import BRACKETED, sensitivity
-from lmablate.tuning import (DIVERGED, FRACTION, OUTCOME, RUNG, SLOT, TRIAL_SEED, Batch,
-                             batch_of, bracket_outcome, chosen, n_slots, next_batch, on_edge,
-                             slot_results, space_for_batch, tokens_per_parameter,
-                             slot_seed, trial_distributions, trial_train_config)
+from lmablate.bracket import bracket_outcome
+from lmablate.rungs import (DIVERGED, FRACTION, OUTCOME, RUNG, SLOT, TRIAL_SEED, Batch, batch_of,
+                            n_slots, slot_seed)
+from lmablate.search_space import (on_edge, space_for_batch, tokens_per_parameter,
+                                   trial_distributions)
+from lmablate.tuning import chosen, next_batch, slot_results, trial_train_config
 from lmablate.variants import resolve_model_config
 
 TRIALS_COLUMNS = ("number", "rung", "batch", "budget_flops", "budget_fraction", "seed", "state",

@@ -25,7 +25,8 @@ from lmablate.studies import load_study, make_storage
 from lmablate.token_data import TokenData
 from lmablate.tracking import Tracker, make_tracker
 from lmablate.trials import TRIALS_COLUMNS, TuneJob, run_batches, summarise_study
-from lmablate.tuning import describe_study, initial_space, slot_results, study_name, width_ladder
+from lmablate.search_space import initial_space, width_ladder
+from lmablate.tuning import describe_study, slot_results, study_name
 from lmablate.variants import preflight, resolve_model_config
 
 
