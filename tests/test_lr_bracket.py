@@ -230,3 +230,63 @@ def test_the_findings_give_an_undecided_verdict_its_tuning_uncertainty():
     text = _effect(row, "nats/char", None)
     assert text.startswith("rmsnorm: undecided (tuning), +0.062 nats/char")
     assert "tuning uncertainties, 0.041 nats/char" in text and "**" not in text
+
+
+def test_the_pooled_spread_weights_each_point_by_its_degrees_of_freedom():
+    f = curve(0.01)
+    quiet = points(f, [0.005, 0.01, 0.02], (-0.001, 0.001))  # sd sqrt(2) * 0.001 each
+    loud = points(f, [0.005, 0.01, 0.02], (-0.004, 0.004))
+    three = [lb.Point(0.01, (2.0, 2.01, 2.02))]  # sd 0.01, two degrees of freedom
+    assert lb.pooled_spread([quiet]) == pytest.approx(lb.seed_spread(quiet))
+    assert lb.pooled_spread([quiet, loud]) == pytest.approx(
+        math.sqrt((2e-6 + 32e-6) / 2))
+    assert lb.pooled_spread([quiet, three]) == pytest.approx(
+        math.sqrt((3 * 2e-6 + 2 * 1e-4) / 5))
+    assert lb.pooled_spread([[lb.Point(0.01, (2.0,))]]) is None  # one seed: no spread
+    assert lb.pooled_spread([[lb.Point(0.01, (2.0, math.inf))], quiet]) == pytest.approx(
+        lb.seed_spread(quiet))  # a diverged point has no spread to give
+
+
+def _full_budget_trials(dataset, variant, d_model, pts):
+    return [{"dataset": dataset, "variant": variant, "budget_fraction": 1.0,
+             "params_lr": p.lr, "params_d_model": d_model, "seed": 1000 + k,
+             "value": loss if math.isfinite(loss) else np.nan}
+            for p in pts for k, loss in enumerate(p.losses)]
+
+
+def test_the_report_draws_each_uncertainty_again_with_the_datasets_pooled_spread():
+    from lmablate.analysis.pooled_uncertainty import bracket_points, with_pooled_uncertainty
+    from lmablate.analysis.run_files import TUNED_COLUMNS
+
+    lrs = [0.005, 0.01, 0.02, 0.04]
+    lucky = points(curve(0.01), lrs, (-0.0005, 0.0005))  # a study whose seeds agreed by chance
+    noisy = points(curve(0.02, curvature=0.02), lrs, (-0.02, 0.02))
+    rows = (_full_budget_trials("shakespeare", "rmsnorm", 24, lucky)
+            + _full_budget_trials("shakespeare", "baseline", 24, noisy)
+            + _full_budget_trials("shakespeare", "baseline", 16, noisy[:1])  # set-aside width
+            + [{"dataset": "shakespeare", "variant": "rmsnorm", "budget_fraction": 0.125,
+                "params_lr": 0.3, "params_d_model": 24, "seed": 1000, "value": 2.5}])
+    trials = pd.DataFrame(rows)
+    assert bracket_points(trials, "shakespeare", "rmsnorm", 24) == lucky  # a round trip
+
+    def row(variant, pts, **more):
+        fit = lb.fit_minimum(pts)
+        own = lb.tuning_uncertainty(pts, fit.lr)
+        return {**dict.fromkeys(TUNED_COLUMNS), "dataset": "shakespeare", "variant": variant,
+                "lr": fit.lr, "d_model": 24, "bracket_state": lb.BRACKETED,
+                "seed_spread": lb.seed_spread(pts), "regret": own.median,
+                "tuning_uncertainty": own.bound, **more}
+
+    tuned = pd.DataFrame([row("baseline", noisy), row("rmsnorm", lucky),
+                          {**row("rope", lucky), "bracket_state": None}], columns=TUNED_COLUMNS)
+    out = with_pooled_uncertainty(tuned, trials)
+    spread = lb.pooled_spread([noisy, lucky])
+    assert out["seed_spread_pooled"].iloc[:2].tolist() == pytest.approx([spread, spread])
+    for i, pts in ((0, noisy), (1, lucky)):
+        again = lb.tuning_uncertainty(pts, tuned.at[i, "lr"], spread=spread)
+        assert (out.at[i, "regret"], out.at[i, "tuning_uncertainty"]) == (
+            again.median, again.bound)
+    assert out.at[1, "tuning_uncertainty"] > 5 * tuned.at[1, "tuning_uncertainty"]
+    assert out.iloc[2].equals(tuned.iloc[2])  # no bracket: left as it was
+    assert with_pooled_uncertainty(tuned, trials).equals(out)
+    assert with_pooled_uncertainty(tuned, trials.iloc[0:0]).equals(tuned)

@@ -17,8 +17,9 @@ constructed curves.
   is (and the fit says why). Loss is close to quadratic in log lr near its minimum (Wortsman et
   al. 2023, "Small-scale proxies for large-scale Transformer training instabilities", fig. 1).
 - **Tuning uncertainty** (:func:`tuning_uncertainty`): a parametric bootstrap of the points'
-  means, each drawn from a normal with the seed-to-seed variance pooled over the points
-  divided by the number of seeds; each draw is fitted again, and its regret is how far above
+  means, each drawn from a normal with the seed-to-seed variance (pooled over the points; the
+  report pools it over every bracket of the dataset, :func:`pooled_spread`) divided by the
+  number of seeds; each draw is fitted again, and its regret is how far above
   that curve's minimum the chosen learning rate lies. The median regret and its 95th
   percentile (the uncertainty of the tuned loss: how much lower the variant's loss could be
   at a learning rate the tuner missed) are in nats/char.
@@ -165,9 +166,23 @@ def fit_minimum(points: list[Point]) -> Fit:
 def seed_spread(points: list[Point]) -> float | None:
     """The seed-to-seed standard deviation of one full-budget trial's loss (nats/char), pooled
     over the finite points that have two seeds or more; None without such a point."""
-    variances = [np.var(p.losses, ddof=1) for p in points
-                 if len(p.losses) > 1 and math.isfinite(p.loss)]
-    return float(math.sqrt(np.mean(variances))) if variances else None
+    return pooled_spread([points])
+
+
+def pooled_spread(point_sets: list[list[Point]]) -> float | None:
+    """The seed-to-seed standard deviation (nats/char) pooled over every finite point with two
+    seeds or more in ``point_sets`` (e.g. every bracket of one dataset): the square root of the
+    points' sample variances weighted by their degrees of freedom (seeds - 1); None without
+    such a point. Two seeds give each point one degree of freedom, so one study's own spread
+    rests on 3-7 of them and can come out several times too small by chance; a dataset's four
+    studies together give 12-28."""
+    finite = [p for points in point_sets for p in points
+              if len(p.losses) > 1 and math.isfinite(p.loss)]
+    if not finite:
+        return None
+    dof = sum(len(p.losses) - 1 for p in finite)
+    return float(math.sqrt(sum(np.var(p.losses, ddof=1) * (len(p.losses) - 1)
+                               for p in finite) / dof))
 
 
 @dataclass(frozen=True)
@@ -192,11 +207,14 @@ def _regret(fit: Fit, lr: float) -> float:
 
 
 def tuning_uncertainty(points: list[Point], chosen_lr: float, draws: int = BOOTSTRAP_DRAWS,
-                       seed: int = BOOTSTRAP_SEED) -> Uncertainty | None:
+                       seed: int = BOOTSTRAP_SEED, spread: float | None = None
+                       ) -> Uncertainty | None:
     """The regret of training at ``chosen_lr`` over a parametric bootstrap of ``points``'
-    means (see the module docstring); None when the seed-to-seed spread cannot be measured
-    (one tuning seed) or fewer than three points are finite."""
-    spread = seed_spread(points)
+    means (see the module docstring), drawn with ``spread`` (nats/char; default: the points'
+    own, :func:`seed_spread`); None when the spread cannot be measured (one tuning seed) or
+    fewer than three points are finite."""
+    if spread is None:
+        spread = seed_spread(points)
     finite = [p for p in points if math.isfinite(p.loss)]
     if spread is None or len(finite) < 3:
         return None

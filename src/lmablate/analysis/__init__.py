@@ -6,6 +6,7 @@ Every module, one line each (``tests/test_docstrings.py`` checks that none is le
 * :mod:`~lmablate.analysis.run_files`: one stage file (metrics, CSV, best.json) read into rows.
 * :mod:`~lmablate.analysis.families`: which part of the model a variant changes; its colours.
 * :mod:`~lmablate.analysis.statistics`: t-intervals over seeds, paired tests, Holm's correction.
+* :mod:`~lmablate.analysis.pooled_uncertainty`: tuning uncertainty with a dataset's pooled spread.
 * :mod:`~lmablate.analysis.problems`: arithmetic variants against the baseline problem by problem.
 * :mod:`~lmablate.analysis.extrapolation`: each position scheme's loss past its training context.
 * :mod:`~lmablate.analysis.sensitivity`: each variant's response to lr and width, from its trials.

@@ -48,12 +48,15 @@ POSITION_LOSS_COLUMNS = ["dataset", "variant", "seed", "factor", "position", "lo
 # their notes with "; ", ``d_model_choices`` the widths searched with " ".
 # The full-budget bracket (best.json's ``bracket``): how it ended, its points, how the lr was
 # taken (``fit_used``: vertex or best point; ``fit_a/b/c`` the quadratic in ln lr), the seed
-# spread of one trial, the regret at the chosen lr (bootstrap median), the tuning uncertainty
+# spread of one trial (the study's own, and ``seed_spread_pooled`` over the dataset's brackets,
+# which the report's regret and tuning uncertainty are drawn with: analysis/pooled_uncertainty.py),
+# the regret at the chosen lr (bootstrap median), the tuning uncertainty
 # of the tuned loss (its 95th percentile) and the fitted curve's excess loss at 2x or 1/2 the
 # chosen lr (``lr_sensitivity_full``); nats/char; ``widths_compared`` the mean loss of each
 # width the first batch compared ("16: 2.1410; 24: 2.0970"). Empty without a bracket.
 BRACKET_COLUMNS = ["bracket_state", "n_points", "fit_used", "fit_a", "fit_b", "fit_c",
-                   "seed_spread", "regret", "tuning_uncertainty", "lr_sensitivity_full",
+                   "seed_spread", "seed_spread_pooled", "regret", "tuning_uncertainty",
+                   "lr_sensitivity_full",
                    "widths_compared"]
 TUNED_COLUMNS = ["dataset", "variant", "lr", "d_model", "val_loss", "full_budget", "on_edge",
                  "extended", "lr_low", "lr_high", "d_model_choices", "n_trials", "n_complete",
@@ -212,7 +215,8 @@ def bracket_columns(bracket: Mapping[str, Any] | None) -> dict:
     a, b, c = bracket["fit"]["coefficients"] or (None, None, None)
     return {"bracket_state": bracket["state"], "n_points": len(bracket["points"]),
             "fit_used": bracket["fit"]["used"], "fit_a": a, "fit_b": b, "fit_c": c,
-            "seed_spread": bracket["seed_spread"], "regret": bracket["regret"],
+            "seed_spread": bracket["seed_spread"], "seed_spread_pooled": None,
+            "regret": bracket["regret"],
             "tuning_uncertainty": bracket["uncertainty"],
             "lr_sensitivity_full": bracket["sensitivity"],
             "widths_compared": "; ".join(

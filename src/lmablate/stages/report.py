@@ -69,6 +69,7 @@ fractions in [0, 1]; times in seconds.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import platform
 from pathlib import Path
@@ -84,6 +85,7 @@ from lmablate.analysis.curves import CURVE_COLUMNS, mean_curves
 from lmablate.analysis.families import variant_colours, variant_palette
 from lmablate.analysis.headline import metrics_files
 from lmablate.analysis.model_figures import draw_model_figures
+from lmablate.analysis.pooled_uncertainty import with_pooled_uncertainty
 from lmablate.analysis.report_figures import draw_report_figures
 from lmablate.analysis.report_text import report_markdown
 from lmablate.analysis.scaling_section import (draw_scaling_figures, scaling_csvs,
@@ -156,6 +158,8 @@ def build_report(cfg: StudyConfig, runs_dir: Path, out_dir: Path,
     """
     runs_dir, out_dir = Path(runs_dir), Path(out_dir)
     runs, notes = restrict_to_study(cfg, collect(runs_dir))
+    # every bracketed variant's uncertainty drawn with its dataset's pooled seed spread
+    runs = dataclasses.replace(runs, tuned=with_pooled_uncertainty(runs.tuned, runs.trials))
     if runs.ablation.empty:
         raise FileNotFoundError(
             f"report: no results of the configured study under {runs_dir} (expected "
