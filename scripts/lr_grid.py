@@ -2,11 +2,12 @@
 rates x widths x seeds and print each run's test loss, as the evaluate stage scores it.
 
 The tuner's answer for a variant is right when this grid agrees with it: its lr within a factor
-of 2 of the grid's best and its loss within the spread of the grid's seeds. Run from a
+of 2 of the grid's best and its loss within the spread of the grid's seeds (4 seeds or more:
+one run varies by ~0.01 nats/char, and the best of a few 2-seed means is biased low). Run from a
 workspace where ``dvc repro tokenize`` (or the whole study) has run::
 
-    python scripts/lr_grid.py shakespeare baseline rmsnorm --lr 0.005 0.01 0.02 0.04 \\
-        --d-model 24 --seeds 0 1 [--csv grid.csv]
+    python scripts/lr_grid.py shakespeare baseline rmsnorm --lr 0.007 0.01 0.014 0.02 0.028 \\
+        --d-model 24 --seeds 0 1 2 3 [--csv grid.csv]
 
 Prints one row per variant x width x lr: the test loss (nats/char) of each seed and their mean;
 ``--csv`` writes every run. Seeds run one after another on this process's threads.
