@@ -320,6 +320,24 @@ def test_forest_draws_the_raw_interval_and_the_holm_interval_and_names_both(draw
     assert "Holm" in ax.get_title() and "95% t-interval" in ax.get_title()
 
 
+def test_forest_draws_the_holm_interval_widened_by_the_tuning_uncertainty(drawn, tmp_path):
+    """A dotted box from ci_holm_low - u to ci_holm_high + u: a verdict stands only when it
+    is clear of 0 (statistics.tuning_check), so the reader sees why one reads undecided."""
+    row = {**comparison_row("gelu", statistics.VERDICT_UNDECIDED_TUNING, mean_diff=-0.1,
+                            half_width=0.02, holm_half_width=0.04, p=0.004),
+           "tuning_uncertainty": 0.07}
+    other = comparison_row("rope", statistics.VERDICT_NSD, mean_diff=0.01, half_width=0.02,
+                           holm_half_width=0.04, p=0.6)  # no bracket: no box
+    figures.plot_forest(comparisons_frame([row, other]), DS, tmp_path / "f.png")
+    fig = drawn[0]
+    ax = fig.axes[0]
+    boxes = [(p.get_x(), p.get_x() + p.get_width()) for p in ax.patches if not p.get_fill()]
+    assert np.allclose(boxes, [(-0.21, 0.01)])
+    assert fig.axes[0].get_xlim()[1] > 0.05  # the box and the other row's bar in view
+    assert any("tuning uncertainty" in t for t in legend_texts(fig))
+    assert "tuning uncertainty" in ax.get_title()
+
+
 def test_forest_marks_a_difference_identical_on_every_seed(drawn, tmp_path):
     rows = [comparison_row("gelu", statistics.VERDICT_NSD, -0.01, 0.02, p=0.6),
             {**comparison_row("rmsnorm", statistics.VERDICT_IDENTICAL, 0.0, 0.0),

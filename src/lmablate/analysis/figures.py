@@ -170,8 +170,10 @@ def plot_forest(comparisons: pd.DataFrame, dataset: str, path: Path,
                 variation: pd.DataFrame | None = None) -> Path | None:
     """Forest plot of ``variant - baseline`` in ``metric`` (the metric's unit) per variant,
     paired by seed: the mean difference as a diamond coloured by the Holm-corrected verdict,
-    its raw 95% t-interval as a thin line with caps and its Holm-adjusted interval
-    (``ci_holm_low``..``ci_holm_high``, when given) as a thick translucent bar; a vertical line
+    its raw 95% t-interval as a thin line with caps, its Holm-adjusted interval
+    (``ci_holm_low``..``ci_holm_high``, when given) as a thick translucent bar, and that
+    interval widened on each side by the row's ``tuning_uncertainty`` (when given,
+    :func:`~lmablate.analysis.statistics.tuning_check`) as a dotted box; a vertical line
     at 0 (no difference). A text column right of the axes gives each variant's Holm p-value
     (``*`` = significant), ``"identical on every seed"`` or ``"n=2: no test"``: outside the
     data area, no label can hide a marker or an interval. The legend (verdicts, interval kinds)
@@ -197,10 +199,12 @@ def plot_forest(comparisons: pd.DataFrame, dataset: str, path: Path,
 def forest_limits(c: pd.DataFrame, luck: float | None = None,
                   margin: float = 0.06) -> tuple[float, float]:
     """The x range of a forest plot of the rows ``c`` (:func:`_forest_rows`): every mean, the
-    ends of every raw and Holm interval, the tuning-luck band ``±luck`` and 0, widened by
+    ends of every raw and Holm interval (and of the Holm interval widened by the tuning
+    uncertainty), the tuning-luck band ``±luck`` and 0, widened by
     ``margin`` of that span on each side (a Holm bar clipped at the edge hides how far it
     reaches)."""
-    cols = ["mean_diff", "ci95_low", "ci95_high", "ci_holm_low", "ci_holm_high"]
+    cols = [x for x in ("mean_diff", "ci95_low", "ci95_high", "ci_holm_low", "ci_holm_high",
+                        "tuned_low", "tuned_high") if x in c]
     values = np.concatenate([c[cols].to_numpy(float).ravel(), [0.0],
                              [-luck, luck] if luck else []])
     values = values[np.isfinite(values)]
@@ -215,8 +219,13 @@ def _forest_rows(comparisons: pd.DataFrame, dataset: str, metric: str) -> pd.Dat
     c = comparisons[(comparisons["dataset"] == dataset) & (comparisons["metric"] == metric)]
     c = c.dropna(subset=["mean_diff"])
     c = c[c["variant"] != BASELINE].reset_index(drop=True)  # rows already in variant order
-    for col in ("ci95_low", "ci95_high", "ci_holm_low", "ci_holm_high", "p_holm"):
+    for col in ("ci95_low", "ci95_high", "ci_holm_low", "ci_holm_high", "p_holm",
+                "tuning_uncertainty"):
         c[col] = c[col].astype(float) if col in c else np.nan
+    # the Holm interval widened by the larger tuning uncertainty of the pair: a verdict stands
+    # only when this still excludes 0 (statistics.tuning_check)
+    c["tuned_low"] = c["ci_holm_low"] - c["tuning_uncertainty"]
+    c["tuned_high"] = c["ci_holm_high"] + c["tuning_uncertainty"]
     c["y"] = np.arange(len(c))
     return c
 
@@ -247,6 +256,10 @@ def _draw_forest(fig: Figure, ax: Any, c: pd.DataFrame, dataset: str, metric: st
         if np.isfinite(r["ci_holm_low"]) and np.isfinite(r["ci_holm_high"]):
             ax.barh(r["y"], r["ci_holm_high"] - r["ci_holm_low"], left=r["ci_holm_low"],
                     height=0.5, color=colour, alpha=0.3, linewidth=0, zorder=1)
+        if np.isfinite(r["tuned_low"]) and np.isfinite(r["tuned_high"]):
+            ax.barh(r["y"], r["tuned_high"] - r["tuned_low"], left=r["tuned_low"],
+                    height=0.66, fill=False, edgecolor=colour, linestyle=":", linewidth=1.1,
+                    zorder=1)
         if np.isfinite(r["ci95_low"]) and np.isfinite(r["ci95_high"]):
             # caps keep a narrow interval visible behind its marker
             ax.errorbar(r["mean_diff"], r["y"], fmt="none", ecolor=colour, elinewidth=1.3,
@@ -268,22 +281,29 @@ def _draw_forest(fig: Figure, ax: Any, c: pd.DataFrame, dataset: str, metric: st
     ax.set_xlabel(f"Δ {label} (variant − baseline){', ' + unit if unit else ''}; "
                   f"{better} = better")
     ax.set_ylabel("variant")
+    tuned = bool(np.isfinite(c["tuned_low"]).any())
     ax.set_title(f"{dataset}: difference to baseline in {label}, paired by seed\n"
-                 "thin line with caps: 95% t-interval; thick bar: Holm-adjusted interval\n"
+                 "thin line with caps: 95% t-interval; thick bar: Holm-adjusted interval"
+                 + ("; dotted: ± tuning uncertainty" if tuned else "") + "\n"
                  f"p_Holm: Holm-corrected p-value, * = significant (α={ALPHA})")
-    _forest_legend(fig, verdicts, luck, unit)
+    _forest_legend(fig, verdicts, luck, unit, tuned)
 
 
 def _forest_legend(fig: Figure, verdicts: Sequence[str], luck: float | None = None,
-                   unit: str = "") -> None:
+                   unit: str = "", tuned: bool = False) -> None:
     """The forest plot's legend, below the figure: outside the axes and away from the p-value
-    column at their right, it can cover neither."""
+    column at their right, it can cover neither. ``tuned``: an entry for the Holm interval
+    widened by the tuning uncertainty."""
     raw = Line2D([], [], color="0.3", linewidth=1.3, marker="|", markersize=9,
                  markeredgewidth=1.3)
     handles = [Line2D([], [], color=VERDICT_COLORS[v], marker="D", markeredgecolor="white",
                       markersize=8, linestyle="none") for v in verdicts]
     handles += [raw, Patch(facecolor="0.3", alpha=0.3, linewidth=0)]
     labels = [*verdicts, "95% t-interval (raw)", "Holm-adjusted interval"]
+    if tuned:
+        handles.append(Patch(fill=False, edgecolor="0.3", linestyle=":", linewidth=1.1))
+        labels.append("Holm interval ± the larger tuning uncertainty of the pair: "
+                      "a verdict needs it clear of 0")
     if luck:
         handles.append(Patch(facecolor=LUCK_COLOUR, linewidth=0))
         labels.append(f"tuning luck: ±{luck:.3f}{' ' + unit if unit else ''} "
