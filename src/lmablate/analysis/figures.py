@@ -302,8 +302,7 @@ def _forest_legend(fig: Figure, verdicts: Sequence[str], luck: float | None = No
     labels = [*verdicts, "95% t-interval (raw)", "Holm-adjusted interval"]
     if tuned:
         handles.append(Patch(fill=False, edgecolor="0.3", linestyle=":", linewidth=1.1))
-        labels.append("Holm interval ± the larger tuning uncertainty of the pair: "
-                      "a verdict needs it clear of 0")
+        labels.append("Holm interval ± tuning uncertainty")
     if luck:
         handles.append(Patch(facecolor=LUCK_COLOUR, linewidth=0))
         labels.append(f"tuning luck: ±{luck:.3f}{' ' + unit if unit else ''} "

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
 
+import pandas as pd
+
 from lmablate import references as refs
 from lmablate.analysis import arithmetic as arith
 from lmablate.analysis import arithmetic_figures as arith_figs
@@ -82,9 +84,13 @@ def _dataset_figures(cfg: StudyConfig, runs: RunOutputs, tables: ReportTables, d
          plots.plot_test_loss(ablation, ds, fig_dir / f"test_loss_{ds}.png", references=lines)),
         (ds, f"{ds}: {METRICS[loss][0]} difference to baseline, the loss of this "
              "dataset's verdicts (paired by seed: raw 95% t-interval and Holm-adjusted "
-             "interval" + ("; shaded band: tuning luck, the change when the baseline was "
-                          "tuned again with another sampler seed)"
-                          if tuning_luck(tables.variation, ds, loss) is not None else ")"),
+             "interval"
+             + ("; dotted box: the Holm interval widened by the larger tuning uncertainty of "
+                "the pair, which a better or worse verdict needs clear of 0"
+                if _has_tuning_uncertainty(comparisons, ds, loss) else "")
+             + ("; shaded band: tuning luck, the change when the baseline was "
+                "tuned again with another sampler seed)"
+                if tuning_luck(tables.variation, ds, loss) is not None else ")"),
          plots.plot_forest(comparisons, ds, fig_dir / f"forest_{ds}.png", loss,
                            variation=tables.variation)),
         (ds, f"{ds}: test loss by token position, past the training context (mean over "
@@ -161,3 +167,12 @@ def draw_report_figures(cfg: StudyConfig, runs: RunOutputs, tables: ReportTables
         _dataset_figures(cfg, runs, tables, ds, fig_dir, palette, out)
     out.figures += [(ds, cap, Path(p)) for ds, cap, p in extra]
     return out
+
+
+def _has_tuning_uncertainty(comparisons: pd.DataFrame, dataset: str, metric: str) -> bool:
+    """Whether a row of ``dataset`` in ``metric`` carries a tuning uncertainty (the forest
+    plot then draws its dotted box)."""
+    if "tuning_uncertainty" not in comparisons:
+        return False
+    rows = comparisons[(comparisons["dataset"] == dataset) & (comparisons["metric"] == metric)]
+    return bool(pd.to_numeric(rows["tuning_uncertainty"], errors="coerce").notna().any())
