@@ -131,10 +131,14 @@ def test_summarise_interval_is_scipy_t_interval(seed):
             continue
         want = stats.t.interval(statistics.CONFIDENCE, len(x) - 1, loc=x.mean(),
                                 scale=stats.sem(x))
+        if r.metric == "char_accuracy":  # a fraction: the interval within [0, 1]
+            want = tuple(np.clip(want, 0.0, 1.0))
         assert (r.ci95_low, r.ci95_high) == pytest.approx(want, rel=1e-12)
         assert r.ci95_low < r.mean < r.ci95_high
         # the figures' errorbar callable is the same interval, computed the same way
-        assert statistics.t_interval(x) == tuple(float(v) for v in want)
+        errorbar = (statistics.fraction_interval if r.metric == "char_accuracy"
+                    else statistics.t_interval)
+        assert errorbar(x) == tuple(float(v) for v in want)
 
 
 @pytest.mark.filterwarnings("ignore:Precision loss:RuntimeWarning")  # scipy, zero variance
@@ -167,6 +171,9 @@ def test_compare_interval_is_ttest_rel_confidence_interval(seed):
             for bound in (r.ci95_low, r.ci95_high, r.ci_holm_low, r.ci_holm_high):
                 assert bound == pytest.approx(shift, abs=1e-12)
             continue
+        if r.metric == "char_accuracy":  # a difference of fractions: within [-1, 1]
+            low, high = max(-1.0, low), min(1.0, high)
+            assert -1 <= r.ci_holm_low and r.ci_holm_high <= 1
         assert (r.ci95_low, r.ci95_high) == (float(low), float(high))
         assert (r.t_stat, r.p_value) == (float(res.statistic), float(res.pvalue))
         assert r.ci95_low < r.mean_diff < r.ci95_high
@@ -287,3 +294,29 @@ def test_tuning_variation_of_an_identical_retuning_is_zero():
     assert (variation["mean_diff"] == 0).all()
     assert (variation["ci95_low"] == 0).all() and (variation["ci95_high"] == 0).all()
     assert statistics.tuning_variation(ablation, same.iloc[:0]).empty
+
+
+def test_intervals_of_fractions_stay_in_their_range_and_keep_their_verdicts():
+    """Exact match per seed is bimodal (a seed learns the task or does not): a t-interval
+    runs past 0 or 1, and summary.csv, comparisons.csv and the figures clip it there; a
+    clipped interval covers the true mean as often, and excludes 0 exactly when it did."""
+    learnt = [0.018, 0.811, 0.811, 0.794, 0.505]
+    failed = [0.0, 0.0, 0.0, 0.02, 0.9]
+    df = pd.DataFrame({"dataset": "arithmetic", "variant": ["baseline"] * 5 + ["swiglu"] * 5,
+                       "seed": list(range(5)) * 2, "exact_match": failed + learnt,
+                       "test_loss": np.linspace(1.0, 1.9, 10)})
+    s = statistics.summarise(df, ["exact_match", "test_loss"]).set_index(["variant", "metric"])
+    raw = statistics.t_interval(failed)
+    assert raw[0] < 0  # the unclipped interval leaves [0, 1]
+    assert (s.loc[("baseline", "exact_match"), "ci95_low"],
+            s.loc[("baseline", "exact_match"), "ci95_high"]) == pytest.approx((0.0, raw[1]))
+    assert statistics.fraction_interval(failed) == (0.0, raw[1])
+    assert statistics.fraction_interval([1.0, 1.0, 1.0]) == (1.0, 1.0)
+    assert statistics.fraction_interval([0.2, 1.0, 1.0])[1] == 1.0
+    assert statistics.fraction_bounds("exact_match_d3") == (0.0, 1.0)
+    assert statistics.fraction_bounds("test_loss") is None
+    flipped = [1.0, 1.0, 1.0, 0.0, 0.0] + [0.0, 0.0, 0.0, 1.0, 1.0]
+    c = statistics.compare(df.assign(exact_match=flipped), metrics=("exact_match",))
+    r = c.iloc[0]
+    assert (r.ci95_low, r.ci95_high, r.ci_holm_low, r.ci_holm_high) == (-1.0, 1.0, -1.0, 1.0)
+    assert r.verdict == statistics.VERDICT_NSD

@@ -23,7 +23,7 @@ from matplotlib.patches import Patch
 from lmablate.analysis import plotting as plots
 from lmablate.analysis.arithmetic import FLOORS
 from lmablate.analysis.collect import present
-from lmablate.analysis.statistics import METRICS, t_interval
+from lmablate.analysis.statistics import METRICS, fraction_interval
 
 BY_OP_DODGE = 0.5  # plot_by_op: the variants of an operation spread over this much of x
 SEED_OFFSET = 0.045  # plot_by_op: the seeds' dots, right of their variant's interval (x units)
@@ -33,8 +33,8 @@ def plot_length_generalisation(by_digits: pd.DataFrame, dataset: str, digits: in
                                ) -> Path | None:
     """Exact match (fraction, y in [0, 1]) against operand length in digits (x), one line per
     variant (``palette``: variant -> colour): the mean over
-    seeds with its 95% Student-t interval as error bars (:func:`~lmablate.analysis.statistics.
-    t_interval`, as summary.csv). A dashed line marks the longest training length ``digits``
+    seeds with its 95% Student-t interval clipped to [0, 1] as error bars
+    (:func:`~lmablate.analysis.statistics.fraction_interval`, as summary.csv). A dashed line marks the longest training length ``digits``
     and the lengths past it (the length split) are shaded; a variant's points are dodged
     sideways by a few hundredths of a digit. Lengths a variant cannot run (a
     string in metrics.json) are left out of its line.
@@ -65,7 +65,7 @@ def plot_length_generalisation(by_digits: pd.DataFrame, dataset: str, digits: in
             extra.append(Line2D([], [], color="0.4", linestyle="--",
                                 label=f"longest training length ({digits} digits)"))
         sns.lineplot(data=d, x="x", y="exact_match", hue="variant", hue_order=order,
-                     palette=plots.variant_palette(order, palette), errorbar=t_interval,
+                     palette=plots.variant_palette(order, palette), errorbar=fraction_interval,
                      err_style="bars", err_kws={"capsize": 4}, marker="o", markersize=6,
                      ax=ax)
         handles, labels = ax.get_legend_handles_labels()
@@ -73,7 +73,8 @@ def plot_length_generalisation(by_digits: pd.DataFrame, dataset: str, digits: in
         ax.set_xlim(lengths[0] - 0.5, lengths[-1] + 0.5)
         ax.set_ylim(-0.02, 1.02)
         ax.set_title(f"{dataset}: exact match by operand length\n(mean over {n_seeds} "
-                     "seed(s), bars = 95% t-interval; points of a length dodged by variant)")
+                     "seed(s), bars = 95% t-interval within [0, 1]; points of a length "
+                     "dodged by variant)")
         ax.set_xlabel("operand digits (the longer operand)")
         ax.set_ylabel("exact match (fraction)")
         ax.legend(handles + extra, labels + [h.get_label() for h in extra],
@@ -97,7 +98,8 @@ def plot_by_op(per_op: pd.DataFrame, dataset: str, path: Path, metric: str = "ex
                palette: Mapping[str, Any], references: pd.DataFrame | None = None) -> Path | None:
     """``metric`` (fraction, y in [0, 1]) per arithmetic operation (x) and variant (colour,
     ``palette``: variant -> colour; dodged sideways): the mean over seeds with its 95% Student-t
-    interval (:func:`~lmablate.analysis.statistics.t_interval`, as summary.csv), and the
+    interval clipped to [0, 1] (:func:`~lmablate.analysis.statistics.fraction_interval`, as
+    summary.csv), and the
     floor of :data:`FLOORS` from ``references`` (the report's references.csv rows: the best
     answer that ignores the question, scored on all the test problems, not per operation) as a
     grey dashed line.
@@ -124,7 +126,7 @@ def plot_by_op(per_op: pd.DataFrame, dataset: str, path: Path, metric: str = "ex
     with plots.figure(path, figsize=(0.5 * len(ops) * len(order) + 5.5, 4.4)) as (fig, axes):
         ax = axes[0, 0]
         sns.pointplot(data=p, x="op", y=metric, hue="variant", order=ops, hue_order=order,
-                      palette=plots.variant_palette(order, palette), errorbar=t_interval,
+                      palette=plots.variant_palette(order, palette), errorbar=fraction_interval,
                       dodge=BY_OP_DODGE, linestyle="none", markers="o", capsize=0.08, ax=ax)
         handles, labels = ax.get_legend_handles_labels()
         # each seed a faint dot beside its mean: seeds that learnt and seeds that did not
@@ -139,11 +141,9 @@ def plot_by_op(per_op: pd.DataFrame, dataset: str, path: Path, metric: str = "ex
             ax.scatter(q["op"].map(ops.index) + shift[v] + SEED_OFFSET, q[metric],
                        color=colours[v], s=14, alpha=0.6, linewidths=0, zorder=1)
         refs_drawn = plots.draw_references(ax, floor)
-        # a t-interval of a fraction may pass 0 or 1: shown whole, as summary.csv gives it
-        low, high = ax.get_ylim()
-        ax.set_ylim(min(-0.02, low), max(1.02, high))
+        ax.set_ylim(-0.02, 1.02)
         ax.set_title(f"{dataset}: {label} by operation\n(mean over {n_seeds} seed(s), bars = "
-                     "95% t-interval; faint dots: seeds)")
+                     "95% t-interval within [0, 1]; faint dots: seeds)")
         ax.set_xlabel("operation")
         ax.set_ylabel(f"{label} (fraction)")
         ax.legend(handles + refs_drawn, labels + [h.get_label() for h in refs_drawn],

@@ -21,6 +21,7 @@ times in seconds."""
 from __future__ import annotations
 
 import math
+import re
 from typing import Any, Iterable, Sequence
 
 import numpy as np
@@ -55,6 +56,21 @@ METRICS: dict[str, tuple[str, str, bool | None]] = {
     "train_seconds": ("train time", "s", None),
     "tokens_per_second": ("throughput", "tokens/s", None),
 }
+# Metrics whose values are fractions in [0, 1] (and so their differences in [-1, 1]); an
+# arithmetic length's exact match (``exact_match_d<n>``, analysis.arithmetic) is one too.
+FRACTION_METRICS = frozenset(m for m, (_, unit, _) in METRICS.items() if unit == "fraction")
+
+
+def fraction_bounds(metric: str) -> tuple[float, float] | None:
+    """``(0, 1)`` for a metric that is a fraction (:data:`FRACTION_METRICS`, or
+    ``exact_match_d<n>``), None otherwise: the range its intervals are clipped to. Clipping
+    an interval to the range of the parameter keeps its coverage: a true mean in [0, 1] that
+    lies in [low, high] lies in [max(low, 0), min(high, 1)]."""
+    if metric in FRACTION_METRICS or re.fullmatch(r"exact_match_d\d+", metric):
+        return (0.0, 1.0)
+    return None
+
+
 # Metrics tested against the baseline (when the dataset has them at all).
 COMPARED_METRICS = ("test_loss", "answer_loss", "exact_match", "char_accuracy")
 
@@ -100,6 +116,14 @@ def t_interval(values: Iterable[float]) -> tuple[float, float]:
     return (float(low), float(high))
 
 
+def fraction_interval(values: Iterable[float]) -> tuple[float, float]:
+    """:func:`t_interval` of fractions, clipped to [0, 1] (:func:`fraction_bounds`); seaborn's
+    ``errorbar`` callable for exact match and char accuracy."""
+    low, high = t_interval(values)
+    return (low if math.isnan(low) else min(1.0, max(0.0, low)),
+            high if math.isnan(high) else min(1.0, max(0.0, high)))
+
+
 def summarise(df: pd.DataFrame, metrics: Sequence[str] | None = None) -> pd.DataFrame:
     """Mean and :data:`CONFIDENCE` Student-t interval of each metric over seeds, per
     dataset x variant.
@@ -114,7 +138,8 @@ def summarise(df: pd.DataFrame, metrics: Sequence[str] | None = None) -> pd.Data
         with at least one value, in the metric's unit: ``n`` (seeds with a value), ``mean``,
         ``std`` (sample SD, ddof=1), ``ci95_low``/``ci95_high`` =
         ``scipy.stats.t.interval(CONFIDENCE, n - 1, loc=mean, scale=std / sqrt(n))``, i.e.
-        mean -/+ t_{0.975, n-1} * std / sqrt(n). With n = 1, std and the interval are NaN (one
+        mean -/+ t_{0.975, n-1} * std / sqrt(n), clipped to [0, 1] for a fraction
+        (:func:`fraction_bounds`). With n = 1, std and the interval are NaN (one
         seed says nothing about seed variance); with std = 0 the interval is (mean, mean).
         Rows in the order of ``df``'s categorical ``dataset``/``variant`` columns (of first
         appearance for plain columns), then of ``metrics``; those columns keep their dtype.
@@ -137,6 +162,12 @@ def summarise(df: pd.DataFrame, metrics: Sequence[str] | None = None) -> pd.Data
     out["metric"] = out["metric"].astype(str)
     out["ci95_low"], out["ci95_high"] = mean_interval(
         out["mean"], out["std"] / np.sqrt(out["n"]), out["n"])
+    for metric in out["metric"].unique():  # a fraction's interval within [0, 1]
+        bounds = fraction_bounds(metric)
+        if bounds is not None:
+            rows = out["metric"] == metric
+            out.loc[rows, ["ci95_low", "ci95_high"]] = out.loc[
+                rows, ["ci95_low", "ci95_high"]].clip(*bounds)
     out["n"] = out["n"].astype(int)
     return out[SUMMARY_COLUMNS]
 
@@ -225,7 +256,8 @@ def compare(df: pd.DataFrame, baseline: str = BASELINE, alpha: float = ALPHA,
     step-down method (Holm 1979; ``statsmodels.stats.multitest.multipletests(method="holm")``)
     at family-wise ``alpha``; ``ci_holm_low``/``ci_holm_high`` is the interval at the level the
     Holm-adjusted p-value is judged at (:func:`holm_interval`), which excludes 0 exactly when the
-    verdict is better or worse.
+    verdict is better or worse. A difference of fractions (:func:`fraction_bounds`) has both
+    intervals clipped to [-1, 1].
 
     Verdict: ``"too few seeds"`` when fewer than :data:`MIN_SEEDS_FOR_TEST` seeds pair up (no
     test, not in the Holm family); ``"identical on every seed"`` when the difference is the same
@@ -292,6 +324,13 @@ def compare(df: pd.DataFrame, baseline: str = BASELINE, alpha: float = ALPHA,
                     family.append(len(rows))
                 rows.append(row)
             holm_correct(rows, family, alpha, higher)
+            if fraction_bounds(metric) is not None:
+                # a difference of two fractions lies in [-1, 1]: its intervals too (clipping
+                # never moves 0 in or out, so no verdict changes)
+                for row in rows[len(rows) - len(variants):]:
+                    for col in ("ci95_low", "ci95_high", "ci_holm_low", "ci_holm_high"):
+                        row[col] = min(1.0, max(-1.0, row[col])) if not math.isnan(
+                            row[col]) else row[col]
             for i in family:
                 rows[i]["mde"] = min_detectable_effect(rows[i]["sd_diff"], rows[i]["n_pairs"],
                                                        alpha / len(family))
