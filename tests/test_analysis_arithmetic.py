@@ -96,15 +96,20 @@ def test_the_arithmetic_section_opens_with_the_headline_then_length_generalisati
     cells = []
     for m in ("answer_loss", "exact_match", "char_accuracy"):
         r = s.loc[("arithmetic", "rmsnorm", m)]
-        cells.append(f"{r['mean']:.3f} ± {(r['ci95_high'] - r['ci95_low']) / 2:.3f}")
+        cells.append(f"{r['mean']:.3f} [{r['ci95_low']:.3f}, {r['ci95_high']:.3f}]"
+                     if m != "answer_loss" else  # a fraction's interval may be lopsided
+                     f"{r['mean']:.3f} ± {(r['ci95_high'] - r['ci95_low']) / 2:.3f}")
     assert table[4] == f"| rmsnorm | 3 | {' | '.join(cells)} |"
     assert "No floors: they need the tokenized data" in head  # no tokens given to `built`
     assert ("In answer loss against the baseline (paired by seed, Holm-corrected): better: "
             "rmsnorm.") in head
     length = section.split("### Length generalisation\n", 1)[1].split("\n### ", 1)[0]
     assert "Trained on operands of up to 2 digits; tested on longer ones" in length
-    assert "| variant | 1 digit (test) | 2 digits (test) | 3 digits (length) | 4 digits " \
-           "(length) | Δ vs baseline at 1 |" in length
+    counts = pd.read_csv(out["length_generalisation"]).groupby("digits")["n_problems"].min()
+    for n in range(1, 5):  # each length's count of problems in its heading, † when few
+        few = " †" if counts[n] < arith.MIN_BUCKET_PROBLEMS else ""
+        assert f"{n} digit{'s' if n > 1 else ''} ({'test' if n <= 2 else 'length'}, " \
+               f"{int(counts[n])} problems{few})" in length
     rmsnorm = next(line for line in length.splitlines() if line.startswith("| rmsnorm |"))
     assert rmsnorm.split(" | ")[4] == NA_4 and rmsnorm.endswith("| – |")
     gelu = next(line for line in length.splitlines() if line.startswith("| gelu |"))
@@ -160,3 +165,31 @@ def test_the_answer_loss_is_broken_down_by_operation_and_answer_length_as_seed_m
     assert table[2] == "| baseline | 0.200 | 0.600 | 0.500 | – |"
     assert table[3] == "| gelu | 0.200 | – | – | 0.900 |"
     assert arith.breakdown_lines(per_op, by_answer, "shakespeare", ["baseline"]) == []
+    # with each bucket's problems per seed: its fewest in the heading, † when few
+    counted = arith.breakdown_lines(per_op.assign(n=[480, 470, 520, 530, 480, 470]),
+                                    by_answer.assign(n=[6, 6, 300]), "arithmetic",
+                                    ["baseline", "gelu"])
+    table = [line for line in "\n".join(counted).splitlines() if line.startswith("|")]
+    assert table[0] == ("| variant | add (470) | sub (520) | 2-digit answers (6 †) | "
+                        "3-digit answers (300) |")
+    assert f"† fewer than {arith.MIN_BUCKET_PROBLEMS}, a rough indication only" in counted[0]
+
+
+def test_a_length_with_few_problems_shows_its_count_and_is_marked():
+    """The 1-digit bucket of 2-digit problems holds a handful of them: its count is in the
+    heading and a dagger sends the reader to the sentence that says how little it carries."""
+    rows = [{"dataset": "arithmetic", "variant": v, "digits": d, "split": "test",
+             "n_seeds": 3, "n_problems": n, "mean": 0.5, "ci95_low": 0.0, "ci95_high": 1.0,
+             "note": ""} for v in ("baseline", "rope") for d, n in ((1, 6), (2, 994))]
+    lines = arith.length_lines(pd.DataFrame(rows, columns=arith.LENGTH_COLUMNS),
+                               pd.DataFrame(), "arithmetic", 2, ["baseline", "rope"])
+    text = "\n".join(lines)
+    assert "| variant | 1 digit (test, 6 problems †) | 2 digits (test, 994 problems) |" in text
+    assert "| rope | 0.500 [0.000, 1.000] | 0.500 [0.000, 1.000] |" in text
+    note = next(line for line in lines if line.startswith("† "))
+    assert note.startswith(f"† Fewer than {arith.MIN_BUCKET_PROBLEMS} test problems per seed "
+                           "at 1 digit:")
+    rows = [{**r, "n_problems": 500} for r in rows]
+    lines = arith.length_lines(pd.DataFrame(rows, columns=arith.LENGTH_COLUMNS),
+                               pd.DataFrame(), "arithmetic", 2, ["baseline", "rope"])
+    assert not any("†" in line for line in lines)

@@ -582,6 +582,7 @@ def length_frame():
                 rows.append({"dataset": "arith", "variant": v, "seed": seed, "digits": d,
                              "split": "test" if d <= 2 else "length",
                              "exact_match": None if na else 1.0 - 0.2 * d + 0.01 * seed * v_idx,
+                             "n": {1: 6, 2: 94, 3: 500, 4: 500}[d],
                              "note": "n/a (learned table of 8 positions)" if na else ""})
     return categorical(pd.DataFrame(rows))
 
@@ -595,6 +596,10 @@ def test_length_generalisation_draws_exact_match_by_length_leaving_out_na(drawn,
     ax = drawn[0].axes[0]
     assert ax.get_ylim() == pytest.approx((-0.02, 1.02))
     assert [int(t) for t in ax.get_xticks()] == [1, 2, 3, 4]
+    # each length's problems per seed under its tick, the few marked
+    assert [t.get_text() for t in ax.get_xticklabels()] == [
+        "1\n6 problems †", "2\n94 problems", "3\n500 problems", "4\n500 problems"]
+    assert "fewer than 30" in ax.get_xlabel()
     # the data lines (not the error bars' caps), told apart by their palette colour
     lines = {v: line for line in ax.lines
              if len(line.get_xdata()) > 2 and line.get_linestyle() == "-"
@@ -611,7 +616,7 @@ def test_length_generalisation_draws_exact_match_by_length_leaving_out_na(drawn,
     caps = [line.get_ydata().tolist() for line in ax.lines if line.get_marker() == "_"
             and len(line.get_xdata()) == 4
             and np.allclose(to_rgb(line.get_color()), palette["gelu"])]
-    want = [statistics.t_interval(g) for _, g in gelu.groupby("digits")["exact_match"]]
+    want = [statistics.fraction_interval(g) for _, g in gelu.groupby("digits")["exact_match"]]
     assert len(caps) == 2
     np.testing.assert_allclose(sorted(caps), [[w[0] for w in want], [w[1] for w in want]],
                                rtol=1e-12)

@@ -37,7 +37,7 @@ from lmablate.analysis.run_files import maybe_int
 from lmablate.analysis.headline import ANSWER_LOSS, headline_loss, verdict_text
 from lmablate.analysis.mdtable import delta_cell as _delta_cell, md_table as _md_table, num as _num
 from lmablate.analysis.statistics import (CONFIDENCE, COMPARISON_COLUMNS, METRICS, compare,
-                                          summarise)
+                                          fraction_bounds, summarise)
 from lmablate.arithmetic import split_problem
 from lmablate.tokenizer import load_split, load_tokenizer, read_meta
 from lmablate.validation import DataError
@@ -46,8 +46,10 @@ ANSWER_FLOOR = "answer ignoring the question"  # the reference name of the answe
 # metric -> the reference that is its floor in the headline table
 FLOORS = {ANSWER_LOSS: ANSWER_FLOOR, "exact_match": "most frequent answer",
           "char_accuracy": "best constant answer"}
-LENGTH_COLUMNS = ["dataset", "variant", "digits", "split", "n_seeds", "mean", "ci95_low",
-                  "ci95_high", "note"]
+LENGTH_COLUMNS = ["dataset", "variant", "digits", "split", "n_seeds", "n_problems", "mean",
+                  "ci95_low", "ci95_high", "note"]
+# a bucket of fewer test problems per seed than this is marked: one problem is over 3% of it
+MIN_BUCKET_PROBLEMS = 30
 LENGTH_COMPARISON_COLUMNS = [*COMPARISON_COLUMNS[:2], "digits", "split",
                              *COMPARISON_COLUMNS[2:]]
 
@@ -141,7 +143,8 @@ def length_table(by_digits: pd.DataFrame) -> pd.DataFrame:
     """Exact match by operand length per dataset x variant x digits: the mean over seeds and
     its :data:`~lmablate.analysis.statistics.CONFIDENCE` Student-t interval
     (:func:`~lmablate.analysis.statistics.summarise`, fractions), ``n_seeds`` with a value,
-    the ``split`` the problems come from ("test" up to the training digits, "length" past
+    ``n_problems`` each seed was scored on (the fewest of its seeds), the ``split`` the problems
+    come from ("test" up to the training digits, "length" past
     them), and where the model cannot run that long, NaNs with the reason in ``note`` ("n/a
     (learned table of 64 positions)").
 
@@ -161,8 +164,10 @@ def length_table(by_digits: pd.DataFrame) -> pd.DataFrame:
     for (ds, var, digits), g in by_digits.groupby(["dataset", "variant", "digits"],
                                                   observed=True, sort=True):
         notes = sorted(set(g["note"].dropna().astype(str)) - {""})
+        counts = pd.to_numeric(g["n"], errors="coerce").dropna() if "n" in g else []
         row = {"dataset": ds, "variant": var, "digits": int(digits),
                "split": splits.get((str(ds), int(digits)), ""), "n_seeds": 0,
+               "n_problems": int(counts.min()) if len(counts) else None,
                "note": "; ".join(notes)}
         key = (ds, var, metrics[int(digits)])
         if key in summary.index:
@@ -171,7 +176,7 @@ def length_table(by_digits: pd.DataFrame) -> pd.DataFrame:
                        ci95_high=s["ci95_high"])
         rows.append(row)
     table = pd.DataFrame(rows, columns=LENGTH_COLUMNS)
-    for col in ("digits", "n_seeds"):
+    for col in ("digits", "n_seeds", "n_problems"):
         table[col] = maybe_int(table[col])
     return table
 
@@ -236,15 +241,24 @@ def _digits_label(n: int) -> str:
 # Markdown
 # ---------------------------------------------------------------------------------------------
 
+def _interval_cell(mean: float, low: float, high: float, metric: str) -> str:
+    """``mean ± CI half-width``; for a fraction (:func:`~lmablate.analysis.statistics.
+    fraction_bounds`), whose interval is clipped to [0, 1] and so may be lopsided,
+    ``mean [low, high]``."""
+    if fraction_bounds(metric) is not None:
+        return f"{_num(mean)} [{_num(low)}, {_num(high)}]"
+    return f"{_num(mean)} ± {_num((high - low) / 2)}"
+
+
 def _cell(summary: pd.DataFrame, variant: str, metric: str) -> str:
-    """``mean ± CI half-width`` of ``metric`` for ``variant`` in ``summary`` (one dataset)."""
+    """:func:`_interval_cell` of ``metric`` for ``variant`` in ``summary`` (one dataset)."""
     s = summary[(summary["variant"] == variant) & (summary["metric"] == metric)]
     if s.empty:
         return "–"
     r = s.iloc[0]
     if not np.isfinite(r["ci95_low"]):
         return f"{_num(r['mean'])} (no CI, n={int(r['n'])})"
-    return f"{_num(r['mean'])} ± {_num((r['ci95_high'] - r['ci95_low']) / 2)}"
+    return _interval_cell(r["mean"], r["ci95_low"], r["ci95_high"], metric)
 
 
 def _beats(mean: float, floor: float, metric: str) -> bool:
@@ -281,7 +295,8 @@ def headline_lines(summary: pd.DataFrame, comparisons: pd.DataFrame,
     lines = ["### Headline", "",
              f"{METRICS[loss][0].capitalize()} ({METRICS[loss][1]}; the loss this dataset's "
              f"verdicts are stated in: {what}), exact match and character accuracy of the "
-             f"greedy-decoded answers: mean ± {CONFIDENCE:.0%} CI half-width over seeds. "
+             f"greedy-decoded answers: mean ± {CONFIDENCE:.0%} CI half-width over seeds "
+             "(for the fractions, mean [the interval, clipped to 0 and 1]). "
              "Italic rows are floors: answers that ignore the question.", "",
              _md_table(pd.DataFrame(rows)), ""]
     if floors:
@@ -310,21 +325,34 @@ def breakdown_lines(per_op: pd.DataFrame, by_answer: pd.DataFrame, dataset: str,
     """The answer loss (nats per answer character) of each variant of ``dataset`` per
     operation and per answer length (digits of the answer's integer part): the mean over
     seeds of :attr:`~lmablate.analysis.collect.RunOutputs.per_op` and ``by_answer_digits``,
-    one row per variant. No lines when neither frame has an answer loss for ``dataset``."""
+    one row per variant; each column heading gives its problems per seed (the fewest of any
+    seed), marked † below :data:`MIN_BUCKET_PROBLEMS`. No lines when neither frame has an
+    answer loss for ``dataset``."""
     parts = []
     for frame, key, label in ((per_op, "op", "{}"), (by_answer, "digits", "{}-digit answers")):
         f = frame[frame["dataset"] == dataset] if len(frame) else frame
         if len(f) and ANSWER_LOSS in f and f[ANSWER_LOSS].notna().any():
             wide = f.pivot_table(index="variant", columns=key, values=ANSWER_LOSS,
                                  aggfunc="mean", observed=True)
-            parts.append(wide.rename(columns=lambda c: label.format(c)))
+            # each bucket's problems per seed (the fewest of any seed), † when few
+            counts = (pd.to_numeric(f["n"], errors="coerce").groupby(f[key].astype(str)).min()
+                      if "n" in f else pd.Series(dtype=float))
+
+            def head(c, label=label, counts=counts):
+                n = counts.get(str(c))
+                return label.format(c) + ("" if n is None or pd.isna(n) else
+                                          f" ({int(n)}{' †' if n < MIN_BUCKET_PROBLEMS else ''})")
+            parts.append(wide.rename(columns=head))
     if not parts:
         return []
     table = pd.concat(parts, axis=1)
     rows = [{"variant": v, **{c: _num(table.loc[v, c]) for c in table.columns}}
             for v in order if v in table.index]
+    few = any("†" in str(c) for c in table.columns)
     return [f"Answer loss ({METRICS[ANSWER_LOSS][1]}, mean over seeds) by operation and by "
-            "answer length:", "", _md_table(pd.DataFrame(rows)), ""]
+            "answer length (in brackets: test problems per seed"
+            + (f"; † fewer than {MIN_BUCKET_PROBLEMS}, a rough indication only" if few else "")
+            + "):", "", _md_table(pd.DataFrame(rows)), ""]
 
 
 def length_lines(table: pd.DataFrame, comparisons: pd.DataFrame, dataset: str,
@@ -341,6 +369,15 @@ def length_lines(table: pd.DataFrame, comparisons: pd.DataFrame, dataset: str,
     c = comparisons[comparisons["dataset"] == dataset] if len(comparisons) else comparisons
     lengths = sorted(int(x) for x in t["digits"].unique())
     split = {int(r.digits): r.split for r in t.itertuples() if r.split}
+    problems = t.dropna(subset=["n_problems"]).groupby("digits")["n_problems"].min()
+    few = [n for n in lengths if n in problems.index and problems[n] < MIN_BUCKET_PROBLEMS]
+
+    def heading(n: int) -> str:
+        what = [split[n]] if n in split else []
+        if n in problems.index:
+            what.append(f"{int(problems[n])} problems" + (" †" if n in few else ""))
+        return _digits_label(n) + (f" ({', '.join(what)})" if what else "")
+
     rows = []
     for v in order:
         tv = t[t["variant"] == v]
@@ -349,14 +386,15 @@ def length_lines(table: pd.DataFrame, comparisons: pd.DataFrame, dataset: str,
         row = {"variant": v}
         for n in lengths:
             r = tv[tv["digits"] == n]
-            head = _digits_label(n) + (f" ({split[n]})" if n in split else "")
+            head = heading(n)
             if r.empty:
                 row[head] = "–"
             elif r.iloc[0]["note"]:
                 row[head] = str(r.iloc[0]["note"])
             elif pd.notna(r.iloc[0]["ci95_low"]):
                 r = r.iloc[0]
-                row[head] = f"{_num(r['mean'])} ± {_num((r['ci95_high'] - r['ci95_low']) / 2)}"
+                row[head] = _interval_cell(r["mean"], r["ci95_low"], r["ci95_high"],
+                                           "exact_match")
             else:
                 row[head] = _num(r.iloc[0]["mean"])
         for n in lengths:
@@ -373,11 +411,17 @@ def length_lines(table: pd.DataFrame, comparisons: pd.DataFrame, dataset: str,
              f"{trained} (the length split: problems longer than any seen in training, "
              "marked \"length\"; up to the training length, the in-distribution test problems, "
              "marked \"test\"); n/a where a learned position table cannot reach that length. "
-             f"Exact match (fraction) by the digits of the longer operand: mean ± "
-             f"{CONFIDENCE:.0%} CI half-width over seeds; Δ is paired by seed against the "
+             f"Exact match (fraction) by the digits of the longer operand: mean "
+             f"[{CONFIDENCE:.0%} CI over seeds, clipped to 0 and 1]; Δ is paired by seed "
+             "against the "
              f"{BASELINE}, with its raw {CONFIDENCE:.0%} interval, Holm-corrected over the "
              "variants at each length (▲ better / ▼ worse).", "",
              _md_table(pd.DataFrame(rows)), ""]
+    if few:
+        lines += [f"† Fewer than {MIN_BUCKET_PROBLEMS} test problems per seed at "
+                  + ", ".join(_digits_label(n) for n in few)
+                  + ": one problem moves that exact match by more than "
+                  f"{1 / MIN_BUCKET_PROBLEMS:.0%}; read it as a rough indication only.", ""]
     if figure is not None:
         caption, rel = figure
         lines += [f"**{caption}**", "", f"![{Path(rel).stem}]({rel})", ""]

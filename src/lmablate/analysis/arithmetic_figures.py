@@ -21,7 +21,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from lmablate.analysis import plotting as plots
-from lmablate.analysis.arithmetic import FLOORS
+from lmablate.analysis.arithmetic import FLOORS, MIN_BUCKET_PROBLEMS
 from lmablate.analysis.collect import present
 from lmablate.analysis.statistics import METRICS, fraction_interval
 
@@ -36,8 +36,9 @@ def plot_length_generalisation(by_digits: pd.DataFrame, dataset: str, digits: in
     seeds with its 95% Student-t interval clipped to [0, 1] as error bars
     (:func:`~lmablate.analysis.statistics.fraction_interval`, as summary.csv). A dashed line marks the longest training length ``digits``
     and the lengths past it (the length split) are shaded; a variant's points are dodged
-    sideways by a few hundredths of a digit. Lengths a variant cannot run (a
-    string in metrics.json) are left out of its line.
+    sideways by a few hundredths of a digit; each length's tick gives its problems per seed,
+    marked † below :data:`~lmablate.analysis.arithmetic.MIN_BUCKET_PROBLEMS`. Lengths a variant
+    cannot run (a string in metrics.json) are left out of its line.
 
     Args:
         by_digits: :attr:`~lmablate.analysis.collect.RunOutputs.by_operand_digits`.
@@ -69,13 +70,22 @@ def plot_length_generalisation(by_digits: pd.DataFrame, dataset: str, digits: in
                      err_style="bars", err_kws={"capsize": 4}, marker="o", markersize=6,
                      ax=ax)
         handles, labels = ax.get_legend_handles_labels()
-        ax.set_xticks(lengths)
+        # each length's problems per seed under its tick: a bucket of a few problems reads
+        # 0 or 1 by chance (MIN_BUCKET_PROBLEMS, marked †)
+        counts = (pd.to_numeric(d["n"], errors="coerce").groupby(d["digits"].astype(int)).min()
+                  if "n" in d else pd.Series(dtype=float))
+        ax.set_xticks(lengths, [f"{n}" + ("" if pd.isna(counts.get(n)) else
+                                          f"\n{int(counts[n])} problems"
+                                          + (" †" if counts[n] < MIN_BUCKET_PROBLEMS else ""))
+                                for n in lengths])
         ax.set_xlim(lengths[0] - 0.5, lengths[-1] + 0.5)
         ax.set_ylim(-0.02, 1.02)
         ax.set_title(f"{dataset}: exact match by operand length\n(mean over {n_seeds} "
                      "seed(s), bars = 95% t-interval within [0, 1]; points of a length "
                      "dodged by variant)")
-        ax.set_xlabel("operand digits (the longer operand)")
+        ax.set_xlabel("operand digits (the longer operand); problems per seed"
+                      + (f" († fewer than {MIN_BUCKET_PROBLEMS}: a rough indication)"
+                         if (counts < MIN_BUCKET_PROBLEMS).any() else ""))
         ax.set_ylabel("exact match (fraction)")
         ax.legend(handles + extra, labels + [h.get_label() for h in extra],
                   title="variant", loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
