@@ -38,12 +38,13 @@ from typing import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from lmablate.analysis.collect import BASELINE
+from lmablate.analysis.collect import BASELINE, present
 from lmablate.analysis.headline import headline_loss
 from lmablate.analysis.limits import TRIGRAM, trigram_reference, tuning_luck
 from lmablate.analysis.mdtable import join_names as _names
 from lmablate.analysis.scaling import (SCALING_TITLE, TREND_FEW, TREND_GROWS, TREND_NONE,
                                       TREND_SHRINKS)
+from lmablate.analysis.success import success_lines
 from lmablate.analysis.statistics import (ALPHA, METRICS, POWER, VERDICT_BETTER, VERDICT_FEW,
                                           VERDICT_IDENTICAL, VERDICT_NSD,
                                           VERDICT_UNDECIDED_TUNING, VERDICT_WORSE)
@@ -296,7 +297,8 @@ def findings_section(comparisons: pd.DataFrame, *, datasets: Sequence[str],
                      length: pd.DataFrame | None = None,
                      positions: Mapping[str, str] | None = None,
                      figures: Mapping[str, str] | None = None,
-                     trends: pd.DataFrame | None = None) -> list[str]:
+                     trends: pd.DataFrame | None = None,
+                     success: pd.DataFrame | None = None) -> list[str]:
     """The Markdown lines of "Findings" (see the module docstring), one block per dataset.
 
     Args:
@@ -311,6 +313,8 @@ def findings_section(comparisons: pd.DataFrame, *, datasets: Sequence[str],
         figures: dataset -> the relative path of the figure that shows its verdicts.
         trends: a scaling study's :func:`lmablate.analysis.scaling.effect_trends`
             (``scaling_trends.csv``): how each effect changes with compute.
+        success: :func:`lmablate.analysis.success.success_table` (``success.csv``): the
+            seeds of each variant that learned an arithmetic task.
     """
     empty = pd.DataFrame(columns=["dataset", "variant", "factor", "mean", "split", "digits"])
     lines = [TITLE, ""]
@@ -326,6 +330,8 @@ def findings_section(comparisons: pd.DataFrame, *, datasets: Sequence[str],
         lines += [f"- {_effect(r, unit, luck, trigram)}" for _, r in c.iterrows()] or [
             "- No variant to compare with the baseline."]
         lines += _undecided(c, unit)
+        if success is not None and len(success):
+            lines += success_lines(success, ds, present(success["variant"]))
         lines += _convergence(convergence if convergence is not None
                               else pd.DataFrame(columns=CONVERGENCE_COLUMNS), ds)
         lines += _extrapolation(extrapolation if extrapolation is not None else empty, ds,

@@ -28,6 +28,7 @@ from lmablate.analysis.mdtable import (code_span as _code_span,
                                        verdict_cell as _verdict)
 from lmablate.analysis.bracket_figure import bracket_lines
 from lmablate.analysis.lr_section import lr_section
+from lmablate.analysis.success import seed_status
 from lmablate.analysis.statistics import (ALPHA, CONFIDENCE, METRICS, MIN_SEEDS_FOR_TEST,
                                           VERDICT_BETTER, VERDICT_FEW, VERDICT_WORSE)
 from lmablate.config import StudyConfig
@@ -288,17 +289,22 @@ def _samples_section(runs: RunOutputs, dataset: str, order: Sequence[str],
     if shown:
         lines += ["### Predictions", "",
                   f"Up to {n_predictions} greedy-decoded test problems of the first seed of each "
-                  "variant.", ""]
+                  "variant, with that seed's exact match and whether it learned the task "
+                  "(analysis/success.py).", ""]
         for variant, by_seed in shown:
             key = first_seed_key(by_seed)
             if key is None:
                 continue
+            seed = int(key.rsplit("_", 1)[-1]) if key.rsplit("_", 1)[-1].isdigit() else None
+            status = (seed_status(runs.ablation, dataset, variant, seed)
+                      if seed is not None else None)
             rows = [{"prompt": _code_span(p.get("prompt", "")),
                      "target": _code_span(p.get("target", "")),
                      "prediction": _code_span(p.get("prediction", "")),
                      "correct": "✓" if p.get("prediction") == p.get("target") else "✗"}
                     for p in by_seed[key][:n_predictions]]
-            lines += [f"**{variant}** ({key}):", "", _md_table(pd.DataFrame(rows)), ""]
+            lines += [f"**{variant}** ({key}" + (f", {status}" if status else "") + "):", "",
+                      _md_table(pd.DataFrame(rows)), ""]
     return lines
 
 

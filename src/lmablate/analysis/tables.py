@@ -31,6 +31,7 @@ from lmablate.analysis.limits import DETECTABLE_COLUMNS, detectable_table
 from lmablate.analysis.problems import PROBLEM_COLUMNS, compare_problems
 from lmablate.analysis.reference_points import REFERENCE_COLUMNS, reference_table, uniform_losses
 from lmablate.analysis.sensitivity import SENSITIVITY_COLUMNS, lr_sensitivity
+from lmablate.analysis.success import SUCCESS_COLUMNS, success_table
 from lmablate.analysis.statistics import (TUNING_VARIATION_COLUMNS, compare, summarise,
                                           tuning_check, tuning_variation)
 from lmablate.config import StudyConfig
@@ -70,6 +71,7 @@ class ReportTables:
     length_comparisons: pd.DataFrame  # arithmetic.LENGTH_COMPARISON_COLUMNS
     convergence: pd.DataFrame  # findings.CONVERGENCE_COLUMNS
     gradients: pd.DataFrame  # GRAD_COLUMNS, a one-batch diagnostic
+    success: pd.DataFrame  # success.SUCCESS_COLUMNS, the seeds that learned arithmetic
 
 
 def _in_study_order(table: pd.DataFrame, ablation: pd.DataFrame) -> pd.DataFrame:
@@ -113,7 +115,8 @@ def compute_tables(cfg: StudyConfig, runs: RunOutputs, tokens_dir: Path | None) 
         extrapolation_comparisons=extrapolation_comparisons, positions=positions,
         sensitivity=sensitivity, length=length, length_comparisons=length_comparisons,
         convergence=_in_study_order(fi.convergence_table(runs.history), ablation),
-        gradients=_in_study_order(gradient_table(runs.grad), ablation))
+        gradients=_in_study_order(gradient_table(runs.grad), ablation),
+        success=success_table(ablation))
 
 
 def csv_tables(runs: RunOutputs, tables: ReportTables
@@ -147,4 +150,5 @@ def csv_tables(runs: RunOutputs, tables: ReportTables
         "length_generalisation_comparisons": ("length_generalisation_comparisons.csv",
                                               tables.length_comparisons,
                                               arith.LENGTH_COMPARISON_COLUMNS),
+        "success": ("success.csv", tables.success, SUCCESS_COLUMNS),
     }
