@@ -45,7 +45,7 @@ def test_the_table_counts_the_seeds_that_learned_and_names_those_that_did_not():
         "- **Seeds that learned the task** (test exact match ≥ 0.5; share with its 95% "
         "Clopper-Pearson interval): baseline 3/5 (0.60 [0.15, 0.95]), swiglu 4/5 (0.80 "
         "[0.28, 0.99]), rope 5/5 (1.00 [0.48, 1.00]). Did not learn (seed, exact match): "
-        "baseline seeds 0 (0.477); 3 (0.020); swiglu seed 0 (0.018)."]
+        "baseline seeds 0 (0.477), 3 (0.020); swiglu seed 0 (0.018)."]
     assert success.success_lines(t.reset_index(), "shakespeare", ["baseline"]) == []
     assert success.success_table(a.drop(columns="exact_match")).empty
 

@@ -93,7 +93,7 @@ def success_lines(table: pd.DataFrame, dataset: str, order: Sequence[str]) -> li
                      f"({r['share']:.2f} [{r['ci95_low']:.2f}, {r['ci95_high']:.2f}])")
         if r["not_learned"]:
             failed.append(f"{v} seed{'s' if ';' in r['not_learned'] else ''} "
-                          f"{r['not_learned']}")
+                          + r["not_learned"].replace("; ", ", "))
     text = (f"- **Seeds that learned the task** (test exact match ≥ {LEARNED_EXACT_MATCH:g}; "
             f"share with its {CONFIDENCE:.0%} Clopper-Pearson interval): " + ", ".join(parts)
             + ". " + ("Did not learn (seed, exact match): " + "; ".join(failed) + "."
