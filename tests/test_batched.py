@@ -293,7 +293,9 @@ def test_batched_stage_records_each_seed_as_the_per_seed_path_does(project, monk
     assert list(rb["tags.mlflow.runName"]) == [f"arithmetic-baseline-seed{s}" for s in (0, 1, 2)]
     assert sorted(c for c in rb.columns if c.startswith("metrics.")) == [
         "metrics.lr", "metrics.tokens_per_second", "metrics.train_loss",
-        "metrics.train_seconds", "metrics.val_loss"]
+        "metrics.train_seconds", "metrics.val_answer_loss", "metrics.val_exact_match",
+        "metrics.val_loss"]  # an arithmetic run's answer probe too (lmablate.answer_probe)
+    assert ha["val_exact_match"].between(0, 1).all() and ha["val_answer_loss"].gt(0).all()
     client = mlflow.MlflowClient()
     run_id = out["batched"]["seed_1"]["mlflow_run_id"]
     # every eval step once, and the timings at the last step, as train_seed logs them: no

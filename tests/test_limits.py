@@ -62,12 +62,13 @@ def test_limits_section_flags_edges_identical_seeds_and_other_widths(tmp_path):
     tuned = pd.read_csv(out["tuned"])
     assert list(tuned.columns) == collect.TUNED_COLUMNS
     row = tuned[(tuned["dataset"] == "shakespeare") & (tuned["variant"] == "rmsnorm")]
-    assert row[collect.TUNED_COLUMNS[:14]].fillna({"extended": ""}).to_dict("records") == [
+    assert row[collect.TUNED_COLUMNS[:15]].fillna({"extended": ""}).to_dict("records") == [
         {"dataset": "shakespeare", "variant": "rmsnorm", "lr": 0.03, "d_model": 32,
-         "val_loss": 2.0, "full_budget": True, "on_edge": "lr at upper bound",
+         "val_loss": 2.0, "objective": "val_loss",  # a best.json from before it was recorded
+         "full_budget": True, "on_edge": "lr at upper bound",
          "extended": "", "lr_low": 0.001, "lr_high": 0.1, "d_model_choices": "32 64",
          "n_trials": 7, "n_complete": 6, "n_diverged": 1}]
-    assert row[collect.TUNED_COLUMNS[14:]].isna().all(axis=None)  # no bracket in that study
+    assert row[collect.TUNED_COLUMNS[15:]].isna().all(axis=None)  # no bracket in that study
 
 
 def test_tuning_luck_on_arithmetic_is_measured_in_the_answer_loss(tmp_path):

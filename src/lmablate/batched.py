@@ -141,7 +141,8 @@ def train_seeds(model_cfg: ModelConfig, cfg: TrainConfig, data: TokenData, *, se
                 trackers: list[RunTracker] | None = None, desc: str = "train",
                 resume_paths: list[Path] | None = None, fingerprints: list[str] | None = None,
                 resume_meta: list[dict] | None = None,
-                cuda_graph: bool | None = None) -> list[TrainResult]:
+                cuda_graph: bool | None = None,
+                probe: Callable[[GPT], dict[str, float]] | None = None) -> list[TrainResult]:
     """Train one GPT per seed in ``seeds`` for ``steps`` steps, all seeds in one batched model.
 
     Each seed gets what :func:`~lmablate.training.train_model` gives it: the same initial weights,
@@ -159,7 +160,8 @@ def train_seeds(model_cfg: ModelConfig, cfg: TrainConfig, data: TokenData, *, se
     after another.
 
     ``cuda_graph``: replay each step's forward + backward as a CUDA graph (default:
-    :func:`uses_cuda_graph`, i.e. on CUDA); False runs the same kernels eagerly.
+    :func:`uses_cuda_graph`, i.e. on CUDA); False runs the same kernels eagerly. ``probe``:
+    as :func:`~lmablate.training.train_model`'s, on each seed's model.
 
     Raises:
         ValueError: ``model_cfg.dropout`` > 0 (masks would come from the process-wide RNG, not
@@ -196,7 +198,7 @@ def train_seeds(model_cfg: ModelConfig, cfg: TrainConfig, data: TokenData, *, se
                 resume_paths=[resume_paths[i] for i in idx],
                 fingerprints=[fingerprints[i] for i in idx],
                 resume_meta=[resume_meta[i] for i in idx], states=[states[i] for i in idx],
-                cuda_graph=cuda_graph)):
+                cuda_graph=cuda_graph, probe=probe)):
             results[i] = result
     return results  # type: ignore[return-value]
 
@@ -253,7 +255,7 @@ class GroupStepper:
         # and are read from ``base``.
         params, _ = stack_module_state(models)
         base = models[0]
-        self.models, self.params, self.base = models, params, base
+        self.seed_models, self.params, self.base = models, params, base
 
         def seed_loss(p: dict, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
             return functional_call(base, p, (x, y))[1]
@@ -347,7 +349,7 @@ class GroupStepper:
     def _sync_models(self) -> None:
         """Copy the stacked weights into the per-seed GPTs (for their state dicts)."""
         with torch.no_grad():
-            for s, model in enumerate(self.models):
+            for s, model in enumerate(self.seed_models):
                 for name, p in model.named_parameters():
                     p.copy_(self.params[name][s])
 
@@ -356,9 +358,14 @@ class GroupStepper:
         the stacked optimizer state (cloned when asked for)."""
         self._sync_models()
         opt_state, sched_state = self.opt.state_dict(), self.sched.state_dict()
-        return lambda s: {"model": self.models[s].state_dict(),
+        return lambda s: {"model": self.seed_models[s].state_dict(),
                           "optimizer": _seed_optimizer_state(opt_state, s),
                           "scheduler": sched_state, "rng_train": self.g_train[s].get_state()}
+
+    def models(self) -> list[GPT]:
+        """The per-seed GPTs synced with the stacked weights."""
+        self._sync_models()
+        return list(self.seed_models)
 
     def finish(self) -> list[tuple[GPT, torch.optim.Optimizer]]:
         """Per seed: its GPT with the stacked weights and its slice of the last step's
@@ -366,7 +373,7 @@ class GroupStepper:
         self._sync_models()
         opt_state = self.opt.state_dict()
         out = []
-        for s, model in enumerate(self.models):
+        for s, model in enumerate(self.seed_models):
             for name, p in model.named_parameters():  # the last step's gradients, as train_model
                 grad = self.params[name].grad
                 p.grad = None if grad is None else grad[s].clone()
@@ -379,7 +386,8 @@ class GroupStepper:
 def _train_group(model_cfg: ModelConfig, cfg: TrainConfig, data: TokenData, *, seeds: list[int],
                  lr: float, steps: int, device: torch.device, trackers: list, desc: str,
                  resume_paths: list, fingerprints: list[str], resume_meta: list[dict],
-                 states: list[dict | None], cuda_graph: bool | None = None) -> list[TrainResult]:
+                 states: list[dict | None], cuda_graph: bool | None = None,
+                 probe: Callable[[GPT], dict[str, float]] | None = None) -> list[TrainResult]:
     """:func:`train_seeds` for seeds whose ``states`` (all None, or all at one step) agree:
     :func:`lmablate.loop.train_loop` driving a :class:`GroupStepper`."""
     graphed = uses_cuda_graph(device) if cuda_graph is None else cuda_graph
@@ -388,7 +396,7 @@ def _train_group(model_cfg: ModelConfig, cfg: TrainConfig, data: TokenData, *, s
     return train_loop(stepper, steps=steps, eval_interval=cfg.eval_interval,
                       tokens_per_step=cfg.batch_size * model_cfg.context_length, lr=lr,
                       states=states, trackers=trackers, desc=desc, resume_paths=resume_paths,
-                      fingerprints=fingerprints, resume_meta=resume_meta)
+                      fingerprints=fingerprints, resume_meta=resume_meta, probe=probe)
 
 
 def _graphed(forward_backward, static_input: torch.Tensor, opt: torch.optim.Optimizer,

@@ -175,14 +175,15 @@ def _greedy(model, idx: torch.Tensor, n_new: int) -> torch.Tensor:
 
 def arithmetic_predictions(model, tok: CharTokenizer, problems: list[str], batch_size: int,
                            device: torch.device, workers: int = 1,
-                           desc: str = "decoding") -> list[str]:
+                           desc: str = "decoding", show_progress: bool = True) -> list[str]:
     """Greedy, batched, KV-cached completions of each problem's prompt (see module doc).
 
     Problems are batched by prompt and target length (:func:`_groups`), ``batch_size`` at a
     time, and the batches decoded ``workers`` at a time in threads (on a CPU; each batch is
     independent, so the predictions do not depend on ``workers``). Returns one predicted answer
     string per problem, in the order of ``problems``, as long as its target. With one worker a
-    progress bar named ``desc`` counts the batches (:func:`lmablate.progress.progress`).
+    progress bar named ``desc`` counts the batches (:func:`lmablate.progress.progress`) unless
+    ``show_progress`` is false (the answer probe inside a training run's bar).
 
     Raises:
         DataError: a problem not in the format of :mod:`lmablate.arithmetic` (before any
@@ -210,7 +211,8 @@ def arithmetic_predictions(model, tok: CharTokenizer, problems: list[str], batch
 
     workers = min(workers, len(groups)) if device.type == "cpu" else 1
     if workers <= 1:  # e.g. inside the evaluate stage's seed threads: leave torch's threads be
-        batches = [decode(g) for g in progress(groups, desc=desc, total=len(groups))]
+        batches = [decode(g) for g in (progress(groups, desc=desc, total=len(groups))
+                                       if show_progress else groups)]
     else:
         batches = map_jobs(decode, groups, workers)
     out = [""] * len(problems)

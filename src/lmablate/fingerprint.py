@@ -17,7 +17,8 @@ NOT_A_RESULT = {"fingerprint": False}
 
 # The modules whose code defines what a training run computes: a resume state written by other
 # code is not resumed (see code_version).
-RUN_MODULES = ("model.py", "loop.py", "training.py", "batched.py", "token_data.py", "device.py")
+RUN_MODULES = ("model.py", "loop.py", "training.py", "batched.py", "token_data.py", "device.py",
+               "answer_probe.py", "evaluation.py", "tokenizer.py")
 
 
 def fingerprint(*parts: Any) -> str:

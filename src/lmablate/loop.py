@@ -39,6 +39,9 @@ class TrainResult:
     optimizer: torch.optim.Optimizer
     history: list[dict] = field(default_factory=list)
     val_loss: float = math.nan
+    # the tuning objective at the last evaluation: the probe's answer loss on an arithmetic
+    # run (lmablate.answer_probe), the validation loss otherwise
+    objective: float = math.nan
     train_seconds: float = 0.0
     tokens_per_second: float = 0.0
     grad_stats: list[dict] = field(default_factory=list)
@@ -58,6 +61,14 @@ def gradient_stats(model: GPT, eps: float = 1e-8) -> list[dict]:
         out.append({"group": group, "frac_near_zero": (g.abs() < eps).float().mean().item(),
                     "grad_norm": g.norm().item()})
     return out
+
+
+def objective(row: dict) -> float:
+    """The tuning objective of a history row: its ``val_answer_loss`` where the run was
+    probed (an arithmetic run: the answer alone, nats per answer character), else its
+    ``val_loss`` (nats/char)."""
+    answer = row.get("val_answer_loss")
+    return float(answer) if answer is not None else float(row["val_loss"])
 
 
 class Stepper(Protocol):
@@ -97,6 +108,9 @@ class Stepper(Protocol):
         s's ``model``, ``optimizer``, ``scheduler`` and ``rng_train`` entries of a resume state,
         in the single-seed layout."""
 
+    def models(self) -> list[GPT]:
+        """Each seed's GPT with its weights now (for a probe at an evaluation)."""
+
     def finish(self) -> list[tuple[GPT, torch.optim.Optimizer]]:
         """Each seed's GPT (holding the last step's gradients) and its single-seed optimizer."""
 
@@ -105,7 +119,8 @@ def train_loop(stepper: Stepper, *, steps: int, eval_interval: int, tokens_per_s
                lr: float, states: list[dict | None], trackers: list[RunTracker], desc: str,
                resume_paths: list[Path | None], fingerprints: list[str],
                resume_meta: list[dict | None],
-               on_eval: Callable[[int, list[float]], None] | None = None) -> list[TrainResult]:
+               on_eval: Callable[[int, list[float]], None] | None = None,
+               probe: Callable[[GPT], dict[str, float]] | None = None) -> list[TrainResult]:
     """Run ``stepper`` to step ``steps`` and return one :class:`TrainResult` per seed, in
     ``stepper.seeds``' order. Every per-seed list has one entry per seed.
 
@@ -116,9 +131,12 @@ def train_loop(stepper: Stepper, *, steps: int, eval_interval: int, tokens_per_s
     (``tokens`` = step * ``tokens_per_step``; ``elapsed_seconds`` wall time since the run's
     start, counting the resumed run's), ``train_loss``, ``val_loss`` and ``lr`` logged to
     ``trackers[s]``, the resume state saved to ``resume_paths[s]`` (if not None, tagged
-    ``fingerprints[s]`` with ``resume_meta[s]``), then ``on_eval(step, val_losses)`` called
-    (it may raise to stop, as Optuna's pruning does). ``train_seconds`` counts the time from
-    the end of one evaluation to the end of the next segment's last step.
+    ``fingerprints[s]`` with ``resume_meta[s]``), then ``on_eval(step, objectives)`` called
+    (it may raise to stop, as Optuna's pruning does). ``probe`` (an arithmetic run's
+    :class:`lmablate.answer_probe.AnswerProbe`) scores each seed's model at every evaluation;
+    its metrics join the history row and the tracker's, and its answer loss is the seed's
+    objective (:func:`objective`), else the validation loss is. ``train_seconds`` counts the
+    time from the end of one evaluation to the end of the next segment's last step.
 
     Raises:
         DivergenceError: a seed's training loss is NaN/inf (names the step and ``lr``, and the
@@ -164,16 +182,18 @@ def train_loop(stepper: Stepper, *, steps: int, eval_interval: int, tokens_per_s
         for i, row in enumerate(values):
             check(row, seg_first + i)
         val_losses = stepper.evaluate()
+        probed = ([probe(m) for m in stepper.models()] if probe is not None
+                  else [{} for _ in seeds])
         lr_now = stepper.lr()
         snapshot = stepper.snapshot() if any(p is not None for p in resume_paths) else None
         for s, seed in enumerate(seeds):
             row = {"seed": seed, "step": step, "tokens": step * tokens_per_step,
                    "train_loss": float(np.mean([v[s] for v in values])),
-                   "val_loss": val_losses[s],
+                   "val_loss": val_losses[s], **probed[s],
                    "lr": lr_now, "elapsed_seconds": time.perf_counter() - starts[s]}
             histories[s].append(row)
-            trackers[s].log_metrics({k: row[k] for k in ("train_loss", "val_loss", "lr")},
-                                    step=step)
+            trackers[s].log_metrics({k: row[k] for k in ("train_loss", "val_loss", *probed[s],
+                                                         "lr")}, step=step)
             if resume_paths[s] is not None:
                 save_resume(resume_paths[s], {
                     "fingerprint": fingerprints[s], "step": step, **snapshot(s),
@@ -181,7 +201,7 @@ def train_loop(stepper: Stepper, *, steps: int, eval_interval: int, tokens_per_s
                     "train_time": train_time[s], "meta": resume_meta[s] or {}})
         bar.set_postfix(val_loss=f"{min(val_losses):.3f}", refresh=False)
         if on_eval is not None:
-            on_eval(step, val_losses)
+            on_eval(step, [objective(h[-1]) for h in histories])
         segment_start = time.perf_counter()
     bar.close()
 
@@ -189,7 +209,8 @@ def train_loop(stepper: Stepper, *, steps: int, eval_interval: int, tokens_per_s
     for s, (model, optimizer) in enumerate(stepper.finish()):
         results.append(TrainResult(
             model=model, optimizer=optimizer, history=histories[s],
-            val_loss=histories[s][-1]["val_loss"], train_seconds=train_time[s],
+            val_loss=histories[s][-1]["val_loss"], objective=objective(histories[s][-1]),
+            train_seconds=train_time[s],
             tokens_per_second=steps * tokens_per_step / max(train_time[s], 1e-9),
             grad_stats=gradient_stats(model)))
     return results

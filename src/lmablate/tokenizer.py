@@ -30,6 +30,7 @@ from typing import Iterable
 import numpy as np
 
 from lmablate import fileio
+from lmablate.validation import DataError
 
 __all__ = [
     "TokenizerError", "CharTokenizer", "UNK", "UNK_ID", "SPLITS", "VOCAB_FORMAT",
@@ -286,3 +287,25 @@ def load_tokenizer(tokens_dir: Path) -> CharTokenizer:
             raise TokenizerError(f"{tokens_dir}: vocab.json has {tok.vocab_size} symbols but "
                                  f"meta.json says vocab_size={meta['vocab_size']}")
     return tok
+
+
+def split_lines(tokens_dir: Path, split: str) -> list[str]:
+    """The lines of one split of a dataset tokenized with ``line_length`` in meta.json (an
+    arithmetic dataset: one problem per line): the split decoded and cut every
+    ``line_length`` characters, or at its newlines where they were kept. Empty without
+    ``line_length`` (a text corpus, or tokens written before it was recorded).
+
+    Raises:
+        TokenizerError: the tokenizer or split is missing or bad.
+        DataError: the split is not a whole number of ``line_length`` lines.
+    """
+    length = read_meta(tokens_dir).get("line_length")
+    if not length:
+        return []
+    text = load_tokenizer(tokens_dir).decode(np.asarray(load_split(tokens_dir, split)))
+    if "\n" in text:
+        return [line for line in text.split("\n") if line]
+    if len(text) % int(length):
+        raise DataError(f"{tokens_dir}: the {split} split's {len(text)} characters are not "
+                        f"a whole number of problems of line_length={length}")
+    return [text[i:i + int(length)] for i in range(0, len(text), int(length))]

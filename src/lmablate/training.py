@@ -33,7 +33,9 @@ __all__ = ["DivergenceError", "GRAD_STATS_COLUMNS", "HISTORY_COLUMNS", "SeedStep
            "gradient_stats", "make_optimizer", "make_scheduler", "train_model", "train_step",
            "without_dynamo"]
 
-HISTORY_COLUMNS = ("seed", "step", "tokens", "train_loss", "val_loss", "lr", "elapsed_seconds")
+# val_answer_loss and val_exact_match: the answer probe of an arithmetic run (empty otherwise)
+HISTORY_COLUMNS = ("seed", "step", "tokens", "train_loss", "val_loss", "val_answer_loss",
+                   "val_exact_match", "lr", "elapsed_seconds")
 GRAD_STATS_COLUMNS = ("seed", "group", "frac_near_zero", "grad_norm")
 # Data for val-loss estimates is drawn from its own generator so that every variant and every
 # eval point sees the same validation batches (less noise in comparisons and in pruning).
@@ -263,6 +265,10 @@ class SeedStepper:
                           "scheduler": self.sched.state_dict(),
                           "rng_train": self.g_train.get_state()}
 
+    def models(self) -> list[GPT]:
+        """[the model]."""
+        return [self.model]
+
     def finish(self) -> list[tuple[GPT, torch.optim.Optimizer]]:
         """[(the model, its optimizer)]."""
         return [(self.model, self.opt)]
@@ -273,12 +279,15 @@ def train_model(model_cfg: ModelConfig, cfg: TrainConfig, data: TokenData, *, se
                 on_eval: Callable[[int, float], None] | None = None,
                 tracker: RunTracker | None = None, desc: str = "train",
                 resume_path: Path | None = None, fingerprint: str = "",
-                resume_meta: dict | None = None) -> TrainResult:
+                resume_meta: dict | None = None,
+                probe: Callable[[GPT], dict[str, float]] | None = None) -> TrainResult:
     """Train a GPT for ``steps`` optimizer steps and return it with its loss history.
 
     ``seed`` fixes initialisation and the training batch order (paired across variants).
-    ``on_eval(step, val_loss)`` is called at every eval interval and may raise to stop (Optuna
-    pruning). Metrics are logged to ``tracker`` at every eval interval, indexed by step.
+    ``on_eval(step, objective)`` is called at every eval interval and may raise to stop (Optuna
+    pruning); the objective is the validation loss, or with ``probe`` (an arithmetic run's
+    :class:`lmablate.answer_probe.AnswerProbe`) its answer loss, and the probe's metrics join
+    the history. Metrics are logged to ``tracker`` at every eval interval, indexed by step.
 
     With ``resume_path``, the full training state (model, optimizer, scheduler, RNG states,
     step, history, ``resume_meta``) is saved there atomically at every eval interval, and a
@@ -299,6 +308,7 @@ def train_model(model_cfg: ModelConfig, cfg: TrainConfig, data: TokenData, *, se
         tokens_per_step=cfg.batch_size * model_cfg.context_length, lr=lr, states=[state],
         trackers=[tracker or NullTracker()], desc=desc, resume_paths=[resume_path],
         fingerprints=[fingerprint], resume_meta=[resume_meta],
-        on_eval=None if on_eval is None else lambda step, losses: on_eval(step, losses[0]))
+        on_eval=None if on_eval is None else lambda step, losses: on_eval(step, losses[0]),
+        probe=probe)
     return result
 

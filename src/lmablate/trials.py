@@ -35,6 +35,7 @@ from lmablate.studies import Heartbeat, claim, load_study, make_storage
 from lmablate.token_data import TokenData
 from lmablate.tracking import Tracker, make_tracker
 from lmablate.training import DivergenceError, train_model
+from lmablate.answer_probe import answer_probe, objective_name
 from lmablate.lr_bracket import BRACKETED, sensitivity
 from lmablate.bracket import bracket_outcome
 from lmablate.rungs import (DIVERGED, FRACTION, OUTCOME, RUNG, SLOT, TRIAL_SEED, Batch, batch_of,
@@ -105,8 +106,10 @@ def run_trial(job: TuneJob, study: optuna.Study, trial: optuna.Trial, data: Toke
 def _train_trial(job: TuneJob, study: optuna.Study, trial: optuna.Trial, data: TokenData,
                  device, tracker: Tracker) -> None:
     """:func:`run_trial`'s work: train the trial's params for its share of the budget on the
-    tuning seed, reporting each validation loss (nats/char) to the study, in an MLflow run
-    nested under the study's."""
+    tuning seed, reporting each value of the objective to the study, in an MLflow run nested
+    under the study's: the validation loss (nats/char), or on an arithmetic dataset the answer
+    loss of the validation problems (nats per answer character,
+    :mod:`lmablate.answer_probe`)."""
     cfg = job.cfg
     slot, fraction = trial.user_attrs[SLOT], trial.user_attrs[FRACTION]
     dists = trial_distributions(cfg.tune)
@@ -117,27 +120,30 @@ def _train_trial(job: TuneJob, study: optuna.Study, trial: optuna.Trial, data: T
     train_cfg = trial_train_config(cfg, job.dataset, steps)
     reports: dict[int, float] = {}
 
-    def report(step: int, val_loss: float) -> None:
+    def report(step: int, value: float) -> None:
         # recorded for the curves (optuna-dashboard, MLflow); rungs judge only the last one
         index = step // train_cfg.eval_interval  # 1 .. tune.reports: the same share of compute
         if index in reports:
             return  # the last step after the last report: its loss is the trial's value
-        trial.report(val_loss, index)
-        reports[index] = val_loss
+        trial.report(value, index)
+        reports[index] = value
         trial.set_user_attr("last_step", step)
 
     tags = {"dataset": job.dataset, "variant": job.variant, "stage": "tune",
             "optuna_study": study.study_name, "trial": slot, "rung": trial.user_attrs[RUNG]}
     with tracker.run(f"trial-{slot}", tags, parent_run_id=job.parent_run_id):
+        seed = trial.user_attrs.get(TRIAL_SEED, cfg.tune.seed)
         tracker.log_params({"peak_lr": lr, "d_model": d_model, "trial": slot, "steps": steps,
-                            "rung": trial.user_attrs[RUNG], "budget_fraction": fraction})
+                            "rung": trial.user_attrs[RUNG], "budget_fraction": fraction,
+                            "seed": seed})
         trial.set_user_attr("steps", steps)
         trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
         try:
-            seed = trial.user_attrs.get(TRIAL_SEED, cfg.tune.seed)
             result = train_model(model_cfg, train_cfg, data, seed=seed, lr=lr, steps=steps,
                                  device=device, on_eval=report, tracker=tracker,
-                                 desc=f"{job.dataset}/{job.variant}/trial {slot}")
+                                 desc=f"{job.dataset}/{job.variant}/trial {slot}",
+                                 probe=answer_probe(data.tokens_dir, cfg.evaluate.batch_size,
+                                                    device))
         except DivergenceError as exc:
             trial.set_user_attr(OUTCOME, DIVERGED)
             trial.set_user_attr("fail_reason", str(exc))
@@ -154,7 +160,7 @@ def _train_trial(job: TuneJob, study: optuna.Study, trial: optuna.Trial, data: T
             raise
         # skip_if_finished: another process took the same trial and finished it first (see
         # lmablate.studies.claim); Optuna raises ValueError for a finished trial otherwise
-        study.tell(trial, result.val_loss, skip_if_finished=True)
+        study.tell(trial, result.objective, skip_if_finished=True)
 
 
 def queue_batch(cfg: StudyConfig, dataset: str, variant: str, study: optuna.Study,
@@ -248,7 +254,8 @@ def summarise_study(cfg: StudyConfig, dataset: str, variant: str, study_name: st
                     widths: list[int]) -> tuple[dict, list[dict]]:
     """``(best, rows)`` of a finished study: ``rows`` its :func:`trials_frame`, and ``best``
     what ``best.json`` records: the chosen trial (:func:`lmablate.tuning.chosen`: ``lr``,
-    ``d_model``, ``val_loss`` in nats/char, its ``slot``, ``rung``, the ``budget_flops`` of
+    ``d_model``, ``val_loss``, the value of the tuning ``objective``
+    (:func:`lmablate.answer_probe.objective_name`), its ``slot``, ``rung``, the ``budget_flops`` of
     a final run and the trial's ``budget_fraction`` of it,
     whether it was trained at the ``full_budget``), its ``on_edge`` flags against the ranges
     searched by the last batch (``lr_range``, ``d_model_choices``, how they were
@@ -286,6 +293,7 @@ def summarise_study(cfg: StudyConfig, dataset: str, variant: str, study_name: st
                          "on_edge": _bracket_edges(bracket, searched, tune, ladder),
                          "bracket": _bracket_record(bracket)}
     result = {**{k: v for k, v in chosen_values.items() if k != "bracket"},
+              "objective": objective_name(cfg.dataset(dataset).kind),
               "budget_flops": cfg.train.for_dataset(dataset).budget_flops[dataset],
               "lr_range": [searched.lr_low, searched.lr_high],
               "d_model_choices": list(searched.d_model_choices),

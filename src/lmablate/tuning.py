@@ -35,6 +35,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from lmablate.answer_probe import objective_name
 from lmablate.bracket import bracket_proposals
 from lmablate.config import StudyConfig, TrainConfig, TuneConfig
 from lmablate.fingerprint import RUN_MODULES, code_version, fingerprint
@@ -203,14 +204,16 @@ def study_name(cfg: StudyConfig, dataset: str, variant: str, data_fingerprint: s
 
 def describe_study(study: optuna.Study, cfg: StudyConfig, dataset: str, variant: str,
                    sampler_seed: int) -> None:
-    """Name the objective (``val_loss``, nats/char) and record what the study tunes as its
-    user attributes: dataset, variant, the dataset's budget (FLOPs), the rungs (trials, share
-    of the budget), the initial search space and the sampler seed, so that the storage alone
+    """Name the objective (:func:`lmablate.answer_probe.objective_name`: ``val_loss`` in
+    nats/char, or an arithmetic dataset's ``val_answer_loss``) and record what the study
+    tunes as its user attributes: dataset, variant, the dataset's budget (FLOPs), the rungs
+    (trials, share of the budget), the initial search space and the sampler seed, so that the
+    storage alone
     (optuna-dashboard, a PostgreSQL shared by workers) says what a study is. Setting them again
     writes the same values; nothing here changes a trial."""
     with warnings.catch_warnings():  # set_metric_names is marked experimental
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        study.set_metric_names(["val_loss"])
+        study.set_metric_names([objective_name(cfg.dataset(dataset).kind)])
     space = initial_space(cfg, dataset)
     for key, value in {"dataset": dataset, "variant": variant,
                        "budget_flops": cfg.train.budget_flops[dataset],

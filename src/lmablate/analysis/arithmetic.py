@@ -39,8 +39,7 @@ from lmablate.analysis.mdtable import delta_cell as _delta_cell, md_table as _md
 from lmablate.analysis.statistics import (CONFIDENCE, COMPARISON_COLUMNS, METRICS, compare,
                                           fraction_bounds, summarise)
 from lmablate.arithmetic import split_problem
-from lmablate.tokenizer import load_split, load_tokenizer, read_meta
-from lmablate.validation import DataError
+from lmablate.tokenizer import split_lines
 
 ANSWER_FLOOR = "answer ignoring the question"  # the reference name of the answer-loss floor
 # metric -> the reference that is its floor in the headline table
@@ -60,28 +59,16 @@ LENGTH_COMPARISON_COLUMNS = [*COMPARISON_COLUMNS[:2], "digits", "split",
 
 def train_answers(tokens_dir: Path) -> list[str]:
     """The answers (targets, :func:`lmablate.arithmetic.split_problem`) of the train split's
-    problems under ``tokens_dir`` (one dataset's ``data/tokens/<dataset>/``): ``train.bin``
-    decoded with its tokenizer and cut into problems of meta.json's ``line_length``
-    characters, or at its newlines where they were kept. Empty when meta.json has no
-    ``line_length`` (tokens written before it was recorded).
+    problems under ``tokens_dir`` (one dataset's ``data/tokens/<dataset>/``), cut by
+    :func:`lmablate.tokenizer.split_lines`. Empty when meta.json has no ``line_length``
+    (tokens written before it was recorded).
 
     Raises:
         FileNotFoundError / TokenizerError: the tokenizer or train split is missing or bad.
         DataError: a cut piece is not a problem, or the split is not a whole number of
             ``line_length`` problems (``line_length`` does not describe this split).
     """
-    length = read_meta(tokens_dir).get("line_length")
-    if not length:
-        return []
-    text = load_tokenizer(tokens_dir).decode(np.asarray(load_split(tokens_dir, "train")))
-    if "\n" in text:
-        lines = [line for line in text.split("\n") if line]
-    else:
-        if len(text) % int(length):
-            raise DataError(f"{tokens_dir}: the train split's {len(text)} characters are not "
-                            f"a whole number of problems of line_length={length}")
-        lines = [text[i:i + int(length)] for i in range(0, len(text), int(length))]
-    return [split_problem(line)[1] for line in lines]
+    return [split_problem(line)[1] for line in split_lines(tokens_dir, "train")]
 
 
 def answer_references(dataset: str, tokens_dir: Path, targets: Sequence[str]) -> list[dict]:

@@ -1,7 +1,8 @@
 """The full-budget bracket of each variant's learning rate, as a figure and a table: the points
 trained at the full budget (one dot per tuning seed, their mean), the quadratic in ln lr fitted
 through them (:mod:`lmablate.lr_bracket`), the chosen learning rate, its regret and the
-uncertainty of the tuned loss. Losses in nats/char (the tuning objective, validation loss).
+uncertainty of the tuned loss. Losses in the tuning objective's unit: the validation loss in
+nats/char, or an arithmetic dataset's answer loss in nats per answer character.
 """
 
 from __future__ import annotations
@@ -88,7 +89,9 @@ def plot_bracket(trials: pd.DataFrame, tuned: pd.DataFrame, dataset: str, path: 
                         f"regret {float(r['regret']):.4f}, 95% bound {float(u):.4f}"),
                      fontsize=8)
         ax.set_xlabel("learning rate (peak)")
-    axes[0][0].set_ylabel("validation loss at the full budget (nats/char)")
+    answer = "objective" in tu and (tu["objective"] == "val_answer_loss").any()
+    axes[0][0].set_ylabel("validation answer loss at the full budget\n(nats/answer char)"
+                          if answer else "validation loss at the full budget (nats/char)")
     fig.suptitle(f"{dataset}: learning rate at the full budget (dots: tuning seeds; large: "
                  "their mean; line: fitted quadratic in ln lr; dashed: chosen lr)", fontsize=9)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -230,7 +230,8 @@ def _tuning(variation: pd.DataFrame, comparisons: pd.DataFrame, dataset: str) ->
 
 def _tuning_uncertainty(comparisons: pd.DataFrame, tuned: pd.DataFrame,
                         dataset: str) -> list[str]:
-    """Each variant's tuning uncertainty (best.json's full-budget bracket, nats/char) and the
+    """Each variant's tuning uncertainty (best.json's full-budget bracket, in the unit of the
+    tuning objective: nats/char, or nats per answer character on arithmetic) and the
     verdicts it turned "undecided (tuning)" (:func:`~lmablate.analysis.statistics.
     tuning_check`); nothing for a study without brackets."""
     if tuned is None or tuned.empty or "tuning_uncertainty" not in tuned:
@@ -243,9 +244,12 @@ def _tuning_uncertainty(comparisons: pd.DataFrame, tuned: pd.DataFrame,
                        for r in t.itertuples())
     c = comparisons[(comparisons["dataset"] == dataset)
                     & (comparisons["verdict"] == VERDICT_UNDECIDED_TUNING)]
+    answer = "objective" in t and (t["objective"] == "val_answer_loss").any()
+    unit, checks = (("nats per answer character", "the answer-loss verdicts") if answer
+                    else ("nats/char", "the test-loss verdicts"))
     text = (f"Tuning uncertainty (how much lower a variant's loss could be at a learning rate "
-            f"its full-budget bracket missed; 95% bound, nats/char): {values}. It is measured "
-            f"in the tuning objective, so it checks the test-loss verdicts only.")
+            f"its full-budget bracket missed; 95% bound, {unit}): {values}. It is measured "
+            f"in the tuning objective, so it checks {checks} only.")
     if len(c):
         text += (" Significant over seeds but within the larger of the two tuning "
                  "uncertainties, so undecided (tuning): " + _names(

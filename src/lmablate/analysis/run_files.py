@@ -56,11 +56,12 @@ POSITION_LOSS_COLUMNS = ["dataset", "variant", "seed", "factor", "position", "lo
 # width the first batch compared ("16: 2.1410; 24: 2.0970"). Empty without a bracket.
 BRACKET_COLUMNS = ["bracket_state", "n_points", "fit_used", "fit_a", "fit_b", "fit_c",
                    "seed_spread", "seed_spread_pooled", "regret", "tuning_uncertainty",
-                   "lr_sensitivity_full",
-                   "widths_compared"]
-TUNED_COLUMNS = ["dataset", "variant", "lr", "d_model", "val_loss", "full_budget", "on_edge",
-                 "extended", "lr_low", "lr_high", "d_model_choices", "n_trials", "n_complete",
-                 "n_diverged", *BRACKET_COLUMNS]
+                   "lr_sensitivity_full", "widths_compared"]
+# ``val_loss``: the chosen trial's value of the tuning ``objective`` (val_loss, or an arithmetic
+# dataset's val_answer_loss: lmablate.answer_probe); a best.json without one tuned val_loss
+TUNED_COLUMNS = ["dataset", "variant", "lr", "d_model", "val_loss", "objective", "full_budget",
+                 "on_edge", "extended", "lr_low", "lr_high", "d_model_choices", "n_trials",
+                 "n_complete", "n_diverged", *BRACKET_COLUMNS]
 
 
 def _seed_of(key: str, run: Mapping[str, Any]) -> int:
@@ -201,6 +202,7 @@ def tuned_row(dataset: str, variant: str, best: Mapping[str, Any]) -> dict:
     lr_range = best.get("lr_range") or [None, None]
     return {"budget_flops": best.get("budget_flops"), "dataset": dataset, "variant": variant,
             **{c: best.get(c) for c in TUNED_COLUMNS[2:]},
+            "objective": best.get("objective", "val_loss"),
             "on_edge": "; ".join(best.get("on_edge") or []),
             "extended": "; ".join(best.get("extended") or []),
             "lr_low": lr_range[0], "lr_high": lr_range[1],

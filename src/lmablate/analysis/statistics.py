@@ -81,9 +81,12 @@ VERDICT_FEW = "too few seeds"
 VERDICT_IDENTICAL = "identical on every seed"  # a constant difference: no spread, no test
 # a Holm-significant effect that the variants' tuning uncertainty could explain (tuning_check)
 VERDICT_UNDECIDED_TUNING = "undecided (tuning)"
-# the metric in the units of the tuning objective (the validation loss, nats/char): the only one
-# whose verdicts the tuning uncertainty, measured in that objective, can check
+# the test metric in the units of each tuning objective (best.json's ``objective``): the only
+# one whose verdicts the tuning uncertainty, measured in that objective, can check. A text
+# dataset is tuned on the validation loss (nats/char), an arithmetic one on the answer loss of
+# validation problems (nats per answer character, lmablate.answer_probe)
 TUNED_METRIC = "test_loss"
+TUNED_METRICS = {"val_loss": TUNED_METRIC, "val_answer_loss": "answer_loss"}
 
 
 def mean_interval(mean: Any, sem: Any, n: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -443,7 +446,9 @@ def tuning_variation(ablation: pd.DataFrame, replicates: pd.DataFrame,
 def tuning_check(comparisons: pd.DataFrame, tuned: pd.DataFrame) -> pd.DataFrame:
     """``comparisons`` with each row's ``tuning_uncertainty``: the larger of the two variants'
     tuning uncertainties (``tuned``'s, best.json's bracket: the 95th percentile of the regret
-    at the chosen learning rate, nats/char), on :data:`TUNED_METRIC` rows; NaN elsewhere.
+    at the chosen learning rate, in the objective's unit), on the rows of the metric of the
+    dataset's tuning objective (:data:`TUNED_METRICS`: test loss, or an arithmetic dataset's
+    answer loss); NaN elsewhere.
 
     A better or worse verdict there becomes :data:`VERDICT_UNDECIDED_TUNING` when the
     Holm-adjusted interval, moved towards 0 by that uncertainty, no longer excludes 0: a miss of
@@ -459,8 +464,12 @@ def tuning_check(comparisons: pd.DataFrame, tuned: pd.DataFrame) -> pd.DataFrame
         return out
     key = {(str(r.dataset), str(r.variant)): (r.bracket_state, r.tuning_uncertainty)
            for r in tuned.itertuples()}
+    objectives = tuned["objective"] if "objective" in tuned else pd.Series("val_loss",
+                                                                            tuned.index)
+    metric_of = {str(d): TUNED_METRICS.get(str(o), TUNED_METRIC) if pd.notna(o) else TUNED_METRIC
+                 for d, o in zip(tuned["dataset"], objectives)}
     for i, row in out.iterrows():
-        if row["metric"] != TUNED_METRIC:
+        if row["metric"] != metric_of.get(str(row["dataset"]), TUNED_METRIC):
             continue
         pair = [key.get((str(row["dataset"]), str(v))) for v in (row["variant"], row["baseline"])]
         if any(p is None or p[0] is None or (isinstance(p[0], float) and math.isnan(p[0]))

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lmablate import fileio, interrupt
+from lmablate.answer_probe import answer_probe
 from lmablate.budget import run_steps, stage_budgets, tokens_per_step, training_flops
 from lmablate.batched import batched_on, train_seeds
 from lmablate.checkpoint import load_resume, save_checkpoint, verify_checkpoint
@@ -186,7 +187,9 @@ def train_seed(job: SeedJob) -> dict:
                                  steps=job.steps, device=device, tracker=tracker,
                                  desc=f"{_where(job)}/seed {seed}",
                                  resume_path=resume_path, fingerprint=fp,
-                                 resume_meta={"mlflow_run_id": run_id})
+                                 resume_meta={"mlflow_run_id": run_id},
+                                 probe=answer_probe(data.tokens_dir, cfg.evaluate.batch_size,
+                                                    device))
         except DivergenceError as exc:
             raise DivergenceError(
                 f"dataset {job.dataset}, variant {job.variant}, seed {seed}: {exc}") from None
@@ -232,7 +235,8 @@ def train_seeds_batched(jobs: list[SeedJob]) -> list[dict]:
                     desc=_where(first),
                     resume_paths=[job.seed_dir / "resume.pt" for job in todo],
                     fingerprints=[fps[job.seed] for job in todo],
-                    resume_meta=[{"mlflow_run_id": run.run_id} for run in runs])
+                    resume_meta=[{"mlflow_run_id": run.run_id} for run in runs],
+                    probe=answer_probe(data.tokens_dir, cfg.evaluate.batch_size, device))
             except DivergenceError as exc:
                 raise DivergenceError(f"dataset {first.dataset}, variant {first.variant}, seed "
                                       f"{getattr(exc, 'seed', '?')}: {exc}") from None

@@ -140,8 +140,15 @@ def _tune_budget(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path,
         result, rows = summarise_study(cfg, dataset, variant, name, slot_results(study),
                                        data.vocab_size, sampler_seed, widths)
         tracker.log_metrics({"best_val_loss": result["val_loss"]})
+        bracket = result.get("bracket")
+        # where the answer comes from: a fitted curve's minimum is no trial's value
         tracker.log_params({"best_lr": result["lr"], "best_d_model": result["d_model"],
-                            "full_budget": result["full_budget"]})
+                            "full_budget": result["full_budget"],
+                            "objective": result.get("objective", "val_loss"),
+                            "best_from": ("the best trial" if bracket is None else
+                                          f"the bracket's {bracket['fit']['used']} over "
+                                          f"{len(bracket['points'])} learning rates x "
+                                          f"{tune.bracket_seeds} tuning seeds")})
     return result, rows
 
 
