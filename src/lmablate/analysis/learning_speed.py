@@ -1,0 +1,211 @@
+"""How fast each variant learns arithmetic: training tokens until a seed's answers reach an
+exact match, as a time-to-event outcome.
+
+- **Tokens to learn** (:func:`tokens_to_learn`): per seed and threshold of
+  :data:`THRESHOLDS`, the training tokens at the first evaluation whose probe exact match
+  (``history.csv``'s ``val_exact_match``, :mod:`lmablate.answer_probe`) reaches the threshold;
+  a seed that never does is censored at its last evaluation (it had not learned by the end of
+  its budget).
+- **Per variant** (:func:`speed_table`): the Kaplan-Meier estimate of the share of seeds that
+  have learned against training tokens (Kaplan & Meier 1958; ``lifelines.KaplanMeierFitter``),
+  its median tokens to learn with the 95% interval of the median
+  (``lifelines.utils.median_survival_times`` of the pointwise interval; infinite where the
+  share learned never passes one half), and the seeds that learned.
+- **Against the baseline, paired by seed** (:func:`compare_speed`): a seed gives the baseline
+  and the variant the same initialisation stream and data order, so the test is stratified by
+  seed. With one baseline and one variant run per seed, the stratified log-rank test reduces to
+  a sign test on which of the pair learned first (a tie when both learned at the same
+  evaluation or neither learned); its exact form is ``scipy.stats.binomtest`` over the pairs
+  that are not tied, two-sided, Holm-corrected over a dataset's variants. The effect is the
+  geometric mean over seeds of the ratio of tokens to learn (variant / baseline) where both
+  learned, with its 95% t-interval, and its minimum detectable ratio.
+
+Tokens are training tokens (``history.csv``'s ``tokens``: steps x batch x context); ratios are
+unitless; exact match a fraction.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+from statsmodels.stats.multitest import multipletests
+
+from lmablate.analysis.collect import BASELINE, present
+from lmablate.analysis.statistics import (ALPHA, CONFIDENCE, MIN_SEEDS_FOR_TEST, VERDICT_FEW,
+                                          VERDICT_NSD, min_detectable_effect)
+
+THRESHOLDS = (0.5, 0.9)  # exact match a seed has "learned" at (0.5) and "mastered" (0.9)
+SPEED_COLUMNS = ["dataset", "variant", "seed", "threshold", "tokens", "learned"]
+TABLE_COLUMNS = ["dataset", "variant", "threshold", "n_seeds", "n_learned", "median_tokens",
+                 "median_low", "median_high", "budget_tokens"]
+COMPARISON_COLUMNS = ["dataset", "variant", "threshold", "n_pairs", "variant_first",
+                      "baseline_first", "ties", "p_value", "p_holm", "n_both", "ratio",
+                      "ratio_low", "ratio_high", "mde_ratio", "verdict"]
+VERDICT_FASTER = "faster"
+VERDICT_SLOWER = "slower"
+
+
+def tokens_to_learn(history: pd.DataFrame, thresholds: Sequence[float] = THRESHOLDS
+                    ) -> pd.DataFrame:
+    """One row per dataset x variant x seed x threshold of the probed runs in ``history``
+    (:attr:`~lmablate.analysis.collect.RunOutputs.history`: the headline budget's rows):
+    ``tokens`` at the first evaluation whose ``val_exact_match`` reaches the threshold
+    (``learned`` True), or at the last evaluation (``learned`` False: censored). Runs without
+    a probe (no ``val_exact_match``) give no rows.
+
+    Returns:
+        Columns :data:`SPEED_COLUMNS`, in the order of ``history`` (the study order).
+    """
+    if history.empty or "val_exact_match" not in history:
+        return pd.DataFrame(columns=SPEED_COLUMNS)
+    h = history.dropna(subset=["val_exact_match"])
+    rows = []
+    for (ds, variant, seed), g in h.groupby(["dataset", "variant", "seed"], observed=True,
+                                           sort=False):
+        g = g.sort_values("step")
+        em, tokens = g["val_exact_match"].to_numpy(float), g["tokens"].to_numpy(float)
+        for threshold in thresholds:
+            hit = np.flatnonzero(em >= threshold)
+            rows.append({"dataset": ds, "variant": variant, "seed": int(seed),
+                         "threshold": threshold,
+                         "tokens": float(tokens[hit[0]] if len(hit) else tokens[-1]),
+                         "learned": bool(len(hit))})
+    return pd.DataFrame(rows, columns=SPEED_COLUMNS)
+
+
+def _fitter(g: pd.DataFrame):
+    from lifelines import KaplanMeierFitter  # imported on use: only the report needs it
+
+    # the event is "learned"; the estimate is of the share of seeds not yet learned
+    return KaplanMeierFitter(alpha=1 - CONFIDENCE).fit(g["tokens"], g["learned"])
+
+
+def speed_table(speed: pd.DataFrame) -> pd.DataFrame:
+    """Per dataset x variant x threshold: its seeds, how many learned, the Kaplan-Meier median
+    tokens to learn and its :data:`~lmablate.analysis.statistics.CONFIDENCE` interval
+    (``inf`` where the share learned does not pass one half, or its bound does not), and
+    ``budget_tokens``, the most tokens any of its seeds trained.
+
+    Returns:
+        Columns :data:`TABLE_COLUMNS`, in the order of ``speed``.
+    """
+    from lifelines.utils import median_survival_times
+
+    if speed.empty:
+        return pd.DataFrame(columns=TABLE_COLUMNS)
+    rows = []
+    for (ds, variant, threshold), g in speed.groupby(["dataset", "variant", "threshold"],
+                                                     observed=True, sort=False):
+        kmf = _fitter(g)
+        ci = median_survival_times(kmf.confidence_interval_)
+        rows.append({"dataset": ds, "variant": variant, "threshold": threshold,
+                     "n_seeds": len(g), "n_learned": int(g["learned"].sum()),
+                     "median_tokens": float(kmf.median_survival_time_),
+                     "median_low": float(ci.iloc[0, 0]), "median_high": float(ci.iloc[0, 1]),
+                     "budget_tokens": float(g["tokens"].max())})
+    return pd.DataFrame(rows, columns=TABLE_COLUMNS)
+
+
+def share_learned_curves(speed: pd.DataFrame, dataset: str, threshold: float
+                         ) -> dict[str, pd.DataFrame]:
+    """variant -> the Kaplan-Meier share of seeds that have learned (1 - survival) against
+    training tokens, with its pointwise interval: columns ``tokens``, ``share``, ``low``,
+    ``high`` (fractions), a step function from 0 tokens to the last seed's."""
+    s = speed[(speed["dataset"] == dataset) & (speed["threshold"] == threshold)]
+    out = {}
+    for variant in present(s["variant"]):
+        kmf = _fitter(s[s["variant"] == variant])
+        sf, ci = kmf.survival_function_.iloc[:, 0], kmf.confidence_interval_
+        out[str(variant)] = pd.DataFrame({
+            "tokens": sf.index.to_numpy(float), "share": 1 - sf.to_numpy(float),
+            "low": 1 - ci.iloc[:, 1].to_numpy(float), "high": 1 - ci.iloc[:, 0].to_numpy(float)})
+    return out
+
+
+def _first(b: Mapping[str, Any], v: Mapping[str, Any]) -> int:
+    """+1 when the variant's seed learned first, -1 when the baseline's did, 0 for a tie."""
+    if not (b["learned"] or v["learned"]):
+        return 0
+    if v["learned"] and (not b["learned"] or v["tokens"] < b["tokens"]):
+        return 1
+    if b["learned"] and (not v["learned"] or b["tokens"] < v["tokens"]):
+        return -1
+    return 0
+
+
+def compare_speed(speed: pd.DataFrame, baseline: str = BASELINE,
+                  alpha: float = ALPHA) -> pd.DataFrame:
+    """Every variant against ``baseline`` in tokens to learn, per dataset and threshold,
+    paired by seed (see the module docstring): the pairs won by each, the ties, the exact sign
+    test's p-value and its Holm correction over the dataset's variants at the threshold, the
+    geometric mean ratio of tokens to learn (variant / baseline) over the pairs where both
+    learned with its t-interval, and the smallest ratio above 1 that a paired t-test of the log
+    ratios would detect with 80% power at Holm's strictest level (``mde_ratio``, from their
+    spread: :func:`~lmablate.analysis.statistics.min_detectable_effect`). The verdict is
+    faster or slower when Holm rejects, too few seeds below
+    :data:`~lmablate.analysis.statistics.MIN_SEEDS_FOR_TEST` pairs, else no significant
+    difference.
+
+    Returns:
+        Columns :data:`COMPARISON_COLUMNS`; rows by dataset, threshold, then variant.
+    """
+    if speed.empty:
+        return pd.DataFrame(columns=COMPARISON_COLUMNS)
+    rows: list[dict] = []
+    for ds in present(speed["dataset"]):
+        for threshold in sorted(speed["threshold"].unique()):
+            s = speed[(speed["dataset"] == ds) & (speed["threshold"] == threshold)]
+            base = s[s["variant"] == baseline].set_index("seed")
+            if base.empty:
+                continue
+            family = []
+            for variant in [v for v in present(s["variant"]) if v != baseline]:
+                var = s[s["variant"] == variant].set_index("seed")
+                seeds = sorted(set(base.index) & set(var.index))
+                signs = [_first(base.loc[k], var.loc[k]) for k in seeds]
+                both = [k for k in seeds if base.loc[k, "learned"] and var.loc[k, "learned"]]
+                logs = np.log([var.loc[k, "tokens"] / base.loc[k, "tokens"] for k in both])
+                row = {"dataset": ds, "variant": variant, "threshold": threshold,
+                       "n_pairs": len(seeds), "variant_first": signs.count(1),
+                       "baseline_first": signs.count(-1), "ties": signs.count(0),
+                       "p_value": math.nan, "p_holm": math.nan, "n_both": len(both),
+                       "ratio": float(np.exp(logs.mean())) if len(logs) else math.nan,
+                       "ratio_low": math.nan, "ratio_high": math.nan, "mde_ratio": math.nan,
+                       "verdict": VERDICT_FEW}
+                if len(logs) > 1 and np.ptp(logs) > 0:
+                    low, high = stats.t.interval(CONFIDENCE, len(logs) - 1, loc=logs.mean(),
+                                                 scale=stats.sem(logs))
+                    row.update(ratio_low=float(np.exp(low)), ratio_high=float(np.exp(high)))
+                    row["_sd"] = float(np.std(logs, ddof=1))
+                decided = row["variant_first"] + row["baseline_first"]
+                if len(seeds) >= MIN_SEEDS_FOR_TEST:
+                    row["verdict"] = VERDICT_NSD
+                    row["p_value"] = (float(stats.binomtest(row["variant_first"], decided)
+                                            .pvalue) if decided else 1.0)
+                    family.append(len(rows))
+                rows.append(row)
+            if family:
+                reject, p_holm, _, _ = multipletests([rows[i]["p_value"] for i in family],
+                                                     alpha=alpha, method="holm")
+                for i, rej, p in zip(family, reject, p_holm):
+                    r = rows[i]
+                    r["p_holm"] = float(p)
+                    if rej:
+                        r["verdict"] = (VERDICT_FASTER if r["variant_first"] > r["baseline_first"]
+                                        else VERDICT_SLOWER)
+                    if "_sd" in r:
+                        r["mde_ratio"] = float(np.exp(min_detectable_effect(
+                            r["_sd"], r["n_both"], alpha / len(family))))
+            for r in rows:
+                r.pop("_sd", None)
+    return pd.DataFrame(rows, columns=COMPARISON_COLUMNS)
+
+
+def smallest_p(n_pairs: int) -> float:
+    """The smallest two-sided p-value the exact sign test can give on ``n_pairs`` untied pairs:
+    2 / 2^n. Below α / m (Holm's strictest level over m variants) no outcome is significant."""
+    return min(1.0, 2.0 / 2 ** n_pairs) if n_pairs else 1.0

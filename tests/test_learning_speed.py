@@ -1,0 +1,106 @@
+"""How fast each variant learns (lmablate.analysis.learning_speed): tokens to learn from
+constructed histories, the Kaplan-Meier median, and the comparison paired by seed, on data
+with known answers."""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+from lmablate.analysis import learning_speed as ls
+from lmablate.analysis.statistics import VERDICT_FEW, VERDICT_NSD
+
+
+def history(curves):
+    """Rows of history.csv: curves maps (variant, seed) -> exact match at steps 1, 2, ...
+    (1,000 tokens a step)."""
+    return pd.DataFrame([{"dataset": "arithmetic", "variant": v, "seed": s, "step": i + 1,
+                          "tokens": 1000.0 * (i + 1), "val_exact_match": em}
+                         for (v, s), ems in curves.items() for i, em in enumerate(ems)])
+
+
+def test_tokens_to_learn_take_the_first_evaluation_past_the_threshold_or_censor_at_the_end():
+    h = history({("baseline", 0): [0.0, 0.1, 0.6, 0.95],   # learned at 3k, mastered at 4k
+                 ("baseline", 1): [0.7, 0.8, 0.9, 0.9],    # learned at the first evaluation
+                 ("baseline", 2): [0.0, 0.0, 0.1, 0.4]})   # never: censored at 4k
+    h = pd.concat([h, pd.DataFrame([{"dataset": "shakespeare", "variant": "baseline",
+                                     "seed": 0, "step": 1, "tokens": 1000.0,
+                                     "val_exact_match": np.nan}])])  # a text run: no rows
+    t = ls.tokens_to_learn(h).set_index(["seed", "threshold"])
+    assert list(t.columns) == [c for c in ls.SPEED_COLUMNS if c not in ("seed", "threshold")]
+    assert t.loc[(0, 0.5), ["tokens", "learned"]].tolist() == [3000.0, True]
+    assert t.loc[(0, 0.9), ["tokens", "learned"]].tolist() == [4000.0, True]
+    assert t.loc[(1, 0.5), ["tokens", "learned"]].tolist() == [1000.0, True]
+    assert t.loc[(1, 0.9), ["tokens", "learned"]].tolist() == [3000.0, True]
+    assert t.loc[(2, 0.5), ["tokens", "learned"]].tolist() == [4000.0, False]
+    assert len(t) == 6 and set(t["dataset"]) == {"arithmetic"}
+    assert ls.tokens_to_learn(h.drop(columns="val_exact_match")).empty
+
+
+def speed(rows):
+    return pd.DataFrame([{"dataset": "arithmetic", "variant": v, "seed": s, "threshold": 0.5,
+                          "tokens": t, "learned": ok} for v, s, t, ok in rows],
+                        columns=ls.SPEED_COLUMNS)
+
+
+def test_the_kaplan_meier_median_is_the_middle_seed_or_infinite_when_half_never_learn():
+    all_learn = speed([("baseline", s, 1000.0 * (s + 1), True) for s in range(5)])
+    few_learn = speed([("rope", 0, 1000.0, True), ("rope", 1, 2000.0, True)]
+                      + [("rope", s, 5000.0, False) for s in (2, 3, 4)])
+    t = ls.speed_table(pd.concat([all_learn, few_learn])).set_index("variant")
+    # S(t) = 1 - k/5 after k events: first at or below 1/2 at the third, 3,000 tokens
+    assert t.loc["baseline", ["n_seeds", "n_learned", "median_tokens"]].tolist() == [5, 5, 3000.0]
+    assert t.loc["baseline", "median_low"] <= 3000.0 <= t.loc["baseline", "median_high"]
+    assert t.loc["rope", "n_learned"] == 2 and math.isinf(t.loc["rope", "median_tokens"])
+    assert t.loc["rope", "budget_tokens"] == 5000.0
+    curves = ls.share_learned_curves(pd.concat([all_learn, few_learn]), "arithmetic", 0.5)
+    c = curves["baseline"]
+    assert c["share"].tolist() == pytest.approx([0.0, 0.2, 0.4, 0.6, 0.8, 1.0])
+    assert (c["low"] <= c["share"] + 1e-12).all() and (c["share"] <= c["high"] + 1e-12).all()
+    assert curves["rope"]["share"].iloc[-1] == pytest.approx(0.4)  # 2 of 5, the rest censored
+
+
+def test_the_paired_comparison_is_the_exact_sign_test_on_who_learned_first():
+    rows = []
+    for s in range(8):
+        rows.append(("baseline", s, 4000.0, True))
+        rows.append(("swiglu", s, 2000.0, True))  # first on every seed, at half the tokens
+        rows.append(("rope", s, 5000.0, False) if s < 4 else ("rope", s, 4000.0, True))
+    c = ls.compare_speed(speed(rows)).set_index("variant")
+    sw = c.loc["swiglu"]
+    assert (sw["variant_first"], sw["baseline_first"], sw["ties"]) == (8, 0, 0)
+    assert sw["p_value"] == pytest.approx(2 / 2 ** 8)
+    assert sw["ratio"] == pytest.approx(0.5) and math.isnan(sw["ratio_low"])  # no spread
+    # rope: the baseline first on 4 seeds (rope never learned), tied on 4 (same evaluation)
+    rp = c.loc["rope"]
+    assert (rp["variant_first"], rp["baseline_first"], rp["ties"]) == (0, 4, 4)
+    assert rp["p_value"] == pytest.approx(stats.binomtest(0, 4).pvalue)
+    assert rp["n_both"] == 4 and rp["ratio"] == pytest.approx(1.0)
+    # Holm over the two: swiglu's p * 2 still below 0.05, rope's not
+    assert sw["p_holm"] == pytest.approx(2 * 2 / 2 ** 8) and sw["verdict"] == ls.VERDICT_FASTER
+    assert rp["verdict"] == VERDICT_NSD
+
+
+def test_a_spread_of_ratios_gives_an_interval_and_a_minimum_detectable_ratio():
+    rng = np.random.default_rng(0)
+    ratios = np.exp(rng.normal(np.log(0.8), 0.2, 6))
+    rows = [r for s, q in enumerate(ratios) for r in (("baseline", s, 3000.0, True),
+                                                       ("gelu", s, 3000.0 * q, True))]
+    r = ls.compare_speed(speed(rows)).iloc[0]
+    logs = np.log(ratios)
+    low, high = stats.t.interval(0.95, 5, loc=logs.mean(), scale=stats.sem(logs))
+    assert (r["ratio"], r["ratio_low"], r["ratio_high"]) == pytest.approx(
+        (np.exp(logs.mean()), np.exp(low), np.exp(high)))
+    assert r["mde_ratio"] > 1
+
+
+def test_too_few_pairs_leave_no_test_and_the_sign_test_has_a_floor():
+    rows = [("baseline", 0, 1000.0, True), ("rope", 0, 2000.0, True),
+            ("baseline", 1, 1000.0, True), ("rope", 1, 2000.0, True)]
+    r = ls.compare_speed(speed(rows)).iloc[0]
+    assert r["verdict"] == VERDICT_FEW and math.isnan(r["p_value"])
+    assert ls.smallest_p(5) == pytest.approx(0.0625)  # 5 seeds: never below 0.05
+    assert ls.smallest_p(7) == pytest.approx(2 / 128) and 2 / 128 < 0.05 / 3
+    assert ls.smallest_p(0) == 1.0
