@@ -724,3 +724,28 @@ def test_panels_lays_out_n_panels_at_most_max_cols_a_row_and_hides_the_rest(tmp_
         assert [ax.get_visible() for ax in axes.ravel()] == [True, True, True, False]
         assert tuple(fig.get_size_inches()) == (5.0, 3.5)
     assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_learning_speed_draws_each_variants_share_learned_as_a_step_line(drawn, tmp_path,
+                                                                         palette):
+    from lmablate.analysis.learning_speed import SPEED_COLUMNS
+    rows = [{"dataset": "arith", "variant": v, "seed": s, "threshold": t,
+             "tokens": 1e6 * (s + 1) if v == "gelu" or s < 2 else 5e6,
+             "learned": v == "gelu" or s < 2}
+            for v in ("baseline", "gelu") for s in range(4) for t in (0.5, 0.9)]
+    speed = categorical(pd.DataFrame(rows, columns=SPEED_COLUMNS))
+    path = arith_figs.plot_learning_speed(speed, "arith", tmp_path / "s.png", palette=palette)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    fig = drawn[0]
+    assert len(fig.axes) == 2 and [a.get_title() for a in fig.axes[:2]] == [
+        "exact match ≥ 0.5 on the probe problems", "exact match ≥ 0.9 on the probe problems"]
+    ax = fig.axes[0]
+    steps = {v: line for line in ax.lines for v in ("baseline", "gelu")
+             if line.get_drawstyle().startswith("steps")
+             and np.allclose(to_rgb(line.get_color()), palette[v])}
+    assert steps["gelu"].get_ydata()[-1] == pytest.approx(1.0)  # every seed learned
+    assert steps["baseline"].get_ydata()[-1] == pytest.approx(0.5)  # 2 of 4, the rest censored
+    assert ax.get_xlim()[1] == pytest.approx(5 * 1.03)
+    assert "baseline (4 seeds)" in legend_texts(fig)
+    assert arith_figs.plot_learning_speed(speed.iloc[:0], "arith", tmp_path / "x.png",
+                                          palette=palette) is None

@@ -104,3 +104,22 @@ def test_too_few_pairs_leave_no_test_and_the_sign_test_has_a_floor():
     assert ls.smallest_p(5) == pytest.approx(0.0625)  # 5 seeds: never below 0.05
     assert ls.smallest_p(7) == pytest.approx(2 / 128) and 2 / 128 < 0.05 / 3
     assert ls.smallest_p(0) == 1.0
+
+
+def test_the_findings_bullet_gives_medians_comparisons_and_the_sign_tests_floor():
+    rows = []
+    for s in range(5):
+        rows += [("baseline", s, 2e6 if s < 3 else 4e6, s < 3), ("swiglu", s, 1e6, True)]
+    sp = speed(rows)
+    lines = ls.speed_lines(ls.speed_table(sp), ls.compare_speed(sp), "arithmetic")
+    assert len(lines) == 1
+    text = lines[0]
+    assert text.startswith("- **Learning speed** (training tokens until the probe's exact "
+                           "match reaches 0.5; Kaplan-Meier median [95% CI]")
+    assert "within the budget of 4.00M" in text
+    assert "baseline 2.00M [" in text and "(3/5 seeds)" in text and "swiglu 1.00M" in text
+    assert ("swiglu no significant difference (first on 5, the baseline on 0, tied on 0, "
+            "p_Holm = 0.062, tokens ratio 0.50 over 3 seeds)") in text
+    assert ("With 5 seeds the sign test cannot go below p = 0.0625, above Holm's strictest "
+            "level α/1 = 0.05: no outcome could be significant; it needs 6 seeds or more.") in text
+    assert ls.speed_lines(ls.speed_table(sp), ls.compare_speed(sp), "shakespeare") == []

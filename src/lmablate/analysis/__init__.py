@@ -9,6 +9,7 @@ Every module, one line each (``tests/test_docstrings.py`` checks that none is le
 * :mod:`~lmablate.analysis.pooled_uncertainty`: tuning uncertainty with a dataset's pooled spread.
 * :mod:`~lmablate.analysis.problems`: arithmetic variants against the baseline problem by problem.
 * :mod:`~lmablate.analysis.success`: which seeds learned arithmetic; their share, exact interval.
+* :mod:`~lmablate.analysis.learning_speed`: tokens until each seed learns; Kaplan-Meier, sign test.
 * :mod:`~lmablate.analysis.extrapolation`: each position scheme's loss past its training context.
 * :mod:`~lmablate.analysis.sensitivity`: each variant's response to lr and width, from its trials.
 * :mod:`~lmablate.analysis.scaling`: loss against compute fitted; each effect's trend with it.

@@ -159,3 +159,55 @@ def plot_by_op(per_op: pd.DataFrame, dataset: str, path: Path, metric: str = "ex
         ax.legend(handles + refs_drawn, labels + [h.get_label() for h in refs_drawn],
                   title="variant / floor", loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
     return Path(path)
+
+
+def plot_learning_speed(speed: pd.DataFrame, dataset: str, path: Path, *,
+                        palette: Mapping[str, Any]) -> Path | None:
+    """The share of seeds that have learned (Kaplan-Meier, y, fraction) against training
+    tokens (x, millions), one panel per threshold of
+    :data:`~lmablate.analysis.learning_speed.THRESHOLDS`, one step line per variant in its
+    ``palette`` colour with its pointwise 95% band
+    (:func:`~lmablate.analysis.learning_speed.share_learned_curves`); a seed that never learned
+    is censored at its budget, marked ``|``. Returns ``path``, or None without tokens to learn
+    for ``dataset`` (runs without the answer probe)."""
+    from lmablate.analysis.learning_speed import THRESHOLDS, share_learned_curves
+
+    s = speed[speed["dataset"] == dataset] if len(speed) else speed
+    if s.empty:
+        return None
+    order = present(s["variant"])
+    colours = plots.variant_palette(order, palette)
+    thresholds = [t for t in THRESHOLDS if (s["threshold"] == t).any()]
+    budget = float(s["tokens"].max()) / 1e6
+    with plots.figure(path, figsize=(4.6 * len(thresholds) + 1.6, 4.0),
+                      ncols=len(thresholds)) as (fig, axes):
+        for ax, threshold in zip(axes[0], thresholds):
+            curves = share_learned_curves(s, dataset, threshold)
+            for variant in order:
+                c = curves.get(str(variant))
+                if c is None:
+                    continue
+                x = np.append(c["tokens"].to_numpy() / 1e6, budget)
+                colour = colours[variant]
+                n = int((s["variant"] == variant).sum() / len(thresholds))
+                ax.step(x, np.append(c["share"], c["share"].iloc[-1]), where="post",
+                        color=colour, linewidth=1.6, label=f"{variant} ({n} seeds)")
+                ax.fill_between(x, np.append(c["low"], c["low"].iloc[-1]),
+                                np.append(c["high"], c["high"].iloc[-1]), step="post",
+                                color=colour, alpha=0.12, linewidth=0)
+                censored = s[(s["variant"] == variant) & (s["threshold"] == threshold)
+                             & ~s["learned"].astype(bool)]
+                if len(censored):
+                    ax.scatter([budget], [c["share"].iloc[-1]], marker="|", s=120,
+                               color=colour, zorder=3)
+            ax.axvline(budget, color="0.4", linestyle="--", linewidth=1)
+            ax.set_xlim(0, budget * 1.03)
+            ax.set_ylim(-0.02, 1.02)
+            ax.set_xlabel("training tokens (millions); dashed: the budget")
+            ax.set_ylabel("share of seeds learned (Kaplan-Meier)")
+            ax.set_title(f"exact match ≥ {threshold:g} on the probe problems")
+        axes[0][-1].legend(title="variant", loc="upper left", bbox_to_anchor=(1.02, 1.0),
+                           fontsize=8)
+        fig.suptitle(f"{dataset}: how fast each variant learns (bands: pointwise 95% "
+                     "intervals; |: seeds not learned by the budget)", fontsize=10)
+    return Path(path)

@@ -44,6 +44,7 @@ from lmablate.analysis.limits import TRIGRAM, trigram_reference, tuning_luck
 from lmablate.analysis.mdtable import join_names as _names
 from lmablate.analysis.scaling import (SCALING_TITLE, TREND_FEW, TREND_GROWS, TREND_NONE,
                                       TREND_SHRINKS)
+from lmablate.analysis.learning_speed import speed_lines
 from lmablate.analysis.success import success_lines
 from lmablate.analysis.statistics import (ALPHA, METRICS, POWER, VERDICT_BETTER, VERDICT_FEW,
                                           VERDICT_IDENTICAL, VERDICT_NSD,
@@ -298,7 +299,8 @@ def findings_section(comparisons: pd.DataFrame, *, datasets: Sequence[str],
                      positions: Mapping[str, str] | None = None,
                      figures: Mapping[str, str] | None = None,
                      trends: pd.DataFrame | None = None,
-                     success: pd.DataFrame | None = None) -> list[str]:
+                     success: pd.DataFrame | None = None,
+                     speed: tuple[pd.DataFrame, pd.DataFrame] | None = None) -> list[str]:
     """The Markdown lines of "Findings" (see the module docstring), one block per dataset.
 
     Args:
@@ -315,6 +317,8 @@ def findings_section(comparisons: pd.DataFrame, *, datasets: Sequence[str],
             (``scaling_trends.csv``): how each effect changes with compute.
         success: :func:`lmablate.analysis.success.success_table` (``success.csv``): the
             seeds of each variant that learned an arithmetic task.
+        speed: ``(learning_speed.csv, learning_speed_comparisons.csv)``
+            (:mod:`lmablate.analysis.learning_speed`): how fast each variant learned it.
     """
     empty = pd.DataFrame(columns=["dataset", "variant", "factor", "mean", "split", "digits"])
     lines = [TITLE, ""]
@@ -332,6 +336,8 @@ def findings_section(comparisons: pd.DataFrame, *, datasets: Sequence[str],
         lines += _undecided(c, unit)
         if success is not None and len(success):
             lines += success_lines(success, ds, present(success["variant"]))
+        if speed is not None:
+            lines += speed_lines(*speed, ds)
         lines += _convergence(convergence if convergence is not None
                               else pd.DataFrame(columns=CONVERGENCE_COLUMNS), ds)
         lines += _extrapolation(extrapolation if extrapolation is not None else empty, ds,

@@ -209,3 +209,49 @@ def smallest_p(n_pairs: int) -> float:
     """The smallest two-sided p-value the exact sign test can give on ``n_pairs`` untied pairs:
     2 / 2^n. Below α / m (Holm's strictest level over m variants) no outcome is significant."""
     return min(1.0, 2.0 / 2 ** n_pairs) if n_pairs else 1.0
+
+
+def _tokens(x: float) -> str:
+    """Tokens in millions, ``∞`` for an infinite bound."""
+    return "∞" if not math.isfinite(x) else f"{x / 1e6:.2f}M"
+
+
+def speed_lines(table: pd.DataFrame, comparisons: pd.DataFrame, dataset: str,
+                threshold: float = THRESHOLDS[0], alpha: float = ALPHA) -> list[str]:
+    """The findings' bullet of ``dataset`` at ``threshold``: each variant's Kaplan-Meier median
+    tokens to learn with its interval and seeds learned, then each comparison with the
+    baseline, and when the seeds are too few for the sign test to decide at all, that. No
+    lines without rows."""
+    t = table[(table["dataset"] == dataset) & (table["threshold"] == threshold)] \
+        if len(table) else table
+    if t.empty:
+        return []
+    medians = ", ".join(
+        f"{r.variant} {_tokens(r.median_tokens)} [{_tokens(r.median_low)}, "
+        f"{_tokens(r.median_high)}] ({r.n_learned}/{r.n_seeds} seeds)" for r in t.itertuples())
+    text = (f"- **Learning speed** (training tokens until the probe's exact match reaches "
+            f"{threshold:g}; Kaplan-Meier median [{CONFIDENCE:.0%} CI], ∞ where fewer than half "
+            f"the seeds get there within the budget of {_tokens(t['budget_tokens'].max())}): "
+            f"{medians}.")
+    c = comparisons[(comparisons["dataset"] == dataset)
+                    & (comparisons["threshold"] == threshold)] if len(comparisons) else comparisons
+    if len(c):
+        parts = []
+        for r in c.itertuples():
+            ratio = ("" if not math.isfinite(r.ratio) else
+                     f", tokens ratio {r.ratio:.2f}" + (
+                         f" [{r.ratio_low:.2f}, {r.ratio_high:.2f}]"
+                         if math.isfinite(r.ratio_low) else "") + f" over {r.n_both} seeds")
+            p = "" if not math.isfinite(r.p_holm) else f", p_Holm = {r.p_holm:.2g}"
+            parts.append(f"{r.variant} {r.verdict} (first on {r.variant_first}, the baseline "
+                         f"on {r.baseline_first}, tied on {r.ties}{p}{ratio})")
+        text += (f" Against the {BASELINE}, paired by seed (exact sign test on which learned "
+                 f"first, Holm-corrected): " + "; ".join(parts) + ".")
+        m = len(c)
+        n = int(c["n_pairs"].max())
+        if smallest_p(n) > alpha / m:
+            need = next(k for k in range(n, 64) if smallest_p(k) <= alpha / m)
+            text += (f" With {n} seeds the sign test cannot go below p = {smallest_p(n):.3g}, "
+                     f"above Holm's strictest level α/{m} = {alpha / m:.3g}: no outcome could be "
+                     f"significant; it needs {need} seeds or more.")
+    return [text]

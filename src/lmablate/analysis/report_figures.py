@@ -105,6 +105,13 @@ def _dataset_figures(cfg: StudyConfig, runs: RunOutputs, tables: ReportTables, d
         path = arith_figs.plot_length_generalisation(
             runs.by_operand_digits, ds, digits, fig_dir / f"length_generalisation_{ds}.png",
             palette=palette)
+        out.figures += drawn([(ds, f"{ds}: the share of seeds that have learned the task "
+                               "(probe exact match of 0.5 and 0.9) against training tokens, "
+                               "Kaplan-Meier with pointwise 95% bands; |: seeds that had not "
+                               "by the end of the budget",
+                               arith_figs.plot_learning_speed(
+                                   tables.speed, ds, fig_dir / f"learning_speed_{ds}.png",
+                                   palette=palette))])
         left_out = arith.unreachable(runs.by_operand_digits, ds)
         out.length_figures[ds] = (
             f"{ds}: exact match by operand length (mean ± 95% t-interval over seeds; shaded: "

@@ -67,7 +67,7 @@ def report_markdown(cfg: StudyConfig, runs: RunOutputs, notes: Sequence[str],
                    for v in present(ablation["variant"])},
         figures={ds: f"figures/forest_{ds}.png" for ds in datasets
                  if (fig_dir / f"forest_{ds}.png") in written}, trends=trends,
-        success=tables.success)
+        success=tables.success, speed=(tables.speed_summary, tables.speed_comparisons))
     return render_markdown(
         cfg, runs, tables.summary, tables.comparisons,
         [(ds, cap, p.relative_to(out_dir).as_posix() if p is not None else None)

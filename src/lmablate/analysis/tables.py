@@ -25,8 +25,10 @@ import pandas as pd
 from lmablate.analysis import arithmetic as arith
 from lmablate.analysis import extrapolation as ex
 from lmablate.analysis import findings as fi
+from lmablate.analysis import learning_speed as speed_mod
 from lmablate.analysis.collect import (ABLATION_COLUMNS, BASELINE, TUNED_COLUMNS, RunOutputs,
                                        present)
+from lmablate.analysis.learning_speed import compare_speed, speed_table, tokens_to_learn
 from lmablate.analysis.limits import DETECTABLE_COLUMNS, detectable_table
 from lmablate.analysis.problems import PROBLEM_COLUMNS, compare_problems
 from lmablate.analysis.reference_points import REFERENCE_COLUMNS, reference_table, uniform_losses
@@ -72,6 +74,9 @@ class ReportTables:
     convergence: pd.DataFrame  # findings.CONVERGENCE_COLUMNS
     gradients: pd.DataFrame  # GRAD_COLUMNS, a one-batch diagnostic
     success: pd.DataFrame  # success.SUCCESS_COLUMNS, the seeds that learned arithmetic
+    speed: pd.DataFrame  # learning_speed.SPEED_COLUMNS, tokens to learn per seed
+    speed_summary: pd.DataFrame  # learning_speed.TABLE_COLUMNS, Kaplan-Meier per variant
+    speed_comparisons: pd.DataFrame  # learning_speed.COMPARISON_COLUMNS, paired by seed
 
 
 def _in_study_order(table: pd.DataFrame, ablation: pd.DataFrame) -> pd.DataFrame:
@@ -109,6 +114,7 @@ def compute_tables(cfg: StudyConfig, runs: RunOutputs, tokens_dir: Path | None) 
     sensitivity = lr_sensitivity(runs.trials, uniform_losses(cfg, tokens_dir))
     length = arith.length_table(runs.by_operand_digits)
     length_comparisons = arith.length_comparisons(runs.by_operand_digits)
+    speed = tokens_to_learn(runs.history)
     return ReportTables(
         summary=summary, comparisons=comparisons, problems=problems, detectable=detectable,
         variation=variation, references=references, extrapolation=extrapolation,
@@ -116,7 +122,8 @@ def compute_tables(cfg: StudyConfig, runs: RunOutputs, tokens_dir: Path | None) 
         sensitivity=sensitivity, length=length, length_comparisons=length_comparisons,
         convergence=_in_study_order(fi.convergence_table(runs.history), ablation),
         gradients=_in_study_order(gradient_table(runs.grad), ablation),
-        success=success_table(ablation))
+        success=success_table(ablation), speed=speed, speed_summary=speed_table(speed),
+        speed_comparisons=compare_speed(speed))
 
 
 def csv_tables(runs: RunOutputs, tables: ReportTables
@@ -151,4 +158,9 @@ def csv_tables(runs: RunOutputs, tables: ReportTables
                                               tables.length_comparisons,
                                               arith.LENGTH_COMPARISON_COLUMNS),
         "success": ("success.csv", tables.success, SUCCESS_COLUMNS),
+        "tokens_to_learn": ("tokens_to_learn.csv", tables.speed, speed_mod.SPEED_COLUMNS),
+        "learning_speed": ("learning_speed.csv", tables.speed_summary,
+                           speed_mod.TABLE_COLUMNS),
+        "learning_speed_comparisons": ("learning_speed_comparisons.csv",
+                                       tables.speed_comparisons, speed_mod.COMPARISON_COLUMNS),
     }
