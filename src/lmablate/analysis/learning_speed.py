@@ -7,10 +7,12 @@ exact match, as a time-to-event outcome.
   a seed that never does is censored at its last evaluation (it had not learned by the end of
   its budget).
 - **Per variant** (:func:`speed_table`): the Kaplan-Meier estimate of the share of seeds that
-  have learned against training tokens (Kaplan & Meier 1958; ``lifelines.KaplanMeierFitter``),
-  its median tokens to learn with the 95% interval of the median
-  (``lifelines.utils.median_survival_times`` of the pointwise interval; infinite where the
-  share learned never passes one half), and the seeds that learned.
+  have learned against training tokens (Kaplan & Meier 1958;
+  ``statsmodels.duration.survfunc.SurvfuncRight``), its median tokens to learn with the 95%
+  interval of the median (``SurvfuncRight.quantile_ci``, Brookmeyer & Crowley 1982 on the
+  log-log scale; infinite where the share learned never passes one half), and the seeds that
+  learned. lifelines, the usual library for this, requires pandas < 3, which would take this
+  project's pandas back a major version; statsmodels computes the same estimator.
 - **Against the baseline, paired by seed** (:func:`compare_speed`): a seed gives the baseline
   and the variant the same initialisation stream and data order, so the test is stratified by
   seed. With one baseline and one variant run per seed, the stratified log-rank test reduces to
@@ -78,10 +80,13 @@ def tokens_to_learn(history: pd.DataFrame, thresholds: Sequence[float] = THRESHO
 
 
 def _fitter(g: pd.DataFrame):
-    from lifelines import KaplanMeierFitter  # imported on use: only the report needs it
+    """The Kaplan-Meier estimate of the share of ``g``'s seeds not yet learned (the event is
+    "learned"), or None when no seed learned (the estimate is 1 throughout)."""
+    from statsmodels.duration.survfunc import SurvfuncRight  # only the report needs it
 
-    # the event is "learned"; the estimate is of the share of seeds not yet learned
-    return KaplanMeierFitter(alpha=1 - CONFIDENCE).fit(g["tokens"], g["learned"])
+    if not g["learned"].any():
+        return None
+    return SurvfuncRight(g["tokens"].to_numpy(float), g["learned"].to_numpy(int))
 
 
 def speed_table(speed: pd.DataFrame) -> pd.DataFrame:
@@ -93,19 +98,21 @@ def speed_table(speed: pd.DataFrame) -> pd.DataFrame:
     Returns:
         Columns :data:`TABLE_COLUMNS`, in the order of ``speed``.
     """
-    from lifelines.utils import median_survival_times
-
     if speed.empty:
         return pd.DataFrame(columns=TABLE_COLUMNS)
     rows = []
     for (ds, variant, threshold), g in speed.groupby(["dataset", "variant", "threshold"],
                                                      observed=True, sort=False):
-        kmf = _fitter(g)
-        ci = median_survival_times(kmf.confidence_interval_)
+        km = _fitter(g)
+        median, low, high = math.inf, math.nan, math.inf
+        if km is not None:
+            with np.errstate(all="ignore"):  # log(-log S) at S = 0 or 1: a NaN bound
+                median = float(km.quantile(0.5))
+                low, high = (float(x) for x in km.quantile_ci(0.5, alpha=1 - CONFIDENCE))
+            median = math.inf if math.isnan(median) else median  # never down to one half
         rows.append({"dataset": ds, "variant": variant, "threshold": threshold,
                      "n_seeds": len(g), "n_learned": int(g["learned"].sum()),
-                     "median_tokens": float(kmf.median_survival_time_),
-                     "median_low": float(ci.iloc[0, 0]), "median_high": float(ci.iloc[0, 1]),
+                     "median_tokens": median, "median_low": low, "median_high": high,
                      "budget_tokens": float(g["tokens"].max())})
     return pd.DataFrame(rows, columns=TABLE_COLUMNS)
 
@@ -113,16 +120,28 @@ def speed_table(speed: pd.DataFrame) -> pd.DataFrame:
 def share_learned_curves(speed: pd.DataFrame, dataset: str, threshold: float
                          ) -> dict[str, pd.DataFrame]:
     """variant -> the Kaplan-Meier share of seeds that have learned (1 - survival) against
-    training tokens, with its pointwise interval: columns ``tokens``, ``share``, ``low``,
-    ``high`` (fractions), a step function from 0 tokens to the last seed's."""
+    training tokens, with its pointwise :data:`~lmablate.analysis.statistics.CONFIDENCE`
+    interval (Greenwood's standard error on the log-log scale, Kalbfleisch & Prentice 2002,
+    eq. 1.13, as lifelines draws it): columns ``tokens``, ``share``, ``low``, ``high``
+    (fractions), a step function that starts at 0 tokens with a share of 0."""
     s = speed[(speed["dataset"] == dataset) & (speed["threshold"] == threshold)]
+    z = stats.norm.ppf(0.5 + CONFIDENCE / 2)
     out = {}
     for variant in present(s["variant"]):
-        kmf = _fitter(s[s["variant"] == variant])
-        sf, ci = kmf.survival_function_.iloc[:, 0], kmf.confidence_interval_
+        km = _fitter(s[s["variant"] == variant])
+        times = km.surv_times if km is not None else np.array([])
+        surv = km.surv_prob if km is not None else np.array([])
+        se = km.surv_prob_se if km is not None else np.array([])
+        with np.errstate(all="ignore"):  # S = 0 or 1: no spread on the log-log scale
+            v = z * se / np.abs(surv * np.log(surv))
+            low_s, high_s = surv ** np.exp(v), surv ** np.exp(-v)
+        inner = (surv > 0) & (surv < 1) & np.isfinite(v)
+        low_s, high_s = np.where(inner, low_s, surv), np.where(inner, high_s, surv)
         out[str(variant)] = pd.DataFrame({
-            "tokens": sf.index.to_numpy(float), "share": 1 - sf.to_numpy(float),
-            "low": 1 - ci.iloc[:, 1].to_numpy(float), "high": 1 - ci.iloc[:, 0].to_numpy(float)})
+            "tokens": np.concatenate([[0.0], times]),
+            "share": np.concatenate([[0.0], 1 - surv]),
+            "low": np.concatenate([[0.0], 1 - high_s]),
+            "high": np.concatenate([[0.0], 1 - low_s])})
     return out
 
 
@@ -212,8 +231,10 @@ def smallest_p(n_pairs: int) -> float:
 
 
 def _tokens(x: float) -> str:
-    """Tokens in millions, ``∞`` for an infinite bound."""
-    return "∞" if not math.isfinite(x) else f"{x / 1e6:.2f}M"
+    """Tokens in millions, ``∞`` for an infinite bound, ``n/a`` for an undefined one."""
+    if math.isnan(x):
+        return "n/a"
+    return "∞" if math.isinf(x) else f"{x / 1e6:.2f}M"
 
 
 def speed_lines(table: pd.DataFrame, comparisons: pd.DataFrame, dataset: str,
