@@ -29,7 +29,8 @@ BIN = Path(sys.executable).parent
 # The tiny profile: params.yaml with every size cut down so that a stage runs in a second.
 # Tests change what they exercise through ``tiny_params(overrides)``, never by hand-building a
 # profile of their own.
-TINY_MODEL = {"context_length": 16, "n_layers": 1, "n_heads": 2, "d_model": 16}
+# a context of 24 holds one 21-character problem of the default format (fields of 5)
+TINY_MODEL = {"context_length": 24, "n_layers": 1, "n_heads": 2, "d_model": 16}
 TINY_BATCH = 4
 
 

@@ -297,12 +297,13 @@ def test_generate_stage_writes_arithmetic_files(tmp_path):
     assert summary["corpus_lines"] == 200 and summary["test_lines"] == 20
     width = cfg.format.line_length
     assert summary["corpus_chars"] == 200 * (width + 1) and summary["n_train"] == 200
-    assert summary["line_length"] == width == 15  # $(0dd+0dd)=ddd$
+    # padded to the 4-digit length split's fields: $(000dd+000dd)=ddd00$
+    assert summary["line_length"] == width == 21
     # the length split: n_test problems per length, both operands exactly that long
     assert cfg.length_digits == (3, 4) and summary["n_length"] == len(length) == 40
     for n, block in zip(cfg.length_digits, (length[:20], length[20:])):
         assert all(arithmetic.operand_digits(p) == n for p in block)
-        assert all(len(p) == cfg.format.at_digits(n).line_length for p in block)
+        assert all(len(p) == cfg.format.at_digits(n).line_length == width for p in block)
         for p in block:
             a, _, b, _ = arithmetic._parts(p)
             assert min(len(a.lstrip("0")), len(b.lstrip("0"))) == n
@@ -624,3 +625,43 @@ def test_the_width_is_the_widest_answer_the_format_can_write():
     assert arithmetic.ArithmeticFormat(3, operations=["*"]).width == 6  # 999 * 999 = 998001
     assert arithmetic.ArithmeticFormat(1, operations=["/"]).width == 4  # 9 / 1 = 9.00
     assert arithmetic.ArithmeticFormat(7, decimals=True, operations=["*"]).width == 17
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_a_format_padded_for_its_length_splits_shares_their_field_width(name):
+    """Training, test and length problems of a dataset with length splits have one field
+    width, so a length split differs from training in operand length alone: a digit of
+    significance k sits at the same offset in every problem."""
+    fmt, _ = FORMATS[name]
+    shortest = len(str(fmt.max_operand)) + 1
+    lengths = [n for n in (shortest, shortest + 1) if n <= arithmetic.MAX_DIGITS]
+    padded = fmt.padded_for(lengths)
+    assert padded.width == max(fmt.at_digits(n).width for n in lengths) > fmt.width
+    train, test = generate_arithmetic(300, 5, seed=3, fmt=padded)
+    widths = {padded.line_length}
+    for n in lengths:
+        lines = arithmetic.length_problems(padded, n, 50, seed=1)
+        widths |= {len(line) for line in lines}
+        for line in lines[:10]:
+            a, _, b = _checked(line, padded.at_digits(n))
+            assert arithmetic.operand_digits(line) == n
+    assert widths == {len(line) for line in train + test} == {padded.line_length}
+    for line in train[:50]:  # the same problems, written wider: read back alike
+        a, op, b = _checked(line, padded)
+        assert format_problem(a, op, b, fmt).replace("$(", "") != line  # narrower before
+        assert arithmetic.split_problem(line)[1][::-1].lstrip("0$") == \
+            arithmetic.split_problem(format_problem(a, op, b, fmt))[1][::-1].lstrip("0$")
+    assert fmt.padded_for([]) is fmt
+
+
+def test_the_default_dataset_pads_training_to_its_length_splits_and_seed_000_keeps_its_own():
+    from lmablate.params import load
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    cfg = load(root / "profiles" / "full.yaml")
+    arith = cfg.dataset("arithmetic")
+    assert arith.length_digits == (3, 4)
+    assert arith.format.width == 5 and arith.format.line_length == 21  # $(00007+00091)=09800$
+    assert arithmetic.length_problems(arith.format, 4, 1, seed=0)[0].__len__() == 21
+    seed = cfg.dataset("arithmetic_seed")
+    assert seed.format == arithmetic.SEED_FORMAT and seed.format.line_length == 36

@@ -4,6 +4,7 @@ One problem per line::
 
     $(0000753.78+0000000910)=87.3661000$        seed 000's format (:data:`SEED_FORMAT`)
     $(007+091)=890$                             2-digit integer + and -
+    $(00007+00091)=09800$                       the same, padded for 3- and 4-digit length splits
 
 ``$(`` + operand a + op + operand b + ``)=`` + the *reversed* answer + ``$``. The difficulty is
 an :class:`ArithmeticFormat` (``datasets.<name>`` keys ``digits``, ``max_operand``,
@@ -59,9 +60,11 @@ class ArithmeticFormat:
             ``10**(digits - 1)`` and at most ``10**digits`` (seed 000's 1000 at 3 digits).
         decimals: half of the operands have exactly two decimals (seed 000).
         operations: a non-empty subset of :data:`OPS`, in :data:`OPS` order once validated.
+        min_width: the narrowest a field may be (0: as wide as the format needs): a format
+            padded to its length splits' width (:meth:`padded_for`).
 
     Derived: ``width`` (characters of every zero-padded field: the longest operand or answer
-    any problem can have), ``prompt_length`` (``$(`` a op b ``)=``), ``line_length`` (the
+    any problem can have, or ``min_width`` when that is wider), ``prompt_length`` (``$(`` a op b ``)=``), ``line_length`` (the
     prompt, the answer and the closing ``$``). Every line of a format has ``line_length``
     characters.
 
@@ -74,6 +77,7 @@ class ArithmeticFormat:
     decimals: bool = False
     operations: tuple[str, ...] = ("+", "-")
     where: str = field(default="arithmetic", compare=False, repr=False)
+    min_width: int = 0
     width: int = field(init=False)
     prompt_length: int = field(init=False)
     line_length: int = field(init=False)
@@ -95,7 +99,8 @@ class ArithmeticFormat:
             fail(f"{p}.operations", list(ops),
                  f"each of {', '.join(map(repr, OPS))} at most once")
         object.__setattr__(self, "operations", tuple(op for op in OPS if op in ops))
-        width = _widest(self)
+        check_int(f"{p}.min_width", self.min_width, minimum=0, maximum=64)
+        width = max(_widest(self), self.min_width)
         object.__setattr__(self, "width", width)
         object.__setattr__(self, "prompt_length", len("$(") + 2 * width + 1 + len(")="))
         object.__setattr__(self, "line_length", self.prompt_length + width + len("$"))
@@ -106,9 +111,22 @@ class ArithmeticFormat:
         return 100 * self.max_operand
 
     def at_digits(self, n: int) -> "ArithmeticFormat":
-        """The same settings for operands of up to ``n`` digits (``max_operand`` 10^n - 1):
-        the format of the length-generalisation problems of ``n`` digits."""
-        return ArithmeticFormat(n, None, self.decimals, self.operations, self.where)
+        """The same settings for operands of up to ``n`` digits (``max_operand`` 10^n - 1) and
+        the same ``min_width``: the format of the length-generalisation problems of ``n``
+        digits."""
+        return ArithmeticFormat(n, None, self.decimals, self.operations, self.where,
+                                self.min_width)
+
+    def padded_for(self, lengths: Sequence[int]) -> "ArithmeticFormat":
+        """This format with its fields as wide as those of its length-generalisation
+        problems of each of ``lengths`` digits (:meth:`at_digits`), so that a length split
+        differs from the training problems in operand length alone, not in where a digit
+        sits; itself when ``lengths`` is empty."""
+        if not lengths:
+            return self
+        widest = max(self.at_digits(n).width for n in lengths)
+        return ArithmeticFormat(self.digits, self.max_operand, self.decimals, self.operations,
+                                self.where, max(self.min_width, widest))
 
 
 def check_length_digits(fmt: ArithmeticFormat, values: object, key: str) -> tuple[int, ...]:

@@ -111,7 +111,14 @@ class DatasetConfig:
 
     @property
     def format(self) -> ArithmeticFormat:
-        """The arithmetic format of ``digits``, ``max_operand``, ``decimals``, ``operations``."""
+        """The arithmetic format of ``digits``, ``max_operand``, ``decimals``, ``operations``,
+        its fields padded to the width of its ``length_digits`` splits
+        (:meth:`~lmablate.arithmetic.ArithmeticFormat.padded_for`): training, test and length
+        problems share one field width, so a length split changes the operands' length alone.
+        Without length splits (seed 000's ``arithmetic_seed``) the format's own width."""
+        return self._own_format().padded_for(self.length_digits)
+
+    def _own_format(self) -> ArithmeticFormat:
         return ArithmeticFormat(self.digits, self.max_operand, self.decimals,
                                 tuple(self.operations), where=f"datasets.{self.name}")
 
@@ -125,7 +132,7 @@ class DatasetConfig:
             if self.split.test:
                 fail(f"{p}.split.test", self.split.test,
                       "arithmetic writes its own disjoint test problems; use 0")
-            fmt = self.format  # validates the format's keys
+            fmt = self._own_format()  # validates the format's keys
             object.__setattr__(self, "max_operand", fmt.max_operand)
             object.__setattr__(self, "operations", fmt.operations)
             object.__setattr__(self, "length_digits",
