@@ -37,6 +37,11 @@ def test_tokens_to_learn_take_the_first_evaluation_past_the_threshold_or_censor_
     assert t.loc[(2, 0.5), ["tokens", "learned"]].tolist() == [4000.0, False]
     assert len(t) == 6 and set(t["dataset"]) == {"arithmetic"}
     assert ls.tokens_to_learn(h.drop(columns="val_exact_match")).empty
+    # the study order of categorical columns, not the order of the files
+    h2 = history({("rope", 0): [0.6], ("baseline", 0): [0.7]})
+    h2["variant"] = pd.Categorical(h2["variant"], categories=["baseline", "rope"], ordered=True)
+    assert ls.tokens_to_learn(h2)["variant"].astype(str).tolist() == ["baseline"] * 2 + [
+        "rope"] * 2
 
 
 def speed(rows):

@@ -60,14 +60,16 @@ def tokens_to_learn(history: pd.DataFrame, thresholds: Sequence[float] = THRESHO
     a probe (no ``val_exact_match``) give no rows.
 
     Returns:
-        Columns :data:`SPEED_COLUMNS`, in the order of ``history`` (the study order).
+        Columns :data:`SPEED_COLUMNS`, by dataset and variant in the order of ``history``'s
+        categorical columns (the study order), then seed; those columns keep their dtype.
     """
     if history.empty or "val_exact_match" not in history:
         return pd.DataFrame(columns=SPEED_COLUMNS)
     h = history.dropna(subset=["val_exact_match"])
     rows = []
+    # sorted: categorical datasets and variants in the study order, then seeds
     for (ds, variant, seed), g in h.groupby(["dataset", "variant", "seed"], observed=True,
-                                           sort=False):
+                                           sort=True):
         g = g.sort_values("step")
         em, tokens = g["val_exact_match"].to_numpy(float), g["tokens"].to_numpy(float)
         for threshold in thresholds:
@@ -76,7 +78,10 @@ def tokens_to_learn(history: pd.DataFrame, thresholds: Sequence[float] = THRESHO
                          "threshold": threshold,
                          "tokens": float(tokens[hit[0]] if len(hit) else tokens[-1]),
                          "learned": bool(len(hit))})
-    return pd.DataFrame(rows, columns=SPEED_COLUMNS)
+    out = pd.DataFrame(rows, columns=SPEED_COLUMNS)
+    for col in ("dataset", "variant"):  # keep the study order for the tables built on it
+        out[col] = out[col].astype(str).astype(history[col].dtype)
+    return out
 
 
 def _fitter(g: pd.DataFrame):
