@@ -167,8 +167,9 @@ def plot_learning_speed(speed: pd.DataFrame, dataset: str, path: Path, *,
     tokens (x, millions), one panel per threshold of
     :data:`~lmablate.analysis.learning_speed.THRESHOLDS`, one step line per variant in its
     ``palette`` colour with its pointwise 95% band
-    (:func:`~lmablate.analysis.learning_speed.share_learned_curves`); a seed that never learned
-    is censored at its budget, marked ``|``. Returns ``path``, or None without tokens to learn
+    (:func:`~lmablate.analysis.learning_speed.share_learned_curves`) up to the tokens its runs
+    trained (a wider variant trains fewer at equal FLOPs); a seed that never learned is
+    censored there, marked ``|``. Returns ``path``, or None without tokens to learn
     for ``dataset`` (runs without the answer probe)."""
     from lmablate.analysis.learning_speed import THRESHOLDS, share_learned_curves
 
@@ -187,7 +188,9 @@ def plot_learning_speed(speed: pd.DataFrame, dataset: str, path: Path, *,
                 c = curves.get(str(variant))
                 if c is None:
                     continue
-                x = np.append(c["tokens"].to_numpy() / 1e6, budget)
+                mine = s[(s["variant"] == variant) & (s["threshold"] == threshold)]
+                end = float(mine["tokens"].max()) / 1e6  # its own budget: widths differ
+                x = np.append(c["tokens"].to_numpy() / 1e6, end)
                 colour = colours[variant]
                 n = int((s["variant"] == variant).sum() / len(thresholds))
                 ax.step(x, np.append(c["share"], c["share"].iloc[-1]), where="post",
@@ -195,15 +198,15 @@ def plot_learning_speed(speed: pd.DataFrame, dataset: str, path: Path, *,
                 ax.fill_between(x, np.append(c["low"], c["low"].iloc[-1]),
                                 np.append(c["high"], c["high"].iloc[-1]), step="post",
                                 color=colour, alpha=0.12, linewidth=0)
-                censored = s[(s["variant"] == variant) & (s["threshold"] == threshold)
-                             & ~s["learned"].astype(bool)]
-                if len(censored):
-                    ax.scatter([budget], [c["share"].iloc[-1]], marker="|", s=120,
-                               color=colour, zorder=3)
+                censored = mine[~mine["learned"].astype(bool)]
+                if len(censored):  # at the tokens where each was censored
+                    ax.scatter(censored["tokens"] / 1e6, np.full(len(censored),
+                                                                 c["share"].iloc[-1]),
+                               marker="|", s=120, color=colour, zorder=3)
             ax.axvline(budget, color="0.4", linestyle="--", linewidth=1)
             ax.set_xlim(0, budget * 1.03)
             ax.set_ylim(-0.02, 1.02)
-            ax.set_xlabel("training tokens (millions); dashed: the budget")
+            ax.set_xlabel("training tokens (millions); dashed: the most any run trained")
             ax.set_ylabel("share of seeds learned (Kaplan-Meier)")
             ax.set_title(f"exact match ≥ {threshold:g} on the probe problems")
         axes[0][-1].legend(title="variant", loc="upper left", bbox_to_anchor=(1.02, 1.0),
