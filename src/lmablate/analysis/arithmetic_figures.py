@@ -81,10 +81,10 @@ def plot_length_generalisation(by_digits: pd.DataFrame, dataset: str, digits: in
         ax.set_xlim(lengths[0] - 0.5, lengths[-1] + 0.5)
         ax.set_ylim(-0.02, 1.02)
         ax.set_title(f"{dataset}: exact match by operand length\n(mean over {n_seeds} "
-                     "seed(s), bars = 95% t-interval within [0, 1]; points of a length "
+                     "seed(s); bars: 95% t-interval within [0, 1];\npoints of a length "
                      "dodged by variant)")
-        ax.set_xlabel("operand digits (the longer operand); problems per seed"
-                      + (f" († fewer than {MIN_BUCKET_PROBLEMS}: a rough indication)"
+        ax.set_xlabel("operand digits (the longer operand); under each: problems per seed"
+                      + (f"\n(†: fewer than {MIN_BUCKET_PROBLEMS}, a rough indication)"
                          if (counts < MIN_BUCKET_PROBLEMS).any() else ""))
         ax.set_ylabel("exact match (fraction)")
         ax.legend(handles + extra, labels + [h.get_label() for h in extra],
