@@ -34,11 +34,10 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pandas as pd
 from scipy import stats
-from statsmodels.stats.multitest import multipletests
 
 from lmablate.analysis.collect import BASELINE, present
 from lmablate.analysis.statistics import (ALPHA, CONFIDENCE, MIN_SEEDS_FOR_TEST, VERDICT_FEW,
-                                          VERDICT_NSD, min_detectable_effect)
+                                          VERDICT_NSD, holm_p, min_detectable_effect)
 
 THRESHOLDS = (0.5, 0.9)  # exact match a seed has "learned" at (0.5) and "mastered" (0.9)
 SPEED_COLUMNS = ["dataset", "variant", "seed", "threshold", "tokens", "learned"]
@@ -212,18 +211,14 @@ def compare_speed(speed: pd.DataFrame, baseline: str = BASELINE,
                                             .pvalue) if decided else 1.0)
                     family.append(len(rows))
                 rows.append(row)
-            if family:
-                reject, p_holm, _, _ = multipletests([rows[i]["p_value"] for i in family],
-                                                     alpha=alpha, method="holm")
-                for i, rej, p in zip(family, reject, p_holm):
-                    r = rows[i]
-                    r["p_holm"] = float(p)
-                    if rej:
-                        r["verdict"] = (VERDICT_FASTER if r["variant_first"] > r["baseline_first"]
-                                        else VERDICT_SLOWER)
-                    if "_sd" in r:
-                        r["mde_ratio"] = float(np.exp(min_detectable_effect(
-                            r["_sd"], r["n_both"], alpha / len(family))))
+            for i, rej in zip(family, holm_p(rows, family, alpha)):
+                r = rows[i]
+                if rej:
+                    r["verdict"] = (VERDICT_FASTER if r["variant_first"] > r["baseline_first"]
+                                    else VERDICT_SLOWER)
+                if "_sd" in r:
+                    r["mde_ratio"] = float(np.exp(min_detectable_effect(
+                        r["_sd"], r["n_both"], alpha / len(family))))
             for r in rows:
                 r.pop("_sd", None)
     return pd.DataFrame(rows, columns=COMPARISON_COLUMNS)

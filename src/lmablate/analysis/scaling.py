@@ -35,11 +35,10 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 from scipy import optimize, stats
-from statsmodels.stats.multitest import multipletests
 
 from lmablate.analysis.collect import BASELINE, present
 from lmablate.analysis.statistics import (ALPHA, COMPARISON_COLUMNS, CONFIDENCE, compare,
-                                         holm_interval)
+                                         holm_interval, holm_p)
 
 SCALING_TITLE = "How the effects change with compute"  # the report's section
 MIN_BUDGETS_SATURATING = 4  # E, A, alpha and at least one residual degree of freedom
@@ -335,16 +334,12 @@ def effect_trends(scaling: pd.DataFrame, metric_of: dict[str, str],
                                trend=TREND_NONE)
                     family.append(len(rows))
             rows.append(row)
-        if family:
-            reject, p_holm, _, _ = multipletests([rows[i]["p_value"] for i in family],
-                                                 alpha=alpha, method="holm")
-            for i, rej, p in zip(family, reject, p_holm):
-                r = rows[i]
-                r["p_holm"] = float(p)
-                r["slope_holm_low"], r["slope_holm_high"] = holm_interval(
-                    r["slope"], r.pop("_sem"), r.pop("_df"), r["p_value"], float(p), alpha)
-                if rej:
-                    r["trend"] = TREND_GROWS if r["slope"] < 0 else TREND_SHRINKS
+        for i, rej in zip(family, holm_p(rows, family, alpha)):
+            r = rows[i]
+            r["slope_holm_low"], r["slope_holm_high"] = holm_interval(
+                r["slope"], r.pop("_sem"), r.pop("_df"), r["p_value"], r["p_holm"], alpha)
+            if rej:
+                r["trend"] = TREND_GROWS if r["slope"] < 0 else TREND_SHRINKS
         for r in rows:
             if r["dataset"] == dataset and r["trend"] not in (TREND_GROWS, TREND_SHRINKS):
                 r["crossing_flops"] = math.nan  # a sign change without a trend is noise

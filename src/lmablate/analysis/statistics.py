@@ -229,17 +229,27 @@ def min_detectable_effect(sd: float, n: int, alpha: float = ALPHA,
     return float(d) * sd
 
 
+def holm_p(rows: list[dict], family: list[int], alpha: float) -> list[bool]:
+    """Holm's step-down method (Holm 1979; ``statsmodels``' ``multipletests``) over
+    ``rows[i]["p_value"]`` for i in ``family``: sets each row's ``p_holm``, in place, and
+    returns which are rejected at family-wise ``alpha``, in ``family``'s order."""
+    if not family:
+        return []
+    reject, p_holm, _, _ = multipletests([rows[i]["p_value"] for i in family], alpha=alpha,
+                                         method="holm")
+    for i, p in zip(family, p_holm):
+        rows[i]["p_holm"] = float(p)
+    return [bool(x) for x in reject]
+
+
 def holm_correct(rows: list[dict], family: list[int], alpha: float, higher: bool) -> None:
     """Holm's step-down correction over ``rows[i]`` for i in ``family``, in place: ``p_holm``,
     ``reject_holm``, the Holm-adjusted interval (:func:`holm_interval`, from ``_sem``/``_df``)
     and the better/worse verdict of each rejected row."""
-    if not family:
-        return
-    reject, p_holm, _, _ = multipletests([rows[i]["p_value"] for i in family], alpha=alpha,
-                                         method="holm")
-    for i, rej, p in zip(family, reject, p_holm):
+    for i, rej in zip(family, holm_p(rows, family, alpha)):
         r = rows[i]
-        r["p_holm"], r["reject_holm"] = float(p), bool(rej)
+        p = r["p_holm"]
+        r["reject_holm"] = rej
         r["ci_holm_low"], r["ci_holm_high"] = holm_interval(
             r["mean_diff"], r.pop("_sem"), r.pop("_df"), r["p_value"], float(p), alpha)
         if rej:
