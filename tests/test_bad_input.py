@@ -193,8 +193,8 @@ CASES = [
      "integer >= 3 and <= 7"),
     ("problems longer than the context", setting("datasets.arithmetic.decimals", True),
      tune_args(), "params: datasets.arithmetic={'digits': 2, 'max_operand': 99, 'decimals': "
-     "True, 'operations': ['+', '-']} is not allowed; its problems are 24 characters (fields of "
-     "6), more than model.context_length=16 holds; fewer digits, fewer decimals or a longer "
+     "True, 'operations': ['+', '-']} is not allowed; its problems are 30 characters (fields of "
+     "8), more than model.context_length=24 holds; fewer digits, fewer decimals or a longer "
      "context"),
     ("n_test above the limit", setting("datasets.arithmetic.n_test", 10_000_000_000),
      tune_args(), "params: datasets.arithmetic.n_test=10000000000 is not allowed; expected an "
@@ -311,7 +311,7 @@ CASES = [
      "tuning"),
     ("a budget too small for one step", setting("train.budget_flops.arithmetic", 1000),
      tune_args(), "params: train.budget_flops.arithmetic=1e+03 x tune.rungs[0] share 0.5 buys "
-     "no tuning trial of d_model=16 (1.37e+06 FLOPs for 1 step(s)); allowed: a larger budget"),
+     "no tuning trial of d_model=16 (2.13e+06 FLOPs for 1 step(s)); allowed: a larger budget"),
     ("a dataset without a budget", setting("train.budget_flops", {"shakespeare": 3e11}),
      tune_args(), "params: train.budget_flops={'shakespeare': 300000000000.0} is not allowed; "
      "give a budget for every dataset of the study (missing: arithmetic)"),
