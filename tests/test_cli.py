@@ -33,13 +33,14 @@ def test_stages_run_on_tiny_data_and_each_ends_with_one_summary_line(project, ca
         rf"lmablate tune arithmetic rope: done in \d+\.\d s; 3 trials \(rungs 2 x 0\.5 -> 1 x 1 "
         rf"of the budget; 0 diverged\); lr {best['lr']:.3g} \(best point: 1 finite point\(s\): "
         rf"too few for a curve; 1 full-budget lrs, not bracketed within tune\.bracket_points\), "
-        rf"d_model 16, val_loss {best['val_loss']:.4f}; lr not bracketed within "
+        rf"d_model 16, val_answer_loss {best['val_loss']:.4f}; lr not bracketed within "
         rf"tune\.bracket_points", last_line(capsys))
     assert cli.main(["train", "arithmetic", "rope", "--tokens", "tokens", "--best", "out/best.json",
                      "--checkpoints", "out/ck", "--history", "out/history.csv",
                      "--grad-stats", "out/grad.csv"]) == 0
     header = (project.path / "out" / "history.csv").read_text().splitlines()[0]
-    assert header == "budget_flops,seed,step,tokens,train_loss,val_loss,lr,elapsed_seconds"
+    assert header == ("budget_flops,seed,step,tokens,train_loss,val_loss,val_answer_loss,"
+                      "val_exact_match,lr,elapsed_seconds")  # the answer probe on arithmetic
     assert re.fullmatch(r"lmablate train arithmetic rope: done in \d+\.\d s; 1 seeds x \d+ steps "
                         r"at d_model 16, lr \S+; final val_loss \d\.\d{4} to \d\.\d{4}",
                         last_line(capsys))

@@ -169,6 +169,7 @@ def main(cfg: StudyConfig, args: argparse.Namespace) -> str:
 def _summary(r: dict) -> str:
     """One budget's tuning in one line."""
     rungs = " -> ".join(f"{n} x {f:g}" for n, f in r["rungs"])
+    objective = r.get("objective", "val_loss")  # val_answer_loss on arithmetic
     notes = r["extended"] and [f"range extended: {', '.join(r['extended'])}"]
     head = (f"{r['n_trials']} trials (rungs {rungs} of the budget; {r['n_diverged']} "
             f"diverged); ")
@@ -178,11 +179,11 @@ def _summary(r: dict) -> str:
         how = "fitted minimum" if b["fit"]["used"] == "vertex" else (
             f"best point: {b['fit']['note']}")
         return (head + f"lr {r['lr']:.3g} ({how}; {len(b['points'])} full-budget lrs, "
-                f"{b['state']}{u}), d_model {r['d_model']}, val_loss {r['val_loss']:.4f}"
+                f"{b['state']}{u}), d_model {r['d_model']}, {objective} {r['val_loss']:.4f}"
                 + "".join(f"; {x}" for x in (notes or []) + r["on_edge"]))
     where = ("trained at the full budget" if r["full_budget"] else
              f"NOT trained at the full budget (best of rung {r['rung']}, "
              f"{r['budget_fraction']:g} of it: every trial above diverged)")
-    return (head + f"best val_loss {r['val_loss']:.4f} at lr {r['lr']:.3g}, d_model "
+    return (head + f"best {objective} {r['val_loss']:.4f} at lr {r['lr']:.3g}, d_model "
             f"{r['d_model']}, {where}"
             + "".join(f"; {x}" for x in (notes or []) + r["on_edge"]))
