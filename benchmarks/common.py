@@ -166,7 +166,8 @@ def merge(base: dict, changes: dict) -> dict:
 # d_model 16 model with context 16, 8 training steps at that width, tuning of 2 + 1 trials of
 # 4 and 8 steps, evaluation of 8 arithmetic problems. Only the sizes change; the code is the
 # pipeline's. ``TINY_TRAIN_STEPS`` training steps at d_model 16 buy the budget below.
-TINY_MODEL = {"context_length": 16, "n_layers": 1, "n_heads": 2, "d_model": 16}
+# a context of 24 holds one 21-character problem of the default format (fields of 5)
+TINY_MODEL = {"context_length": 24, "n_layers": 1, "n_heads": 2, "d_model": 16}
 TINY_BATCH = 4
 TINY_TRAIN_STEPS = 8
 TINY = {
