@@ -276,7 +276,8 @@ def test_tuning_follows_the_protocol(project):
                               storage=f"sqlite:///{tmp / 'protocol' / 'optuna.db'}")
     trials = study.get_trials()
     # the storage alone says what the study tunes and what its objective is
-    assert study.metric_names == ["val_loss"]
+    assert study.metric_names == ["val_answer_loss"]  # arithmetic: the answer probe's
+    assert best["objective"] == "val_answer_loss"
     assert study.user_attrs == {
         "dataset": "arithmetic", "variant": "baseline",
         "budget_flops": cfg.train.budget_flops["arithmetic"],
