@@ -134,8 +134,10 @@ def test_dvc_shows_one_metrics_row_per_variant_and_one_chart_per_dataset(study, 
                                    for v in VARIANTS] + [f"reports/metrics/{d}.json"
                                                          for d in datasets])
     # a summary, not every seed's values: at most seeds, test loss, answer loss, Δ and verdict
-    # in the headline loss, exact match and the longest length's test loss (arithmetic)
-    assert all(len(r) <= 7 for r in rows.values())
+    # in the headline loss, exact match, the longest length's test loss and the tokens to
+    # learn (arithmetic)
+    assert all(len(r) <= 8 for r in rows.values())
+    assert "tokens_to_learn" in rows["reports/metrics/arithmetic/baseline.json"]
     table = run_command(["dvc", "metrics", "show"], study, env={"COLUMNS": "200"})
     assert max(len(line) for line in table.stdout.splitlines()) <= 200
     # the handbook's `dvc exp show` command (docs/dvc.md): every column shown in a 200-column

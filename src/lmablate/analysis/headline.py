@@ -59,9 +59,7 @@ def verdict_text(comparisons: pd.DataFrame, dataset: str, metric: str) -> str:
 
 def study_metrics(summary: pd.DataFrame, comparisons: pd.DataFrame,
                   extrapolation: pd.DataFrame | None = None,
-                  success: pd.DataFrame | None = None,
-                  speed: tuple[pd.DataFrame, pd.DataFrame] | None = None
-                  ) -> dict[tuple[str, str], dict]:
+                  speed: pd.DataFrame | None = None) -> dict[tuple[str, str], dict]:
     """The study-level DVC metrics, one small dict per dataset x variant.
 
     Every row: ``seeds``, the mean ``test_loss`` (nats/char). Then, for the dataset's
@@ -71,11 +69,11 @@ def study_metrics(summary: pd.DataFrame, comparisons: pd.DataFrame,
     and ``"baseline"``). Then the mean ``exact_match`` (arithmetic, a fraction), and the mean
     test loss at the longest length of ``extrapolation``
     (:func:`lmablate.analysis.extrapolation.extrapolation_table`) as ``test_loss_x<f>``,
-    "n/a" where the position scheme cannot run that long. On arithmetic, from ``success``
-    (:func:`lmablate.analysis.success.success_table`) ``seeds_learned``, and from ``speed``
-    (``learning_speed.csv``, ``learning_speed_comparisons.csv``) ``tokens_to_learn``, the
-    Kaplan-Meier median tokens to an exact match of 0.5 ("not reached" where fewer than half
-    the seeds got there), and ``learning_speed``, its paired verdict against the baseline.
+    "n/a" where the position scheme cannot run that long. On arithmetic, from ``speed``
+    (``learning_speed.csv``) ``tokens_to_learn``, the Kaplan-Meier median training tokens to an
+    exact match of 0.5 ("not reached" where fewer than half the seeds got there): one column,
+    so that ``dvc metrics show`` still fits a 200-column terminal; the seeds learned and the
+    paired comparison are in ``success.csv`` and ``learning_speed_comparisons.csv``.
 
     So a Shakespeare row is ``{seeds, test_loss, delta_test_loss, verdict, exact_match?,
     test_loss_x<f>?}`` and an arithmetic row ``{seeds, test_loss, answer_loss,
@@ -105,7 +103,7 @@ def study_metrics(summary: pd.DataFrame, comparisons: pd.DataFrame,
                         "verdict": str(c["verdict"].iloc[0])})
         if (dataset, variant, "exact_match") in means.index:
             doc["exact_match"] = float(means.loc[(dataset, variant, "exact_match"), "mean"])
-        _learning(doc, str(dataset), str(variant), success, speed)
+        _learning(doc, str(dataset), str(variant), speed)
         if top is not None:
             e = extrapolation[(extrapolation["dataset"] == dataset)
                               & (extrapolation["variant"] == variant)
@@ -117,27 +115,14 @@ def study_metrics(summary: pd.DataFrame, comparisons: pd.DataFrame,
     return out
 
 
-def _learning(doc: dict, dataset: str, variant: str, success: pd.DataFrame | None,
-              speed: tuple[pd.DataFrame, pd.DataFrame] | None) -> None:
-    """Add :func:`study_metrics`' learning metrics of ``dataset`` x ``variant`` to ``doc``."""
-    if success is not None and len(success):
-        r = success[(success["dataset"] == dataset) & (success["variant"] == variant)]
-        if len(r):
-            doc["seeds_learned"] = int(r["n_learned"].iloc[0])
-    if speed is None:
-        return
-    table, comparisons = speed
-    t = table[(table["dataset"] == dataset) & (table["variant"] == variant)
-              & (table["threshold"] == 0.5)] if len(table) else table
-    if len(t):
+def _learning(doc: dict, dataset: str, variant: str, speed: pd.DataFrame | None) -> None:
+    """Add :func:`study_metrics`' ``tokens_to_learn`` of ``dataset`` x ``variant`` to ``doc``
+    (``speed``: ``learning_speed.csv``)."""
+    t = speed[(speed["dataset"] == dataset) & (speed["variant"] == variant)
+              & (speed["threshold"] == 0.5)] if speed is not None and len(speed) else None
+    if t is not None and len(t):
         median = float(t["median_tokens"].iloc[0])
         doc["tokens_to_learn"] = median if math.isfinite(median) else "not reached"
-    c = comparisons[(comparisons["dataset"] == dataset) & (comparisons["variant"] == variant)
-                    & (comparisons["threshold"] == 0.5)] if len(comparisons) else comparisons
-    if variant == BASELINE and len(t):
-        doc["learning_speed"] = "baseline"
-    elif len(c):
-        doc["learning_speed"] = str(c["verdict"].iloc[0])
 
 
 def dataset_verdicts(summary: pd.DataFrame, comparisons: pd.DataFrame) -> dict[str, dict]:
@@ -161,8 +146,7 @@ def dataset_verdicts(summary: pd.DataFrame, comparisons: pd.DataFrame) -> dict[s
 
 def metrics_files(summary: pd.DataFrame, comparisons: pd.DataFrame,
                   extrapolation: pd.DataFrame | None = None,
-                  success: pd.DataFrame | None = None,
-                  speed: tuple[pd.DataFrame, pd.DataFrame] | None = None) -> dict[str, dict]:
+                  speed: pd.DataFrame | None = None) -> dict[str, dict]:
     """The DVC metrics directory (``reports/metrics/``) as relative path -> JSON document:
     ``<dataset>.json`` each dataset's verdicts (:func:`dataset_verdicts`), then
     ``<dataset>/<variant>.json`` each dataset x variant's metrics (:func:`study_metrics`). One
@@ -170,5 +154,5 @@ def metrics_files(summary: pd.DataFrame, comparisons: pd.DataFrame,
     docs = {f"{ds}.json": doc for ds, doc in dataset_verdicts(summary, comparisons).items()}
     docs.update({f"{ds}/{var}.json": doc
                  for (ds, var), doc in study_metrics(summary, comparisons, extrapolation,
-                                                     success, speed).items()})
+                                                     speed).items()})
     return docs

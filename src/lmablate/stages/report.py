@@ -180,8 +180,8 @@ def build_report(cfg: StudyConfig, runs_dir: Path, out_dir: Path,
     paths.update({name: fileio.write_csv(out_dir / file, frame, columns)
                   for name, (file, frame, columns) in scaling_csvs(scaling).items()})
     paths["metrics"] = write_metrics(out_dir / "metrics", scaling_metrics(scaling, runs, (
-        metrics_files(tables.summary, tables.comparisons, tables.extrapolation, tables.success,
-                      (tables.speed_summary, tables.speed_comparisons)))))
+        metrics_files(tables.summary, tables.comparisons, tables.extrapolation,
+                      tables.speed_summary))))
 
     figures = draw_report_figures(cfg, runs, tables, out_dir / "figures", palette,
                                   extra=extra_figures)
