@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 
 from lmablate import params
-from lmablate.arithmetic import generate_arithmetic
+from lmablate.problem_sets import generate_arithmetic
 
 VARIANTS = ("baseline", "gelu", "rmsnorm")
 DATASETS = ("shakespeare", "arithmetic")

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from lmablate import arithmetic, corpus, fileio
-from lmablate.arithmetic import Operand, format_problem, generate_arithmetic
+from lmablate import arithmetic, corpus, fileio, problem_sets
+from lmablate.arithmetic import Operand, format_problem
+from lmablate.problem_sets import generate_arithmetic
 from lmablate.config import ConfigError, DataError, DatasetConfig, SplitConfig
 from lmablate.corpus import ChecksumError, MemberSelection
 from lmablate.stages.generate import run as generate
@@ -251,7 +252,7 @@ def test_test_problems_are_disjoint_from_train(problems):
 
 def test_clashes_with_test_are_redrawn(monkeypatch):
     """Force collisions: a generator whose first train draw repeats the test problems."""
-    real = arithmetic._draw_problems
+    real = problem_sets._draw_problems
     calls = []
 
     def clashing(rng, op_idx, fmt, low=1):
@@ -261,7 +262,7 @@ def test_clashes_with_test_are_redrawn(monkeypatch):
             lines[: len(calls[0])] = calls[0]
         return lines
 
-    monkeypatch.setattr(arithmetic, "_draw_problems", clashing)
+    monkeypatch.setattr(problem_sets, "_draw_problems", clashing)
     train, test = generate_arithmetic(40, 8, seed=5)
     assert len(calls) >= 3 and not set(train) & set(test) and len(train) == 40
     counts = Counter(_parse(line)[1] for line in train)
@@ -587,7 +588,7 @@ def test_the_length_split_has_the_lengths_it_claims(name):
     shortest = len(str(fmt.max_operand)) + 1
     train, test = generate_arithmetic(500, 5, seed=3, fmt=fmt)
     for n in range(shortest, min(shortest + 2, arithmetic.MAX_DIGITS) + 1):
-        lines = arithmetic.length_problems(fmt, n, 200, seed=1)
+        lines = problem_sets.length_problems(fmt, n, 200, seed=1)
         long = fmt.at_digits(n)
         assert len(lines) == 200 and long.width > fmt.width
         for line in lines:
@@ -595,7 +596,7 @@ def test_the_length_split_has_the_lengths_it_claims(name):
             assert len(a.partition(".")[0]) == len(b.partition(".")[0]) == n
             assert arithmetic.operand_digits(line) == n
         assert not set(lines) & set(train + test)
-        assert arithmetic.length_problems(fmt, n, 200, seed=1) == lines
+        assert problem_sets.length_problems(fmt, n, 200, seed=1) == lines
 
 
 def test_a_format_too_small_for_its_test_set_is_an_error():
@@ -640,7 +641,7 @@ def test_a_format_padded_for_its_length_splits_shares_their_field_width(name):
     train, test = generate_arithmetic(300, 5, seed=3, fmt=padded)
     widths = {padded.line_length}
     for n in lengths:
-        lines = arithmetic.length_problems(padded, n, 50, seed=1)
+        lines = problem_sets.length_problems(padded, n, 50, seed=1)
         widths |= {len(line) for line in lines}
         for line in lines[:10]:
             a, _, b = _checked(line, padded.at_digits(n))
@@ -662,6 +663,6 @@ def test_the_default_dataset_pads_training_to_its_length_splits_and_seed_000_kee
     arith = cfg.dataset("arithmetic")
     assert arith.length_digits == (3, 4)
     assert arith.format.width == 5 and arith.format.line_length == 21  # $(00007+00091)=09800$
-    assert arithmetic.length_problems(arith.format, 4, 1, seed=0)[0].__len__() == 21
+    assert problem_sets.length_problems(arith.format, 4, 1, seed=0)[0].__len__() == 21
     seed = cfg.dataset("arithmetic_seed")
     assert seed.format == arithmetic.SEED_FORMAT and seed.format.line_length == 36

@@ -10,7 +10,7 @@ Output files (UTF-8, ``\\n`` line ends, each written atomically):
   "this dataset brings its own test split").
 * ``length.txt`` -- arithmetic only: the length-generalisation split, ``n_test`` problems for
   each of ``length_digits`` (both operands of exactly that many digits, in the format at that
-  length: :func:`~lmablate.arithmetic.length_problems`), shortest first; empty without
+  length: :func:`~lmablate.problem_sets.length_problems`), shortest first; empty without
   ``length_digits``. Longer than every training problem, so disjoint from the pool.
 """
 
@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from lmablate import fileio
-from lmablate.arithmetic import generate_arithmetic, length_problems
+from lmablate.problem_sets import generate_arithmetic, length_problems
 from lmablate.config import DatasetConfig, StudyConfig
 from lmablate.corpus import load_text_corpus
 
@@ -45,7 +45,7 @@ def run(cfg: DatasetConfig, out_dir: Path) -> dict:
 
     Raises:
         TypeError: ``cfg`` is not a DatasetConfig.
-        DataError / ChecksumError: see :func:`~lmablate.arithmetic.generate_arithmetic` and
+        DataError / ChecksumError: see :func:`~lmablate.problem_sets.generate_arithmetic` and
             :func:`~lmablate.corpus.load_text_corpus`.
     """
     if not isinstance(cfg, DatasetConfig):
