@@ -318,7 +318,7 @@ def kind_keys(kind):
     return {f.name for f in param_fields("datasets") if f.metadata.get("kind", kind) == kind}
 
 
-PROFILES = ["params.yaml", "profiles/full.yaml", "profiles/scaling.yaml",
+PROFILES = ["params.yaml", "profiles/full.yaml", "profiles/length.yaml", "profiles/scaling.yaml",
             "profiles/seed-scale.yaml"]
 
 

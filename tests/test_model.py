@@ -18,8 +18,13 @@ V = 13  # vocabulary of the tiny test models
 CTX = 16
 
 
+LINE = 12  # characters of a coupled model's arithmetic line: fields of 2 digits
+
+
 def make_cfg(**kw) -> ModelConfig:
     base = dict(vocab_size=V, context_length=CTX, n_layers=2, n_heads=4, d_model=16)
+    if kw.get("position") == "coupled":
+        base["line_length"] = LINE
     return ModelConfig(**{**base, **kw})
 
 
@@ -596,8 +601,9 @@ def test_param_counts_by_hand(ffn, norm, placement, position, bias):
     cfg = variant_cfg(ffn, norm, placement, position, n_kv_heads=2, bias=bias)
     total, non_emb = M.count_params(cfg)
     assert non_emb == _non_embedding_by_hand(cfg)
-    embedding = V * cfg.d_model * 2 + (CTX * cfg.d_model if position == "learned" else 0)
-    assert total - non_emb == embedding  # token table, untied head, learned positions
+    tables = CTX * cfg.d_model if position in ("learned", "coupled") else 0
+    embedding = V * cfg.d_model * 2 + tables
+    assert total - non_emb == embedding  # token table, untied head, learned or coupled table
     model = make_model(cfg)
     assert (model.num_params(), model.num_params(non_embedding=True)) == (total, non_emb)
     assert total == sum(p.numel() for p in model.state_dict().values() if p.dtype.is_floating_point)

@@ -15,7 +15,8 @@ from conftest import load_script
 ROOT = Path(__file__).resolve().parents[1]
 # init fields that are not keys of params.yaml: the tokenizer sets the vocabulary, an entry's
 # name is its key in the datasets section
-NOT_KEYS = {("model", "vocab_size"), ("variants", "vocab_size"), ("datasets", "name")}
+NOT_KEYS = {("model", "vocab_size"), ("variants", "vocab_size"), ("model", "line_length"),
+            ("variants", "line_length"), ("datasets", "name")}
 
 
 def load_reference():

@@ -48,7 +48,7 @@ FFN_CHOICES = ("relu", "gelu", "swiglu", "geglu", "reglu", "glu")
 GATED_FFNS = ("swiglu", "geglu", "reglu", "glu")
 NORM_CHOICES = ("layernorm", "rmsnorm")
 NORM_PLACEMENT_CHOICES = ("pre", "post")
-POSITION_CHOICES = ("learned", "sinusoidal", "rope", "alibi", "none")
+POSITION_CHOICES = ("learned", "sinusoidal", "rope", "alibi", "none", "coupled")
 
 # Upper limits, where a typo (an extra zero, 1e30 for 1e13) would exhaust memory or run for
 # days before anything failed. Each is far above the posts' GPU scale (profiles/seed-scale.yaml).
@@ -144,6 +144,8 @@ class ModelConfig:
     """
 
     vocab_size: int = 0  # not a key of params.yaml: 0 until the tokenizer fixes it
+    # not a key either: characters per arithmetic line, from the dataset, for position coupled
+    line_length: int = 0
     context_length: int = param(64, "tokens per training window, the span attention sees",
                                 integer(maximum=MAX_CONTEXT))
     n_layers: int = param(2, "transformer blocks", integer(maximum=MAX_LAYERS))
@@ -179,6 +181,7 @@ class ModelConfig:
     def __post_init__(self) -> None:
         p = "model"
         check_int(f"{p}.vocab_size", self.vocab_size, minimum=0, maximum=2**16)
+        check_int(f"{p}.line_length", self.line_length, minimum=0, maximum=MAX_CONTEXT)
         check_fields(self, p)
         if self.d_model % self.n_heads:
             fail(f"{p}.d_model", self.d_model, f"must be divisible by n_heads={self.n_heads}")
@@ -188,6 +191,14 @@ class ModelConfig:
                   f"rope needs an even head_dim; d_model/n_heads = {head_dim}")
         if self.position == "sinusoidal" and self.d_model % 2:
             fail(f"{p}.d_model", self.d_model, "sinusoidal positions need an even d_model")
+        if self.position == "coupled" and self.line_length:  # bound to arithmetic lines
+            width = (self.line_length - 6) / 3  # "$(" a op b ")=" c "$"
+            if self.line_length < 9 or width != int(width):
+                fail(f"{p}.line_length", self.line_length,
+                     "position coupled needs lines $(a op b)=c$ of 6 + 3 x field width characters")
+            if self.context_length < width + 2:
+                fail(f"{p}.context_length", self.context_length,
+                     f"position coupled needs at least field width + 2 = {int(width) + 2}")
         kv = self.n_heads if self.n_kv_heads is None else self.n_kv_heads
         if self.n_heads % kv:
             fail(f"{p}.n_kv_heads", kv, f"must divide n_heads={self.n_heads}")
@@ -412,14 +423,20 @@ class StudyConfig:
         """
         return dataclasses.replace(self, train=self.train.at_budget(dataset, budget))
 
-    def model_config(self, variant: str, vocab_size: int, **overrides: Any) -> ModelConfig:
-        """The baseline model with the variant's overrides, then ``overrides`` (tuned values).
+    def model_config(self, variant: str, vocab_size: int, line_length: int = 0,
+                     **overrides: Any) -> ModelConfig:
+        """The baseline model with the variant's overrides, then ``overrides`` (tuned values),
+        bound to a dataset of ``vocab_size`` tokens (and, for position coupled only, arithmetic
+        lines of ``line_length`` characters: 0 for a text dataset).
 
         Raises:
-            ConfigError: unknown variant, or the result is invalid (e.g. width vs heads).
+            ConfigError: unknown variant, or the result is invalid (e.g. width vs heads, position
+                coupled on a text dataset).
         """
         self.check_variant(variant)
         changes = {**self.variants[variant], **overrides, "vocab_size": vocab_size}
+        if changes.get("position", self.model.position) == "coupled":
+            changes["line_length"] = line_length
         return self.model.replace(**changes)
 
 

@@ -127,7 +127,8 @@ def _check_start(pos: int) -> None:
 class Position(nn.Module):
     """Base of the position schemes: three hooks, all no-ops here. A scheme overrides one.
 
-    * ``embed(x (B,T,C), pos) -> (B,T,C)``: add something to the token embeddings.
+    * ``embed(x (B,T,C), pos) -> (B,T,C)``: add something to the token embeddings
+      (``embed_ids(x, idx, pos)`` when the scheme reads the token ids too).
     * ``rotate(q (B,nh,T,hs), k (B,nkv,T,hs), pos) -> (q, k)``: transform queries and keys.
     * ``attn_bias(T_q, T_k, offset) -> (nh, T_q, T_k) or None``: add to attention scores.
 
@@ -146,6 +147,11 @@ class Position(nn.Module):
 
     def embed(self, x: Tensor, pos: int) -> Tensor:
         return x
+
+    def embed_ids(self, x: Tensor, idx: Tensor, pos: int) -> Tensor:
+        """``embed`` for a scheme that also reads the token ids ``idx`` (B,T); the model calls
+        this one. The default ignores them."""
+        return self.embed(x, pos)
 
     def rotate(self, q: Tensor, k: Tensor, pos: int) -> tuple[Tensor, Tensor]:
         return q, k
@@ -290,12 +296,96 @@ class ALiBi(Position):
         return -self.slopes[:, None, None] * (i - j)  # (nh, T_q, T_k); j > i is masked later
 
 
+# a multiplier per character of a line for the coupled scheme's training offsets (any fixed
+# odd constants spread the hash; a line has at most MAX_CONTEXT characters)
+_LINE_HASH = 2654435761
+
+
+def coupled_slots(line_length: int, width: int) -> Tensor:
+    """Digit significance carried by each character slot of a line ``$(a op b)=c$`` of fixed
+    ``width`` fields, answer reversed: (line_length,) int64, -1 where none.
+
+    Operand slots carry their digit's significance (``width - 1`` for the leftmost); the slot
+    that *predicts* answer digit j (``=`` for j = 0, then answer digit j - 1) carries j, so that
+    the token emitting a digit sits at that digit's coupled position (Cho et al. 2024, sec. 3).
+    """
+    W, r = width, torch.arange(line_length)
+    sig = torch.full((line_length,), -1, dtype=torch.long)
+    for start in (2, 3 + W):  # operand a after "$(", operand b after the operator
+        inside = (r >= start) & (r < start + W)
+        sig[inside] = W - 1 - (r[inside] - start)
+    answer = (r >= 4 + 2 * W) & (r < 4 + 3 * W)  # "=" and the answer's first W - 1 digits
+    sig[answer] = r[answer] - (4 + 2 * W)
+    return sig
+
+
+class CoupledPosition(Position):
+    """Position coupling (Cho et al. 2024, "Position Coupling: Improving Length Generalization
+    of Arithmetic Transformers Using Task Structure"; Abacus embeddings, McLeish et al. 2024,
+    are the same idea): a learned table indexed not by position but by digit significance, so
+    the digits of equal significance in both operands and the answer share an embedding, and
+    the table's row ``1 + offset + significance`` is added to them (row 0 to every other token).
+
+    It knows lmablate's arithmetic lines (``$(a op b)=c$``, fixed-width fields, answer reversed,
+    ``cfg.line_length`` characters) and that a window starts at a line (``TokenData.stride``).
+    In training each line but a window's first is shifted by an offset in ``0..K-1``
+    (K = context_length - width - 1; the papers' random start), a hash of the previous line's
+    tokens: deterministic, causal, and independent of the line itself. In evaluation the offset
+    is 0, so significances the training operands never had (a longer operand's leading digit)
+    fall on rows trained at other offsets. The table has ``context_length`` rows: the learned
+    baseline's parameter count. Runs at any length.
+
+    Raises:
+        ValueError: a config without ``line_length``; a forward in training mode that does not
+            start at position 0.
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__(cfg)
+        if not cfg.line_length:
+            raise ValueError("position coupled needs cfg.line_length: the model must be bound "
+                             "to an arithmetic dataset (variants.resolve_model_config)")
+        self.line_length = cfg.line_length
+        self.width = (cfg.line_length - 6) // 3
+        self.n_offsets = cfg.context_length - self.width - 1
+        self.wce = nn.Embedding(cfg.context_length, cfg.d_model)
+        self.register_buffer("slots", coupled_slots(cfg.line_length, self.width),
+                             persistent=False)  # (L,)
+        weights = torch.tensor([pow(_LINE_HASH, i + 1, 2**31) for i in range(cfg.line_length)])
+        self.register_buffer("hash_weights", weights, persistent=False)  # (L,) int64
+
+    def line_offsets(self, idx: Tensor) -> Tensor:
+        """(B, T//L + 1) int64: the training offset of each line of windows ``idx`` (B,T)
+        starting at a line; line 0's is 0, line n's a hash of line n-1's tokens."""
+        B, L = idx.size(0), self.line_length
+        full = idx[:, :idx.size(1) // L * L].reshape(B, -1, L).long()  # (B, lines, L)
+        h = (full * self.hash_weights).sum(-1) % self.n_offsets  # (B, lines)
+        return torch.cat([h.new_zeros(B, 1), h], dim=1)
+
+    def ids(self, idx: Tensor, pos: int) -> Tensor:
+        """Table rows of tokens ``idx`` (B,T) whose first is at absolute position ``pos``:
+        (B, T) int64."""
+        _check_start(pos)
+        t = torch.arange(pos, pos + idx.size(1), device=idx.device)
+        sig = self.slots[t % self.line_length]  # (T,)
+        if not self.training:
+            return torch.where(sig >= 0, 1 + sig, 0).expand(idx.size(0), -1)
+        if pos != 0:
+            raise ValueError(f"coupled positions train on windows from position 0, not {pos}")
+        offset = self.line_offsets(idx)[:, t // self.line_length]  # (B, T)
+        return torch.where(sig >= 0, 1 + offset + sig, 0)
+
+    def embed_ids(self, x: Tensor, idx: Tensor, pos: int) -> Tensor:
+        return x + self.wce(self.ids(idx, pos))
+
+
 POSITIONS = {
     "learned": LearnedPosition,
     "sinusoidal": SinusoidalPosition,
     "rope": RoPE,
     "alibi": ALiBi,
     "none": NoPosition,
+    "coupled": CoupledPosition,
 }
 
 # ---------------------------------------------------------------------------------- attention
@@ -511,7 +601,7 @@ class GPT(nn.Module):
             raise ValueError(f"sequence of {offset + T} tokens exceeds the {self.cfg.position} "
                              f"position table of {limit} positions (context_length={limit}); "
                              f"position '{self.cfg.position}' cannot run past its table")
-        x = self.drop(self.position.embed(self.wte(idx), offset))  # (B, T, C)
+        x = self.drop(self.position.embed_ids(self.wte(idx), idx, offset))  # (B, T, C)
         for block in self.blocks:
             x = block(x, self.position, cache)
         logits = self.lm_head(self.norm_f(x))  # (B, T, vocab)

@@ -131,6 +131,14 @@ def parse(raw: Mapping[str, Any]) -> StudyConfig:
                  f"its problems are {f.line_length} characters (fields of {f.width}), more than "
                  f"model.context_length={model.context_length} holds; fewer digits, fewer "
                  "decimals or a longer context")
+    coupled = [v for v in cfg.study_variants
+               if cfg.model_config(v, vocab_size=1).position == "coupled"]
+    text = [name for name, ds in cfg.datasets.items() if ds.kind != "arithmetic"]
+    if coupled and text:  # the scheme reads arithmetic lines; text has none
+        fail("study.variants", list(cfg.study_variants),
+             f"{', '.join(coupled)} (position coupled) needs arithmetic datasets only; "
+             f"study.datasets has {', '.join(text)}: run it in a study of arithmetic datasets "
+             "(profiles/length.yaml)")
     for d in cfg.tune.d_model_choices or ():
         if d % model.n_heads:
             fail("tune.d_model_choices", d, f"every width must be divisible by n_heads={model.n_heads}")

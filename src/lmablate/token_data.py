@@ -43,6 +43,11 @@ class TokenData:
                    vocab_size=tok.vocab_size, tokens_dir=Path(tokens_dir),
                    stride=int(read_meta(tokens_dir).get("line_length", 1)))
 
+    @property
+    def line_length(self) -> int:
+        """Characters of an arithmetic dataset's every line (its window stride); 0 for text."""
+        return self.stride if self.stride > 1 else 0
+
     def fingerprint(self) -> str:
         """Hash of the training and validation tokens and the window stride (ties resume states
         to their data)."""

@@ -115,7 +115,8 @@ def _train_trial(job: TuneJob, study: optuna.Study, trial: optuna.Trial, data: T
     dists = trial_distributions(cfg.tune)
     lr = trial.suggest_float("lr", dists["lr"].low, dists["lr"].high, log=True)
     d_model = trial.suggest_int("d_model", dists["d_model"].low, dists["d_model"].high, log=True)
-    model_cfg = resolve_model_config(cfg, job.variant, data.vocab_size, d_model)
+    model_cfg = resolve_model_config(cfg, job.variant, data.vocab_size, d_model,
+                                     data.line_length)
     steps = trial_steps(cfg, job.dataset, model_cfg, fraction)
     train_cfg = trial_train_config(cfg, job.dataset, steps)
     reports: dict[int, float] = {}
@@ -213,7 +214,7 @@ def run_batches(job: TuneJob, study: optuna.Study, sampler_seed: int,
 
 
 def trials_frame(cfg: StudyConfig, dataset: str, variant: str, vocab_size: int,
-                 results: dict[int, FrozenTrial]) -> list[dict]:
+                 results: dict[int, FrozenTrial], line_length: int = 0) -> list[dict]:
     """One row per slot with a result (:data:`TRIALS_COLUMNS`): its rung, batch, the budget
     (FLOPs of a final run; ``cfg`` holds one per dataset, see
     :meth:`~lmablate.config.StudyConfig.at_budget`) and its share of it, params, the
@@ -243,7 +244,8 @@ def trials_frame(cfg: StudyConfig, dataset: str, variant: str, vocab_size: int,
                          cfg, dataset, t.params["d_model"]), 3),
                      "steps": steps, "last_step": last,
                      "flops": training_flops(
-                         resolve_model_config(cfg, variant, vocab_size, t.params["d_model"]),
+                         resolve_model_config(cfg, variant, vocab_size, t.params["d_model"],
+                                              line_length),
                          cfg.train.batch_size, last),
                      "fail_reason": t.user_attrs.get("fail_reason", "")})
     return rows
@@ -251,7 +253,7 @@ def trials_frame(cfg: StudyConfig, dataset: str, variant: str, vocab_size: int,
 
 def summarise_study(cfg: StudyConfig, dataset: str, variant: str, study_name: str,
                     results: dict[int, FrozenTrial], vocab_size: int, sampler_seed: int,
-                    widths: list[int]) -> tuple[dict, list[dict]]:
+                    widths: list[int], line_length: int = 0) -> tuple[dict, list[dict]]:
     """``(best, rows)`` of a finished study: ``rows`` its :func:`trials_frame`, and ``best``
     what ``best.json`` records: the chosen trial (:func:`lmablate.tuning.chosen`: ``lr``,
     ``d_model``, ``val_loss``, the value of the tuning ``objective``
@@ -273,7 +275,7 @@ def summarise_study(cfg: StudyConfig, dataset: str, variant: str, study_name: st
                            "see the trials' fail_reason in trials.csv, Optuna or MLflow")
     last = batch_of(tune, n_slots(tune) - 1)
     searched = space_for_batch(cfg, dataset, results, last)
-    rows = trials_frame(cfg, dataset, variant, vocab_size, results)
+    rows = trials_frame(cfg, dataset, variant, vocab_size, results, line_length)
     complete = [t for t in results.values() if t.state == TrialState.COMPLETE]
     ladder = None if tune.d_model_choices is not None else widths
     bracket = bracket_outcome(cfg, dataset, results)

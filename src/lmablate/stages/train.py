@@ -323,7 +323,8 @@ def _plan(cfg: StudyConfig, dataset: str, variant: str, data: TokenData, tokens_
         raise ValueError(f"{best_path}: tuned with sampler seed {tuned['sampler_seed']}, but "
                          f"--replicate {replicate} means tune.sampler_seed + {replicate} = "
                          f"{expected}")
-    model_cfg = resolve_model_config(cfg, variant, data.vocab_size, tuned["d_model"])
+    model_cfg = resolve_model_config(cfg, variant, data.vocab_size, tuned["d_model"],
+                                     data.line_length)
     data.check_fits(model_cfg.context_length, f"{dataset}")
     preflight(model_cfg, f"variant {variant!r}")
     steps = run_steps(cfg, dataset, model_cfg)
