@@ -711,7 +711,10 @@ def count_params(cfg: ModelConfig) -> tuple[int, int]:
 
 
 def _non_embedding(cfg: ModelConfig) -> int:
-    # the non-embedding count does not depend on the vocabulary, so a placeholder of 1 is fine
+    # the non-embedding count does not depend on the vocabulary, so a placeholder of 1 is fine;
+    # nor on a position table: a coupled model not yet bound to its lines counts as learned
+    if cfg.position == "coupled" and not cfg.line_length:
+        cfg = cfg.replace(position="learned")
     return count_params(cfg.replace(vocab_size=max(cfg.vocab_size, 1)))[1]
 
 
