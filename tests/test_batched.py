@@ -34,11 +34,11 @@ def project(tmp_path_factory, make_project):
 
 
 def model_config(cfg, data, variant):
-    return resolve_model_config(cfg, variant, data.vocab_size, 16)
+    return resolve_model_config(cfg, variant, data.vocab_size, 16, data.line_length)
 
 
 @pytest.mark.parametrize("variant", ["baseline", "llama", "alibi", "gqa", "post_norm",
-                                     "sinusoidal"])
+                                     "sinusoidal", "coupled"])
 def test_each_seed_of_a_batched_run_follows_its_run_alone(project, variant):
     cfg, data, _ = project
     mc = model_config(cfg, data, variant)

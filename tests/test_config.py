@@ -52,6 +52,20 @@ def test_variant_overrides_apply(raw):
     assert cfg.model_config("baseline", vocab_size=10).ffn == "relu"
 
 
+def test_position_coupled_beside_a_text_dataset_is_an_error_naming_both(raw):
+    bad = mutate(raw, "study.variants", ["baseline", "coupled"])
+    with pytest.raises(ConfigError, match=r"study\.variants=.*coupled \(position coupled\) needs "
+                                          r"arithmetic datasets only; study\.datasets has "
+                                          r"shakespeare"):
+        params.parse(bad)
+    cfg = params.parse(mutate(bad, "study.datasets", ["arithmetic"]))
+    from lmablate.variants import resolve_model_config
+    with pytest.raises(ConfigError, match="variant 'coupled' has position 'coupled', which needs"):
+        resolve_model_config(cfg, "coupled", 20, 32, line_length=0)  # a text dataset's lines
+    assert resolve_model_config(cfg, "coupled", 20, 32, line_length=21).line_length == 21
+    assert resolve_model_config(cfg, "baseline", 20, 32, line_length=21).line_length == 0
+
+
 def mutate(raw, path, value):
     out = copy.deepcopy(raw)
     node = out

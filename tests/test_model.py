@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from lmablate import model as M
 from lmablate.config import (FFN_CHOICES, NORM_CHOICES, NORM_PLACEMENT_CHOICES, POSITION_CHOICES,
-                             ModelConfig)
+                             ConfigError, ModelConfig)
 
 V = 13  # vocabulary of the tiny test models
 CTX = 16
@@ -404,6 +404,81 @@ def test_sinusoidal_scales_token_embeddings_by_sqrt_d_model_as_vaswani_and_learn
     for scheme in ("rope", "alibi", "none"):  # the others leave the embeddings as they are
         assert torch.equal(M.POSITIONS[scheme](make_cfg(position=scheme, d_model=32)).embed(x, 3),
                            x)
+
+
+def test_coupled_positions_put_digits_of_equal_significance_on_one_row():
+    """Cho et al. 2024, sec. 3: both operands' digits of significance s and the token that
+    emits the answer's digit s share a position; every other character has none."""
+    line = "$(00630+00971)=10610$"  # 630 + 971 = 1601, answer reversed in fields of 5
+    slots = M.coupled_slots(len(line), 5).tolist()
+    a, b, answer = line[2:7], line[8:13], line[15:20]
+    assert int(a) + int(b) == int(answer[::-1])
+    for s in range(5):
+        assert slots[2 + 4 - s] == slots[8 + 4 - s] == s  # operand digits, read from the right
+        assert slots[14 + s] == s  # "=" then answer digits: the token before answer digit s
+    digits_and_emitters = {*range(2, 7), *range(8, 13), *range(14, 19)}
+    assert all(slots[i] == -1 for i in range(len(line)) if i not in digits_and_emitters)
+
+
+def _coupled(**kw) -> ModelConfig:
+    return make_cfg(position="coupled", context_length=40, **kw)  # 3 lines of 12 and 4 more
+
+
+def test_coupled_offsets_shift_each_training_line_by_a_hash_of_the_previous_one():
+    pos = M.CoupledPosition(_coupled())
+    idx = tokens(6, 40)
+    pos.eval()
+    plain = pos.ids(idx, 0)  # evaluation: offset 0 on every line
+    assert torch.equal(plain[:, :LINE], plain[:, LINE:2 * LINE])
+    assert plain.max() == 2 and plain.min() == 0  # 1 + significance 0..1 on fields of 2
+    pos.train()
+    shifted = pos.ids(idx, 0)
+    assert torch.equal(shifted[:, :LINE], plain[:, :LINE])  # a window's first line: offset 0
+    offsets = shifted - plain
+    assert torch.equal(offsets[plain == 0], torch.zeros_like(offsets[plain == 0]))
+    line_offsets = pos.line_offsets(idx)
+    for n in range(1, 4):
+        span = slice(n * LINE, min((n + 1) * LINE, 40))
+        digit = plain[:, span] > 0
+        expected = line_offsets[:, n:n + 1].expand_as(digit)
+        assert torch.equal(offsets[:, span][digit], expected[digit])
+    assert 0 <= int(line_offsets.min()) and int(line_offsets.max()) < 40 - 2 - 1
+    assert int(shifted.max()) < 40  # inside the table of context_length rows
+    assert len(set(line_offsets[:, 1].tolist())) > 1  # the offsets do vary between lines
+    # a line's offset is its predecessor's hash: changing line 1 moves line 2's, not line 1's
+    other = idx.clone()
+    other[:, LINE:2 * LINE] = tokens(6, LINE, seed=7)
+    moved = pos.line_offsets(other)
+    assert torch.equal(moved[:, :2], line_offsets[:, :2])
+    assert not torch.equal(moved[:, 2], line_offsets[:, 2])
+    with pytest.raises(ValueError, match="from position 0"):
+        pos.ids(idx, 3)
+
+
+def test_coupled_positions_are_causal_in_training_as_in_evaluation():
+    """check_causality runs in evaluation; the training offsets read earlier lines only."""
+    model = make_model(_coupled()).train()
+    idx = tokens(2, 40)
+    with torch.no_grad():
+        full = model(idx)[0]
+        for cut in (0, 11, 12, 23, 30):
+            changed = idx.clone()
+            changed[:, cut + 1:] = (idx[:, cut + 1:] + 1) % V
+            torch.testing.assert_close(model(changed)[0][:, :cut + 1], full[:, :cut + 1],
+                                       rtol=0, atol=0)
+    M.check_causality(_coupled())
+
+
+def test_coupled_positions_have_the_learned_tables_parameter_count():
+    learned = _coupled().replace(position="learned")
+    assert M.count_params(_coupled()) == M.count_params(learned)
+
+
+def test_a_coupled_model_not_bound_to_arithmetic_lines_is_refused():
+    with pytest.raises(ValueError, match="needs cfg.line_length"):
+        M.GPT(make_cfg(position="coupled", line_length=0))
+    with pytest.raises(ConfigError, match=r"model\.line_length=13 is not allowed"):
+        make_cfg(position="coupled", line_length=13)  # not 6 + 3 x a field width
 
 
 def test_alibi_slopes_follow_press_et_al():
