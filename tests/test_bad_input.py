@@ -286,13 +286,13 @@ CASES = [
      "evaluate, tracking, runtime"),
     ("unknown component", setting("variants.rope", {"position": "spiral"}), tune_args(),
      "params: model.position='spiral' is not allowed; choose one of learned, sinusoidal, rope, "
-     "alibi, none (in variants.rope)"),
+     "alibi, none, coupled (in variants.rope)"),
     ("unknown variant in the study", setting("study.variants", ["baseline", "mamba"]),
-     tune_args(), "params: study.variants='mamba' is not allowed; choose from alibi, baseline, geglu, "
-     "gelu, gqa, llama, mqa, nope, post_norm, rmsnorm, rope, sinusoidal, swiglu"),
+     tune_args(), "params: study.variants='mamba' is not allowed; choose from alibi, baseline, coupled, "
+     "geglu, gelu, gqa, llama, mqa, nope, post_norm, rmsnorm, rope, sinusoidal, swiglu"),
     ("unknown variant on the command line", None, tune_args("arithmetic", "mamba"),
-     "params: variant='mamba' is not allowed; choose one of alibi, baseline, geglu, gelu, gqa, "
-     "llama, mqa, nope, post_norm, rmsnorm, rope, sinusoidal, swiglu"),
+     "params: variant='mamba' is not allowed; choose one of alibi, baseline, coupled, geglu, gelu, "
+     "gqa, llama, mqa, nope, post_norm, rmsnorm, rope, sinusoidal, swiglu"),
     ("unknown dataset on the command line", None, tune_args("wikitext"),
      "params: dataset='wikitext' is not allowed; choose one of arithmetic"),
     ("width not divisible by the heads", setting("model.d_model", 9), tune_args(),

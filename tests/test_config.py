@@ -66,6 +66,35 @@ def test_position_coupled_beside_a_text_dataset_is_an_error_naming_both(raw):
     assert resolve_model_config(cfg, "baseline", 20, 32, line_length=21).line_length == 0
 
 
+@pytest.mark.parametrize("key, spelled, as_float", [
+    ("train.budget_flops", {"shakespeare": 200000000000, "arithmetic": 225000000000},
+     {"shakespeare": 2.0e11, "arithmetic": 2.25e11}),
+    ("train.weight_decay", 0, 0.0),
+    ("train.grad_clip", 1, 1.0),
+    ("tune.lr_high", 1, 1.0e0),
+    ("model.rope_base", 10000, 10000.0),
+])
+def test_a_number_spelled_as_an_integer_is_the_same_study(raw, key, spelled, as_float):
+    """YAML reads 225000000000 as an int and 2.25e+11 as a float: one value, one study name."""
+    from lmablate.tuning import study_name
+    a, b = params.parse(mutate(raw, key, spelled)), params.parse(mutate(raw, key, as_float))
+    assert a == b
+    names = [study_name(c, "arithmetic", "rope", "data", 0, "cpu") for c in (a, b)]
+    assert names[0] == names[1]
+
+
+def test_a_budget_list_has_at_most_16_budgets_and_the_error_stays_short(raw):
+    many = [float(10 ** 9 * (i + 1)) for i in range(300)]
+    with pytest.raises(ConfigError) as err:
+        params.parse(mutate(raw, "train.budget_flops.shakespeare", many))
+    message = str(err.value)
+    assert message.startswith("params: train.budget_flops.shakespeare=[1000000000.0, "
+                              "2000000000.0, ")
+    assert message.endswith("expected a number or a list of 1 to 16 numbers (each budget is a "
+                            "study of its own)")
+    assert ", ...] is not allowed" in message and len(message) < 300
+
+
 def mutate(raw, path, value):
     out = copy.deepcopy(raw)
     node = out

@@ -264,7 +264,7 @@ def test_a_command_that_fails_at_once_prints_no_traceback(make_project, tmp_path
     assert "Traceback" not in err, err
     assert lines(err) == [
         "lmablate: error: params: variant='mamba' is not allowed; choose one of alibi, baseline, "
-        "geglu, gelu, gqa, llama, mqa, nope, post_norm, rmsnorm, rope, sinusoidal, swiglu"], err
+        "coupled, geglu, gelu, gqa, llama, mqa, nope, post_norm, rmsnorm, rope, sinusoidal, swiglu"], err
 
 
 def test_a_train_that_only_skips_finished_seeds_prints_no_traceback(make_project, tmp_path,

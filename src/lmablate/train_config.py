@@ -18,6 +18,7 @@ from lmablate.validation import (FRACTION, Rule, check_fields, check_positive, c
 LR_SCHEDULE_CHOICES = ("constant", "cosine")
 MAX_BATCH = 4096  # sequences of a training or evaluation batch
 MAX_BUDGET = 1e20  # training FLOPs of one run: about 3 days of an H100 at 40% of its bf16 peak
+MAX_BUDGETS = 16  # budgets of one dataset in a scaling study: each is tuned and trained on its own
 MAX_COUNT = 1_000_000  # steps, evaluation batches, samples, reports: counts of loop iterations
 
 
@@ -29,12 +30,14 @@ def _check_budgets(key: str, value: Any) -> dict[str, float | tuple[float, ...]]
     for name, flops in value.items():
         if not isinstance(flops, (list, tuple)):
             check_positive(f"{key}.{name}", flops, maximum=MAX_BUDGET)
-            out[name] = flops
+            out[name] = float(flops)  # 30000000000 and 3.0e+10: one value, one fingerprint
             continue
-        if not flops:
-            fail(f"{key}.{name}", list(flops), "expected a number or a non-empty list of numbers")
+        if not flops or len(flops) > MAX_BUDGETS:
+            fail(f"{key}.{name}", list(flops), "expected a number or a list of 1 to "
+                 f"{MAX_BUDGETS} numbers (each budget is a study of its own)")
         for i, f in enumerate(flops):
             check_positive(f"{key}.{name}[{i}]", f, maximum=MAX_BUDGET)
+        flops = [float(f) for f in flops]
         labels = [budget_label(f) for f in flops]
         if any(b >= a for a, b in zip(flops[1:], flops)) or len(set(labels)) < len(labels):
             fail(f"{key}.{name}", list(flops), "expected budgets in increasing order, distinct "

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections.abc
 import math
+import reprlib
 import re
 import typing
 from dataclasses import MISSING, Field, dataclass, field, fields, is_dataclass
@@ -39,8 +40,28 @@ class OutputError(ValueError):
     checked before any work. The message names the path and the reason."""
 
 
+# a value as an error shows it: Python's repr, with long lists, mappings and strings cut short
+# (a 300-budget list must not become a 4,000-character line)
+class _ShortRepr(reprlib.Repr):
+    def repr_dict(self, x: dict, level: int) -> str:  # reprlib sorts the keys; keep their order
+        if not x:
+            return "{}"
+        if level <= 0:
+            return "{...}"
+        items = [f"{self.repr1(k, level - 1)}: {self.repr1(v, level - 1)}"
+                 for k, v in list(x.items())[:self.maxdict]]
+        return "{" + ", ".join(items) + (", ...}" if len(x) > self.maxdict else "}")
+
+
+_SHORT = _ShortRepr()  # keyword arguments only from Python 3.12
+_SHORT.maxlevel, _SHORT.maxlist, _SHORT.maxtuple, _SHORT.maxdict, _SHORT.maxset = 4, 8, 8, 8, 8
+_SHORT.maxstring = _SHORT.maxother = 80
+
+
 def fail(key: str, value: Any, allowed: str) -> NoReturn:
-    raise ConfigError(f"params: {key}={value!r} is not allowed; {allowed}")
+    """Raise the :class:`ConfigError` ``params: <key>=<value> is not allowed; <allowed>``, the
+    value shortened (``reprlib``) past 8 items or 80 characters."""
+    raise ConfigError(f"params: {key}={_SHORT.repr(value)} is not allowed; {allowed}")
 
 
 def _real(value: Any) -> bool:
@@ -254,9 +275,12 @@ def integer(minimum: int = 1, maximum: int | None = None) -> Rule:
 
 
 def number(maximum: float | None = None, *, allow_zero: bool = False) -> Rule:
-    return Rule(_number_text(allow_zero, maximum),
-                lambda key, value: check_positive(key, value, allow_zero=allow_zero,
-                                                  maximum=maximum))
+    """A finite number > 0 (>= 0 with ``allow_zero``), at most ``maximum``; kept as a float, so
+    that ``30000000000`` and ``3.0e+10`` are one value and one fingerprint."""
+    def check(key: str, value: Any) -> float:
+        check_positive(key, value, allow_zero=allow_zero, maximum=maximum)
+        return float(value)
+    return Rule(_number_text(allow_zero, maximum), check)
 
 
 def choice(choices: tuple[str, ...]) -> Rule:
@@ -265,7 +289,11 @@ def choice(choices: tuple[str, ...]) -> Rule:
 
 
 def low_high(maximum: float) -> Rule:
-    return Rule(_range_text(maximum), lambda key, value: check_range(key, value, maximum))
+    """[low, high] with 0 < low < high <= ``maximum``, kept as floats (see :func:`number`)."""
+    def check(key: str, value: Any) -> tuple[float, float]:
+        check_range(key, value, maximum)
+        return (float(value[0]), float(value[1]))
+    return Rule(_range_text(maximum), check)
 
 
 def rungs(max_trials: int) -> Rule:
@@ -282,7 +310,7 @@ def optional(rule: Rule) -> Rule:
 
 BOOLEAN = Rule("true or false", check_bool)
 STRING = Rule("a non-empty string", check_str)
-FRACTION = Rule(FRACTION_TEXT, check_fraction)
+FRACTION = Rule(FRACTION_TEXT, lambda key, value: (check_fraction(key, value), float(value))[1])
 
 
 def param(default: Any = MISSING, doc: str = "", rule: Rule | None = None, *,
