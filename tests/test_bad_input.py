@@ -418,6 +418,67 @@ def test_a_file_where_an_output_folder_must_be_exits_2_before_any_work(base, tmp
     assert snapshot(project) == before
 
 
+WRONG_KIND = [  # (argv, the path to make of the wrong kind, is it made a folder, the option)
+    (["generate", "arithmetic", "--out", "made"], "made", False, "out"),
+    (["tokenize", "arithmetic", "--raw", "raw", "--out", "made"], "made", False, "out"),
+    (tune_args()[:5] + ["--best", "made", "--trials", "out/t.csv"], "made", True, "best"),
+    (train_args()[:7] + ["--checkpoints", "made"] + train_args()[9:], "made", False,
+     "checkpoints"),
+    (evaluate_args()[:9] + ["--metrics", "made", "--examples", "out/e.json"], "made", True,
+     "metrics"),
+    (["report", "--runs", "runs", "--tokens", "tokens", "--out", "made"], "made", False, "out"),
+]
+
+
+@pytest.mark.parametrize("argv,path,folder,opt", WRONG_KIND, ids=[c[0][0] for c in WRONG_KIND])
+def test_an_output_path_of_the_wrong_kind_exits_2_before_any_work(
+        base, tmp_path, monkeypatch, capsys, argv, path, folder, opt):
+    """A file where a stage writes a folder, or a folder where it writes a file: refused with
+    the option and the path, before anything is read or written."""
+    project = copy_of(base, tmp_path)
+    monkeypatch.chdir(project)
+    if folder:
+        (project / path).mkdir()
+    else:
+        (project / path).write_text("a file")
+    before = snapshot(project)
+    assert cli.main(argv) == 2
+    kind, other = ("folder", "file") if folder else ("file", "folder")
+    assert capsys.readouterr().err == (f"lmablate: error: cannot write --{opt} {path}: it is a "
+                                       f"{kind}; --{opt} names the {other} the stage writes\n")
+    assert snapshot(project) == before
+
+
+def test_an_os_error_met_during_the_work_is_one_line_and_exit_1(base, tmp_path, monkeypatch,
+                                                                capsys):
+    """A disk that fills mid-run (here /dev/full, which refuses every write with ENOSPC):
+    one line with the reason and what to do, no traceback."""
+    project = copy_of(base, tmp_path)
+    monkeypatch.chdir(project)
+
+    def fill_the_disk(cfg, args):
+        with open("/dev/full", "w") as full:
+            full.write("x")
+            full.flush()
+
+    from lmablate.stages import generate
+    monkeypatch.setattr(generate, "main", fill_the_disk)
+    assert cli.main(["generate", "arithmetic", "--out", "raw2"]) == 1
+    assert capsys.readouterr().err == (
+        "lmablate: error: No space left on device (ENOSPC); free some space and run the same "
+        "command again: it resumes\n")
+
+
+def test_an_os_error_names_its_path_and_errno():
+    from lmablate.fileio import os_error_line
+    with pytest.raises(OSError) as err:
+        open("/nonexistent-lmablate/x.json")
+    assert os_error_line(err.value) == ("/nonexistent-lmablate/x.json: No such file or directory "
+                                        "(ENOENT)")
+    assert os_error_line(OSError(13, "Permission denied", "a", None, "b")) == (
+        "a -> b: Permission denied (EACCES)")
+
+
 def test_a_read_only_output_folder_exits_2_before_any_work(tmp_path):
     """Run as an unprivileged user (root writes into any folder whatever its mode)."""
     as_user: list[str] = []

@@ -4,7 +4,8 @@ Every path comes from the command line (mirroring ``dvc.yaml``), declared here a
 written, so that ``tests/test_dvc_deps.py`` can check ``dvc.yaml`` against what each command
 really reads, writes and imports. The config is loaded and validated once, before any work.
 Expected failures (bad params, bad input files, a model that fails its pre-flight check,
-divergence) print one line ``lmablate: error: ...`` and exit 2.
+divergence) print one line ``lmablate: error: ...`` and exit 2; an error of the operating
+system met during the work (a full disk) prints one line naming the path and exits 1.
 
 Stage modules are imported by name (:data:`STAGES`) only when their command runs, and each
 one's ``main(cfg, args)`` takes it from there: a command then imports exactly this module's and
@@ -25,7 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lmablate.config import ConfigError
-from lmablate.fileio import check_writable
+from lmablate.validation import OutputError
+from lmablate.fileio import check_writable, os_error_line
 from lmablate.gc_pause import gc_paused
 from lmablate.params import load
 
@@ -40,6 +42,8 @@ class Stage:
     help: str
     reads: tuple[str, ...] = ()
     writes: tuple[str, ...] = ()
+    # the written paths that are folders (the others are files)
+    folders: tuple[str, ...] = ()
     variant: bool = False
     dataset: bool = True
     # ``--replicate N``: the N-th re-tuning with another sampler seed (tune), or the final runs
@@ -53,22 +57,25 @@ class Stage:
 
 STAGES: dict[str, Stage] = {
     "generate": Stage("lmablate.stages.generate",
-                      "write a dataset's raw text (corpus.txt, test.txt)", writes=("out",)),
+                      "write a dataset's raw text (corpus.txt, test.txt)", writes=("out",),
+                      folders=("out",)),
     "tokenize": Stage("lmablate.stages.tokenize",
                       "character vocabulary and train/val/test token arrays",
-                      reads=("raw",), writes=("out",)),
+                      reads=("raw",), writes=("out",), folders=("out",)),
     "tune": Stage("lmablate.stages.tune", "Optuna search over lr and d_model",
                   reads=("tokens",), writes=("best", "trials"), variant=True, replicate=True,
                   tracks=True),
     "train": Stage("lmablate.stages.train", "train on every seed with the tuned values",
                    reads=("tokens", "best"),
-                   writes=("checkpoints", "history", "grad-stats"), variant=True,
+                   writes=("checkpoints", "history", "grad-stats"), folders=("checkpoints",),
+                   variant=True,
                    replicate=True, tracks=True),
     "evaluate": Stage("lmablate.stages.evaluate", "test metrics of every seed",
                       reads=("tokens", "raw", "checkpoints"), writes=("metrics", "examples"),
                       variant=True, replicate=True, tracks=True),
     "report": Stage("lmablate.stages.report", "tables, statistics and figures of the study",
-                    reads=("runs", "tokens"), writes=("out",), dataset=False, tracks=True),
+                    reads=("runs", "tokens"), writes=("out",), folders=("out",), dataset=False,
+                    tracks=True),
 }
 
 
@@ -121,20 +128,28 @@ def build_parser() -> argparse.ArgumentParser:
 
 def check_preconditions(cfg, args: argparse.Namespace, stage: Stage) -> None:
     """What a stage needs before any work, cheaply and before MLflow starts: the dataset and
-    variant on the command line exist in the config, and every path it writes is writable
+    variant on the command line exist in the config, and every path it writes is of its kind
+    (a folder where a folder is written, no folder where a file is) and writable
     (:func:`lmablate.fileio.check_writable`). The device is checked by each stage before its
     first run (:func:`lmablate.device.resolve_device`), as it needs torch.
 
     Raises:
         ConfigError: an unknown dataset or variant.
-        OutputError: an output path that cannot be written.
+        OutputError: an output path of the wrong kind or that cannot be written.
     """
     if stage.dataset:
         cfg.dataset(args.dataset)
     if stage.variant:
         cfg.check_variant(args.variant)
     for opt in stage.writes:
-        check_writable(getattr(args, opt.replace("-", "_")))
+        path = getattr(args, opt.replace("-", "_"))
+        if opt in stage.folders and path.exists() and not path.is_dir():
+            raise OutputError(f"cannot write --{opt} {path}: it is a file; --{opt} names the "
+                              "folder the stage writes")
+        if opt not in stage.folders and path.is_dir():
+            raise OutputError(f"cannot write --{opt} {path}: it is a folder; --{opt} names the "
+                              "file the stage writes")
+        check_writable(path)
 
 
 def import_stage(name: str):
@@ -198,6 +213,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, ValueError, FileNotFoundError, RuntimeError) as exc:
         print(f"lmablate: error: {exc}", file=sys.stderr)
         status = 2
+    except OSError as exc:  # a full disk, a read-only folder found mid-run: one line, no traceback
+        print(f"lmablate: error: {os_error_line(exc)}", file=sys.stderr)
+        status = 1
     except KeyboardInterrupt:  # Ctrl-C: the jobs stopped at a step, their resume states kept
         print("lmablate: interrupted; run the same command (or dvc repro) again to resume",
               file=sys.stderr)

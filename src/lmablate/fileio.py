@@ -9,6 +9,7 @@ the same dialect (comma, ``\n`` line ends, floats as their shortest round-trip r
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -92,6 +93,23 @@ def check_writable(path: str | os.PathLike) -> None:
     except OSError as exc:
         raise OutputError(f"cannot write {path}: folder {folder} is not writable "
                           f"({exc.strerror or exc})") from None
+
+
+def os_error_line(exc: OSError) -> str:
+    """One line for an :class:`OSError`: the path(s) it names, the system's reason and its errno
+    name, and for a full disk what to do, e.g. ``runs/x/best.json: No space left on device
+    (ENOSPC); free some space and run the same command again: it resumes``."""
+    reason = exc.strerror or type(exc).__name__
+    name = errno.errorcode.get(exc.errno or 0)
+    line = f"{reason} ({name})" if name else reason
+    if exc.filename is not None:
+        where = os.fsdecode(exc.filename)
+        if exc.filename2 is not None:
+            where += f" -> {os.fsdecode(exc.filename2)}"
+        line = f"{where}: {line}"
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        line += "; free some space and run the same command again: it resumes"
+    return line
 
 
 def sha256_file(path: str | os.PathLike) -> str:
