@@ -8,8 +8,10 @@ of its messages must be one of these), so the documented messages are the tested
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import random
 import re
 import shutil
 import subprocess
@@ -477,6 +479,52 @@ def test_an_os_error_names_its_path_and_errno():
                                         "(ENOENT)")
     assert os_error_line(OSError(13, "Permission denied", "a", None, "b")) == (
         "a -> b: Permission denied (EACCES)")
+
+
+def _corrupt_database(path: Path) -> None:
+    """A real SQLite file of a few pages, then random bytes over one of its inner pages."""
+    import sqlite3
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        db.execute("CREATE TABLE t (x TEXT)")
+        db.executemany("INSERT INTO t VALUES (?)", [("x" * 500,)] * 200)
+        db.commit()
+    with open(path, "r+b") as f:
+        f.seek(4096 * 3)
+        f.write(random.Random(0).randbytes(4096))
+
+
+@pytest.mark.parametrize("store,argv", [
+    ("mlflow.db", ["report", "--runs", "runs", "--tokens", "tokens", "--out", "reports"]),
+    ("optuna.db", tune_args()),
+])
+@pytest.mark.parametrize("damage", ["random bytes", "a damaged page"])
+def test_a_store_that_fails_sqlite_s_integrity_check_exits_2_before_any_work(
+        base, tmp_path, monkeypatch, capsys, store, argv, damage):
+    project = copy_of(base, tmp_path)
+    monkeypatch.chdir(project)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("LMABLATE_OPTUNA_STORAGE", raising=False)
+    raw = yaml.safe_load((project / "params.yaml").read_text())
+    raw["tracking"]["enabled"] = True
+    raw["tracking"]["uri"] = "sqlite:///mlflow.db"
+    raw["tune"]["storage"] = "sqlite:///optuna.db"
+    (project / "params.yaml").write_text(yaml.safe_dump(raw))
+    if damage == "random bytes":
+        (project / store).write_bytes(random.Random(1).randbytes(20000))
+        why = "file is not a database"
+    else:
+        _corrupt_database(project / store)
+        why = "database disk image is malformed"
+    before = snapshot(project)
+    assert cli.main(argv) == 2
+    key = ("tracking.uri (MLFLOW_TRACKING_URI)" if store == "mlflow.db"
+           else "tune.storage (LMABLATE_OPTUNA_STORAGE)")
+    err = capsys.readouterr().err
+    assert err.startswith(f"lmablate: error: {key}: {store} fails SQLite's integrity check "
+                          f"({why}"), err
+    assert err.endswith("); move it away (a new store is made) or restore it from a backup\n")
+    assert err.count("\n") == 1 and len(err) < 400
+    assert snapshot(project) == before
 
 
 def test_a_read_only_output_folder_exits_2_before_any_work(tmp_path):

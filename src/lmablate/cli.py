@@ -27,7 +27,7 @@ from pathlib import Path
 
 from lmablate.config import ConfigError
 from lmablate.validation import OutputError
-from lmablate.fileio import check_writable, os_error_line
+from lmablate.fileio import check_sqlite_store, check_writable, os_error_line
 from lmablate.gc_pause import gc_paused
 from lmablate.params import load
 
@@ -130,7 +130,8 @@ def check_preconditions(cfg, args: argparse.Namespace, stage: Stage) -> None:
     """What a stage needs before any work, cheaply and before MLflow starts: the dataset and
     variant on the command line exist in the config, and every path it writes is of its kind
     (a folder where a folder is written, no folder where a file is) and writable
-    (:func:`lmablate.fileio.check_writable`). The device is checked by each stage before its
+    (:func:`lmablate.fileio.check_writable`), and so are its SQLite stores
+    (:func:`lmablate.fileio.check_sqlite_store`). The device is checked by each stage before its
     first run (:func:`lmablate.device.resolve_device`), as it needs torch.
 
     Raises:
@@ -150,6 +151,10 @@ def check_preconditions(cfg, args: argparse.Namespace, stage: Stage) -> None:
             raise OutputError(f"cannot write --{opt} {path}: it is a folder; --{opt} names the "
                               "file the stage writes")
         check_writable(path)
+    if args.command == "tune":
+        check_sqlite_store(cfg.tune.storage_url, "tune.storage (LMABLATE_OPTUNA_STORAGE)")
+    if stage.tracks and cfg.tracking.enabled:
+        check_sqlite_store(cfg.tracking.tracking_uri, "tracking.uri (MLFLOW_TRACKING_URI)")
 
 
 def import_stage(name: str):

@@ -95,6 +95,44 @@ def check_writable(path: str | os.PathLike) -> None:
                           f"({exc.strerror or exc})") from None
 
 
+def check_sqlite_store(url: str, key: str) -> None:
+    """Refuse a SQLite store (``sqlite:///path``) that exists but is no sound database or cannot
+    be written, before any work: SQLite's ``PRAGMA quick_check`` on a read-only connection, then
+    the file opened for writing (nothing written). Other URLs and a file not yet made pass (the
+    folder's writability is :func:`check_writable`'s).
+
+    Raises:
+        OutputError: naming ``key`` (e.g. ``tracking.uri (MLFLOW_TRACKING_URI)``), the file and
+            SQLite's or the system's reason.
+    """
+    if not url.startswith("sqlite:///"):
+        return
+    path = Path(url.removeprefix("sqlite:///").split("?", 1)[0])
+    if not path.is_file():
+        return
+    import sqlite3  # the standard library's; only stages with a store need it
+
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True,
+                                                timeout=30)) as db:
+            result = [row[0] for row in db.execute("PRAGMA quick_check")]
+    except sqlite3.OperationalError as exc:
+        if "locked" in str(exc):  # another process is writing it: busy, not broken
+            return
+        result = [str(exc)]
+    except sqlite3.DatabaseError as exc:
+        result = [str(exc)]
+    if result != ["ok"]:
+        detail = " ".join(" ".join(result).split())[:120]  # one line
+        raise OutputError(f"{key}: {path} fails SQLite's integrity check ({detail}); "
+                          "move it away (a new store is made) or restore it from a backup")
+    try:
+        with open(path, "r+b"):
+            pass
+    except OSError as exc:
+        raise OutputError(f"{key}: {path} cannot be written ({exc.strerror or exc})") from None
+
+
 def os_error_line(exc: OSError) -> str:
     """One line for an :class:`OSError`: the path(s) it names, the system's reason and its errno
     name, and for a full disk what to do, e.g. ``runs/x/best.json: No space left on device
