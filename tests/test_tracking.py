@@ -9,6 +9,8 @@ import itertools
 import json
 import os
 import signal
+import subprocess
+import sys
 import sqlite3
 import threading
 import time
@@ -369,3 +371,18 @@ def test_processes_opening_a_new_sqlite_store_at_once_all_get_the_one_experiment
     with ProcessPoolExecutor(3, mp_context=ctx) as pool:
         ids = list(pool.map(_open_store_after, [barrier] * 3, [uri] * 3))
     assert len(ids) == 3 and len(set(ids)) == 1
+
+
+@pytest.mark.parametrize("level", [None, "INFO"])
+def test_mlflow_s_own_info_lines_stay_out_of_the_terminal_unless_asked_for(tmp_path, level):
+    """A first use of a SQLite store logs MLflow's table creation at INFO; a stage shows it only
+    with MLFLOW_LOGGING_LEVEL=INFO."""
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_LOGGING_LEVEL"}
+    if level:
+        env["MLFLOW_LOGGING_LEVEL"] = level
+    code = ("from lmablate.mlflow_store import MlflowStore; "
+            "MlflowStore('sqlite:///fresh.db', 'x'); print('opened')")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout == "opened\n", proc.stderr
+    assert ("Creating initial MLflow database tables" in proc.stderr) == (level == "INFO")

@@ -132,8 +132,12 @@ class MlflowStore:
             import mlflow  # slow import, only where a run is recorded
             from mlflow.entities import LifecycleStage
 
-            # MLflow logs alembic migrations and the like at INFO on first use of a SQLite store.
+            # MLflow logs alembic migrations and the like at INFO on first use of a SQLite store
+            # ("Creating initial MLflow database tables..." in the middle of a dvc repro's log):
+            # warnings only, unless the user asks with MLflow's own MLFLOW_LOGGING_LEVEL
             logging.getLogger("alembic").setLevel(logging.WARNING)
+            if "MLFLOW_LOGGING_LEVEL" not in os.environ:
+                logging.getLogger("mlflow").setLevel(logging.WARNING)
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
             self.uri = uri
