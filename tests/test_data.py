@@ -666,3 +666,35 @@ def test_the_default_dataset_pads_training_to_its_length_splits_and_seed_000_kee
     assert problem_sets.length_problems(arith.format, 4, 1, seed=0)[0].__len__() == 21
     seed = cfg.dataset("arithmetic_seed")
     assert seed.format == arithmetic.SEED_FORMAT and seed.format.line_length == 36
+
+
+@pytest.mark.parametrize("fmt", [arithmetic.ArithmeticFormat(1, operations=("+", "-")),
+                                 arithmetic.ArithmeticFormat(1, max_operand=1, decimals=True,
+                                                  operations=("*",))],
+                         ids=["1 digit + -", "decimals"])
+def test_the_count_of_distinct_problems_is_what_many_draws_reach(fmt):
+    """n_problems by brute force: draw far more problems than there are and count them."""
+    # a two-decimal operand is drawn 1/200 as often as the integer 1: 200 draws per problem
+    # leave each about 50 chances to appear
+    train, _ = generate_arithmetic(200 * fmt.n_problems(), 0, seed=5, fmt=fmt)
+    assert len(set(train)) == fmt.n_problems()
+
+
+def test_the_count_of_a_length_split_s_problems_is_what_many_draws_reach():
+    fmt = arithmetic.ArithmeticFormat(1, operations=("+",)).padded_for([2])
+    long = problem_sets.length_problems(fmt, 2, 30 * 90 ** 2, seed=3)
+    assert len(set(long)) == fmt.at_digits(2).n_problems(low=10) == 90 ** 2
+
+
+def test_a_test_set_of_more_than_half_the_problems_there_are_is_refused():
+    def dataset(**kw):
+        return DatasetConfig("arithmetic", kind="arithmetic", strip_newlines=True,
+                             split=SplitConfig(val=0.1, test=0.0), digits=1, operations=("+",),
+                             **kw)
+    with pytest.raises(ConfigError, match=r"datasets\.arithmetic\.n_test=41 is not allowed; at "
+                                          r"most half of the 81 distinct problems .* \(40\)"):
+        dataset(n_test=41, length_digits=())
+    assert dataset(n_test=40, length_digits=()).n_test == 40
+    assert dataset(n_test=40, length_digits=(2,)).n_test == 40  # 8,100 two-digit problems
+    with pytest.raises(ConfigError, match=r"n_test=9000 is not allowed; .*at most half"):
+        dataset(n_test=9000, length_digits=(2,))

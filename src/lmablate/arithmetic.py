@@ -111,6 +111,16 @@ class ArithmeticFormat:
         """The largest operand in hundredths (decimal operands are 1..max_cents)."""
         return 100 * self.max_operand
 
+    def n_problems(self, low: int = 1) -> int:
+        """How many distinct problems the format can draw with operands from ``low`` (1, or
+        10^(n-1) for the length split of n digits, :func:`~lmablate.problem_sets.length_problems`)
+        up: (operand values)^2 x operations, an operand's values being its integers and, with
+        decimals, its two-decimal numbers (written differently from the integers)."""
+        integers = self.max_operand - low + 1
+        values = integers + (self.max_cents - (1 if low == 1 else 100 * low) + 1
+                             if self.decimals else 0)
+        return values ** 2 * len(self.operations)
+
     def at_digits(self, n: int) -> "ArithmeticFormat":
         """The same settings for operands of up to ``n`` digits (``max_operand`` 10^n - 1) and
         the same ``min_width``: the format of the length-generalisation problems of ``n``

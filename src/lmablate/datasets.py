@@ -137,6 +137,21 @@ class DatasetConfig:
             object.__setattr__(self, "operations", fmt.operations)
             object.__setattr__(self, "length_digits",
                                check_length_digits(fmt, self.length_digits, f"{p}.length_digits"))
+            # a test set of more than half the problems there are leaves the training pool a few
+            # problems drawn over and over (1-digit +: 81 problems, n_test 500)
+            possible = fmt.n_problems()
+            if self.n_test > possible // 2:
+                fail(f"{p}.n_test", self.n_test,
+                     f"at most half of the {possible:,} distinct problems of digits="
+                     f"{fmt.digits}, max_operand={fmt.max_operand}, operations="
+                     f"{list(fmt.operations)} ({possible // 2:,}), so that the training pool "
+                     "keeps the other half; more digits or operations, or a smaller n_test")
+            for n in self.length_digits:
+                possible = fmt.at_digits(n).n_problems(low=10 ** (n - 1))
+                if self.n_test > possible:
+                    fail(f"{p}.n_test", self.n_test,
+                         f"the length split of {n} digits (length_digits) has {possible:,} "
+                         "distinct problems; a smaller n_test")
         else:
             if self.source.startswith(("pypi:", "http://", "https://")) and not self.sha256:
                 fail(f"{p}.sha256", self.sha256, "a download needs its sha256")
