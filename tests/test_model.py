@@ -428,9 +428,14 @@ def test_coupled_offsets_shift_each_training_line_by_a_hash_of_the_previous_one(
     pos = M.CoupledPosition(_coupled())
     idx = tokens(6, 40)
     pos.eval()
-    plain = pos.ids(idx, 0)  # evaluation: offset 0 on every line
-    assert torch.equal(plain[:, :LINE], plain[:, LINE:2 * LINE])
-    assert plain.max() == 2 and plain.min() == 0  # 1 + significance 0..1 on fields of 2
+    spaced = pos.ids(idx, 0)  # evaluation: line n at offset n x (width + 1), whatever the tokens
+    assert torch.equal(spaced, pos.ids(tokens(6, 40, seed=9), 0))
+    first = spaced[:, :LINE]
+    assert first.max() == 2 and first.min() == 0  # 1 + significance 0..1 on fields of 2
+    for n in (1, 2):
+        line = spaced[:, n * LINE:(n + 1) * LINE]
+        assert torch.equal(line, torch.where(first > 0, first + 3 * n, 0))
+    plain = first.repeat(1, 4)[:, :40]  # offset 0 on every line
     pos.train()
     shifted = pos.ids(idx, 0)
     assert torch.equal(shifted[:, :LINE], plain[:, :LINE])  # a window's first line: offset 0
@@ -765,5 +770,5 @@ def test_the_handbook_variant_table_says_which_variants_run_past_their_context()
     said = {r[1].strip().strip("`"): r[4].strip() for r in rows}
     assert set(said) == set(cfg.variants)
     for variant, text in said.items():
-        model = M.GPT(cfg.model_config(variant, vocab_size=V))
+        model = M.GPT(cfg.model_config(variant, vocab_size=V, line_length=21))  # coupled's lines
         assert (text == "yes") == (model.position.max_positions is None), variant

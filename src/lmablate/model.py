@@ -330,9 +330,11 @@ class CoupledPosition(Position):
     ``cfg.line_length`` characters) and that a window starts at a line (``TokenData.stride``).
     In training each line but a window's first is shifted by an offset in ``0..K-1``
     (K = context_length - width - 1; the papers' random start), a hash of the previous line's
-    tokens: deterministic, causal, and independent of the line itself. In evaluation the offset
-    is 0, so significances the training operands never had (a longer operand's leading digit)
-    fall on rows trained at other offsets. The table has ``context_length`` rows: the learned
+    tokens: deterministic, causal, and independent of the line itself. In evaluation a window's
+    line n has offset n x (width + 1) (line 0, where a problem is asked: 0), a function of the
+    position alone, so cached decoding equals the full forward and no two lines share a row;
+    significances the training operands never had (a longer operand's leading digit) fall on
+    rows trained at other offsets. The table has ``context_length`` rows: the learned
     baseline's parameter count. Runs at any length.
 
     Raises:
@@ -368,8 +370,9 @@ class CoupledPosition(Position):
         _check_start(pos)
         t = torch.arange(pos, pos + idx.size(1), device=idx.device)
         sig = self.slots[t % self.line_length]  # (T,)
-        if not self.training:
-            return torch.where(sig >= 0, 1 + sig, 0).expand(idx.size(0), -1)
+        if not self.training:  # line n at n x (width + 1): no row shared with an earlier line
+            offset = (t // self.line_length) * (self.width + 1) % self.n_offsets  # (T,)
+            return torch.where(sig >= 0, 1 + offset + sig, 0).expand(idx.size(0), -1)
         if pos != 0:
             raise ValueError(f"coupled positions train on windows from position 0, not {pos}")
         offset = self.line_offsets(idx)[:, t // self.line_length]  # (B, T)
