@@ -237,6 +237,32 @@ def test_bad_variant_fails_before_work(study, run_command):
     assert not (study / "out").exists()
 
 
+@pytest.mark.slow
+def test_a_stage_refuses_inputs_made_for_another_variant_before_any_work(study, run_command):
+    """rope's best.json for the baseline's training, the baseline's checkpoints for rope's
+    evaluation: both used to exit 0 with the other variant's values."""
+    train = run_command(["lmablate", "train", "arithmetic", "baseline", "--tokens",
+                         "data/tokens/arithmetic", "--best", "runs/arithmetic/rope/best.json",
+                         "--checkpoints", "out/ck", "--history", "out/h.csv", "--grad-stats",
+                         "out/g.csv"], study)
+    assert train.returncode == 2
+    name = json.loads((study / "runs/arithmetic/rope/best.json").read_text())["study_name"]
+    assert train.stderr == (
+        f"lmablate: error: runs/arithmetic/rope/best.json: tuned for another dataset or variant "
+        f"(Optuna study {name}), not arithmetic baseline; pass runs/arithmetic/baseline/"
+        "best.json\n")
+    evaluate = run_command(["lmablate", "evaluate", "arithmetic", "rope", "--tokens",
+                            "data/tokens/arithmetic", "--raw", "data/raw/arithmetic",
+                            "--checkpoints", "runs/arithmetic/baseline/checkpoints",
+                            "--metrics", "out/m.json", "--examples", "out/e.json"], study)
+    assert evaluate.returncode == 2
+    assert evaluate.stderr == (
+        "lmablate: error: runs/arithmetic/baseline/checkpoints/seed_0: trained for arithmetic "
+        "baseline seed 0, not arithmetic rope seed 0; pass --checkpoints "
+        "runs/arithmetic/rope/checkpoints\n")
+    assert not (study / "out").exists()
+
+
 def changed_stages(study: Path, source: str, run_command) -> set[str]:
     """The stages ``dvc status`` calls changed after a comment is appended to ``source``
     (restored afterwards)."""

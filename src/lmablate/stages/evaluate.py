@@ -180,6 +180,13 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, raw_dir:
     trained = {}
     for label, seed, seed_dir in seeds:
         trained[label, seed] = fileio.read_json(seed_dir / "result.json")
+        made_for = (trained[label, seed].get("dataset", dataset),
+                    trained[label, seed].get("variant", variant),
+                    trained[label, seed].get("summary", {}).get("seed", seed))
+        if made_for != (dataset, variant, seed):
+            raise DataError(f"{seed_dir}: trained for {made_for[0]} {made_for[1]} seed "
+                            f"{made_for[2]}, not {dataset} {variant} seed {seed}; pass "
+                            f"--checkpoints runs/{dataset}/{variant}/checkpoints")
         problem = verify_checkpoint(seed_dir / "checkpoint.pt",
                                     trained[label, seed].get("checkpoint_sha256"))
         if problem:

@@ -147,7 +147,8 @@ def _finish(job: SeedJob, fp: str, result: TrainResult, tracker: RunTracker,
                              job.model_cfg, step=job.steps,
                              meta={"dataset": job.dataset, "variant": job.variant,
                                    "seed": job.seed})
-    done = {"fingerprint": fp, "checkpoint_sha256": sha256, "summary": summary,
+    done = {"dataset": job.dataset, "variant": job.variant,
+            "fingerprint": fp, "checkpoint_sha256": sha256, "summary": summary,
             "history": result.history,
             "grad_stats": [{"seed": job.seed, **g} for g in result.grad_stats]}
     fileio.write_json(job.seed_dir / "result.json", done)
@@ -318,6 +319,11 @@ def _plan(cfg: StudyConfig, dataset: str, variant: str, data: TokenData, tokens_
     """One budget's seed jobs (``cfg`` holds that budget), checked: tuned by this replicate,
     data long enough, the model causal."""
     tuned = tuned_at(best, cfg.train.for_dataset(dataset).budget_flops[dataset], best_path)
+    study = tuned.get("study_name")
+    if study is not None and not study.startswith(f"{dataset}-{variant}-"):
+        raise ValueError(f"{best_path}: tuned for another dataset or variant (Optuna study "
+                         f"{study}), not {dataset} {variant}; pass runs/{dataset}/{variant}/"
+                         "best.json")
     expected = cfg.tune.sampler_seed + replicate
     if tuned.get("sampler_seed", expected) != expected:
         raise ValueError(f"{best_path}: tuned with sampler seed {tuned['sampler_seed']}, but "
