@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -270,12 +271,19 @@ CASES = [
      tune_args(), "params: variants.rope.n_layers='2' is not allowed; expected an integer"),
     # names, keys and choices
     ("variant name with a space", setting("variants.my variant", {"ffn": "gelu"}), tune_args(),
-     "params: variants='my variant' is not allowed; a variant needs a name of letters, digits "
-     "and _ that does not start with a digit (it names DVC stages, folders and MLflow runs)"),
-    ("dataset name with a hyphen", setting("datasets.my-data", {"kind": "arithmetic"}),
-     tune_args(), "params: datasets='my-data' is not allowed; a dataset needs a name of letters, "
+     "params: variants='my variant' is not allowed; a variant needs a name of 1 to 64 letters, "
      "digits and _ that does not start with a digit (it names DVC stages, folders and MLflow "
      "runs)"),
+    ("variant name of 300 characters", setting("variants." + "v" * 300, {"ffn": "gelu"}),
+     tune_args(), "params: variants='" + "v" * 37 + "..." + "v" * 38 + "' is not allowed; a "
+     "variant needs a name "
+     "of 1 to 64 letters, digits and _ that does not start with a digit (it names DVC stages, "
+     "folders and MLflow runs)"),
+    ("dataset name with a hyphen", setting("datasets.my-data", {"kind": "arithmetic"}),
+     tune_args(), "params: datasets='my-data' is not allowed; a dataset needs a name of 1 to 64 "
+     "letters, digits and _ that does not start with a digit (it names DVC stages, folders and "
+     "MLflow runs)"),
+
     ("a variant overriding the tuned width", setting("variants.wide", {"d_model": 64}),
      tune_args(), "params: variants.wide.d_model=64 is not allowed; the width is tuned for every "
      "variant from tune.d_model_choices (give that a single value to fix it)"),
@@ -377,6 +385,31 @@ def test_a_bad_input_exits_2_with_its_one_line_and_writes_nothing(
     before = snapshot(project)
     assert cli.main(argv) == 2
     assert capsys.readouterr().err == f"lmablate: error: {message}\n"
+    assert snapshot(project) == before
+
+
+def test_a_yaml_alias_bomb_is_refused_at_once_in_one_short_line(base, tmp_path, monkeypatch,
+                                                               capsys):
+    """9 levels of 9 aliases: 387 million ones if printed in full (a probe's message was 671 MB
+    after 39 s); the value is cut to 200 characters."""
+    project = copy_of(base, tmp_path)
+    monkeypatch.chdir(project)
+    raw = yaml.safe_load((project / "params.yaml").read_text())
+    raw["tune"]["rungs"] = "BOMB"
+    levels = ["&a0 [1, 1, 1, 1, 1, 1, 1, 1, 1]"] + [
+        f"&a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 9)]
+    text = yaml.safe_dump(raw).replace("rungs: BOMB", "rungs: [" + ", ".join(levels) + "]")
+    assert "&a8 [*a7" in text
+    (project / "params.yaml").write_text(text)
+    before = snapshot(project)
+    start = time.perf_counter()
+    assert cli.main(tune_args()) == 2
+    assert time.perf_counter() - start < 10
+    err = capsys.readouterr().err
+    assert err.startswith("lmablate: error: params: tune.rungs=([1, 1, 1, 1, 1, 1, 1, 1, ...], "
+                          "[[1, 1, 1, 1, 1, 1, 1, 1, ...], ")
+    assert ",... is not allowed; expected a list of [trials, share of the budget] pairs" in err
+    assert err.count("\n") == 1 and len(err) < 600
     assert snapshot(project) == before
 
 

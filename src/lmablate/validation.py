@@ -18,9 +18,11 @@ from lmablate.fingerprint import NOT_A_RESULT
 
 MAX_SEED = 2**31 - 1  # every generator here (torch, numpy, random) takes it
 # Variant and dataset names name DVC stages (tune@<dataset>-<variant>), folders and MLflow runs.
-NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-NAME_RULE = ("a name of letters, digits and _ that does not start with a digit (it names DVC "
-             "stages, folders and MLflow runs)")
+# At most 64 characters: a folder name may have 255 bytes, and MLflow's run names and DVC's
+# stage names join a dataset's and a variant's with more.
+NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+NAME_RULE = ("a name of 1 to 64 letters, digits and _ that does not start with a digit (it names "
+             "DVC stages, folders and MLflow runs)")
 
 
 class ConfigError(ValueError):
@@ -60,8 +62,11 @@ _SHORT.maxstring = _SHORT.maxother = 80
 
 def fail(key: str, value: Any, allowed: str) -> NoReturn:
     """Raise the :class:`ConfigError` ``params: <key>=<value> is not allowed; <allowed>``, the
-    value shortened (``reprlib``) past 8 items or 80 characters."""
-    raise ConfigError(f"params: {key}={_SHORT.repr(value)} is not allowed; {allowed}")
+    value shortened (``reprlib``) past 8 items or 80 characters, and cut at 200 in all."""
+    shown = _SHORT.repr(value)
+    if len(shown) > 200:  # nested lists (a YAML alias bomb) are long even when each is cut
+        shown = shown[:200] + "..."
+    raise ConfigError(f"params: {key}={shown} is not allowed; {allowed}")
 
 
 def _real(value: Any) -> bool:
