@@ -69,7 +69,11 @@ _OTHER: dict[str, Any] = {
 VARIANTS = ("baseline", "swiglu")
 # keys whose change needs the whole entry replaced
 _OTHER_ENTRY = {"datasets.kind": {"kind": "text", "source": "corpus.txt",
-                                  "split": {"val": 0.1, "test": 0.1}}}
+                                  "split": {"val": 0.1, "test": 0.1}},
+                # 1 digit has 162 problems: fewer test problems, and a 2-digit length split
+                "datasets.digits": {"kind": "arithmetic", "digits": 1, "n_test": 50,
+                                    "length_digits": [2], "strip_newlines": True,
+                                    "split": {"val": 0.1, "test": 0.0}}}
 # what a change of the key reaches besides the fingerprints it enters as a setting
 _ALSO = {
     "datasets": "the seeds too where it changes the train or validation tokens",

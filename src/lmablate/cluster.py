@@ -34,6 +34,7 @@ import torch
 from lmablate import fileio, interrupt
 from lmablate.config import ConfigError, StudyConfig
 from lmablate.device import device_kind, resolve_device
+from lmablate.scheduler_probe import probe_scheduler
 
 # Seconds to wait for a first worker to join the scheduler before the stage fails.
 WORKER_WAIT_SECONDS = 60
@@ -290,14 +291,17 @@ def _wait(future) -> Any:
 _CLIENTS: dict[str, Any] = {}
 
 
-def _client(address: str):
-    """One client per scheduler address and process, closed at exit."""
+def _client(address: str, timeout: float, key: str = "runtime.cluster"):
+    """One client per scheduler address and process, closed at exit; the address is probed
+    first (:func:`lmablate.scheduler_probe.probe_scheduler`), so a dead one fails in about
+    ``timeout`` seconds with what answered there."""
     if address not in _CLIENTS:
+        probe_scheduler(address, timeout, key)
         from distributed import Client
         try:
-            client = Client(address, timeout=WORKER_WAIT_SECONDS, set_as_default=False)
-        except OSError as exc:
-            raise ConfigError(f"params: runtime.cluster={address!r} is not allowed; no Dask "
+            client = Client(address, timeout=timeout, set_as_default=False)
+        except (OSError, TypeError) as exc:  # TypeError: distributed's on a TLS mismatch
+            raise ConfigError(f"params: {key}={address!r} is not allowed; no Dask "
                               f"scheduler answers there ({exc})") from None
         if not _CLIENTS:
             atexit.register(close_clients)
@@ -339,11 +343,12 @@ def connect(cfg: StudyConfig) -> Cluster | None:
     address = cfg.runtime.cluster_address
     if address is None:
         return None
-    client = _client(address)
+    client = _client(address, cfg.runtime.cluster_timeout, cfg.runtime.cluster_key)
     try:
         client.wait_for_workers(1, timeout=WORKER_WAIT_SECONDS)
     except TimeoutError:
-        raise ConfigError(f"params: runtime.cluster={address!r}: no worker joined its scheduler "
+        raise ConfigError(f"params: {cfg.runtime.cluster_key}={address!r}: no worker joined its "
+                          f"scheduler "
                           f"in {WORKER_WAIT_SECONDS} s; start one with dask worker {address}"
                           ) from None
     ours = machine_kind()
@@ -354,7 +359,7 @@ def connect(cfg: StudyConfig) -> Cluster | None:
     if cfg.runtime.device not in ("auto", "cpu", "cuda") or (
             cfg.runtime.device == "cuda" and not gpus):
         raise ConfigError(f"params: runtime.device={cfg.runtime.device!r} is not allowed with "
-                          f"runtime.cluster={address!r}; its workers offer "
+                          f"{cfg.runtime.cluster_key}={address!r}; its workers offer "
                           f"{'cuda and cpu' if gpus else 'cpu only (no GPU=1 resource)'}")
     if device.type == "cuda":
         first = kinds[gpus[0]]

@@ -12,11 +12,13 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from lmablate.validation import Rule, check_fields, choice, fail, integer, optional, param
+from lmablate.validation import (Rule, check_fields, choice, fail, integer, number, optional,
+                                 param)
 
 DEVICE_CHOICES = ("auto", "cpu", "cuda", "mps")
 PARALLEL_CHOICES = ("threads", "processes")
 MAX_WORKERS = 1024
+MAX_CLUSTER_TIMEOUT = 3600.0  # seconds
 
 # A Dask scheduler address: the protocols distributed's TCP, TLS and websocket comms accept.
 CLUSTER_PATTERN = re.compile(r"(tcp|tls|ws|wss)://[A-Za-z0-9.\-]+:[0-9]{1,5}|"
@@ -29,6 +31,8 @@ def _check_cluster(key: str, value: Any) -> None:
     if not isinstance(value, str) or (value and not CLUSTER_PATTERN.fullmatch(value)):
         # the environment variable may be empty (no cluster); the params key is null then
         fail(key, value, CLUSTER_TEXT)
+    if value and not 1 <= int(value.rpartition(":")[2]) <= 65535:
+        fail(key, value, f"{CLUSTER_TEXT}; a port from 1 to 65535")
 
 
 @dataclass(frozen=True)
@@ -56,6 +60,9 @@ class RuntimeConfig:
                                 "the stages' seeds, evaluations and trials; null: this machine "
                                 "(env LMABLATE_CLUSTER overrides it)",
                                 optional(Rule(CLUSTER_TEXT, _check_cluster)), result=False)
+    cluster_timeout: float = param(15.0, "seconds the cluster's scheduler has to answer (a "
+                                   "dead address fails in about this long)",
+                                   number(MAX_CLUSTER_TIMEOUT), result=False)
 
     def __post_init__(self) -> None:
         check_fields(self, "runtime")
@@ -73,3 +80,10 @@ class RuntimeConfig:
             return self.cluster
         _check_cluster("LMABLATE_CLUSTER (env)", value)
         return value or None
+
+    @property
+    def cluster_key(self) -> str:
+        """Where :attr:`cluster_address` comes from, as messages name it: ``runtime.cluster``
+        or ``LMABLATE_CLUSTER (env)``."""
+        return ("runtime.cluster" if os.environ.get("LMABLATE_CLUSTER") is None
+                else "LMABLATE_CLUSTER (env)")
