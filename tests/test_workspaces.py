@@ -4,7 +4,9 @@ own that shares the main workspace's DVC cache, then ``dvc repro`` in the main w
 
 from __future__ import annotations
 
+import os
 import re
+import socket
 import shutil
 import sqlite3
 import sys
@@ -276,3 +278,37 @@ def test_a_pipeline_dvc_cannot_read_is_one_line_and_exit_2(tmp_path, tiny_params
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith("lmablate: error: repro: DVC cannot read the pipeline: ")
     assert "study.corpora" in line
+
+
+def test_a_second_repro_in_the_same_folder_is_refused_naming_the_first(
+        tmp_path, tiny_params, run_command, monkeypatch, capsys):
+    """Two repros in one folder would share their workspaces and chain logs."""
+    root = dvc_project(tmp_path, tiny_params(), run_command)
+    monkeypatch.chdir(root)
+    with workspaces.only_repro(root):  # the first repro, as far as the lock can tell
+        before = sorted(p for p in root.rglob("*") if p.name != "lmablate-repro.lock")
+        assert cli.main(["repro"]) == 2
+        assert capsys.readouterr().err == (
+            f"lmablate: error: repro: another lmablate repro (pid {os.getpid()}) is running in "
+            f"{root}; wait for it to end or stop it\n")
+        assert sorted(p for p in root.rglob("*") if p.name != "lmablate-repro.lock") == before
+    assert (root / workspaces.LOCK).read_text() == ""  # released, and no pid left behind
+
+
+def test_repro_with_a_cluster_that_does_not_answer_fails_before_any_workspace(
+        tmp_path, tiny_params, run_command, monkeypatch, capsys):
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    root = dvc_project(tmp_path, tiny_params({"runtime": {"cluster": f"tcp://127.0.0.1:{port}"}}),
+                       run_command)
+    monkeypatch.chdir(root)
+    monkeypatch.delenv("LMABLATE_CLUSTER", raising=False)
+    start = time.perf_counter()
+    assert cli.main(["repro"]) == 2
+    assert time.perf_counter() - start < 5
+    assert capsys.readouterr().err == (
+        f"lmablate: error: params: runtime.cluster='tcp://127.0.0.1:{port}' is not allowed; "
+        f"nothing listens there (connection refused); start the scheduler with dask scheduler "
+        f"--port {port}\n")
+    assert not (root / workspaces.WORKSPACES).exists()

@@ -25,6 +25,40 @@ from typing import Callable, Iterable, Mapping, NamedTuple
 from lmablate.validation import ConfigError
 
 WORKSPACES = Path(".dvc") / "tmp" / "lmablate-workspaces"  # under the main workspace's root
+LOCK = Path(".dvc") / "tmp" / "lmablate-repro.lock"  # held by the one repro of a workspace
+
+
+@contextlib.contextmanager
+def only_repro(root: Path):
+    """Hold ``root``'s repro lock (``fcntl.flock`` on :data:`LOCK`, the holder's pid inside)
+    while the body runs: two ``lmablate repro`` in one folder would share their workspaces and
+    chain logs.
+
+    Raises:
+        ConfigError: another process holds it (named by its pid).
+    """
+    import fcntl
+
+    path = root / LOCK
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            holder = lock.read().strip() or "?"
+            raise ConfigError(f"repro: another lmablate repro (pid {holder}) is running in "
+                              f"{root}; wait for it to end or stop it") from None
+        lock.seek(0)
+        lock.truncate()
+        lock.write(f"{os.getpid()}\n")
+        lock.flush()
+        try:
+            yield
+        finally:
+            lock.seek(0)
+            lock.truncate()
+            fcntl.flock(lock, fcntl.LOCK_UN)
 STOP_GRACE_SECONDS = 10.0  # a stopped chain's time to save its resume state before SIGKILL
 
 
@@ -225,13 +259,27 @@ def main(cfg, args) -> int:
     line naming it and its log). N defaults to one chain per core, at most the chains there are.
 
     Raises:
-        ConfigError: a bad ``--jobs``; not the root of a DVC repository in git.
+        ConfigError: a bad ``--jobs``; not the root of a DVC repository in git; another repro
+            running in this folder; a cluster address that does not answer (before any
+            workspace is made).
         KeyboardInterrupt: Ctrl-C or SIGTERM, once every chain has stopped."""
-    from dvc.repo import Repo
-
     jobs, root, out = parse_jobs(args.jobs), Path.cwd(), WORKSPACES
     if not (root / ".dvc").is_dir():
         raise ConfigError(f"repro: {root} is not the root of a DVC repository (no .dvc folder)")
+    if args.dry:
+        return _repro(cfg, args, jobs, root, out)
+    with only_repro(root):
+        address = cfg.runtime.cluster_address
+        if address is not None:  # before any workspace is made
+            from lmablate.scheduler_probe import probe_scheduler
+            probe_scheduler(address, cfg.runtime.cluster_timeout, cfg.runtime.cluster_key)
+        return _repro(cfg, args, jobs, root, out)
+
+
+def _repro(cfg, args, jobs: int | None, root: Path, out: Path) -> int:
+    """:func:`main` once the folder is checked (and, unless ``--dry``, locked)."""
+    from dvc.repo import Repo
+
     steps = plan(stage_graph(root))
     extra = store_env(cfg.tune.storage_url, cfg.tracking.tracking_uri, root)
     jobs = jobs or max(1, min(len(steps.chains), os.cpu_count() or 1))
