@@ -29,6 +29,7 @@ from lmablate.config import ConfigError
 from lmablate.validation import OutputError
 from lmablate.fileio import check_sqlite_store, check_writable, os_error_line
 from lmablate.gc_pause import gc_paused
+from lmablate.lifetime import die_with_parent, parent_is_dvc
 from lmablate.params import load
 
 
@@ -193,6 +194,9 @@ def main(argv: list[str] | None = None) -> int:
     process ends here through :func:`exit_now`; called with ``argv`` (tests), it returns."""
     args = build_parser().parse_args(argv)
     status = 0
+    if argv is None and parent_is_dvc():
+        # a stage of dvc repro ends with it: killed, dvc records nothing this one would write
+        die_with_parent(os.getppid())
     try:
         cfg = load(args.params)
         if args.command in COMMANDS:  # no stage: its module's main gives the exit status

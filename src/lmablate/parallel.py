@@ -14,12 +14,10 @@ already keeps the device busy and jobs run one after another.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import functools
 import multiprocessing
 import os
 import signal
-import sys
 import threading
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from typing import Callable, Iterable, Iterator, Sequence, TypeVar
@@ -27,9 +25,9 @@ from typing import Callable, Iterable, Iterator, Sequence, TypeVar
 import torch
 
 from lmablate import interrupt
+from lmablate.lifetime import die_with_parent
 from lmablate.config import ModelConfig, RuntimeConfig
 
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
 J = TypeVar("J")
 R = TypeVar("R")
 
@@ -86,11 +84,9 @@ def _init_worker(threads: int, parent: int) -> None:
     # decides when the stage ends, and a worker killed by it would break the pool.
     interrupt.install_handler()
     torch.set_num_threads(threads)
-    if sys.platform == "linux":
-        # Die with the parent: a stage killed with SIGKILL must not leave workers that keep
-        # writing its checkpoints while the stage is run again.
-        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent:  # the parent died before the line above took effect
+    # Die with the parent: a stage killed with SIGKILL must not leave workers that keep
+    # writing its checkpoints while the stage is run again.
+    if not die_with_parent(parent, signal.SIGKILL) and os.getppid() != parent:
         os._exit(1)
 
 
