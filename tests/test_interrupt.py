@@ -286,8 +286,10 @@ def cpu_seconds(pid: int) -> float:
 
 
 def test_ctrl_c_stops_evaluate_within_seconds(make_project, tmp_path, start_lmablate):
-    # 20,000 test problems and every test window: a minute of evaluation
-    path = make_project(tmp_path, {**LONG, "datasets": {"arithmetic": {"n_test": 20000}},
+    # 20,000 test problems (of 3 digits: 2 digits have 19,602 problems, too few for as many
+    # test problems) and every test window: a minute of evaluation
+    path = make_project(tmp_path, {**LONG, "datasets": {"arithmetic": {
+                                       "n_test": 20000, "digits": 3, "length_digits": [4]}},
                                    "train": {"budget_flops": budgets(4)},
                                    "evaluate": {"max_problems": 20000, "max_batches": 10**6},
                                    "tracking": {"enabled": False}}).path

@@ -137,10 +137,13 @@ def _result(future: Future) -> R:
 def _stop(pool: Executor, futures: list[Future], processes: bool) -> None:
     """Stop the jobs of ``pool`` after an interrupt: cancel those not started, ask the running
     ones to stop at their next step (in worker processes by SIGINT, repeated until they are
-    done: a worker still starting up ignores it), and wait for them."""
+    done: a worker still starting up ignores it), wait for them, and only then shut the pool
+    down, once. (An early ``shutdown(wait=False)`` let the pool's manager thread close its
+    wake-up pipe while the pool was still woken, which printed a traceback at exit.)"""
     interrupt.request()
     procs = list((getattr(pool, "_processes", None) or {}).values()) if processes else []
-    pool.shutdown(wait=False, cancel_futures=True)
+    for f in futures:  # the queued ones; a job already handed to a worker stops by SIGINT
+        f.cancel()
     # f.done(), not wait()'s own test: a future cancelled here is done but never "notified"
     while running := [f for f in futures if not f.done()]:
         for proc in procs:
