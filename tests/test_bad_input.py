@@ -287,6 +287,9 @@ CASES = [
     ("a variant overriding the tuned width", setting("variants.wide", {"d_model": 64}),
      tune_args(), "params: variants.wide.d_model=64 is not allowed; the width is tuned for every "
      "variant from tune.d_model_choices (give that a single value to fix it)"),
+    ("an MLflow experiment of 600 characters", setting("tracking.experiment", "x" * 600),
+     tune_args(), "params: tracking.experiment='" + "x" * 37 + "..." + "x" * 38 + "' is not "
+     "allowed; a string of 1 to 200 characters"),
     ("unknown key", setting("train.epochs", 3), tune_args(),
      "params: unknown key train.epochs; allowed keys under train: batch_size, beta1, beta2, "
      "budget_flops, eval_interval, eval_iters, grad_clip, lr, lr_schedule, warmup_fraction, "
@@ -410,6 +413,39 @@ def test_a_yaml_alias_bomb_is_refused_at_once_in_one_short_line(base, tmp_path, 
                           "[[1, 1, 1, 1, 1, 1, 1, 1, ...], ")
     assert ",... is not allowed; expected a list of [trials, share of the budget] pairs" in err
     assert err.count("\n") == 1 and len(err) < 600
+    assert snapshot(project) == before
+
+
+@pytest.mark.parametrize("where,what", [("folder", "is a folder"),
+                                        ("/dev/null", "is no regular file (a device or a pipe)")])
+def test_params_that_are_no_file_are_named_as_such(base, tmp_path, monkeypatch, capsys, where,
+                                                    what):
+    project = copy_of(base, tmp_path)
+    monkeypatch.chdir(project)
+    path = "folder" if where == "folder" else "/dev/null"
+    if where == "folder":
+        (project / "folder").mkdir()
+    before = snapshot(project)
+    assert cli.main(["--params", path, *tune_args()]) == 2
+    assert capsys.readouterr().err == (f"lmablate: error: params: {path} {what}; --params names "
+                                       "a params.yaml file\n")
+    assert snapshot(project) == before
+
+
+def test_a_budget_that_buys_no_width_names_the_budget(base, tmp_path, monkeypatch, capsys):
+    project = copy_of(base, tmp_path)
+    monkeypatch.chdir(project)
+    raw = yaml.safe_load((project / "params.yaml").read_text())
+    raw["tune"]["d_model_choices"] = None  # widths derived from the budget
+    raw["train"]["budget_flops"]["arithmetic"] = 1.0e6
+    (project / "params.yaml").write_text(yaml.safe_dump(raw))
+    before = snapshot(project)
+    assert cli.main(tune_args()) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("lmablate: error: tune arithmetic: train.budget_flops.arithmetic=1e+06 "
+                          "buys no width: none is a multiple of 2 x n_heads with tokens per "
+                          "parameter within tune.tokens_per_parameter_limits=")
+    assert err.endswith(" steps at the lowest rung; a larger budget, or wider limits\n")
     assert snapshot(project) == before
 
 

@@ -90,6 +90,13 @@ def _check_factor(key: str, value: Any) -> float:
     return float(value)
 
 
+def _check_experiment(key: str, value: Any) -> None:
+    # MLflow keeps an experiment's name in a column of 256 characters, and a longer one fails
+    # inside the store with a message that blames the store
+    if not isinstance(value, str) or not 1 <= len(value) <= 200:
+        fail(key, value, "a string of 1 to 200 characters")
+
+
 def _check_seeds(key: str, value: Any) -> tuple[int, ...]:
     if not isinstance(value, (list, tuple)) or not value:
         fail(key, value, "expected a non-empty list of integers")
@@ -359,8 +366,9 @@ class TrackingConfig:
 
     uri: str = param("sqlite:///mlflow.db", "MLflow tracking URI (env MLFLOW_TRACKING_URI "
                      "overrides it)", STRING, result=False)
-    experiment: str = param("lmablate", "the MLflow experiment of the study's runs", STRING,
-                            result=False)
+    experiment: str = param("lmablate", "the MLflow experiment of the study's runs (at most "
+                            "200 characters)", Rule("a string of 1 to 200 characters",
+                                                    _check_experiment), result=False)
     enabled: bool = param(True, "log runs to MLflow (false: no tracking)", BOOLEAN,
                           result=False)
 

@@ -158,6 +158,11 @@ def load(path: str | os.PathLike = "params.yaml") -> StudyConfig:
         ConfigError: the file is missing, is not YAML, or fails validation (see :func:`parse`).
     """
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"params: {path} is a folder; --params names a params.yaml file")
+    if path.exists() and not path.is_file():
+        raise ConfigError(f"params: {path} is no regular file (a device or a pipe); --params "
+                          "names a params.yaml file")
     if not path.is_file():
         raise ConfigError(f"params: file {path} not found")
     try:

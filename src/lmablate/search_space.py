@@ -105,10 +105,13 @@ def _derived_choices(cfg: StudyConfig, dataset: str) -> tuple[list[int], list[in
     the one closest to its geometric middle if none does."""
     ladder = width_ladder(cfg, dataset)
     if not ladder:
-        raise ValueError(f"tune {dataset}: no width is a multiple of 2 x n_heads with tokens per "
-                         f"parameter within tune.tokens_per_parameter_limits="
+        budget = cfg.train.for_dataset(dataset).budget_flops[dataset]
+        raise ValueError(f"tune {dataset}: train.budget_flops.{dataset}={budget:.3g} buys no "
+                         f"width: none is a multiple of 2 x n_heads with tokens per parameter within "
+                         f"tune.tokens_per_parameter_limits="
                          f"{list(cfg.tune.tokens_per_parameter_limits)} and at least "
-                         f"tune.min_steps={cfg.tune.min_steps} steps at the lowest rung")
+                         f"tune.min_steps={cfg.tune.min_steps} steps at the lowest rung; a larger "
+                         "budget, or wider limits")
     low, high = cfg.tune.tokens_per_parameter
     inside = [i for i, d in enumerate(ladder)
               if low <= tokens_per_parameter(cfg, dataset, d) <= high]
