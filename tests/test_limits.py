@@ -132,3 +132,13 @@ def test_the_limits_call_problem_level_results_a_diagnostic_not_a_verdict(built)
     assert "a diagnostic" in line and "not a verdict" in line
     assert "treat the problems as independent" in line and "drawn over seeds" in line
     assert "better" not in line and "worse" not in line
+
+
+def test_the_methods_name_each_kind_of_dataset_s_tuning_objective(built):
+    """Arithmetic trials are ranked by the probe's answer loss, text ones by the validation
+    loss: the methods say both, not "the validation loss" for all."""
+    md = built[2]["report"].read_text()
+    methods = md.split("## Methodology")[1]
+    assert ("objective the validation loss (text) and the answer loss of the validation problems "
+            "(arithmetic: nats per answer character, the metric of its verdicts) at the end of "
+            "the trial") in methods

@@ -65,6 +65,16 @@ def _widths_text(tu) -> str:
             "past an edge")
 
 
+def _objective_text(cfg: StudyConfig) -> str:
+    """What the trials were ranked by, per kind of dataset in the study
+    (:func:`lmablate.answer_probe.objective_name`)."""
+    kinds = {d.kind for d in cfg.datasets.values()}
+    parts = (["the validation loss (text)"] if kinds - {"arithmetic"} else []) + (
+        ["the answer loss of the validation problems (arithmetic: nats per answer character, "
+         "the metric of its verdicts)"] if "arithmetic" in kinds else [])
+    return " and ".join(parts)
+
+
 def methods_section(cfg: StudyConfig, ablation: pd.DataFrame,
                     environment: Mapping[str, Any] | None, datasets: Sequence[str],
                     order: Sequence[str]) -> list[str]:
@@ -99,7 +109,7 @@ def methods_section(cfg: StudyConfig, ablation: pd.DataFrame,
         f"d_model ({_widths_text(tu)}) were tuned per dataset x variant by successive halving "
         f"with Optuna: {_rungs_text(tu)}; every trial below the full budget on seed "
         f"{tu.seed} (not a final seed), "
-        f"objective the validation loss at the end of the trial; the first "
+        f"objective {_objective_text(cfg)} at the end of the trial; the first "
         f"{tu.trials_per_batch} configurations are the same for every variant, "
         f"{tu.trials_per_batch} learning rates evenly spaced in log over the range at the "
         f"width nearest {math.sqrt(tu.tokens_per_parameter[0] * tu.tokens_per_parameter[1]):g}"
