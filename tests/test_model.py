@@ -480,8 +480,9 @@ def test_coupled_positions_have_the_learned_tables_parameter_count():
 
 
 def test_a_coupled_model_not_bound_to_arithmetic_lines_is_refused():
+    unbound = M.GPT(make_cfg(position="coupled", line_length=0)).eval()  # counted, never run
     with pytest.raises(ValueError, match="needs cfg.line_length"):
-        M.GPT(make_cfg(position="coupled", line_length=0))
+        unbound(tokens(1, 4))
     with pytest.raises(ConfigError, match=r"model\.line_length=13 is not allowed"):
         make_cfg(position="coupled", line_length=13)  # not 6 + 3 x a field width
 

@@ -291,7 +291,7 @@ def _wait(future) -> Any:
 _CLIENTS: dict[str, Any] = {}
 
 
-def _client(address: str, timeout: float, key: str = "runtime.cluster"):
+def _client(address: str, timeout: float, key: str):
     """One client per scheduler address and process, closed at exit; the address is probed
     first (:func:`lmablate.scheduler_probe.probe_scheduler`), so a dead one fails in about
     ``timeout`` seconds with what answered there."""
@@ -348,9 +348,8 @@ def connect(cfg: StudyConfig) -> Cluster | None:
         client.wait_for_workers(1, timeout=WORKER_WAIT_SECONDS)
     except TimeoutError:
         raise ConfigError(f"params: {cfg.runtime.cluster_key}={address!r}: no worker joined its "
-                          f"scheduler "
-                          f"in {WORKER_WAIT_SECONDS} s; start one with dask worker {address}"
-                          ) from None
+                          f"scheduler in {WORKER_WAIT_SECONDS} s; start one with dask worker "
+                          f"{address}") from None
     ours = machine_kind()
     kinds = client.run(_identify)
     info = client.scheduler_info(n_workers=-1)["workers"]

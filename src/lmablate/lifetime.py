@@ -17,14 +17,14 @@ PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 def die_with_parent(parent: int, sig: int = signal.SIGTERM) -> bool:
     """Have the kernel send ``sig`` to this process when its parent (pid ``parent``, the one
-    it had when it started) dies; if it already has, end now. Linux only: elsewhere nothing
-    happens and False is returned."""
-    if sys.platform != "linux":
-        return False
-    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, int(sig))
-    if os.getppid() != parent:  # the parent died before the line above took effect
+    it had when it started) dies, and if it already has, end now. Returns whether the signal
+    is armed: Linux only; elsewhere only the check is made."""
+    armed = sys.platform == "linux"
+    if armed:
+        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, int(sig))
+    if os.getppid() != parent:  # the parent died before the signal was armed
         os._exit(1)
-    return True
+    return armed
 
 
 def parent_is_dvc(ppid: int | None = None) -> bool:

@@ -337,23 +337,24 @@ class CoupledPosition(Position):
     rows trained at other offsets. The table has ``context_length`` rows: the learned
     baseline's parameter count. Runs at any length.
 
+    A config not bound to its lines (``line_length`` 0) builds, with the same parameters, so
+    that it can be counted; it refuses to run.
+
     Raises:
-        ValueError: a config without ``line_length``; a forward in training mode that does not
-            start at position 0.
+        ValueError: a forward of a config without ``line_length``, or one in training mode that
+            does not start at position 0.
     """
 
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg)
-        if not cfg.line_length:
-            raise ValueError("position coupled needs cfg.line_length: the model must be bound "
-                             "to an arithmetic dataset (variants.resolve_model_config)")
         self.line_length = cfg.line_length
-        self.width = (cfg.line_length - 6) // 3
+        self.width = max(0, (cfg.line_length - 6) // 3)
         self.n_offsets = cfg.context_length - self.width - 1
         self.wce = nn.Embedding(cfg.context_length, cfg.d_model)
         self.register_buffer("slots", coupled_slots(cfg.line_length, self.width),
                              persistent=False)  # (L,)
-        weights = torch.tensor([pow(_LINE_HASH, i + 1, 2**31) for i in range(cfg.line_length)])
+        weights = torch.tensor([pow(_LINE_HASH, i + 1, 2**31) for i in range(cfg.line_length)],
+                               dtype=torch.long)
         self.register_buffer("hash_weights", weights, persistent=False)  # (L,) int64
 
     def line_offsets(self, idx: Tensor) -> Tensor:
@@ -367,6 +368,9 @@ class CoupledPosition(Position):
     def ids(self, idx: Tensor, pos: int) -> Tensor:
         """Table rows of tokens ``idx`` (B,T) whose first is at absolute position ``pos``:
         (B, T) int64."""
+        if not self.line_length:
+            raise ValueError("position coupled needs cfg.line_length: the model must be bound "
+                             "to an arithmetic dataset (variants.resolve_model_config)")
         _check_start(pos)
         t = torch.arange(pos, pos + idx.size(1), device=idx.device)
         sig = self.slots[t % self.line_length]  # (T,)
@@ -714,10 +718,7 @@ def count_params(cfg: ModelConfig) -> tuple[int, int]:
 
 
 def _non_embedding(cfg: ModelConfig) -> int:
-    # the non-embedding count does not depend on the vocabulary, so a placeholder of 1 is fine;
-    # nor on a position table: a coupled model not yet bound to its lines counts as learned
-    if cfg.position == "coupled" and not cfg.line_length:
-        cfg = cfg.replace(position="learned")
+    # the non-embedding count does not depend on the vocabulary, so a placeholder of 1 is fine
     return count_params(cfg.replace(vocab_size=max(cfg.vocab_size, 1)))[1]
 
 

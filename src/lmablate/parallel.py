@@ -86,8 +86,7 @@ def _init_worker(threads: int, parent: int) -> None:
     torch.set_num_threads(threads)
     # Die with the parent: a stage killed with SIGKILL must not leave workers that keep
     # writing its checkpoints while the stage is run again.
-    if not die_with_parent(parent, signal.SIGKILL) and os.getppid() != parent:
-        os._exit(1)
+    die_with_parent(parent, signal.SIGKILL)
 
 
 def _init_thread(threads: int) -> None:

@@ -315,7 +315,12 @@ def optional(rule: Rule) -> Rule:
 
 BOOLEAN = Rule("true or false", check_bool)
 STRING = Rule("a non-empty string", check_str)
-FRACTION = Rule(FRACTION_TEXT, lambda key, value: (check_fraction(key, value), float(value))[1])
+def _fraction(key: str, value: Any) -> float:
+    check_fraction(key, value)
+    return float(value)  # kept as a float, as number() keeps its values
+
+
+FRACTION = Rule(FRACTION_TEXT, _fraction)
 
 
 def param(default: Any = MISSING, doc: str = "", rule: Rule | None = None, *,

@@ -26,6 +26,7 @@ from lmablate.validation import ConfigError
 
 WORKSPACES = Path(".dvc") / "tmp" / "lmablate-workspaces"  # under the main workspace's root
 LOCK = Path(".dvc") / "tmp" / "lmablate-repro.lock"  # held by the one repro of a workspace
+STOP_GRACE_SECONDS = 10.0  # a stopped chain's time to save its resume state before SIGKILL
 
 
 @contextlib.contextmanager
@@ -59,7 +60,6 @@ def only_repro(root: Path):
             lock.seek(0)
             lock.truncate()
             fcntl.flock(lock, fcntl.LOCK_UN)
-STOP_GRACE_SECONDS = 10.0  # a stopped chain's time to save its resume state before SIGKILL
 
 
 def parse_jobs(text: str | None) -> int | None:

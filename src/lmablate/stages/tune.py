@@ -72,7 +72,7 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, best_pat
     budgets = stage_budgets(cfg, dataset, replicate)
     # every budget's widths and step counts before the first trial of any
     plans = [(label, cfg.at_budget(dataset, budget)) for budget, label in budgets]
-    plans = [(label, at, _widths(at, dataset, variant, data.vocab_size, data.line_length)) for label, at in plans]
+    plans = [(label, at, _widths(at, dataset, variant, data)) for label, at in plans]
     results, rows = [], []
     for label, at, (widths, models) in plans:
         result, budget_rows = _tune_budget(at, dataset, variant, tokens_dir, data, tracker,
@@ -84,8 +84,8 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, best_pat
     return results[-1]
 
 
-def _widths(cfg: StudyConfig, dataset: str, variant: str, vocab_size: int,
-            line_length: int) -> tuple[list[int], list]:
+def _widths(cfg: StudyConfig, dataset: str, variant: str, data: TokenData
+            ) -> tuple[list[int], list]:
     """The widths a budget's study searches and their model configs, each checked: causal,
     and a trial of the lowest rung and a final run both buy enough steps at ``cfg``'s budget.
 
@@ -98,7 +98,7 @@ def _widths(cfg: StudyConfig, dataset: str, variant: str, vocab_size: int,
               else width_ladder(cfg, dataset))
     if tune.d_model_choices is None:
         initial_space(cfg, dataset)  # no derivable width fails here, before any trial
-    models = [resolve_model_config(cfg, variant, vocab_size, d_model, line_length)
+    models = [resolve_model_config(cfg, variant, data.vocab_size, d_model, data.line_length)
               for d_model in widths]
     for model_cfg in models:
         preflight(model_cfg, f"variant {variant!r}")
