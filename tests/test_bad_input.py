@@ -596,36 +596,61 @@ def test_a_store_that_fails_sqlite_s_integrity_check_exits_2_before_any_work(
     assert snapshot(project) == before
 
 
-def test_a_read_only_output_folder_exits_2_before_any_work(tmp_path):
-    """Run as an unprivileged user (root writes into any folder whatever its mode)."""
-    as_user: list[str] = []
-    where = tmp_path
-    if os.geteuid() == 0:
-        if not shutil.which("setpriv"):
-            pytest.skip("needs setpriv (util-linux) to drop root")
-        as_user = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
-        where = Path(tempfile.mkdtemp(prefix="lmablate-ro-"))  # a tree the user can read
-        os.chmod(where, 0o755)
+def _as_user(tmp_path: Path) -> tuple[list[str], Path]:
+    """The command prefix that runs as an unprivileged user (root writes into any folder
+    whatever its mode) and a folder it can read."""
+    if os.geteuid() != 0:
+        return [], tmp_path
+    if not shutil.which("setpriv"):
+        pytest.skip("needs setpriv (util-linux) to drop root")
+    where = Path(tempfile.mkdtemp(prefix="lmablate-ro-"))  # a tree the user can read
+    os.chmod(where, 0o755)
+    return ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"], where
+
+
+@pytest.mark.parametrize("read_only,argv,line", [
+    ("out", tune_args(), "cannot write out/best.json: folder out is not writable"),
+    # a folder below the one named: the seed folder of a checkpoint the stage replaces
+    ("out/ck/seed_0", train_args(), "cannot write out/ck: folder out/ck/seed_0 is not writable"),
+])
+def test_a_read_only_output_folder_at_any_depth_exits_2_before_any_work(
+        trained, tmp_path, read_only, argv, line):
+    as_user, where = _as_user(tmp_path)
     try:
-        project = make_project(where / "p").path
-        (project / "out").mkdir()
-        os.chmod(project / "out", 0o555)
+        project = where / "p"
+        shutil.copytree(trained, project)
+        os.chmod(project / read_only, 0o555)
         for path in [project, *project.rglob("*")]:
-            if path.is_dir() and path.name != "out":
-                os.chmod(path, 0o755)
+            if path.is_dir() and path != project / read_only:
+                os.chmod(path, 0o777)
             elif path.is_file():
                 os.chmod(path, 0o644)
+        (project / "optuna.db").chmod(0o666)
         before = snapshot(project)
-        proc = subprocess.run([*as_user, str(BIN / "lmablate"), *tune_args()], cwd=project,
+        proc = subprocess.run([*as_user, str(BIN / "lmablate"), *argv], cwd=project,
                               capture_output=True, text=True, timeout=120,
                               env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
         assert proc.returncode == 2, proc.stderr
-        assert proc.stderr == ("lmablate: error: cannot write out/best.json: folder out is not "
-                               "writable (Permission denied)\n")
+        assert proc.stderr == f"lmablate: error: {line} (Permission denied)\n"
         assert snapshot(project) == before
     finally:
         if where != tmp_path:
             shutil.rmtree(where, ignore_errors=True)
+
+
+def test_training_without_room_for_its_checkpoints_exits_2_before_any_work(
+        trained, tmp_path, monkeypatch, capsys):
+    project = copy_of(trained, tmp_path)
+    monkeypatch.chdir(project)
+    shutil.rmtree(project / "out" / "ck")
+    usage = shutil.disk_usage(project)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage._replace(free=100_000))
+    before = snapshot(project)
+    assert cli.main(train_args()) == 2
+    err = capsys.readouterr().err
+    assert re.fullmatch(r"lmablate: error: cannot write out/ck: 1 checkpoint needs about "
+                        r"\d\.\d MB and out has 0\.1 MB free\n", err), err
+    assert snapshot(project) == before
 
 
 # --- files damaged after they were written -----------------------------------------------------

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from lmablate.search_space import width_ladder
-from lmablate import config, params
+from lmablate import cli, config, params
 from lmablate.config import ConfigError, ModelConfig
 from lmablate.fingerprint import NOT_A_RESULT, fingerprint
 from lmablate.validation import from_mapping, is_param
@@ -361,8 +361,8 @@ def kind_keys(kind):
     return {f.name for f in param_fields("datasets") if f.metadata.get("kind", kind) == kind}
 
 
-PROFILES = ["params.yaml", "profiles/full.yaml", "profiles/length.yaml", "profiles/scaling.yaml",
-            "profiles/seed-scale.yaml"]
+PROFILES = ["params.yaml",
+            *sorted(f"profiles/{p.name}" for p in (ROOT / "profiles").glob("*.yaml"))]
 
 
 @pytest.mark.parametrize("path", PROFILES)
@@ -384,6 +384,42 @@ def test_a_profile_gives_every_key_params_yaml_gives(raw, path):
     for section in SETTINGS:
         assert set(profile[section]) == set(raw[section]), f"{path}: {section}"
     params.parse(profile)
+
+
+@pytest.mark.parametrize("path", PROFILES)
+def test_a_complete_profile_leaves_no_key_to_a_default(path):
+    assert params.defaults_taken(yaml.safe_load((ROOT / path).read_text())) == []
+
+
+@pytest.mark.parametrize("key,shown", [
+    ("tune.rungs", "[[8, 0.125], [3, 1.0]]"), ("study.seeds", "[0, 1, 2, 3, 4]"),
+    ("train.budget_flops", "{'shakespeare': 200000000000.0, 'arithmetic': 225000000000.0}"),
+    ("runtime.cluster", "null"), ("datasets.arithmetic.length_digits", "[3, 4]"),
+    ("datasets.shakespeare.max_chars", "null")])
+def test_a_key_left_out_is_named_with_the_default_it_takes(raw, key, shown):
+    """Each default taken is named with its value, and taken: the parsed study has it."""
+    left = mutate(raw, key, KeyError)
+    assert params.defaults_taken(left) == [(key, shown)]
+    params.parse(left)
+
+
+def test_a_section_left_out_names_each_of_its_keys(raw):
+    left = mutate(raw, "evaluate", KeyError)
+    taken = params.defaults_taken(left)
+    assert [k for k, _ in taken] == [f"evaluate.{f.name}" for f in param_fields("evaluate")]
+    assert params.parse(left) == params.parse(raw)  # params.yaml gives the defaults
+
+
+def test_the_cli_says_which_defaults_a_short_profile_takes(raw, tmp_path, capsys):
+    path = tmp_path / "short.yaml"
+    path.write_text(yaml.safe_dump(mutate(mutate(raw, "tune.rungs", KeyError),
+                                          "train.lr", KeyError)))
+    assert cli.main(["--params", str(path), "generate", "nowhere", "--out", "x"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[:2] == [f"lmablate: {path} gives no train.lr; taking the default 0.0003",
+                       f"lmablate: {path} gives no tune.rungs; taking the default "
+                       "[[8, 0.125], [3, 1.0]]"]
+    assert err[2].startswith("lmablate: error: ") and len(err) == 3
 
 
 @pytest.mark.parametrize("key", ["study.variants", "study.datasets", "study.seeds"])

@@ -3,6 +3,7 @@ cache; exact match and character accuracy follow seed 000's definitions; test lo
 cross-entropy over non-overlapping windows."""
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -260,3 +261,69 @@ def test_extrapolation_needs_one_window_of_the_longest_length():
     with pytest.raises(ValueError, match="needs at least 33"):
         extrapolation(_tiny("rope"), np.zeros(32, np.uint8), (1, 4), 4, 2, 10_000,
                       torch.device("cpu"))
+
+
+class _Adder(torch.nn.Module):
+    """A model that computes each answer (the length test's measurement control): from the
+    characters so far of a line it predicts the next character of the correct answer; with
+    ``up_to`` digits it answers a longer problem with the right length but a wrong first
+    digit. Same interface as GPT for decoding: ``cfg``, ``position``, ``forward``,
+    ``generate`` (full forwards, no cache)."""
+
+    def __init__(self, tok: CharTokenizer, fmt: ArithmeticFormat, up_to: int | None = None):
+        super().__init__()
+        self.tok, self.fmt, self.up_to = tok, fmt, up_to
+        self.cfg = ModelConfig(vocab_size=tok.vocab_size, context_length=64)
+        self.position = type("NoTable", (), {"max_positions": None})()
+
+    def _next(self, text: str) -> str:
+        start = text.rfind("$(")
+        line = text[start:]
+        if ")=" not in line:
+            return "0"  # a question character: any guess, it is not scored
+        a, op, b = re.fullmatch(r"(\d+)([+-])(\d+)", line[2:line.index(")=")]).groups()
+        c = int(a) + int(b) if op == "+" else int(a) - int(b)
+        answer = str(c).rjust(self.fmt.width, "0")[::-1] + "$"  # the format's rule
+        if self.up_to is not None and max(len(a.lstrip("0")), len(b.lstrip("0"))) > self.up_to:
+            answer = str((int(answer[0]) + 1) % 10) + answer[1:]
+        return answer[len(line) - line.index(")=") - 2]
+
+    def forward(self, idx: torch.Tensor, cache=None):
+        logits = torch.full((*idx.shape, self.tok.vocab_size), -30.0)
+        for r, row in enumerate(idx.tolist()):
+            text = self.tok.decode(np.array(row))
+            for j in range(len(row)):
+                logits[r, j, self.tok.token_id(self._next(text[:j + 1]))] = 30.0
+        return logits, None
+
+    def generate(self, idx: torch.Tensor, max_new_tokens: int, greedy: bool = True):
+        for _ in range(max_new_tokens):
+            nxt = self(idx)[0][:, -1].argmax(-1, keepdim=True)
+            idx = torch.cat((idx, nxt), 1)
+        return idx
+
+
+@pytest.mark.parametrize("up_to, expected", [(None, {1: 1.0, 2: 1.0, 3: 1.0, 4: 1.0}),
+                                             (2, {1: 1.0, 2: 1.0, 3: 0.0, 4: 0.0})])
+def test_the_length_test_reads_what_a_model_that_adds_computes(up_to, expected):
+    """The positive control of the measurement: the default format's test and length splits,
+    through the functions the evaluate stage calls, read exact match 1 at every operand length
+    for a model that adds, and 0 past two digits for one that adds only up to two."""
+    from lmablate.problem_sets import generate_arithmetic, length_problems
+    fmt = ArithmeticFormat(digits=2, operations=("+", "-")).padded_for((3, 4))
+    tok = CharTokenizer(ALPHABET)
+    _, test = generate_arithmetic(50, 60, seed=1, fmt=fmt)
+    model = _Adder(tok, fmt, up_to)
+    cpu = torch.device("cpu")
+    found = by_operand_digits(test, arithmetic_predictions(model, tok, test, 16, cpu),
+                              answer_nats(model, tok, test, 16, cpu), "test")
+    for n in (3, 4):
+        lines = length_problems(fmt, n, 20, seed=1)
+        assert len(lines[0]) == len(test[0])  # only the operands' length differs
+        found.update(by_operand_digits(lines, arithmetic_predictions(model, tok, lines, 16, cpu),
+                                       answer_nats(model, tok, lines, 16, cpu), "length"))
+    assert {int(n): r["exact_match"] for n, r in found.items()} == expected
+    for n, r in found.items():
+        right = expected[int(n)] == 1.0
+        assert (r["answer_loss"] < 1e-6) == right, (n, r)
+        assert r["split"] == ("length" if int(n) > 2 else "test")

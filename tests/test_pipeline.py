@@ -263,6 +263,27 @@ def test_a_stage_refuses_inputs_made_for_another_variant_before_any_work(study, 
     assert not (study / "out").exists()
 
 
+@pytest.mark.slow
+def test_training_refuses_a_best_json_tuned_for_other_settings(study, tmp_path, run_command):
+    """best.json records the settings it was tuned for: with another weight decay in the
+    params (and no re-tuning) the train stage refuses it before any work, naming both."""
+    params = yaml.safe_load((study / "params.yaml").read_text())
+    params["train"]["weight_decay"] = 0.2
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    tuned = json.loads((study / "runs/arithmetic/baseline/best.json").read_text())["settings"]
+    res = run_command(["lmablate", "--params", str(tmp_path / "params.yaml"), "train",
+                       "arithmetic", "baseline", "--tokens", "data/tokens/arithmetic", "--best",
+                       "runs/arithmetic/baseline/best.json", "--checkpoints", "out/ck",
+                       "--history", "out/h.csv", "--grad-stats", "out/g.csv"], study)
+    assert res.returncode == 2
+    line = re.fullmatch(r"lmablate: error: runs/arithmetic/baseline/best\.json: tuned for other "
+                        r"settings or data \(fingerprint (\w+)\) than these params and "
+                        r"data/tokens/arithmetic give \((\w+)\); run lmablate tune \(or dvc "
+                        r"repro\) again\n", res.stderr)
+    assert line and line[1] == tuned and line[2] != tuned
+    assert not (study / "out").exists()
+
+
 def changed_stages(study: Path, source: str, run_command) -> set[str]:
     """The stages ``dvc status`` calls changed after a comment is appended to ``source``
     (restored afterwards)."""

@@ -30,7 +30,7 @@ from lmablate.validation import OutputError
 from lmablate.fileio import check_sqlite_store, check_writable, os_error_line
 from lmablate.gc_pause import gc_paused
 from lmablate.lifetime import die_with_parent, parent_is_dvc
-from lmablate.params import load
+from lmablate.params import defaults_taken, parse, read
 
 
 @dataclass(frozen=True)
@@ -198,7 +198,12 @@ def main(argv: list[str] | None = None) -> int:
         # a stage of dvc repro ends with it: killed, dvc records nothing this one would write
         die_with_parent(os.getppid())
     try:
-        cfg = load(args.params)
+        raw = read(args.params)
+        cfg = parse(raw)
+        # a short profile is allowed, but what it leaves out is said, not taken silently
+        for key, value in defaults_taken(raw):
+            print(f"lmablate: {args.params} gives no {key}; taking the default {value}",
+                  file=sys.stderr)
         if args.command in COMMANDS:  # no stage: its module's main gives the exit status
             status = import_stage(COMMANDS[args.command]).main(cfg, args)
             if argv is None:

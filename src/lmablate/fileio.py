@@ -13,6 +13,7 @@ import errno
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Iterator, Mapping, Sequence
@@ -72,12 +73,13 @@ def write_json(path: str | os.PathLike, obj: Any, indent: int = 2) -> None:
 
 def check_writable(path: str | os.PathLike) -> None:
     """Raise unless ``path`` (a file or folder, existing or not) can be written: its nearest
-    existing folder must take a new file. Tried for real, with a probe file created and
-    removed at once, since permission bits do not tell (root ignores them, a read-only mount
-    does not show in them).
+    existing folder must take a new file, and so must every folder below an existing folder
+    ``path`` (a stage writes at every depth of its output folder: seed folders, figures).
+    Tried for real, with a probe file created and removed at once, since permission bits do
+    not tell (root ignores them, a read-only mount does not show in them).
 
     Raises:
-        OutputError: a file stands where a folder must be, or the folder refuses the probe (the
+        OutputError: a file stands where a folder must be, or a folder refuses the probe (the
             message names the path, the folder and the system's reason).
     """
     path = Path(path)
@@ -86,13 +88,33 @@ def check_writable(path: str | os.PathLike) -> None:
         folder = folder.parent
     if not folder.is_dir():
         raise OutputError(f"cannot write {path}: {folder} is a file, not a folder")
-    try:
-        fd, probe = tempfile.mkstemp(prefix=".lmablate-probe.", dir=folder)
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as exc:
-        raise OutputError(f"cannot write {path}: folder {folder} is not writable "
-                          f"({exc.strerror or exc})") from None
+    below = sorted(Path(d) for d, _, _ in os.walk(path) if Path(d) != path) \
+        if path.is_dir() else []
+    for place in (folder, *below):
+        try:
+            fd, probe = tempfile.mkstemp(prefix=".lmablate-probe.", dir=place)
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as exc:
+            raise OutputError(f"cannot write {path}: folder {place} is not writable "
+                              f"({exc.strerror or exc})") from None
+
+
+def check_room(path: str | os.PathLike, need: int, what: str) -> None:
+    """Raise unless the file system that will hold ``path`` (its nearest existing folder) has
+    ``need`` bytes free: a stage that can estimate what it writes (``what``, e.g. "5
+    checkpoints") says so before any work, instead of failing on a full disk after minutes.
+
+    Raises:
+        OutputError: less free space than ``need`` (the message names both, in MB).
+    """
+    folder = Path(path)
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    free = shutil.disk_usage(folder).free
+    if free < need:
+        raise OutputError(f"cannot write {path}: {what} need{'s' * what.startswith('1 ')} about {need / 1e6:,.1f} MB and "
+                          f"{folder} has {free / 1e6:,.1f} MB free")
 
 
 def check_sqlite_store(url: str, key: str) -> None:

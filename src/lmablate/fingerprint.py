@@ -35,6 +35,21 @@ def fingerprint(*parts: Any) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:10]
 
 
+def tuned_settings(cfg: Any, dataset: str, variant: str, data_fingerprint: str,
+                   sampler_seed: int) -> str:
+    """What a tuning result was tuned for, as its ``best.json`` records it (``settings``): the
+    :func:`fingerprint` of the dataset, the model and the variant's overrides, the training
+    settings at the dataset's budget, the tune settings with ``sampler_seed``,
+    ``study.match_params`` and the training data (``cfg`` a :class:`lmablate.config.
+    StudyConfig`). The Optuna study's name adds the code and the device to these; this leaves
+    them out, so that the train stage can refuse a ``best.json`` tuned for other settings or
+    data and still take one tuned on a cluster's workers."""
+    train = dataclasses.replace(cfg.train.for_dataset(dataset), eval_interval=1)
+    return fingerprint(cfg.dataset(dataset), cfg.model, cfg.variants[variant], train,
+                       dataclasses.replace(cfg.tune, sampler_seed=sampler_seed),
+                       cfg.match_params, data_fingerprint)
+
+
 def _jsonable(obj: Any) -> Any:
     if dataclasses.is_dataclass(obj):
         return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)

@@ -17,11 +17,12 @@ from typing import Any, Mapping
 
 import yaml
 
-from lmablate.config import (NAME_PATTERN, NAME_RULE, DatasetConfig, EvaluateConfig, ModelConfig,
-                             RuntimeConfig, StudyConfig, StudySection, TrackingConfig, TrainConfig,
-                             TuneConfig)
+from lmablate.config import (NAME_PATTERN, NAME_RULE, SECTIONS, DatasetConfig, EvaluateConfig,
+                             ModelConfig, RuntimeConfig, StudyConfig, StudySection, TrackingConfig,
+                             TrainConfig, TuneConfig)
 from lmablate.datasets import DATASET_KINDS as KINDS
-from lmablate.validation import ConfigError, check_types, fail, from_mapping, is_param
+from lmablate.validation import (ConfigError, check_types, fail, from_mapping, is_param,
+                                 short_repr)
 
 TOP_LEVEL_KEYS = ("study", "datasets", "model", "variants", "train", "tune", "evaluate", "tracking",
                   "runtime")
@@ -157,6 +158,51 @@ def load(path: str | os.PathLike = "params.yaml") -> StudyConfig:
     Raises:
         ConfigError: the file is missing, is not YAML, or fails validation (see :func:`parse`).
     """
+    return parse(read(path))
+
+
+def defaults_taken(raw: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The keys a parsed params file leaves to their defaults, each as ``(key, default)`` (the
+    value written as in errors, shortened), in section and field order: of the ``study`` section, of
+    every settings section and of each dataset entry (the keys of its kind). A file that gives
+    every key, as ``params.yaml`` does, gives an empty list. Call after :func:`parse` succeeded.
+    """
+    out = []
+    for section in ("study", *TOP_LEVEL_KEYS[4:]):
+        given = raw.get(section) or {}
+        out += [(f"{section}.{f.name}", _shown(_default(f))) for f in dataclasses.fields(
+            SECTIONS[section]) if is_param(f) and f.name not in given]
+    for name, spec in (raw.get("datasets") or {}).items():
+        spec = spec or {}
+        out += [(f"datasets.{name}.{f.name}", _shown(_default(f)))
+                for f in dataclasses.fields(DatasetConfig)
+                if is_param(f) and f.metadata.get("kind", spec.get("kind")) == spec.get("kind")
+                and f.name not in spec]
+    return out
+
+
+def _default(f: dataclasses.Field) -> Any:
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+
+
+def _shown(value: Any) -> str:
+    """A default as an error shows a value (tuples as lists, None as YAML's null), shortened."""
+    if value is None:
+        return "null"
+    if isinstance(value, (tuple, list)):
+        value = [list(v) if isinstance(v, tuple) else v for v in value]
+    elif dataclasses.is_dataclass(value):
+        value = dataclasses.asdict(value)
+    return short_repr(value)
+
+
+def read(path: str | os.PathLike = "params.yaml") -> Mapping[str, Any]:
+    """``params.yaml`` parsed but not validated: its mapping (empty for an empty file).
+
+    Raises:
+        ConfigError: the file is missing, no regular file, not UTF-8 or not YAML (a key given
+            twice included).
+    """
     path = Path(path)
     if path.is_dir():
         raise ConfigError(f"params: {path} is a folder; --params names a params.yaml file")
@@ -174,7 +220,7 @@ def load(path: str | os.PathLike = "params.yaml") -> StudyConfig:
         raw = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
         raise ConfigError(f"params: {path} is not valid YAML: {_yaml_problem(exc)}") from None
-    return parse(raw or {})
+    return raw or {}
 
 
 def _yaml_problem(exc: yaml.YAMLError) -> str:

@@ -60,13 +60,19 @@ _SHORT.maxlevel, _SHORT.maxlist, _SHORT.maxtuple, _SHORT.maxdict, _SHORT.maxset 
 _SHORT.maxstring = _SHORT.maxother = 80
 
 
-def fail(key: str, value: Any, allowed: str) -> NoReturn:
-    """Raise the :class:`ConfigError` ``params: <key>=<value> is not allowed; <allowed>``, the
-    value shortened (``reprlib``) past 8 items or 80 characters, and cut at 200 in all."""
+def short_repr(value: Any) -> str:
+    """``value`` as a message shows it: ``repr`` shortened (``reprlib``) past 8 items or 80
+    characters, and cut at 200 in all."""
     shown = _SHORT.repr(value)
     if len(shown) > 200:  # nested lists (a YAML alias bomb) are long even when each is cut
         shown = shown[:200] + "..."
-    raise ConfigError(f"params: {key}={shown} is not allowed; {allowed}")
+    return shown
+
+
+def fail(key: str, value: Any, allowed: str) -> NoReturn:
+    """Raise the :class:`ConfigError` ``params: <key>=<value> is not allowed; <allowed>``, the
+    value shown by :func:`short_repr`."""
+    raise ConfigError(f"params: {key}={short_repr(value)} is not allowed; {allowed}")
 
 
 def _real(value: Any) -> bool:

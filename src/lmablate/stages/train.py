@@ -22,7 +22,7 @@ from lmablate.budget import run_steps, stage_budgets, tokens_per_step, training_
 from lmablate.batched import batched_on, train_seeds
 from lmablate.checkpoint import load_resume, save_checkpoint, verify_checkpoint
 from lmablate.config import ModelConfig, StudyConfig
-from lmablate.fingerprint import code_version, fingerprint
+from lmablate.fingerprint import code_version, fingerprint, tuned_settings
 from lmablate.cluster import resolve
 from lmablate.device import device_kind, resolve_device
 from lmablate.model import count_params, flops_per_token
@@ -284,6 +284,12 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, best_pat
                    best_path, replicate, label,
                    checkpoints_dir / label if label else checkpoints_dir)
              for budget, label in stage_budgets(cfg, dataset, replicate)]
+    # weights and AdamW's two moments at 4 bytes each, and a resume state beside them while
+    # it is replaced, per seed and budget: the checkpoints this stage leaves and passes through
+    need = sum(len(jobs) * (4 * 4 * count_params(jobs[0].model_cfg)[0] + 2 ** 16)
+               for jobs in plans)
+    n = sum(map(len, plans))
+    fileio.check_room(checkpoints_dir, need, f"{n} checkpoint" + "s" * (n != 1))
     results: list[dict] = []
     for jobs in plans:
         results += _train_budget(jobs, device, cluster)
@@ -329,6 +335,11 @@ def _plan(cfg: StudyConfig, dataset: str, variant: str, data: TokenData, tokens_
         raise ValueError(f"{best_path}: tuned with sampler seed {tuned['sampler_seed']}, but "
                          f"--replicate {replicate} means tune.sampler_seed + {replicate} = "
                          f"{expected}")
+    settings = tuned_settings(cfg, dataset, variant, data.fingerprint(), expected)
+    if tuned.get("settings", settings) != settings:
+        raise ValueError(f"{best_path}: tuned for other settings or data (fingerprint "
+                         f"{tuned['settings']}) than these params and {tokens_dir} give "
+                         f"({settings}); run lmablate tune (or dvc repro) again")
     model_cfg = resolve_model_config(cfg, variant, data.vocab_size, tuned["d_model"],
                                      data.line_length)
     data.check_fits(model_cfg.context_length, f"{dataset}")
