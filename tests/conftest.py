@@ -176,6 +176,9 @@ def study_root(tmp_path_factory):
     doc = json.loads((root / "runs/shakespeare/old/metrics.json").read_text())
     doc["variant"] = "old"
     (root / "runs/shakespeare/old/metrics.json").write_text(json.dumps(doc))
+    best = json.loads((root / "runs/shakespeare/old/best.json").read_text())
+    best["study_name"] = best["study_name"].replace("-baseline-", "-old-")
+    (root / "runs/shakespeare/old/best.json").write_text(json.dumps(best))
     write_replicate(root / "runs" / "shakespeare" / "baseline")
     return root
 

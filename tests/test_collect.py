@@ -109,3 +109,18 @@ def test_collect_reads_the_answer_loss_and_the_results_by_operand_and_answer_dig
     # empty frames, with their columns, where no run wrote any
     bare = collect.RunOutputs(*(pd.DataFrame(),) * 5, samples={}, predictions={})
     assert list(bare.by_operand_digits.columns) == collect.OPERAND_DIGITS_COLUMNS
+
+
+@pytest.mark.parametrize("name", ["metrics.json", "best.json"])
+def test_a_file_copied_into_another_variant_s_folder_is_refused_naming_both(
+        study_root, tmp_path, name):
+    """rope's metrics (or tuning) in the baseline's folder would be reported as the baseline's."""
+    import shutil
+    runs = tmp_path / "runs"
+    shutil.copytree(study_root / "runs", runs)
+    shutil.copy(runs / "arithmetic" / "rmsnorm" / name, runs / "arithmetic" / "baseline" / name)
+    made = "evaluated for arithmetic rmsnorm" if name == "metrics.json" else \
+        "tuned as Optuna study arithmetic-rmsnorm-0123456789, not for"
+    with pytest.raises(ValueError, match=f"arithmetic/baseline/{name}: {made}.* arithmetic "
+                                         r"baseline \(its folder\)"):
+        collect.collect(runs)

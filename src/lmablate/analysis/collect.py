@@ -236,6 +236,12 @@ def collect(runs_dir: Path) -> RunOutputs:
                 sink.append(df)
         if (run_dir / "best.json").is_file():
             best = fileio.read_json(run_dir / "best.json")
+            for entry in best.get("budgets", [best]):  # tuned for this folder's run
+                name = str(entry.get("study_name") or f"{dataset}-{variant}-")
+                if not name.startswith(f"{run_dir.parent.name}-{run_dir.name}-"):
+                    raise ValueError(f"{run_dir / 'best.json'}: tuned as Optuna study {name}, "
+                                     f"not for {run_dir.parent.name} {run_dir.name} (its "
+                                     "folder); run lmablate tune (or dvc repro) again")
             entries = [tuned_row(dataset, variant, b) for b in best.get("budgets", [best])]
             scaling_tuned += entries
             tuned_rows += [e for e in entries if e["budget_flops"] in (None, headline)][-1:]

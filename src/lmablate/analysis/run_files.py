@@ -140,6 +140,21 @@ def _budget_of(run: Mapping[str, Any]) -> float | None:
     return None if value is None else float(value)
 
 
+def check_made_for(path: Path, made: str, labels: tuple[str, str], run_dir: Path) -> None:
+    """Refuse a file of ``run_dir`` (``<dataset>/<variant>/``) whose own ``labels`` (dataset,
+    variant) name another run: a file copied or moved into another variant's folder would be
+    reported as that variant's.
+
+    Raises:
+        ValueError: the labels differ from the folders' names (the message names both).
+    """
+    folders = (run_dir.parent.name, run_dir.name)
+    if labels != folders:
+        raise ValueError(f"{path}: {made} for {' '.join(labels)}, not {' '.join(folders)} (its "
+                         "folder); run the stage that writes it again for "
+                         f"{' '.join(folders)}")
+
+
 def read_metrics(metrics_path: Path, run_dir: Path | None = None
                   ) -> tuple[str, str, list[dict], dict[str, list[dict]], float | None]:
     """One ``metrics.json``: ``(dataset, variant, seed rows, {"per_op", "extrapolation",
@@ -154,6 +169,7 @@ def read_metrics(metrics_path: Path, run_dir: Path | None = None
     doc = fileio.read_json(metrics_path)
     dataset = str(doc.get("dataset") or run_dir.parent.name)
     variant = str(doc.get("variant") or run_dir.name)
+    check_made_for(metrics_path, "evaluated", (dataset, variant), run_dir)
     rows, per_op_rows, scaling = [], [], []
     more: dict[str, list[dict]] = {"per_op": per_op_rows, "extrapolation": [],
                                    "position_loss": [], "by_operand_digits": [],
