@@ -2,25 +2,34 @@
 
     python docs/update_readme.py [STUDY]      # STUDY: a project after `dvc repro` (default: .)
 
-Reads ``STUDY/reports/summary.csv``, ``comparisons.csv``, ``lr_sensitivity.csv`` and ``tuned.csv``, writes
+Reads ``STUDY/reports/summary.csv``, ``comparisons.csv``, ``lr_sensitivity.csv`` and ``tuned.csv``,
+and the study's provenance (:func:`provenance`: its ``dvc.lock`` and the environment of its
+``metrics.json`` files); writes
 ``docs/assets/headline.png`` (the forest plots ``reports/figures/forest_<dataset>.png`` side by
 side) and replaces the README's text between ``<!-- findings:start -->`` and
 ``<!-- findings:end -->`` with :func:`render` of the study's rows. Nothing in that block is typed
 by hand; ``tests/test_docs.py`` checks that the block is exactly what :func:`render` writes for
-the rows :func:`parse` reads back from it.
+the rows :func:`parse` reads back from it, that its study is the one the committed ``dvc.lock``
+records (:func:`study_fingerprint`), and that this ``dvc.lock`` is of the current code, params
+and lock (:func:`changed_since_lock`): a change to a stage's code fails the tests until a fresh
+study's ``dvc.lock`` is committed and this script is run on that study.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import hashlib
+import json
 import math
+import os
 import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
+import yaml
 
 from lmablate.analysis.collect import BASELINE
 from lmablate.analysis.headline import headline_loss
@@ -137,6 +146,67 @@ def headline_figure(study: Path, datasets: list[str], out: Path) -> None:
                     dither=Image.Dither.NONE).save(out, optimize=True)
 
 
+# --- provenance: which study, on what machine ---------------------------------------------------
+
+# dvc.lock deps under these folders are outputs of other stages (data), not repository files
+DATA_FOLDERS = ("data", "runs", "reports")
+
+
+def _lock(root: Path) -> dict:
+    return yaml.safe_load((root / "dvc.lock").read_text(encoding="utf-8"))
+
+
+def changed_since_lock(root: Path) -> list[str]:
+    """What differs between ``root``'s ``dvc.lock`` and its files: each dep of a stage that is a
+    file of the repository (code, ``requirements.lock``) whose md5 is not the one recorded, and
+    each param whose value in ``params.yaml`` is not the recorded one; sorted, empty when the
+    lock is current."""
+    params = yaml.safe_load((root / "params.yaml").read_text(encoding="utf-8"))
+    changed = set()
+    for body in _lock(root)["stages"].values():
+        for dep in body.get("deps", []):
+            path = dep["path"]
+            if path.split("/")[0] in DATA_FOLDERS:
+                continue
+            try:
+                md5 = hashlib.md5((root / path).read_bytes()).hexdigest()
+            except OSError:
+                md5 = None
+            if md5 != dep.get("md5"):
+                changed.add(path)
+        for key, value in body.get("params", {}).get("params.yaml", {}).items():
+            node = params
+            for part in key.split("."):
+                node = node.get(part) if isinstance(node, dict) else None
+            if node != value:
+                changed.add(f"params.yaml: {key}")
+    return sorted(changed)
+
+
+def study_fingerprint(root: Path) -> str:
+    """12 hex digits of the sha256 of the report stage's outputs as ``root``'s ``dvc.lock``
+    records them (paths and md5s): the study whose reports the findings were written from."""
+    outs = sorted((o["path"], o.get("md5", "")) for o in _lock(root)["stages"]["report"]["outs"])
+    return hashlib.sha256(json.dumps(outs).encode()).hexdigest()[:12]
+
+
+def provenance(study: Path) -> str:
+    """The sentence under the findings: the study's fingerprint and what it computed with (the
+    ``environment`` of its ``metrics.json`` files, which must agree) on which CPU (this
+    machine's: run the script where the study ran)."""
+    envs = {json.dumps(json.loads(p.read_text()).get("environment"), sort_keys=True)
+            for p in sorted((study / "runs").glob("*/*/metrics.json"))}
+    if len(envs) != 1 or json.loads(next(iter(envs))) is None:
+        raise SystemExit(f"{study}: its runs record {len(envs)} environments; one is needed")
+    env = json.loads(next(iter(envs)))
+    sys.path.insert(0, str(ROOT / "src"))
+    from lmablate.environment import cpu_model
+    return (f"From the study whose `dvc.lock` is committed (its reports' fingerprint "
+            f"`{study_fingerprint(study)}`), computed with `{env['numerics']}` on {cpu_model()} "
+            f"({os.cpu_count()} cores), torch {env['torch']}, Python {env['python']}, "
+            f"`requirements.lock` `{env['lock']}`.")
+
+
 # --- the block ----------------------------------------------------------------------------------
 
 def _f(x: float | None, signed: bool = False) -> str:
@@ -178,8 +248,9 @@ def _sentence(rows: list[Row]) -> str:
     return ". ".join(parts) + "."
 
 
-def render(rows: list[Row]) -> str:
-    """The README's findings block, markers included."""
+def render(rows: list[Row], origin: str) -> str:
+    """The README's findings block, markers included, with ``origin`` (:func:`provenance`)
+    under it."""
     table = ["| " + " | ".join(COLUMNS) + " |", "|" + "|".join("---" for _ in COLUMNS) + "|"]
     table += ["| " + " | ".join(_cells(r)) + " |" for r in rows]
     return "\n".join([
@@ -188,8 +259,19 @@ def render(rows: list[Row]) -> str:
         *table, "",
         "Verdicts (Holm-corrected over a dataset's variants, paired by seed): "
         + _sentence(rows), "",
+        origin, "",
         END,
     ])
+
+
+def origin_of(block: str) -> str:
+    """The provenance sentence of a findings block (see :func:`provenance`)."""
+    return next(line for line in block.splitlines() if line.startswith("From the study "))
+
+
+def fingerprint_of(block: str) -> str:
+    """The study fingerprint a findings block names."""
+    return re.search(r"fingerprint `([0-9a-f]{12})`", origin_of(block))[1]
 
 
 def _unf(cell: str) -> float | None:
@@ -240,9 +322,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--readme", type=Path, default=ROOT / "README.md")
     args = ap.parse_args(argv)
     rows = collect(args.study)
+    origin = provenance(args.study)
     headline_figure(args.study, list(dict.fromkeys(r.dataset for r in rows)), ROOT / FIGURE)
     text = args.readme.read_text(encoding="utf-8")
-    args.readme.write_text(replace_block(text, render(rows)), encoding="utf-8")
+    args.readme.write_text(replace_block(text, render(rows, origin)), encoding="utf-8")
     print(f"{args.readme}: findings of {args.study} ({len(rows)} rows); figure {FIGURE}")
     return 0
 

@@ -97,7 +97,7 @@ def loopback(tmp_path_factory):
 def make_study(work: Path, overrides: dict | None = None) -> Path:
     """A tiny project in ``work`` (one dataset, two variants, three seeds, MLflow on)."""
     work.mkdir(parents=True)
-    for name in ("dvc.yaml", "pyproject.toml"):
+    for name in ("dvc.yaml", "pyproject.toml", "requirements.lock"):
         (work / name).write_bytes((ROOT / name).read_bytes())
     raw = tiny_params({"study": {"seeds": SEEDS}, "tracking": {"enabled": True},
                        **(overrides or {})})
@@ -168,12 +168,15 @@ def test_a_scheduler_address_is_checked_by_the_params_rule(monkeypatch):
 
 
 def test_a_worker_of_another_kind_is_refused_in_one_line_naming_both():
-    ours = MachineKind("2.13.0+cpu", "c0de", "cpu AVX512", None, "driver")
+    ours = MachineKind("2.13.0+cpu", "c0de", "cpu AVX512 numerics e43f6474c40b", None, "driver")
     assert mismatch("tcp://w:1", dataclasses.replace(ours, host="elsewhere"), ours, "cpu") is None
-    line = mismatch("tcp://w:1", dataclasses.replace(ours, cpu="cpu AVX2"), ours, "cpu")
-    assert line.startswith("runtime.cluster: worker tcp://w:1 computes with CPU capability AVX2, "
-                           "this machine with AVX512; its results would differ, so it is "
-                           "refused (start every worker with the same ATEN_CPU_CAPABILITY")
+    line = mismatch("tcp://w:1", dataclasses.replace(ours, cpu="cpu AVX512 numerics 0123456789ab"),
+                    ours, "cpu")
+    assert line == ("runtime.cluster: worker tcp://w:1 computes with CPU AVX512 numerics "
+                    "0123456789ab, this machine with AVX512 numerics e43f6474c40b; its results "
+                    "would differ, so it is refused (start every worker with the same "
+                    "ATEN_CPU_CAPABILITY, or none, as this machine, from an install of "
+                    "requirements.lock)")
     assert "torch 2.12.0, this machine with 2.13.0+cpu" in mismatch(
         "tcp://w:1", dataclasses.replace(ours, torch="2.12.0"), ours, "cpu")
     assert "lmablate code 1234, this machine with c0de" in mismatch(
@@ -181,6 +184,9 @@ def test_a_worker_of_another_kind_is_refused_in_one_line_naming_both():
     gpu = dataclasses.replace(ours, gpu="cuda NVIDIA H200")
     assert "GPU NVIDIA H100, this machine with NVIDIA H200" in mismatch(
         "tcp://w:1", dataclasses.replace(gpu, gpu="cuda NVIDIA H100"), gpu, "cuda")
+    assert "GPU NVIDIA H200 numerics 1, this machine with NVIDIA H200 numerics 2" in mismatch(
+        "tcp://w:1", dataclasses.replace(gpu, gpu="cuda NVIDIA H200 numerics 1"),
+        dataclasses.replace(gpu, gpu="cuda NVIDIA H200 numerics 2"), "cuda")
     # on CUDA the CPU kernels compute nothing that is kept
     assert mismatch("tcp://w:1", dataclasses.replace(gpu, cpu="cpu AVX2"), gpu, "cuda") is None
 
@@ -214,6 +220,60 @@ def test_the_kind_of_device_is_the_cpu_kernels_torch_dispatches_to():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, "ATEN_CPU_CAPABILITY": "default"}).stdout
     assert out.strip() == "cpu DEFAULT"
+
+
+def run_numerics(env: dict[str, str]) -> str:
+    """:func:`lmablate.numerics.numerics_kind` of the CPU in a new process with ``env`` added."""
+    code = ("import torch; from lmablate.numerics import numerics_kind; "
+            "print(numerics_kind(torch.device('cpu')))")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True, env={**os.environ, **env}).stdout.strip()
+
+
+def test_the_numerics_fingerprint_is_stable_across_processes_and_thread_counts():
+    from lmablate.numerics import numerics_kind
+    here = numerics_kind(torch.device("cpu"))
+    assert re.fullmatch(r"cpu \w+ numerics [0-9a-f]{12}", here)
+    threads = torch.get_num_threads()
+    assert {here, run_numerics({"OMP_NUM_THREADS": "1"}), run_numerics({"OMP_NUM_THREADS": "2"})
+            } == {here}
+    assert torch.get_num_threads() == threads
+
+
+def test_the_numerics_fingerprint_changes_with_the_kernels():
+    """ATEN_CPU_CAPABILITY=default: the same torch, other kernels, other bits."""
+    if torch.backends.cpu.get_cpu_capability() == "DEFAULT":
+        pytest.skip("this machine's own kernels are the default ones")
+    here, other = run_numerics({}), run_numerics({"ATEN_CPU_CAPABILITY": "default"})
+    assert other.startswith("cpu DEFAULT numerics ")
+    assert other.split()[-1] != here.split()[-1]
+
+
+def test_the_probe_s_adamw_step_is_torch_s_fused_adamw_and_its_formula_elsewhere():
+    """The fused kernel called directly equals torch.optim.AdamW(fused=True); the formula used
+    on other devices equals it to rounding."""
+    from lmablate.numerics import _adamw
+    torch.manual_seed(0)
+    ref = [torch.randn(5, 3), torch.randn(7)]
+    grads = [torch.randn_like(p) for p in ref]
+    results = []
+    for way in ("optimizer", "cpu", "formula"):
+        params = [p.clone().requires_grad_() for p in ref]
+        for p, g in zip(params, grads):
+            p.grad = g.clone()
+        if way == "optimizer":
+            opt = torch.optim.AdamW(params, lr=1e-2, betas=(0.9, 0.99), weight_decay=0.1,
+                                    fused=True)
+            opt.step()
+            opt.step()
+        else:
+            moments = [torch.zeros_like(p) for p in params], [torch.zeros_like(p) for p in params]
+            for step in (1, 2):
+                _adamw(params, moments, step, torch.device(way if way == "cpu" else "meta"))
+        results.append([p.detach() for p in params])
+    assert all(torch.equal(a, b) for a, b in zip(results[0], results[1]))
+    assert all(torch.allclose(a, b, rtol=1e-6, atol=1e-7) for a, b in zip(results[0], results[2]))
+    assert not all(torch.equal(a, b) for a, b in zip(results[0], ref))
 
 
 # ------------------------------------------------------------------------------------ cluster
@@ -331,10 +391,12 @@ def test_a_worker_with_other_cpu_kernels_is_refused_with_one_line(loopback, tmp_
         loopback.kill("other")
     assert done.returncode == 2
     line = done.stderr.strip().splitlines()[-1]
+    theirs = run_numerics({"ATEN_CPU_CAPABILITY": "default"})
     assert line == (f"lmablate: error: runtime.cluster: worker {line.split()[4]} computes with "
-                    f"CPU capability DEFAULT, this machine with {ours}; its results would "
-                    "differ, so it is refused (start every worker with the same "
-                    "ATEN_CPU_CAPABILITY, or none, as this machine)")
+                    f"CPU {theirs.removeprefix('cpu ')}, this machine with "
+                    f"{run_numerics({}).removeprefix('cpu ')}; its results would differ, so it "
+                    "is refused (start every worker with the same ATEN_CPU_CAPABILITY, or none, "
+                    "as this machine, from an install of requirements.lock)")
     assert not (study / "best.json").exists() and not (study / "optuna.db").exists()
 
 

@@ -4,10 +4,12 @@ commands block is what .ci/run reads, and its links into the handbook lead to pa
 from __future__ import annotations
 
 import csv
+import hashlib
 import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 from conftest import load_script
 
@@ -28,7 +30,7 @@ def test_the_readme_findings_block_round_trips_through_the_generator(gen):
     block = gen.block_of(README)
     rows = gen.parse(block)
     assert rows, "the findings block has no rows"
-    assert gen.render(rows) == block
+    assert gen.render(rows, gen.origin_of(block)) == block
     for dataset in {r.dataset for r in rows}:
         of = [r for r in rows if r.dataset == dataset]
         assert of[0].variant == gen.BASELINE and all(r.verdict for r in of[1:]), dataset
@@ -67,13 +69,72 @@ def test_the_generator_reads_a_study_and_writes_the_block(gen, tmp_path):
     assert [(r.dataset, r.variant, r.metric) for r in rows] == [
         ("text", "baseline", "test_loss"), ("text", "rope", "test_loss"),
         ("sums", "baseline", "answer_loss"), ("sums", "rope", "answer_loss")]
-    block = gen.render(rows)
+    block = gen.render(rows, "From the study whose `dvc.lock` is committed (its reports' "
+                             "fingerprint `0123456789ab`), computed with ...")
+    assert gen.fingerprint_of(block) == "0123456789ab"
     assert "| text | `rope` | 5 | test loss, nats/char | 1.900 ± 0.010 | −0.100 [−0.120, −0.080] " \
            "| <0.001 | ▲ better | – | 0.020 | 1.250 | 0.006 |" in block
     assert "**sums**: better than the baseline: rope" in block
-    assert gen.render(gen.parse(block)) == block
+    assert gen.render(gen.parse(block), gen.origin_of(block)) == block
     readme = f"before\n{gen.START}\nold\n{gen.END}\nafter\n"
     assert gen.replace_block(readme, block) == f"before\n{block}\nafter\n"
+
+
+def test_the_committed_dvc_lock_is_of_the_current_code_params_and_lock(gen):
+    """The README's numbers come from the study dvc.lock records: a stage's code, params or
+    requirements.lock changed since then means they may no longer be what a fresh clone gets."""
+    changed = gen.changed_since_lock(ROOT)
+    assert not changed, (
+        f"dvc.lock records other versions of {changed}: run the default study from a fresh "
+        "clone (README), copy its dvc.lock here and run python docs/update_readme.py <study>")
+
+
+def test_the_readme_findings_are_those_of_the_study_dvc_lock_records(gen):
+    assert gen.fingerprint_of(gen.block_of(README)) == gen.study_fingerprint(ROOT), (
+        "the README's findings are not from the study of the committed dvc.lock: run python "
+        "docs/update_readme.py <that study>")
+
+
+def _record(gen, root: Path) -> None:
+    """What a study at ``root``'s files writes into its dvc.lock: every repository dep's md5
+    and every param's value as they are now."""
+    lock = yaml.safe_load((root / "dvc.lock").read_text())
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    for body in lock["stages"].values():
+        body["deps"] = [dep for dep in body.get("deps", [])  # a study records what exists
+                        if (root / dep["path"]).exists() or dep["path"].split("/")[0] in
+                        gen.DATA_FOLDERS]
+        for dep in body["deps"]:
+            if (root / dep["path"]).is_file():
+                dep["md5"] = hashlib.md5((root / dep["path"]).read_bytes()).hexdigest()
+        recorded = body.get("params", {}).get("params.yaml", {})
+        for key in recorded:
+            node = params
+            for part in key.split("."):
+                node = node[part]
+            recorded[key] = node
+    (root / "dvc.lock").write_text(yaml.safe_dump(lock))
+
+
+def test_a_changed_module_or_param_makes_the_lock_stale_until_a_study_records_them(
+        gen, tmp_path):
+    import shutil
+    for name in ("dvc.lock", "params.yaml", "requirements.lock"):
+        (tmp_path / name).write_bytes((ROOT / name).read_bytes())
+    shutil.copytree(ROOT / "src", tmp_path / "src", ignore=shutil.ignore_patterns("__pycache__"))
+    _record(gen, tmp_path)
+    assert gen.changed_since_lock(tmp_path) == []
+    training = tmp_path / "src" / "lmablate" / "training.py"
+    training.write_text(training.read_text() + "\n# an edit\n")
+    assert gen.changed_since_lock(tmp_path) == ["src/lmablate/training.py"]
+    raw = yaml.safe_load((tmp_path / "params.yaml").read_text())
+    raw["train"]["batch_size"] = 8
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+    assert gen.changed_since_lock(tmp_path) == ["params.yaml: train", "src/lmablate/training.py"]
+    (tmp_path / "requirements.lock").write_text("numpy==1.0\n")
+    assert "requirements.lock" in gen.changed_since_lock(tmp_path)
+    _record(gen, tmp_path)  # a study at the new code, params and lock
+    assert gen.changed_since_lock(tmp_path) == []
 
 
 def test_the_readme_is_a_front_page_with_the_commands_ci_reads():

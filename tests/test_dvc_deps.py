@@ -166,3 +166,11 @@ def test_a_removed_dep_is_reported_by_name(monkeypatch):
     monkeypatch.setattr(__import__(__name__), "dvc_stages", lambda: stages)
     with pytest.raises(AssertionError, match=r"missing deps \['src/lmablate/model.py'\]"):
         test_stage_depends_on_exactly_the_modules_its_command_imports("evaluate")
+
+
+@pytest.mark.parametrize("name", STAGE_NAMES)
+def test_every_stage_depends_on_the_lock(name):
+    """Other package versions compute other results: an edit of requirements.lock re-runs the
+    study."""
+    stage = dvc_stages()[name]
+    assert "requirements.lock" in entries(stage.get("do", stage), "deps")

@@ -14,7 +14,7 @@ import pytest
 import torch
 import yaml
 from lmablate import rungs, tuning
-from lmablate.device import device_kind
+from lmablate.numerics import numerics_kind
 from lmablate.stages import tune
 from lmablate.token_data import TokenData
 from lmablate.tracking import NullTracker
@@ -86,7 +86,7 @@ def test_kill_9_during_tune_keeps_trials_and_finishes_the_count(project, start_l
     victim = start_lmablate(tune_cmd, project)
     name = tuning.study_name(cfg, "arithmetic", "baseline",
                              TokenData.load(project / "tokens").fingerprint(), 0,
-                             device_kind(torch.device("cpu")))
+                             numerics_kind(torch.device("cpu")))
     storage = cfg.tune.storage_url
 
     def n_complete() -> int:
@@ -136,7 +136,7 @@ def test_diverging_trial_is_failed_with_reason_and_the_study_goes_on(project):
         assert "no trial" in str(exc)
     name = tuning.study_name(cfg, "arithmetic", "baseline",
                              TokenData.load(project / "tokens").fingerprint(), 0,
-                             device_kind(torch.device("cpu")))
+                             numerics_kind(torch.device("cpu")))
     study = optuna.load_study(study_name=name, storage=cfg.tune.storage_url)
     failed = [t for t in study.trials if t.state == optuna.trial.TrialState.FAIL]
     assert failed, "some trial at a learning rate up to 1e7 should diverge"

@@ -139,7 +139,7 @@ def test_the_resolved_device_type_enters_a_seed_fingerprint(script, monkeypatch)
     raw = yaml.safe_load((ROOT / "params.yaml").read_text())
     cpu = script._fingerprints(raw, "arithmetic", "baseline")
     monkeypatch.setattr(train, "resolve_device", lambda name: torch.device("cuda"))
-    monkeypatch.setattr(train, "device_kind", lambda device: f"{device.type} NVIDIA H200")
+    monkeypatch.setattr(train, "numerics_kind", lambda device: f"{device.type} NVIDIA H200")
     cuda = script._fingerprints(raw, "arithmetic", "baseline")
     assert cpu["seed"] != cuda["seed"] and cpu["tune"] == cuda["tune"]
     assert "kind of device" in script._ALSO["runtime.device"]

@@ -41,7 +41,7 @@ def new_study(work: Path, params: dict, run_command) -> Path:
     """A fresh project in folder ``work``: the sources, dvc.yaml, ``params`` as params.yaml, the
     plot templates, git and DVC initialised (nothing committed)."""
     work.mkdir(parents=True, exist_ok=True)
-    for name in ("dvc.yaml", "pyproject.toml"):
+    for name in ("dvc.yaml", "pyproject.toml", "requirements.lock"):
         shutil.copy(ROOT / name, work / name)
     shutil.copytree(ROOT / "src", work / "src", ignore=shutil.ignore_patterns("__pycache__"))
     (work / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))

@@ -33,7 +33,9 @@ import torch
 
 from lmablate import fileio, interrupt
 from lmablate.config import ConfigError, StudyConfig
-from lmablate.device import device_kind, resolve_device
+from lmablate.device import resolve_device
+from lmablate.environment import use_numerics
+from lmablate.numerics import numerics_kind
 from lmablate.scheduler_probe import probe_scheduler
 
 # Seconds to wait for a first worker to join the scheduler before the stage fails.
@@ -50,8 +52,8 @@ class MachineKind:
 
     torch: str  # torch.__version__
     code: str  # sha256 prefix of every module of the lmablate package
-    cpu: str  # device_kind of the CPU, e.g. "cpu AVX512"
-    gpu: str | None  # device_kind of the first CUDA device, e.g. "cuda NVIDIA H200"
+    cpu: str  # numerics_kind of the CPU, e.g. "cpu AVX512 numerics e43f6474c40b"
+    gpu: str | None  # numerics_kind of the first CUDA device, e.g. "cuda NVIDIA H200 numerics ..."
     host: str  # socket.gethostname(): a worker on another host needs server stores
 
 
@@ -68,8 +70,8 @@ def package_code() -> str:
 
 def machine_kind() -> MachineKind:
     """This process's :class:`MachineKind`."""
-    gpu = device_kind(torch.device("cuda", 0)) if torch.cuda.is_available() else None
-    return MachineKind(torch.__version__, package_code(), device_kind(torch.device("cpu")), gpu,
+    gpu = numerics_kind(torch.device("cuda", 0)) if torch.cuda.is_available() else None
+    return MachineKind(torch.__version__, package_code(), numerics_kind(torch.device("cpu")), gpu,
                        socket.gethostname())
 
 
@@ -79,15 +81,14 @@ def mismatch(worker: str, theirs: MachineKind, ours: MachineKind,
     ``device_type`` (``cpu`` or ``cuda``), in one line naming both; None when it may."""
     checks = [("torch", theirs.torch, ours.torch), ("lmablate code", theirs.code, ours.code)]
     if device_type == "cpu":
-        checks.append(("CPU capability", theirs.cpu.removeprefix("cpu "),
-                       ours.cpu.removeprefix("cpu ")))
+        checks.append(("CPU", theirs.cpu.removeprefix("cpu "), ours.cpu.removeprefix("cpu ")))
     else:
         checks.append(("GPU", (theirs.gpu or "none").removeprefix("cuda "),
                        (ours.gpu or "none").removeprefix("cuda ")))
     for what, a, b in checks:
         if a != b:
-            hint = {"CPU capability": " (start every worker with the same ATEN_CPU_CAPABILITY, "
-                                      "or none, as this machine)",
+            hint = {"CPU": " (start every worker with the same ATEN_CPU_CAPABILITY, or none, as "
+                           "this machine, from an install of requirements.lock)",
                     "GPU": " (every GPU worker must have the same GPU)"}.get(what, "")
             return (f"runtime.cluster: worker {worker} computes with {what} {a}, this machine "
                     f"with {b}; its results would differ, so it is refused{hint}")
@@ -199,8 +200,8 @@ class Cluster:
             ("MLFLOW_TRACKING_URI", _absolute_url(cfg.tracking.tracking_uri, self.root))))
 
     @property
-    def device_kind(self) -> str:
-        """The :func:`~lmablate.device.device_kind` every task computes on."""
+    def numerics(self) -> str:
+        """The :func:`~lmablate.numerics.numerics_kind` every task computes on."""
         return self.kind.gpu if self.device.type == "cuda" else self.kind.cpu
 
     def check_single_threaded(self, why: str) -> None:
@@ -396,7 +397,7 @@ def _shared_filesystem(client, workers: list[str]) -> bool:
 
 
 def resolve(cfg: StudyConfig) -> tuple[torch.device, str, Cluster | None]:
-    """Where a stage's jobs compute: ``(device, device_kind, cluster)``; on this machine
+    """Where a stage's jobs compute: ``(device, numerics_kind, cluster)``; on this machine
     (:func:`lmablate.device.resolve_device`) without a cluster.
 
     Raises:
@@ -405,5 +406,7 @@ def resolve(cfg: StudyConfig) -> tuple[torch.device, str, Cluster | None]:
     cluster = connect(cfg)
     if cluster is None:
         device = resolve_device(cfg.runtime.device)
-        return device, device_kind(device), None
-    return cluster.device, cluster.device_kind, cluster
+        use_numerics(numerics_kind(device))  # the MLflow runs' tags
+        return device, numerics_kind(device), None
+    use_numerics(cluster.numerics)
+    return cluster.device, cluster.numerics, cluster

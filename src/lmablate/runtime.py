@@ -44,9 +44,10 @@ class RuntimeConfig:
     last bits of results), ``parallel`` whether workers are threads of the stage or spawned
     processes. ``tests/test_parallel.py`` shows these give bit-identical results. ``device`` picks
     the hardware (``auto``: CUDA, then MPS, then CPU); the kind of device a run resolved to
-    (:func:`lmablate.device.device_kind`: the type with its CPU kernels or GPU) is recorded with
-    its result and enters its fingerprint, since bf16 autocast on CUDA computes other numbers
-    than fp32 on a CPU, and AVX512 other bits than AVX2. ``cluster`` names a Dask scheduler
+    and its numerics (:func:`lmablate.numerics.numerics_kind`: the type with its CPU kernels or
+    GPU and a measured fingerprint of them) are recorded with its result and enter its
+    fingerprint, since bf16 autocast on CUDA computes other numbers than fp32 on a CPU, and
+    AVX512 other bits than AVX2. ``cluster`` names a Dask scheduler
     whose workers compute the stages' jobs (:mod:`lmablate.cluster`).
     """
 

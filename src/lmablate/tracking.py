@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, ContextManager, Iterator, Mapping, Protocol
 
 from lmablate.config import TrackingConfig
+from lmablate.environment import run_tags
 from lmablate.mlflow_store import MlflowStore, TrackingError, owner_tags
 
 
@@ -218,8 +219,10 @@ class MlflowTracker(Tracker):
         making it this thread's active run; yields a :class:`MlflowRunTracker` bound to it.
         Ends it on exit: FINISHED, FAILED if the body raised, KILLED if it was interrupted
         (a ``KeyboardInterrupt``: Ctrl-C). The run is tagged with this process as its owner
-        (:func:`owner_tags`), so that a run whose process was killed is ended KILLED later."""
-        tags = {**{k: str(v) for k, v in (tags or {}).items()}, **owner_tags()}
+        (:func:`owner_tags`), so that a run whose process was killed is ended KILLED later, and
+        with what it computed with (:func:`lmablate.environment.run_tags`: numerics, versions,
+        lock, CPU, OS, BLAS, commit)."""
+        tags = {**run_tags(), **{k: str(v) for k, v in (tags or {}).items()}, **owner_tags()}
         run_id = self._store.start_run(name, tags, run_id, parent_run_id)
         status = "FINISHED"
         try:

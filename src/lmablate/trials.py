@@ -33,6 +33,8 @@ from lmablate.device import resolve_device
 from lmablate.parallel import map_jobs, worker_count
 from lmablate.studies import Heartbeat, claim, load_study, make_storage
 from lmablate.token_data import TokenData
+from lmablate.environment import use_numerics
+from lmablate.numerics import numerics_kind
 from lmablate.tracking import Tracker, make_tracker
 from lmablate.training import DivergenceError, train_model
 from lmablate.answer_probe import answer_probe, objective_name
@@ -75,6 +77,7 @@ def tune_worker(job: TuneJob) -> int:
     study = load_study(storage, job.study_name)
     data = TokenData.load(job.tokens_dir)
     device = resolve_device(cfg.runtime.device)
+    use_numerics(numerics_kind(device))  # in a worker process or task: its own
     tracker = make_tracker(cfg.tracking)
     ran = 0
     while True:

@@ -185,20 +185,20 @@ def trial_train_config(cfg: StudyConfig, dataset: str, steps: int) -> TrainConfi
 
 
 def study_name(cfg: StudyConfig, dataset: str, variant: str, data_fingerprint: str,
-               sampler_seed: int, device_kind: str) -> str:
+               sampler_seed: int, numerics: str) -> str:
     """``<dataset>-<variant>-<fingerprint>``. The fingerprint (:func:`lmablate.fingerprint`)
     covers every input of the objective: the dataset, the baseline model and the variant's
     overrides, the training settings with the dataset's budget, the tune settings (with
     ``sampler_seed``, which a re-tuning replaces), ``study.match_params``, the code of
-    :data:`TUNE_MODULES`, the training data and the kind of device the trials compute on
-    (:func:`lmablate.device.device_kind`, e.g. ``cpu AVX512``). So an edit of ``model.py``
-    starts a new study instead of returning trials trained by the old code, and machines with
-    other kernels sharing one storage never mix their trials."""
+    :data:`TUNE_MODULES`, the training data and the numerics the trials compute with
+    (:func:`lmablate.numerics.numerics_kind`, e.g. ``cpu AVX512 numerics e43f6474c40b``). So an
+    edit of ``model.py`` starts a new study instead of returning trials trained by the old code,
+    and machines with other kernels sharing one storage never mix their trials."""
     # a trial validates tune.reports times, whatever train.eval_interval says
     train = dataclasses.replace(cfg.train.for_dataset(dataset), eval_interval=1)
     fp = fingerprint(cfg.dataset(dataset), cfg.model, cfg.variants[variant], train,
                      dataclasses.replace(cfg.tune, sampler_seed=sampler_seed), cfg.match_params,
-                     code_version(TUNE_MODULES), data_fingerprint, device_kind)
+                     code_version(TUNE_MODULES), data_fingerprint, numerics)
     return f"{dataset}-{variant}-{fp}"
 
 

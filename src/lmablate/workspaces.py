@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, NamedTuple
 
+from lmablate.environment import COMMIT_ENV, git_commit
 from lmablate.validation import ConfigError
 
 WORKSPACES = Path(".dvc") / "tmp" / "lmablate-workspaces"  # under the main workspace's root
@@ -297,6 +298,8 @@ def _repro(cfg, args, jobs: int | None, root: Path, out: Path) -> int:
         return 0
     workspace_files(root)  # git is there, before any work
     env, start = {**os.environ, **extra}, time.perf_counter()
+    # the chains' copies have no git: their MLflow runs get the main workspace's commit
+    env.setdefault(COMMIT_ENV, git_commit() or "")
 
     def failed(chains: dict, jobs: int = 1, tell=lambda line: None) -> bool:
         if name := run_chains(chains, jobs, env, tell):

@@ -20,6 +20,7 @@ from lmablate.budget import stage_budgets
 from lmablate.checkpoint import load_checkpoint, verify_checkpoint
 from lmablate.config import DataError, StudyConfig
 from lmablate.cluster import resolve
+from lmablate.environment import result_environment
 from lmablate.device import resolve_device
 from lmablate.model import check_causality
 from lmablate.evaluation import (answer_nats, arithmetic_predictions, arithmetic_scores,
@@ -152,7 +153,8 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, raw_dir:
     lengths and each length of ``length.txt`` (``"split": "test"`` / ``"length"``;
     :func:`lmablate.evaluation.by_operand_digits`), or "n/a (...)" for a length the model cannot
     read (:func:`lmablate.evaluation.not_reaching`); plus
-    ``"replicate": N`` for the final runs of the N-th re-tuning; a DVC metrics file) and
+    ``"replicate": N`` for the final runs of the N-th re-tuning, and the ``"environment"`` it
+    was computed with (:func:`lmablate.environment.result_environment`); a DVC metrics file) and
     ``examples_path`` (JSON, per seed: text samples, or the prediction of every arithmetic test
     problem with its prompt and target, in the order of ``test.txt``; keyed as the runs). Test
     metrics are logged into each seed's MLflow training run, so one run per seed carries the
@@ -163,7 +165,7 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, raw_dir:
     cfg.check_variant(variant)
     # a device this machine lacks, a cluster that does not answer or a worker of another kind:
     # before any work
-    device, _, cluster = resolve(cfg)
+    device, numerics, cluster = resolve(cfg)
     data = TokenData.load(tokens_dir)
     tok = load_tokenizer(tokens_dir)
     factors = list(cfg.evaluate.extrapolation_factors)
@@ -221,7 +223,8 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, raw_dir:
     runs = {key: metrics for key, (metrics, _) in zip(keys, done)}
     examples = {key: ex for key, (_, ex) in zip(keys, done)}
     result = {"dataset": dataset, "variant": variant,
-              **({"replicate": replicate} if replicate else {}), "runs": runs}
+              **({"replicate": replicate} if replicate else {}),
+              "environment": result_environment(numerics), "runs": runs}
     fileio.write_json(metrics_path, result)
     fileio.write_json(examples_path, examples)
     return result

@@ -70,6 +70,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import platform
 from pathlib import Path
@@ -93,15 +94,37 @@ from lmablate.analysis.scaling_section import (draw_scaling_figures, scaling_csv
                                                scaling_tables)
 from lmablate.analysis.tables import compute_tables, csv_tables
 from lmablate.config import StudyConfig
+from lmablate.environment import blas, cpu_model
 from lmablate.tracking import Tracker, make_tracker
 
 
-def environment() -> dict:
-    """Hardware and software the study ran on, for the methodology paragraph."""
+def environment(cfg: StudyConfig | None = None, runs_dir: Path | None = None) -> dict:
+    """Hardware and software the study ran on, for the methodology paragraph: this machine's
+    (cores, CPU model, BLAS, torch, Python, OS) and, from the study's ``metrics.json`` files
+    under ``runs_dir``, the environments its results were computed with
+    (:func:`lmablate.environment.result_environment`: numerics, torch, Python, lock), one
+    entry when every run agrees, else each with the runs that used it."""
     gpu = f", GPU {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ", no GPU"
-    return {"hardware": f"{os.cpu_count()} CPU cores ({platform.machine()}){gpu}",
-            "torch": torch.__version__, "python": platform.python_version(),
-            "platform": platform.platform(terse=True)}
+    out: dict = {"hardware": f"{os.cpu_count()} CPU cores ({platform.machine()}){gpu}",
+                 "cpu": cpu_model(), "blas": blas(), "torch": torch.__version__,
+                 "python": platform.python_version(), "platform": platform.platform(terse=True)}
+    if cfg is None or runs_dir is None:
+        return out
+    seen: dict[str, list[str]] = {}
+    for dataset in cfg.datasets:
+        for variant in cfg.study_variants:
+            path = runs_dir / dataset / variant / "metrics.json"
+            if path.is_file():
+                env = fileio.read_json(path).get("environment")
+                seen.setdefault(json.dumps(env, sort_keys=True), []).append(
+                    f"{dataset}/{variant}")
+    envs = {key: json.loads(key) or {"environment": "not recorded"} for key in seen}
+    if len(seen) == 1:
+        out["results computed with"] = next(iter(envs.values()))
+    for i, (key, where) in enumerate(seen.items() if len(seen) > 1 else ()):
+        out[f"results computed with ({i + 1} of {len(seen)} environments)"] = {
+            **envs[key], "runs": " ".join(where)}
+    return out
 
 
 def write_metrics(metrics_dir: Path, docs: dict[str, dict]) -> Path:
@@ -214,7 +237,7 @@ def run(cfg: StudyConfig, runs_dir: Path, tokens_dir: Path, out_dir: Path,
     figures_dir = out_dir / "figures"
     figures_dir.mkdir(parents=True, exist_ok=True)
     extra = draw_model_figures(cfg, runs_dir, tokens_dir, figures_dir)
-    result = build_report(cfg, runs_dir, out_dir, environment(), extra_figures=extra,
+    result = build_report(cfg, runs_dir, out_dir, environment(cfg, runs_dir), extra_figures=extra,
                           tokens_dir=tokens_dir)
     with tracker.run("study-summary", {"stage": "report"}):
         tracker.log_artifact(out_dir / "report.md")

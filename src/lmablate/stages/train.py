@@ -24,7 +24,8 @@ from lmablate.checkpoint import load_resume, save_checkpoint, verify_checkpoint
 from lmablate.config import ModelConfig, StudyConfig
 from lmablate.fingerprint import code_version, fingerprint, tuned_settings
 from lmablate.cluster import resolve
-from lmablate.device import device_kind, resolve_device
+from lmablate.device import resolve_device
+from lmablate.numerics import numerics_kind
 from lmablate.model import count_params, flops_per_token
 from lmablate.parallel import map_jobs, use_processes, worker_count
 from lmablate.token_data import TokenData
@@ -64,13 +65,13 @@ class SeedJob:
 
 def seed_fingerprint(job: SeedJob, data: TokenData) -> str:
     """What a seed's result depends on: model, training settings (with its dataset's budget
-    only), steps, lr, seed, the code of a run, its data and the kind of device it computes on
-    (:func:`lmablate.device.device_kind`: the device type with its CPU kernels or GPU; never
-    the runtime settings that only change speed: ``runtime.workers``, ``threads``,
+    only), steps, lr, seed, the code of a run, its data and the numerics of the device it
+    computes on (:func:`lmablate.numerics.numerics_kind`: the device type with its CPU kernels
+    or GPU, and the measured fingerprint of its kernels); never the runtime settings that only change speed: ``runtime.workers``, ``threads``,
     ``parallel``, ``cluster``)."""
     device = resolve_device(job.cfg.runtime.device)
     return fingerprint(job.model_cfg, job.cfg.train.for_dataset(job.dataset), job.steps, job.lr,
-                       job.seed, code_version(), data.fingerprint(), device_kind(device))
+                       job.seed, code_version(), data.fingerprint(), numerics_kind(device))
 
 
 def _finished(job: SeedJob, fp: str) -> dict | None:

@@ -20,6 +20,7 @@ from lmablate import fileio
 from lmablate.budget import run_steps, stage_budgets, trial_steps
 from lmablate.config import MAX_SEED, ConfigError, StudyConfig, budget_label
 from lmablate.cluster import resolve
+from lmablate.environment import result_environment
 from lmablate.fingerprint import tuned_settings
 from lmablate.parallel import use_processes
 from lmablate.studies import load_study, make_storage
@@ -44,8 +45,9 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, best_pat
     ``budget_flops`` and ``budget_fraction``, ``full_budget`` (whether it was trained at the
     final runs' budget), ``on_edge`` flags, the ranges searched (``lr_range``,
     ``d_model_choices``) and how they were ``extended``, trial counts, tuning steps and FLOPs,
-    ``study_name`` and the ``settings`` it was tuned for (:func:`lmablate.fingerprint.
-    tuned_settings`); the same bytes on every run of the same commit, params and data;
+    ``study_name``, the ``settings`` it was tuned for (:func:`lmablate.fingerprint.
+    tuned_settings`) and the ``environment`` (:func:`lmablate.environment.
+    result_environment`); the same bytes on every run of the same commit, params and data;
     :func:`lmablate.trials.summarise_study`; in a scaling study ``{"budgets": [...]}``, one
     such entry per budget, increasing) and ``trials_path`` (CSV,
     :data:`lmablate.trials.TRIALS_COLUMNS`, one row per slot and budget). A diverging trial
@@ -145,6 +147,7 @@ def _tune_budget(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path,
                                        data.line_length)
         result["settings"] = tuned_settings(cfg, dataset, variant, data.fingerprint(),
                                             sampler_seed)
+        result["environment"] = result_environment(kind)
         tracker.log_metrics({"best_val_loss": result["val_loss"]})
         bracket = result.get("bracket")
         # where the answer comes from: a fitted curve's minimum is no trial's value
