@@ -168,12 +168,12 @@ def test_a_scheduler_address_is_checked_by_the_params_rule(monkeypatch):
 
 
 def test_a_worker_of_another_kind_is_refused_in_one_line_naming_both():
-    ours = MachineKind("2.13.0+cpu", "c0de", "cpu AVX512 numerics e43f6474c40b", None, "driver")
+    ours = MachineKind("2.13.0+cpu", "c0de", "cpu AVX512 numerics 6f1286420fc4", None, "driver")
     assert mismatch("tcp://w:1", dataclasses.replace(ours, host="elsewhere"), ours, "cpu") is None
     line = mismatch("tcp://w:1", dataclasses.replace(ours, cpu="cpu AVX512 numerics 0123456789ab"),
                     ours, "cpu")
     assert line == ("runtime.cluster: worker tcp://w:1 computes with CPU AVX512 numerics "
-                    "0123456789ab, this machine with AVX512 numerics e43f6474c40b; its results "
+                    "0123456789ab, this machine with AVX512 numerics 6f1286420fc4; its results "
                     "would differ, so it is refused (start every worker with the same "
                     "ATEN_CPU_CAPABILITY, or none, as this machine, from an install of "
                     "requirements.lock)")

@@ -386,3 +386,24 @@ def test_mlflow_s_own_info_lines_stay_out_of_the_terminal_unless_asked_for(tmp_p
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout == "opened\n", proc.stderr
     assert ("Creating initial MLflow database tables" in proc.stderr) == (level == "INFO")
+
+
+def test_a_run_records_every_training_setting_that_can_change_its_result():
+    """One rule for all: a new key of TrainConfig is a param of every run without a word."""
+    import dataclasses
+    from lmablate import params
+    from lmablate.fingerprint import NOT_A_RESULT, result_fields
+    from lmablate.train_config import TrainConfig
+    from lmablate.tuning import trial_train_config
+    from conftest import tiny_params
+    cfg = params.parse(tiny_params())
+    logged = cfg.train.run_params("arithmetic")
+    fields = {f.name for f in dataclasses.fields(TrainConfig) if f.init}
+    assert set(logged) == fields - {"lr"}  # the run logs the tuned peak as peak_lr
+    assert logged["budget_flops"] == cfg.train.budget_flops["arithmetic"]
+    assert logged["weight_decay"] == cfg.train.weight_decay and "warmup_fraction" in logged
+    trial = trial_train_config(cfg, "arithmetic", 10).run_params("arithmetic")
+    assert trial["eval_interval"] == max(1, 10 // cfg.tune.reports)
+    tune = result_fields(cfg.tune)
+    assert "storage" not in tune and NOT_A_RESULT  # where results go changes none
+    assert {"rungs", "bracket_seeds", "lr_low", "sampler_seed"} <= set(tune)

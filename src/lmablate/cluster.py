@@ -52,7 +52,7 @@ class MachineKind:
 
     torch: str  # torch.__version__
     code: str  # sha256 prefix of every module of the lmablate package
-    cpu: str  # numerics_kind of the CPU, e.g. "cpu AVX512 numerics e43f6474c40b"
+    cpu: str  # numerics_kind of the CPU, e.g. "cpu AVX512 numerics 6f1286420fc4"
     gpu: str | None  # numerics_kind of the first CUDA device, e.g. "cuda NVIDIA H200 numerics ..."
     host: str  # socket.gethostname(): a worker on another host needs server stores
 

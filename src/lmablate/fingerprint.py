@@ -35,6 +35,13 @@ def fingerprint(*parts: Any) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:10]
 
 
+def result_fields(config: Any) -> dict[str, Any]:
+    """A config dataclass's init fields that can change a result (those :func:`fingerprint`
+    takes: every one not marked :data:`NOT_A_RESULT`), by name: what its MLflow run records."""
+    return {f.name: getattr(config, f.name) for f in dataclasses.fields(config)
+            if f.init and f.metadata.get("fingerprint", True)}
+
+
 def tuned_settings(cfg: Any, dataset: str, variant: str, data_fingerprint: str,
                    sampler_seed: int) -> str:
     """What a tuning result was tuned for, as its ``best.json`` records it (``settings``): the

@@ -35,14 +35,14 @@ BATCH = 16
 
 @functools.lru_cache(maxsize=None)
 def numerics_fingerprint(device: torch.device) -> str:
-    """12 hex digits of the sha256 of the losses and final weights of :data:`PROBES`, each
-    trained :data:`STEPS` AdamW steps (the fused kernel the study's optimizer uses on a CPU
-    and CUDA, :func:`_adamw`) on fixed random tokens
-    on ``device`` with one thread; the global RNG and thread count are restored. Equal on
-    every run on one machine and install; it changes with the kernels (e.g.
-    ``ATEN_CPU_CAPABILITY=avx2`` on an AVX512 CPU)."""
+    """12 hex digits of the sha256 of the torch version and the losses and final weights of
+    :data:`PROBES`, each trained :data:`STEPS` AdamW steps (the fused kernel the study's
+    optimizer uses on a CPU and CUDA, :func:`_adamw`) on fixed random tokens on ``device``
+    with one thread; the global RNG and thread count are restored. Equal on every run on one
+    machine and install; it changes with the kernels (e.g. ``ATEN_CPU_CAPABILITY=avx2`` on an
+    AVX512 CPU)."""
     threads = torch.get_num_threads()
-    digest = hashlib.sha256()
+    digest = hashlib.sha256(torch.__version__.encode())  # another release: other numerics
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.set_num_threads(1)
         try:
@@ -71,7 +71,7 @@ def numerics_fingerprint(device: torch.device) -> str:
 def numerics_kind(device: torch.device) -> str:
     """What a result's bytes depend on besides code, settings and data: the device kind
     (:func:`lmablate.device.device_kind`) and :func:`numerics_fingerprint`, e.g. ``cpu AVX512
-    numerics 3f0c1a9e44b2``. It enters every training fingerprint and Optuna study name, and a
+    numerics 6f1286420fc4``. It enters every training fingerprint and Optuna study name, and a
     cluster's workers must share it (:mod:`lmablate.cluster`)."""
     from lmablate.device import device_kind
     return f"{device_kind(device)} numerics {numerics_fingerprint(device)}"

@@ -139,6 +139,21 @@ class TrainConfig:
                  "(TrainConfig.at_budget)")
         return dataclasses.replace(self, budget_flops={name: self.budget_flops[name]})
 
+    def run_params(self, name: str) -> dict[str, Any]:
+        """Every setting of these that changes what a run on dataset ``name`` computes, as its
+        MLflow params: each field of this class under its own name, ``budget_flops`` the
+        dataset's one budget (FLOPs); ``lr`` is left out, since a run logs the tuned peak as
+        ``peak_lr``.
+
+        Raises:
+            ConfigError: as :meth:`for_dataset`.
+        """
+        mine = self.for_dataset(name)
+        out = {f.name: getattr(mine, f.name) for f in dataclasses.fields(self)
+               if f.init and f.name != "lr" and f.metadata.get("fingerprint", True)}
+        out["budget_flops"] = mine.budget_flops[name]
+        return out
+
     def warmup_steps(self, steps: int) -> int:
         """Warm-up steps of a run of ``steps`` steps: ``warmup_fraction`` of them, rounded up (at
         least one when the fraction is not 0), and fewer than ``steps``."""

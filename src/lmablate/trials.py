@@ -137,7 +137,8 @@ def _train_trial(job: TuneJob, study: optuna.Study, trial: optuna.Trial, data: T
             "optuna_study": study.study_name, "trial": slot, "rung": trial.user_attrs[RUNG]}
     with tracker.run(f"trial-{slot}", tags, parent_run_id=job.parent_run_id):
         seed = trial.user_attrs.get(TRIAL_SEED, cfg.tune.seed)
-        tracker.log_params({"peak_lr": lr, "d_model": d_model, "trial": slot, "steps": steps,
+        tracker.log_params({**train_cfg.run_params(job.dataset), **model_cfg.to_dict(),
+                            "peak_lr": lr, "d_model": d_model, "trial": slot, "steps": steps,
                             "rung": trial.user_attrs[RUNG], "budget_fraction": fraction,
                             "seed": seed})
         trial.set_user_attr("steps", steps)

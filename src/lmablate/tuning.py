@@ -191,7 +191,7 @@ def study_name(cfg: StudyConfig, dataset: str, variant: str, data_fingerprint: s
     overrides, the training settings with the dataset's budget, the tune settings (with
     ``sampler_seed``, which a re-tuning replaces), ``study.match_params``, the code of
     :data:`TUNE_MODULES`, the training data and the numerics the trials compute with
-    (:func:`lmablate.numerics.numerics_kind`, e.g. ``cpu AVX512 numerics e43f6474c40b``). So an
+    (:func:`lmablate.numerics.numerics_kind`, e.g. ``cpu AVX512 numerics 6f1286420fc4``). So an
     edit of ``model.py`` starts a new study instead of returning trials trained by the old code,
     and machines with other kernels sharing one storage never mix their trials."""
     # a trial validates tune.reports times, whatever train.eval_interval says

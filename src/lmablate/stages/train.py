@@ -115,11 +115,13 @@ def _run_name_tags(job: SeedJob) -> tuple[str, dict]:
 
 
 def _run_params(job: SeedJob, device) -> dict:
-    """The params a seed's MLflow run records once, when it starts."""
+    """The params a seed's MLflow run records once, when it starts: the model, every training
+    setting (:meth:`~lmablate.train_config.TrainConfig.run_params`), the tuned peak lr, the
+    steps, the seed and the sizes."""
     n_params, n_non_emb = count_params(job.model_cfg)
     # peak_lr: the tuned peak of the schedule; the metric "lr" is the schedule's value per step
-    return {**job.model_cfg.to_dict(), "peak_lr": job.lr, "steps": job.steps,
-            "batch_size": job.cfg.train.batch_size, "seed": job.seed, "n_params": n_params,
+    return {**job.model_cfg.to_dict(), **job.cfg.train.run_params(job.dataset),
+            "peak_lr": job.lr, "steps": job.steps, "seed": job.seed, "n_params": n_params,
             "n_params_non_embedding": n_non_emb, "flops_per_token": flops_per_token(job.model_cfg),
             "device": device.type}
 

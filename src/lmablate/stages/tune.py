@@ -14,6 +14,7 @@ sharing one storage.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
 from lmablate import fileio
@@ -21,7 +22,7 @@ from lmablate.budget import run_steps, stage_budgets, trial_steps
 from lmablate.config import MAX_SEED, ConfigError, StudyConfig, budget_label
 from lmablate.cluster import resolve
 from lmablate.environment import result_environment
-from lmablate.fingerprint import tuned_settings
+from lmablate.fingerprint import result_fields, tuned_settings
 from lmablate.parallel import use_processes
 from lmablate.studies import load_study, make_storage
 from lmablate.token_data import TokenData
@@ -134,7 +135,12 @@ def _tune_budget(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path,
     run_name = (f"tune-{dataset}-{variant}" + (f"-{label}" if label else "")
                 + (f"-r{replicate}" if replicate else ""))
     with tracker.run(run_name, tags, run_id=tracker.find_run(tags)) as parent_run_id:
-        tracker.log_params({"rungs": [list(r) for r in tune.rungs],
+        # every setting of the search (tune.*, as params.yaml has them, with this study's
+        # sampler seed) and of its trials' training, then the search space this study began with
+        settings = dataclasses.replace(tune, sampler_seed=sampler_seed)
+        tracker.log_params({**{f"tune.{k}": v for k, v in result_fields(settings).items()},
+                            **cfg.train.run_params(dataset),
+                            "rungs": [list(r) for r in tune.rungs],
                             "trials_per_batch": tune.trials_per_batch,
                             "lr_low": space.lr_low, "lr_high": space.lr_high,
                             "d_model_choices": list(space.d_model_choices),
