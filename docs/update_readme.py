@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
-import yaml
 
 from lmablate.analysis.collect import BASELINE
 from lmablate.analysis.headline import headline_loss
@@ -152,8 +151,15 @@ def headline_figure(study: Path, datasets: list[str], out: Path) -> None:
 DATA_FOLDERS = ("data", "runs", "reports")
 
 
+def _yaml(path: Path) -> dict:
+    """A YAML file read as DVC reads it (YAML 1.2, ruamel): PyYAML's 1.1 takes the ``1e-05``
+    DVC writes into dvc.lock for a string."""
+    from ruamel.yaml import YAML
+    return YAML(typ="safe", pure=True).load(path.read_text(encoding="utf-8"))
+
+
 def _lock(root: Path) -> dict:
-    return yaml.safe_load((root / "dvc.lock").read_text(encoding="utf-8"))
+    return _yaml(root / "dvc.lock")
 
 
 def changed_since_lock(root: Path) -> list[str]:
@@ -161,7 +167,7 @@ def changed_since_lock(root: Path) -> list[str]:
     file of the repository (code, ``requirements.lock``) whose md5 is not the one recorded, and
     each param whose value in ``params.yaml`` is not the recorded one; sorted, empty when the
     lock is current."""
-    params = yaml.safe_load((root / "params.yaml").read_text(encoding="utf-8"))
+    params = _yaml(root / "params.yaml")
     changed = set()
     for body in _lock(root)["stages"].values():
         for dep in body.get("deps", []):
