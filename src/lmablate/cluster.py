@@ -23,6 +23,7 @@ import hashlib
 import os
 import secrets
 import socket
+import time
 import tempfile
 import threading
 from dataclasses import dataclass
@@ -279,14 +280,14 @@ def _files(path: Path) -> list[Path]:
 
 
 def _wait(future) -> Any:
-    """``future.result()``, checking for Ctrl-C every :data:`POLL_SECONDS`."""
-    from distributed import TimeoutError as DaskTimeout
-    while True:
+    """``future.result()``, checking for Ctrl-C every :data:`POLL_SECONDS`. Polls
+    ``future.done()`` and asks for the result once it is there: ``result(timeout=...)`` can end
+    in distributed's own ``UnboundLocalError`` when its timeout cancels the wait as the result
+    arrives (``distributed.utils.sync`` catches ``Exception``, not the ``CancelledError``)."""
+    while not future.done():
         interrupt.check()
-        try:
-            return future.result(timeout=POLL_SECONDS)
-        except (DaskTimeout, TimeoutError):
-            continue
+        time.sleep(POLL_SECONDS)
+    return future.result()
 
 
 _CLIENTS: dict[str, Any] = {}
