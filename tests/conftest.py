@@ -5,6 +5,7 @@ tests (:mod:`synthetic_study`) with its report."""
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import os
 import subprocess
@@ -16,7 +17,7 @@ from typing import Any, Callable, Mapping
 import pytest
 import yaml
 
-from lmablate import config, params
+from lmablate import config, params, profiles
 from lmablate.config import StudyConfig
 from lmablate.model import flops_per_token
 from lmablate.stages import generate, tokenize
@@ -32,6 +33,26 @@ BIN = Path(sys.executable).parent
 # a context of 24 holds one 21-character problem of the default format (fields of 5)
 TINY_MODEL = {"context_length": 24, "n_layers": 1, "n_heads": 2, "d_model": 16}
 TINY_BATCH = 4
+
+
+# The shipped studies: the defaults (params.yaml) and each profile of conf/profile/, composed
+PROFILES = ["default", *profiles.profile_names(ROOT)]
+
+
+@functools.lru_cache(maxsize=None)
+def _profile_text(name: str) -> str:
+    return profiles.compose(ROOT, None if name == "default" else name)
+
+
+def profile_raw(name: str) -> dict:
+    """Profile ``name``'s params as ``dvc exp run -S profile=<name>`` writes them, parsed (a
+    fresh copy each call); ``default``: the defaults alone."""
+    return yaml.safe_load(_profile_text(name))
+
+
+def profile_config(name: str) -> StudyConfig:
+    """Profile ``name``'s validated study config (:func:`profile_raw`)."""
+    return params.parse(profile_raw(name))
 
 
 def budget_for(steps: int, model: Mapping[str, Any] | None = None,

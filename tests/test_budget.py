@@ -1,24 +1,21 @@
 """Equal training compute: a dataset's FLOPs budget turned into each run's step count."""
 
-from pathlib import Path
-
 import pytest
-from lmablate import params
+
 from lmablate.budget import run_steps, steps_for_budget, training_flops, trial_steps
 from lmablate.config import ConfigError, ModelConfig
 from lmablate.model import flops_per_token
 from lmablate.search_space import width_ladder
 
-ROOT = Path(__file__).resolve().parents[1]
-PROFILES = [ROOT / "params.yaml", *sorted((ROOT / "profiles").glob("*.yaml"))]
+from conftest import PROFILES, profile_config
 
 
-@pytest.mark.parametrize("path", PROFILES, ids=[p.name for p in PROFILES])
-def test_every_final_run_of_a_shipped_profile_spends_its_budget_within_one_percent(path):
+@pytest.mark.parametrize("name", PROFILES)
+def test_every_final_run_of_a_shipped_profile_spends_its_budget_within_one_percent(name):
     """...at every width its tuning may search, and every tuning trial its rung's share within
     half a step (the lowest rung's trials are short: tune.min_steps is 30, where half a step is
     1.7%)."""
-    study = params.load(path)
+    study = profile_config(name)
     for ds, budget in ((d, b) for d in study.datasets for b in study.budgets(d)):
         cfg = study.at_budget(ds, budget)  # a scaling profile's every budget
         widths = cfg.tune.d_model_choices or width_ladder(cfg, ds)

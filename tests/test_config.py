@@ -13,6 +13,8 @@ from lmablate.config import ConfigError, ModelConfig
 from lmablate.fingerprint import NOT_A_RESULT, fingerprint
 from lmablate.validation import from_mapping, is_param
 
+from conftest import PROFILES, profile_config, profile_raw
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -34,7 +36,7 @@ def test_committed_params_are_valid(raw):
 
 
 def test_seed_scale_profile_is_valid():
-    cfg = params.load(ROOT / "profiles" / "seed-scale.yaml")
+    cfg = profile_config("seed-scale")
     assert cfg.model.n_layers == 8 and cfg.model.n_heads == 8 and cfg.model.context_length == 128
     assert cfg.train.batch_size == 16
     assert cfg.datasets["arithmetic"].n_train == 3_000_000
@@ -361,34 +363,19 @@ def kind_keys(kind):
     return {f.name for f in param_fields("datasets") if f.metadata.get("kind", kind) == kind}
 
 
-PROFILES = ["params.yaml",
-            *sorted(f"profiles/{p.name}" for p in (ROOT / "profiles").glob("*.yaml"))]
-
-
-@pytest.mark.parametrize("path", PROFILES)
-def test_every_dataset_entry_gives_every_key_of_its_kind(path):
+@pytest.mark.parametrize("name", PROFILES)
+def test_every_dataset_entry_gives_every_key_of_its_kind(name):
     """A dataset is an entry, not a setting: its values are its own, but none is left to a
     default unseen (an arithmetic entry without strip_newlines would keep the newlines)."""
-    raw = yaml.safe_load((ROOT / path).read_text())
-    for name, entry in raw["datasets"].items():
-        assert set(entry) == kind_keys(entry["kind"]), f"{path}: datasets.{name}"
+    for ds, entry in profile_raw(name)["datasets"].items():
+        assert set(entry) == kind_keys(entry["kind"]), f"{name}: datasets.{ds}"
         assert set(entry["split"]) == {f.name for f in dataclasses.fields(config.SplitConfig)}
 
 
-@pytest.mark.parametrize("path", PROFILES[1:])
-def test_a_profile_gives_every_key_params_yaml_gives(raw, path):
-    """The profiles are complete params files (cp profiles/<name>.yaml params.yaml): each gives
-    every key of every settings section, so a copy never falls back on a default unseen."""
-    profile = yaml.safe_load((ROOT / path).read_text())
-    assert set(profile) == set(raw)
-    for section in SETTINGS:
-        assert set(profile[section]) == set(raw[section]), f"{path}: {section}"
-    params.parse(profile)
-
-
-@pytest.mark.parametrize("path", PROFILES)
-def test_a_complete_profile_leaves_no_key_to_a_default(path):
-    assert params.defaults_taken(yaml.safe_load((ROOT / path).read_text())) == []
+@pytest.mark.parametrize("name", PROFILES)
+def test_a_composed_profile_leaves_no_key_to_a_default(name):
+    assert params.defaults_taken(profile_raw(name)) == []
+    assert params.defaults_taken(yaml.safe_load((ROOT / "params.yaml").read_text())) == []
 
 
 @pytest.mark.parametrize("key,shown", [

@@ -659,7 +659,8 @@ def test_the_default_dataset_pads_training_to_its_length_splits_and_seed_000_kee
     from lmablate.params import load
     from pathlib import Path
     root = Path(__file__).resolve().parents[1]
-    cfg = load(root / "profiles" / "full.yaml")
+    from conftest import profile_config
+    cfg = profile_config("full")
     arith = cfg.dataset("arithmetic")
     assert arith.length_digits == (3, 4)
     assert arith.format.width == 5 and arith.format.line_length == 21  # $(00007+00091)=09800$

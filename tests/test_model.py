@@ -764,7 +764,8 @@ def test_the_handbook_variant_table_says_which_variants_run_past_their_context()
     from pathlib import Path
     from lmablate import params
     root = Path(__file__).resolve().parents[1]
-    cfg = params.load(root / "profiles" / "full.yaml")
+    from conftest import profile_config
+    cfg = profile_config("full")
     text = (root / "docs" / "variants.md").read_text()
     table = text[text.index("| variant | overrides |"):].split("\n\n")[0].splitlines()[2:]
     rows = [ln.split("|") for ln in table]

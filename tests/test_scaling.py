@@ -18,7 +18,7 @@ from lmablate.analysis.scaling_section import SEED_SCALE_FLOPS
 from lmablate.budget import stage_budgets
 from lmablate.config import ConfigError, TrainConfig, budget_label
 
-from conftest import budget_for
+from conftest import budget_for, profile_config
 
 ROOT = Path(__file__).resolve().parents[1]
 BUDGETS = np.array([1e9, 3e9, 1e10, 3e10, 1e11, 3e11])
@@ -235,7 +235,7 @@ def test_budget_labels_name_folders_without_a_plus():
 def test_the_scaling_profile_spaces_four_budgets_3x_apart_up_to_half_the_default_s():
     """The profile stops at 1e11 FLOPs, half the default's Shakespeare budget: its four
     budgets at the default's would double its run time."""
-    scaling = params.load(ROOT / "profiles" / "scaling.yaml")
+    scaling = profile_config("scaling")
     default = params.load(ROOT / "params.yaml")
     budgets = scaling.budgets("shakespeare")
     assert len(budgets) == 4 and budgets[-1] == default.headline_budget("shakespeare") / 2
@@ -245,7 +245,7 @@ def test_the_scaling_profile_spaces_four_budgets_3x_apart_up_to_half_the_default
 
 
 def test_the_extrapolation_target_is_the_seed_scale_profile_s_budget():
-    seed_scale = params.load(ROOT / "profiles" / "seed-scale.yaml")
+    seed_scale = profile_config("seed-scale")
     assert SEED_SCALE_FLOPS == seed_scale.headline_budget("shakespeare")
 
 
@@ -331,7 +331,7 @@ def test_a_one_budget_report_has_no_scaling_section_and_names_the_scaling_profil
     _, reports, paths = built
     text = paths["report"].read_text()
     assert "## How the effects change with compute" not in text
-    assert "`profiles/scaling.yaml` measures" in text
+    assert "`dvc exp run --temp -S profile=scaling` measures" in text
     assert pd.read_csv(paths["scaling_fits"]).empty
     assert not list((reports / "metrics").glob("*/*@*.json"))
 

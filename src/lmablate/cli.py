@@ -28,6 +28,7 @@ from pathlib import Path
 from lmablate.config import ConfigError
 from lmablate.validation import OutputError
 from lmablate.fileio import check_sqlite_store, check_writable, os_error_line
+from lmablate.study_plan import clock_for
 from lmablate.gc_pause import gc_paused
 from lmablate.lifetime import die_with_parent, parent_is_dvc
 from lmablate.params import defaults_taken, parse, read
@@ -124,6 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--jobs", metavar="N", help="chains at once (default: one per core, at most "
                    "the chains there are)")
     s.add_argument("--dry", action="store_true", help="print the chains; run nothing")
+    # parsed by lmablate.profiles (main() hands it over first); listed here for --help
+    sub.add_parser("compose", add_help=False, help="write params.yaml from conf/ and a profile, "
+                   "as dvc exp run -S profile=<name> does (lmablate compose --help)")
     return p
 
 
@@ -192,6 +196,12 @@ def main(argv: list[str] | None = None) -> int:
 
     Run as a command (``argv`` None: the console script, ``python -m lmablate.cli``), the
     process ends here through :func:`exit_now`; called with ``argv`` (tests), it returns."""
+    given = sys.argv[1:] if argv is None else list(argv)
+    if given[:1] == ["compose"]:  # writes params.yaml, so it must not need a valid one first
+        status = importlib.import_module("lmablate.profiles").main(given[1:])
+        if argv is None:
+            exit_now(status)
+        return status
     args = build_parser().parse_args(argv)
     status = 0
     if argv is None and parent_is_dvc():
@@ -214,8 +224,14 @@ def main(argv: list[str] | None = None) -> int:
         if stage.tracks and cfg.tracking.enabled and argv is None:
             from lmablate.sidecar import start_sidecar
             start_sidecar(cfg.tracking)
+        clock = clock_for(cfg, args.command, getattr(args, "dataset", None),
+                          getattr(args, "variant", None), getattr(args, "replicate", 0))
+        if clock is not None and clock.line:  # where dvc repro is, and about how long is left
+            print(clock.line, flush=True)
         start = time.perf_counter()
         summary = import_stage(stage.module).main(cfg, args)
+        if clock is not None:
+            clock.done()
         # one line per stage, what it did and how long it took: bars are erased when done
         what = " ".join(str(getattr(args, k)) for k in ("dataset", "variant")
                         if getattr(args, k, None))

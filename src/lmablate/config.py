@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
+from pathlib import Path
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
@@ -27,6 +29,7 @@ from lmablate.validation import (BOOLEAN, FRACTION, STRING, Rule, check_fields, 
 # re-exported (the errors for the data modules and tests)
 from lmablate.validation import ConfigError, DataError, MAX_SEED, NAME_PATTERN, NAME_RULE, from_mapping
 # the datasets, runtime and train sections, re-exported: every section's config is importable from here
+from lmablate.fileio import absolute_sqlite_url
 from lmablate.datasets import DATASET_KINDS, MAX_PROBLEMS, DatasetConfig, SplitConfig
 from lmablate.runtime import DEVICE_CHOICES, MAX_WORKERS, PARALLEL_CHOICES, RuntimeConfig
 from lmablate.train_config import (LR_SCHEDULE_CHOICES, MAX_BATCH, MAX_BUDGET, MAX_COUNT,
@@ -51,7 +54,7 @@ NORM_PLACEMENT_CHOICES = ("pre", "post")
 POSITION_CHOICES = ("learned", "sinusoidal", "rope", "alibi", "none", "coupled")
 
 # Upper limits, where a typo (an extra zero, 1e30 for 1e13) would exhaust memory or run for
-# days before anything failed. Each is far above the posts' GPU scale (profiles/seed-scale.yaml).
+# days before anything failed. Each is far above the posts' GPU scale (conf/profile/seed-scale.yaml).
 MAX_CONTEXT = 8192  # tokens; attention memory grows with its square
 MAX_WIDTH = 8192  # d_model, ffn_hidden
 MAX_LAYERS = 128
@@ -97,6 +100,12 @@ def _check_experiment(key: str, value: Any) -> None:
         fail(key, value, "a string of 1 to 200 characters")
 
 
+def _check_profile(key: str, value: Any) -> None:
+    # the name of a file of conf/profile/ (or "default"): letters, digits, "-" and "_"
+    if not isinstance(value, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}", value):
+        fail(key, value, "a name of 1 to 64 letters, digits, '-' or '_'")
+
+
 def _check_seeds(key: str, value: Any) -> tuple[int, ...]:
     if not isinstance(value, (list, tuple)) or not value:
         fail(key, value, "expected a non-empty list of integers")
@@ -118,6 +127,10 @@ class StudySection:
     """The ``study`` section: which runs the study makes (:func:`lmablate.params.parse` checks
     that each name is defined in its section)."""
 
+    profile: str = param("default", "the profile's name (conf/profile/<name>.yaml): a label of "
+                         "the study in `dvc exp show` and the report, no setting",
+                         Rule("a name of 1 to 64 letters, digits, '-' or '_'", _check_profile),
+                         result=False)
     seeds: tuple[int, ...] = param(
         (0, 1, 2, 3, 4), "the final runs' seeds: the same seed gives every variant the same "
         "init and data order", Rule("a non-empty list of distinct seeds, each "
@@ -377,7 +390,12 @@ class TrackingConfig:
 
     @property
     def tracking_uri(self) -> str:
-        return os.environ.get("MLFLOW_TRACKING_URI", self.uri)
+        """``MLFLOW_TRACKING_URI`` or ``uri``; a relative SQLite path is taken under ``DVC_ROOT``
+        where DVC sets it: ``dvc exp run --temp`` or ``--queue`` computes in a copy of the project
+        under .dvc/tmp/exps, removed when done, and sets ``DVC_ROOT`` to the project itself."""
+        uri = os.environ.get("MLFLOW_TRACKING_URI", self.uri)
+        root = os.environ.get("DVC_ROOT")
+        return (absolute_sqlite_url(uri, Path(root)) or uri) if root else uri
 
 
 @dataclass(frozen=True)
@@ -399,6 +417,7 @@ class StudyConfig:
     tracking: TrackingConfig
     runtime: RuntimeConfig = RuntimeConfig()
     match_params: bool = False
+    profile: str = "default"
 
     def dataset(self, name: str) -> DatasetConfig:
         """The config of dataset ``name``. Raises ConfigError naming the allowed datasets."""

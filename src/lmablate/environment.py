@@ -75,16 +75,26 @@ def blas() -> str:
     return match[1] if match else "unknown"
 
 
+# What DVC sets for the stages of `dvc exp run` (dvc.env): the commit the experiment started from
+# and the experiment's name.
+DVC_EXP_BASELINE = "DVC_EXP_BASELINE_REV"
+DVC_EXP_NAME = "DVC_EXP_NAME"
+
+
 def git_commit() -> str | None:
     """The checkout's commit (``git rev-parse HEAD`` in the working folder, with ``-modified``
     when tracked files differ from it), or :data:`COMMIT_ENV`'s value where ``lmablate repro``
     set it; None outside git."""
     if os.environ.get(COMMIT_ENV):
         return os.environ[COMMIT_ENV]
+    if os.environ.get(DVC_EXP_BASELINE):  # a DVC experiment: its copy's HEAD is DVC's stash
+        return os.environ[DVC_EXP_BASELINE]
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
                               timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+        # dvc.lock left out: dvc repro rewrites it as it goes, and that is no change of the code
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--",
+                                ".", ":(exclude)dvc.lock"],
                                capture_output=True, text=True, timeout=10, check=True).stdout
     except (OSError, subprocess.SubprocessError):
         return None
@@ -128,4 +138,6 @@ def run_tags() -> dict[str, str]:
     tags = {f"lmablate.{k}": str(v) for k, v in env.items() if v is not None}
     if env["git_commit"]:
         tags["mlflow.source.git.commit"] = env["git_commit"].removesuffix("-modified")
+    if os.environ.get(DVC_EXP_NAME):  # `dvc exp run`: the experiment's name, as dvc exp show has it
+        tags["lmablate.dvc_experiment"] = os.environ[DVC_EXP_NAME]
     return tags

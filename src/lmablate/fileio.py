@@ -13,6 +13,7 @@ import errno
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -216,3 +217,13 @@ def write_csv(path: str | os.PathLike,
     with atomic_path(path) as tmp:
         frame.to_csv(tmp, index=False)
     return Path(path)
+
+
+def absolute_sqlite_url(url: str, root: Path) -> str | None:
+    """``url`` with its file made absolute against folder ``root`` if it is a relative SQLite
+    path (``sqlite:///optuna.db`` -> ``sqlite:////<root>/optuna.db``; a driver and a query are
+    kept); None for any other URL (an absolute path, ``:memory:``, a server)."""
+    m = re.fullmatch(r"(sqlite(?:\+\w+)?:///)([^/?][^?]*)(\?.*)?", url)
+    if not m or m.group(2) == ":memory:":
+        return None
+    return f"{m.group(1)}{os.path.abspath(root / m.group(2))}{m.group(3) or ''}"

@@ -42,6 +42,22 @@ def result_fields(config: Any) -> dict[str, Any]:
             if f.init and f.metadata.get("fingerprint", True)}
 
 
+def run_params(cfg: Any, dataset: str, train: Any = None) -> dict[str, Any]:
+    """Every setting outside the model that can change what a run on ``dataset`` computes, as the
+    MLflow params of its run (``cfg`` a :class:`lmablate.config.StudyConfig`; ``train`` its own
+    :class:`~lmablate.train_config.TrainConfig` if not the study's, as a tuning trial's): each
+    training setting under its own name (:meth:`~lmablate.train_config.TrainConfig.run_params`,
+    ``budget_flops`` in FLOPs), the dataset's as ``data.<key>``, the evaluation's as
+    ``evaluate.<key>``, and ``match_params``. The model's fields are logged beside these
+    (``ModelConfig.to_dict``). Raises ConfigError for a dataset the study does not have."""
+    out = dict((train or cfg.train).run_params(dataset))
+    out.update({f"data.{k}": dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v
+                for k, v in result_fields(cfg.dataset(dataset)).items()})
+    out.update({f"evaluate.{k}": v for k, v in result_fields(cfg.evaluate).items()})
+    out["match_params"] = cfg.match_params
+    return out
+
+
 def tuned_settings(cfg: Any, dataset: str, variant: str, data_fingerprint: str,
                    sampler_seed: int) -> str:
     """What a tuning result was tuned for, as its ``best.json`` records it (``settings``): the

@@ -15,6 +15,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import socket
 import tempfile
 from pathlib import Path
@@ -35,6 +36,46 @@ EXPERIMENT_KIND = "custom_model_development"
 RUNS_VIEW_KEY = views.RUNS_VIEW_KEY
 RUNS_VIEW_TAG = views.view_tag(RUNS_VIEW_KEY)
 RUNS_VIEW = views.runs_view(metrics=views.HEADLINE + views.CURVES)  # before any run
+
+
+# Artifacts of a study whose store is a SQLite file live beside it, in the folder `mlflow ui`
+# and `mlflow server` serve by default (--artifacts-destination ./mlartifacts), and its experiment
+# records them as proxied locations (mlflow-artifacts:/<experiment>/...), which the server
+# resolves against that folder: a moved or re-cloned study opens with working links. MLflow's
+# default instead stores the absolute path of ./mlruns as the cwd was when the experiment began.
+ARTIFACTS_FOLDER = "mlartifacts"
+PROXIED = "mlflow-artifacts:"
+
+
+def local_artifact_root(uri: str) -> Path | None:
+    """The folder beside a SQLite tracking store that holds its artifacts (``<db folder>/
+    mlartifacts``); None for any other store (a server, PostgreSQL, ``:memory:``)."""
+    m = re.fullmatch(r"sqlite(?:\+\w+)?:///([^?]+)(\?.*)?", uri)
+    if not m or m.group(1) == ":memory:":
+        return None
+    return Path(os.path.abspath(m.group(1))).parent / ARTIFACTS_FOLDER
+
+
+def artifact_dir(tracking_uri: str, artifact_uri: str) -> Path:
+    """Where a run's artifacts (``artifact_uri``, as MLflow records it) lie on this disk, for a
+    store on this disk: a proxied location under :func:`local_artifact_root`, else the path of a
+    ``file:`` URI or a plain path.
+
+    Raises:
+        ValueError: a proxied location of a store that is not a local SQLite file.
+    """
+    if artifact_uri.startswith(PROXIED):
+        root = local_artifact_root(tracking_uri)
+        if root is None:
+            raise ValueError(f"{artifact_uri} is served by a tracking server, not on this disk")
+        return root / artifact_uri[len(PROXIED):].lstrip("/")
+    return Path(artifact_uri.removeprefix("file://").removeprefix("file:"))
+
+
+def experiment_folder(name: str) -> str:
+    """The folder of experiment ``name`` under :data:`ARTIFACTS_FOLDER`: its name with anything
+    but letters, digits, ``.``, ``_`` and ``-`` replaced by ``-``."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip(".-") or "experiment"
 
 
 # The process that owns a run (recorded on it when it starts or is reopened): a run left
@@ -141,6 +182,7 @@ class MlflowStore:
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
             self.uri = uri
+            self._artifact_uris: dict[str, str] = {}  # run id -> its artifact location
             self._end_times: dict[str, int] = {}  # reopened run id -> its earlier end (ms)
             # processes opening a new SQLite store at once would each create its tables
             with _first_use_lock(uri):
@@ -150,8 +192,11 @@ class MlflowStore:
                     if exp is None:
                         # MLflow 3's UI opens an experiment of no kind on its GenAI "Traces" view;
                         # this kind opens it on the runs table
+                        root = local_artifact_root(uri)
                         self.experiment_id = self.client.create_experiment(
-                            experiment, tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
+                            experiment, tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND},
+                            artifact_location=(f"{PROXIED}/{experiment_folder(experiment)}"
+                                               if root else None))
                     elif exp.lifecycle_stage == LifecycleStage.DELETED:
                         raise RuntimeError(f"experiment {experiment!r} is deleted; restore it "
                                            "(mlflow experiments restore) or pick another name")
@@ -293,6 +338,18 @@ class MlflowStore:
 
     def log_artifact(self, run_id: str, path: str, artifact_path: str | None = None) -> None:
         """Copy file or directory ``path`` (absolute) into run ``run_id``'s artifacts."""
+        if run_id not in self._artifact_uris:
+            self._artifact_uris[run_id] = self.client.get_run(run_id).info.artifact_uri
+        uri = self._artifact_uris[run_id]
+        if uri.startswith(PROXIED):  # no server to proxy: write where the server will look
+            from mlflow.store.artifact.local_artifact_repo import LocalArtifactRepository
+
+            repo = LocalArtifactRepository(str(artifact_dir(self.uri, uri)))
+            if Path(path).is_dir():
+                repo.log_artifacts(path, artifact_path)
+            elif Path(path).exists():
+                repo.log_artifact(path, artifact_path)
+            return
         if Path(path).is_dir():
             self.client.log_artifacts(run_id, path, artifact_path=artifact_path)
         elif Path(path).exists():

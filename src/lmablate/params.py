@@ -42,7 +42,7 @@ def parse(raw: Mapping[str, Any]) -> StudyConfig:
         raise ConfigError(f"params: unknown key {unknown[0]}; allowed: {', '.join(TOP_LEVEL_KEYS)}")
     study = raw.get("study") or {}
     if not isinstance(study, Mapping):
-        fail("study", study, "expected a mapping of seeds, datasets, variants, match_params")
+        fail("study", study, "expected a mapping of profile, seeds, datasets, variants, match_params")
     allowed_study = sorted(f.name for f in dataclasses.fields(StudySection))
     bad = sorted(set(study) - set(allowed_study), key=str)
     if bad:
@@ -114,6 +114,7 @@ def parse(raw: Mapping[str, Any]) -> StudyConfig:
         tracking=from_mapping(TrackingConfig, raw.get("tracking"), "tracking"),
         runtime=from_mapping(RuntimeConfig, raw.get("runtime"), "runtime"),
         match_params=study.match_params,
+        profile=study.profile,
     )
     tuning_seeds = range(cfg.tune.seed, cfg.tune.seed + cfg.tune.bracket_seeds)
     if any(s in cfg.seeds for s in tuning_seeds):
@@ -139,7 +140,7 @@ def parse(raw: Mapping[str, Any]) -> StudyConfig:
         fail("study.variants", list(cfg.study_variants),
              f"{', '.join(coupled)} (position coupled) needs arithmetic datasets only; "
              f"study.datasets has {', '.join(text)}: run it in a study of arithmetic datasets "
-             "(profiles/length.yaml)")
+             "(conf/profile/length.yaml)")
     for d in cfg.tune.d_model_choices or ():
         if d % model.n_heads:
             fail("tune.d_model_choices", d, f"every width must be divisible by n_heads={model.n_heads}")

@@ -56,3 +56,14 @@ def progress(iterable: Iterable, *, desc: str, total: int | None = None, initial
     return tqdm(iterable, desc=desc, total=total, initial=initial, file=PlainLines(stream),
                 mininterval=LOG_INTERVAL, maxinterval=LOG_INTERVAL, delay=LOG_INTERVAL,
                 miniters=1, leave=True, ascii=True, ncols=110)
+
+
+def note(line: str, stream: TextIO | None = None) -> None:
+    """Print one progress line on ``stream`` (default: stderr) above any bars on a terminal
+    (``tqdm.write`` keeps them intact), as a plain line anywhere else."""
+    stream = stream or sys.stderr
+    if stream.isatty():
+        tqdm.write(line, file=stream)
+    else:
+        stream.write(line + "\n")
+        stream.flush()

@@ -34,6 +34,8 @@ from lmablate.parallel import map_jobs, worker_count
 from lmablate.studies import Heartbeat, claim, load_study, make_storage
 from lmablate.token_data import TokenData
 from lmablate.environment import use_numerics
+from lmablate.progress import note
+from lmablate.fingerprint import run_params
 from lmablate.numerics import numerics_kind
 from lmablate.tracking import Tracker, make_tracker
 from lmablate.training import DivergenceError, train_model
@@ -41,7 +43,7 @@ from lmablate.answer_probe import answer_probe, objective_name
 from lmablate.lr_bracket import BRACKETED, sensitivity
 from lmablate.bracket import bracket_outcome
 from lmablate.rungs import (DIVERGED, FRACTION, OUTCOME, RUNG, SLOT, TRIAL_SEED, Batch, batch_of,
-                            n_slots, slot_seed)
+                            is_bracket, n_slots, slot_seed)
 from lmablate.search_space import (on_edge, space_for_batch, tokens_per_parameter,
                                    trial_distributions)
 from lmablate.tuning import chosen, next_batch, slot_results, trial_train_config
@@ -137,7 +139,7 @@ def _train_trial(job: TuneJob, study: optuna.Study, trial: optuna.Trial, data: T
             "optuna_study": study.study_name, "trial": slot, "rung": trial.user_attrs[RUNG]}
     with tracker.run(f"trial-{slot}", tags, parent_run_id=job.parent_run_id):
         seed = trial.user_attrs.get(TRIAL_SEED, cfg.tune.seed)
-        tracker.log_params({**train_cfg.run_params(job.dataset), **model_cfg.to_dict(),
+        tracker.log_params({**run_params(cfg, job.dataset, train_cfg), **model_cfg.to_dict(),
                             "peak_lr": lr, "d_model": d_model, "trial": slot, "steps": steps,
                             "rung": trial.user_attrs[RUNG], "budget_fraction": fraction,
                             "seed": seed})
@@ -200,7 +202,12 @@ def run_batches(job: TuneJob, study: optuna.Study, sampler_seed: int,
         Interrupted: the stage was asked to stop.
     """
     cfg = job.cfg
+    told = -1
     while (batch := queue_batch(cfg, job.dataset, job.variant, study, sampler_seed)) is not None:
+        results = slot_results(study)
+        if len(results) != told and results:  # a line per batch done: no silent minutes
+            told = len(results)
+            note(progress_line(cfg, job.dataset, job.variant, results))
         waiting = sum(t.user_attrs.get(SLOT) in batch.slots for t in study.get_trials(
             deepcopy=False, states=(TrialState.WAITING,)))
         if waiting and cluster is not None:
@@ -215,6 +222,27 @@ def run_batches(job: TuneJob, study: optuna.Study, sampler_seed: int,
             # wait; Optuna fails a trial whose heartbeat stopped and queues it again.
             optuna.storages.fail_stale_trials(study)
             time.sleep(cfg.tune.heartbeat_seconds)
+
+
+def progress_line(cfg: StudyConfig, dataset: str, variant: str,
+                  results: dict[int, FrozenTrial]) -> str:
+    """How far a tuning study is: trials done of those planned (the first rungs and the
+    bracket's first learning rates; an extended bracket plans up to :func:`lmablate.rungs.
+    n_slots`), diverged ones, and the best objective value so far with its lr and width."""
+    tune = cfg.tune
+    least = sum((n + 1) * tune.bracket_seeds if is_bracket(tune, r) else n
+                for r, (n, _) in enumerate(tune.rungs))
+    most = n_slots(tune)
+    planned = f"{least}" + (f" (up to {most})" if most > least else "")
+    complete = [t for t in results.values() if t.state == TrialState.COMPLETE]
+    line = (f"tune {dataset}/{variant}: {len(results)} of {planned} trials done"
+            + (f", {len(results) - len(complete)} diverged" if len(complete) < len(results) else ""))
+    if complete:
+        best = min(complete, key=lambda t: t.value)
+        line += (f"; best so far {objective_name(cfg.dataset(dataset).kind)} {best.value:.4f} "
+                 f"(lr {best.params['lr']:.3g}, d_model {best.params['d_model']}, rung "
+                 f"{best.user_attrs[RUNG]}, {best.user_attrs[FRACTION]:g} of the budget)")
+    return line
 
 
 def trials_frame(cfg: StudyConfig, dataset: str, variant: str, vocab_size: int,

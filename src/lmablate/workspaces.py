@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Mapping, NamedTuple
 
 from lmablate.environment import COMMIT_ENV, git_commit
+from lmablate.fileio import absolute_sqlite_url
 from lmablate.validation import ConfigError
 
 WORKSPACES = Path(".dvc") / "tmp" / "lmablate-workspaces"  # under the main workspace's root
@@ -72,16 +73,6 @@ def parse_jobs(text: str | None) -> int | None:
         raise ConfigError(f"repro: --jobs={text!r} is not allowed; expected an integer >= 1 "
                           "(chains reproduced at once)")
     return None if text is None else int(text)
-
-
-def absolute_sqlite_url(url: str, root: Path) -> str | None:
-    """``url`` with its file made absolute against folder ``root`` if it is a relative SQLite
-    path (``sqlite:///optuna.db`` -> ``sqlite:////<root>/optuna.db``; a driver and a query are
-    kept); None for any other URL (an absolute path, ``:memory:``, a server)."""
-    m = re.fullmatch(r"(sqlite(?:\+\w+)?:///)([^/?][^?]*)(\?.*)?", url)
-    if not m or m.group(2) == ":memory:":
-        return None
-    return f"{m.group(1)}{os.path.abspath(root / m.group(2))}{m.group(3) or ''}"
 
 
 def store_env(storage_url: str, tracking_uri: str, root: Path) -> dict[str, str]:

@@ -86,8 +86,8 @@ def _training(ablation: pd.DataFrame, dataset: str, budgets: Sequence[float] = (
                  "gives the trend of each effect across them.")
     elif len(budgets):
         text += (" Its effects were measured at one budget: whether a gain grows or shrinks "
-                 "with compute is what `profiles/scaling.yaml` measures (every variant tuned "
-                 "and trained at four budgets 3x apart, its report's section "
+                 "with compute is what `dvc exp run --temp -S profile=scaling` measures (every "
+                 "variant tuned and trained at four budgets 3x apart, its report's section "
                  f"\"{SCALING_TITLE}\").")
     return text
 

@@ -26,7 +26,7 @@ from lmablate.analysis.mdtable import interval, join_names, md_table, num, verdi
 from lmablate.analysis.statistics import COMPARISON_COLUMNS, METRICS
 from lmablate.config import StudyConfig, budget_label
 
-# Seed 000's run (profiles/seed-scale.yaml's budget: 5,000 steps of 16 x 128 tokens at d_model
+# Seed 000's run (conf/profile/seed-scale.yaml's budget: 5,000 steps of 16 x 128 tokens at d_model
 # 96, the posts' scale): the larger budget the fitted curves are extrapolated to
 SEED_SCALE_FLOPS = 6.1023e13
 

@@ -127,6 +127,25 @@ def environment(cfg: StudyConfig | None = None, runs_dir: Path | None = None) ->
     return out
 
 
+def summary_record(cfg: StudyConfig, metrics_dir: Path) -> tuple[dict, dict, dict]:
+    """What the ``study-summary`` MLflow run records of the study, from the DVC metrics files
+    under ``metrics_dir`` (:func:`write_metrics`): params (the profile, seeds, datasets,
+    variants), metrics (each number of each file, as ``<file path without .json>/<key>``: e.g.
+    ``arithmetic/rope/delta_answer_loss``) and tags (each text of each file as
+    ``<path>/<key>``: the verdicts). Returns ``(params, metrics, tags)``."""
+    params = {"profile": cfg.profile, "seeds": list(cfg.seeds), "datasets": list(cfg.datasets),
+              "variants": list(cfg.study_variants), "match_params": cfg.match_params}
+    metrics, tags = {}, {}
+    for path in sorted(metrics_dir.rglob("*.json")):
+        name = path.relative_to(metrics_dir).with_suffix("").as_posix()
+        for key, value in json.loads(path.read_text()).items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                metrics[f"{name}/{key}"] = float(value)
+            else:
+                tags[f"{name}/{key}"] = str(value)
+    return params, metrics, tags
+
+
 def write_metrics(metrics_dir: Path, docs: dict[str, dict]) -> Path:
     """Write the DVC metrics directory: ``docs`` (relative path -> JSON document,
     :func:`lmablate.analysis.headline.metrics_files`) under ``metrics_dir``, and remove the
@@ -223,8 +242,9 @@ def run(cfg: StudyConfig, runs_dir: Path, tokens_dir: Path, out_dir: Path,
     """Write the report under ``out_dir`` and log it to an MLflow summary run.
 
     Draws the model figures from the checkpoints first, then :func:`build_report` with this
-    machine's :func:`environment`; logs ``report.md``, the tables (artifact folder
-    ``tables``) and ``figures/`` to a run named ``study-summary``.
+    machine's :func:`environment`; logs the study's verdicts and metrics
+    (:func:`summary_record`), ``report.md``, the tables (artifact folder ``tables``) and
+    ``figures/`` to a run named ``study-summary``.
 
     Returns:
         :func:`build_report`'s paths.
@@ -239,7 +259,10 @@ def run(cfg: StudyConfig, runs_dir: Path, tokens_dir: Path, out_dir: Path,
     extra = draw_model_figures(cfg, runs_dir, tokens_dir, figures_dir)
     result = build_report(cfg, runs_dir, out_dir, environment(cfg, runs_dir), extra_figures=extra,
                           tokens_dir=tokens_dir)
-    with tracker.run("study-summary", {"stage": "report"}):
+    params, metrics, verdicts = summary_record(cfg, out_dir / "metrics")
+    with tracker.run("study-summary", {"stage": "report", **verdicts}):
+        tracker.log_params(params)
+        tracker.log_metrics(metrics)
         tracker.log_artifact(out_dir / "report.md")
         for name in ("ablation.csv", "summary.csv", "comparisons.csv", "problem_comparisons.csv",
                      "detectable_effects.csv", "references.csv", "tuned.csv",

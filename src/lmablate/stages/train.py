@@ -22,7 +22,7 @@ from lmablate.budget import run_steps, stage_budgets, tokens_per_step, training_
 from lmablate.batched import batched_on, train_seeds
 from lmablate.checkpoint import load_resume, save_checkpoint, verify_checkpoint
 from lmablate.config import ModelConfig, StudyConfig
-from lmablate.fingerprint import code_version, fingerprint, tuned_settings
+from lmablate.fingerprint import code_version, fingerprint, run_params, tuned_settings
 from lmablate.cluster import resolve
 from lmablate.device import resolve_device
 from lmablate.numerics import numerics_kind
@@ -120,7 +120,7 @@ def _run_params(job: SeedJob, device) -> dict:
     steps, the seed and the sizes."""
     n_params, n_non_emb = count_params(job.model_cfg)
     # peak_lr: the tuned peak of the schedule; the metric "lr" is the schedule's value per step
-    return {**job.model_cfg.to_dict(), **job.cfg.train.run_params(job.dataset),
+    return {**job.model_cfg.to_dict(), **run_params(job.cfg, job.dataset),
             "peak_lr": job.lr, "steps": job.steps, "seed": job.seed, "n_params": n_params,
             "n_params_non_embedding": n_non_emb, "flops_per_token": flops_per_token(job.model_cfg),
             "device": device.type}

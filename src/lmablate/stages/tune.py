@@ -22,7 +22,7 @@ from lmablate.budget import run_steps, stage_budgets, trial_steps
 from lmablate.config import MAX_SEED, ConfigError, StudyConfig, budget_label
 from lmablate.cluster import resolve
 from lmablate.environment import result_environment
-from lmablate.fingerprint import result_fields, tuned_settings
+from lmablate.fingerprint import result_fields, run_params, tuned_settings
 from lmablate.parallel import use_processes
 from lmablate.studies import load_study, make_storage
 from lmablate.token_data import TokenData
@@ -139,7 +139,7 @@ def _tune_budget(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path,
         # sampler seed) and of its trials' training, then the search space this study began with
         settings = dataclasses.replace(tune, sampler_seed=sampler_seed)
         tracker.log_params({**{f"tune.{k}": v for k, v in result_fields(settings).items()},
-                            **cfg.train.run_params(dataset),
+                            **run_params(cfg, dataset),
                             "rungs": [list(r) for r in tune.rungs],
                             "trials_per_batch": tune.trials_per_batch,
                             "lr_low": space.lr_low, "lr_high": space.lr_high,

@@ -1,0 +1,119 @@
+"""Profiles: conf/config.yaml (the defaults) and conf/profile/<name>.yaml (what a profile changes),
+composed by Hydra as ``dvc exp run -S profile=<name>`` does (lmablate.profiles)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from lmablate import params, profiles
+from lmablate.config import ConfigError
+
+from conftest import PROFILES, merge, profile_raw
+
+ROOT = Path(__file__).resolve().parents[1]
+NAMES = PROFILES[1:]
+
+
+def test_params_yaml_is_the_defaults_composition_byte_for_byte():
+    """So `dvc exp run` with no -S rewrites params.yaml to the same bytes (git stays clean), and
+    `dvc repro` on the committed file runs the default study."""
+    assert (ROOT / "params.yaml").read_text() == profiles.compose(ROOT)
+
+
+def test_dvc_composes_params_with_hydra_from_conf():
+    shown = subprocess.run([str(Path(sys.executable).parent / "dvc"), "config", "hydra.enabled"],
+                           cwd=ROOT, capture_output=True, text=True)
+    assert shown.stdout.strip() == "true"
+    assert (ROOT / profiles.CONFIG_DIR / f"{profiles.CONFIG_NAME}.yaml").is_file()
+    assert NAMES == ["full", "length", "scaling", "seed-scale", "speed"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_profile_is_the_defaults_with_its_file_merged_over_them(name):
+    """Mappings merge key by key, a list replaces the list; nothing else changes (checked with
+    an independent merge, not Hydra's), and the result is a valid study labelled by its name."""
+    defaults = yaml.safe_load((ROOT / "params.yaml").read_text())
+    change = yaml.safe_load((ROOT / "conf" / "profile" / f"{name}.yaml").read_text())
+    composed = profile_raw(name)
+    assert composed == merge(defaults, change)
+    assert composed["study"]["profile"] == name and defaults["study"]["profile"] == "default"
+    assert params.parse(composed).profile == name
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_profile_file_holds_only_what_differs_from_the_defaults(name):
+    """A value equal to the default's is no change: a profile that repeats one would keep it
+    when the default moves."""
+    defaults = yaml.safe_load((ROOT / "params.yaml").read_text())
+    change = yaml.safe_load((ROOT / "conf" / "profile" / f"{name}.yaml").read_text())
+
+    def same(d: dict, c: dict, path: str) -> list[str]:
+        out = []
+        for key, value in c.items():
+            if isinstance(value, dict) and isinstance(d.get(key), dict):
+                out += same(d[key], value, f"{path}{key}.")
+            elif key in d and d[key] == value:
+                out.append(path + key)
+        return out
+    assert same(defaults, change, "") == []
+    first = (ROOT / "conf" / "profile" / f"{name}.yaml").read_text().splitlines()[0]
+    assert first == "# @package _global_"  # else Hydra nests it under `profile:`
+
+
+def test_an_override_changes_one_key_of_a_profile():
+    composed = yaml.safe_load(profiles.compose(ROOT, "speed", ["study.seeds=[0,1]",
+                                                              "train.lr=0.001"]))
+    assert composed == merge(profile_raw("speed"), {"study": {"seeds": [0, 1]},
+                                                    "train": {"lr": 0.001}})
+
+
+@pytest.mark.parametrize("profile,overrides,message", [
+    ("nope", [], "profile: unknown profile 'nope'; choose one of full, length, scaling, "
+                 "seed-scale, speed (files of conf/profile/)"),
+    (None, ["train.lrr=1"], "override: Could not override 'train.lrr'. To append to your config "
+                            "use +train.lrr=1"),
+    (None, ["train.lr=["], "override: no viable alternative at input '['"),
+])
+def test_an_unknown_profile_or_a_bad_override_is_one_clear_error(profile, overrides, message):
+    with pytest.raises(ConfigError) as err:
+        profiles.compose(ROOT, profile, overrides)
+    assert str(err.value).startswith(message) and "\n" not in str(err.value)
+
+
+def _project(tmp_path: Path) -> Path:
+    shutil.copytree(ROOT / "conf", tmp_path / "conf")
+    (tmp_path / "params.yaml").write_text("kept\n")
+    return tmp_path
+
+
+@pytest.mark.parametrize("argv,line", [
+    (["--profile", "nope"], "lmablate: error: profile: unknown profile 'nope'; choose one of "),
+    (["-S", "train.lr=abc"], "lmablate: error: params: train.lr='abc' is not allowed; expected "
+                             "a finite number"),
+    (["-S", "study.variants=[baseline,nosuch]"], "lmablate: error: params: study.variants='nosuch' "
+                                               "is not allowed; choose from "),
+])
+def test_lmablate_compose_refuses_before_writing(tmp_path, run_command, argv, line):
+    project = _project(tmp_path)
+    done = run_command(["lmablate", "compose", *argv], project)
+    assert done.returncode == 2 and done.stderr.startswith(line), done.stderr
+    assert done.stderr.count("\n") == 1
+    assert (project / "params.yaml").read_text() == "kept\n"  # nothing written
+
+
+def test_lmablate_compose_writes_what_dvc_exp_run_would(tmp_path, run_command):
+    project = _project(tmp_path)
+    done = run_command(["lmablate", "compose", "--profile", "length", "-S", "study.seeds=[0]"],
+                       project)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == ("lmablate compose: wrote params.yaml (length study.seeds=[0])\n")
+    assert (project / "params.yaml").read_text() == profiles.compose(ROOT, "length",
+                                                                      ["study.seeds=[0]"])
+    shown = run_command(["lmablate", "compose", "--out", "-"], project)
+    assert shown.stdout == (ROOT / "params.yaml").read_text()
