@@ -38,12 +38,34 @@ def test_the_commit_is_git_s_and_lmablate_repro_s_chains_take_it_from_the_enviro
     assert environment.git_commit() is None
     monkeypatch.setenv(environment.COMMIT_ENV, "abc123")
     assert environment.git_commit() == "abc123"
+    monkeypatch.delenv(environment.COMMIT_ENV)
+    monkeypatch.setenv(environment.DVC_EXP_BASELINE, "feed42")  # dvc exp run: its baseline
+    assert environment.git_commit() == "feed42"
+
+
+def test_dvc_lock_rewritten_by_a_repro_is_no_modification_of_the_code(monkeypatch, tmp_path,
+                                                                      run_command):
+    monkeypatch.delenv(environment.COMMIT_ENV, raising=False)
+    monkeypatch.delenv(environment.DVC_EXP_BASELINE, raising=False)
+    for name, text in (("dvc.lock", "a\n"), ("model.py", "x = 1\n")):
+        (tmp_path / name).write_text(text)
+    for cmd in (["git", "init", "-q"], ["git", "add", "."],
+                ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c"]):
+        assert run_command(cmd, tmp_path).returncode == 0
+    monkeypatch.chdir(tmp_path)
+    head = environment.git_commit()
+    assert len(head) == 40
+    (tmp_path / "dvc.lock").write_text("b\n")
+    assert environment.git_commit() == head
+    (tmp_path / "model.py").write_text("x = 2\n")
+    assert environment.git_commit() == head + "-modified"
 
 
 def test_every_mlflow_run_is_tagged_with_the_environment(tmp_path, monkeypatch):
     import mlflow
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.setenv(environment.COMMIT_ENV, "0123abcd-modified")
+    monkeypatch.setenv(environment.DVC_EXP_NAME, "vapid-sums")  # as dvc exp run sets it
     environment.environment.cache_clear()
     monkeypatch.setattr(environment, "_numerics", [])  # this process's, restored after
     environment.use_numerics("cpu TEST numerics 000000000000")
@@ -57,6 +79,7 @@ def test_every_mlflow_run_is_tagged_with_the_environment(tmp_path, monkeypatch):
     assert tags["lmablate.numerics"] == "cpu TEST numerics 000000000000"
     assert tags["lmablate.git_commit"] == "0123abcd-modified"
     assert tags["mlflow.source.git.commit"] == "0123abcd"
+    assert tags["lmablate.dvc_experiment"] == "vapid-sums"
     assert tags["lmablate.version.torch"] == torch.__version__
     assert tags["lmablate.cpu"] == environment.cpu_model() and tags["lmablate.blas"]
     assert tags["lmablate.lock"] == environment.lock_hash()

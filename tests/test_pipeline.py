@@ -12,6 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from lmablate.params import load as load_params
+from lmablate.study_plan import TIMES_FILE, study_plan
+
 from conftest import TINY, budgets
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -194,6 +197,39 @@ def test_repro_records_trials_and_runs(study):
     assert finished == 2 * len(VARIANTS) * sum(n for n, _ in TINY["tune"]["rungs"])
     metrics = json.loads((study / "runs" / "arithmetic" / "rope" / "metrics.json").read_text())
     assert set(metrics["runs"]) == {f"seed_{s}" for s in SEEDS}
+
+
+@pytest.mark.slow
+def test_the_study_plan_is_the_order_dvc_repro_runs_the_stages_in(study, run_command):
+    """The stage position each stage prints (lmablate.study_plan) counts what dvc runs."""
+    dry = run_command(["dvc", "repro", "--dry", "--force"], study)
+    ran = re.findall(r"Running stage '([^']+)'", dry.stdout)
+    cfg = load_params(study / "params.yaml")
+    assert ran == [s.name for s in study_plan(cfg)] and len(ran) == 4 + 3 * 2 * 3 + 1
+    # each stage run by dvc kept its time, where the next study's estimates read them
+    times = json.loads((study / TIMES_FILE).read_text())
+    assert set(times) == set(ran)
+    assert all(times[s.name]["flops"] == s.flops for s in study_plan(cfg))
+
+
+@pytest.mark.slow
+def test_the_summary_run_carries_the_verdicts_and_its_artifacts_lie_beside_the_store(study):
+    with sqlite3.connect(study / "mlflow.db") as db:
+        (run_id, uri), = db.execute("select run_uuid, artifact_uri from runs "
+                                    "where name = 'study-summary'").fetchall()
+        metrics = dict(db.execute("select key, value from metrics where run_uuid=?", (run_id,)))
+        tags = dict(db.execute("select key, value from tags where run_uuid=?", (run_id,)))
+        params_ = dict(db.execute("select key, value from params where run_uuid=?", (run_id,)))
+    rope = json.loads((study / "reports/metrics/arithmetic/rope.json").read_text())
+    assert metrics["arithmetic/rope/delta_answer_loss"] == pytest.approx(
+        rope["delta_answer_loss"])
+    assert tags["arithmetic/rope/verdict"] == rope["verdict"]
+    assert params_["variants"] == str(VARIANTS) and params_["profile"] == "default"
+    # a proxied location, resolved against the folder beside mlflow.db: the study can move
+    assert uri == f"mlflow-artifacts:/lmablate/{run_id}/artifacts"
+    files = study / "mlartifacts" / "lmablate" / run_id / "artifacts"
+    assert (files / "report.md").read_bytes() == (study / "reports/report.md").read_bytes()
+    assert not (study / "mlruns").exists() or not list((study / "mlruns").rglob("*.*"))
 
 
 @pytest.mark.slow

@@ -5,6 +5,7 @@ lines it ends with."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import numpy as np
@@ -65,6 +66,37 @@ def test_the_report_stage_ends_with_the_report_path_and_the_mlflow_ui_command(mo
         f"  validation loss, arithmetic: http://10.0.0.5:5000/{charts['arithmetic']}"]
     off = dataclasses.replace(cfg, tracking=dataclasses.replace(cfg.tracking, enabled=False))
     assert len(report.where_to_look(off, paths, view, charts).splitlines()) == 1
+
+
+def test_a_study_run_by_dvc_exp_run_elsewhere_says_where_to_start_the_ui(monkeypatch, tmp_path):
+    """`mlflow ui` serves the artifacts of the folder it starts in: the project's, not the
+    experiment's copy the report stage ran in."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path / "project"))
+    monkeypatch.chdir(tmp_path)
+    paths = {"report": Path("reports/report.md"), "figures": []}
+    assert report.where_to_look(make_cfg(), paths).splitlines()[1] == (
+        f"MLflow UI: cd {tmp_path / 'project'} && mlflow ui --backend-store-uri "
+        "sqlite:///mlflow.db")
+
+
+def test_the_summary_run_records_every_number_and_verdict_of_the_dvc_metrics(tmp_path):
+    metrics = tmp_path / "metrics"
+    (metrics / "arithmetic").mkdir(parents=True)
+    (metrics / "arithmetic.json").write_text(json.dumps({"seeds": 5, "verdict": "worse: rope"}))
+    (metrics / "arithmetic" / "rope.json").write_text(json.dumps(
+        {"seeds": 5, "delta_answer_loss": 0.278, "verdict": "worse", "tokens_to_learn":
+         "not reached", "exact_match": 0.031}))
+    cfg = make_cfg()
+    params, numbers, texts = report.summary_record(cfg, metrics)
+    assert params == {"profile": "default", "seeds": list(cfg.seeds),
+                      "datasets": list(cfg.datasets), "variants": list(cfg.study_variants),
+                      "match_params": False}
+    assert numbers == {"arithmetic/seeds": 5.0, "arithmetic/rope/seeds": 5.0,
+                       "arithmetic/rope/delta_answer_loss": 0.278,
+                       "arithmetic/rope/exact_match": 0.031}
+    assert texts == {"arithmetic/verdict": "worse: rope", "arithmetic/rope/verdict": "worse",
+                     "arithmetic/rope/tokens_to_learn": "not reached"}
 
 
 def test_the_same_runs_give_byte_identical_reports(built, tmp_path):

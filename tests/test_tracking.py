@@ -69,8 +69,8 @@ def records(db: Path) -> list[tuple]:
                                         (uuid,)))
             metrics = sorted(con.execute("select key, value, step from metrics where run_uuid=?",
                                          (uuid,)))
-            files = sorted(str(p.relative_to(uri.removeprefix("file://")))
-                           for p in Path(uri.removeprefix("file://")).rglob("*") if p.is_file())
+            where = mlflow_store.artifact_dir(f"sqlite:///{db}", uri)
+            files = sorted(str(p.relative_to(where)) for p in where.rglob("*") if p.is_file())
             out.append((name, status, parent, sorted(tags.items()), params, metrics, files))
     return sorted(out, key=repr)
 
@@ -388,22 +388,90 @@ def test_mlflow_s_own_info_lines_stay_out_of_the_terminal_unless_asked_for(tmp_p
     assert ("Creating initial MLflow database tables" in proc.stderr) == (level == "INFO")
 
 
-def test_a_run_records_every_training_setting_that_can_change_its_result():
-    """One rule for all: a new key of TrainConfig is a param of every run without a word."""
+def test_a_run_records_every_setting_that_can_change_its_result():
+    """One rule for all: a new key of TrainConfig, DatasetConfig or EvaluateConfig is a param of
+    every run without a word (fingerprint.run_params), unless marked as no result."""
     import dataclasses
     from lmablate import params
-    from lmablate.fingerprint import NOT_A_RESULT, result_fields
+    from lmablate.config import EvaluateConfig
+    from lmablate.datasets import DatasetConfig
+    from lmablate.fingerprint import NOT_A_RESULT, result_fields, run_params
     from lmablate.train_config import TrainConfig
     from lmablate.tuning import trial_train_config
     from conftest import tiny_params
     cfg = params.parse(tiny_params())
-    logged = cfg.train.run_params("arithmetic")
-    fields = {f.name for f in dataclasses.fields(TrainConfig) if f.init}
-    assert set(logged) == fields - {"lr"}  # the run logs the tuned peak as peak_lr
+    logged = run_params(cfg, "arithmetic")
+
+    def keys(cls, prefix=""):
+        return {prefix + f.name for f in dataclasses.fields(cls)
+                if f.init and f.metadata.get("fingerprint", True)}
+    # the run logs the tuned peak as peak_lr, and the model's fields beside these
+    assert set(logged) == ((keys(TrainConfig) - {"lr"}) | keys(DatasetConfig, "data.")
+                           | keys(EvaluateConfig, "evaluate.") | {"match_params"})
     assert logged["budget_flops"] == cfg.train.budget_flops["arithmetic"]
     assert logged["weight_decay"] == cfg.train.weight_decay and "warmup_fraction" in logged
-    trial = trial_train_config(cfg, "arithmetic", 10).run_params("arithmetic")
+    assert logged["data.split"] == {"val": 0.1, "test": 0.0} and "data.digits" in logged
+    assert "evaluate.max_problems" in logged and "data.name" in logged
+    trial = run_params(cfg, "arithmetic", trial_train_config(cfg, "arithmetic", 10))
     assert trial["eval_interval"] == max(1, 10 // cfg.tune.reports)
     tune = result_fields(cfg.tune)
     assert "storage" not in tune and NOT_A_RESULT  # where results go changes none
     assert {"rungs", "bracket_seeds", "lr_low", "sampler_seed"} <= set(tune)
+
+
+def test_a_relative_store_is_the_project_s_in_a_dvc_experiment(monkeypatch, tmp_path):
+    """dvc exp run --temp computes in .dvc/tmp/exps/...: its runs go to the project's store."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("DVC_ROOT", raising=False)
+    cfg = TrackingConfig()
+    assert cfg.tracking_uri == "sqlite:///mlflow.db"
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
+    assert cfg.tracking_uri == f"sqlite:///{tmp_path}/mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://10.0.0.5:5000")
+    assert cfg.tracking_uri == "http://10.0.0.5:5000"
+
+
+def test_a_moved_study_opens_with_working_artifact_links(tmp_path, artifact, monkeypatch,
+                                                          run_command):
+    """Record a run with artifacts, move the study's folder, start MLflow's server in the new
+    one as the report stage says (mlflow ui --backend-store-uri sqlite:///mlflow.db) and fetch
+    the artifacts through it."""
+    import socket
+    import urllib.request
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    first = tmp_path / "study"
+    first.mkdir()
+    monkeypatch.chdir(first)
+    tracker = tracking.make_tracker(TrackingConfig(uri="sqlite:///mlflow.db", experiment="moved"))
+    with tracker.run("study-summary") as run_id:
+        tracker.log_artifact(artifact)
+        tracker.log_artifact(artifact, "figures")
+    moved = tmp_path / "elsewhere" / "study"
+    moved.parent.mkdir()
+    first.rename(moved)
+    monkeypatch.chdir(moved)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen([str(Path(sys.executable).parent / "mlflow"), "server",
+                               "--backend-store-uri", "sqlite:///mlflow.db", "--port",
+                               str(port), "--workers", "1"], cwd=moved,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        for _ in range(120):
+            try:
+                urllib.request.urlopen(f"{base}/health", timeout=2)
+                break
+            except OSError:
+                time.sleep(0.5)
+        listed = json.loads(urllib.request.urlopen(
+            f"{base}/ajax-api/2.0/mlflow/artifacts/list?run_id={run_id}&path=figures").read())
+        assert [f["path"] for f in listed["files"]] == ["figures/checkpoint.pt"]
+        body = urllib.request.urlopen(
+            f"{base}/get-artifact?path=figures/checkpoint.pt&run_uuid={run_id}").read()
+        assert body == b"weights"
+    finally:
+        server.terminate()
+        server.wait(timeout=30)

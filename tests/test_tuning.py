@@ -260,3 +260,17 @@ def test_the_protocol_is_a_pure_function_of_the_results():
     assert {s: t.params for s, t in a.items()} == {s: t.params for s, t in b.items()}
     c, _ = simulate(DEFAULT, bowl(0.02, d_opt=40), dataset="shakespeare", variant="llama")
     assert {s: t.params for s, t in a.items()} != {s: t.params for s, t in c.items()}
+
+
+def test_a_tuning_stage_says_after_each_batch_how_far_it_is_and_its_best_so_far():
+    from lmablate.trials import progress_line
+    first = rungs.plan(DEFAULT.tune)[0]
+    results = {0: trial(DEFAULT, 0, first, {"lr": 0.004, "d_model": 24}, 0.61),
+               1: trial(DEFAULT, 1, first, {"lr": 0.02, "d_model": 32}, 0.58),
+               2: trial(DEFAULT, 2, first, {"lr": 0.3, "d_model": 32}, None)}
+    # the first rung's 8 and the bracket's 3 learning rates + 1 on 2 seeds; up to 7 of them
+    assert progress_line(DEFAULT, "arithmetic", "rope", results) == (
+        "tune arithmetic/rope: 3 of 16 (up to 24) trials done, 1 diverged; best so far "
+        "val_answer_loss 0.5800 (lr 0.02, d_model 32, rung 0, 0.125 of the budget)")
+    assert progress_line(DEFAULT, "shakespeare", "rope", {2: results[2]}) == (
+        "tune shakespeare/rope: 1 of 16 (up to 24) trials done, 1 diverged")

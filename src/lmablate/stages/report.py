@@ -95,6 +95,7 @@ from lmablate.analysis.scaling_section import (draw_scaling_figures, scaling_csv
 from lmablate.analysis.tables import compute_tables, csv_tables
 from lmablate.config import StudyConfig
 from lmablate.environment import blas, cpu_model
+from lmablate.mlflow_store import local_artifact_root
 from lmablate.tracking import Tracker, make_tracker
 
 
@@ -288,7 +289,16 @@ def where_to_look(cfg: StudyConfig, paths: dict, runs_view_url: str | None = Non
             lines.append(f"MLflow UI: {address}/{runs_view_url or ''}")
         else:
             address = "http://127.0.0.1:5000"
-            lines.append(f"MLflow UI: mlflow ui --backend-store-uri {uri}")
+            root = local_artifact_root(uri)
+            where = ""
+            if root is not None:
+                # `mlflow ui` serves the artifacts of the folder it starts in (./mlartifacts):
+                # it starts beside the store (a `dvc exp run --temp` computes elsewhere)
+                scheme, db = uri.split("///", 1)
+                uri = f"{scheme}///{Path(db).name}"
+                if root.parent != Path.cwd().absolute():
+                    where = f"cd {root.parent} && "
+            lines.append(f"MLflow UI: {where}mlflow ui --backend-store-uri {uri}")
             lines.append(f"  then open {address}/{runs_view_url or ''}")
         lines += [f"  validation loss, {ds}: {address}/{url}"
                   for ds, url in (chart_urls or {}).items()]

@@ -1,0 +1,90 @@
+"""The line each stage of dvc repro starts with: its place in the study and the time left
+(lmablate.study_plan). The plan's order against `dvc repro --dry` is in test_pipeline.py."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from lmablate import params
+from lmablate.rungs import is_bracket, plan
+from lmablate.study_plan import (PlannedStage, TIMES_FILE, clock_for, seconds_left, start_line,
+                                 study_plan, tune_flops)
+
+from conftest import PROFILES, profile_config, tiny_params
+
+
+@pytest.mark.parametrize("name", PROFILES)
+def test_a_tune_stage_plans_the_first_rungs_and_the_bracket_s_first_batches(name):
+    """Checked against the batches lmablate.rungs plans: every batch below the bracket, and the
+    bracket's first two (its learning rates at the start); the extension batches are extra."""
+    cfg = profile_config(name)
+    for ds in cfg.datasets:
+        shares = 0.0
+        for batch in plan(cfg.tune):
+            first_two = batch.index - min(b.index for b in plan(cfg.tune)
+                                          if b.rung == batch.rung) < 2
+            if not is_bracket(cfg.tune, batch.rung) or first_two:
+                shares += len(batch.slots) * batch.fraction
+        assert tune_flops(cfg, ds) == pytest.approx(shares * sum(cfg.budgets(ds)))
+
+
+def test_the_default_study_plans_29_stages_generate_to_report():
+    cfg = profile_config("default")
+    names = [s.name for s in study_plan(cfg)]
+    assert len(names) == 2 + 2 + 3 * 8 + 1
+    assert names[:5] == ["generate@shakespeare", "generate@arithmetic", "tokenize@shakespeare",
+                         "tokenize@arithmetic", "tune@shakespeare-baseline"]
+    assert names[-2:] == ["evaluate@arithmetic-rope", "report"]
+    train = {s.name: s.flops for s in study_plan(cfg) if s.name.startswith("train@")}
+    assert train["train@arithmetic-rope"] == 5 * 2.25e11
+
+
+def test_time_left_takes_a_stage_s_last_time_or_its_flops_at_the_measured_rate():
+    stages = [PlannedStage("tune@a", 100.0), PlannedStage("train@a", 50.0),
+              PlannedStage("evaluate@a", 0.0), PlannedStage("report", 0.0)]
+    assert seconds_left(stages, 0, {}) is None  # no rate yet, and stages that train
+    times = {"tune@a": {"seconds": 20.0, "flops": 100.0}, "report": {"seconds": 3.0, "flops": 0}}
+    # tune@a as last time; train@a at 100 FLOPs / 20 s; evaluate@a never timed; report 3 s
+    assert seconds_left(stages, 0, times) == pytest.approx(20 + 10 + 0 + 3)
+    times["tune@a"]["flops"] = 80.0  # other work last time: its FLOPs at the rate (80 / 20)
+    assert seconds_left(stages, 0, times) == pytest.approx(25 + 12.5 + 3)
+    assert seconds_left(stages, 2, times) == pytest.approx(3)
+
+
+def test_the_start_line_says_where_the_stage_is_and_how_long_is_left():
+    cfg = params.parse(tiny_params({"study": {"variants": ["baseline", "rope"]}}))
+    plan_ = study_plan(cfg)
+    assert [s.name for s in plan_] == [
+        "generate@arithmetic", "tokenize@arithmetic", "tune@arithmetic-baseline",
+        "tune@arithmetic-rope", "train@arithmetic-baseline", "train@arithmetic-rope",
+        "evaluate@arithmetic-baseline", "evaluate@arithmetic-rope", "report"]
+    assert start_line(cfg, "tune@arithmetic-baseline", {}) == (
+        "lmablate: stage 3 of 9 of the study (tune@arithmetic-baseline); 0% of its training "
+        "FLOPs done, time left known once a training stage has run")
+    tune = plan_[2].flops
+    times = {"tune@arithmetic-baseline": {"seconds": 100.0, "flops": tune}}
+    train = plan_[4].flops
+    left = 100 + 2 * train / (tune / 100)  # the other tune stage as this one, trains at its rate
+    done = 100 * tune / (2 * tune + 2 * train)
+    assert start_line(cfg, "tune@arithmetic-rope", times) == (
+        f"lmablate: stage 4 of 9 of the study (tune@arithmetic-rope); {done:.0f}% of its "
+        f"training FLOPs done, about {left / 60:.0f} min left with this one")
+    assert start_line(cfg, "tune@arithmetic-nope", times) is None  # no stage of the plan
+
+
+def test_only_a_stage_dvc_runs_announces_itself_and_keeps_its_time(tmp_path, monkeypatch):
+    cfg = params.parse(tiny_params())
+    monkeypatch.delenv("DVC_ROOT", raising=False)
+    assert clock_for(cfg, "train", "arithmetic", "baseline") is None  # typed by hand
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
+    assert clock_for(cfg, "tune", "arithmetic", "rope", replicate=1) is None  # a re-tuning
+    clock = clock_for(cfg, "train", "arithmetic", "baseline")
+    assert clock.line.startswith("lmablate: stage 5 of 9 of the study (train@arithmetic-baseline)")
+    clock.done()
+    times = json.loads((tmp_path / TIMES_FILE).read_text())
+    assert list(times) == ["train@arithmetic-baseline"]
+    assert times["train@arithmetic-baseline"]["flops"] == study_plan(cfg)[4].flops
+    (tmp_path / TIMES_FILE).write_text("not json")  # a damaged file costs the estimate only
+    assert clock_for(cfg, "report", None, None).line.endswith("left with this one")
