@@ -126,7 +126,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--model", choices=("default", "seed-scale"), default="default",
-                    help="params.yaml's model at d_model 64, or profiles/seed-scale.yaml's "
+                    help="params.yaml's model at d_model 64, or conf/profile/seed-scale.yaml's "
                          "(d_model 96, 8 layers, context 128)")
     ap.add_argument("--foreach", action="store_true",
                     help="CPU: add arms with the for-each AdamW instead of the fused one")
@@ -147,8 +147,7 @@ def main() -> None:
     print(common.machine_header("seeds of one variant: one batched model vs threads", device))
     cfg = common.load_default_config()
     if args.model == "seed-scale":
-        from lmablate import params as lparams
-        scale = lparams.load(common.ROOT / "profiles" / "seed-scale.yaml")
+        scale = common.profile_config("seed-scale")
         cfg = dataclasses.replace(cfg, model=scale.model, train=dataclasses.replace(
             cfg.train, eval_interval=scale.train.eval_interval,
             eval_iters=scale.train.eval_iters, batch_size=scale.train.batch_size))

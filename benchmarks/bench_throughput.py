@@ -5,7 +5,7 @@
 ``--smoke``: one step per repeat, one repeat, a small matmul peak: checks that the script runs
 (seconds), its figures mean nothing.
 
-Model: the seed-scale baseline (profiles/seed-scale.yaml: d_model 96, 8 layers, 8 heads,
+Model: the seed-scale baseline (conf/profile/seed-scale.yaml: d_model 96, 8 layers, 8 heads,
 context 128, batch 16; learned positions, pre-norm LayerNorm, ReLU FFN 4x), vocabulary of the
 generated arithmetic data. Compared, in one process, on the device lmablate picks ("auto"):
 
@@ -38,7 +38,6 @@ import numpy as np
 import torch
 
 from lmablate import config as lconfig
-from lmablate import params as lparams
 from lmablate.device import autocast
 from lmablate.model import GPT, flops_per_token
 from lmablate.token_data import TokenData, get_batch
@@ -47,7 +46,7 @@ from reference_model import MinGPT, copy_from_lmablate, seed_get_batch
 
 
 def seed_scale_config(vocab_size: int) -> tuple[lconfig.ModelConfig, lconfig.TrainConfig]:
-    cfg = lparams.load(common.ROOT / "profiles" / "seed-scale.yaml")
+    cfg = common.profile_config("seed-scale")
     mcfg = cfg.model_config("baseline", vocab_size)
     assert (mcfg.d_model, mcfg.n_layers, mcfg.n_heads, mcfg.context_length) == (96, 8, 8, 128)
     assert cfg.train.batch_size == 16

@@ -146,6 +146,14 @@ def matmul_peak_flops(device: torch.device, dtype: torch.dtype = torch.float32,
 # --------------------------------------------------------------------------------- study data
 
 
+def profile_config(name: str) -> lconfig.StudyConfig:
+    """Profile ``name`` of conf/profile/ as ``dvc exp run -S profile=<name>`` composes it."""
+    import yaml
+    from lmablate.profiles import compose
+
+    return lparams.parse(yaml.safe_load(compose(ROOT, name)))
+
+
 def load_default_config(**tracking_changes) -> lconfig.StudyConfig:
     """params.yaml (the default profile) with MLflow tracking disabled."""
     cfg = lparams.load(ROOT / "params.yaml")

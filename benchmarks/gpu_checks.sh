@@ -2,7 +2,7 @@
 # The GPU checks in one call of a GPU machine (its python3 needs torch only; MLflow, Optuna
 # and DVC are not needed). From the repository root:
 #   bash benchmarks/gpu_checks.sh TOKENS_DIR OUT_DIR [PARTS]
-# TOKENS_DIR: data/tokens/shakespeare made with profiles/seed-scale.yaml (the whole corpus).
+# TOKENS_DIR: data/tokens/shakespeare made with the seed-scale profile (lmablate compose --profile seed-scale) (the whole corpus).
 # PARTS: any of the following (default: all), run in this order, each under a time limit so
 # that the others still run and report; each part's log goes to OUT_DIR:
 #   tests          tests/test_gpu.py

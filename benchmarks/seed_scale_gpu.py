@@ -4,7 +4,7 @@
         [--variants baseline,swiglu,rmsnorm,rope,llama] [--seeds 0,1,2] [--lr 3e-4]
     python benchmarks/seed_scale_gpu.py --smoke   # any device, seconds: checks that it runs
 
-``profiles/seed-scale.yaml`` (seed 000's model: d_model 96, 8 layers, 8 heads, context 128,
+``conf/profile/seed-scale.yaml`` (seed 000's model: d_model 96, 8 layers, 8 heads, context 128,
 batch 16; its training budget, 6.1e13 FLOPs = 5,000 steps of the baseline), Shakespeare only,
 the configured learning rate ``train.lr`` (3e-4, seed 000's) and width instead of tuned ones,
 MLflow off. Each variant runs through the train stage's own code (``lmablate.stages.train.run``),
@@ -35,7 +35,6 @@ from pathlib import Path
 
 import common  # first: it disables tqdm before torch imports it
 
-from lmablate import params as lparams
 from lmablate.model import count_params
 from lmablate.stages import train
 from lmablate.token_data import TokenData
@@ -73,7 +72,7 @@ def run(args: argparse.Namespace) -> None:
     print(common.machine_header(f"seed-scale train stage, {dataset}"
                                 + (" (smoke: tiny sizes)" if args.smoke else ""), device))
     cfg = (common.load_tiny_config() if args.smoke
-           else lparams.load(common.ROOT / "profiles" / "seed-scale.yaml"))
+           else common.profile_config("seed-scale"))
     cfg = dataclasses.replace(
         cfg, seeds=tuple(int(s) for s in args.seeds.split(",")),
         tracking=dataclasses.replace(cfg.tracking, enabled=False),

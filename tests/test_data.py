@@ -656,9 +656,6 @@ def test_a_format_padded_for_its_length_splits_shares_their_field_width(name):
 
 
 def test_the_default_dataset_pads_training_to_its_length_splits_and_seed_000_keeps_its_own():
-    from lmablate.params import load
-    from pathlib import Path
-    root = Path(__file__).resolve().parents[1]
     from conftest import profile_config
     cfg = profile_config("full")
     arith = cfg.dataset("arithmetic")

@@ -133,7 +133,10 @@ def test_stage_command_records_its_mlflow_run_and_exits(project, start_lmablate)
     # curves hold step-indexed values only: no summary point at step 0, none twice
     assert steps["val_loss"] == sorted(set(steps["val_loss"])) and 0 not in steps["val_loss"]
     assert steps["train_seconds"] == steps["tokens_per_second"] == [4]
-    assert (Path(uri.removeprefix("file://")) / "checkpoint" / "checkpoint.pt").is_file()
+    from lmablate.mlflow_store import artifact_dir
+    where = artifact_dir(f"sqlite:///{project.path / 'mlflow.db'}", uri)
+    assert where == project.path / "mlartifacts" / "lmablate" / run_id / "artifacts"
+    assert (where / "checkpoint" / "checkpoint.pt").is_file()
 
     bad = start_lmablate(["train", "arithmetic", "mamba", "--tokens", "tokens", "--best",
                           "best.json", "--checkpoints", "ck2", "--history", "h2.csv",

@@ -762,7 +762,6 @@ def test_the_handbook_variant_table_says_which_variants_run_past_their_context()
     """The handbook's column (docs/variants.md) is what the model does: a variant runs past its training context
     exactly when its position scheme has no table of positions."""
     from pathlib import Path
-    from lmablate import params
     root = Path(__file__).resolve().parents[1]
     from conftest import profile_config
     cfg = profile_config("full")
