@@ -51,6 +51,17 @@ def test_time_left_takes_a_stage_s_last_time_or_its_flops_at_the_measured_rate()
     times["tune@a"]["flops"] = 80.0  # other work last time: its FLOPs at the rate (80 / 20)
     assert seconds_left(stages, 0, times) == pytest.approx(25 + 12.5 + 3)
     assert seconds_left(stages, 2, times) == pytest.approx(3)
+    # a tune stage that trained twice what it planned (an extended bracket): the next tune stage
+    # at its pace per planned FLOP, a train stage at the FLOPs it spent per second
+    times["tune@a"] = {"seconds": 20.0, "flops": 80.0, "spent": 160.0}
+    assert seconds_left(stages, 0, times) == pytest.approx(100 * 20 / 80 + 50 / 8 + 3)
+
+
+def test_a_tune_stage_s_spent_flops_are_its_trials(tmp_path):
+    from lmablate.study_plan import spent_flops
+    (tmp_path / "trials.csv").write_text("number,flops\n0,1.5e9\n1,\n2,2.5e9\n")
+    assert spent_flops(tmp_path / "trials.csv") == 4e9
+    assert spent_flops(tmp_path / "missing.csv") is None
 
 
 def test_the_start_line_says_where_the_stage_is_and_how_long_is_left():

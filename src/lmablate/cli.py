@@ -28,7 +28,7 @@ from pathlib import Path
 from lmablate.config import ConfigError
 from lmablate.validation import OutputError
 from lmablate.fileio import check_sqlite_store, check_writable, os_error_line
-from lmablate.study_plan import clock_for
+from lmablate.study_plan import clock_for, spent_flops
 from lmablate.gc_pause import gc_paused
 from lmablate.lifetime import die_with_parent, parent_is_dvc
 from lmablate.params import defaults_taken, parse, read
@@ -231,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         start = time.perf_counter()
         summary = import_stage(stage.module).main(cfg, args)
         if clock is not None:
-            clock.done()
+            clock.done(spent_flops(args.trials) if args.command == "tune" else None)
         # one line per stage, what it did and how long it took: bars are erased when done
         what = " ".join(str(getattr(args, k)) for k in ("dataset", "variant")
                         if getattr(args, k, None))

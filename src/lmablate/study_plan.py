@@ -6,8 +6,10 @@ over its datasets, then variants; tests/test_pipeline.py checks it against ``dvc
 --dry``), each with the training FLOPs it plans. The time left comes from the times of this
 study's stages so far, kept in ``.dvc/tmp/lmablate-times.json`` under ``DVC_ROOT`` (so the
 stages of ``dvc exp run --temp`` or ``--queue`` keep them in the project): a stage that trained
-before with the same FLOPs takes its last time again; one that did not takes its FLOPs at the
-rate the study's stages have trained at (FLOPs per second). The estimate counts every later
+before with the same FLOPs takes its last time again; one that did not takes its planned FLOPs at
+the pace of the stages of its kind so far (seconds per planned FLOP: a tune stage's extended
+bracket trains more than it plans), or for a kind not timed yet, at the FLOPs spent per second
+of the stages so far (a tune stage's from its ``trials.csv``). The estimate counts every later
 stage, so where DVC will skip some as up to date it is too long.
 """
 
@@ -83,10 +85,26 @@ def read_times(path: Path) -> dict[str, dict]:
     return data if isinstance(data, dict) else {}
 
 
-def record_time(path: Path, stage: PlannedStage, seconds: float) -> None:
-    """Keep ``stage``'s time in the times file; a file that cannot be written is passed over."""
+def spent_flops(trials_csv: Path) -> float | None:
+    """The training FLOPs a tune stage spent: the sum of its ``trials.csv``'s ``flops`` column
+    (an extended bracket spends more than :func:`tune_flops` plans); None if unreadable."""
+    import csv
+
+    try:
+        with open(trials_csv, newline="") as f:
+            return sum(float(row["flops"] or 0) for row in csv.DictReader(f))
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+def record_time(path: Path, stage: PlannedStage, seconds: float,
+                spent: float | None = None) -> None:
+    """Keep ``stage``'s time in the times file, with the FLOPs it ``spent`` where they differ from
+    those planned; a file that cannot be written is passed over."""
     times = read_times(path)
     times[stage.name] = {"seconds": round(seconds, 3), "flops": stage.flops}
+    if spent is not None and spent != stage.flops:
+        times[stage.name]["spent"] = spent
     try:
         with atomic_path(path) as tmp:
             tmp.write_text(json.dumps(times, indent=1, sort_keys=True))
@@ -95,20 +113,34 @@ def record_time(path: Path, stage: PlannedStage, seconds: float) -> None:
 
 
 def seconds_left(plan: list[PlannedStage], start: int, times: dict[str, dict]) -> float | None:
-    """Seconds the stages ``plan[start:]`` take, as the module docstring says; None while no
-    training stage has a time yet and some of them train."""
-    trained = [t for t in times.values() if t.get("flops", 0) > 0 and t.get("seconds", 0) > 0]
-    rate = (sum(t["flops"] for t in trained) / sum(t["seconds"] for t in trained)
-            if trained else None)
+    """Seconds the stages ``plan[start:]`` take, as the module docstring says: a stage's last
+    time where it planned the same FLOPs; else its planned FLOPs at the seconds per planned FLOP
+    of the stages of its command timed so far (a tune stage's extended brackets included), or,
+    for a command not timed yet, at the FLOPs spent per second of every stage timed. None while
+    no stage that trains has a time yet and some of them train."""
+    def kind(name: str) -> str:
+        return name.split("@")[0]
+    timed = {n: t for n, t in times.items() if t.get("flops", 0) > 0 and t.get("seconds", 0) > 0}
+    rate = (sum(t.get("spent", t["flops"]) for t in timed.values())
+            / sum(t["seconds"] for t in timed.values()) if timed else None)
+    per_kind: dict[str, list[float]] = {}
+    for name, t in timed.items():
+        acc = per_kind.setdefault(kind(name), [0.0, 0.0])
+        acc[0] += t["seconds"]
+        acc[1] += t["flops"]
     total = 0.0
     for stage in plan[start:]:
         last = times.get(stage.name)
         if last and last.get("flops") == stage.flops:
             total += last.get("seconds", 0.0)
         elif stage.flops > 0:
-            if rate is None:
+            if kind(stage.name) in per_kind:
+                seconds, flops = per_kind[kind(stage.name)]
+                total += stage.flops * seconds / flops
+            elif rate is not None:
+                total += stage.flops / rate
+            else:
                 return None
-            total += stage.flops / rate
     return total
 
 
@@ -144,10 +176,11 @@ class StageClock:
         self.line = start_line(cfg, name, read_times(self.path)) if self.stage else None
         self.start = time.monotonic()
 
-    def done(self) -> None:
-        """Record the stage's time (a stage that failed records none)."""
+    def done(self, spent: float | None = None) -> None:
+        """Record the stage's time and the FLOPs it ``spent`` if known (a stage that failed
+        records none)."""
         if self.stage is not None:
-            record_time(self.path, self.stage, time.monotonic() - self.start)
+            record_time(self.path, self.stage, time.monotonic() - self.start, spent)
 
 
 def clock_for(cfg: StudyConfig, command: str, dataset: str | None, variant: str | None,
