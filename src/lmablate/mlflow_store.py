@@ -341,7 +341,9 @@ class MlflowStore:
         if run_id not in self._artifact_uris:
             self._artifact_uris[run_id] = self.client.get_run(run_id).info.artifact_uri
         uri = self._artifact_uris[run_id]
-        if uri.startswith(PROXIED):  # no server to proxy: write where the server will look
+        if uri.startswith(PROXIED) and local_artifact_root(self.uri) is not None:
+            # a SQLite store with no server to proxy: write where `mlflow ui` will look (a
+            # tracking server's own proxied locations go through the client, to the server)
             from mlflow.store.artifact.local_artifact_repo import LocalArtifactRepository
 
             repo = LocalArtifactRepository(str(artifact_dir(self.uri, uri)))
