@@ -67,3 +67,14 @@ def test_on_a_terminal_the_bar_refreshes_often_and_is_erased_when_done():
     assert bar.mininterval == P.TERMINAL_INTERVAL <= 0.5 and not bar.leave
     list(bar)
     assert "\r" in term.getvalue()  # a live bar, redrawn in place
+
+
+def test_a_progress_note_is_a_plain_line_in_a_log_and_starts_a_clean_line_on_a_terminal():
+    log = io.StringIO()
+    P.note("tune arithmetic/rope: 4 of 16 trials done", log)
+    assert log.getvalue() == "tune arithmetic/rope: 4 of 16 trials done\n"
+    term = Terminal()
+    P.note("tune arithmetic/rope: 4 of 16 trials done", term)
+    # back to column 0 and the line cleared first: a bar erased at another position can leave
+    # the cursor at the end of a blanked line
+    assert term.getvalue() == "\r\x1b[2Ktune arithmetic/rope: 4 of 16 trials done\n"

@@ -63,7 +63,9 @@ def note(line: str, stream: TextIO | None = None) -> None:
     (``tqdm.write`` keeps them intact), as a plain line anywhere else."""
     stream = stream or sys.stderr
     if stream.isatty():
-        tqdm.write(line, file=stream)
+        # from the line's start, the line cleared: bars of several threads erased at their
+        # positions can leave the cursor at the end of a blanked line
+        tqdm.write("\r\x1b[2K" + line, file=stream)
     else:
         stream.write(line + "\n")
         stream.flush()
