@@ -274,3 +274,8 @@ def test_a_tuning_stage_says_after_each_batch_how_far_it_is_and_its_best_so_far(
         "val_answer_loss 0.5800 (lr 0.02, d_model 32, rung 0, 0.125 of the budget)")
     assert progress_line(DEFAULT, "shakespeare", "rope", {2: results[2]}) == (
         "tune shakespeare/rope: 1 of 16 (up to 24) trials done, 1 diverged")
+    more = {slot: trial(DEFAULT, slot, first, {"lr": 0.01, "d_model": 24}, 1.0 + slot)
+            for slot in range(18)}
+    assert progress_line(DEFAULT, "shakespeare", "rope", more).startswith(
+        "tune shakespeare/rope: 18 trials done (16 planned, extended up to 24); best so far "
+        "val_loss 1.0000")

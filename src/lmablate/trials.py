@@ -233,9 +233,13 @@ def progress_line(cfg: StudyConfig, dataset: str, variant: str,
     least = sum((n + 1) * tune.bracket_seeds if is_bracket(tune, r) else n
                 for r, (n, _) in enumerate(tune.rungs))
     most = n_slots(tune)
-    planned = f"{least}" + (f" (up to {most})" if most > least else "")
+    if len(results) > least:  # the bracket extended past its first learning rates
+        planned = f"{len(results)} trials done ({least} planned, extended up to {most})"
+    else:
+        planned = f"{len(results)} of {least}" + (f" (up to {most})" if most > least else "") + (
+            " trials done")
     complete = [t for t in results.values() if t.state == TrialState.COMPLETE]
-    line = (f"tune {dataset}/{variant}: {len(results)} of {planned} trials done"
+    line = (f"tune {dataset}/{variant}: {planned}"
             + (f", {len(results) - len(complete)} diverged" if len(complete) < len(results) else ""))
     if complete:
         best = min(complete, key=lambda t: t.value)
