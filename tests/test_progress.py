@@ -78,3 +78,15 @@ def test_a_progress_note_is_a_plain_line_in_a_log_and_starts_a_clean_line_on_a_t
     # back to column 0 and the line cleared first: a bar erased at another position can leave
     # the cursor at the end of a blanked line
     assert term.getvalue() == "\r\x1b[2Ktune arithmetic/rope: 4 of 16 trials done\n"
+
+
+def test_on_a_terminal_a_bar_erased_below_another_leaves_the_cursor_at_a_line_start():
+    """Two threads' bars: erasing the lower one moves down, blanks and moves back up; without a
+    carriage return after it, the next line printed starts at the blanked width and wraps."""
+    term = Terminal()
+    upper = P.progress(range(3), desc="trial 1", total=3, stream=term)
+    lower = P.progress(range(3), desc="trial 2", total=3, stream=term)
+    assert (upper.pos, lower.pos) == (0, 1)
+    list(lower)  # run to its end: closed and erased
+    assert term.getvalue().endswith("\r")
+    upper.close()

@@ -41,6 +41,21 @@ class PlainLines:
         self.stream.flush()
 
 
+class _TerminalBar(tqdm):
+    """A terminal bar whose close leaves the cursor at the start of a line. tqdm erases a bar
+    below the first (another thread's, ``pos`` > 0) by moving down, blanking the line and moving
+    back up, which leaves the cursor at the blanked width on the first bar's line: the next
+    line printed would start there and wrap after one character."""
+
+    def close(self) -> None:
+        below = not self.disable and abs(getattr(self, "pos", 0)) > 0
+        super().close()
+        if below:
+            with self.get_lock():
+                self.fp.write("\r")
+                self.fp.flush()
+
+
 def progress(iterable: Iterable, *, desc: str, total: int | None = None, initial: int = 0,
              stream: TextIO | None = None) -> tqdm:
     """``iterable`` wrapped in a tqdm bar named ``desc`` (``total`` items, ``initial`` of them
@@ -48,8 +63,8 @@ def progress(iterable: Iterable, *, desc: str, total: int | None = None, initial
     describes for a terminal and for anything else."""
     stream = stream or sys.stderr
     if stream.isatty():
-        return tqdm(iterable, desc=desc, total=total, initial=initial, file=stream,
-                    mininterval=TERMINAL_INTERVAL, leave=False, dynamic_ncols=True)
+        return _TerminalBar(iterable, desc=desc, total=total, initial=initial, file=stream,
+                            mininterval=TERMINAL_INTERVAL, leave=False, dynamic_ncols=True)
     # miniters=1: tqdm's monitor thread redraws a bar whose (dynamic) miniters grew above 1
     # once maxinterval passes, with the count of its last print (iteration keeps the count in a
     # local until it prints): a stale line in the log. At 1 the loop checks the clock each step.
