@@ -117,3 +117,38 @@ def test_lmablate_compose_writes_what_dvc_exp_run_would(tmp_path, run_command):
                                                                       ["study.seeds=[0]"])
     shown = run_command(["lmablate", "compose", "--out", "-"], project)
     assert shown.stdout == (ROOT / "params.yaml").read_text()
+
+
+# The last commit with the profiles as full copies of params.yaml (profiles/<name>.yaml).
+COPIES = "80e2263"
+
+
+def _changes(base: dict, full: dict) -> dict:
+    """What ``full`` changes against ``base``: its keys whose values differ, mappings key by key."""
+    out = {}
+    for key, value in full.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            if inner := _changes(base[key], value):
+                out[key] = inner
+        elif base.get(key, object()) != value:
+            out[key] = value
+    return out
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_profile_makes_the_changes_its_old_full_copy_made(name, run_command):
+    """The conversion from full copies kept each profile's meaning: what the composed profile
+    changes against today's defaults is what its copy at COPIES changed against that day's
+    params.yaml. A deliberate change of a profile moves COPIES to the commit that makes it."""
+    old = {}
+    for path in ("params.yaml", f"profiles/{name}.yaml"):
+        shown = run_command(["git", "show", f"{COPIES}:{path}"], ROOT)
+        if shown.returncode != 0:
+            pytest.skip(f"no commit {COPIES} here (a shallow clone)")
+        old[path] = yaml.safe_load(shown.stdout)
+    defaults = yaml.safe_load((ROOT / "params.yaml").read_text())
+    now = _changes(defaults, profile_raw(name))
+    assert now["study"].pop("profile") == name  # the label is new
+    if not now["study"]:
+        del now["study"]
+    assert now == _changes(old["params.yaml"], old[f"profiles/{name}.yaml"])
