@@ -163,29 +163,24 @@ def _lock(root: Path) -> dict:
 
 
 def changed_since_lock(root: Path) -> list[str]:
-    """What differs between ``root``'s ``dvc.lock`` and its files: each dep of a stage that is a
-    file of the repository (code, ``requirements.lock``) whose md5 is not the one recorded, and
-    each param whose value in ``params.yaml`` is not the recorded one; sorted, empty when the
-    lock is current."""
-    params = _yaml(root / "params.yaml")
+    """What DVC's own ``dvc status`` finds changed in ``root`` against its ``dvc.lock``: each dep
+    of a stage that is a file of the repository (code, ``requirements.lock``), and each param
+    (as ``params.yaml: <key>``); sorted, empty when the lock is current. Outputs, and deps that
+    are other stages' outputs (under :data:`DATA_FOLDERS`), are not looked at: a clone has none."""
+    from dvc.repo import Repo
+
+    with Repo(str(root)) as repo:
+        status = repo.status()
     changed = set()
-    for body in _lock(root)["stages"].values():
-        for dep in body.get("deps", []):
-            path = dep["path"]
-            if path.split("/")[0] in DATA_FOLDERS:
+    for entries in status.values():
+        for entry in entries:
+            if not isinstance(entry, dict):  # "always changed" and the like
                 continue
-            try:
-                md5 = hashlib.md5((root / path).read_bytes()).hexdigest()
-            except OSError:
-                md5 = None
-            if md5 != dep.get("md5"):
-                changed.add(path)
-        for key, value in body.get("params", {}).get("params.yaml", {}).items():
-            node = params
-            for part in key.split("."):
-                node = node.get(part) if isinstance(node, dict) else None
-            if node != value:
-                changed.add(f"params.yaml: {key}")
+            for path, state in entry.get("changed deps", {}).items():
+                if isinstance(state, dict):  # a params file: each param -> its state
+                    changed.update(f"{path}: {key}" for key in state)
+                elif path.split("/")[0] not in DATA_FOLDERS:
+                    changed.add(path)
     return sorted(changed)
 
 

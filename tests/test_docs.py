@@ -119,9 +119,11 @@ def _record(gen, root: Path) -> None:
 def test_a_changed_module_or_param_makes_the_lock_stale_until_a_study_records_them(
         gen, tmp_path):
     import shutil
-    for name in ("dvc.lock", "params.yaml", "requirements.lock"):
+    from dvc.repo import Repo
+    for name in ("dvc.yaml", "dvc.lock", "params.yaml", "requirements.lock"):
         (tmp_path / name).write_bytes((ROOT / name).read_bytes())
     shutil.copytree(ROOT / "src", tmp_path / "src", ignore=shutil.ignore_patterns("__pycache__"))
+    Repo.init(str(tmp_path), no_scm=True).close()  # DVC's status is what reads it
     _record(gen, tmp_path)
     assert gen.changed_since_lock(tmp_path) == []
     training = tmp_path / "src" / "lmablate" / "training.py"
