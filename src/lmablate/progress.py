@@ -78,9 +78,7 @@ def note(line: str, stream: TextIO | None = None) -> None:
     (``tqdm.write`` keeps them intact), as a plain line anywhere else."""
     stream = stream or sys.stderr
     if stream.isatty():
-        # from the line's start, the line cleared: bars of several threads erased at their
-        # positions can leave the cursor at the end of a blanked line
-        tqdm.write("\r\x1b[2K" + line, file=stream)
+        tqdm.write(line, file=stream)
     else:
         stream.write(line + "\n")
         stream.flush()

@@ -148,11 +148,12 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
 
 
-def start_line(cfg: StudyConfig, name: str, times: dict[str, dict]) -> str | None:
+def start_line(cfg: StudyConfig, name: str, times: dict[str, dict],
+               plan: list[PlannedStage] | None = None) -> str | None:
     """The line a stage prints as it starts: its place in the plan, the share of the study's
     FLOPs done before it and about how long the rest (it included) takes; None for a command
     that is no stage of the plan (a re-tuning)."""
-    plan = study_plan(cfg)
+    plan = plan or study_plan(cfg)
     names = [s.name for s in plan]
     if name not in names:
         return None
@@ -172,8 +173,9 @@ class StageClock:
 
     def __init__(self, cfg: StudyConfig, name: str):
         self.path = times_path()
-        self.stage = next((s for s in study_plan(cfg) if s.name == name), None)
-        self.line = start_line(cfg, name, read_times(self.path)) if self.stage else None
+        plan = study_plan(cfg)
+        self.stage = next((s for s in plan if s.name == name), None)
+        self.line = start_line(cfg, name, read_times(self.path), plan) if self.stage else None
         self.start = time.monotonic()
 
     def done(self, spent: float | None = None) -> None:
