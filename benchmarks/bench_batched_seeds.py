@@ -10,8 +10,8 @@ interval included), run in this process on the device lmablate picks, tracking o
 interleaved over ``--rounds`` rounds, tokens/s = seeds x steps x batch x context / wall time:
 
 * threads: the train stage on a CPU: every seed ``train_model`` in a thread of
-  ``lmablate.parallel.map_jobs`` with the workers and intra-op threads the stage picks;
-* batched@k: ``lmablate.batched.train_seeds`` with k intra-op threads (k = 1 and all cores);
+  ``lmablate.execution.parallel.map_jobs`` with the workers and intra-op threads the stage picks;
+* batched@k: ``lmablate.train.batched.train_seeds`` with k intra-op threads (k = 1 and all cores);
 * batched, k groups: the seeds split into one batched group per core, the groups in threads;
 * batched-foreach@k (``--foreach``): the same with the for-each AdamW instead of the fused one.
 
@@ -19,8 +19,8 @@ On CUDA the batched arms are eager and CUDA-graph replay (the train stage's path
 the intra-op thread counts. ``--smoke``: 2 seeds x 4 steps, one round: checks that it runs.
 
 With ``--compile-steps N`` > 0, then ``torch.compile`` of the batched step (vmapped forward +
-backward; the optimizer stays eager): compile time, steady-state tokens/s against the eager step, and the largest loss
-difference to eager over ``--compile-steps`` steps from the same start.
+backward; the optimizer stays eager): compile time, steady-state tokens/s against the eager step,
+and the largest loss difference to eager over ``--compile-steps`` steps from the same start.
 """
 
 from __future__ import annotations
@@ -36,11 +36,11 @@ import common  # first: it disables tqdm before torch imports it
 import torch
 from torch.func import functional_call, stack_module_state, vmap
 
-from lmablate import batched
-from lmablate.model import GPT
-from lmablate.parallel import INTRA_OP_THREADS, map_jobs, worker_count
-from lmablate.token_data import TokenData, get_batch
-from lmablate.training import decayed_parameter_names, make_scheduler, train_model
+from lmablate.train import batched
+from lmablate.model.gpt import GPT
+from lmablate.execution.parallel import INTRA_OP_THREADS, map_jobs, worker_count
+from lmablate.data.token_data import TokenData, get_batch
+from lmablate.train.training import decayed_parameter_names, make_scheduler, train_model
 
 
 def foreach_adamw(params, cfg, lr, device, decayed):

@@ -8,7 +8,8 @@ trained for ``--train-steps`` steps on freshly generated arithmetic data (params
 with ``--problems`` test problems), so its predictions are not trivial. Then, on the device
 lmablate picks:
 
-* lmablate: ``lmablate.evaluation.arithmetic_predictions`` (all problems of a batch at once, KV
+* lmablate: ``lmablate.evaluate.metrics.arithmetic_predictions`` (all problems of a batch at once,
+KV
   cache, greedy), at ``evaluate.batch_size`` from params.yaml (the pipeline setting), 256, 512
   and one batch of everything, in one thread of jobs; then at ``evaluate.batch_size`` and 256
   with one job thread per core (``workers=``; the evaluate stage instead runs the seeds'
@@ -35,13 +36,13 @@ import common  # first: it disables tqdm before torch imports it
 
 import torch
 
-from lmablate.arithmetic import split_problem
-from lmablate.device import autocast
-from lmablate.evaluation import arithmetic_predictions, arithmetic_scores
-from lmablate.parallel import cpu_count
-from lmablate.tokenizer import load_tokenizer
-from lmablate.token_data import TokenData
-from lmablate.training import train_model
+from lmablate.data.arithmetic import split_problem
+from lmablate.train.device import autocast
+from lmablate.evaluate.metrics import arithmetic_predictions, arithmetic_scores
+from lmablate.execution.parallel import cpu_count
+from lmablate.data.tokenizer import load_tokenizer
+from lmablate.data.token_data import TokenData
+from lmablate.train.training import train_model
 
 
 @torch.no_grad()

@@ -17,15 +17,15 @@ that the slice takes minutes; the tuning's widths are derived from the scaled bu
 * processes: the same in spawned worker processes (``runtime.parallel: processes``), each of
   which imports torch again.
 
-Every job computes with ``lmablate.parallel.INTRA_OP_THREADS`` (1) intra-op thread in every arm,
-so all arms compute the same numbers. Arms rotate (serial, threads, processes, then threads,
-processes, serial, ...) over ``--rounds`` and the median per arm is reported; the training steps
-each arm spent are printed next to its time (the same in every arm: tuning's successive halving
-has no in-trial pruning). What the slice leaves out is the cost that does not change with the
-setting: each DVC stage is a new process that imports torch (and Optuna or MLflow's sidecar).
-On a GPU every arm runs one job at a time (``lmablate.parallel.worker_count``), so the ratio is
-~1. ``--smoke``: params.yaml cut down to ``common.TINY`` (2 seeds, 8 steps), one variant, the
-serial and threads arms: checks that the script runs, in seconds.
+Every job computes with ``lmablate.execution.parallel.INTRA_OP_THREADS`` (1) intra-op thread in
+every arm, so all arms compute the same numbers. Arms rotate (serial, threads, processes, then
+threads, processes, serial, ...) over ``--rounds`` and the median per arm is reported; the training
+steps each arm spent are printed next to its time (the same in every arm: tuning's successive
+halving has no in-trial pruning). What the slice leaves out is the cost that does not change with
+the setting: each DVC stage is a new process that imports torch (and Optuna or MLflow's sidecar).
+On a GPU every arm runs one job at a time (``lmablate.execution.parallel.worker_count``), so the
+ratio is ~1. ``--smoke``: params.yaml cut down to ``common.TINY`` (2 seeds, 8 steps), one variant,
+the serial and threads arms: checks that the script runs, in seconds.
 """
 
 from __future__ import annotations
@@ -42,11 +42,11 @@ import common  # first: it disables tqdm before torch imports it
 
 import optuna
 
-from lmablate.parallel import INTRA_OP_THREADS, worker_count
+from lmablate.execution.parallel import INTRA_OP_THREADS, worker_count
 from lmablate.stages import evaluate, train, tune
-from lmablate.token_data import TokenData
-from lmablate.tracking import NullTracker
-from lmablate.training import train_model
+from lmablate.data.token_data import TokenData
+from lmablate.tracking.trackers import NullTracker
+from lmablate.train.training import train_model
 
 STAGES = ("tune", "train", "evaluate")
 

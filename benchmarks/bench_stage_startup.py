@@ -23,9 +23,9 @@ other load on the machine affects both alike.
 
 Breakdown, per arm and stage, from extra runs: ``python -X importtime`` (imports of torch,
 torch._dynamo, MLflow, pandas, MLflow's SQLite store, Optuna, GitPython; "all imports" is the
-sum of the top-level import statements; importtime itself adds some overhead), and timers in a separate
-process with torch and MLflow already imported: opening the MLflow store and starting one run
-(``make_tracker`` + ``tracker.run``), and the first optimizer step of ``train_step`` vs the
+sum of the top-level import statements; importtime itself adds some overhead), and timers in a
+separate process with torch and MLflow already imported: opening the MLflow store and starting one
+run (``make_tracker`` + ``tracker.run``), and the first optimizer step of ``train_step`` vs the
 second. At the end, the two arms' MLflow records (runs, status, tags, params, metrics, artifacts;
 no ids, host or process tags, times or timing metrics) are compared. ``--smoke``: this checkout
 as both arms, the tune stage once, without warm-up or import breakdown, the timers of one arm:
@@ -52,7 +52,7 @@ import yaml
 
 import common
 from common import ROOT, fmt_seconds, machine_header, merge
-from lmablate.device import resolve_device
+from lmablate.train.device import resolve_device
 
 BIN = Path(sys.executable).parent
 # Every arm's project: params.yaml of its code version, cut down so that a stage's work is
@@ -61,8 +61,8 @@ BIN = Path(sys.executable).parent
 COMMON = {"study": {"seeds": [0], "variants": ["baseline"], "datasets": ["arithmetic"]},
           "tracking": {"enabled": True, "uri": "sqlite:///mlflow.db"},
           "tune": {"storage": "sqlite:///optuna.db"}, "runtime": {"workers": 1}}
-# Code with step counts in its params (before lmablate.budget, e.g. b3e8291): 4 training steps,
-# 2 Optuna trials of 2 steps, one intra-op thread.
+# Code with step counts in its params (before lmablate.train.budget, e.g. b3e8291): 4 training
+# steps, 2 Optuna trials of 2 steps, one intra-op thread.
 TINY_STEPS = {
     "datasets": {"arithmetic": {"n_train": 2000, "n_test": 16}},
     "model": common.TINY_MODEL,
@@ -159,14 +159,22 @@ TIMERS = textwrap.dedent("""
     import json, sys, time
     import torch, mlflow
     torch.set_num_threads(1)  # as runtime.threads: 1
-    from lmablate import tracking, training
-    try:
-        from lmablate.params import load
-    except ImportError:  # older code: the loader was lmablate.config.load
-        from lmablate.config import load
-    from lmablate.model import GPT
-    from lmablate.token_data import TokenData, get_batch
-    from lmablate.variants import resolve_model_config
+    try:  # the package laid out by pipeline step
+        from lmablate.tracking import trackers as tracking
+        from lmablate.train import training
+        from lmablate.config.params import load
+        from lmablate.model.gpt import GPT
+        from lmablate.data.token_data import TokenData, get_batch
+        from lmablate.model.variants import resolve_model_config
+    except ImportError:  # older code: every module at the top of the package
+        from lmablate import tracking, training
+        try:
+            from lmablate.params import load
+        except ImportError:  # older still: the loader was lmablate.config.load
+            from lmablate.config import load
+        from lmablate.model import GPT
+        from lmablate.token_data import TokenData, get_batch
+        from lmablate.variants import resolve_model_config
     cfg = load("params.yaml")
     out = {}
     t = time.perf_counter()

@@ -9,18 +9,18 @@ Model: the seed-scale baseline (conf/profile/seed-scale.yaml: d_model 96, 8 laye
 context 128, batch 16; learned positions, pre-norm LayerNorm, ReLU FFN 4x), vocabulary of the
 generated arithmetic data. Compared, in one process, on the device lmablate picks ("auto"):
 
-1. model step: ``lmablate.model.GPT`` vs ``reference_model.MinGPT`` (fused qkv Linear, explicit
+1. model step: ``lmablate.model.gpt.GPT`` vs ``reference_model.MinGPT`` (fused qkv Linear, explicit
    masked softmax attention), identical batches, optimizer (lmablate's AdamW groups), grad clip
    and autocast; the two models are first checked to compute the same loss from the same weights.
-   lmablate's side runs the pipeline's own step, ``lmablate.training.train_step``, with the
+   lmablate's side runs the pipeline's own step, ``lmablate.train.training.train_step``, with the
    learning-rate scheduler ``train_model`` uses (``make_scheduler`` over the steps the
    comparison runs); the reference runs the same
    step written out by hand, without a scheduler (which only adds to lmablate's time).
-2. training loop: ``lmablate.training.train_model`` (its own tokens/s, which times the steps
+2. training loop: ``lmablate.train.training.train_model`` (its own tokens/s, which times the steps
    only) vs seed 000's loop (makemore sampler with a Python loop over the batch, plain AdamW).
-3. batch sampler: ``lmablate.token_data.get_batch`` (one numpy gather) vs the makemore sampler.
+3. batch sampler: ``lmablate.data.token_data.get_batch`` (one numpy gather) vs the makemore sampler.
 
-Model FLOPs utilisation = ``lmablate.model.flops_per_token(cfg)`` x tokens/s / measured matmul
+Model FLOPs utilisation = ``lmablate.model.gpt.flops_per_token(cfg)`` x tokens/s / measured matmul
 peak (best n x n fp32 matmul, n in 1024, 2048; on CUDA also bf16, the dtype autocast uses there).
 """
 
@@ -37,11 +37,11 @@ import common  # first: it disables tqdm before torch imports it
 import numpy as np
 import torch
 
-from lmablate import config as lconfig
-from lmablate.device import autocast
-from lmablate.model import GPT, flops_per_token
-from lmablate.token_data import TokenData, get_batch
-from lmablate.training import make_optimizer, make_scheduler, train_model, train_step
+from lmablate.config import study as lconfig
+from lmablate.train.device import autocast
+from lmablate.model.gpt import GPT, flops_per_token
+from lmablate.data.token_data import TokenData, get_batch
+from lmablate.train.training import make_optimizer, make_scheduler, train_model, train_step
 from reference_model import MinGPT, copy_from_lmablate, seed_get_batch
 
 
@@ -55,7 +55,7 @@ def seed_scale_config(vocab_size: int) -> tuple[lconfig.ModelConfig, lconfig.Tra
 
 def make_stepper(model, tcfg: lconfig.TrainConfig, batches, device, total_steps: int):
     """A function running one optimizer step per batch of ``batches`` with the pipeline's own
-    step, :func:`lmablate.training.train_step`, and the optimizer and learning-rate scheduler
+    step, :func:`lmablate.train.training.train_step`, and the optimizer and learning-rate scheduler
     that ``train_model`` builds (``make_optimizer``, ``make_scheduler`` over ``total_steps``,
     the steps of all the calls the comparison makes)."""
     opt = make_optimizer(model, tcfg, 1e-3, device)
@@ -194,7 +194,7 @@ def main() -> None:
     tps = {k: steps * B * T / min(v) for k, v in times.items()}
     tps_med = {k: steps * B * T / common.median(v) for k, v in times.items()}
     print("\n1. model step (fwd + bwd + clip + AdamW), identical batches; lmablate: "
-          "lmablate.training.train_step (+ its LR scheduler)")
+          "lmablate.train.training.train_step (+ its LR scheduler)")
     for k in ("reference", "lmablate"):
         print(f"   {k:<9} {common.fmt_seconds(times[k])} per {steps} steps -> best "
               f"{tps[k]:,.0f} tokens/s (median {tps_med[k]:,.0f})")
@@ -223,7 +223,8 @@ def main() -> None:
         ref_tps.append(loop_steps * B * T / seed_loop(mcfg, train_tokens, B, loop_steps, device,
                                                      seed=r))
     print(f"\n2. training loop, {loop_steps} steps on a fresh model, 1 warm-up + "
-          f"{args.loop_repeats} repeats: lmablate.training.train_model (its own tokens_per_second) "
+          f"{args.loop_repeats} repeats: lmablate.train.training.train_model "
+          f"(its own tokens_per_second) "
           "vs seed 000's loop")
     for k, v in (("reference", ref_tps), ("lmablate", lm_tps)):
         print(f"   {k:<9} best {max(v):,.0f} tokens/s (median {common.median(v):,.0f})")

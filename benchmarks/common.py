@@ -26,9 +26,9 @@ ROOT = Path(__file__).resolve().parents[1]  # the repository root (/work/main)
 if str(ROOT / "src") not in sys.path:  # works without `pip install -e .` too
     sys.path.insert(0, str(ROOT / "src"))
 
-from lmablate import config as lconfig  # noqa: E402
-from lmablate import params as lparams  # noqa: E402
-from lmablate.device import resolve_device  # noqa: E402
+from lmablate.config import study as lconfig  # noqa: E402
+from lmablate.config import params as lparams  # noqa: E402
+from lmablate.train.device import resolve_device  # noqa: E402
 
 
 # ------------------------------------------------------------------------------------ machine
@@ -60,7 +60,7 @@ def machine_header(title: str, device: torch.device) -> str:
         f"{platform.release()}",
         f"software: Python {platform.python_version()}, torch {torch.__version__} "
         f"({torch.get_num_threads()} intra-op threads)",
-        f"device  : {device_name(device)}  (lmablate.device.resolve_device('auto'))",
+        f"device  : {device_name(device)}  (lmablate.train.device.resolve_device('auto'))",
     ]
     if hasattr(os, "getloadavg"):
         lines.append(f"load    : {os.getloadavg()[0]:.2f} (1-min load average at the start; "
@@ -149,7 +149,7 @@ def matmul_peak_flops(device: torch.device, dtype: torch.dtype = torch.float32,
 def profile_config(name: str) -> lconfig.StudyConfig:
     """Profile ``name`` of conf/profile/ as ``dvc exp run -S profile=<name>`` composes it."""
     import yaml
-    from lmablate.profiles import compose
+    from lmablate.config.profiles import compose
 
     return lparams.parse(yaml.safe_load(compose(ROOT, name)))
 
@@ -194,7 +194,7 @@ TINY = {
 def tiny_params(raw: dict) -> dict:
     """The raw params mapping ``raw`` (params.yaml as YAML reads it) cut down to :data:`TINY`,
     with a training budget of :data:`TINY_TRAIN_STEPS` steps at the tiny width."""
-    from lmablate.model import flops_per_token
+    from lmablate.model.gpt import flops_per_token
 
     flops = TINY_TRAIN_STEPS * TINY_BATCH * TINY_MODEL["context_length"] * flops_per_token(
         lconfig.ModelConfig(**TINY_MODEL))

@@ -10,7 +10,7 @@ straightforward implementation (Karpathy's "Let's build GPT" MinGPT as seed 000 
   final LayerNorm and an LM head.
 
 To make the comparison about the implementation and not about the parameter count, biases follow
-``cfg.bias`` everywhere and the LM head has none, exactly like ``lmablate.model.GPT``'s baseline
+``cfg.bias`` everywhere and the LM head has none, exactly like ``lmablate.model.gpt.GPT``'s baseline
 (seed 000 drops the FFN/qkv biases and keeps one on the LM head; the FLOPs differ by <0.1%).
 :func:`copy_from_lmablate` loads an lmablate baseline's weights, so the benchmark can check that
 both compute the same function before timing them.
@@ -25,7 +25,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from lmablate.config import ModelConfig
+from lmablate.config.study import ModelConfig
 
 
 class MultiHeadAttention(nn.Module):

@@ -1,5 +1,6 @@
 """A griffe extension for the API pages: the docstrings' reStructuredText roles
-(:class:`~lmablate.config.StudyConfig`) and double backticks rendered as Markdown code spans."""
+(:class:`~lmablate.config.study.StudyConfig`) and double backticks rendered as Markdown code
+spans."""
 
 from __future__ import annotations
 

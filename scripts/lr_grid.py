@@ -20,13 +20,13 @@ import csv
 import sys
 from pathlib import Path
 
-from lmablate.budget import run_steps
-from lmablate.device import resolve_device
-from lmablate.evaluation import split_loss
-from lmablate.params import load
-from lmablate.token_data import TokenData
-from lmablate.training import train_model
-from lmablate.variants import preflight, resolve_model_config
+from lmablate.train.budget import run_steps
+from lmablate.train.device import resolve_device
+from lmablate.evaluate.metrics import split_loss
+from lmablate.config.params import load
+from lmablate.data.token_data import TokenData
+from lmablate.train.training import train_model
+from lmablate.model.variants import preflight, resolve_model_config
 
 
 def grid(params: Path, dataset: str, variants: list[str], lrs: list[float],

@@ -17,9 +17,13 @@ from typing import Any, Callable, Mapping
 import pytest
 import yaml
 
-from lmablate import config, params, profiles
-from lmablate.config import StudyConfig
-from lmablate.model import flops_per_token
+from lmablate.config import study as config
+
+from lmablate.config import params
+
+from lmablate.config import profiles
+from lmablate.config.study import StudyConfig
+from lmablate.model.gpt import flops_per_token
 from lmablate.stages import generate, tokenize
 
 from synthetic_study import ENV, make_cfg, write_replicate, write_runs

@@ -1,4 +1,5 @@
-"""lmablate.analysis.arithmetic: the arithmetic section: the headline against its floors, the
+"""lmablate.report.text.arithmetic_section: the arithmetic section: the headline against its floors,
+the
 answer loss by operation and answer length, and length generalisation by operand digits."""
 
 from __future__ import annotations
@@ -11,10 +12,12 @@ import pytest
 from scipy import stats
 from statsmodels.stats.multitest import multipletests
 
-from lmablate.analysis import arithmetic as arith
-from lmablate.analysis import collect, reference_points, statistics
-from lmablate.arithmetic import split_problem
-from lmablate.validation import DataError
+from lmablate.report.text import arithmetic_section as arith
+from lmablate.report import collect
+from lmablate.report.stats import reference_points
+from lmablate.report.stats import statistics
+from lmablate.data.arithmetic import split_problem
+from lmablate.core.validation import DataError
 
 from synthetic_study import (EM_BY_DIGITS, NA_4, VARIANTS, dataset_section, make_cfg,
                              random_ablation, train_part, true_length_em, write_tokens)

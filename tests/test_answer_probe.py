@@ -1,4 +1,5 @@
-"""The answer probe (lmablate.answer_probe): an arithmetic run's answer loss and exact match on
+"""The answer probe (lmablate.evaluate.answer_probe): an arithmetic run's answer loss and exact
+match on
 fixed validation problems at every evaluation, its answer loss the run's objective."""
 
 import json
@@ -8,16 +9,16 @@ import numpy as np
 import pytest
 import torch
 
-from lmablate.answer_probe import PROBE_PROBLEMS, answer_probe, objective_name
-from lmablate.arithmetic import split_problem
-from lmablate.evaluation import answer_nats, arithmetic_predictions
-from lmablate.loop import objective
-from lmablate.model import GPT
-from lmablate.token_data import TokenData
-from lmablate.tokenizer import load_split, load_tokenizer, split_lines
-from lmablate.training import train_model
-from lmablate.validation import DataError
-from lmablate.variants import resolve_model_config
+from lmablate.evaluate.answer_probe import PROBE_PROBLEMS, answer_probe, objective_name
+from lmablate.data.arithmetic import split_problem
+from lmablate.evaluate.metrics import answer_nats, arithmetic_predictions
+from lmablate.train.loop import objective
+from lmablate.model.gpt import GPT
+from lmablate.data.token_data import TokenData
+from lmablate.data.tokenizer import load_split, load_tokenizer, split_lines
+from lmablate.train.training import train_model
+from lmablate.core.validation import DataError
+from lmablate.model.variants import resolve_model_config
 
 
 @pytest.fixture(scope="module")

@@ -541,7 +541,7 @@ def test_an_os_error_met_during_the_work_is_one_line_and_exit_1(base, tmp_path, 
 
 
 def test_an_os_error_names_its_path_and_errno():
-    from lmablate.fileio import os_error_line
+    from lmablate.core.fileio import os_error_line
     with pytest.raises(OSError) as err:
         open("/nonexistent-lmablate/x.json")
     assert os_error_line(err.value) == ("/nonexistent-lmablate/x.json: No such file or directory "
@@ -754,7 +754,8 @@ def test_train_keeps_a_finished_seed_whose_checkpoint_is_intact(trained, tmp_pat
     assert snapshot(project / "out" / "ck") == before
 
 
-# --- the handbook's table ---------------------------------------------------------------------------
+# --- the handbook's table
+# ---------------------------------------------------------------------------
 
 def readme_messages() -> list[str]:
     """The messages of the handbook's "Bad input" table (docs/troubleshooting.md): its second

@@ -1,4 +1,4 @@
-"""Seeds trained as one batched model (lmablate.batched) follow, seed by seed, the trajectory
+"""Seeds trained as one batched model (lmablate.train.batched) follow, seed by seed, the trajectory
 each seed takes alone in train_model, to fp32 rounding: losses at every eval, final weights,
 optimizer state; with clipping, divergence, interruption and resume states shared both ways."""
 
@@ -9,12 +9,12 @@ import mlflow
 import pandas as pd
 import pytest
 import torch
-from lmablate import batched
-from lmablate.batched import clip_grad_norm_per_seed_, train_seeds
+from lmablate.train import batched
+from lmablate.train.batched import clip_grad_norm_per_seed_, train_seeds
 from lmablate.stages import train
-from lmablate.token_data import TokenData
-from lmablate.training import DivergenceError, train_model
-from lmablate.variants import resolve_model_config
+from lmablate.data.token_data import TokenData
+from lmablate.train.training import DivergenceError, train_model
+from lmablate.model.variants import resolve_model_config
 
 from conftest import budgets
 from trajectory import LOSS_TOL, WEIGHT_TOL, assert_same_trajectory
@@ -66,9 +66,9 @@ def test_tied_weights_stay_tied_and_follow_the_run_alone(project):
 @pytest.mark.parametrize("variant", ["baseline", "llama"])
 @pytest.mark.parametrize("tie", [False, True])
 def test_weight_decay_falls_on_linear_weight_matrices_only_alone_and_batched(variant, tie):
-    from lmablate.config import ModelConfig, TrainConfig
-    from lmablate.model import GPT
-    from lmablate.training import make_optimizer
+    from lmablate.config.study import ModelConfig, TrainConfig
+    from lmablate.model.gpt import GPT
+    from lmablate.train.training import make_optimizer
     kw = {"llama": dict(norm="rmsnorm", position="rope", ffn="swiglu")}.get(variant, {})
     cfg = ModelConfig(vocab_size=11, d_model=16, n_layers=2, n_heads=2, context_length=8,
                       tie_weights=tie, **kw)
@@ -294,16 +294,17 @@ def test_batched_stage_records_each_seed_as_the_per_seed_path_does(project, monk
     assert sorted(c for c in rb.columns if c.startswith("metrics.")) == [
         "metrics.lr", "metrics.tokens_per_second", "metrics.train_loss",
         "metrics.train_seconds", "metrics.val_answer_loss", "metrics.val_exact_match",
-        "metrics.val_loss"]  # an arithmetic run's answer probe too (lmablate.answer_probe)
+        "metrics.val_loss"]  # an arithmetic run's answer probe too (lmablate.evaluate.answer_probe)
     assert ha["val_exact_match"].between(0, 1).all() and ha["val_answer_loss"].gt(0).all()
-    from lmablate.mlflow_store import artifact_dir
+    from lmablate.tracking.mlflow_store import artifact_dir
     client = mlflow.MlflowClient()
     run_id = out["batched"]["seed_1"]["mlflow_run_id"]
     # every eval step once, and the timings at the last step, as train_seed logs them: no
     # summary point at step 0
     assert [m.step for m in client.get_metric_history(run_id, "val_loss")] == [4, 8, 12]
     assert [m.step for m in client.get_metric_history(run_id, "train_seconds")] == [12]
-    # beside the store (a SQLite store's artifacts are proxied locations: lmablate.mlflow_store)
+    # beside the store (a SQLite store's artifacts are proxied locations:
+    # lmablate.tracking.mlflow_store)
     where = artifact_dir(client.tracking_uri, client.get_run(run_id).info.artifact_uri)
     assert (where / "checkpoint" / "checkpoint.pt").is_file()
 

@@ -2,10 +2,10 @@
 
 import pytest
 
-from lmablate.budget import run_steps, steps_for_budget, training_flops, trial_steps
-from lmablate.config import ConfigError, ModelConfig
-from lmablate.model import flops_per_token
-from lmablate.search_space import width_ladder
+from lmablate.train.budget import run_steps, steps_for_budget, training_flops, trial_steps
+from lmablate.config.study import ConfigError, ModelConfig
+from lmablate.model.gpt import flops_per_token
+from lmablate.tune.search_space import width_ladder
 
 from conftest import PROFILES, profile_config
 

@@ -1,4 +1,5 @@
-"""lmablate.checkpoint: checkpoints that load back the model they saved, byte for byte the same on
+"""lmablate.train.checkpoint: checkpoints that load back the model they saved, byte for byte the
+same on
 every save; damaged ones refused by name; resume states returned only for their own settings."""
 
 from __future__ import annotations
@@ -10,13 +11,13 @@ import sys
 import pytest
 import torch
 
-from lmablate.checkpoint import (load_checkpoint, load_resume, save_checkpoint, save_resume,
+from lmablate.train.checkpoint import (load_checkpoint, load_resume, save_checkpoint, save_resume,
                                  verify_checkpoint)
-from lmablate.fingerprint import RUN_MODULES, code_version
-from lmablate.config import ModelConfig, TrainConfig
-from lmablate.model import GPT
-from lmablate.training import make_optimizer, train_step
-from lmablate.validation import DataError
+from lmablate.core.fingerprint import RUN_MODULES, code_version
+from lmablate.config.study import ModelConfig, TrainConfig
+from lmablate.model.gpt import GPT
+from lmablate.train.training import make_optimizer, train_step
+from lmablate.core.validation import DataError
 
 CPU = torch.device("cpu")
 TINY = ModelConfig(vocab_size=11, context_length=8, n_layers=1, n_heads=2, d_model=16,
@@ -114,4 +115,5 @@ def test_the_code_version_is_a_hash_of_the_named_modules_code():
     version = code_version()
     assert len(version) == 16 and int(version, 16) >= 0
     assert version == code_version(RUN_MODULES)
-    assert code_version(RUN_MODULES[:1]) != version != code_version(RUN_MODULES + ("budget.py",))
+    longer = RUN_MODULES + ("train/budget.py",)
+    assert code_version(RUN_MODULES[:1]) != version != code_version(longer)

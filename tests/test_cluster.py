@@ -17,9 +17,11 @@ import torch
 import yaml
 from distributed import Client
 
-from lmablate import cluster, params
-from lmablate.cluster import MachineKind, mismatch
-from lmablate.config import ConfigError
+from lmablate.execution import cluster
+
+from lmablate.config import params
+from lmablate.execution.cluster import MachineKind, mismatch
+from lmablate.config.study import ConfigError
 from lmablate.stages import train
 
 from conftest import budgets, load_script, tiny_params
@@ -214,24 +216,26 @@ def test_a_relative_sqlite_store_is_made_absolute_and_servers_are_kept(tmp_path)
 
 
 def test_the_kind_of_device_is_the_cpu_kernels_torch_dispatches_to():
-    from lmablate.device import device_kind
+    from lmablate.train.device import device_kind
     assert device_kind(torch.device("cpu")) == f"cpu {torch.backends.cpu.get_cpu_capability()}"
-    code = "import torch; from lmablate.device import device_kind; print(device_kind(torch.device('cpu')))"
+    code = ("import torch; from lmablate.train.device import device_kind; "
+            "print(device_kind(torch.device('cpu')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, "ATEN_CPU_CAPABILITY": "default"}).stdout
     assert out.strip() == "cpu DEFAULT"
 
 
 def run_numerics(env: dict[str, str]) -> str:
-    """:func:`lmablate.numerics.numerics_kind` of the CPU in a new process with ``env`` added."""
-    code = ("import torch; from lmablate.numerics import numerics_kind; "
+    """:func:`lmablate.train.numerics.numerics_kind` of the CPU in a new process with ``env``
+    added."""
+    code = ("import torch; from lmablate.train.numerics import numerics_kind; "
             "print(numerics_kind(torch.device('cpu')))")
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True, env={**os.environ, **env}).stdout.strip()
 
 
 def test_the_numerics_fingerprint_is_stable_across_processes_and_thread_counts():
-    from lmablate.numerics import numerics_kind
+    from lmablate.train.numerics import numerics_kind
     here = numerics_kind(torch.device("cpu"))
     assert re.fullmatch(r"cpu \w+ numerics [0-9a-f]{12}", here)
     threads = torch.get_num_threads()
@@ -252,7 +256,7 @@ def test_the_numerics_fingerprint_changes_with_the_kernels():
 def test_the_probe_s_adamw_step_is_torch_s_fused_adamw_and_its_formula_elsewhere():
     """The fused kernel called directly equals torch.optim.AdamW(fused=True); the formula used
     on other devices equals it to rounding."""
-    from lmablate.numerics import _adamw
+    from lmablate.train.numerics import _adamw
     torch.manual_seed(0)
     ref = [torch.randn(5, 3), torch.randn(7)]
     grads = [torch.randn_like(p) for p in ref]

@@ -1,4 +1,4 @@
-"""lmablate.analysis.collect: runs/ read into typed tables, in the study's order (the synthetic
+"""lmablate.report.collect: runs/ read into typed tables, in the study's order (the synthetic
 study of synthetic_study.py)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import dataclasses
 import pandas as pd
 import pytest
 
-from lmablate.analysis import collect
+from lmablate.report import collect
 
 from synthetic_study import DATASETS, EM_BY_DIGITS, NA_4, OPS, VARIANTS, make_cfg, true_answer_loss
 

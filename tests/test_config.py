@@ -7,11 +7,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lmablate.search_space import width_ladder
-from lmablate import cli, config, params
-from lmablate.config import ConfigError, ModelConfig
-from lmablate.fingerprint import NOT_A_RESULT, fingerprint
-from lmablate.validation import from_mapping, is_param
+from lmablate.tune.search_space import width_ladder
+from lmablate import cli
+from lmablate.config import study as config
+from lmablate.config import params
+from lmablate.config.study import ConfigError, ModelConfig
+from lmablate.core.fingerprint import NOT_A_RESULT, fingerprint
+from lmablate.core.validation import from_mapping, is_param
 
 from conftest import PROFILES, profile_config, profile_raw
 
@@ -41,7 +43,7 @@ def test_seed_scale_profile_is_valid():
     assert cfg.train.batch_size == 16
     assert cfg.datasets["arithmetic"].n_train == 3_000_000
     # seed 000's compute: 5000 steps at d_model 96
-    from lmablate.budget import run_steps
+    from lmablate.train.budget import run_steps
     for ds in cfg.datasets:  # at the largest budget of Shakespeare's scaling study
         at = cfg.at_budget(ds, cfg.headline_budget(ds))
         assert run_steps(at, ds, cfg.model_config("baseline", 65, d_model=96)) == 5000
@@ -61,7 +63,7 @@ def test_position_coupled_beside_a_text_dataset_is_an_error_naming_both(raw):
                                           r"shakespeare"):
         params.parse(bad)
     cfg = params.parse(mutate(bad, "study.datasets", ["arithmetic"]))
-    from lmablate.variants import resolve_model_config
+    from lmablate.model.variants import resolve_model_config
     with pytest.raises(ConfigError, match="variant 'coupled' has position 'coupled', which needs"):
         resolve_model_config(cfg, "coupled", 20, 32, line_length=0)  # a text dataset's lines
     assert resolve_model_config(cfg, "coupled", 20, 32, line_length=21).line_length == 21
@@ -78,7 +80,7 @@ def test_position_coupled_beside_a_text_dataset_is_an_error_naming_both(raw):
 ])
 def test_a_number_spelled_as_an_integer_is_the_same_study(raw, key, spelled, as_float):
     """YAML reads 225000000000 as an int and 2.25e+11 as a float: one value, one study name."""
-    from lmablate.tuning import study_name
+    from lmablate.tune.tuning import study_name
     a, b = params.parse(mutate(raw, key, spelled)), params.parse(mutate(raw, key, as_float))
     assert a == b
     names = [study_name(c, "arithmetic", "rope", "data", 0, "cpu") for c in (a, b)]
@@ -242,7 +244,7 @@ def test_study_name_covers_what_a_trial_computes_and_nothing_else(raw):
     """A trial's steps follow from its dataset's budget and its rung's share, and it reports
     tune.reports times, so train.eval_interval and the other dataset's budget do not name the
     study; runtime settings never do; the data and the code do."""
-    from lmablate.tuning import study_name
+    from lmablate.tune.tuning import study_name
 
     def name(path=None, value=None, data="d4t4", sampler_seed=0, kind="cpu AVX512"):
         cfg = params.parse(mutate(raw, path, value) if path else raw)
@@ -261,7 +263,7 @@ def test_study_name_covers_what_a_trial_computes_and_nothing_else(raw):
     assert name("runtime.cluster", "tcp://127.0.0.1:8786") == name()
 
 
-@pytest.mark.parametrize("source", ["model.py", "training.py", "tuning.py"])
+@pytest.mark.parametrize("source", ["model/gpt.py", "train/training.py", "tune/tuning.py"])
 def test_an_edited_source_file_names_a_new_study(tmp_path, source):
     """A copy of the package with a comment appended to ``source`` computes another study name
     than an unedited copy (which matches this package): the edited code starts a new study."""
@@ -271,8 +273,9 @@ def test_an_edited_source_file_names_a_new_study(tmp_path, source):
 
     import lmablate
 
-    code = ("import sys, yaml; from lmablate import params; from lmablate.tuning import "
-            "study_name; cfg = params.parse(yaml.safe_load(open(sys.argv[1]))); "
+    code = ("import sys, yaml; from lmablate.config import params; "
+            "from lmablate.tune.tuning import study_name; "
+            "cfg = params.parse(yaml.safe_load(open(sys.argv[1]))); "
             "print(study_name(cfg, 'arithmetic', 'baseline', 'd4t4', 0, 'cpu'))")
 
     def name_in_copy(edit: bool) -> str:
@@ -291,7 +294,7 @@ def test_an_edited_source_file_names_a_new_study(tmp_path, source):
                               env={"PYTHONPATH": str(root)}, capture_output=True, text=True,
                               check=True).stdout.strip()
 
-    from lmablate.tuning import study_name
+    from lmablate.tune.tuning import study_name
 
     here = study_name(params.parse(yaml.safe_load((ROOT / "params.yaml").read_text())),
                       "arithmetic", "baseline", "d4t4", 0, "cpu")
@@ -344,7 +347,8 @@ def default_of(f):
 @pytest.mark.parametrize("section", SETTINGS)
 def test_params_yaml_gives_every_key_at_its_dataclass_default(raw, section):
     """params.yaml lists every key of each settings section, and each value is the default of
-    its field in lmablate.config (compared as the dataclass keeps it: lists as tuples). A default
+    its field in lmablate.config.study (compared as the dataclass keeps it: lists as tuples). A
+    default
     changed in one place only fails here; study's lists, which have no default, are given."""
     given = raw[section]
     assert set(given) == {f.name for f in param_fields(section)}, section

@@ -1,11 +1,13 @@
-"""lmablate.analysis.curves: the mean validation curves of `dvc plots show`."""
+"""lmablate.report.curves: the mean validation curves of `dvc plots show`."""
 
 from __future__ import annotations
 
 import pandas as pd
 import pytest
 
-from lmablate.analysis import collect, curves
+from lmablate.report import collect
+
+from lmablate.report import curves
 
 from synthetic_study import VARIANTS
 

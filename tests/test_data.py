@@ -1,5 +1,5 @@
-"""Stage ``generate``: the arithmetic format (lmablate.arithmetic), its determinism, and text
-sources (lmablate.corpus)."""
+"""Stage ``generate``: the arithmetic format (lmablate.data.arithmetic), its determinism, and text
+sources (lmablate.data.corpus)."""
 
 from __future__ import annotations
 
@@ -15,11 +15,17 @@ from pathlib import Path
 
 import pytest
 
-from lmablate import arithmetic, corpus, fileio, problem_sets
-from lmablate.arithmetic import Operand, format_problem
-from lmablate.problem_sets import generate_arithmetic
-from lmablate.config import ConfigError, DataError, DatasetConfig, SplitConfig
-from lmablate.corpus import ChecksumError, MemberSelection
+from lmablate.data import arithmetic
+
+from lmablate.data import corpus
+
+from lmablate.core import fileio
+
+from lmablate.data import problem_sets
+from lmablate.data.arithmetic import Operand, format_problem
+from lmablate.data.problem_sets import generate_arithmetic
+from lmablate.config.study import ConfigError, DataError, DatasetConfig, SplitConfig
+from lmablate.data.corpus import ChecksumError, MemberSelection
 from lmablate.stages.generate import run as generate
 
 # ---------------------------------------------------------------------------------------------

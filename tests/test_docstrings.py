@@ -7,21 +7,31 @@ import importlib
 import re
 from pathlib import Path
 
-import lmablate.analysis
+import lmablate.report
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 PACKAGE = SRC / "lmablate"
 # a Sphinx role naming a qualified object of this package; a target may be broken over two
-# lines after a dot (":mod:`lmablate.analysis.\n    tuning_figure`")
+# lines after a dot (":mod:`lmablate.report.figures.\n    tuning_figure`")
 ROLE = re.compile(r":(?:mod|func|class|meth|attr|data|exc):`~?(lmablate(?:\.\s*\w+)*)`")
 
 
-def test_analysis_docstring_lists_every_module_once():
-    listed = re.findall(r"^\* :mod:`~lmablate\.analysis\.(\w+)`", lmablate.analysis.__doc__,
+def test_report_docstring_lists_every_module_of_the_report_package_once():
+    listed = re.findall(r"^\* :mod:`~lmablate\.report\.([\w.]+)`", lmablate.report.__doc__,
                         flags=re.MULTILINE)
-    modules = sorted(p.stem for p in (PACKAGE / "analysis").glob("*.py")
-                     if p.name != "__init__.py")
+    root = PACKAGE / "report"
+    modules = sorted(".".join(p.relative_to(root).with_suffix("").parts)
+                     for p in root.rglob("*.py") if p.name != "__init__.py")
     assert sorted(listed) == modules
+
+
+def test_every_package_says_in_its_docstring_what_it_holds():
+    packages = sorted(p.parent for p in PACKAGE.rglob("__init__.py"))
+    assert len(packages) > 10
+    for package in packages:
+        name = ".".join(package.relative_to(SRC).parts)
+        doc = importlib.import_module(name).__doc__
+        assert doc and len(doc.split()) >= 5, f"{name}: no docstring saying what it holds"
 
 
 def _references() -> list[tuple[str, str]]:

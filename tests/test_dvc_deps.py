@@ -154,17 +154,17 @@ def test_the_closure_follows_imports_inside_functions_and_packages(tmp_path, mon
 
 def test_the_report_loads_models_but_never_trains():
     closure = import_closure("lmablate.cli", cli.STAGES["report"].module)
-    assert "lmablate.model" in closure  # attention maps and embeddings from checkpoints
-    assert "lmablate.training" not in closure and "lmablate.tuning" not in closure
+    assert "lmablate.model.gpt" in closure  # attention maps and embeddings from checkpoints
+    assert "lmablate.train.training" not in closure and "lmablate.tune.tuning" not in closure
 
 
 def test_a_removed_dep_is_reported_by_name(monkeypatch):
     """Deleting one dep from dvc.yaml makes the check fail with the module's path."""
     stages = dvc_stages()
     body = stages["evaluate"]
-    body["deps"] = [d for d in body["deps"] if d != "src/lmablate/model.py"]
+    body["deps"] = [d for d in body["deps"] if d != "src/lmablate/model/gpt.py"]
     monkeypatch.setattr(__import__(__name__), "dvc_stages", lambda: stages)
-    with pytest.raises(AssertionError, match=r"missing deps \['src/lmablate/model.py'\]"):
+    with pytest.raises(AssertionError, match=r"missing deps \['src/lmablate/model/gpt.py'\]"):
         test_stage_depends_on_exactly_the_modules_its_command_imports("evaluate")
 
 

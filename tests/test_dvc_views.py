@@ -16,9 +16,9 @@ import pytest
 import yaml
 from matplotlib.colors import to_hex
 
-from lmablate import fileio
-from lmablate.analysis.curves import CURVE_COLUMNS, mean_curves, variant_key
-from lmablate.analysis.families import family_palette, variant_family
+from lmablate.core import fileio
+from lmablate.report.curves import CURVE_COLUMNS, mean_curves, variant_key
+from lmablate.report.families import family_palette, variant_family
 
 ROOT = Path(__file__).resolve().parents[1]
 OVERRIDES = {"baseline": {}, "swiglu": {"ffn": "swiglu"}, "rmsnorm": {"norm": "rmsnorm"},

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from lmablate import environment
-from lmablate.config import TrackingConfig
-from lmablate.numerics import numerics_kind
-from lmablate.tracking import MlflowTracker
+from lmablate.core import environment
+from lmablate.config.study import TrackingConfig
+from lmablate.train.numerics import numerics_kind
+from lmablate.tracking.trackers import MlflowTracker
 
 ROOT = Path(__file__).resolve().parents[1]
 

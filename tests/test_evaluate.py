@@ -10,12 +10,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lmablate.config import DataError, ModelConfig
-from lmablate.arithmetic import ArithmeticFormat, format_problem, split_problem
-from lmablate.evaluation import (answer_nats, arithmetic_predictions, arithmetic_scores,
+from lmablate.config.study import DataError, ModelConfig
+from lmablate.data.arithmetic import ArithmeticFormat, format_problem, split_problem
+from lmablate.evaluate.metrics import (answer_nats, arithmetic_predictions, arithmetic_scores,
                                  by_operand_digits, extrapolation, not_reaching, split_loss)
-from lmablate.model import GPT
-from lmablate.tokenizer import CharTokenizer
+from lmablate.model.gpt import GPT
+from lmablate.data.tokenizer import CharTokenizer
 
 ALPHABET = "$()*+-./0123456789="
 PROBLEMS = [format_problem(12, "+", 34), format_problem(5, "*", 7), format_problem(9, "-", 10),
@@ -309,7 +309,7 @@ def test_the_length_test_reads_what_a_model_that_adds_computes(up_to, expected):
     """The positive control of the measurement: the default format's test and length splits,
     through the functions the evaluate stage calls, read exact match 1 at every operand length
     for a model that adds, and 0 past two digits for one that adds only up to two."""
-    from lmablate.problem_sets import generate_arithmetic, length_problems
+    from lmablate.data.problem_sets import generate_arithmetic, length_problems
     fmt = ArithmeticFormat(digits=2, operations=("+", "-")).padded_for((3, 4))
     tok = CharTokenizer(ALPHABET)
     _, test = generate_arithmetic(50, 60, seed=1, fmt=fmt)

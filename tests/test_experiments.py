@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lmablate import profiles
-from lmablate.study_plan import TIMES_FILE
+from lmablate.config import profiles
+from lmablate.execution.study_plan import TIMES_FILE
 
 from conftest import TINY
 

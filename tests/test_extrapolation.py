@@ -1,4 +1,4 @@
-"""lmablate.analysis.extrapolation: length extrapolation, its comparison with rope, and how the
+"""lmablate.report.stats.extrapolation: length extrapolation, its comparison with rope, and how the
 report shows it."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import json
 import pandas as pd
 import pytest
 
-from lmablate.analysis import collect
-from lmablate.analysis import extrapolation as ex
+from lmablate.report import collect
+from lmablate.report.stats import extrapolation as ex
 from lmablate.stages import report
 
 from synthetic_study import DATASETS, VARIANTS, make_cfg, write_runs

@@ -1,10 +1,10 @@
-"""lmablate.analysis.families: the study's variant colours, one palette for the figures and
+"""lmablate.report.families: the study's variant colours, one palette for the figures and
 MLflow."""
 
 from __future__ import annotations
 
-from lmablate.analysis import families
-from lmablate.analysis.families import family_palette, variant_family
+from lmablate.report import families
+from lmablate.report.families import family_palette, variant_family
 
 from synthetic_study import make_cfg
 

@@ -13,11 +13,12 @@ import optuna
 import pytest
 import torch
 import yaml
-from lmablate import rungs, tuning
-from lmablate.numerics import numerics_kind
+from lmablate.tune import rungs
+from lmablate.tune import tuning
+from lmablate.train.numerics import numerics_kind
 from lmablate.stages import tune
-from lmablate.token_data import TokenData
-from lmablate.tracking import NullTracker
+from lmablate.data.token_data import TokenData
+from lmablate.tracking.trackers import NullTracker
 
 from conftest import budgets
 
@@ -177,8 +178,8 @@ def test_a_trial_whose_worker_died_right_after_taking_it_is_queued_again(tmp_pat
     """A worker killed between claiming a trial and its heartbeat thread's first beat: the
     trial still has a heartbeat (claim records one first), so it goes stale and is queued again
     with its slot, instead of staying RUNNING for good."""
-    from lmablate.studies import claim, load_study, make_storage
-    from lmablate.rungs import SLOT
+    from lmablate.tune.storage import claim, load_study, make_storage
+    from lmablate.tune.rungs import SLOT
 
     study = load_study(make_storage(f"sqlite:///{tmp_path / 'o.db'}", heartbeat_seconds=1), "s")
     study.enqueue_trial({"x": 1.0}, user_attrs={SLOT: 0})
@@ -197,11 +198,11 @@ def test_a_trial_whose_worker_died_right_after_taking_it_is_queued_again(tmp_pat
 def test_a_trial_another_process_finished_first_is_left_as_that_process_told_it(
         project, monkeypatch):
     """Two processes on one SQLite file can take the same queued trial (see
-    lmablate.studies.claim); the one that finishes second must leave the trial as the first
+    lmablate.tune.storage.claim); the one that finishes second must leave the trial as the first
     told it, not fail the stage ('Cannot tell a COMPLETE trial')."""
-    from lmablate import trials
-    from lmablate.studies import claim, load_study, make_storage
-    from lmablate.rungs import FRACTION, RUNG, SLOT
+    from lmablate.tune import trials
+    from lmablate.tune.storage import claim, load_study, make_storage
+    from lmablate.tune.rungs import FRACTION, RUNG, SLOT
 
     cfg = project.cfg
     study = load_study(make_storage(cfg.tune.storage_url, cfg.tune.heartbeat_seconds), "s")

@@ -1,5 +1,5 @@
-"""Tests of lmablate.analysis.families (variant families and their colours) and of what the
-figures of lmablate.analysis.figures show: reference lines, the forest plot's intervals and
+"""Tests of lmablate.report.families (variant families and their colours) and of what the
+figures of lmablate.report.figures.losses show: reference lines, the forest plot's intervals and
 labels, the learning-rate figure's panels, the palette argument.
 
 The figures are inspected, not just written: a fixture records the matplotlib Figure each
@@ -20,10 +20,14 @@ import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import to_rgb
 
-from lmablate.analysis import arithmetic_figures as arith_figs
-from lmablate.analysis import figures, limits, model_figures, plotting, statistics
-from lmablate.analysis import tuning_figure
-from lmablate.analysis.families import FAMILIES, family_palette, variant_family
+from lmablate.report.figures import arithmetic_figures as arith_figs
+from lmablate.report.figures import losses as figures
+from lmablate.report.text import limits
+from lmablate.report.figures import model_figures
+from lmablate.report.figures import plotting
+from lmablate.report.stats import statistics
+from lmablate.report.figures import tuning_figure
+from lmablate.report.families import FAMILIES, family_palette, variant_family
 
 # the variants of params.yaml (overrides of the baseline model config), in study order
 VARIANTS = {
@@ -684,7 +688,7 @@ def test_by_op_draws_nothing_when_no_variant_solved_any_problem(drawn, tmp_path,
 # ---- embeddings -------------------------------------------------------------------------------
 
 def test_char_class_names_the_unknown_symbol_apart_from_upper_case():
-    from lmablate.tokenizer import UNK, CharTokenizer
+    from lmablate.data.tokenizer import UNK, CharTokenizer
     assert UNK.isupper()  # why str.isupper alone misclassed it
     tok = CharTokenizer("abAB1 ,")
     chars = [tok.decode([i]) for i in range(tok.vocab_size)]
@@ -697,7 +701,7 @@ def test_char_class_names_the_unknown_symbol_apart_from_upper_case():
 
 def test_embedding_pca_labels_do_not_overlap_and_the_unknown_symbol_is_labelled(drawn,
                                                                              tmp_path):
-    from lmablate.tokenizer import UNK
+    from lmablate.data.tokenizer import UNK
     rng = np.random.default_rng(0)
     chars = [UNK, *"abcdefghijklmnopqrstuvwxyzABCDEFGHIJ0123456789 .,;!?"]
     # a dense cluster (most labels cannot all fit) around the centre
@@ -718,7 +722,7 @@ def test_embedding_pca_labels_do_not_overlap_and_the_unknown_symbol_is_labelled(
 
 
 def test_panels_lays_out_n_panels_at_most_max_cols_a_row_and_hides_the_rest(tmp_path):
-    from lmablate.analysis import plotting
+    from lmablate.report.figures import plotting
     with plotting.panels(tmp_path / "p.png", 3, 2, (2.0, 1.5), (1.0, 0.5)) as (fig, axes):
         assert axes.shape == (2, 2)
         assert [ax.get_visible() for ax in axes.ravel()] == [True, True, True, False]
@@ -728,7 +732,7 @@ def test_panels_lays_out_n_panels_at_most_max_cols_a_row_and_hides_the_rest(tmp_
 
 def test_learning_speed_draws_each_variants_share_learned_as_a_step_line(drawn, tmp_path,
                                                                          palette):
-    from lmablate.analysis.learning_speed import SPEED_COLUMNS
+    from lmablate.report.stats.learning_speed import SPEED_COLUMNS
     rows = [{"dataset": "arith", "variant": v, "seed": s, "threshold": t,
              "tokens": 1e6 * (s + 1) if v == "gelu" or s < 2 else 5e6,
              "learned": v == "gelu" or s < 2}

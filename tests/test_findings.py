@@ -12,8 +12,8 @@ import pandas as pd
 import pytest
 from statsmodels.stats.power import TTestPower
 
-from lmablate.analysis import findings as fi
-from lmablate.analysis.statistics import ALPHA, POWER, compare, min_detectable_effect
+from lmablate.report.text import findings as fi
+from lmablate.report.stats.statistics import ALPHA, POWER, compare, min_detectable_effect
 
 SEEDS = range(5)
 BASE = [2.20, 2.21, 2.19, 2.22, 2.18]

@@ -1,4 +1,4 @@
-"""The CUDA path of the batched seeds (lmablate.batched on a GPU): the CUDA graph replays the
+"""The CUDA path of the batched seeds (lmablate.train.batched on a GPU): the CUDA graph replays the
 eager step bit for bit, two runs give the same bits, and each seed follows its run alone to
 bf16 rounding. Skipped where no CUDA device is present (CI has none); run on a lent GPU with
 ``pytest tests/test_gpu.py`` (it needs neither MLflow nor Optuna)."""
@@ -7,10 +7,10 @@ from contextlib import nullcontext
 
 import pytest
 import torch
-from lmablate.batched import train_seeds
-from lmablate.token_data import TokenData
-from lmablate.training import train_model
-from lmablate.variants import resolve_model_config
+from lmablate.train.batched import train_seeds
+from lmablate.data.token_data import TokenData
+from lmablate.train.training import train_model
+from lmablate.model.variants import resolve_model_config
 
 from conftest import budgets
 from trajectory import assert_same_trajectory

@@ -1,4 +1,4 @@
-"""lmablate.analysis.headline: each dataset's headline loss, and the DVC metrics and verdicts
+"""lmablate.report.headline: each dataset's headline loss, and the DVC metrics and verdicts
 stated in it."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 
 import pandas as pd
 
-from lmablate.analysis import headline
+from lmablate.report import headline
 
 from synthetic_study import DATASETS, EXPECTED_VERDICTS, VARIANTS
 

@@ -2,8 +2,8 @@
 optimizer's results bitwise the same.
 
 Every DVC stage is a new process, so each module imported at start-up is paid once per stage
-of a study (``dvc stage list``; see benchmarks/bench_stage_startup.py). These run in subprocesses: the test process
-itself has long imported everything.
+of a study (``dvc stage list``; see benchmarks/bench_stage_startup.py). These run in subprocesses:
+the test process itself has long imported everything.
 """
 
 from __future__ import annotations
@@ -50,9 +50,9 @@ def test_stage_module_imports_only_what_it_uses(stage, allowed):
 
 TRAIN_STEPS = """
     import sys, torch
-    from lmablate.config import ModelConfig, TrainConfig
-    from lmablate.model import GPT
-    from lmablate.training import make_optimizer, make_scheduler, train_step
+    from lmablate.config.study import ModelConfig, TrainConfig
+    from lmablate.model.gpt import GPT
+    from lmablate.train.training import make_optimizer, make_scheduler, train_step
 
     def run(steps=6):
         cfg = TrainConfig(warmup_fraction=0.1, weight_decay=0.1)
@@ -91,7 +91,7 @@ def test_optimizer_results_bitwise_equal_to_torchs_own_path():
     same = (all(torch.equal(a, b) for a, b in zip(fast_params, torch_params))
             and all(torch.equal(a, b) for a, b in zip(fast_state, torch_state))
             and len(fast_state) == len(torch_state) > 0)
-    import lmablate.training as training
+    import lmablate.train.training as training
     def plain(cls, *args, **kwargs):
         return cls(*args, **kwargs)
     training.without_dynamo = plain
@@ -133,7 +133,7 @@ def test_stage_command_records_its_mlflow_run_and_exits(project, start_lmablate)
     # curves hold step-indexed values only: no summary point at step 0, none twice
     assert steps["val_loss"] == sorted(set(steps["val_loss"])) and 0 not in steps["val_loss"]
     assert steps["train_seconds"] == steps["tokens_per_second"] == [4]
-    from lmablate.mlflow_store import artifact_dir
+    from lmablate.tracking.mlflow_store import artifact_dir
     where = artifact_dir(f"sqlite:///{project.path / 'mlflow.db'}", uri)
     assert where == project.path / "mlartifacts" / "lmablate" / run_id / "artifacts"
     assert (where / "checkpoint" / "checkpoint.pt").is_file()

@@ -22,8 +22,10 @@ import pytest
 import torch
 import yaml
 
-from lmablate import interrupt, parallel
-from lmablate.mlflow_store import HOST_TAG, PID_TAG
+from lmablate.execution import interrupt
+
+from lmablate.execution import parallel
+from lmablate.tracking.mlflow_store import HOST_TAG, PID_TAG
 
 from conftest import budgets
 
@@ -237,7 +239,7 @@ def test_a_run_of_another_host_is_left_running(tmp_path, monkeypatch):
     host whose process is gone are ended."""
     import mlflow
 
-    from lmablate.mlflow_store import MlflowStore
+    from lmablate.tracking.mlflow_store import MlflowStore
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -353,7 +355,7 @@ def test_the_batched_path_stops_at_the_next_step_and_resumes_to_the_uninterrupte
 
     import mlflow
 
-    from lmablate import loop
+    from lmablate.train import loop
     from lmablate.stages import train
 
     project = make_project(tmp_path, {"study": {"seeds": [0, 1]},

@@ -1,4 +1,4 @@
-"""How fast each variant learns (lmablate.analysis.learning_speed): tokens to learn from
+"""How fast each variant learns (lmablate.report.stats.learning_speed): tokens to learn from
 constructed histories, the Kaplan-Meier median, and the comparison paired by seed, on data
 with known answers."""
 
@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from lmablate.analysis import learning_speed as ls
-from lmablate.analysis.statistics import VERDICT_FEW, VERDICT_NSD
+from lmablate.report.stats import learning_speed as ls
+from lmablate.report.stats.statistics import VERDICT_FEW, VERDICT_NSD
 
 
 def history(curves):

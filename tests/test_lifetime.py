@@ -1,5 +1,5 @@
-"""Children end with their parent (lmablate.lifetime): a stage that dvc runs ends when dvc is
-killed, before it writes outputs dvc would not record; one run by anything else outlives it (a
+"""Children end with their parent (lmablate.execution.lifetime): a stage that dvc runs ends when dvc
+is killed, before it writes outputs dvc would not record; one run by anything else outlives it (a
 stage started under nohup must survive its shell); the MLflow sidecar ends with its stage."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from lmablate.lifetime import parent_is_dvc
+from lmablate.execution.lifetime import parent_is_dvc
 
 from conftest import budgets
 
@@ -90,7 +90,7 @@ def test_a_stage_run_by_anything_else_outlives_it(slow):
 
 
 def test_the_mlflow_sidecar_ends_with_its_stage(tmp_path):
-    code = ("import os, time; from lmablate.sidecar import Sidecar; s = Sidecar(); "
+    code = ("import os, time; from lmablate.tracking.sidecar import Sidecar; s = Sidecar(); "
             "print(s._proc.pid, flush=True); time.sleep(600)")
     stage = subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path, stdout=subprocess.PIPE,
                              text=True)

@@ -1,4 +1,4 @@
-"""lmablate.analysis.limits: "What this study can and cannot say", written from the report's
+"""lmablate.report.text.limits: "What this study can and cannot say", written from the report's
 tables (the synthetic study of synthetic_study.py)."""
 
 from __future__ import annotations
@@ -9,8 +9,12 @@ import re
 import numpy as np
 import pandas as pd
 
-from lmablate.analysis import collect, limits, statistics
-from lmablate.analysis.headline import headline_loss
+from lmablate.report import collect
+
+from lmablate.report.text import limits
+
+from lmablate.report.stats import statistics
+from lmablate.report.headline import headline_loss
 from lmablate.stages import report
 
 from synthetic_study import DATASETS, EXPECTED_VERDICTS, REPLICATE_SHIFT, make_cfg, write_runs

@@ -1,11 +1,11 @@
-"""lmablate.loop.train_loop with a stand-in stepper: the schedule of segments and evaluations,
+"""lmablate.train.loop.train_loop with a stand-in stepper: the schedule of segments and evaluations,
 the divergence check of losses read late, and resuming after a state's step."""
 
 import math
 
 import pytest
 import torch
-from lmablate.loop import DivergenceError, train_loop
+from lmablate.train.loop import DivergenceError, train_loop
 
 
 class Log:

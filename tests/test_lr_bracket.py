@@ -1,5 +1,5 @@
-"""The learning rate at the full budget (lmablate.lr_bracket and the bracket of
-lmablate.tuning): bracketing, the fitted minimum, the tuning uncertainty, and the verdicts it
+"""The learning rate at the full budget (lmablate.tune.lr_minimum and the bracket of
+lmablate.tune.tuning): bracketing, the fitted minimum, the tuning uncertainty, and the verdicts it
 turns undecided; driven by constructed curves instead of training."""
 
 import math
@@ -8,11 +8,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from lmablate import lr_bracket as lb
-from lmablate import bracket, rungs, search_space, tuning
-from lmablate.analysis.statistics import (VERDICT_BETTER, VERDICT_NSD, VERDICT_UNDECIDED_TUNING,
+from lmablate.tune import lr_minimum as lb
+from lmablate.tune import bracket
+from lmablate.tune import rungs
+from lmablate.tune import search_space
+from lmablate.tune import tuning
+from lmablate.report.stats.statistics import (VERDICT_BETTER, VERDICT_NSD, VERDICT_UNDECIDED_TUNING,
                                           VERDICT_WORSE, tuning_check)
-from lmablate.trials import summarise_study
+from lmablate.tune.trials import summarise_study
 from test_tuning import simulate, trial, with_tune
 
 
@@ -222,7 +225,7 @@ def test_an_unmeasured_tuning_uncertainty_leaves_no_verdict_and_no_bracket_leave
 
 
 def test_the_findings_give_an_undecided_verdict_its_tuning_uncertainty():
-    from lmablate.analysis.findings import _effect
+    from lmablate.report.text.findings import _effect
 
     row = pd.Series({**_comparison("rmsnorm", 0.035, 0.089, VERDICT_UNDECIDED_TUNING),
                      "variant_mean": 2.26, "baseline_mean": 2.20, "ci95_low": 0.04,
@@ -255,8 +258,8 @@ def _full_budget_trials(dataset, variant, d_model, pts):
 
 
 def test_the_report_draws_each_uncertainty_again_with_the_datasets_pooled_spread():
-    from lmablate.analysis.pooled_uncertainty import bracket_points, with_pooled_uncertainty
-    from lmablate.analysis.run_files import TUNED_COLUMNS
+    from lmablate.report.stats.pooled_uncertainty import bracket_points, with_pooled_uncertainty
+    from lmablate.report.run_files import TUNED_COLUMNS
 
     lrs = [0.005, 0.01, 0.02, 0.04]
     lucky = points(curve(0.01), lrs, (-0.0005, 0.0005))  # a study whose seeds agreed by chance

@@ -1,11 +1,11 @@
-"""lmablate.analysis.lr_section: each dataset's "How each variant responds to the learning
+"""lmablate.report.text.lr_section: each dataset's "How each variant responds to the learning
 rate" section, from its tuning trials."""
 
 from __future__ import annotations
 
 import pandas as pd
 
-from lmablate.analysis import sensitivity
+from lmablate.report.stats import sensitivity
 
 from synthetic_study import DATASETS, VARIANTS, lr_section_of
 

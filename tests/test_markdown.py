@@ -1,4 +1,4 @@
-"""lmablate.analysis.markdown: report.md's sections, tables and methodology, from the synthetic
+"""lmablate.report.text.markdown: report.md's sections, tables and methodology, from the synthetic
 study (synthetic_study.py)."""
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def test_the_problem_table_is_a_diagnostic_without_verdicts(built):
 def test_a_problem_level_rejection_still_gets_no_mark_or_verdict_word():
     """A frame whose Holm test rejects (a ``better`` row of problem_comparisons.csv) is drawn
     with its p-values only."""
-    from lmablate.analysis.markdown import _problem_table
+    from lmablate.report.text.markdown import _problem_table
     row = {"dataset": "sums", "metric": "exact_match", "baseline": "baseline",
            "variant": "swiglu", "n_problems": 1000, "n_seeds": 5, "baseline_count": 2000,
            "variant_count": 2600, "total": 5000, "baseline_rate": 0.4, "variant_rate": 0.52,

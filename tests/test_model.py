@@ -1,4 +1,4 @@
-"""Tests of lmablate.model: every component against its paper's definition, causality, the KV
+"""Tests of lmablate.model.gpt: every component against its paper's definition, causality, the KV
 cache, parameter counting and matching. Tiny fp32 models on CPU (d_model 16-32, 2 layers)."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lmablate import model as M
-from lmablate.config import (FFN_CHOICES, NORM_CHOICES, NORM_PLACEMENT_CHOICES, POSITION_CHOICES,
-                             ConfigError, ModelConfig)
+from lmablate.model import gpt as M
+from lmablate.config.study import (FFN_CHOICES, NORM_CHOICES, NORM_PLACEMENT_CHOICES,
+                                   POSITION_CHOICES, ConfigError, ModelConfig)
 
 V = 13  # vocabulary of the tiny test models
 CTX = 16
@@ -759,7 +759,8 @@ def test_init_scales():
 
 
 def test_the_handbook_variant_table_says_which_variants_run_past_their_context():
-    """The handbook's column (docs/variants.md) is what the model does: a variant runs past its training context
+    """The handbook's column (docs/variants.md) is what the model does: a variant runs past its
+    training context
     exactly when its position scheme has no table of positions."""
     from pathlib import Path
     root = Path(__file__).resolve().parents[1]

@@ -1,11 +1,11 @@
-"""lmablate.analysis.model_figures: attention maps and the PCA of token embeddings."""
+"""lmablate.report.figures.model_figures: attention maps and the PCA of token embeddings."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from lmablate.analysis import model_figures
+from lmablate.report.figures import model_figures
 
 
 def test_attention_and_embedding_hooks(tmp_path):

@@ -10,10 +10,16 @@ import optuna
 import pandas as pd
 import pytest
 import torch
-from lmablate import budget, parallel, trials, bracket, rungs, search_space, tuning
-from lmablate.config import ModelConfig, RuntimeConfig
+from lmablate.train import budget
+from lmablate.execution import parallel
+from lmablate.tune import trials
+from lmablate.tune import bracket
+from lmablate.tune import rungs
+from lmablate.tune import search_space
+from lmablate.tune import tuning
+from lmablate.config.study import ModelConfig, RuntimeConfig
 from lmablate.stages import evaluate, train, tune
-from lmablate.tracking import NullTracker
+from lmablate.tracking.trackers import NullTracker
 
 from conftest import budgets
 
@@ -240,7 +246,7 @@ def test_tuning_gives_the_same_bytes_twice_and_at_any_worker_count(project):
 
 
 def test_a_slower_duplicate_of_a_trial_cannot_change_its_recorded_steps(project):
-    """Two processes may take the same queued trial (lmablate.studies.claim). The slower one's
+    """Two processes may take the same queued trial (lmablate.tune.storage.claim). The slower one's
     "last_step" attribute, written after the faster one's last report, must not decide the
     trial's row in trials.csv (nor best.json's step and FLOP totals): that once made the bytes
     depend on timing."""

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lmablate import params
-from lmablate.config import SECTIONS, SplitConfig
-from lmablate.validation import is_param
+from lmablate.config import params
+from lmablate.config.study import SECTIONS, SplitConfig
+from lmablate.core.validation import is_param
 from conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[1]

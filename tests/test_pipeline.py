@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lmablate.params import load as load_params
-from lmablate.study_plan import TIMES_FILE, study_plan
+from lmablate.config.params import load as load_params
+from lmablate.execution.study_plan import TIMES_FILE, study_plan
 
 from conftest import TINY, budgets
 
@@ -201,7 +201,7 @@ def test_repro_records_trials_and_runs(study):
 
 @pytest.mark.slow
 def test_the_study_plan_is_the_order_dvc_repro_runs_the_stages_in(study, run_command):
-    """The stage position each stage prints (lmablate.study_plan) counts what dvc runs."""
+    """The stage position each stage prints (lmablate.execution.study_plan) counts what dvc runs."""
     dry = run_command(["dvc", "repro", "--dry", "--force"], study)
     ran = re.findall(r"Running stage '([^']+)'", dry.stdout)
     cfg = load_params(study / "params.yaml")
@@ -336,11 +336,11 @@ def changed_stages(study: Path, source: str, run_command) -> set[str]:
 
 @pytest.mark.slow
 def test_an_edit_reruns_exactly_the_stages_that_import_the_module(study, run_command):
-    assert changed_stages(study, "analysis/figures.py", run_command) == {"report"}
-    after_model = changed_stages(study, "model.py", run_command)
+    assert changed_stages(study, "report/figures/losses.py", run_command) == {"report"}
+    after_model = changed_stages(study, "model/gpt.py", run_command)
     pairs = [f"{d}-{v}" for d in ("shakespeare", "arithmetic") for v in VARIANTS]
     assert after_model == {f"{stage}@{p}" for stage in ("tune", "train", "evaluate")
                            for p in pairs} | {"report"}
-    assert changed_stages(study, "corpus.py", run_command) == {
+    assert changed_stages(study, "data/corpus.py", run_command) == {
         "generate@shakespeare", "generate@arithmetic", "tokenize@shakespeare",
         "tokenize@arithmetic"}

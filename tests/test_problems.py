@@ -1,4 +1,4 @@
-"""lmablate.analysis.problems: arithmetic variants against the baseline problem by problem
+"""lmablate.report.stats.problems: arithmetic variants against the baseline problem by problem
 (counts solved, the sign-flip test)."""
 
 from __future__ import annotations
@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from lmablate.analysis import problems, statistics
+from lmablate.report.stats import problems
+
+from lmablate.report.stats import statistics
 
 
 def _decoded(solved: Sequence[bool], width: int = 3) -> list[dict]:

@@ -1,5 +1,5 @@
 """Profiles: conf/config.yaml (the defaults) and conf/profile/<name>.yaml (what a profile changes),
-composed by Hydra as ``dvc exp run -S profile=<name>`` does (lmablate.profiles)."""
+composed by Hydra as ``dvc exp run -S profile=<name>`` does (lmablate.config.profiles)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lmablate import params, profiles
-from lmablate.config import ConfigError
+from lmablate.config import params
+
+from lmablate.config import profiles
+from lmablate.config.study import ConfigError
 
 from conftest import PROFILES, merge, profile_raw
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import re
 
-from lmablate import progress as P
+from lmablate.core import progress as P
 
 
 class Terminal(io.StringIO):

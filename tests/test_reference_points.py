@@ -1,4 +1,4 @@
-"""lmablate.analysis.reference_points: the reference points computed from the tokenized data
+"""lmablate.report.stats.reference_points: the reference points computed from the tokenized data
 (n-gram losses, the answer-loss floor, constant answers) and the uniform loss the learning-rate
 sensitivity starts from."""
 
@@ -9,11 +9,11 @@ import math
 import pandas as pd
 import pytest
 
-from lmablate.analysis import arithmetic as arith
-from lmablate.arithmetic import split_problem
-from lmablate.references import answer_position_floor
+from lmablate.report.text import arithmetic_section as arith
+from lmablate.data.arithmetic import split_problem
+from lmablate.report.stats.reference_models import answer_position_floor
 from lmablate.stages import report
-from lmablate.tokenizer import load_tokenizer
+from lmablate.data.tokenizer import load_tokenizer
 
 from synthetic_study import (DATASETS, DESIGN_LRS, VARIANTS, dataset_section, design_loss,
                              lr_section_of, make_cfg, train_part, write_tokens)

@@ -1,4 +1,5 @@
-"""lmablate.references: n-gram cross-entropies of a corpus and constant-answer scores, the
+"""lmablate.report.stats.reference_models: n-gram cross-entropies of a corpus and constant-answer
+scores, the
 reference points a report prints next to model results."""
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from collections import defaultdict
 import numpy as np
 import pytest
 
-from lmablate.references import (DISCOUNT, NGRAM_SMOOTHING, all_zeros_answer,
+from lmablate.report.stats.reference_models import (DISCOUNT, NGRAM_SMOOTHING, all_zeros_answer,
                                   answer_position_floor, best_constant_answer,
                                   constant_answer_scores,
                                   most_frequent_answer, ngram_cross_entropy,

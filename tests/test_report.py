@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from lmablate.analysis import collect
+from lmablate.report import collect
 from lmablate.stages import report
 
 from synthetic_study import ENV, VARIANTS, make_cfg, write_runs

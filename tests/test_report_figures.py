@@ -1,4 +1,4 @@
-"""lmablate.analysis.report_figures: which figures the report draws, with which captions, and
+"""lmablate.report.figures.report_figures: which figures the report draws, with which captions, and
 the sentence that stands for a figure not drawn."""
 
 from __future__ import annotations

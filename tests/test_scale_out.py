@@ -217,7 +217,7 @@ def run_two_workers(start_lmablate, project: Path, storage_url: str) -> object:
     worker 1 has taken a trial. Both then go on claiming trials side by side."""
     import optuna
 
-    from lmablate.studies import make_storage
+    from lmablate.tune.storage import make_storage
 
     storage = make_storage(storage_url)  # Optuna's tables exist before the workers connect
     env = {"LMABLATE_OPTUNA_STORAGE": storage_url}
@@ -245,8 +245,8 @@ def check_study(project: Path, study, start_lmablate) -> None:
     trials, and both wrote the bytes that one worker alone writes on a fresh database."""
     import optuna
 
-    from lmablate.rungs import SLOT
-    from lmablate.tuning import slot_results
+    from lmablate.tune.rungs import SLOT
+    from lmablate.tune.tuning import slot_results
 
     S = optuna.trial.TrialState
     trials = study.get_trials(deepcopy=False)
@@ -291,12 +291,12 @@ def test_two_workers_share_a_sqlite_study(tmp_path, scale_project, start_lmablat
 @pytest.mark.filterwarnings("ignore:Heartbeat of storage")
 def test_a_queued_trial_is_claimed_by_one_worker_only(tmp_path):
     """Eight threads race to claim three queued trials: each is taken exactly once, and no
-    trial is ever created by the race (lmablate.studies.claim never samples)."""
+    trial is ever created by the race (lmablate.tune.storage.claim never samples)."""
     import threading
 
     import optuna
 
-    from lmablate.studies import claim, load_study, make_storage
+    from lmablate.tune.storage import claim, load_study, make_storage
 
     study = load_study(make_storage(f"sqlite:///{tmp_path / 'o.db'}"), "claims")
     for slot in range(3):
@@ -327,9 +327,10 @@ def fresh_storage(request, tmp_path):
 
 def test_workers_starting_together_on_a_fresh_database(fresh_storage, tmp_path):
     """Workers that connect at the same moment to an empty database race to create Optuna's
-    tables; every one of them must come up (lmablate.studies.make_storage retries)."""
+    tables; every one of them must come up (lmablate.tune.storage.make_storage retries)."""
     # a barrier: every process imports lmablate (and torch) first, then all connect at once
-    code = ("import sys, time; from pathlib import Path; from lmablate.studies import make_storage; "
+    code = ("import sys, time; from pathlib import Path; "
+            "from lmablate.tune.storage import make_storage; "
             "Path(f'ready-{sys.argv[2]}').touch()\n"
             "while len(list(Path().glob('ready-*'))) < 3: time.sleep(0.005)\n"
             "make_storage(sys.argv[1])")

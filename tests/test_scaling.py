@@ -11,12 +11,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from lmablate import params
-from lmablate.analysis import isoflop as iso
-from lmablate.analysis import scaling as sc
-from lmablate.analysis.scaling_section import SEED_SCALE_FLOPS
-from lmablate.budget import stage_budgets
-from lmablate.config import ConfigError, TrainConfig, budget_label
+from lmablate.config import params
+from lmablate.report.stats import isoflop as iso
+from lmablate.report.stats import scaling as sc
+from lmablate.report.text.scaling_section import SEED_SCALE_FLOPS
+from lmablate.train.budget import stage_budgets
+from lmablate.config.study import ConfigError, TrainConfig, budget_label
 
 from conftest import budget_for, profile_config
 
@@ -255,7 +255,7 @@ def test_the_extrapolation_target_is_the_seed_scale_profile_s_budget():
 def scaling_study(tmp_path_factory, make_project):
     """A tiny study at four budgets: tuned, trained and evaluated by the stages, reported."""
     from lmablate.stages import evaluate, report, train, tune
-    from lmablate.tracking import make_tracker
+    from lmablate.tracking.trackers import make_tracker
     root = tmp_path_factory.mktemp("scaling")
     budgets = [budget_for(4), budget_for(12), budget_for(36), budget_for(108)]
     project = make_project(root, {"study": {"seeds": [0, 1, 2]},
@@ -338,7 +338,7 @@ def test_a_one_budget_report_has_no_scaling_section_and_names_the_scaling_profil
 
 
 def test_the_mlflow_views_of_a_scaling_study_group_and_show_its_runs_by_budget_too():
-    from lmablate import mlflow_views as views
+    from lmablate.tracking import mlflow_views as views
 
     def table(budgets=None) -> dict:
         return json.loads(views.study_views(["shakespeare"], ["baseline", "rope"], {},

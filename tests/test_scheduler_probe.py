@@ -1,5 +1,5 @@
-"""A cluster address that answers or fails fast (lmablate.scheduler_probe): every kind of dead
-address against real local sockets, each refused within about the timeout with what answered;
+"""A cluster address that answers or fails fast (lmablate.execution.scheduler_probe): every kind of
+dead address against real local sockets, each refused within about the timeout with what answered;
 a real Dask scheduler passes."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import time
 
 import pytest
 
-from lmablate import params
-from lmablate.config import ConfigError
-from lmablate.scheduler_probe import probe_scheduler
+from lmablate.config import params
+from lmablate.config.study import ConfigError
+from lmablate.execution.scheduler_probe import probe_scheduler
 
 from conftest import BIN, tiny_params
 

@@ -1,4 +1,4 @@
-"""lmablate.analysis.sensitivity: the learning-rate sensitivity of Wortsman et al. 2023 over the
+"""lmablate.report.stats.sensitivity: the learning-rate sensitivity of Wortsman et al. 2023 over the
 tuning's shared design, and the isoFLOP profile of the widths, on hand-made trial frames whose
 answers are worked out by hand."""
 
@@ -10,8 +10,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from lmablate.analysis import collect, sensitivity
-from lmablate.references import uniform_cross_entropy
+from lmablate.report import collect
+
+from lmablate.report.stats import sensitivity
+from lmablate.report.stats.reference_models import uniform_cross_entropy
 
 DESIGN_LRS = [1e-3, 10 ** -2.5, 1e-2, 10 ** -1.5]  # evenly spaced in log, as tuning.design
 L0 = 3.0  # the loss at initialisation the tests pass (nats/char)
@@ -19,7 +21,7 @@ L0 = 3.0  # the loss at initialisation the tests pass (nats/char)
 
 def trial(variant, slot, lr, d_model, value, *, rung=0, batch=0, state="COMPLETE",
           dataset="d"):
-    """One row of a stacked trials.csv (lmablate.trials.TRIALS_COLUMNS)."""
+    """One row of a stacked trials.csv (lmablate.tune.trials.TRIALS_COLUMNS)."""
     return {"dataset": dataset, "variant": variant, "number": slot, "rung": rung,
             "batch": batch, "budget_fraction": 0.125 if rung == 0 else 1.0, "state": state,
             "value": value if state == "COMPLETE" else np.nan, "params_lr": lr,

@@ -1,4 +1,4 @@
-"""lmablate.analysis.statistics: intervals over seeds, paired comparisons with the baseline,
+"""lmablate.report.stats.statistics: intervals over seeds, paired comparisons with the baseline,
 Holm's correction, detectable effects and the tuning variation, against scipy and statsmodels
 and on the synthetic study (synthetic_study.py), whose verdicts are known by construction."""
 
@@ -12,7 +12,9 @@ import pytest
 from scipy import stats
 from statsmodels.stats.multitest import multipletests
 
-from lmablate.analysis import collect, statistics
+from lmablate.report import collect
+
+from lmablate.report.stats import statistics
 from lmablate.stages import report
 
 from synthetic_study import (DATASETS, EXPECTED_VERDICTS, REPLICATE_SHIFT, VARIANTS, make_cfg,

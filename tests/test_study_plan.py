@@ -1,5 +1,6 @@
 """The line each stage of dvc repro starts with: its place in the study and the time left
-(lmablate.study_plan). The plan's order against `dvc repro --dry` is in test_pipeline.py."""
+(lmablate.execution.study_plan). The plan's order against `dvc repro --dry` is in
+test_pipeline.py."""
 
 from __future__ import annotations
 
@@ -7,17 +8,17 @@ import json
 
 import pytest
 
-from lmablate import params
-from lmablate.rungs import is_bracket, plan
-from lmablate.study_plan import (PlannedStage, TIMES_FILE, clock_for, seconds_left, start_line,
-                                 study_plan, tune_flops)
+from lmablate.config import params
+from lmablate.tune.rungs import is_bracket, plan
+from lmablate.execution.study_plan import (PlannedStage, TIMES_FILE, clock_for, seconds_left,
+                                           start_line, study_plan, tune_flops)
 
 from conftest import PROFILES, profile_config, tiny_params
 
 
 @pytest.mark.parametrize("name", PROFILES)
 def test_a_tune_stage_plans_the_first_rungs_and_the_bracket_s_first_batches(name):
-    """Checked against the batches lmablate.rungs plans: every batch below the bracket, and the
+    """Checked against the batches lmablate.tune.rungs plans: every batch below the bracket, and the
     bracket's first two (its learning rates at the start); the extension batches are extra."""
     cfg = profile_config(name)
     for ds in cfg.datasets:
@@ -58,7 +59,7 @@ def test_time_left_takes_a_stage_s_last_time_or_its_flops_at_the_measured_rate()
 
 
 def test_a_tune_stage_s_spent_flops_are_its_trials(tmp_path):
-    from lmablate.study_plan import spent_flops
+    from lmablate.execution.study_plan import spent_flops
     (tmp_path / "trials.csv").write_text("number,flops\n0,1.5e9\n1,\n2,2.5e9\n")
     assert spent_flops(tmp_path / "trials.csv") == 4e9
     assert spent_flops(tmp_path / "missing.csv") is None

@@ -1,4 +1,4 @@
-"""Which seeds learned the arithmetic task (lmablate.analysis.success): the threshold, the
+"""Which seeds learned the arithmetic task (lmablate.report.stats.success): the threshold, the
 Clopper-Pearson interval of their share at its ends, and the seeds named."""
 
 
@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from lmablate.analysis import success
+from lmablate.report.stats import success
 
 
 def test_the_share_interval_is_clopper_pearson_and_closed_at_zero_and_all():

@@ -1,4 +1,4 @@
-"""lmablate.analysis.tables: every table of the report in the configured order."""
+"""lmablate.report.tables: every table of the report in the configured order."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import csv
 
 import pytest
 
-from lmablate.analysis import statistics
+from lmablate.report.stats import statistics
 from lmablate.stages import report
 
 from synthetic_study import make_cfg, write_runs
@@ -57,7 +57,7 @@ def test_every_table_follows_the_configured_variant_order(tmp_path):
 def test_the_gradient_table_is_the_mean_share_over_seeds_per_group():
     import pandas as pd
 
-    from lmablate.analysis import tables
+    from lmablate.report import tables
     grad = pd.DataFrame(
         [{"dataset": "text", "variant": v, "seed": s, "group": g, "frac_near_zero": x + s / 100}
          for s in range(3) for v, ffn in (("baseline", 0.5), ("swiglu", 0.0))

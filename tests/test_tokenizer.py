@@ -1,4 +1,5 @@
-"""Stage ``tokenize`` and lmablate.tokenizer: vocabulary, unknown symbol, splits, token files."""
+"""Stage ``tokenize`` and lmablate.data.tokenizer: vocabulary, unknown symbol, splits, token
+files."""
 
 from __future__ import annotations
 
@@ -9,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from lmablate.config import DatasetConfig, SplitConfig
+from lmablate.config.study import DatasetConfig, SplitConfig
 from lmablate.stages.generate import run as generate
 from lmablate.stages.tokenize import run as tokenize
-from lmablate.token_data import TokenData, batch_starts, get_batch
-from lmablate.tokenizer import (UNK, UNK_ID, CharTokenizer, TokenizerError, load_split,
+from lmablate.data.token_data import TokenData, batch_starts, get_batch
+from lmablate.data.tokenizer import (UNK, UNK_ID, CharTokenizer, TokenizerError, load_split,
                                 load_tokenizer, split_text)
 
 TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n"

@@ -1,5 +1,5 @@
 """MLflow tracking: the records a tracker writes, in this process or through the sidecar process
-that stage commands use (lmablate.sidecar.Sidecar), and its errors."""
+that stage commands use (lmablate.tracking.sidecar.Sidecar), and its errors."""
 
 from __future__ import annotations
 
@@ -18,11 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from lmablate import sidecar as sidecar_module
-from lmablate import mlflow_store, tracking
-from lmablate.config import TrackingConfig
-from lmablate.sidecar import Sidecar
-from lmablate.tracking import MlflowTracker, TrackingError
+from lmablate.tracking import sidecar as sidecar_module
+from lmablate.tracking import mlflow_store
+from lmablate.tracking import trackers as tracking
+from lmablate.config.study import TrackingConfig
+from lmablate.tracking.sidecar import Sidecar
+from lmablate.tracking.trackers import MlflowTracker, TrackingError
 
 INTERRUPTED = "lmablate: interrupted; run the same command (or dvc repro) again to resume"
 
@@ -166,8 +167,8 @@ def record_final_runs(store: mlflow_store.MlflowStore) -> dict[tuple[str, str, i
 
 def test_the_study_views_open_on_validation_loss_with_groups_closed_and_runs_coloured(tmp_path):
     import mlflow
-    from lmablate import mlflow_views
-    from lmablate.analysis import families
+    from lmablate.tracking import mlflow_views
+    from lmablate.report import families
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     store = mlflow_store.MlflowStore(uri, "study")
     ids = record_final_runs(store)
@@ -380,7 +381,7 @@ def test_mlflow_s_own_info_lines_stay_out_of_the_terminal_unless_asked_for(tmp_p
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_LOGGING_LEVEL"}
     if level:
         env["MLFLOW_LOGGING_LEVEL"] = level
-    code = ("from lmablate.mlflow_store import MlflowStore; "
+    code = ("from lmablate.tracking.mlflow_store import MlflowStore; "
             "MlflowStore('sqlite:///fresh.db', 'x'); print('opened')")
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=120)
@@ -392,12 +393,12 @@ def test_a_run_records_every_setting_that_can_change_its_result():
     """One rule for all: a new key of TrainConfig, DatasetConfig or EvaluateConfig is a param of
     every run without a word (fingerprint.run_params), unless marked as no result."""
     import dataclasses
-    from lmablate import params
-    from lmablate.config import EvaluateConfig
-    from lmablate.datasets import DatasetConfig
-    from lmablate.fingerprint import NOT_A_RESULT, result_fields, run_params
-    from lmablate.train_config import TrainConfig
-    from lmablate.tuning import trial_train_config
+    from lmablate.config import params
+    from lmablate.config.study import EvaluateConfig
+    from lmablate.config.datasets import DatasetConfig
+    from lmablate.core.fingerprint import NOT_A_RESULT, result_fields, run_params
+    from lmablate.config.train_config import TrainConfig
+    from lmablate.tune.tuning import trial_train_config
     from conftest import tiny_params
     cfg = params.parse(tiny_params())
     logged = run_params(cfg, "arithmetic")

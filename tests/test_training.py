@@ -1,4 +1,5 @@
-"""lmablate.training: the optimizer and its weight decay, the learning-rate schedule, one training
+"""lmablate.train.training: the optimizer and its weight decay, the learning-rate schedule, one
+training
 step, and the training loop resumed from a saved state."""
 
 from __future__ import annotations
@@ -6,12 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lmablate.config import ModelConfig, TrainConfig
-from lmablate.model import GPT
-from lmablate.token_data import TokenData
-from lmablate.training import (decayed_parameter_names, gradient_stats, make_optimizer,
+from lmablate.config.study import ModelConfig, TrainConfig
+from lmablate.model.gpt import GPT
+from lmablate.data.token_data import TokenData
+from lmablate.train.training import (decayed_parameter_names, gradient_stats, make_optimizer,
                                make_scheduler, train_model, train_step)
-from lmablate.variants import resolve_model_config
+from lmablate.model.variants import resolve_model_config
 
 CPU = torch.device("cpu")
 TINY = ModelConfig(vocab_size=11, context_length=8, n_layers=1, n_heads=2, d_model=16)

@@ -1,4 +1,4 @@
-"""The tuning protocol on its own (lmablate.tuning): rungs, proposals, promotion, edges and
+"""The tuning protocol on its own (lmablate.tune.tuning): rungs, proposals, promotion, edges and
 widths, driven by constructed objectives instead of training."""
 
 import dataclasses
@@ -9,8 +9,18 @@ from pathlib import Path
 import optuna
 import pytest
 
-from lmablate import budget, params, bracket, rungs, search_space, tuning
-from lmablate.config import ConfigError
+from lmablate.train import budget
+
+from lmablate.config import params
+
+from lmablate.tune import bracket
+
+from lmablate.tune import rungs
+
+from lmablate.tune import search_space
+
+from lmablate.tune import tuning
+from lmablate.config.study import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT = params.load(ROOT / "params.yaml")
@@ -263,7 +273,7 @@ def test_the_protocol_is_a_pure_function_of_the_results():
 
 
 def test_a_tuning_stage_says_after_each_batch_how_far_it_is_and_its_best_so_far():
-    from lmablate.trials import progress_line
+    from lmablate.tune.trials import progress_line
     first = rungs.plan(DEFAULT.tune)[0]
     results = {0: trial(DEFAULT, 0, first, {"lr": 0.004, "d_model": 24}, 0.61),
                1: trial(DEFAULT, 1, first, {"lr": 0.02, "d_model": 32}, 0.58),

@@ -1,6 +1,6 @@
 """``lmablate repro``: the study's independent chains of stages at once, each in a workspace of its
 own that shares the main workspace's DVC cache, then ``dvc repro`` in the main workspace
-(:mod:`lmablate.workspaces`)."""
+(:mod:`lmablate.execution.workspaces`)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lmablate import cli, params, workspaces
-from lmablate.workspaces import absolute_sqlite_url, plan, run_chains, stage_graph, store_env
+from lmablate import cli
+
+from lmablate.config import params
+
+from lmablate.execution import workspaces
+from lmablate.execution.workspaces import (absolute_sqlite_url, plan, run_chains, stage_graph,
+                                           store_env)
 
 from test_pipeline import new_study, result_files
 

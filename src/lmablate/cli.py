@@ -25,13 +25,13 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from lmablate.config import ConfigError
-from lmablate.validation import OutputError
-from lmablate.fileio import check_sqlite_store, check_writable, os_error_line
-from lmablate.study_plan import clock_for, spent_flops
-from lmablate.gc_pause import gc_paused
-from lmablate.lifetime import die_with_parent, parent_is_dvc
-from lmablate.params import defaults_taken, parse, read
+from lmablate.config.study import ConfigError
+from lmablate.core.validation import OutputError
+from lmablate.core.fileio import check_sqlite_store, check_writable, os_error_line
+from lmablate.execution.study_plan import clock_for, spent_flops
+from lmablate.execution.gc_pause import gc_paused
+from lmablate.execution.lifetime import die_with_parent, parent_is_dvc
+from lmablate.config.params import defaults_taken, parse, read
 
 
 @dataclass(frozen=True)
@@ -52,8 +52,8 @@ class Stage:
     # of its values (train, evaluate: their MLflow runs are named and tagged with N)
     replicate: bool = False
     # records MLflow runs: the command starts MLflow in a sidecar process first thing
-    # (lmablate.sidecar.start_sidecar), so that it is ready by the time the stage has imported
-    # torch and read its inputs
+    # (lmablate.tracking.sidecar.start_sidecar), so that it is ready by the time the stage has
+    # imported torch and read its inputs
     tracks: bool = False
 
 
@@ -83,8 +83,8 @@ STAGES: dict[str, Stage] = {
 
 # Commands that are no DVC stage -> the module whose ``main(cfg, args)`` runs it and returns the
 # exit status. ``repro``: the study's independent chains of stages at once, each in a workspace of
-# its own, then ``dvc repro`` (lmablate.workspaces).
-COMMANDS: dict[str, str] = {"repro": "lmablate.workspaces"}
+# its own, then ``dvc repro`` (lmablate.execution.workspaces).
+COMMANDS: dict[str, str] = {"repro": "lmablate.execution.workspaces"}
 
 
 def _count(text: str) -> int:
@@ -125,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--jobs", metavar="N", help="chains at once (default: one per core, at most "
                    "the chains there are)")
     s.add_argument("--dry", action="store_true", help="print the chains; run nothing")
-    # parsed by lmablate.profiles (main() hands it over first); listed here for --help
+    # parsed by lmablate.config.profiles (main() hands it over first); listed here for --help
     sub.add_parser("compose", add_help=False, help="write params.yaml from conf/ and a profile, "
                    "as dvc exp run -S profile=<name> does (lmablate compose --help)")
     return p
@@ -135,9 +135,9 @@ def check_preconditions(cfg, args: argparse.Namespace, stage: Stage) -> None:
     """What a stage needs before any work, cheaply and before MLflow starts: the dataset and
     variant on the command line exist in the config, and every path it writes is of its kind
     (a folder where a folder is written, no folder where a file is) and writable
-    (:func:`lmablate.fileio.check_writable`), and so are its SQLite stores
-    (:func:`lmablate.fileio.check_sqlite_store`). The device is checked by each stage before its
-    first run (:func:`lmablate.device.resolve_device`), as it needs torch.
+    (:func:`lmablate.core.fileio.check_writable`), and so are its SQLite stores
+    (:func:`lmablate.core.fileio.check_sqlite_store`). The device is checked by each stage before
+    its first run (:func:`lmablate.train.device.resolve_device`), as it needs torch.
 
     Raises:
         ConfigError: an unknown dataset or variant.
@@ -164,7 +164,8 @@ def check_preconditions(cfg, args: argparse.Namespace, stage: Stage) -> None:
 
 def import_stage(name: str):
     """Import stage module ``name`` with the cyclic garbage collector paused
-    (:func:`lmablate.gc_pause.gc_paused`): importing torch (and Optuna) allocates some 10^6
+    (:func:`lmablate.execution.gc_pause.gc_paused`): importing torch (and Optuna) allocates some
+    10^6
     objects that all live to the end. Returns the module."""
     with gc_paused():
         return importlib.import_module(name)
@@ -198,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     process ends here through :func:`exit_now`; called with ``argv`` (tests), it returns."""
     given = sys.argv[1:] if argv is None else list(argv)
     if given[:1] == ["compose"]:  # writes params.yaml, so it must not need a valid one first
-        status = importlib.import_module("lmablate.profiles").main(given[1:])
+        status = importlib.import_module("lmablate.config.profiles").main(given[1:])
         if argv is None:
             exit_now(status)
         return status
@@ -222,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         stage = STAGES[args.command]
         check_preconditions(cfg, args, stage)
         if stage.tracks and cfg.tracking.enabled and argv is None:
-            from lmablate.sidecar import start_sidecar
+            from lmablate.tracking.sidecar import start_sidecar
             start_sidecar(cfg.tracking)
         clock = clock_for(cfg, args.command, getattr(args, "dataset", None),
                           getattr(args, "variant", None), getattr(args, "replicate", 0))

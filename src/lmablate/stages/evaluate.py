@@ -1,6 +1,6 @@
 """Stage ``evaluate``: the test metrics of every seed's checkpoint of one dataset x variant.
 
-Metrics are defined in :mod:`lmablate.evaluation`. They are written as a DVC metrics file and
+Metrics are defined in :mod:`lmablate.evaluate.metrics`. They are written as a DVC metrics file and
 logged into each seed's MLflow training run, so one run per seed carries the same metric names
 for every variant.
 """
@@ -14,22 +14,22 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lmablate import fileio
-from lmablate.arithmetic import operand_digits, split_problem
-from lmablate.budget import stage_budgets
-from lmablate.checkpoint import load_checkpoint, verify_checkpoint
-from lmablate.config import DataError, StudyConfig
-from lmablate.cluster import resolve
-from lmablate.environment import result_environment
-from lmablate.device import resolve_device
-from lmablate.model import check_causality
-from lmablate.evaluation import (answer_nats, arithmetic_predictions, arithmetic_scores,
+from lmablate.core import fileio
+from lmablate.data.arithmetic import operand_digits, split_problem
+from lmablate.train.budget import stage_budgets
+from lmablate.train.checkpoint import load_checkpoint, verify_checkpoint
+from lmablate.config.study import DataError, StudyConfig
+from lmablate.execution.cluster import resolve
+from lmablate.core.environment import result_environment
+from lmablate.train.device import resolve_device
+from lmablate.model.gpt import check_causality
+from lmablate.evaluate.metrics import (answer_nats, arithmetic_predictions, arithmetic_scores,
                                  by_operand_digits, extrapolation, not_reaching, split_loss,
                                  text_samples)
-from lmablate.parallel import map_jobs, worker_count
-from lmablate.tokenizer import CharTokenizer, load_tokenizer
-from lmablate.token_data import TokenData
-from lmablate.tracking import Tracker, make_tracker, run_name
+from lmablate.execution.parallel import map_jobs, worker_count
+from lmablate.data.tokenizer import CharTokenizer, load_tokenizer
+from lmablate.data.token_data import TokenData
+from lmablate.tracking.trackers import Tracker, make_tracker, run_name
 
 
 # Summary fields of a training run that differ from run to run (timings, MLflow's random run
@@ -147,19 +147,19 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, raw_dir:
     Writes ``metrics_path`` (JSON ``{"dataset", "variant", "runs": {"seed_<s>": {...}}}``, in a
     scaling study keyed ``"<budget label>/seed_<s>"``, every budget's (each run's training
     summary has its ``budget_flops``); each seed's with its length extrapolation under
-    ``"extrapolation"`` (:func:`lmablate.evaluation.extrapolation`); an arithmetic seed's with
+    ``"extrapolation"`` (:func:`lmablate.evaluate.metrics.extrapolation`); an arithmetic seed's with
     its answer loss, exact match and char accuracy overall, ``per_op`` and ``by_answer_digits``
-    (:func:`lmablate.evaluation.arithmetic_scores`) and ``by_operand_digits``, the test split's
-    lengths and each length of ``length.txt`` (``"split": "test"`` / ``"length"``;
-    :func:`lmablate.evaluation.by_operand_digits`), or "n/a (...)" for a length the model cannot
-    read (:func:`lmablate.evaluation.not_reaching`); plus
+    (:func:`lmablate.evaluate.metrics.arithmetic_scores`) and ``by_operand_digits``, the test
+    split's lengths and each length of ``length.txt`` (``"split": "test"`` / ``"length"``;
+    :func:`lmablate.evaluate.metrics.by_operand_digits`), or "n/a (...)" for a length the model
+    cannot read (:func:`lmablate.evaluate.metrics.not_reaching`); plus
     ``"replicate": N`` for the final runs of the N-th re-tuning, and the ``"environment"`` it
-    was computed with (:func:`lmablate.environment.result_environment`); a DVC metrics file) and
-    ``examples_path`` (JSON, per seed: text samples, or the prediction of every arithmetic test
+    was computed with (:func:`lmablate.core.environment.result_environment`); a DVC metrics file)
+    and ``examples_path`` (JSON, per seed: text samples, or the prediction of every arithmetic test
     problem with its prompt and target, in the order of ``test.txt``; keyed as the runs). Test
     metrics are logged into each seed's MLflow training run, so one run per seed carries the
     same metric names for every variant. Seeds (of every budget) are evaluated concurrently
-    on a CPU (see :mod:`lmablate.parallel`).
+    on a CPU (see :mod:`lmablate.execution.parallel`).
     """
     ds = cfg.dataset(dataset)
     cfg.check_variant(variant)

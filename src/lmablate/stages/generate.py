@@ -3,14 +3,14 @@
 Output files (UTF-8, ``\\n`` line ends, each written atomically):
 
 * ``corpus.txt`` -- arithmetic: the train+validation pool, one problem per line
-  (:mod:`lmablate.arithmetic`), each line ending in ``\\n``; text: the whole corpus
-  (:mod:`lmablate.corpus`), exactly as loaded (after the optional ``max_chars`` cap).
+  (:mod:`lmablate.data.arithmetic`), each line ending in ``\\n``; text: the whole corpus
+  (:mod:`lmablate.data.corpus`), exactly as loaded (after the optional ``max_chars`` cap).
 * ``test.txt`` -- arithmetic only: the held-out problems, same format, disjoint from the pool.
   For a text dataset a stale ``test.txt`` is removed (``tokenize`` takes its presence to mean
   "this dataset brings its own test split").
 * ``length.txt`` -- arithmetic only: the length-generalisation split, ``n_test`` problems for
   each of ``length_digits`` (both operands of exactly that many digits, in the format at that
-  length: :func:`~lmablate.problem_sets.length_problems`), shortest first; empty without
+  length: :func:`~lmablate.data.problem_sets.length_problems`), shortest first; empty without
   ``length_digits``. Longer than every training problem, so disjoint from the pool.
 """
 
@@ -21,10 +21,10 @@ import contextlib
 import time
 from pathlib import Path
 
-from lmablate import fileio
-from lmablate.problem_sets import generate_arithmetic, length_problems
-from lmablate.config import DatasetConfig, StudyConfig
-from lmablate.corpus import load_text_corpus
+from lmablate.core import fileio
+from lmablate.data.problem_sets import generate_arithmetic, length_problems
+from lmablate.config.study import DatasetConfig, StudyConfig
+from lmablate.data.corpus import load_text_corpus
 
 
 def _lines_text(lines: list[str]) -> str:
@@ -45,8 +45,8 @@ def run(cfg: DatasetConfig, out_dir: Path) -> dict:
 
     Raises:
         TypeError: ``cfg`` is not a DatasetConfig.
-        DataError / ChecksumError: see :func:`~lmablate.problem_sets.generate_arithmetic` and
-            :func:`~lmablate.corpus.load_text_corpus`.
+        DataError / ChecksumError: see :func:`~lmablate.data.problem_sets.generate_arithmetic` and
+            :func:`~lmablate.data.corpus.load_text_corpus`.
     """
     if not isinstance(cfg, DatasetConfig):
         raise TypeError(f"generate needs a DatasetConfig, got {type(cfg).__name__}")

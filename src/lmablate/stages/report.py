@@ -5,60 +5,61 @@ first-seed checkpoints and the tokenized test splits, for the model figures) and
 ``out_dir`` (normally ``reports/``):
 
 * ``ablation.csv``   one row per dataset x variant x seed
-  (:data:`~lmablate.analysis.collect.ABLATION_COLUMNS`).
+  (:data:`~lmablate.report.collect.ABLATION_COLUMNS`).
 * ``summary.csv``    *long* format, one row per dataset x variant x metric
-  (:data:`~lmablate.analysis.statistics.SUMMARY_COLUMNS`): number of seeds, mean, sample SD and
+  (:data:`~lmablate.report.stats.statistics.SUMMARY_COLUMNS`): number of seeds, mean, sample SD and
   a two-sided 95% Student-t interval of the mean. Long rather than wide so every metric has the
   same five statistics, a metric that does not apply (exact match on Shakespeare) simply has no
   row, and the file is one ``pivot`` away from any wide table.
 * ``comparisons.csv`` every variant against ``baseline``, paired by seed
-  (:data:`~lmablate.analysis.statistics.COMPARISON_COLUMNS`): paired t-test and Holm's
+  (:data:`~lmablate.report.stats.statistics.COMPARISON_COLUMNS`): paired t-test and Holm's
   step-down correction within each dataset x metric.
 * ``problem_comparisons.csv`` arithmetic variants against the baseline problem by problem
-  (:data:`~lmablate.analysis.problems.PROBLEM_COLUMNS`): counts solved, sign-flip test, Holm.
+  (:data:`~lmablate.report.stats.problems.PROBLEM_COLUMNS`): counts solved, sign-flip test, Holm.
 * ``detectable_effects.csv`` per comparison (dataset x metric x variant), the smallest
   difference it could detect: ``comparisons.csv``'s ``mde``
-  (:data:`~lmablate.analysis.limits.DETECTABLE_COLUMNS`).
+  (:data:`~lmablate.report.text.limits.DETECTABLE_COLUMNS`).
 * ``references.csv`` reference points computed from the data
-  (:data:`~lmablate.analysis.reference_points.REFERENCE_COLUMNS`):
+  (:data:`~lmablate.report.stats.reference_points.REFERENCE_COLUMNS`):
   n-gram cross-entropies of the test split, and constant answers to the arithmetic problems.
 * ``tuned.csv`` what tuning chose per dataset x variant, with its range-edge flags
-  (:data:`~lmablate.analysis.collect.TUNED_COLUMNS`).
+  (:data:`~lmablate.report.collect.TUNED_COLUMNS`).
 * ``lr_sensitivity.csv`` per dataset x variant, the learning-rate sensitivity of its tuning's
-  shared design (:data:`~lmablate.analysis.sensitivity.SENSITIVITY_COLUMNS`, Wortsman et al.
+  shared design (:data:`~lmablate.report.stats.sensitivity.SENSITIVITY_COLUMNS`, Wortsman et al.
   2023), with the loss at initialisation it uses
-  (:func:`~lmablate.analysis.reference_points.uniform_losses`).
+  (:func:`~lmablate.report.stats.reference_points.uniform_losses`).
 * ``metrics/<dataset>/<variant>.json`` the study-level DVC metrics, and ``metrics/<dataset>.json``
-  each dataset's verdicts, both in the dataset's headline loss (:mod:`lmablate.analysis.headline`:
+  each dataset's verdicts, both in the dataset's headline loss (:mod:`lmablate.report.headline`:
   ``study_metrics``, ``dataset_verdicts``; the answer loss on arithmetic); in a scaling study
   with the budget and the trend, and ``metrics/<dataset>/<variant>@<budget>.json`` per smaller
-  budget (:func:`~lmablate.analysis.scaling_section.scaling_metrics`).
+  budget (:func:`~lmablate.report.text.scaling_section.scaling_metrics`).
 * ``curves/<dataset>.csv`` each variant's mean validation curve
-  (:func:`~lmablate.analysis.curves.mean_curves`), the data
+  (:func:`~lmablate.report.curves.mean_curves`), the data
   of ``dvc plots show``.
 * ``tuning_variation.csv`` the re-tunings (``runs/<dataset>/<variant>/replicate_<N>/``)
   against their variant, paired by seed
-  (:data:`~lmablate.analysis.statistics.TUNING_VARIATION_COLUMNS`): how much a result owes to
+  (:data:`~lmablate.report.stats.statistics.TUNING_VARIATION_COLUMNS`): how much a result owes to
   the tuner's sampler seed.
 * ``extrapolation.csv``, ``extrapolation_comparisons.csv``, ``extrapolation_positions.csv``
-  length extrapolation (:mod:`lmablate.analysis.extrapolation`): the test loss at each multiple
+  length extrapolation (:mod:`lmablate.report.stats.extrapolation`): the test loss at each multiple
   of the context, its comparison with ``rope``, and the loss by position bucket.
 * ``length_generalisation.csv``, ``length_generalisation_comparisons.csv`` arithmetic exact
   match by operand length and its comparison with the baseline at each length
-  (:mod:`lmablate.analysis.arithmetic`).
+  (:mod:`lmablate.report.text.arithmetic_section`).
 * ``scaling_fits.csv``, ``scaling_effects.csv``, ``scaling_trends.csv``,
   ``scaling_extrapolation.csv``, ``scaling_isoflop.csv``, ``scaling_optimal_width.csv`` a
   scaling study's curves, effects per budget, trends, extrapolation and isoFLOP view
-  (:mod:`lmablate.analysis.scaling_section`; with their header only where every dataset has
+  (:mod:`lmablate.report.text.scaling_section`; with their header only where every dataset has
   one budget).
-* ``figures/*.png``  the seaborn figures of :mod:`lmablate.analysis.figures`,
-  :mod:`~lmablate.analysis.tuning_figure` and :mod:`~lmablate.analysis.arithmetic_figures`,
-  plus the last layer's attention maps and a PCA of the token embeddings drawn from the
-  checkpoints (:mod:`~lmablate.analysis.model_figures`).
-* ``report.md``      the human-readable report (:mod:`lmablate.analysis.markdown`).
+* ``figures/*.png``  the seaborn figures of :mod:`lmablate.report.figures.losses`,
+  :mod:`~lmablate.report.figures.tuning_figure` and
+  :mod:`~lmablate.report.figures.arithmetic_figures`, plus the last layer's attention maps and a PCA
+  of the token embeddings drawn from the checkpoints
+  (:mod:`~lmablate.report.figures.model_figures`).
+* ``report.md``      the human-readable report (:mod:`lmablate.report.text.markdown`).
 
 Rows of every table follow the study order (datasets as configured, baseline first, then the
-configured variants), set once by :func:`lmablate.analysis.collect.restrict_to_study`. The
+configured variants), set once by :func:`lmablate.report.collect.restrict_to_study`. The
 report and the tables are then logged as artifacts of an MLflow summary run.
 
 Units: losses are natural-log cross-entropy per character token (nats/char), the answer loss
@@ -79,31 +80,31 @@ from typing import Sequence
 import pandas as pd
 import torch
 
-from lmablate import fileio
-from lmablate.analysis import findings as fi
-from lmablate.analysis.collect import collect, present, restrict_to_study
-from lmablate.analysis.curves import CURVE_COLUMNS, mean_curves
-from lmablate.analysis.families import variant_colours, variant_palette
-from lmablate.analysis.headline import metrics_files
-from lmablate.analysis.model_figures import draw_model_figures
-from lmablate.analysis.pooled_uncertainty import with_pooled_uncertainty
-from lmablate.analysis.report_figures import draw_report_figures
-from lmablate.analysis.report_text import report_markdown
-from lmablate.analysis.scaling_section import (draw_scaling_figures, scaling_csvs,
+from lmablate.core import fileio
+from lmablate.report.text import findings as fi
+from lmablate.report.collect import collect, present, restrict_to_study
+from lmablate.report.curves import CURVE_COLUMNS, mean_curves
+from lmablate.report.families import variant_colours, variant_palette
+from lmablate.report.headline import metrics_files
+from lmablate.report.figures.model_figures import draw_model_figures
+from lmablate.report.stats.pooled_uncertainty import with_pooled_uncertainty
+from lmablate.report.figures.report_figures import draw_report_figures
+from lmablate.report.text.report_text import report_markdown
+from lmablate.report.text.scaling_section import (draw_scaling_figures, scaling_csvs,
                                                scaling_metrics, scaling_section,
                                                scaling_tables)
-from lmablate.analysis.tables import compute_tables, csv_tables
-from lmablate.config import StudyConfig
-from lmablate.environment import blas, cpu_model
-from lmablate.mlflow_store import local_artifact_root
-from lmablate.tracking import Tracker, make_tracker
+from lmablate.report.tables import compute_tables, csv_tables
+from lmablate.config.study import StudyConfig
+from lmablate.core.environment import blas, cpu_model
+from lmablate.tracking.mlflow_store import local_artifact_root
+from lmablate.tracking.trackers import Tracker, make_tracker
 
 
 def environment(cfg: StudyConfig | None = None, runs_dir: Path | None = None) -> dict:
     """Hardware and software the study ran on, for the methodology paragraph: this machine's
     (cores, CPU model, BLAS, torch, Python, OS) and, from the study's ``metrics.json`` files
     under ``runs_dir``, the environments its results were computed with
-    (:func:`lmablate.environment.result_environment`: numerics, torch, Python, lock), one
+    (:func:`lmablate.core.environment.result_environment`: numerics, torch, Python, lock), one
     entry when every run agrees, else each with the runs that used it."""
     gpu = f", GPU {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ", no GPU"
     out: dict = {"hardware": f"{os.cpu_count()} CPU cores ({platform.machine()}){gpu}",
@@ -149,7 +150,7 @@ def summary_record(cfg: StudyConfig, metrics_dir: Path) -> tuple[dict, dict, dic
 
 def write_metrics(metrics_dir: Path, docs: dict[str, dict]) -> Path:
     """Write the DVC metrics directory: ``docs`` (relative path -> JSON document,
-    :func:`lmablate.analysis.headline.metrics_files`) under ``metrics_dir``, and remove the
+    :func:`lmablate.report.headline.metrics_files`) under ``metrics_dir``, and remove the
     files of a variant or dataset no longer studied. Returns ``metrics_dir``."""
     paths = {metrics_dir / name: doc for name, doc in docs.items()}
     for path, doc in paths.items():
@@ -166,9 +167,9 @@ def build_report(cfg: StudyConfig, runs_dir: Path, out_dir: Path,
                  tokens_dir: Path | None = None) -> dict:
     """Collect the runs, compute the tables, draw the figures and write the report.
 
-    The work is the library's: :func:`lmablate.analysis.tables.compute_tables` (statistics,
-    references, sensitivity), :func:`lmablate.analysis.report_figures.draw_report_figures`
-    and :func:`lmablate.analysis.report_text.report_markdown`; this writes what they return.
+    The work is the library's: :func:`lmablate.report.tables.compute_tables` (statistics,
+    references, sensitivity), :func:`lmablate.report.figures.report_figures.draw_report_figures`
+    and :func:`lmablate.report.text.report_text.report_markdown`; this writes what they return.
 
     Args:
         cfg: the study config; its datasets, variants and seeds select the runs (others under
@@ -183,9 +184,9 @@ def build_report(cfg: StudyConfig, runs_dir: Path, out_dir: Path,
         extra_figures: ``(dataset or None, caption, path under out_dir)`` of figures drawn
             elsewhere (from checkpoints: attention maps, embeddings) to embed in the report.
         tokens_dir: the tokenized datasets (``<tokens_dir>/<dataset>/``), for the reference
-            points (:func:`lmablate.analysis.reference_points.reference_table`) and the loss at
+            points (:func:`lmablate.report.stats.reference_points.reference_table`) and the loss at
             initialisation of the learning-rate sensitivity
-            (:func:`lmablate.analysis.reference_points.uniform_losses`); None leaves them out
+            (:func:`lmablate.report.stats.reference_points.uniform_losses`); None leaves them out
             (empty references.csv, no sensitivity).
 
     Returns:
@@ -278,9 +279,9 @@ def where_to_look(cfg: StudyConfig, paths: dict, runs_view_url: str | None = Non
                   chart_urls: dict[str, str] | None = None) -> str:
     """The lines the report stage ends with: where the report is, and the command that opens
     the MLflow UI on this study's runs (when tracking is on), with the URL of the saved runs
-    view (``runs_view_url``, :meth:`lmablate.mlflow_store.MlflowStore.runs_view_url`) if known, then
-    that of each dataset's chart view (``chart_urls``: dataset -> URL part,
-    :meth:`lmablate.mlflow_store.MlflowStore.save_views`)."""
+    view (``runs_view_url``, :meth:`lmablate.tracking.mlflow_store.MlflowStore.runs_view_url`) if
+    known, then that of each dataset's chart view (``chart_urls``: dataset -> URL part,
+    :meth:`lmablate.tracking.mlflow_store.MlflowStore.save_views`)."""
     lines = [f"report: {paths['report']} ({len(paths['figures'])} figures, tables next to it)"]
     if cfg.tracking.enabled:
         uri = cfg.tracking.tracking_uri
@@ -307,7 +308,7 @@ def where_to_look(cfg: StudyConfig, paths: dict, runs_view_url: str | None = Non
 
 def main(cfg: StudyConfig, args: argparse.Namespace) -> None:
     """``lmablate report --runs DIR --tokens DIR --out DIR``; writes the study's MLflow views
-    (:meth:`lmablate.mlflow_store.MlflowStore.save_views`) and ends by printing
+    (:meth:`lmablate.tracking.mlflow_store.MlflowStore.save_views`) and ends by printing
     :func:`where_to_look`."""
     tracker = make_tracker(cfg.tracking)
     paths = run(cfg, args.runs, args.tokens, args.out, tracker)

@@ -1,8 +1,8 @@
 """Stage ``tokenize``: character vocabulary and token arrays (``lmablate tokenize <dataset>``).
 
 Reads ``corpus.txt`` (and ``test.txt``) from the raw folder, splits it, builds the
-:class:`~lmablate.tokenizer.CharTokenizer` from the training split and writes the files that
-:mod:`lmablate.tokenizer` describes and reads back.
+:class:`~lmablate.data.tokenizer.CharTokenizer` from the training split and writes the files that
+:mod:`lmablate.data.tokenizer` describes and reads back.
 """
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from lmablate import fileio
-from lmablate.config import DatasetConfig, StudyConfig
-from lmablate.corpus import read_text_file
-from lmablate.tokenizer import SPLITS, UNK_ID, CharTokenizer, TokenizerError, split_text
+from lmablate.core import fileio
+from lmablate.config.study import DatasetConfig, StudyConfig
+from lmablate.data.corpus import read_text_file
+from lmablate.data.tokenizer import SPLITS, UNK_ID, CharTokenizer, TokenizerError, split_text
 
 
 def _strip_newlines(pieces: dict[str, str]) -> dict[str, str]:
@@ -47,10 +47,10 @@ def run(cfg: DatasetConfig, raw_dir: Path, out_dir: Path) -> dict:
     ``cfg.strip_newlines`` every ``\\n`` is removed from each split *after* splitting (seed
     000). The tokenizer is built from the train split only; val/test characters it has not
     seen become the unknown id 0. Writes ``vocab.json``, ``{train,val,test}.bin`` and
-    ``meta.json`` into ``out_dir`` (formats: :mod:`lmablate.tokenizer`) and returns the meta dict;
-    an arithmetic dataset's meta adds ``line_length``, the tokens of one problem (its newline
+    ``meta.json`` into ``out_dir`` (formats: :mod:`lmablate.data.tokenizer`) and returns the meta
+    dict; an arithmetic dataset's meta adds ``line_length``, the tokens of one problem (its newline
     included unless stripped), at whose multiples training windows start
-    (:attr:`lmablate.token_data.TokenData.stride`).
+    (:attr:`lmablate.data.token_data.TokenData.stride`).
 
     Raises:
         TokenizerError: ``corpus.txt`` missing; ``test.txt`` present but ``split.test`` > 0;

@@ -1,5 +1,5 @@
 """Stage ``train``: every seed of one dataset x variant, with the tuned learning rate and width,
-for the steps that spend the dataset's training budget at that width (:mod:`lmablate.budget`).
+for the steps that spend the dataset's training budget at that width (:mod:`lmablate.train.budget`).
 
 Each seed is one MLflow run tagged dataset/variant/seed/stage. A seed whose ``result.json``
 carries the current fingerprint, and whose checkpoint still has the sha256 recorded there, is
@@ -16,24 +16,26 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from lmablate import fileio, interrupt
-from lmablate.answer_probe import answer_probe
-from lmablate.budget import run_steps, stage_budgets, tokens_per_step, training_flops
-from lmablate.batched import batched_on, train_seeds
-from lmablate.checkpoint import load_resume, save_checkpoint, verify_checkpoint
-from lmablate.config import ModelConfig, StudyConfig
-from lmablate.fingerprint import code_version, fingerprint, run_params, tuned_settings
-from lmablate.cluster import resolve
-from lmablate.device import resolve_device
-from lmablate.numerics import numerics_kind
-from lmablate.model import count_params, flops_per_token
-from lmablate.parallel import map_jobs, use_processes, worker_count
-from lmablate.token_data import TokenData
-from lmablate.tracking import RunTracker, make_tracker, run_name
-from lmablate.training import GRAD_STATS_COLUMNS as SEED_GRAD_STATS_COLUMNS
-from lmablate.training import HISTORY_COLUMNS as SEED_HISTORY_COLUMNS
-from lmablate.training import DivergenceError, TrainResult, train_model
-from lmablate.variants import preflight, resolve_model_config
+from lmablate.core import fileio
+
+from lmablate.execution import interrupt
+from lmablate.evaluate.answer_probe import answer_probe
+from lmablate.train.budget import run_steps, stage_budgets, tokens_per_step, training_flops
+from lmablate.train.batched import batched_on, train_seeds
+from lmablate.train.checkpoint import load_resume, save_checkpoint, verify_checkpoint
+from lmablate.config.study import ModelConfig, StudyConfig
+from lmablate.core.fingerprint import code_version, fingerprint, run_params, tuned_settings
+from lmablate.execution.cluster import resolve
+from lmablate.train.device import resolve_device
+from lmablate.train.numerics import numerics_kind
+from lmablate.model.gpt import count_params, flops_per_token
+from lmablate.execution.parallel import map_jobs, use_processes, worker_count
+from lmablate.data.token_data import TokenData
+from lmablate.tracking.trackers import RunTracker, make_tracker, run_name
+from lmablate.train.training import GRAD_STATS_COLUMNS as SEED_GRAD_STATS_COLUMNS
+from lmablate.train.training import HISTORY_COLUMNS as SEED_HISTORY_COLUMNS
+from lmablate.train.training import DivergenceError, TrainResult, train_model
+from lmablate.model.variants import preflight, resolve_model_config
 
 
 # The stage's CSVs: every seed's rows with the budget (training FLOPs of a final run) first
@@ -66,8 +68,9 @@ class SeedJob:
 def seed_fingerprint(job: SeedJob, data: TokenData) -> str:
     """What a seed's result depends on: model, training settings (with its dataset's budget
     only), steps, lr, seed, the code of a run, its data and the numerics of the device it
-    computes on (:func:`lmablate.numerics.numerics_kind`: the device type with its CPU kernels
-    or GPU, and the measured fingerprint of its kernels); never the runtime settings that only change speed: ``runtime.workers``, ``threads``,
+    computes on (:func:`lmablate.train.numerics.numerics_kind`: the device type with its CPU kernels
+    or GPU, and the measured fingerprint of its kernels); never the runtime settings that only
+    change speed: ``runtime.workers``, ``threads``,
     ``parallel``, ``cluster``)."""
     device = resolve_device(job.cfg.runtime.device)
     return fingerprint(job.model_cfg, job.cfg.train.for_dataset(job.dataset), job.steps, job.lr,
@@ -116,7 +119,7 @@ def _run_name_tags(job: SeedJob) -> tuple[str, dict]:
 
 def _run_params(job: SeedJob, device) -> dict:
     """The params a seed's MLflow run records once, when it starts: the model, every training
-    setting (:meth:`~lmablate.train_config.TrainConfig.run_params`), the tuned peak lr, the
+    setting (:meth:`~lmablate.config.train_config.TrainConfig.run_params`), the tuned peak lr, the
     steps, the seed and the sizes."""
     n_params, n_non_emb = count_params(job.model_cfg)
     # peak_lr: the tuned peak of the schedule; the metric "lr" is the schedule's value per step
@@ -202,7 +205,7 @@ def train_seed(job: SeedJob) -> dict:
 
 def train_seeds_batched(jobs: list[SeedJob]) -> list[dict]:
     """Train the seeds of one dataset x variant (same model config and lr) together as one
-    batched model (:func:`lmablate.batched.train_seeds`), recording each seed as
+    batched model (:func:`lmablate.train.batched.train_seeds`), recording each seed as
     :func:`train_seed` does: its own MLflow run, ``checkpoint.pt``, ``result.json``; finished
     seeds are kept, interrupted ones resume from their ``resume.pt``. Returns the
     ``result.json`` contents in ``jobs``' order.
@@ -220,8 +223,8 @@ def train_seeds_batched(jobs: list[SeedJob]) -> list[dict]:
     todo = [job for job in jobs if done[job.seed] is None]
     if todo:
         tracker = make_tracker(cfg.tracking)
-        # Ctrl-C stops the seeds at their next step (lmablate.interrupt), as map_jobs does;
-        # every seed's run open, ended FAILED if one raises (KILLED by Ctrl-C)
+        # Ctrl-C stops the seeds at their next step (lmablate.execution.interrupt), as map_jobs
+        # does; every seed's run open, ended FAILED if one raises (KILLED by Ctrl-C)
         with interrupt.deferred(), contextlib.ExitStack() as stack:
             runs = []
             for job in todo:
@@ -253,19 +256,19 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, best_pat
         checkpoints_dir: Path, history_path: Path, grad_stats_path: Path,
         replicate: int = 0) -> dict:
     """Train ``variant`` on ``dataset`` for every seed with the tuned lr and d_model, at each
-    of the dataset's budgets (:func:`lmablate.budget.stage_budgets`).
+    of the dataset's budgets (:func:`lmablate.train.budget.stage_budgets`).
 
     ``replicate`` N > 0: ``best_path`` is the N-th re-tuning's (``lmablate tune --replicate
     N``, the headline budget only), and the seeds' MLflow runs say so; the training itself
     does not depend on N.
 
-    On a CPU, seeds run concurrently as threads or processes (see :mod:`lmablate.parallel`); on
-    a GPU (:func:`lmablate.batched.batched_on`) the seeds of a model without dropout train
-    together as one batched model (:func:`train_seeds_batched`). Writes
-    ``checkpoints_dir/seed_<s>/checkpoint.pt`` and ``result.json`` per seed (see
-    :func:`train_seed`; interrupted seeds resume, finished ones are kept; in a scaling study
-    under ``checkpoints_dir/<budget label>/``), ``history_path`` (CSV, columns
-    :data:`HISTORY_COLUMNS`, every budget's) and ``grad_stats_path`` (CSV,
+    On a CPU, seeds run concurrently as threads or processes (see
+    :mod:`lmablate.execution.parallel`); on a GPU (:func:`lmablate.train.batched.batched_on`) the
+    seeds of a model without dropout train together as one batched model
+    (:func:`train_seeds_batched`). Writes ``checkpoints_dir/seed_<s>/checkpoint.pt`` and
+    ``result.json`` per seed (see :func:`train_seed`; interrupted seeds resume, finished ones are
+    kept; in a scaling study under ``checkpoints_dir/<budget label>/``), ``history_path`` (CSV,
+    columns :data:`HISTORY_COLUMNS`, every budget's) and ``grad_stats_path`` (CSV,
     :data:`GRAD_STATS_COLUMNS`).
 
     Returns the headline budget's seed summaries, ``{"seed_<s>": {...}}``.

@@ -3,8 +3,8 @@
 Objective: validation loss (nats/char) at the end of a trial's share of the dataset's training
 budget, on the tuning seed ``tune.seed``, which is not a final seed. What each trial trains,
 which trials go on to the next rung and what the study returns is decided by
-:mod:`lmablate.tuning` (successive halving up to the full budget), and the queued trials are
-trained on the stage's workers by :mod:`lmablate.trials`; this stage validates, opens the study
+:mod:`lmablate.tune.tuning` (successive halving up to the full budget), and the queued trials are
+trained on the stage's workers by :mod:`lmablate.tune.trials`; this stage validates, opens the study
 and the MLflow parent run, and records the outcome: Optuna's storage, ``trials.csv``,
 ``best.json``, and one MLflow run per trial nested under one parent run per dataset x variant.
 The study is the same at any ``runtime.workers``, in threads, processes or on several machines
@@ -17,41 +17,41 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-from lmablate import fileio
-from lmablate.budget import run_steps, stage_budgets, trial_steps
-from lmablate.config import MAX_SEED, ConfigError, StudyConfig, budget_label
-from lmablate.cluster import resolve
-from lmablate.environment import result_environment
-from lmablate.fingerprint import result_fields, run_params, tuned_settings
-from lmablate.parallel import use_processes
-from lmablate.studies import load_study, make_storage
-from lmablate.token_data import TokenData
-from lmablate.tracking import Tracker, make_tracker
-from lmablate.trials import TRIALS_COLUMNS, TuneJob, run_batches, summarise_study
-from lmablate.search_space import initial_space, width_ladder
-from lmablate.tuning import describe_study, slot_results, study_name
-from lmablate.variants import preflight, resolve_model_config
+from lmablate.core import fileio
+from lmablate.train.budget import run_steps, stage_budgets, trial_steps
+from lmablate.config.study import MAX_SEED, ConfigError, StudyConfig, budget_label
+from lmablate.execution.cluster import resolve
+from lmablate.core.environment import result_environment
+from lmablate.core.fingerprint import result_fields, run_params, tuned_settings
+from lmablate.execution.parallel import use_processes
+from lmablate.tune.storage import load_study, make_storage
+from lmablate.data.token_data import TokenData
+from lmablate.tracking.trackers import Tracker, make_tracker
+from lmablate.tune.trials import TRIALS_COLUMNS, TuneJob, run_batches, summarise_study
+from lmablate.tune.search_space import initial_space, width_ladder
+from lmablate.tune.tuning import describe_study, slot_results, study_name
+from lmablate.model.variants import preflight, resolve_model_config
 
 
 def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, best_path: Path,
         trials_path: Path, tracker: Tracker, replicate: int = 0) -> dict:
     """Run (or resume) the study of each of the dataset's budgets until every rung is done
-    (:mod:`lmablate.tuning`); every budget is checked before any trial.
+    (:mod:`lmablate.tune.tuning`); every budget is checked before any trial.
 
     ``replicate`` > 0 re-tunes with sampler seed ``tune.sampler_seed + replicate`` (a separate
     study with its own design and proposals): how much the tuned result owes to the luck of
-    the search. It tunes the headline budget only (:func:`lmablate.budget.stage_budgets`).
+    the search. It tunes the headline budget only (:func:`lmablate.train.budget.stage_budgets`).
 
     Writes ``best_path`` (JSON: ``lr``, ``d_model``, ``val_loss``, its ``slot``, ``rung``,
     ``budget_flops`` and ``budget_fraction``, ``full_budget`` (whether it was trained at the
     final runs' budget), ``on_edge`` flags, the ranges searched (``lr_range``,
     ``d_model_choices``) and how they were ``extended``, trial counts, tuning steps and FLOPs,
-    ``study_name``, the ``settings`` it was tuned for (:func:`lmablate.fingerprint.
-    tuned_settings`) and the ``environment`` (:func:`lmablate.environment.
+    ``study_name``, the ``settings`` it was tuned for (:func:`lmablate.core.fingerprint.
+    tuned_settings`) and the ``environment`` (:func:`lmablate.core.environment.
     result_environment`); the same bytes on every run of the same commit, params and data;
-    :func:`lmablate.trials.summarise_study`; in a scaling study ``{"budgets": [...]}``, one
+    :func:`lmablate.tune.trials.summarise_study`; in a scaling study ``{"budgets": [...]}``, one
     such entry per budget, increasing) and ``trials_path`` (CSV,
-    :data:`lmablate.trials.TRIALS_COLUMNS`, one row per slot and budget). A diverging trial
+    :data:`lmablate.tune.trials.TRIALS_COLUMNS`, one row per slot and budget). A diverging trial
     (NaN/inf loss) is a result (FAIL, ``outcome: diverged``) and the study goes on.
 
     Returns the headline budget's entry.

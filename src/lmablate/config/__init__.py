@@ -1,0 +1,1 @@
+"""The study's configuration: ``params.yaml`` read, validated and frozen into dataclasses, and its profiles."""

@@ -1,0 +1,480 @@
+"""The study's configuration: validated, frozen dataclasses, one per section of ``params.yaml``.
+
+One config flows one way: :func:`lmablate.config.params.load` reads ``params.yaml`` once, each
+section's dataclass rejects unknown keys, values of the wrong type and out-of-range values with a
+message naming the key, and a :class:`StudyConfig` comes back. Stage
+functions take these dataclasses, never the raw YAML dict. Component choices (``ffn``, ``norm``,
+``position`` ...) stay strings so the config remains serialisable; ``lmablate.model.gpt`` resolves
+them through explicit registries (litgpt's ``config.py`` style).
+
+Every key of ``params.yaml`` is a :func:`~lmablate.core.validation.param` field of its section's
+dataclass (:data:`SECTIONS`), the one source of its default (the default study's value:
+``params.yaml`` gives every key at it, which ``tests/test_config.py`` checks), its one-line
+description and the :class:`~lmablate.core.validation.Rule` that both validates it and says what is
+allowed; ``docs/params_reference.py`` renders them as the params.yaml reference.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from pathlib import Path
+from dataclasses import dataclass, field, fields
+from typing import Any, Mapping
+
+from lmablate.core.validation import (BOOLEAN, FRACTION, STRING, Rule, check_fields, check_int,
+                                 choice, fail, integer, low_high, number, optional,
+                                 param, rungs)
+# re-exported (the errors for the data modules and tests)
+from lmablate.core.validation import (ConfigError, DataError, MAX_SEED, NAME_PATTERN, NAME_RULE,
+                                      from_mapping)
+# the datasets, runtime and train sections, re-exported: every section's config is importable from
+# here
+from lmablate.core.fileio import absolute_sqlite_url
+from lmablate.config.datasets import DATASET_KINDS, MAX_PROBLEMS, DatasetConfig, SplitConfig
+from lmablate.config.runtime import DEVICE_CHOICES, MAX_WORKERS, PARALLEL_CHOICES, RuntimeConfig
+from lmablate.config.train_config import (LR_SCHEDULE_CHOICES, MAX_BATCH, MAX_BUDGET, MAX_COUNT,
+                                   TrainConfig, budget_label)
+
+__all__ = [
+    "ConfigError", "DataError", "MAX_SEED", "NAME_PATTERN", "NAME_RULE", "from_mapping",
+    "DATASET_KINDS", "MAX_PROBLEMS", "DatasetConfig", "SplitConfig", "FFN_CHOICES", "GATED_FFNS",
+    "NORM_CHOICES", "NORM_PLACEMENT_CHOICES", "POSITION_CHOICES", "DEVICE_CHOICES",
+    "LR_SCHEDULE_CHOICES", "PARALLEL_CHOICES", "MAX_CONTEXT", "MAX_WIDTH", "MAX_LAYERS",
+    "MAX_HEADS", "MAX_BATCH", "MAX_BUDGET", "MAX_TRIALS", "MAX_COUNT", "MAX_WORKERS", "MAX_LR",
+    "StudySection", "ModelConfig", "TrainConfig", "RuntimeConfig", "TuneConfig", "EvaluateConfig",
+    "TrackingConfig", "StudyConfig", "SECTIONS", "budget_label",
+]
+
+# Allowed component strings. The model's registries are keyed by exactly these names; a test
+# checks that the two agree, so the config can validate without importing torch.
+FFN_CHOICES = ("relu", "gelu", "swiglu", "geglu", "reglu", "glu")
+GATED_FFNS = ("swiglu", "geglu", "reglu", "glu")
+NORM_CHOICES = ("layernorm", "rmsnorm")
+NORM_PLACEMENT_CHOICES = ("pre", "post")
+POSITION_CHOICES = ("learned", "sinusoidal", "rope", "alibi", "none", "coupled")
+
+# Upper limits, where a typo (an extra zero, 1e30 for 1e13) would exhaust memory or run for
+# days before anything failed. Each is far above the posts' GPU scale
+# (conf/profile/seed-scale.yaml).
+MAX_CONTEXT = 8192  # tokens; attention memory grows with its square
+MAX_WIDTH = 8192  # d_model, ffn_hidden
+MAX_LAYERS = 128
+MAX_HEADS = 256
+MAX_TRIALS = 10_000  # tune.n_trials, trials_per_batch
+# the largest learning rate a study may tune or extend to (tune.lr_limits)
+MAX_LR = 1e8  # a guard against typos only
+
+
+def _check_distinct_ints(key: str, value: Any, maximum: int, empty: str,
+                         repeated: str) -> tuple[int, ...]:
+    if not isinstance(value, (list, tuple)) or not value:
+        fail(key, list(value) if isinstance(value, tuple) else value, empty)
+    for v in value:
+        check_int(key, v, maximum=maximum)
+    if len(set(value)) != len(value):
+        fail(key, list(value), repeated)
+    return tuple(sorted(value))
+
+
+def _check_widths(key: str, value: Any) -> tuple[int, ...] | None:
+    return None if value is None else _check_distinct_ints(
+        key, value, MAX_WIDTH, "expected a non-empty list, or null to derive the widths from the "
+        "budget", "widths must be distinct")
+
+
+def _check_factors(key: str, value: Any) -> tuple[int, ...]:
+    return _check_distinct_ints(key, value, 64, "expected a non-empty list of whole multiples "
+                                "of context_length, e.g. [1, 2, 4]", "factors must be distinct")
+
+
+def _check_factor(key: str, value: Any) -> float:
+    if not 1 < value <= 4:
+        fail(key, value, "expected a number above 1 and at most 4 (neighbouring learning rates "
+             "within a factor of 4)")
+    return float(value)
+
+
+def _check_experiment(key: str, value: Any) -> None:
+    # MLflow keeps an experiment's name in a column of 256 characters, and a longer one fails
+    # inside the store with a message that blames the store
+    if not isinstance(value, str) or not 1 <= len(value) <= 200:
+        fail(key, value, "a string of 1 to 200 characters")
+
+
+def _check_profile(key: str, value: Any) -> None:
+    # the name of a file of conf/profile/ (or "default"): letters, digits, "-" and "_"
+    if not isinstance(value, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}", value):
+        fail(key, value, "a name of 1 to 64 letters, digits, '-' or '_'")
+
+
+def _check_seeds(key: str, value: Any) -> tuple[int, ...]:
+    if not isinstance(value, (list, tuple)) or not value:
+        fail(key, value, "expected a non-empty list of integers")
+    for s in value:
+        check_int(key, s, minimum=0, maximum=MAX_SEED)
+    if len(set(value)) != len(value):
+        fail(key, list(value), "seeds must be distinct")
+    return tuple(value)
+
+
+def _check_names(key: str, value: Any) -> tuple[str, ...]:
+    if not isinstance(value, (list, tuple)) or not value:
+        fail(key, value, "expected a non-empty list")
+    return tuple(value)
+
+
+@dataclass(frozen=True)
+class StudySection:
+    """The ``study`` section: which runs the study makes (:func:`lmablate.config.params.parse`
+    checks
+    that each name is defined in its section)."""
+
+    profile: str = param("default", "the profile's name (conf/profile/<name>.yaml): a label of "
+                         "the study in `dvc exp show` and the report, no setting",
+                         Rule("a name of 1 to 64 letters, digits, '-' or '_'", _check_profile),
+                         result=False)
+    seeds: tuple[int, ...] = param(
+        (0, 1, 2, 3, 4), "the final runs' seeds: the same seed gives every variant the same "
+        "init and data order", Rule("a non-empty list of distinct seeds, each "
+                                    f"{integer(0, MAX_SEED).allowed}", _check_seeds))
+    datasets: tuple[str, ...] = param(("shakespeare", "arithmetic"), "the datasets studied, in "
+                                      "report order", Rule("a non-empty list of names of the "
+                                                           "datasets section", _check_names))
+    variants: tuple[str, ...] = param(("baseline", "swiglu", "rmsnorm", "rope"), "the variants "
+                                      "studied, in report order",
+                                      Rule("a non-empty list of names of the variants section",
+                                           _check_names))
+    match_params: bool = param(False, "true: each variant's FFN hidden width is set so that its "
+                               "non-embedding parameters equal the baseline's", BOOLEAN)
+
+    def __post_init__(self) -> None:
+        check_fields(self, "study")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Architecture of one GPT variant (litgpt-style: strings here, classes in ``model.py``).
+
+    ``head_dim`` (d_model / n_heads) and ``n_query_groups`` (n_kv_heads, defaulting to n_heads) are
+    derived in ``__post_init__``. ``ffn_hidden`` of ``None`` means the standard size: 4 * d_model
+    for relu/gelu and, for the GLU family, 2/3 * 4 * d_model rounded *up* to a multiple of
+    ``ffn_multiple_of`` (Shazeer 2020, sec. 2: keeps the parameter count of the two-matrix FFN).
+    Each key's default, rule and meaning is its :func:`~lmablate.core.validation.param` field.
+
+    Raises:
+        ConfigError: unknown component string, a width not divisible by the head count, etc.
+    """
+
+    vocab_size: int = 0  # not a key of params.yaml: 0 until the tokenizer fixes it
+    # not a key either: characters per arithmetic line, from the dataset, for position coupled
+    line_length: int = 0
+    context_length: int = param(64, "tokens per training window, the span attention sees",
+                                integer(maximum=MAX_CONTEXT))
+    n_layers: int = param(2, "transformer blocks", integer(maximum=MAX_LAYERS))
+    n_heads: int = param(4, "attention (query) heads; must divide d_model",
+                         integer(maximum=MAX_HEADS))
+    n_kv_heads: int | None = param(None, "key/value heads, dividing n_heads: null = n_heads "
+                                   "(multi-head), fewer: grouped-query, 1: multi-query",
+                                   optional(integer(maximum=MAX_HEADS)))
+    d_model: int = param(64, "the width: every run replaces it with its tuned width",
+                         integer(maximum=MAX_WIDTH))
+    ffn: str = param("relu", "feed-forward activation; swiglu, geglu, reglu and glu are gated "
+                     "(three matrices)", choice(FFN_CHOICES))
+    ffn_hidden: int | None = param(None, "feed-forward hidden width; null: 4 x d_model, or "
+                                   "8/3 x d_model when gated",
+                                   optional(integer(maximum=4 * MAX_WIDTH)))
+    ffn_multiple_of: int = param(1, "a gated FFN's standard hidden width is rounded up to a "
+                                 "multiple of this", integer(maximum=MAX_WIDTH))
+    norm: str = param("layernorm", "normalisation layer", choice(NORM_CHOICES))
+    norm_eps: float = param(1e-5, "epsilon of every norm layer", number())
+    norm_placement: str = param("pre", "norm before each sublayer (pre) or after its residual "
+                                "sum (post)", choice(NORM_PLACEMENT_CHOICES))
+    position: str = param("learned", "position encoding (none: causal attention alone)",
+                          choice(POSITION_CHOICES))
+    rope_base: float = param(10000.0, "RoPE's frequency base (position: rope only)", number())
+    bias: bool = param(True, "bias vectors in the linear layers and LayerNorm", BOOLEAN)
+    dropout: float = param(0.0, "dropout probability (0: none)", FRACTION)
+    tie_weights: bool = param(False, "the output layer shares the token embedding's weights",
+                              BOOLEAN)
+    # derived
+    head_dim: int = field(init=False)
+    n_query_groups: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        p = "model"
+        check_int(f"{p}.vocab_size", self.vocab_size, minimum=0, maximum=2**16)
+        check_int(f"{p}.line_length", self.line_length, minimum=0, maximum=MAX_CONTEXT)
+        check_fields(self, p)
+        if self.d_model % self.n_heads:
+            fail(f"{p}.d_model", self.d_model, f"must be divisible by n_heads={self.n_heads}")
+        head_dim = self.d_model // self.n_heads
+        if self.position == "rope" and head_dim % 2:
+            fail(f"{p}.d_model", self.d_model,
+                  f"rope needs an even head_dim; d_model/n_heads = {head_dim}")
+        if self.position == "sinusoidal" and self.d_model % 2:
+            fail(f"{p}.d_model", self.d_model, "sinusoidal positions need an even d_model")
+        if self.position == "coupled" and self.line_length:  # bound to arithmetic lines
+            width = (self.line_length - 6) / 3  # "$(" a op b ")=" c "$"
+            if self.line_length < 9 or width != int(width):
+                fail(f"{p}.line_length", self.line_length,
+                     "position coupled needs lines $(a op b)=c$ of 6 + 3 x field width characters")
+            if self.context_length < width + 2:
+                fail(f"{p}.context_length", self.context_length,
+                     f"position coupled needs at least field width + 2 = {int(width) + 2}")
+        kv = self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+        if self.n_heads % kv:
+            fail(f"{p}.n_kv_heads", kv, f"must divide n_heads={self.n_heads}")
+        object.__setattr__(self, "head_dim", head_dim)
+        object.__setattr__(self, "n_query_groups", kv)
+
+    @property
+    def gated(self) -> bool:
+        """True for the GLU family (three FFN matrices instead of two)."""
+        return self.ffn in GATED_FFNS
+
+    @property
+    def ffn_hidden_size(self) -> int:
+        """Hidden width of the feed-forward (explicit, or the standard size; see class doc)."""
+        if self.ffn_hidden is not None:
+            return self.ffn_hidden
+        if not self.gated:
+            return 4 * self.d_model
+        m = self.ffn_multiple_of
+        return -(-(2 * 4 * self.d_model) // (3 * m)) * m  # ceil(8d/3) to a multiple of m
+
+    def replace(self, **changes: Any) -> "ModelConfig":
+        """A copy with ``changes`` applied and re-validated."""
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The init fields only (what ``ModelConfig(**d)`` accepts back)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.init}
+
+
+@dataclass(frozen=True)
+class TuneConfig:
+    """Optuna search per dataset x variant over the learning rate and ``d_model``, by successive
+    halving (Jamieson & Talwalkar 2016; Li et al. 2018) at equal compute; the protocol is
+    :mod:`lmablate.tune.tuning`'s.
+
+    ``rungs``: [trials, share of the budget] from the lowest rung up; the best trials of a rung,
+    as many as the next has, train again from scratch on its share, up to the last rung at the
+    full budget (1.0), whose best is the answer. Trials train on seed ``seed`` (not a final
+    seed), report their validation loss ``reports`` times, and the first rung's train at least
+    ``min_steps`` steps. The first rung is proposed ``trials_per_batch`` at a time: first the
+    same learning-rate sweep for every variant (shifted by ``sampler_seed``), then TPE
+    (Bergstra et al. 2011) with each study's own seed.
+
+    Search space: the learning rate log-uniform in [``lr_low``, ``lr_high``]; the widths
+    ``d_model_choices``, or when null ``n_widths`` widths with ``tokens_per_parameter`` training
+    tokens per non-embedding parameter at the budget (Hoffmann et al. 2022: about 20 is
+    compute-optimal). An edge extends the search: the learning rate by 10x within
+    ``lr_limits``, a derived width by a step within ``tokens_per_parameter_limits``.
+
+    ``storage`` is an Optuna storage URL (``sqlite:///optuna.db``, ``postgresql://...``); the
+    environment variable ``LMABLATE_OPTUNA_STORAGE`` overrides it.
+    """
+
+    rungs: tuple[tuple[int, float], ...] = param(
+        ((8, 0.125), (3, 1.0)), "successive halving: [trials, share of the budget] per rung, "
+        "lowest first", rungs(MAX_TRIALS))
+    trials_per_batch: int = param(4, "first-rung trials proposed at a time (the first batch: "
+                                  "one lr sweep for every variant)", integer(maximum=MAX_TRIALS))
+    reports: int = param(8, "validation losses a trial records, at equal fractions of its "
+                         "budget", integer(maximum=MAX_COUNT))
+    seed: int = param(1000, "the trials' training seed (not one of study.seeds); the "
+                      "full-budget points train on seed, seed + 1, ...", integer(0, MAX_SEED))
+    bracket_seeds: int = param(2, "tuning seeds each full-budget learning rate trains on (the "
+                               "bracket's points are their mean)", integer(maximum=16))
+    bracket_factor: float = param(2.0, "ratio of neighbouring learning rates at the full "
+                                  "budget", Rule("a number above 1 and at most 4",
+                                                 lambda key, value: _check_factor(key, value)))
+    bracket_points: int = param(7, "the most learning rates trained at the full budget, "
+                                "extensions past an end of the bracket included",
+                                integer(maximum=64))
+    lr_low: float = param(1e-3, "lowest learning rate of the initial log-uniform range",
+                          number())
+    lr_high: float = param(1e-1, "highest learning rate of the initial range", number())
+    lr_limits: tuple[float, ...] = param((1e-5, 1.0), "how far an edge may extend the "
+                                         "learning-rate range (by 10x at a time)", low_high(MAX_LR))
+    d_model_choices: tuple[int, ...] | None = param(
+        None, "the widths searched; null: n_widths of them derived from the budget",
+        Rule("null, or a non-empty list of distinct widths, each "
+             f"{integer(maximum=MAX_WIDTH).allowed} and divisible by model.n_heads", _check_widths))
+    tokens_per_parameter: tuple[float, ...] = param(
+        (20.0, 650.0), "training tokens per non-embedding parameter the derived widths span",
+        low_high(1e6))
+    tokens_per_parameter_limits: tuple[float, ...] = param(
+        (5.0, 650.0), "how far an edge may extend tokens_per_parameter", low_high(1e6))
+    n_widths: int = param(4, "widths derived when d_model_choices is null",
+                          integer(maximum=64))
+    min_steps: int = param(30, "the fewest steps a first-rung trial trains",
+                           integer(maximum=MAX_COUNT))
+    storage: str = param("sqlite:///optuna.db", "Optuna storage URL (env "
+                         "LMABLATE_OPTUNA_STORAGE overrides it)", STRING, result=False)
+    sampler_seed: int = param(0, "seed of the first batch's sweep and of TPE (a re-tuning adds "
+                              "its replicate number)", integer(0, MAX_SEED))
+    heartbeat_seconds: int = param(10, "a trial silent for 4 heartbeats is failed and retried",
+                                   integer(maximum=3600), result=False)
+
+    def __post_init__(self) -> None:
+        check_fields(self, "tune")
+        if self.lr_low >= self.lr_high:
+            fail("tune.lr_low", self.lr_low, f"must be below tune.lr_high={self.lr_high}")
+        lo, hi = self.lr_limits
+        if not lo <= self.lr_low < self.lr_high <= hi:
+            fail("tune.lr_limits", list(self.lr_limits), f"must contain [tune.lr_low, "
+                 f"tune.lr_high] = [{self.lr_low:g}, {self.lr_high:g}]")
+        if len(self.rungs) > 1 and self.bracket_points < self.rungs[-1][0]:
+            fail("tune.bracket_points", self.bracket_points, f"must be at least the full-budget "
+                 f"rung's {self.rungs[-1][0]} learning rates (tune.rungs)")
+        lo, hi = self.tokens_per_parameter_limits
+        if not lo <= self.tokens_per_parameter[0] < self.tokens_per_parameter[1] <= hi:
+            fail("tune.tokens_per_parameter_limits", list(self.tokens_per_parameter_limits),
+                 f"must contain tune.tokens_per_parameter={list(self.tokens_per_parameter)}")
+
+    @property
+    def storage_url(self) -> str:
+        return os.environ.get("LMABLATE_OPTUNA_STORAGE", self.storage)
+
+    @property
+    def n_trials(self) -> int:
+        """Configurations tried at the first rung."""
+        return self.rungs[0][0]
+
+    @property
+    def budget_fraction(self) -> float:
+        """The first rung's share of the budget: the shortest trials."""
+        return self.rungs[0][1]
+
+
+@dataclass(frozen=True)
+class EvaluateConfig:
+    """Evaluation: test loss over up to ``max_batches`` batches; arithmetic greedy decoding of up
+    to ``max_problems`` test problems, ``batch_size`` at a time; ``n_samples`` text samples of
+    ``sample_tokens`` tokens each. Length extrapolation: the test loss on windows of each of
+    ``extrapolation_factors`` x context_length tokens (sorted, distinct, >= 1), broken down into
+    buckets of ``position_bucket`` positions (:func:`lmablate.evaluate.metrics.extrapolation`)."""
+
+    max_batches: int = param(20, "test-loss batches per seed", integer(maximum=MAX_COUNT))
+    batch_size: int = param(128, "sequences per evaluation batch (arithmetic problems decoded "
+                            "at a time)", integer(maximum=MAX_BATCH))
+    max_problems: int = param(1000, "arithmetic test problems decoded greedily per seed",
+                              integer(maximum=MAX_PROBLEMS))
+    n_samples: int = param(2, "text samples generated per seed", integer(0, 1000))
+    sample_tokens: int = param(200, "tokens per text sample", integer(maximum=MAX_COUNT))
+    temperature: float = param(0.8, "sampling temperature of the text samples", number())
+    extrapolation_factors: tuple[int, ...] = param(
+        (1, 2, 4), "test windows of these multiples of context_length (learned positions: 1 "
+        "only)", Rule("a non-empty list of distinct multiples, each "
+                      f"{integer(maximum=64).allowed}", _check_factors))
+    position_bucket: int = param(16, "positions per bucket of the extrapolation breakdown",
+                                 integer(maximum=MAX_COUNT))
+
+    def __post_init__(self) -> None:
+        check_fields(self, "evaluate")
+
+
+@dataclass(frozen=True)
+class TrackingConfig:
+    """MLflow: ``uri`` (``MLFLOW_TRACKING_URI`` overrides it) and one ``experiment`` per study."""
+
+    uri: str = param("sqlite:///mlflow.db", "MLflow tracking URI (env MLFLOW_TRACKING_URI "
+                     "overrides it)", STRING, result=False)
+    experiment: str = param("lmablate", "the MLflow experiment of the study's runs (at most "
+                            "200 characters)", Rule("a string of 1 to 200 characters",
+                                                    _check_experiment), result=False)
+    enabled: bool = param(True, "log runs to MLflow (false: no tracking)", BOOLEAN,
+                          result=False)
+
+    def __post_init__(self) -> None:
+        check_fields(self, "tracking")
+
+    @property
+    def tracking_uri(self) -> str:
+        """``MLFLOW_TRACKING_URI`` or ``uri``; a relative SQLite path is taken under ``DVC_ROOT``
+        where DVC sets it: ``dvc exp run --temp`` or ``--queue`` computes in a copy of the project
+        under .dvc/tmp/exps, removed when done, and sets ``DVC_ROOT`` to the project itself."""
+        uri = os.environ.get("MLFLOW_TRACKING_URI", self.uri)
+        root = os.environ.get("DVC_ROOT")
+        return (absolute_sqlite_url(uri, Path(root)) or uri) if root else uri
+
+
+@dataclass(frozen=True)
+class StudyConfig:
+    """The whole study: which datasets x variants, on which seeds, with which settings.
+
+    ``model`` is the baseline architecture; ``variants`` maps a variant name to the
+    :class:`ModelConfig` fields it overrides. ``study_variants`` lists the variants to run.
+    """
+
+    seeds: tuple[int, ...]
+    datasets: Mapping[str, DatasetConfig]
+    model: ModelConfig
+    variants: Mapping[str, Mapping[str, Any]]
+    study_variants: tuple[str, ...]
+    train: TrainConfig
+    tune: TuneConfig
+    evaluate: EvaluateConfig
+    tracking: TrackingConfig
+    runtime: RuntimeConfig = RuntimeConfig()
+    match_params: bool = False
+    profile: str = "default"
+
+    def dataset(self, name: str) -> DatasetConfig:
+        """The config of dataset ``name``. Raises ConfigError naming the allowed datasets."""
+        if name not in self.datasets:
+            fail("dataset", name, f"choose one of {', '.join(self.datasets)}")
+        return self.datasets[name]
+
+    def check_variant(self, name: str) -> None:
+        """Raise ConfigError unless ``name`` is a defined variant."""
+        if name not in self.variants:
+            fail("variant", name, f"choose one of {', '.join(self.variants)}")
+
+    def budgets(self, dataset: str) -> tuple[float, ...]:
+        """Dataset ``dataset``'s budgets in training FLOPs, increasing (see
+        :meth:`TrainConfig.budgets`)."""
+        return self.train.budgets(dataset)
+
+    def headline_budget(self, dataset: str) -> float:
+        """The budget the report's verdicts are drawn at: ``dataset``'s largest (its only one
+        outside a scaling study), where each variant is closest to its converged loss."""
+        return self.train.budgets(dataset)[-1]
+
+    def at_budget(self, dataset: str, budget: float) -> "StudyConfig":
+        """This study with ``dataset`` at one of its budgets: the config every stage computes
+        a budget's tuning, training and evaluation with, so that fingerprints and study names
+        depend on that budget alone.
+
+        Raises:
+            ConfigError: ``budget`` is not one of the dataset's budgets.
+        """
+        return dataclasses.replace(self, train=self.train.at_budget(dataset, budget))
+
+    def model_config(self, variant: str, vocab_size: int, line_length: int = 0,
+                     **overrides: Any) -> ModelConfig:
+        """The baseline model with the variant's overrides, then ``overrides`` (tuned values),
+        bound to a dataset of ``vocab_size`` tokens (and, for position coupled only, arithmetic
+        lines of ``line_length`` characters: 0 for a text dataset).
+
+        Raises:
+            ConfigError: unknown variant, or the result is invalid (e.g. width vs heads, position
+                coupled on a text dataset).
+        """
+        self.check_variant(variant)
+        changes = {**self.variants[variant], **overrides, "vocab_size": vocab_size}
+        if changes.get("position", self.model.position) == "coupled":
+            changes["line_length"] = line_length
+        return self.model.replace(**changes)
+
+
+# Each section of params.yaml and the dataclass whose param() fields are its keys (variants: a
+# mapping of name -> ModelConfig keys; datasets: of name -> DatasetConfig keys).
+SECTIONS: dict[str, type] = {
+    "study": StudySection, "datasets": DatasetConfig, "model": ModelConfig,
+    "variants": ModelConfig, "train": TrainConfig, "tune": TuneConfig,
+    "evaluate": EvaluateConfig, "tracking": TrackingConfig, "runtime": RuntimeConfig,
+}

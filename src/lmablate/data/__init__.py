@@ -1,0 +1,1 @@
+"""The datasets: arithmetic problems and text corpora generated or fetched, tokenized and batched."""

@@ -1,0 +1,1 @@
+"""Evaluation: test metrics of a trained model and the answer probe of the arithmetic task."""

@@ -1,0 +1,1 @@
+"""Where and how a stage's jobs run: threads, processes, a Dask cluster, workspaces, interrupts, the study's progress plan."""

@@ -1,0 +1,194 @@
+"""Where a stage stands in the study, and about how long the study has left: the line each stage
+of ``dvc repro`` prints as it starts.
+
+The plan is the study's stages in the order ``dvc repro`` runs them (dvc.yaml's stages, each
+over its datasets, then variants; tests/test_pipeline.py checks it against ``dvc repro
+--dry``), each with the training FLOPs it plans. The time left comes from the times of this
+study's stages so far, kept in ``.dvc/tmp/lmablate-times.json`` under ``DVC_ROOT`` (so the
+stages of ``dvc exp run --temp`` or ``--queue`` keep them in the project): a stage that trained
+before with the same FLOPs takes its last time again; one that did not takes its planned FLOPs at
+the pace of the stages of its kind so far (seconds per planned FLOP: a tune stage's extended
+bracket trains more than it plans), or for a kind not timed yet, at the FLOPs spent per second
+of the stages so far (a tune stage's from its ``trials.csv``). The estimate counts every later
+stage, so where DVC will skip some as up to date it is too long.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from lmablate.config.study import StudyConfig
+from lmablate.core.fileio import atomic_path
+
+TIMES_FILE = Path(".dvc") / "tmp" / "lmablate-times.json"
+COMMANDS = ("generate", "tokenize", "tune", "train", "evaluate", "report")  # dvc.yaml's order
+
+
+@dataclass(frozen=True)
+class PlannedStage:
+    """One stage of the study: its DVC name (``tune@shakespeare-rope``) and the training FLOPs
+    it plans (0 for a stage that trains nothing)."""
+
+    name: str
+    flops: float
+
+
+def stage_name(command: str, dataset: str | None = None, variant: str | None = None) -> str:
+    """The DVC name of ``command``'s stage on ``dataset`` (and ``variant``): ``generate@<d>``,
+    ``tune@<d>-<v>``, ``report``."""
+    item = "-".join(x for x in (dataset, variant) if x)
+    return f"{command}@{item}" if item else command
+
+
+def tune_flops(cfg: StudyConfig, dataset: str) -> float:
+    """The training FLOPs a tune stage of ``dataset`` plans at least: at each budget, each rung's
+    trials at their share of it (:func:`lmablate.tune.rungs.plan`), the bracket's first learning
+    rates ((its trials + 1, the middle one at two widths) x ``tune.bracket_seeds``) at the whole
+    budget; an extended bracket trains more."""
+    tune = cfg.tune
+    shares = 0.0
+    for rung, (n, fraction) in enumerate(tune.rungs):
+        bracket = len(tune.rungs) > 1 and rung == len(tune.rungs) - 1
+        shares += (n + 1) * tune.bracket_seeds * fraction if bracket else n * fraction
+    return shares * sum(cfg.budgets(dataset))
+
+
+def study_plan(cfg: StudyConfig) -> list[PlannedStage]:
+    """The study's stages in the order ``dvc repro`` runs them, with their planned FLOPs (a
+    final run spends its budget; evaluation and the rest are counted as 0)."""
+    datasets, variants = list(cfg.datasets), list(cfg.study_variants)
+    out = [PlannedStage(stage_name(c, d), 0.0) for c in COMMANDS[:2] for d in datasets]
+    out += [PlannedStage(stage_name("tune", d, v), tune_flops(cfg, d))
+            for d in datasets for v in variants]
+    out += [PlannedStage(stage_name("train", d, v), len(cfg.seeds) * sum(cfg.budgets(d)))
+            for d in datasets for v in variants]
+    out += [PlannedStage(stage_name("evaluate", d, v), 0.0) for d in datasets for v in variants]
+    return out + [PlannedStage("report", 0.0)]
+
+
+def times_path() -> Path:
+    """The times file of this study: under ``DVC_ROOT`` where DVC sets it, else here."""
+    return Path(os.environ.get("DVC_ROOT", ".")) / TIMES_FILE
+
+
+def read_times(path: Path) -> dict[str, dict]:
+    """Stage name -> ``{"seconds", "flops"}`` of its last run; empty if the file is missing or
+    unreadable (the estimate is a courtesy: it never stops a stage)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def spent_flops(trials_csv: Path) -> float | None:
+    """The training FLOPs a tune stage spent: the sum of its ``trials.csv``'s ``flops`` column
+    (an extended bracket spends more than :func:`tune_flops` plans); None if unreadable."""
+    import csv
+
+    try:
+        with open(trials_csv, newline="") as f:
+            return sum(float(row["flops"] or 0) for row in csv.DictReader(f))
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+def record_time(path: Path, stage: PlannedStage, seconds: float,
+                spent: float | None = None) -> None:
+    """Keep ``stage``'s time in the times file, with the FLOPs it ``spent`` where they differ from
+    those planned; a file that cannot be written is passed over."""
+    times = read_times(path)
+    times[stage.name] = {"seconds": round(seconds, 3), "flops": stage.flops}
+    if spent is not None and spent != stage.flops:
+        times[stage.name]["spent"] = spent
+    try:
+        with atomic_path(path) as tmp:
+            tmp.write_text(json.dumps(times, indent=1, sort_keys=True))
+    except OSError:
+        pass
+
+
+def seconds_left(plan: list[PlannedStage], start: int, times: dict[str, dict]) -> float | None:
+    """Seconds the stages ``plan[start:]`` take, as the module docstring says: a stage's last
+    time where it planned the same FLOPs; else its planned FLOPs at the seconds per planned FLOP
+    of the stages of its command timed so far (a tune stage's extended brackets included), or,
+    for a command not timed yet, at the FLOPs spent per second of every stage timed. None while
+    no stage that trains has a time yet and some of them train."""
+    def kind(name: str) -> str:
+        return name.split("@")[0]
+    timed = {n: t for n, t in times.items() if t.get("flops", 0) > 0 and t.get("seconds", 0) > 0}
+    rate = (sum(t.get("spent", t["flops"]) for t in timed.values())
+            / sum(t["seconds"] for t in timed.values()) if timed else None)
+    per_kind: dict[str, list[float]] = {}
+    for name, t in timed.items():
+        acc = per_kind.setdefault(kind(name), [0.0, 0.0])
+        acc[0] += t["seconds"]
+        acc[1] += t["flops"]
+    total = 0.0
+    for stage in plan[start:]:
+        last = times.get(stage.name)
+        if last and last.get("flops") == stage.flops:
+            total += last.get("seconds", 0.0)
+        elif stage.flops > 0:
+            if kind(stage.name) in per_kind:
+                seconds, flops = per_kind[kind(stage.name)]
+                total += stage.flops * seconds / flops
+            elif rate is not None:
+                total += stage.flops / rate
+            else:
+                return None
+    return total
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
+
+
+def start_line(cfg: StudyConfig, name: str, times: dict[str, dict],
+               plan: list[PlannedStage] | None = None) -> str | None:
+    """The line a stage prints as it starts: its place in the plan, the share of the study's
+    FLOPs done before it and about how long the rest (it included) takes; None for a command
+    that is no stage of the plan (a re-tuning)."""
+    plan = plan or study_plan(cfg)
+    names = [s.name for s in plan]
+    if name not in names:
+        return None
+    k = names.index(name)
+    total = sum(s.flops for s in plan)
+    done = sum(s.flops for s in plan[:k])
+    left = seconds_left(plan, k, times)
+    when = ("time left known once a training stage has run" if left is None
+            else f"about {_duration(left)} left with this one")
+    share = f"{100 * done / total:.0f}% of its training FLOPs done, " if total else ""
+    return f"lmablate: stage {k + 1} of {len(plan)} of the study ({name}); {share}{when}"
+
+
+class StageClock:
+    """Announces a stage of ``dvc repro`` (:func:`start_line`) and records its time when it ends.
+    Use :func:`clock_for`, which gives one only to a stage DVC runs."""
+
+    def __init__(self, cfg: StudyConfig, name: str):
+        self.path = times_path()
+        plan = study_plan(cfg)
+        self.stage = next((s for s in plan if s.name == name), None)
+        self.line = start_line(cfg, name, read_times(self.path), plan) if self.stage else None
+        self.start = time.monotonic()
+
+    def done(self, spent: float | None = None) -> None:
+        """Record the stage's time and the FLOPs it ``spent`` if known (a stage that failed
+        records none)."""
+        if self.stage is not None:
+            record_time(self.path, self.stage, time.monotonic() - self.start, spent)
+
+
+def clock_for(cfg: StudyConfig, command: str, dataset: str | None, variant: str | None,
+              replicate: int = 0) -> StageClock | None:
+    """A :class:`StageClock` for a stage that DVC runs (``DVC_ROOT`` set), else None: a command
+    typed by hand, or a re-tuning (``replicate``), is no stage of the plan and writes no times."""
+    if not os.environ.get("DVC_ROOT") or replicate:
+        return None
+    return StageClock(cfg, stage_name(command, dataset, variant))

@@ -1,0 +1,42 @@
+"""A variant of the study as a model: its config at a given width, and the causality pre-flight
+every stage runs before its first step."""
+
+from __future__ import annotations
+
+from lmablate.config.study import ConfigError, ModelConfig, StudyConfig
+from lmablate.model.gpt import check_causality, match_ffn_hidden
+
+
+def resolve_model_config(cfg: StudyConfig, variant: str, vocab_size: int, d_model: int,
+                         line_length: int = 0) -> ModelConfig:
+    """The variant's model at width ``d_model`` on a dataset of ``vocab_size`` tokens (and
+    arithmetic lines of ``line_length`` characters, which position coupled needs; 0: text);
+    with ``study.match_params`` its FFN hidden size is adjusted so its non-embedding parameter
+    count is within 2% of the baseline's.
+
+    Raises:
+        ConfigError: unknown variant, or an invalid result (e.g. width vs heads).
+        ValueError: ``match_params`` cannot reach the baseline's count.
+    """
+    model_cfg = cfg.model_config(variant, vocab_size, line_length, d_model=d_model)
+    if model_cfg.position == "coupled" and not line_length:
+        raise ConfigError(f"params: variant {variant!r} has position 'coupled', which needs an "
+                          "arithmetic dataset (fixed-width lines $(a op b)=c$); this dataset "
+                          "has none: drop the variant from study.variants or the dataset")
+    if cfg.match_params:
+        reference = cfg.model.replace(vocab_size=vocab_size, d_model=d_model)
+        model_cfg = match_ffn_hidden(model_cfg, reference)
+    return model_cfg
+
+
+def preflight(model_cfg: ModelConfig, what: str) -> None:
+    """Refuse to train a model that can see future tokens (the seeds' leaked-mask bug).
+
+    Raises:
+        ValueError: the model fails :func:`lmablate.model.gpt.check_causality` (message names
+            ``what`` and the leaking position).
+    """
+    try:
+        check_causality(model_cfg)
+    except ValueError as exc:
+        raise ValueError(f"{what}: pre-flight causality check failed: {exc}") from None

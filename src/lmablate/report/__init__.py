@@ -1,0 +1,57 @@
+"""The report stage's library: the runs collected into tables, statistics, figures and text; the
+``report`` stage (:mod:`lmablate.stages.report`) runs it.
+
+Every module, one line each (``tests/test_docstrings.py`` checks that none is left out).
+A new metric is computed in :mod:`~lmablate.report.stats` and tabled in
+:mod:`~lmablate.report.tables`; a new figure goes to :mod:`~lmablate.report.figures`; a new
+section of ``report.md`` to :mod:`~lmablate.report.text`.
+
+* :mod:`~lmablate.report.collect`: read ``runs/`` into ``RunOutputs``, in the study order.
+* :mod:`~lmablate.report.run_files`: one stage file (metrics, CSV, best.json) read into rows.
+* :mod:`~lmablate.report.families`: which part of the model a variant changes; its colours.
+* :mod:`~lmablate.report.headline`: each dataset's headline loss, DVC metrics and verdicts.
+* :mod:`~lmablate.report.curves`: the mean validation curves that ``dvc plots show`` draws.
+* :mod:`~lmablate.report.tables`: every table the report computes from the runs, and its CSV.
+
+Statistics (:mod:`~lmablate.report.stats`):
+
+* :mod:`~lmablate.report.stats.statistics`: t-intervals over seeds, paired tests, Holm's correction.
+* :mod:`~lmablate.report.stats.pooled_uncertainty`: tuning uncertainty, a dataset's pooled spread.
+* :mod:`~lmablate.report.stats.problems`: arithmetic variants against the baseline, per problem.
+* :mod:`~lmablate.report.stats.success`: which seeds learned arithmetic; their share, exact
+interval.
+* :mod:`~lmablate.report.stats.learning_speed`: tokens until each seed learns; Kaplan-Meier.
+* :mod:`~lmablate.report.stats.extrapolation`: each position scheme's loss past its training
+context.
+* :mod:`~lmablate.report.stats.sensitivity`: each variant's response to lr and width, from its
+trials.
+* :mod:`~lmablate.report.stats.scaling`: loss against compute fitted; each effect's trend with it.
+* :mod:`~lmablate.report.stats.isoflop`: loss against width at equal compute; compute-optimal width.
+* :mod:`~lmablate.report.stats.reference_models`: n-gram models and constant answers, from data
+alone.
+* :mod:`~lmablate.report.stats.reference_points`: n-gram, constant-answer and uniform reference
+losses.
+
+Figures (:mod:`~lmablate.report.figures`):
+
+* :mod:`~lmablate.report.figures.plotting`: what every figure shares: the figure, colours, units.
+* :mod:`~lmablate.report.figures.losses`: the figures of losses, comparisons and gradients (PNG).
+* :mod:`~lmablate.report.figures.tuning_figure`: loss against learning rate and width, from tuning.
+* :mod:`~lmablate.report.figures.bracket_figure`: each variant's full-budget lr bracket.
+* :mod:`~lmablate.report.figures.model_figures`: attention maps and token embeddings of a model.
+* :mod:`~lmablate.report.figures.arithmetic_figures`: arithmetic by operation and operand length.
+* :mod:`~lmablate.report.figures.scaling_figures`: curves, effects and isoFLOP profiles.
+* :mod:`~lmablate.report.figures.report_figures`: every figure of the report, with its caption.
+
+Text (:mod:`~lmablate.report.text`):
+
+* :mod:`~lmablate.report.text.mdtable`: Markdown cells and tables: numbers, intervals, verdicts.
+* :mod:`~lmablate.report.text.findings`: the report's "Findings": verdicts, what is undecided.
+* :mod:`~lmablate.report.text.methods`: the report's "Methodology", from config and environment.
+* :mod:`~lmablate.report.text.arithmetic_section`: arithmetic's headline, floors, length tests.
+* :mod:`~lmablate.report.text.lr_section`: the report's section on the learning-rate response.
+* :mod:`~lmablate.report.text.limits`: the report's "What this study can and cannot say".
+* :mod:`~lmablate.report.text.scaling_section`: the report's "How the effects change with compute".
+* :mod:`~lmablate.report.text.markdown`: the text of ``report.md``, assembled from the sections.
+* :mod:`~lmablate.report.text.report_text`: the text of ``report.md`` around the sections.
+"""

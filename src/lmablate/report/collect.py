@@ -1,0 +1,364 @@
+"""Reading what the train/evaluate/tune stages wrote under ``runs/<dataset>/<variant>/``.
+
+:func:`collect` gathers every run into one :class:`RunOutputs`; :func:`restrict_to_study` keeps
+the runs the config asks for and lists the missing and ignored ones.
+
+The order of datasets and variants is set here, once: every frame's ``dataset`` and ``variant``
+columns are ordered :class:`pandas.Categorical` (datasets in config order; variants with
+``baseline`` first, then in config order, then any others alphabetically), and every table,
+figure and section of the report follows that order instead of sorting again. A category may be
+absent from a frame (a variant with no runs yet): :func:`present` lists the ones that occur.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import pandas as pd
+
+from lmablate.core import fileio
+from lmablate.report.run_files import (
+    ABLATION_COLUMNS, ANSWER_DIGITS_COLUMNS, EXTRAPOLATION_COLUMNS, OPERAND_DIGITS_COLUMNS,
+    PER_OP_COLUMNS, POSITION_LOSS_COLUMNS, REPLICATE_COLUMNS, TUNED_COLUMNS, at_headline,
+    read_csv_tagged, read_metrics, tuned_row, typed_columns, typed_numbers)
+from lmablate.config.study import StudyConfig, budget_label
+
+BASELINE = "baseline"  # the variant every other is compared with; first in every table
+
+@dataclass(frozen=True, eq=False)
+class RunOutputs:
+    """Everything the stages wrote under ``runs/``, one frame per kind of file.
+
+    Every frame has ``dataset`` and ``variant`` columns as ordered categoricals (the study order,
+    see the module docstring); an optional file that no run wrote gives an empty frame.
+    ``eq=False``: frames have no single truth value, so instances compare by identity.
+
+    Attributes:
+        ablation: one row per dataset x variant x seed, columns :data:`ABLATION_COLUMNS`, sorted
+            by dataset, variant, seed. Units: losses in nats/char, accuracies as fractions in
+            [0, 1], ``train_seconds`` in s, ``tokens_per_second`` in tokens/s, ``lr`` per step;
+            ``answer_loss`` (arithmetic) in nats per answer character. NaN where a metric does
+            not apply (``exact_match`` of a text corpus).
+        history: the ``history.csv`` files stacked (``seed, step, tokens, train_loss, val_loss,
+            lr, elapsed_seconds``), in file order.
+        trials: Optuna's ``trials_dataframe()`` CSVs (``trials.csv``) stacked, in file order.
+        grad: the ``grad_stats.csv`` files stacked (``seed, group, frac_near_zero, ...``).
+        per_op: arithmetic results per operation, columns :data:`PER_OP_COLUMNS`
+            (``answer_loss`` in nats per answer character, ``n`` problems).
+        samples: ``{(dataset, variant): {"seed_<n>": [generated text, ...]}}`` (text corpora).
+        predictions: ``{(dataset, variant): {"seed_<n>": [{"prompt", "target",
+            "prediction"}, ...]}}`` (arithmetic: greedy-decoded test problems).
+        replicates: the final runs of re-tunings with another sampler seed
+            (``<dataset>/<variant>/replicate_<N>/metrics.json``), columns
+            :data:`REPLICATE_COLUMNS`, sorted by dataset, variant, replicate, seed. Never part
+            of ``ablation``: they measure how much tuning varies, they are not a variant.
+        tuned: the tuned values of each dataset x variant (``best.json``), columns
+            :data:`TUNED_COLUMNS`: ``lr`` per step, ``d_model``, the best trial's ``val_loss``
+            (nats/char, at its share of the budget) and the range-edge flags.
+        extrapolation: length extrapolation per dataset x variant x seed x factor, columns
+            :data:`EXTRAPOLATION_COLUMNS` (``length`` in tokens, ``test_loss`` in nats/char;
+            NaN with the reason in ``note`` where the scheme cannot run that long).
+        position_loss: the loss by position bucket at each factor, columns
+            :data:`POSITION_LOSS_COLUMNS` (``position``: the bucket's first position, 0-based).
+        by_operand_digits: arithmetic results per seed by operand length (``digits`` of the
+            longer operand), columns :data:`OPERAND_DIGITS_COLUMNS`: fractions, answer loss in
+            nats per answer character, ``n`` problems; NaN with the reason in ``note`` where
+            the model cannot run that long. Sorted by dataset, variant, seed, digits.
+        by_answer_digits: the same by the digits of the answer's integer part, columns
+            :data:`ANSWER_DIGITS_COLUMNS`, sorted alike.
+        scaling: every budget's runs of a scaling study (``train.budget_flops`` lists), the
+            columns of ``ablation`` (``budget_flops``: the run's budget in training FLOPs),
+            sorted by dataset, variant, budget, seed. Every other frame holds the headline
+            budget's runs only: each ``metrics.json``'s largest budget, where the verdicts are
+            drawn.
+        scaling_trials: the tuning trials of every budget (``trials.csv`` with its
+            ``budget_flops`` column), in file order.
+        scaling_tuned: what tuning chose at every budget, ``budget_flops`` and
+            :data:`TUNED_COLUMNS`.
+
+    The raw frames (history, trials, grad, per_op) keep the row order of the files: the figures
+    draw their points in row order, and overlapping markers are stacked in that order.
+    """
+
+    ablation: pd.DataFrame
+    history: pd.DataFrame
+    trials: pd.DataFrame
+    grad: pd.DataFrame
+    per_op: pd.DataFrame
+    samples: dict[tuple[str, str], dict[str, list[str]]]
+    predictions: dict[tuple[str, str], dict[str, list[dict[str, str]]]]
+    replicates: pd.DataFrame = dataclasses.field(
+        default_factory=lambda: pd.DataFrame(columns=REPLICATE_COLUMNS))
+    tuned: pd.DataFrame = dataclasses.field(
+        default_factory=lambda: pd.DataFrame(columns=TUNED_COLUMNS))
+    extrapolation: pd.DataFrame = dataclasses.field(
+        default_factory=lambda: pd.DataFrame(columns=EXTRAPOLATION_COLUMNS))
+    position_loss: pd.DataFrame = dataclasses.field(
+        default_factory=lambda: pd.DataFrame(columns=POSITION_LOSS_COLUMNS))
+    by_operand_digits: pd.DataFrame = dataclasses.field(
+        default_factory=lambda: pd.DataFrame(columns=OPERAND_DIGITS_COLUMNS))
+    by_answer_digits: pd.DataFrame = dataclasses.field(
+        default_factory=lambda: pd.DataFrame(columns=ANSWER_DIGITS_COLUMNS))
+    scaling: pd.DataFrame = dataclasses.field(
+        default_factory=lambda: pd.DataFrame(columns=ABLATION_COLUMNS))
+    scaling_trials: pd.DataFrame = dataclasses.field(default_factory=pd.DataFrame)
+    scaling_tuned: pd.DataFrame = dataclasses.field(
+        default_factory=lambda: pd.DataFrame(columns=["budget_flops", *TUNED_COLUMNS]))
+
+
+# --------------------------------------------------------------------------------------------
+# The study order
+# --------------------------------------------------------------------------------------------
+
+def variant_order(variants: Iterable[str], configured: Sequence[str] = ()) -> list[str]:
+    """``variants`` (duplicates dropped) with ``baseline`` first, then those in ``configured``
+    in that order, then any others alphabetically."""
+    present = set(variants)
+    head = [v for v in dict.fromkeys([BASELINE, *configured]) if v in present]
+    return head + sorted(present - set(head))
+
+
+def present(values: pd.Series) -> list[str]:
+    """The values that occur in ``values``, in its categorical order (in order of first
+    appearance for a plain column). Unobserved categories are left out."""
+    if isinstance(values.dtype, pd.CategoricalDtype):
+        seen = set(values.dropna())
+        return [str(c) for c in values.cat.categories if c in seen]
+    return [str(v) for v in pd.unique(values.dropna())]
+
+
+def _categorical(values: pd.Series, order: Sequence[str]) -> pd.Series:
+    return pd.Series(pd.Categorical(values.astype(str), categories=list(order), ordered=True),
+                     index=values.index, name=values.name)
+
+
+def with_order(df: pd.DataFrame, datasets: Sequence[str] | None = None,
+               variants: Sequence[str] | None = None) -> pd.DataFrame:
+    """``df`` with its ``dataset``/``variant`` columns as ordered categoricals.
+
+    Args:
+        datasets, variants: the categories in order. ``None`` keeps a column that is categorical
+            already and orders a plain one by first appearance (so a hand-made frame keeps the
+            order of its rows). Values outside the given categories raise.
+
+    Rows are not moved. An empty frame without these columns is returned unchanged.
+
+    Raises:
+        ValueError: a value of ``df`` is not among the given categories.
+    """
+    out = df.copy()
+    for col, order in (("dataset", datasets), ("variant", variants)):
+        if col not in out:
+            continue
+        if order is None:
+            if isinstance(out[col].dtype, pd.CategoricalDtype):
+                continue
+            order = present(out[col])
+        extra = sorted(set(out[col].astype(str)) - set(order))
+        if extra:
+            raise ValueError(f"{col} {', '.join(extra)} not among the categories {list(order)}")
+        out[col] = _categorical(out[col], order)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Collecting the stage outputs
+# --------------------------------------------------------------------------------------------
+
+def _stack(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+_DIGIT_FRAMES = ("by_operand_digits", "by_answer_digits")
+
+
+def _ordered(runs: RunOutputs, datasets: Sequence[str], variants: Sequence[str]) -> RunOutputs:
+    """``runs`` with the study order set on every frame; the ablation table sorted by it."""
+    frames = {f: with_order(getattr(runs, f), datasets, variants)
+              for f in ("ablation", "history", "trials", "grad", "per_op", "replicates",
+                        "tuned", "extrapolation", "position_loss", *_DIGIT_FRAMES, "scaling",
+                        "scaling_trials", "scaling_tuned")}
+    frames["ablation"] = frames["ablation"].sort_values(
+        ["dataset", "variant", "seed"], kind="stable", ignore_index=True)
+    frames["tuned"] = frames["tuned"].sort_values(["dataset", "variant"], kind="stable",
+                                                  ignore_index=True)
+    frames["scaling"] = frames["scaling"].sort_values(
+        ["dataset", "variant", "budget_flops", "seed"], kind="stable", ignore_index=True)
+    frames["replicates"] = frames["replicates"].sort_values(
+        ["dataset", "variant", "replicate", "seed"], kind="stable", ignore_index=True)
+    for f in _DIGIT_FRAMES:
+        frames[f] = frames[f].sort_values(["dataset", "variant", "seed", "digits"],
+                                          kind="stable", ignore_index=True)
+    return dataclasses.replace(runs, **frames)
+
+
+def collect(runs_dir: Path) -> RunOutputs:
+    """Read every ``<runs_dir>/<dataset>/<variant>/`` that holds a ``metrics.json``, and every
+    re-tuning's ``<runs_dir>/<dataset>/<variant>/replicate_<N>/metrics.json``.
+
+    Reads ``metrics.json`` (per seed: sizes, tuned ``lr``/``d_model``, losses, accuracies,
+    ``per_op`` results and, for arithmetic, ``by_operand_digits`` and ``by_answer_digits``),
+    and where present ``history.csv``, ``trials.csv``, ``grad_stats.csv``, ``best.json`` and
+    ``examples.json``. Datasets are ordered alphabetically and variants by
+    :func:`variant_order` (baseline first); :func:`restrict_to_study` sets the config's order.
+
+    Missing optional files give empty frames / absent keys, never errors; a folder without
+    ``metrics.json`` is skipped. A run without a ``seed`` field takes it from its ``seed_<n>``
+    key.
+
+    Raises:
+        ValueError: a ``metrics.json`` or ``examples.json`` is not valid JSON.
+    """
+    runs_dir = Path(runs_dir)
+    rows: list[dict] = []
+    more: dict[str, list[dict]] = {}
+    histories, trials, grads, tuned_rows = [], [], [], []
+    samples: dict[tuple[str, str], dict] = {}
+    predictions: dict[tuple[str, str], dict] = {}
+    scaling_rows, scaling_trials, scaling_tuned = [], [], []
+    for metrics_path in sorted(runs_dir.glob("*/*/metrics.json")):
+        run_dir = metrics_path.parent
+        dataset, variant, seed_rows, parts, headline = read_metrics(metrics_path)
+        rows += seed_rows
+        scaling_rows += parts.pop("scaling")
+        for name, part in parts.items():
+            more.setdefault(name, []).extend(part)
+        for name, sink in (("history.csv", histories), ("trials.csv", trials),
+                           ("grad_stats.csv", grads)):
+            df = read_csv_tagged(run_dir / name, dataset, variant)
+            if name == "trials.csv" and df is not None:
+                scaling_trials.append(df)
+            df = at_headline(df, headline)
+            if df is not None:
+                sink.append(df)
+        if (run_dir / "best.json").is_file():
+            best = fileio.read_json(run_dir / "best.json")
+            for entry in best.get("budgets", [best]):  # tuned for this folder's run
+                name = str(entry.get("study_name") or f"{dataset}-{variant}-")
+                if not name.startswith(f"{run_dir.parent.name}-{run_dir.name}-"):
+                    raise ValueError(f"{run_dir / 'best.json'}: tuned as Optuna study {name}, "
+                                     f"not for {run_dir.parent.name} {run_dir.name} (its "
+                                     "folder); run lmablate tune (or dvc repro) again")
+            entries = [tuned_row(dataset, variant, b) for b in best.get("budgets", [best])]
+            scaling_tuned += entries
+            tuned_rows += [e for e in entries if e["budget_flops"] in (None, headline)][-1:]
+        if (run_dir / "examples.json").is_file():
+            # Per seed: text samples (strings) or arithmetic predictions (dicts); a scaling
+            # study's keyed "<budget label>/seed_<s>", of which the headline budget's are kept
+            examples = fileio.read_json(run_dir / "examples.json")
+            keep = ("",) if headline is None else ("", budget_label(headline))
+            examples = {k.rpartition("/")[2]: v for k, v in examples.items()
+                        if k.rpartition("/")[0] in keep}
+            first = next((v[0] for v in examples.values() if v), None)
+            sink = predictions if isinstance(first, dict) else samples
+            sink[(dataset, variant)] = examples
+
+    replicate_rows = []
+    for metrics_path in sorted(runs_dir.glob("*/*/replicate_*/metrics.json")):
+        number = metrics_path.parent.name.removeprefix("replicate_")
+        if not number.isdigit():
+            continue
+        replicate = int(number)
+        _, _, seed_rows, _, _ = read_metrics(metrics_path, metrics_path.parent.parent)
+        replicate_rows += [{**row, "replicate": replicate} for row in seed_rows]
+
+    ablation = typed_columns(pd.DataFrame(rows, columns=ABLATION_COLUMNS))
+    per_op = typed_numbers(pd.DataFrame(more.get("per_op", []), columns=PER_OP_COLUMNS))
+    digit_frames = {name: typed_numbers(pd.DataFrame(more.get(name, []), columns=columns))
+                    for name, columns in (("by_operand_digits", OPERAND_DIGITS_COLUMNS),
+                                          ("by_answer_digits", ANSWER_DIGITS_COLUMNS))}
+
+    runs = RunOutputs(ablation=ablation, history=_stack(histories), trials=_stack(trials),
+                      grad=_stack(grads), per_op=per_op, samples=samples,
+                      predictions=predictions,
+                      replicates=typed_columns(pd.DataFrame(replicate_rows,
+                                                            columns=REPLICATE_COLUMNS)),
+                      tuned=pd.DataFrame(tuned_rows, columns=TUNED_COLUMNS),
+                      scaling=typed_columns(pd.DataFrame(scaling_rows, columns=ABLATION_COLUMNS)),
+                      scaling_trials=_stack(scaling_trials),
+                      scaling_tuned=pd.DataFrame(scaling_tuned,
+                                                 columns=["budget_flops", *TUNED_COLUMNS]),
+                      extrapolation=typed_numbers(pd.DataFrame(more.get("extrapolation", []),
+                                                          columns=EXTRAPOLATION_COLUMNS)),
+                      position_loss=typed_numbers(pd.DataFrame(more.get("position_loss", []),
+                                                          columns=POSITION_LOSS_COLUMNS)),
+                      **digit_frames)
+    frames = [runs.ablation, runs.history, runs.trials, runs.grad, runs.per_op, runs.replicates,
+              runs.tuned]
+    datasets = sorted({str(d) for f in frames if "dataset" in f for d in f["dataset"]})
+    variants = variant_order(str(v) for f in frames if "variant" in f for v in f["variant"])
+    return _ordered(runs, datasets, variants)
+
+
+# --------------------------------------------------------------------------------------------
+# Restricting to the configured study
+# --------------------------------------------------------------------------------------------
+
+def _restrict_to_study(cfg: StudyConfig, ablation: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """Keep the runs the config asks for; describe missing and ignored (stale) runs."""
+    notes = []
+    keep = (ablation["dataset"].isin(list(cfg.datasets))
+            & ablation["variant"].isin(list(cfg.study_variants))
+            & ablation["seed"].isin(list(cfg.seeds)))
+    ignored = ablation[~keep]
+    if len(ignored):
+        names = sorted({f"{r.dataset}/{r.variant}/seed {r.seed}" for r in ignored.itertuples()})
+        notes.append(f"{len(ignored)} run(s) under the runs directory are not part of the "
+                     f"configured study and were ignored: {', '.join(names[:10])}"
+                     f"{' ...' if len(names) > 10 else ''}.")
+    kept = ablation[keep]
+    found = set(zip(kept["dataset"], kept["variant"], kept["seed"].astype(int)))
+    missing = [f"{d}/{v}/seed {s}" for d in cfg.datasets for v in cfg.study_variants
+               for s in cfg.seeds if (d, v, s) not in found]
+    if missing:
+        notes.append(f"{len(missing)} configured run(s) have no results: "
+                     f"{', '.join(missing[:10])}{' ...' if len(missing) > 10 else ''}.")
+    return kept, notes
+
+
+def _filter(df: pd.DataFrame, cfg: StudyConfig, by_seed: bool = True) -> pd.DataFrame:
+    """The rows of ``df`` that belong to the configured datasets, variants and (``by_seed``)
+    seeds. Tuning trials are not filtered by seed: their ``seed`` is a tuning seed
+    (``tune.seed`` and after), never one of ``study.seeds``."""
+    if df.empty:
+        return df
+    keep = df["dataset"].isin(list(cfg.datasets)) & df["variant"].isin(list(cfg.study_variants))
+    if by_seed and "seed" in df:
+        keep &= df["seed"].isin(list(cfg.seeds))
+    return df[keep]
+
+
+def restrict_to_study(cfg: StudyConfig, runs: RunOutputs) -> tuple[RunOutputs, list[str]]:
+    """The runs of the configured datasets x variants x seeds, in the study order.
+
+    Returns:
+        ``(runs, notes)``: the kept runs with every frame's categories set to the config's
+        datasets (in config order) and variants (:func:`variant_order` of
+        ``cfg.study_variants``: baseline first, then config order), the ablation table sorted by
+        them; ``notes`` are sentences for the report naming the ignored runs (present under
+        ``runs/`` but not configured: stale results) and the missing ones (configured, no
+        results).
+    """
+    ablation, notes = _restrict_to_study(cfg, runs.ablation)
+
+    def configured(by_run: dict[tuple[str, str], Any]) -> dict[tuple[str, str], Any]:
+        return {(d, v): x for (d, v), x in by_run.items()
+                if d in cfg.datasets and v in cfg.study_variants}
+
+    kept = dataclasses.replace(
+        runs, ablation=ablation, replicates=_filter(runs.replicates, cfg),
+        history=_filter(runs.history, cfg), tuned=_filter(runs.tuned, cfg),
+        trials=_filter(runs.trials, cfg, by_seed=False), grad=_filter(runs.grad, cfg),
+        extrapolation=_filter(runs.extrapolation, cfg),
+        position_loss=_filter(runs.position_loss, cfg),
+        **{f: _filter(getattr(runs, f), cfg) for f in _DIGIT_FRAMES},
+        per_op=_filter(runs.per_op, cfg), samples=configured(runs.samples),
+        scaling=_filter(runs.scaling, cfg),
+        scaling_trials=_filter(runs.scaling_trials, cfg, by_seed=False),
+        scaling_tuned=_filter(runs.scaling_tuned, cfg),
+        predictions=configured(runs.predictions))
+    variants = variant_order(cfg.study_variants, cfg.study_variants)
+    return _ordered(kept, list(cfg.datasets), variants), notes

@@ -1,0 +1,1 @@
+"""The report's figures, drawn with seaborn from the report's tables."""

@@ -1,0 +1,440 @@
+"""The study's figures of losses and comparisons: one seaborn figure per ``plot_*`` function,
+written as a PNG.
+
+Every function takes the frames of :mod:`lmablate.report.collect` and a path, draws with
+:func:`lmablate.report.figures.plotting.figure` (matplotlib's Agg, no pyplot state) and writes the
+PNG atomically; it returns the path, or None when there is nothing to draw (or, for
+:func:`plot_params_vs_loss`, nothing worth drawing). Variants appear in the study order carried
+by the frames' categorical ``variant`` column (baseline first), never re-sorted here.
+
+The other figures: the model's insides in :mod:`lmablate.report.figures.model_figures`, the tuning
+in :mod:`lmablate.report.figures.tuning_figure`, the arithmetic ones in
+:mod:`lmablate.report.text.arithmetic_section`.
+
+Units: losses are natural-log cross-entropy per character (nats/char,
+:data:`~lmablate.report.figures.plotting.LOSS_UNIT`); accuracies are fractions in [0, 1]; parameter
+counts are counts.
+
+Colours: the figures that colour by variant take ``palette`` (variant -> colour), from
+:func:`lmablate.report.families.family_palette`, the one source of variant colours. Reference
+losses (e.g. n-gram models' test losses, label -> nats/char) are drawn by
+:func:`plot_val_loss_curves` and :func:`plot_test_loss` as labelled grey horizontal lines.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+import seaborn as sns
+from matplotlib.figure import Figure
+from matplotlib.legend_handler import HandlerLine2D
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+from matplotlib.ticker import StrMethodFormatter
+
+from lmablate.report.figures import plotting
+from lmablate.report.collect import BASELINE, present
+from lmablate.report.text.limits import tuning_luck
+from lmablate.report.figures.plotting import LOSS_UNIT
+from lmablate.report.stats.statistics import (ALPHA, METRICS, VERDICT_BETTER, VERDICT_FEW,
+                                          VERDICT_IDENTICAL, VERDICT_NSD,
+                                          VERDICT_UNDECIDED_TUNING, VERDICT_WORSE, t_interval)
+
+VERDICT_COLORS = {
+    VERDICT_BETTER: "#1a9850",
+    VERDICT_WORSE: "#d73027",
+    VERDICT_NSD: "#4d4d4d",
+    VERDICT_FEW: "#b0b0b0",
+    VERDICT_IDENTICAL: "#5b7a99",  # blue-grey: a result, but not a tested one
+    VERDICT_UNDECIDED_TUNING: "#e08214",  # orange: significant, but inside the tuning's reach
+}
+
+LUCK_COLOUR = "#f2e3b3"  # pale sand: the tuning-luck band, behind everything
+JITTER_SEED = 0  # the strip plot's horizontal jitter (see plot_test_loss)
+
+# plot_test_loss draws a reference only within this many data ranges beyond the data (the
+# seeds and the means' intervals): a far reference (a unigram model ~1.3 nats above the
+# variants) would squash the differences between variants into a few pixels
+REFERENCE_WINDOW = 1.5
+# plot_params_vs_loss draws nothing when the largest parameter count is less than this many
+# times the smallest: variants trained at one width differ by a few percent (a SwiGLU FFN, a
+# norm without bias), and an axis spanning 1.5% of the counts makes seed noise read as a trend
+# in size. Neighbouring widths the tuner picks from (24, 32, 40) differ by 1.5x or more in
+# parameters, so 1.2 keeps every figure where the variants really differ in size.
+MIN_PARAMS_RATIO = 1.2
+
+
+def plot_val_loss_curves(history: pd.DataFrame, dataset: str, path: Path, *,
+                         palette: Mapping[str, Any],
+                         references: Mapping[str, float] | None = None) -> Path | None:
+    """Validation loss (nats/char) against optimizer step, one line per variant: the mean over
+    seeds with a band of +-1 SD over seeds (SD, not a bootstrap CI: 3 seeds make a poor
+    bootstrap).
+
+    Args:
+        palette: variant -> colour (:func:`~lmablate.report.families.family_palette`).
+        references: label -> loss (nats/char), e.g. n-gram baselines; each is a grey dashed
+            horizontal line, named with its value in the legend. All are drawn, whatever their
+            value: the curves start near log(vocab size) and pass most references.
+
+    Returns ``path``, or None if there is no history for ``dataset``."""
+    h = history[history["dataset"] == dataset] if len(history) else history
+    if h.empty or "val_loss" not in h:
+        return None
+    h = h.dropna(subset=["val_loss"])
+    order = present(h["variant"])
+    n_seeds = h.groupby("variant", observed=True)["seed"].nunique().max()
+    with plotting.figure(path, figsize=(8.5, 4.8)) as (fig, axes):
+        ax = axes[0, 0]
+        sns.lineplot(data=h, x="step", y="val_loss", hue="variant", hue_order=order,
+                     palette=plotting.variant_palette(order, palette), errorbar="sd", marker="o",
+                     markersize=4, ax=ax)
+        handles, labels = ax.get_legend_handles_labels()
+        refs = plotting.draw_references(ax, references)
+        ax.set_title(f"{dataset}: validation loss during training\n"
+                     f"(mean over {n_seeds} seed(s), band = ±1 SD)")
+        ax.set_xlabel("optimizer step")
+        ax.set_ylabel(f"validation loss ({LOSS_UNIT})")
+        # outside the axes: with a dozen variants an inner legend hides the curves
+        ax.legend(handles + refs, labels + [r.get_label() for r in refs],
+                  title="variant" + (f" / reference ({LOSS_UNIT})" if refs else ""),
+                  loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+    return Path(path)
+
+
+def plot_test_loss(ablation: pd.DataFrame, dataset: str, path: Path, *,
+                   references: Mapping[str, float] | None = None) -> Path | None:
+    """Test loss (nats/char) per variant: each seed as a grey dot, the mean as a diamond with
+    its 95% Student-t interval (the same interval as summary.csv); a dotted line marks the
+    baseline mean.
+
+    Args:
+        references: label -> loss (nats/char), e.g. n-gram baselines. A reference within
+            :data:`REFERENCE_WINDOW` data ranges of the data (seeds and intervals) is a grey
+            dashed line named with its value in the legend; a farther one is not drawn, so as
+            not to squash the variants' differences, and the legend names it as
+            ``"<label>: <value> (off the axis, above)"`` (or below).
+
+    Returns ``path``, or None without test losses for ``dataset``."""
+    d = ablation[(ablation["dataset"] == dataset)].dropna(subset=["test_loss"])
+    if d.empty:
+        return None
+    order = present(d["variant"])
+    with plotting.figure(path, figsize=(max(6.0, 1.1 * len(order) + 2.5), 4.5)) as (fig, axes):
+        ax = axes[0, 0]
+        # seaborn draws the jitter from numpy's global generator: seed it for this call only,
+        # so that the same runs always give the same figure (and the caller's state is kept)
+        state = np.random.get_state()
+        np.random.seed(JITTER_SEED)
+        try:
+            sns.stripplot(data=d, x="variant", y="test_loss", order=order, color="0.5", size=5,
+                          alpha=0.75, jitter=0.12, ax=ax)
+        finally:
+            np.random.set_state(state)
+        sns.pointplot(data=d, x="variant", y="test_loss", order=order, errorbar=t_interval,
+                      color="C3", markers="D", linestyle="none", capsize=0.15, ax=ax)
+        base = d.loc[d["variant"] == BASELINE, "test_loss"]
+        handles = [
+            Line2D([], [], color="0.5", marker="o", linestyle="none", label="one seed"),
+            Line2D([], [], color="C3", marker="D", label="mean ± 95% t-interval"),
+        ]
+        if len(base):
+            ax.axhline(base.mean(), color="0.3", linestyle=":", linewidth=1)
+            handles.append(Line2D([], [], color="0.3", linestyle=":", label="baseline mean"))
+        handles += plotting.draw_references(ax, references, _reference_window(d))
+        ax.set_title(f"{dataset}: test loss per variant")
+        ax.set_xlabel("variant")
+        ax.set_ylabel(f"test loss ({LOSS_UNIT})")
+        ax.legend(handles=handles, loc="best", fontsize=8)
+        plotting.rotate_if_crowded(ax, len(order))
+    return Path(path)
+
+
+def _reference_window(d: pd.DataFrame) -> tuple[float, float]:
+    """The test losses (nats/char) within which :func:`plot_test_loss` draws references: the
+    range of the seeds' losses and of the means' t-intervals, widened on each side by
+    :data:`REFERENCE_WINDOW` times its width (times 5% of the loss when all are equal)."""
+    values = list(d["test_loss"].astype(float))
+    for _, losses in d.groupby("variant", observed=True)["test_loss"]:
+        values += [float(v) for v in t_interval(losses)]
+    finite = [v for v in values if np.isfinite(v)]
+    low, high = min(finite), max(finite)
+    span = high - low if high > low else 0.05 * max(abs(high), 1.0)
+    return low - REFERENCE_WINDOW * span, high + REFERENCE_WINDOW * span
+
+
+def plot_forest(comparisons: pd.DataFrame, dataset: str, path: Path,
+                metric: str = "test_loss", *,
+                variation: pd.DataFrame | None = None) -> Path | None:
+    """Forest plot of ``variant - baseline`` in ``metric`` (the metric's unit) per variant,
+    paired by seed: the mean difference as a diamond coloured by the Holm-corrected verdict,
+    its raw 95% t-interval as a thin line with caps, its Holm-adjusted interval
+    (``ci_holm_low``..``ci_holm_high``, when given) as a thick translucent bar, and that
+    interval widened on each side by the row's ``tuning_uncertainty`` (when given,
+    :func:`~lmablate.report.stats.statistics.tuning_check`) as a dotted box; a vertical line
+    at 0 (no difference). A text column right of the axes gives each variant's Holm p-value
+    (``*`` = significant), ``"identical on every seed"`` or ``"n=2: no test"``: outside the
+    data area, no label can hide a marker or an interval. The legend (verdicts, interval kinds)
+    is below the figure. The x axis spans every interval, the band and 0, with a margin.
+
+    Args:
+        variation: :func:`~lmablate.report.stats.statistics.tuning_variation`
+        (tuning_variation.csv);
+            when it has a re-tuning of ``dataset`` in ``metric``, a grey band of ±
+            :func:`~lmablate.report.text.limits.tuning_luck` around 0: effects within it may owe
+            as much to the tuner as to the feature (the number of the report's "Tuning luck"
+            sentence).
+
+    Returns ``path``, or None when ``dataset`` has no comparison for ``metric``."""
+    c = _forest_rows(comparisons, dataset, metric)
+    if c.empty:
+        return None
+    luck = tuning_luck(variation, dataset, metric)
+    with plotting.figure(path, figsize=(8.0, 2.4 + 0.45 * len(c))) as (fig, axes):
+        _draw_forest(fig, axes[0, 0], c, dataset, metric, luck)
+    return Path(path)
+
+
+def forest_limits(c: pd.DataFrame, luck: float | None = None,
+                  margin: float = 0.06) -> tuple[float, float]:
+    """The x range of a forest plot of the rows ``c`` (:func:`_forest_rows`): every mean, the
+    ends of every raw and Holm interval (and of the Holm interval widened by the tuning
+    uncertainty), the tuning-luck band ``±luck`` and 0, widened by
+    ``margin`` of that span on each side (a Holm bar clipped at the edge hides how far it
+    reaches)."""
+    cols = [x for x in ("mean_diff", "ci95_low", "ci95_high", "ci_holm_low", "ci_holm_high",
+                        "tuned_low", "tuned_high") if x in c]
+    values = np.concatenate([c[cols].to_numpy(float).ravel(), [0.0],
+                             [-luck, luck] if luck else []])
+    values = values[np.isfinite(values)]
+    low, high = float(values.min()), float(values.max())
+    span = high - low if high > low else max(abs(high), 1e-3)
+    return low - margin * span, high + margin * span
+
+
+def _forest_rows(comparisons: pd.DataFrame, dataset: str, metric: str) -> pd.DataFrame:
+    """The rows of the forest plot, in variant order, with ``y`` = 0, 1, ...; the Holm interval
+    columns are NaN when ``comparisons`` has none."""
+    c = comparisons[(comparisons["dataset"] == dataset) & (comparisons["metric"] == metric)]
+    c = c.dropna(subset=["mean_diff"])
+    c = c[c["variant"] != BASELINE].reset_index(drop=True)  # rows already in variant order
+    for col in ("ci95_low", "ci95_high", "ci_holm_low", "ci_holm_high", "p_holm",
+                "tuning_uncertainty"):
+        c[col] = c[col].astype(float) if col in c else np.nan
+    # the Holm interval widened by the larger tuning uncertainty of the pair: a verdict stands
+    # only when this still excludes 0 (statistics.tuning_check)
+    c["tuned_low"] = c["ci_holm_low"] - c["tuning_uncertainty"]
+    c["tuned_high"] = c["ci_holm_high"] + c["tuning_uncertainty"]
+    c["y"] = np.arange(len(c))
+    return c
+
+
+def _forest_note(r: pd.Series) -> str:
+    """The text beside a forest-plot row: its Holm p-value, or why it has none."""
+    if r["verdict"] == VERDICT_FEW:
+        return f"n={int(r['n_pairs'])}: no test" if pd.notna(r["n_pairs"]) else "no test"
+    if r["verdict"] == VERDICT_IDENTICAL:
+        return VERDICT_IDENTICAL
+    if not np.isfinite(r["p_holm"]):
+        return "p n/a"
+    star = " *" if pd.notna(r.get("reject_holm")) and bool(r["reject_holm"]) else ""
+    return f"p_Holm={r['p_holm']:.2g}{star}"
+
+
+def _draw_forest(fig: Figure, ax: Any, c: pd.DataFrame, dataset: str, metric: str,
+                 luck: float | None) -> None:
+    """Draw :func:`plot_forest`'s rows ``c`` (from :func:`_forest_rows`) on ``ax`` of ``fig``,
+    with the tuning-luck band ``±luck`` when given."""
+    label, _, higher = METRICS[metric]
+    unit = plotting.metric_unit(metric)
+    if luck:
+        ax.axvspan(-luck, luck, color=LUCK_COLOUR, zorder=0, linewidth=0)
+    ax.axvline(0, color="black", linewidth=1, linestyle="--")
+    for _, r in c.iterrows():
+        colour = VERDICT_COLORS[r["verdict"]]
+        if np.isfinite(r["ci_holm_low"]) and np.isfinite(r["ci_holm_high"]):
+            ax.barh(r["y"], r["ci_holm_high"] - r["ci_holm_low"], left=r["ci_holm_low"],
+                    height=0.5, color=colour, alpha=0.3, linewidth=0, zorder=1)
+        if np.isfinite(r["tuned_low"]) and np.isfinite(r["tuned_high"]):
+            ax.barh(r["y"], r["tuned_high"] - r["tuned_low"], left=r["tuned_low"],
+                    height=0.66, fill=False, edgecolor=colour, linestyle=":", linewidth=1.1,
+                    zorder=1)
+        if np.isfinite(r["ci95_low"]) and np.isfinite(r["ci95_high"]):
+            # caps keep a narrow interval visible behind its marker
+            ax.errorbar(r["mean_diff"], r["y"], fmt="none", ecolor=colour, elinewidth=1.3,
+                        capsize=5, capthick=1.3, zorder=2,
+                        xerr=[[r["mean_diff"] - r["ci95_low"]],
+                              [r["ci95_high"] - r["mean_diff"]]])
+    verdicts = [v for v in VERDICT_COLORS if v in set(c["verdict"])]
+    sns.scatterplot(data=c, x="mean_diff", y="y", hue="verdict", hue_order=verdicts,
+                    palette=VERDICT_COLORS, s=70, marker="D", edgecolor="white", zorder=3,
+                    legend=False, ax=ax)
+    for _, r in c.iterrows():
+        # x in axes fraction, y in data: a column right of the axes, whatever the data
+        ax.annotate(_forest_note(r), xy=(1.02, r["y"]), xycoords=("axes fraction", "data"),
+                    va="center", ha="left", fontsize=8, annotation_clip=False)
+    ax.set_yticks(c["y"], c["variant"])
+    ax.set_ylim(len(c) - 0.5, -0.5)  # first variant on top, as in the tables
+    ax.set_xlim(*forest_limits(c, luck))
+    better = "> 0" if higher else "< 0"
+    ax.set_xlabel(f"Δ {label} (variant − baseline){', ' + unit if unit else ''}; "
+                  f"{better} = better")
+    ax.set_ylabel("variant")
+    tuned = bool(np.isfinite(c["tuned_low"]).any())
+    ax.set_title(f"{dataset}: difference to baseline in {label}, paired by seed\n"
+                 "thin line with caps: 95% t-interval; thick bar: Holm-adjusted interval"
+                 + ("; dotted: ± tuning uncertainty" if tuned else "") + "\n"
+                 f"p_Holm: Holm-corrected p-value, * = significant (α={ALPHA})")
+    _forest_legend(fig, verdicts, luck, unit, tuned)
+
+
+def _forest_legend(fig: Figure, verdicts: Sequence[str], luck: float | None = None,
+                   unit: str = "", tuned: bool = False) -> None:
+    """The forest plot's legend, below the figure: outside the axes and away from the p-value
+    column at their right, it can cover neither. ``tuned``: an entry for the Holm interval
+    widened by the tuning uncertainty."""
+    raw = Line2D([], [], color="0.3", linewidth=1.3, marker="|", markersize=9,
+                 markeredgewidth=1.3)
+    handles = [Line2D([], [], color=VERDICT_COLORS[v], marker="D", markeredgecolor="white",
+                      markersize=8, linestyle="none") for v in verdicts]
+    handles += [raw, Patch(facecolor="0.3", alpha=0.3, linewidth=0)]
+    labels = [*verdicts, "95% t-interval (raw)", "Holm-adjusted interval"]
+    if tuned:
+        handles.append(Patch(fill=False, edgecolor="0.3", linestyle=":", linewidth=1.1))
+        labels.append("Holm interval ± tuning uncertainty")
+    if luck:
+        handles.append(Patch(facecolor=LUCK_COLOUR, linewidth=0))
+        labels.append(f"tuning luck: ±{luck:.3f}{' ' + unit if unit else ''} "
+                      "(baseline re-tuned)")
+    # two markers on the raw interval's sample: the caps at its ends
+    fig.legend(handles, labels, loc="outside lower center", ncol=3, fontsize=8,
+               title="verdict (colour) and intervals", title_fontsize=8,
+               handler_map={raw: HandlerLine2D(numpoints=2)})
+
+
+def params_range(ablation: pd.DataFrame, dataset: str) -> tuple[float, float] | None:
+    """The smallest and largest non-embedding parameter count (counts) of ``dataset``'s runs
+    with a test loss; None without any."""
+    d = ablation[ablation["dataset"] == dataset].dropna(
+        subset=["test_loss", "n_params_non_embedding"])
+    if d.empty:
+        return None
+    n = d["n_params_non_embedding"].astype(float)
+    return float(n.min()), float(n.max())
+
+
+def params_too_narrow(ablation: pd.DataFrame, dataset: str) -> str | None:
+    """Why :func:`plot_params_vs_loss` draws no figure of ``dataset`` although it has parameter
+    counts: a sentence naming their range when the largest is less than
+    :data:`MIN_PARAMS_RATIO` times the smallest; None otherwise (a figure, or no counts)."""
+    span = params_range(ablation, dataset)
+    if span is None or span[1] >= MIN_PARAMS_RATIO * span[0]:
+        return None
+    low, high = span
+    return (f"{dataset}: non-embedding parameters vs test loss not drawn: the parameter counts "
+            f"span {low:,.0f} to {high:,.0f} ({high / low - 1:.1%} apart), too narrow a range "
+            "to show a trend in size (the figure needs the largest at least "
+            f"{MIN_PARAMS_RATIO:g} times the smallest).")
+
+
+def plot_params_vs_loss(ablation: pd.DataFrame, dataset: str, path: Path, *,
+                        palette: Mapping[str, Any]) -> Path | None:
+    """Non-embedding parameter count against test loss (nats/char), one point per seed,
+    colour and marker = variant (``palette``: variant -> colour). Shows whether a variant's gain
+    is just extra capacity.
+
+    Returns ``path``, or None without parameter counts for ``dataset`` or when they span too
+    narrow a range to show a trend (:func:`params_too_narrow` says so in a sentence).
+
+    Raises:
+        ValueError: ``palette`` has no colour for a variant.
+    """
+    span = params_range(ablation, dataset)
+    if span is None or span[1] < MIN_PARAMS_RATIO * span[0]:
+        return None
+    d = ablation[ablation["dataset"] == dataset].dropna(
+        subset=["test_loss", "n_params_non_embedding"]).copy()
+    d["n_params_non_embedding"] = d["n_params_non_embedding"].astype(float)
+    order = present(d["variant"])
+    with plotting.figure(path, figsize=(7.5, 4.5)) as (fig, axes):
+        ax = axes[0, 0]
+        sns.scatterplot(data=d, x="n_params_non_embedding", y="test_loss", hue="variant",
+                        hue_order=order, palette=plotting.variant_palette(order, palette),
+                        style="variant",
+                        style_order=order, s=70, alpha=0.85, ax=ax)
+        ax.xaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))  # exact counts
+        ax.margins(x=0.1)
+        ax.set_title(f"{dataset}: size vs test loss (one point per seed)")
+        ax.set_xlabel("non-embedding parameters (count)")
+        ax.set_ylabel(f"test loss ({LOSS_UNIT})")
+        ax.legend(title="variant", loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return Path(path)
+
+
+def plot_grad_flow(grad: pd.DataFrame, dataset: str, path: Path) -> Path | None:
+    """Heatmap of the fraction of gradient entries with |grad| < 1e-8 in the last training
+    batch's backward pass (mean over seeds), parameter group (rows) x variant (columns): a
+    one-batch diagnostic that counts exact-zero activations (a ReLU's, not a SiLU gate's) and
+    embedding rows of tokens absent from that batch. Returns ``path``, or None without grad
+    stats."""
+    g = grad[grad["dataset"] == dataset] if len(grad) else grad
+    if g.empty or "frac_near_zero" not in g:
+        return None
+    order = present(g["variant"])
+    table = g.pivot_table(index="group", columns="variant", values="frac_near_zero",
+                          aggfunc="mean", observed=True)
+    table = table.reindex(index=list(pd.unique(g["group"])),
+                          columns=[v for v in order if v in table.columns])
+    size = (1.2 * len(order) + 4.0, 0.4 * len(table) + 1.8)
+    with plotting.figure(path, figsize=size) as (fig, axes):
+        ax = axes[0, 0]
+        sns.heatmap(table, annot=True, fmt=".2f", vmin=0, vmax=1, cmap="rocket_r",
+                    linewidths=0.5, cbar_kws={"label": "fraction of |grad| < 1e-8"}, ax=ax)
+        ax.set_title(f"{dataset}: |grad| < 1e-8 in the last training batch, a one-batch "
+                     "diagnostic (mean over seeds)")
+        ax.set_xlabel("variant")
+        ax.set_ylabel("parameter group")
+        ax.tick_params(axis="y", labelrotation=0)
+    return Path(path)
+
+
+def plot_position_loss(curves: pd.DataFrame, dataset: str, context_length: int, path: Path, *,
+                       palette: Mapping[str, Any],
+                       positions: Mapping[str, str] | None = None) -> Path | None:
+    """Test loss (nats/char) against token position, one line per variant, in the style of
+    Press et al. 2022, fig. 1: each variant at the longest length it can run (a learned position
+    table stops at ``context_length``), the mean over seeds of each position bucket, and a
+    dashed vertical line where the training context ends.
+
+    Args:
+        curves: :func:`lmablate.report.stats.extrapolation.position_curves` of ``dataset``.
+        positions: variant -> its position scheme, named in the legend.
+
+    Returns ``path``, or None if ``curves`` is empty."""
+    if curves.empty:
+        return None
+    order = present(curves["variant"])
+    colours = plotting.variant_palette(order, palette)
+    with plotting.figure(path, figsize=(8.5, 4.8)) as (fig, axes):
+        ax = axes[0, 0]
+        for v in order:
+            c = curves[curves["variant"] == v]
+            label = v + (f" ({positions[v]})" if positions and v in positions else "")
+            ax.plot(c["position"] + 1, c["loss"], marker="o", markersize=3, color=colours[v],
+                    label=label)
+        ax.axvline(context_length, color="0.4", linestyle="--", linewidth=1.2)
+        ax.text(context_length, 1.0, " training context", transform=ax.get_xaxis_transform(),
+                va="top", ha="left", fontsize=8, color="0.3")
+        n_seeds = int(curves["seeds"].max())
+        ax.set_title(f"{dataset}: test loss by token position, up to "
+                     f"{int(curves['factor'].max())}x the training context\n"
+                     f"(mean over {n_seeds} seed(s); a point is a bucket of positions, "
+                     "drawn at its first)")
+        ax.set_xlabel("token position in the window (1-based)")
+        ax.set_ylabel(f"test loss ({LOSS_UNIT})")
+        ax.legend(title="variant (positions)", loc="upper left", bbox_to_anchor=(1.01, 1.0),
+                  fontsize=8)
+    return Path(path)

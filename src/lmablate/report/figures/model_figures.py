@@ -1,0 +1,228 @@
+"""Figures of a trained model's insides: attention maps and token embeddings.
+
+Both take plain arrays, so the caller decides which model and which input to visualise
+(:func:`draw_model_figures`, called by the report stage, loads the first seed's checkpoint of each
+variant). Drawn with :func:`lmablate.report.figures.plotting.figure`; each function writes one PNG
+and returns its path.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+import seaborn as sns
+import torch
+from matplotlib.lines import Line2D
+
+from lmablate.report.figures import plotting
+from lmablate.train.checkpoint import load_checkpoint
+from lmablate.config.study import StudyConfig
+from lmablate.data.tokenizer import UNK, load_split, load_tokenizer
+
+# the character classes of the embedding PCA, in legend order, and their colours (seaborn's
+# colorblind palette; the unknown symbol black, apart from every character)
+CHAR_CLASS_COLOURS = {"lower case": "#0173b2", "upper case": "#de8f05", "digit": "#029e73",
+                      "whitespace": "#56b4e9", "punctuation/other": "#cc78bc",
+                      "unknown symbol": "#000000"}
+CHAR_CLASSES = tuple(CHAR_CLASS_COLOURS)
+PCA_LABEL_SIZE = 9  # points: the characters labelling the embedding PCA's dots
+
+
+def visible(token: str) -> str:
+    """A printable stand-in for a whitespace/control character in a label (␣, \\n, \\t, \\r);
+    other characters unchanged."""
+    return {" ": "␣", "\n": "\\n", "\t": "\\t", "\r": "\\r"}.get(token, token)
+
+
+def plot_attention(maps: Mapping[str, np.ndarray], tokens: Sequence[str], title: str,
+                   path: Path) -> Path:
+    """Attention weights on one input, one heatmap per panel (e.g. per variant).
+
+    Args:
+        maps: panel label -> array ``(T, T)``; ``m[i, j]`` is the weight query position i gives
+            to key position j (rows sum to 1; causal maps are lower-triangular), e.g. the last
+            layer's weights averaged over heads.
+        tokens: the T input characters (ticks; whitespace shown as ␣ / \\n).
+        title: figure title; path: PNG to write.
+
+    Raises:
+        ValueError: a map is not square T x T with T = ``len(tokens)``, or ``maps`` is empty.
+    """
+    arrays = {k: np.asarray(v, dtype=float) for k, v in maps.items()}
+    t_len = len(tokens)
+    if not arrays or any(m.shape != (t_len, t_len) for m in arrays.values()):
+        raise ValueError(f"plot_attention: expected (T, T) maps with T = len(tokens) = {t_len}, "
+                         f"got {[m.shape for m in arrays.values()]}")
+    labels = [visible(t) for t in tokens]
+    step = max(1, math.ceil(t_len / 24))
+    with plotting.panels(path, len(arrays), 4, (3.3, 3.3), (1.2, 0.8)) as (fig, axes):
+        nrows, ncols = axes.shape
+        for i, (name, m) in enumerate(arrays.items()):
+            ax = axes.ravel()[i]
+            sns.heatmap(m, vmin=0, vmax=1, cmap="viridis", cbar=False, square=True,
+                        xticklabels=False, yticklabels=False, ax=ax)
+            ticks = np.arange(0, t_len, step) + 0.5
+            ax.set_xticks(ticks, labels[::step] if i // ncols == nrows - 1 else [], rotation=90,
+                          fontsize=6)
+            ax.set_yticks(ticks, labels[::step] if i % ncols == 0 else [], fontsize=6)
+            ax.set_title(name, fontsize=9)
+        fig.supxlabel("key position (attended to)")
+        fig.supylabel("query position")
+        fig.colorbar(axes[0, 0].collections[0], ax=axes.ravel().tolist(), shrink=0.6,
+                     label="attention weight")
+        fig.suptitle(title)
+    return Path(path)
+
+
+def char_class(ch: str, unknown: str | None = UNK) -> str:
+    """The class of a vocabulary entry (one of :data:`CHAR_CLASSES`): ``"unknown symbol"`` for
+    the tokenizer's unknown symbol ``unknown`` (:data:`lmablate.data.tokenizer.UNK`, "Ø", which
+    ``str.isupper`` would call upper case) and for any entry that is not one character (a
+    special token's name), else by the character's Unicode category."""
+    if ch == unknown or len(ch) != 1:
+        return "unknown symbol"
+    if ch.isspace():
+        return "whitespace"
+    if ch.isdigit():
+        return "digit"
+    if ch.isalpha():
+        return "upper case" if ch.isupper() else "lower case"
+    return "punctuation/other"
+
+
+def _hide_overlapping_labels(fig, texts: Sequence, priority: Sequence[float]) -> int:
+    """Hide each label of ``texts`` that would overlap one already kept, keeping them in
+    decreasing ``priority`` (e.g. the outlying points first: in a dense cluster no label is
+    readable anyway, while an outlier's is the one a reader looks for). Measured after a layout
+    pass, in display units. Returns how many were hidden."""
+    fig.draw_without_rendering()  # the final (constrained) layout, so extents are final
+    kept: list = []
+    hidden = 0
+    for i in np.argsort(-np.asarray(priority, dtype=float), kind="stable"):
+        box = texts[i].get_window_extent().padded(1.0)
+        if any(box.overlaps(k) for k in kept):
+            texts[i].set_visible(False)
+            hidden += 1
+        else:
+            kept.append(box)
+    return hidden
+
+
+def plot_embedding_pca(embs: Mapping[str, np.ndarray], chars: Sequence[str], title: str,
+                       path: Path, *, unknown: str | None = UNK) -> Path:
+    """Token embeddings projected on their first two principal components, one panel per entry
+    of ``embs`` (e.g. per variant, two panels a row); dots coloured by character class
+    (:func:`char_class`), labelled with their character where the label overlaps no other (the
+    unknown symbol's first, then the outlying points'; the title counts those left unlabelled).
+
+    PCA: SVD of the column-centred matrix; each panel's axes give the share of variance.
+
+    Args:
+        embs: panel label -> ``(vocab_size, d_model)`` embedding weights.
+        chars: the character of each row (len == vocab_size).
+        title: figure title; path: PNG to write.
+        unknown: the tokenizer's unknown symbol (``CharTokenizer.unk``), classed
+            ``"unknown symbol"``.
+
+    Raises:
+        ValueError: an array is not 2-D, has fewer than 2 columns, or rows != ``len(chars)``;
+            or ``embs`` is empty.
+    """
+    arrays = {k: np.asarray(v, dtype=float) for k, v in embs.items()}
+    if not arrays or any(e.ndim != 2 or e.shape[0] != len(chars) or e.shape[1] < 2
+                         for e in arrays.values()):
+        raise ValueError(f"plot_embedding_pca: expected arrays of shape (len(chars)="
+                         f"{len(chars)}, d >= 2), got {[e.shape for e in arrays.values()]}")
+    classes = [char_class(c, unknown) for c in chars]
+    present = [c for c in CHAR_CLASSES if c in classes]
+    colours = CHAR_CLASS_COLOURS
+    # two panels a row, each large: with ~70 characters a panel, smaller ones leave most
+    # labels overlapping
+    with plotting.panels(path, len(arrays), 2, (6.4, 5.2), (1.6, 0.7)) as (fig, axes):
+        labels, priority = [], []
+        for i, (name, emb) in enumerate(arrays.items()):
+            ax = axes.ravel()[i]
+            centred = emb - emb.mean(axis=0)
+            _, s, vt = np.linalg.svd(centred, full_matrices=False)
+            pcs = centred @ vt[:2].T
+            explained = s**2 / max(float(np.sum(s**2)), np.finfo(float).tiny)
+            d = pd.DataFrame({"pc1": pcs[:, 0], "pc2": pcs[:, 1], "class": classes})
+            sns.scatterplot(data=d, x="pc1", y="pc2", hue="class", hue_order=present,
+                            palette=colours, s=30, alpha=0.75, ax=ax, legend=False)
+            scale = np.maximum(np.abs(pcs[:, :2]).max(axis=0), np.finfo(float).tiny)
+            for (x, y), ch in zip(pcs[:, :2], chars):
+                labels.append(ax.annotate(visible(ch), (x, y), xytext=(3, 3),
+                                          textcoords="offset points", fontsize=PCA_LABEL_SIZE,
+                                          in_layout=False))
+                # the unknown symbol's label first: its class has one dot
+                priority.append(np.inf if char_class(ch, unknown) == "unknown symbol"
+                                else float(np.hypot(x / scale[0], y / scale[1])))
+            ax.set_title(name, fontsize=10)
+            ax.set_xlabel(f"PC1 ({explained[0]:.0%} of variance)")
+            ax.set_ylabel(f"PC2 ({explained[1]:.0%} of variance)")
+            ax.margins(0.08)
+        handles = [Line2D([], [], color=colours[c], marker="o", linestyle="none",
+                                   label=c) for c in present]
+        fig.legend(handles=handles, title="character class", loc="outside right upper",
+                   fontsize=9)
+        # the second line is there before the layout pass, so that filling it in moves nothing
+        heading = fig.suptitle(title + "\n(labels)")
+        hidden = _hide_overlapping_labels(fig, labels, priority)
+        heading.set_text(title + (f"\n(dots without a label: {hidden} of {len(labels)}, whose "
+                                  "label would overlap another)" if hidden else
+                                  "\n(every dot labelled)"))
+    return Path(path)
+
+
+ATTENTION_TOKENS = 48  # length of the held-out sequence shown in attention heatmaps (tokens)
+
+
+@torch.no_grad()
+def draw_model_figures(cfg: StudyConfig, runs_dir: Path, tokens_dir: Path,
+                  figures_dir: Path) -> list[tuple[str, str, Path]]:
+    """Per dataset, from each variant's first-seed checkpoint
+    (``<runs_dir>/<dataset>/<variant>/checkpoints/seed_<seed>/checkpoint.pt``): the last
+    layer's attention weights (mean over heads) on the first :data:`ATTENTION_TOKENS` tokens of
+    the held-out test split, and a 2-D PCA of the token embeddings. Variants without a
+    checkpoint are left out; a dataset with none gets no figure.
+
+    Returns:
+        ``(dataset, caption, path)`` per figure written under ``figures_dir``.
+
+    Raises:
+        FileNotFoundError: the tokenizer or test split of a configured dataset is missing
+            under ``tokens_dir``.
+    """
+    written = []
+    seed = cfg.seeds[0]
+    for dataset in cfg.datasets:
+        tok = load_tokenizer(tokens_dir / dataset)
+        test = load_split(tokens_dir / dataset, "test")
+        maps, embs, chars = {}, {}, []
+        for variant in cfg.study_variants:
+            ckpt = runs_dir / dataset / variant / "checkpoints" / f"seed_{seed}" / "checkpoint.pt"
+            if not ckpt.exists():
+                continue
+            model, _ = load_checkpoint(ckpt)
+            T = min(ATTENTION_TOKENS, model.cfg.context_length, len(test))
+            idx = torch.from_numpy(np.asarray(test[:T], dtype=np.int64))[None]  # (1, T)
+            maps[variant] = model.attention_maps(idx)[-1, 0].mean(0).numpy()  # (T, T)
+            chars = [tok.decode([i]) for i in idx[0].tolist()]
+            embs[variant] = model.wte.weight.numpy()  # (vocab_size, d_model)
+        if not maps:
+            continue
+        path = figures_dir / f"attention_{dataset}.png"
+        plot_attention(maps, chars, f"{dataset}: last-layer attention (mean over heads), "
+                       f"held-out text, seed {seed}", path)
+        written.append((dataset, f"{dataset}: last-layer attention weights on a held-out "
+                        "sequence, per variant", path))
+        path = figures_dir / f"embeddings_{dataset}.png"
+        labels = [tok.decode([i]) for i in range(tok.vocab_size)]
+        plot_embedding_pca(embs, labels, f"{dataset}: token embeddings, first two principal "
+                           f"components (seed {seed})", path, unknown=tok.unk)
+        written.append((dataset, f"{dataset}: token embeddings (PCA), per variant", path))
+    return written

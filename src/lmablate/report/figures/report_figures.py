@@ -1,0 +1,185 @@
+"""The report's figures, drawn from its tables, each with the caption report.md gives it.
+
+:func:`draw_report_figures` draws, per dataset in the study order, the figures of
+:mod:`~lmablate.report.figures.losses` (validation curves, test loss, forest plot, loss by position,
+parameters against loss, gradient flow), :mod:`~lmablate.report.figures.arithmetic_figures` (length
+generalisation, scores per operation) and :mod:`~lmablate.report.figures.tuning_figure` (the
+response to the learning rate), as PNG files under one folder. A figure that cannot be drawn (too
+few points, nothing solved) is left out, or stands as the sentence saying why.
+
+Units in the captions: losses in nats/char (the answer loss per answer character), scores as
+fractions in [0, 1].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import pandas as pd
+
+from lmablate.report.stats import reference_models as refs
+from lmablate.report.text import arithmetic_section as arith
+from lmablate.report.figures import arithmetic_figures as arith_figs
+from lmablate.report.figures import losses as plots
+from lmablate.report.figures.bracket_figure import plot_bracket
+from lmablate.report.collect import RunOutputs, present
+from lmablate.report.headline import headline_loss
+from lmablate.report.text.limits import tuning_luck
+from lmablate.report.stats.statistics import METRICS
+from lmablate.report.tables import ReportTables
+from lmablate.report.figures.tuning_figure import plot_lr_response, search_bounds
+from lmablate.config.study import StudyConfig
+
+Figure = tuple[str | None, str, Path | None]  # (dataset or None, caption, path; None: a note)
+
+
+@dataclass
+class ReportFigures:
+    """What :func:`draw_report_figures` drew, in the order report.md shows it."""
+
+    # every dataset's figures, then those drawn elsewhere; path None: a figure not drawn, its
+    # caption the sentence saying why
+    figures: list[Figure] = field(default_factory=list)
+    # dataset -> (caption, path): shown in the report's learning-rate section
+    lr_figures: dict[str, tuple[str, Path]] = field(default_factory=dict)
+    # dataset -> (caption, path): the full-budget bracket, shown in the same section
+    bracket_figures: dict[str, tuple[str, Path]] = field(default_factory=dict)
+    # arithmetic dataset -> (caption, path or None): shown in its length-generalisation lines
+    length_figures: dict[str, tuple[str, Path | None]] = field(default_factory=dict)
+
+    def written(self) -> list[Path]:
+        """The files drawn: the figures, then the learning-rate and the length figures."""
+        return ([p for _, _, p in self.figures if p is not None]
+                + [p for _, p in self.lr_figures.values()]
+                + [p for _, p in self.bracket_figures.values()]
+                + [p for _, p in self.length_figures.values() if p is not None])
+
+
+def drawn(entries: Sequence[Figure], note: str | None = None) -> list[Figure]:
+    """The ``(dataset, caption, path)`` of the figures of ``entries`` that were drawn (path not
+    None); for one not drawn, ``(dataset, note, None)`` when a ``note`` says why (the report
+    prints the sentence where the figure would be), else nothing."""
+    return [(ds, cap, p) if p is not None else (ds, note, None)
+            for ds, cap, p in entries if p is not None or note]
+
+
+def _dataset_figures(cfg: StudyConfig, runs: RunOutputs, tables: ReportTables, ds: str,
+                     fig_dir: Path, palette: Mapping[str, tuple[float, float, float]],
+                     out: ReportFigures) -> None:
+    """Draw dataset ``ds``'s figures into ``fig_dir``, adding them to ``out``."""
+    ablation, references, comparisons = runs.ablation, tables.references, tables.comparisons
+    variants = present(ablation["variant"])
+    r = references[(references["dataset"] == ds) & (references["metric"] == "test_loss")]
+    loss = headline_loss(comparisons, ds)  # the forest plot's: its band is in this loss
+    lines = {f"{x.reference} ({refs.NGRAM_SHORT})": x.value for x in r.itertuples()}
+    out.figures += drawn([
+        (ds, f"{ds}: validation loss vs step (mean ± 1 SD over seeds; grey lines: n-gram "
+             "references of the test split)",
+         plots.plot_val_loss_curves(runs.history, ds, fig_dir / f"val_loss_curves_{ds}.png",
+                                    palette=palette, references=lines)),
+        (ds, f"{ds}: test loss per variant (dots: seeds; diamond: mean ± 95% t-interval; "
+             "grey lines: n-gram references)",
+         plots.plot_test_loss(ablation, ds, fig_dir / f"test_loss_{ds}.png", references=lines)),
+        (ds, f"{ds}: {METRICS[loss][0]} difference to baseline, the loss of this "
+             "dataset's verdicts (paired by seed: raw 95% t-interval and Holm-adjusted "
+             "interval"
+             + ("; dotted box: the Holm interval widened by the larger tuning uncertainty of "
+                "the pair, which a better or worse verdict needs clear of 0"
+                if _has_tuning_uncertainty(comparisons, ds, loss) else "")
+             + ("; shaded band: tuning luck, the change when the baseline was "
+                "tuned again with another sampler seed)"
+                if tuning_luck(tables.variation, ds, loss) is not None else ")"),
+         plots.plot_forest(comparisons, ds, fig_dir / f"forest_{ds}.png", loss,
+                           variation=tables.variation)),
+        (ds, f"{ds}: test loss by token position, past the training context (mean over "
+             "seeds; length extrapolation)",
+         plots.plot_position_loss(
+             tables.positions[ds], ds, cfg.model.context_length,
+             fig_dir / f"extrapolation_{ds}.png", palette=palette,
+             positions={v: cfg.model_config(v, vocab_size=1).position for v in variants})),
+    ])
+    if cfg.datasets[ds].kind == "arithmetic":
+        digits = arith.training_digits(cfg.datasets[ds], runs.by_operand_digits, ds)
+        path = arith_figs.plot_length_generalisation(
+            runs.by_operand_digits, ds, digits, fig_dir / f"length_generalisation_{ds}.png",
+            palette=palette)
+        out.figures += drawn([(ds, f"{ds}: the share of seeds that have learned the task "
+                               "(probe exact match of 0.5 and 0.9) against training tokens, "
+                               "Kaplan-Meier with pointwise 95% bands; |: seeds that had not "
+                               "by the end of the budget",
+                               arith_figs.plot_learning_speed(
+                                   tables.speed, ds, fig_dir / f"learning_speed_{ds}.png",
+                                   palette=palette))])
+        left_out = arith.unreachable(runs.by_operand_digits, ds)
+        out.length_figures[ds] = (
+            f"{ds}: exact match by operand length (mean ± 95% t-interval over seeds; shaded: "
+            "longer than any training problem)"
+            + (f"; left out: {'; '.join(left_out)}" if left_out else ""), path)
+    op_datasets = set(present(runs.per_op["dataset"]))
+    if ds in op_datasets:
+        single = len(op_datasets) == 1  # one arithmetic dataset: no suffix in the name
+        for metric in ("exact_match", "char_accuracy"):
+            name = f"{metric}_by_op.png" if single else f"{metric}_by_op_{ds}.png"
+            path = arith_figs.plot_by_op(runs.per_op, ds, fig_dir / name, metric,
+                                         palette=palette, references=references)
+            floor = ((references["dataset"] == ds) & (references["metric"] == metric)
+                     & (references["reference"] == arith.FLOORS[metric])).any()
+            out.figures += drawn([(ds, f"{ds}: {METRICS[metric][0]} by operation and variant "
+                                   "(mean ± 95% t-interval over seeds, dots: seeds"
+                                   + ("; dashed: the floor, the best answer ignoring the "
+                                      "question, over all operations)" if floor else ")"),
+                                   path)],
+                                 arith_figs.nothing_solved(runs.per_op, ds, metric))
+    path = plot_lr_response(runs.trials, runs.tuned, ds, fig_dir / f"tuning_{ds}.png",
+                            palette=palette)
+    if path is not None:
+        out.lr_figures[ds] = (
+            f"{ds}: how each variant responds to the learning rate (one seed, first rung "
+            "of the tuning). Left: validation loss against learning rate, lines through "
+            "the shared design, faint dots the other first-rung trials, stars the tuned "
+            "configurations (equal ones fanned out sideways). Right: the best loss per "
+            "width at equal compute, diamonds the last rung's trials"
+            + (". Shaded: outside the learning rates and widths the tuner searched"
+               if search_bounds(runs.tuned, ds) != (None, None, []) else ""), path)
+    path = plot_bracket(runs.trials, runs.tuned, ds, fig_dir / f"lr_bracket_{ds}.png",
+                        palette=palette, order=variants)
+    if path is not None:
+        out.bracket_figures[ds] = (
+            f"{ds}: each variant's learning rate at the full budget (dots: tuning seeds; "
+            "large dots: their mean; line: the quadratic in ln lr fitted through them; "
+            "dashed: the chosen lr)", path)
+    path = plots.plot_params_vs_loss(ablation, ds, fig_dir / f"params_vs_loss_{ds}.png",
+                                     palette=palette)
+    out.figures += drawn([(ds, f"{ds}: non-embedding parameters vs test loss", path)],
+                         plots.params_too_narrow(ablation, ds))
+    out.figures += drawn([(ds, f"{ds}: one-batch diagnostic, share of gradient entries below "
+                           "1e-8 per parameter group in the last training batch (it counts "
+                           "exact-zero activations, e.g. a ReLU's, and embedding rows of "
+                           "characters absent from that batch; not a finding)",
+                           plots.plot_grad_flow(runs.grad, ds, fig_dir / f"grad_flow_{ds}.png"))])
+
+
+def draw_report_figures(cfg: StudyConfig, runs: RunOutputs, tables: ReportTables,
+                        fig_dir: Path, palette: Mapping[str, tuple[float, float, float]],
+                        extra: Sequence[tuple[str | None, str, Path]] = ()) -> ReportFigures:
+    """Draw every dataset's figures as PNG files under ``fig_dir`` (replaced atomically), in
+    the study's colours (``palette``: variant -> RGB in [0, 1],
+    :func:`~lmablate.report.families.variant_palette`), then add ``extra``: ``(dataset or
+    None, caption, path)`` of figures drawn elsewhere (attention maps, embeddings,
+    :mod:`~lmablate.report.figures.model_figures`)."""
+    out = ReportFigures()
+    for ds in present(runs.ablation["dataset"]):
+        _dataset_figures(cfg, runs, tables, ds, fig_dir, palette, out)
+    out.figures += [(ds, cap, Path(p)) for ds, cap, p in extra]
+    return out
+
+
+def _has_tuning_uncertainty(comparisons: pd.DataFrame, dataset: str, metric: str) -> bool:
+    """Whether a row of ``dataset`` in ``metric`` carries a tuning uncertainty (the forest
+    plot then draws its dotted box)."""
+    if "tuning_uncertainty" not in comparisons:
+        return False
+    rows = comparisons[(comparisons["dataset"] == dataset) & (comparisons["metric"] == metric)]
+    return bool(pd.to_numeric(rows["tuning_uncertainty"], errors="coerce").notna().any())

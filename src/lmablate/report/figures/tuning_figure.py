@@ -1,0 +1,293 @@
+"""The tuning figure: how each variant responds to the learning rate and to the width.
+
+Drawn from the tuning trials (``trials.csv``, :mod:`lmablate.report.stats.sensitivity`) and what
+tuning chose (``best.json``, :attr:`lmablate.report.collect.RunOutputs.tuned`), with
+:func:`lmablate.report.figures.plotting.figure`.
+
+Units: validation losses in nats/char (:data:`~lmablate.report.figures.plotting.LOSS_UNIT`),
+learning rates per optimizer step (the schedule's peak), widths (``d_model``) in units.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+from matplotlib.transforms import ScaledTranslation
+
+from lmablate.report.figures import plotting
+from lmablate.report.stats import sensitivity as sens
+from lmablate.report.collect import present
+
+STAR_SIZE = 260  # points^2: the tuned configurations' stars
+# Two stars closer than these (fractions of the panel's log-lr and loss ranges) would cover
+# each other: they are fanned out sideways by STAR_SPREAD points each, around their point
+STAR_NEAR = (0.035, 0.04)
+STAR_SPREAD = 17.0  # a little more than a star's width (sqrt(STAR_SIZE) points)
+OUTSIDE = "0.9"  # the shade of what lies outside the searched ranges
+
+
+def _tuned_rows(tuned: pd.DataFrame | None, dataset: str) -> dict[str, pd.Series]:
+    """variant -> its row of ``tuned`` (best.json) for ``dataset``; empty without lr and
+    d_model columns."""
+    if tuned is None or tuned.empty or not {"lr", "d_model", "variant"} <= set(tuned):
+        return {}
+    rows = tuned[tuned["dataset"] == dataset].dropna(subset=["lr", "d_model"])
+    return {str(r["variant"]): r for _, r in rows.iterrows()}
+
+
+def _same_config(t: pd.DataFrame, lr: float, d_model: float) -> np.ndarray:
+    """Rows of ``t`` trained at ``lr`` (to 1e-9 relative) and ``d_model``."""
+    return (np.isclose(t["params_lr"].to_numpy(float), lr, rtol=1e-9, atol=0)
+            & (t["params_d_model"].to_numpy(float) == float(d_model)))
+
+
+def search_bounds(tuned: pd.DataFrame | None, dataset: str
+                  ) -> tuple[float | None, float | None, list[int]]:
+    """What tuning searched on ``dataset``, from ``tuned`` (best.json rows, columns
+    ``lr_low``, ``lr_high``, ``d_model_choices``: widths joined with spaces): ``(lowest lr,
+    highest lr, widths)`` over its variants (a range an edge extended is wider for that
+    variant; the union is what any variant searched). ``None`` / ``[]`` where unknown."""
+    if tuned is None or tuned.empty or "dataset" not in tuned:
+        return None, None, []
+    rows = tuned[tuned["dataset"] == dataset]
+    low = pd.to_numeric(rows.get("lr_low"), errors="coerce") if "lr_low" in rows else None
+    high = pd.to_numeric(rows.get("lr_high"), errors="coerce") if "lr_high" in rows else None
+    widths = sorted({int(w) for text in rows.get("d_model_choices", pd.Series(dtype=str))
+                     .dropna().astype(str) for w in text.split()})
+    return (float(low.min()) if low is not None and low.notna().any() else None,
+            float(high.max()) if high is not None and high.notna().any() else None, widths)
+
+
+def star_offsets(lr: Sequence[float], loss: Sequence[float], lr_span: float,
+                 loss_span: float) -> np.ndarray:
+    """Sideways offsets (points) of the stars at ``(lr, loss)`` so that none covers another:
+    0 for a star alone; a group of stars within :data:`STAR_NEAR` of each other (in log10 lr,
+    as a fraction of ``lr_span`` decades, and in loss, of ``loss_span``) fanned out by
+    :data:`STAR_SPREAD` points around their places, in the order of their learning rates
+    (equal ones in the given, study, order)."""
+    x = np.log10(np.asarray(lr, dtype=float))
+    y = np.asarray(loss, dtype=float)
+    offsets = np.zeros(len(x))
+    group_of = -np.ones(len(x), dtype=int)
+    for i in range(len(x)):  # a star joins the first earlier group it lies near
+        for j in range(i):
+            if (abs(x[i] - x[j]) <= STAR_NEAR[0] * max(lr_span, 1e-12)
+                    and abs(y[i] - y[j]) <= STAR_NEAR[1] * max(loss_span, 1e-12)):
+                group_of[i] = group_of[j]
+                break
+        else:
+            group_of[i] = i
+    for g in np.unique(group_of):
+        # left to right as their learning rates are (fanning must not swap two stars), equal
+        # ones in the given order
+        members = sorted(np.flatnonzero(group_of == g), key=lambda i: (x[i], i))
+        offsets[members] = (np.arange(len(members)) - (len(members) - 1) / 2) * STAR_SPREAD
+    return offsets
+
+
+def _shade_outside(ax: Any, low: float | None, high: float | None, pad: float = 0.0) -> bool:
+    """Mark a searched range on ``ax``'s x axis: dashed lines at ``low`` and ``high``, shaded
+    beyond them from ``pad`` (x units) on (the room of markers dodged sideways from a bound,
+    which would otherwise seem to lie outside it). True when ``low`` and ``high`` are known
+    (and the range was drawn)."""
+    if low is None or high is None:
+        return False
+    left, right = ax.get_xlim()
+    ax.axvspan(left, low - pad, color=OUTSIDE, zorder=0, linewidth=0)
+    ax.axvspan(high + pad, right, color=OUTSIDE, zorder=0, linewidth=0)
+    for x in (low, high):
+        ax.axvline(x, color="0.55", linestyle="--", linewidth=1.0, zorder=0.5)
+    ax.set_xlim(left, right)
+    return True
+
+
+def plot_lr_response(trials: pd.DataFrame, tuned: pd.DataFrame | None, dataset: str,
+                     path: Path, *, palette: Mapping[str, Any]) -> Path | None:
+    """How each variant of ``dataset`` responds to the learning rate, from its tuning trials
+    (:mod:`lmablate.report.stats.sensitivity`); two panels, colour = variant (``palette``:
+    variant -> colour, :func:`~lmablate.report.families.family_palette`).
+
+    * Left: the final validation loss (nats/char) of the first-rung trials against the
+      learning rate (log axis). A line per variant joins its shared design points (rung 0,
+      batch 0: the same learning rates at one width for every variant, so the lines are
+      paired point by point); its other first-rung trials (TPE proposals, any width) are small
+      faint dots; a diverged trial is an ``x`` at the top edge (it has no loss); a star marks
+      the first-rung trial of the configuration tuning chose (``tuned``: best.json; stars that
+      would cover each other fanned out sideways, :func:`star_offsets`), a triangle at the
+      bottom edge its learning rate when no first-rung trial matches. Shaded, between dashed
+      lines: outside the learning rates tuning searched (:func:`search_bounds`).
+    * Right, at equal compute (isoFLOP): the lowest first-rung loss per width
+      (:func:`~lmablate.report.stats.sensitivity.width_summary`; the tick labels give each width's
+      training tokens per parameter), and the trials of the last rung (the full budget) as
+      diamonds, filled for the chosen one. Their losses are at that larger share of the
+      budget, hence lower. Shaded: outside the widths tuning chose from.
+
+    Every point is one seed (``tune.seed``). Returns ``path``, or None without first-rung
+    trials for ``dataset`` (or a ``trials.csv`` without rungs, batches, lr, width or value).
+
+    Raises:
+        ValueError: ``palette`` has no colour for a variant.
+    """
+    t = sens.first_rung(trials)
+    t = t[t["dataset"] == dataset]
+    if t.empty:
+        return None
+    order = present(t["variant"])
+    colours = plotting.variant_palette(order, palette)
+    chosen = _tuned_rows(tuned, dataset)
+    lr_low, lr_high, choices = search_bounds(tuned, dataset)
+    last = sens.last_rung(trials)
+    last = last[(last["dataset"] == dataset) & ~last["diverged"]]
+    widths = sens.width_summary(t)
+    design = t[t["batch"] == sens.DESIGN_BATCH]
+    fraction = (t["budget_fraction"].dropna().unique() if "budget_fraction" in t else [])
+    share = f"{fraction[0]:g} of the budget" if len(fraction) == 1 else "the first rung"
+    design_widths = sorted(int(d) for d in design["params_d_model"].dropna().unique())
+    all_widths = np.unique(np.concatenate([t["params_d_model"].dropna().to_numpy(float),
+                                           last["params_d_model"].to_numpy(float),
+                                           np.asarray(choices, dtype=float)]))
+    gaps = np.diff(all_widths)
+    dodge = 0.3 * (gaps.min() if len(gaps) else 8.0) / max(1, len(order))
+    lrs = pd.concat([t["params_lr"], pd.Series([float(r["lr"]) for r in chosen.values()]
+                                               + [b for b in (lr_low, lr_high) if b],
+                                               dtype=float)]).dropna()
+    lr_lim = None
+    if len(lrs):
+        low, high = float(lrs.min()), float(lrs.max())
+        pad = (high / low) ** 0.05 if high > low else 2.0
+        lr_lim = (low / pad, high * pad)
+    losses = t.loc[~t["diverged"], "value"].astype(float)
+    loss_span = float(losses.max() - losses.min()) if len(losses) else 1.0
+    stars: list[tuple[str, float, float]] = []  # (variant, lr, loss) of each tuned trial
+    unmatched = False  # a tuned lr drawn as a triangle: no first-rung trial at it
+    with plotting.figure(path, figsize=(12.5, 4.8), ncols=2) as (fig, axes):
+        left, right = axes[0, 0], axes[0, 1]
+        for variant in order:
+            colour = colours[variant]
+            mine = t[t["variant"] == variant]
+            done = mine[~mine["diverged"]]
+            d = done[done["batch"] == sens.DESIGN_BATCH].sort_values("params_lr")
+            o = done[done["batch"] != sens.DESIGN_BATCH]
+            left.plot(d["params_lr"], d["value"], color=colour, marker="o", markersize=5,
+                      linewidth=1.6, zorder=3)
+            left.scatter(o["params_lr"], o["value"], color=colour, s=14, alpha=0.35,
+                         linewidths=0, zorder=2)
+            bad = mine[mine["diverged"]]
+            left.scatter(bad["params_lr"], [0.97] * len(bad), color=colour, marker="x", s=40,
+                         transform=left.get_xaxis_transform(), zorder=3, clip_on=False)
+            if variant in chosen:
+                r = chosen[variant]
+                hit = done[_same_config(done, float(r["lr"]), float(r["d_model"]))]
+                if len(hit):
+                    stars.append((variant, float(hit["params_lr"].iloc[0]),
+                                  float(hit["value"].iloc[0])))
+                else:
+                    unmatched = True
+                    left.scatter([float(r["lr"])], [0.03], color=colour, marker="^", s=60,
+                                 edgecolors="black", linewidths=0.6, zorder=4,
+                                 transform=left.get_xaxis_transform(), clip_on=False)
+            w = widths[widths["variant"] == variant].dropna(subset=["best_loss"])
+            right.plot(w["d_model"], w["best_loss"], color=colour, linewidth=1.6, zorder=3)
+            # dot area grows with the trials behind a width's best: one TPE trial at a poor
+            # learning rate says little about the width
+            right.scatter(w["d_model"], w["best_loss"], color=colour,
+                          s=12 + 10 * w["n_trials"].astype(float), zorder=3)
+            full = last[last["variant"] == variant]
+            picked = (_same_config(full, float(chosen[variant]["lr"]),
+                                   float(chosen[variant]["d_model"]))
+                      if variant in chosen else np.zeros(len(full), dtype=bool))
+            # dodged sideways by variant, so that variants at one width do not hide each other
+            shift = (order.index(variant) - (len(order) - 1) / 2) * dodge
+            for filled, part in ((True, full[picked]), (False, full[~picked])):
+                right.scatter(part["params_d_model"] + shift, part["value"], marker="D", s=45,
+                              facecolors=colour if filled else "white", edgecolors=colour,
+                              linewidths=1.4, zorder=4)
+        if stars:
+            lr_span = np.log10(lr_lim[1] / lr_lim[0]) if lr_lim else 1.0
+            offsets = star_offsets([s[1] for s in stars], [s[2] for s in stars], lr_span,
+                                   loss_span)
+            for (variant, lr, loss), dx in zip(stars, offsets):
+                # the offset is in points, not data: it fans equal stars apart by the same
+                # distance on any axis, and each stays on its own loss
+                shifted = left.transData + ScaledTranslation(dx / 72, 0, fig.dpi_scale_trans)
+                left.scatter([lr], [loss], color=colours[variant], marker="*", s=STAR_SIZE,
+                             edgecolors="black", linewidths=0.8, zorder=4, transform=shifted)
+        if lr_lim:
+            left.set_xlim(*lr_lim)
+        left.set_xscale("log")
+        # 1-2-5 labelled ticks: a range may span less than a decade once extended
+        left.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        left.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+        left.xaxis.set_minor_formatter(NullFormatter())
+        searched_lr = _shade_outside(left, lr_low, lr_high)
+        at = ", ".join(map(str, design_widths)) or "–"
+        left.set_title(f"{dataset}: loss vs learning rate at {share}\n"
+                       f"(lines: the shared design at d_model {at}; one seed)")
+        left.set_xlabel("peak learning rate (log scale)")
+        left.set_ylabel(f"validation loss at the trial's end ({plotting.LOSS_UNIT})")
+        ticks = widths.drop_duplicates("d_model").set_index("d_model")["tokens_per_parameter"]
+        ticks.index = ticks.index.astype(int)
+        tick_at = sorted({*ticks.index.astype(int), *choices})
+        right.set_xticks(tick_at)
+        right.set_xticklabels([f"{w}\n{ticks[w]:.3g}" if w in ticks.index
+                               and pd.notna(ticks[w]) else f"{w}" for w in tick_at])
+        if tick_at:
+            span = (tick_at[-1] - tick_at[0]) or 16.0
+            right.set_xlim(tick_at[0] - 0.1 * span, tick_at[-1] + 0.1 * span)
+        searched_w = choices and _shade_outside(right, min(choices), max(choices),
+                                                pad=dodge * (len(order) + 1) / 2)
+        top = (last["budget_fraction"].dropna().unique()
+               if "budget_fraction" in last and len(last) else [])
+        top_share = ("no completed trial past the first rung" if len(top) != 1 else
+                     "diamonds: last rung, " + ("the full budget" if top[0] == 1 else
+                                                f"{top[0]:g} of the budget"))
+        right.set_title(f"isoFLOP: best loss per width at {share}\n({top_share})")
+        right.set_xlabel("d_model (below: training tokens per parameter)")
+        right.set_ylabel(f"validation loss ({plotting.LOSS_UNIT})")
+        fig.legend(handles=_legend(order, colours, unmatched, stars, offsets if stars else [],
+                                   (lr_low, lr_high) if searched_lr else None,
+                                   choices if searched_w else None),
+                   title="variant / marker", loc="outside right upper", fontsize=8)
+    return Path(path)
+
+
+def _legend(order: Sequence[str], colours: Mapping[str, Any], unmatched: bool,
+            stars: Sequence[tuple[str, float, float]], offsets: Sequence[float],
+            lr_range: tuple[float, float] | None, choices: Sequence[int] | None) -> list:
+    """The handles of :func:`plot_lr_response`'s legend: the variants, then the markers."""
+    fanned = any(o != 0 for o in offsets)
+    handles = [Line2D([], [], color=colours[v], marker="o", markersize=5, label=v)
+               for v in order]
+    handles += [
+        Line2D([], [], color="0.3", marker="o", markersize=5,
+               label="design point (paired lr sweep)"),
+        Line2D([], [], color="0.3", marker="o", markersize=4, alpha=0.35,
+               linestyle="none", label="other first-rung trial"),
+        Line2D([], [], color="0.3", marker="o", markersize=8, linestyle="none",
+               label="best of a width (area: trials)"),
+        Line2D([], [], color="0.3", marker="x", linestyle="none",
+               label="diverged (at the top edge)"),
+        Line2D([], [], color="0.5", marker="*", markersize=13, markeredgecolor="black",
+               linestyle="none", label="tuned configuration" + (
+                   "\n(overlapping ones fanned out\nsideways, in lr order)"
+                   if fanned else "")),
+        Line2D([], [], color="0.3", marker="D", markerfacecolor="0.3", linestyle="none",
+               label="last rung: chosen"),
+        Line2D([], [], color="0.3", marker="D", markerfacecolor="white", linestyle="none",
+               label="last rung: not chosen")]
+    if unmatched:
+        handles.append(Line2D([], [], color="0.5", marker="^", markeredgecolor="black",
+                              linestyle="none", label="tuned lr (no first-rung trial)"))
+    if lr_range or choices:
+        searched = "; ".join(
+            ([f"lr {lr_range[0]:g} to {lr_range[1]:g}"] if lr_range else [])
+            + ([f"d_model {' '.join(map(str, choices))}"] if choices else []))
+        handles.append(Patch(facecolor=OUTSIDE, edgecolor="0.55", linestyle="--",
+                             label=f"outside the searched range\n({searched})"))
+    return handles

@@ -1,0 +1,254 @@
+"""The files the tune, train and evaluate stages write under ``runs/<dataset>/<variant>/``, read
+into rows: the column sets of every frame of :class:`lmablate.report.collect.RunOutputs`, and
+one ``metrics.json`` (every budget's seed rows, the headline budget's details), one CSV or one
+``best.json`` at a time. :mod:`lmablate.report.collect` stacks them into frames.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from lmablate.core import fileio
+
+ABLATION_COLUMNS = [
+    "dataset", "variant", "seed", "n_params", "n_params_non_embedding", "flops_per_token", "lr",
+    "d_model", "steps", "tokens", "train_flops", "budget_flops", "val_loss", "test_loss",
+    "answer_loss", "perplexity", "bits_per_char", "char_accuracy", "exact_match",
+    "train_seconds", "tokens_per_second",
+]
+# Stored as integers when every present value is integral (pandas' nullable Int64, so NaN stays
+# possible and the CSV shows 104321 rather than 104321.0).
+_INTEGER_COLUMNS = ("seed", "n_params", "n_params_non_embedding", "flops_per_token", "d_model",
+                    "steps", "tokens", "train_flops", "budget_flops")
+# Timings are not in metrics.json (they differ from run to run); they come from each seed's
+# training result, runs/<dataset>/<variant>/checkpoints/seed_<s>/result.json.
+TIMING_COLUMNS = ("train_seconds", "tokens_per_second")
+PER_OP_COLUMNS = ["dataset", "variant", "seed", "op", "char_accuracy", "exact_match",
+                  "answer_loss", "n"]
+# Arithmetic results by operand length (evaluate's "by_operand_digits": ``split`` "test" up to
+# the training digits, "length" past them; NaN with the reason in ``note`` where the model
+# cannot run that long) and by answer length ("by_answer_digits"), per seed.
+OPERAND_DIGITS_COLUMNS = ["dataset", "variant", "seed", "digits", "split", "exact_match",
+                          "char_accuracy", "answer_loss", "n", "note"]
+ANSWER_DIGITS_COLUMNS = ["dataset", "variant", "seed", "digits", "exact_match",
+                         "char_accuracy", "answer_loss", "n"]
+# The final runs of a re-tuning (``runs/<dataset>/<variant>/replicate_<N>/``): the ablation
+# columns with the replicate number N after the variant.
+REPLICATE_COLUMNS = [*ABLATION_COLUMNS[:2], "replicate", *ABLATION_COLUMNS[2:]]
+# Length extrapolation (evaluate's "extrapolation"): per seed and factor the test loss on windows
+# of factor x context_length tokens, or the reason there is none ("n/a (learned table of N
+# positions)"); and per position bucket its mean loss.
+EXTRAPOLATION_COLUMNS = ["dataset", "variant", "seed", "factor", "length", "test_loss", "note"]
+POSITION_LOSS_COLUMNS = ["dataset", "variant", "seed", "factor", "position", "loss"]
+# What tuning chose per dataset x variant (``best.json``); ``on_edge`` and ``extended`` join
+# their notes with "; ", ``d_model_choices`` the widths searched with " ".
+# The full-budget bracket (best.json's ``bracket``): how it ended, its points, how the lr was
+# taken (``fit_used``: vertex or best point; ``fit_a/b/c`` the quadratic in ln lr), the seed
+# spread of one trial (the study's own, and ``seed_spread_pooled`` over the dataset's brackets,
+# which the report's regret and tuning uncertainty are drawn with: analysis/pooled_uncertainty.py),
+# the regret at the chosen lr (bootstrap median), the tuning uncertainty
+# of the tuned loss (its 95th percentile) and the fitted curve's excess loss at 2x or 1/2 the
+# chosen lr (``lr_sensitivity_full``); nats/char; ``widths_compared`` the mean loss of each
+# width the first batch compared ("16: 2.1410; 24: 2.0970"). Empty without a bracket.
+BRACKET_COLUMNS = ["bracket_state", "n_points", "fit_used", "fit_a", "fit_b", "fit_c",
+                   "seed_spread", "seed_spread_pooled", "regret", "tuning_uncertainty",
+                   "lr_sensitivity_full", "widths_compared"]
+# ``val_loss``: the chosen trial's value of the tuning ``objective`` (val_loss, or an arithmetic
+# dataset's val_answer_loss: lmablate.evaluate.answer_probe); a best.json without one tuned val_loss
+TUNED_COLUMNS = ["dataset", "variant", "lr", "d_model", "val_loss", "objective", "full_budget",
+                 "on_edge", "extended", "lr_low", "lr_high", "d_model_choices", "n_trials",
+                 "n_complete", "n_diverged", *BRACKET_COLUMNS]
+
+
+def _seed_of(key: str, run: Mapping[str, Any]) -> int:
+    """The run's seed: its ``seed`` field, else the number in its ``seed_<n>`` key."""
+    if run.get("seed") is not None:
+        return int(run["seed"])
+    return int(str(key).rsplit("_", 1)[-1])
+
+
+def maybe_int(series: pd.Series) -> pd.Series:
+    """``series`` as nullable ``Int64`` when every non-missing value is integral (to within
+    ``np.isclose``), else as float; non-numbers become NaN."""
+    values = pd.to_numeric(series, errors="coerce")
+    finite = values.dropna()
+    if len(finite) and np.all(np.isclose(finite, np.round(finite))):
+        return values.round().astype("Int64")
+    return values.astype(float)
+
+
+def read_csv_tagged(path: Path, dataset: str, variant: str) -> pd.DataFrame | None:
+    """The CSV at ``path`` with ``dataset`` and ``variant`` columns first; None if absent."""
+    if not path.is_file():
+        return None
+    df = pd.read_csv(path)
+    df.insert(0, "variant", variant)
+    df.insert(0, "dataset", dataset)
+    return df
+
+
+def _extrapolation_rows(dataset: str, variant: str, seed: int, run: Mapping[str, Any]
+                        ) -> tuple[list[dict], list[dict]]:
+    """A seed's ``extrapolation`` results as rows of :data:`EXTRAPOLATION_COLUMNS` and
+    :data:`POSITION_LOSS_COLUMNS`."""
+    rows, buckets = [], []
+    for key, r in (run.get("extrapolation") or {}).items():
+        factor = int(key.removeprefix("x"))
+        base = {"dataset": dataset, "variant": variant, "seed": seed, "factor": factor}
+        if not isinstance(r, dict):
+            rows.append({**base, "length": None, "test_loss": None, "note": str(r)})
+            continue
+        rows.append({**base, "length": r["length"], "test_loss": r["test_loss"], "note": ""})
+        buckets += [{**base, "position": i * r["bucket"], "loss": loss}
+                    for i, loss in enumerate(r["position_loss"])]
+    return rows, buckets
+
+
+def typed_numbers(df: pd.DataFrame) -> pd.DataFrame:
+    """An extrapolation, per-op or by-digits frame with integer seed/factor/length/position/
+    digits/n and float losses and accuracies."""
+    for col in df.columns:
+        if col in ("seed", "factor", "length", "position", "digits", "n"):
+            df[col] = maybe_int(df[col])
+        elif col in ("test_loss", "loss", "answer_loss", "exact_match", "char_accuracy"):
+            df[col] = pd.to_numeric(df[col], errors="coerce").astype(float)
+    return df
+
+
+def _digit_rows(base: dict, entries: Mapping[str, Any] | None,
+                columns: Sequence[str]) -> list[dict]:
+    """A seed's ``by_operand_digits`` or ``by_answer_digits`` (digits as strings -> a dict of
+    results, or a string saying why there is none) as rows of ``columns``."""
+    rows = []
+    for key, r in (entries or {}).items():
+        row = {**base, "digits": int(key)}
+        if isinstance(r, dict):
+            row.update({c: r.get(c) for c in columns[4:] if c != "note"}, note="")
+        else:
+            row["note"] = str(r)
+        rows.append({c: row.get(c) for c in columns})
+    return rows
+
+
+def _budget_of(run: Mapping[str, Any]) -> float | None:
+    """A run's budget (training FLOPs), or None where its summary predates budgets."""
+    value = run.get("budget_flops")
+    return None if value is None else float(value)
+
+
+def check_made_for(path: Path, made: str, labels: tuple[str, str], run_dir: Path) -> None:
+    """Refuse a file of ``run_dir`` (``<dataset>/<variant>/``) whose own ``labels`` (dataset,
+    variant) name another run: a file copied or moved into another variant's folder would be
+    reported as that variant's.
+
+    Raises:
+        ValueError: the labels differ from the folders' names (the message names both).
+    """
+    folders = (run_dir.parent.name, run_dir.name)
+    if labels != folders:
+        raise ValueError(f"{path}: {made} for {' '.join(labels)}, not {' '.join(folders)} (its "
+                         "folder); run the stage that writes it again for "
+                         f"{' '.join(folders)}")
+
+
+def read_metrics(metrics_path: Path, run_dir: Path | None = None
+                  ) -> tuple[str, str, list[dict], dict[str, list[dict]], float | None]:
+    """One ``metrics.json``: ``(dataset, variant, seed rows, {"per_op", "extrapolation",
+    "position_loss", "by_operand_digits", "by_answer_digits", "scaling": rows}, headline)``
+    (:func:`_extrapolation_rows`, :func:`_digit_rows`). A seed row has
+    :data:`ABLATION_COLUMNS`, its timings from ``checkpoints/[<budget label>/]seed_<s>/
+    result.json`` next to the metrics file. The seed rows and the other parts are the
+    ``headline`` budget's (the file's largest); ``"scaling"`` has every budget's seed rows.
+    Dataset and variant come from the file, else from the folders ``<dataset>/<variant>/``
+    (``run_dir``, default the file's folder)."""
+    run_dir = run_dir or metrics_path.parent
+    doc = fileio.read_json(metrics_path)
+    dataset = str(doc.get("dataset") or run_dir.parent.name)
+    variant = str(doc.get("variant") or run_dir.name)
+    check_made_for(metrics_path, "evaluated", (dataset, variant), run_dir)
+    rows, per_op_rows, scaling = [], [], []
+    more: dict[str, list[dict]] = {"per_op": per_op_rows, "extrapolation": [],
+                                   "position_loss": [], "by_operand_digits": [],
+                                   "by_answer_digits": [], "scaling": scaling}
+    runs = doc.get("runs") or {}
+    budgets = [b for b in map(_budget_of, runs.values()) if b is not None]
+    headline = max(budgets, default=None)
+    for key, run in runs.items():
+        seed = _seed_of(key, run)
+        row = {col: run.get(col) for col in ABLATION_COLUMNS[3:]}
+        # a scaling study's runs are keyed "<budget label>/seed_<s>", as their checkpoints
+        folder = str(key).rpartition("/")[0]
+        result_path = (metrics_path.parent / "checkpoints" / folder / f"seed_{seed}"
+                       / "result.json")
+        if result_path.is_file():
+            summary = fileio.read_json(result_path).get("summary", {})
+            row.update({col: summary.get(col, row[col]) for col in TIMING_COLUMNS})
+        scaling.append({"dataset": dataset, "variant": variant, "seed": seed, **row})
+        if _budget_of(run) != headline:
+            continue
+        rows.append(scaling[-1])
+        e_rows, p_rows = _extrapolation_rows(dataset, variant, seed, run)
+        more["extrapolation"] += e_rows
+        more["position_loss"] += p_rows
+        base = {"dataset": dataset, "variant": variant, "seed": seed}
+        more["by_operand_digits"] += _digit_rows(base, run.get("by_operand_digits"),
+                                                 OPERAND_DIGITS_COLUMNS)
+        more["by_answer_digits"] += _digit_rows(base, run.get("by_answer_digits"),
+                                                ANSWER_DIGITS_COLUMNS)
+        for op, values in (run.get("per_op") or {}).items():
+            per_op_rows.append({**base, "op": op, **{c: (values or {}).get(c)
+                                                     for c in PER_OP_COLUMNS[4:]}})
+    return dataset, variant, rows, more, headline
+
+
+def at_headline(df: pd.DataFrame | None, headline: float | None) -> pd.DataFrame | None:
+    """The rows of a stage CSV at the ``headline`` budget (all where it has no budget)."""
+    if df is None or headline is None or "budget_flops" not in df:
+        return df
+    return df[np.isclose(df["budget_flops"].astype(float), headline)].reset_index(drop=True)
+
+
+def tuned_row(dataset: str, variant: str, best: Mapping[str, Any]) -> dict:
+    """One tuned budget of ``best.json`` as a row of ``budget_flops`` and
+    :data:`TUNED_COLUMNS`."""
+    lr_range = best.get("lr_range") or [None, None]
+    return {"budget_flops": best.get("budget_flops"), "dataset": dataset, "variant": variant,
+            **{c: best.get(c) for c in TUNED_COLUMNS[2:]},
+            "objective": best.get("objective", "val_loss"),
+            "on_edge": "; ".join(best.get("on_edge") or []),
+            "extended": "; ".join(best.get("extended") or []),
+            "lr_low": lr_range[0], "lr_high": lr_range[1],
+            "d_model_choices": " ".join(str(d) for d in best.get("d_model_choices") or []),
+            **bracket_columns(best.get("bracket"))}
+
+
+def bracket_columns(bracket: Mapping[str, Any] | None) -> dict:
+    """:data:`BRACKET_COLUMNS` of best.json's ``bracket`` (all None without one)."""
+    if not bracket:
+        return dict.fromkeys(BRACKET_COLUMNS)
+    a, b, c = bracket["fit"]["coefficients"] or (None, None, None)
+    return {"bracket_state": bracket["state"], "n_points": len(bracket["points"]),
+            "fit_used": bracket["fit"]["used"], "fit_a": a, "fit_b": b, "fit_c": c,
+            "seed_spread": bracket["seed_spread"], "seed_spread_pooled": None,
+            "regret": bracket["regret"],
+            "tuning_uncertainty": bracket["uncertainty"],
+            "lr_sensitivity_full": bracket["sensitivity"],
+            "widths_compared": "; ".join(
+                f"{d}: " + ("diverged" if x is None else f"{x:.4f}")
+                for d, x in sorted((bracket.get("widths_compared") or {}).items(),
+                                   key=lambda kv: int(kv[0]))) or None}
+
+
+def typed_columns(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` (ablation or replicate columns) with its numbers typed: integer columns as
+    nullable Int64 where integral (:func:`maybe_int`), the others as float."""
+    for col in df.columns:
+        if col in _INTEGER_COLUMNS or col == "replicate":
+            df[col] = maybe_int(df[col])
+        elif col not in ("dataset", "variant"):
+            df[col] = pd.to_numeric(df[col], errors="coerce").astype(float)
+    return df

@@ -1,0 +1,278 @@
+"""How fast each variant learns arithmetic: training tokens until a seed's answers reach an
+exact match, as a time-to-event outcome.
+
+- **Tokens to learn** (:func:`tokens_to_learn`): per seed and threshold of
+  :data:`THRESHOLDS`, the training tokens at the first evaluation whose probe exact match
+  (``history.csv``'s ``val_exact_match``, :mod:`lmablate.evaluate.answer_probe`) reaches the
+  threshold; a seed that never does is censored at its last evaluation (it had not learned by the
+  end of its budget).
+- **Per variant** (:func:`speed_table`): the Kaplan-Meier estimate of the share of seeds that
+  have learned against training tokens (Kaplan & Meier 1958;
+  ``statsmodels.duration.survfunc.SurvfuncRight``), its median tokens to learn with the 95%
+  interval of the median (``SurvfuncRight.quantile_ci``, Brookmeyer & Crowley 1982 on the
+  log-log scale; infinite where the share learned never passes one half), and the seeds that
+  learned. lifelines, the usual library for this, requires pandas < 3, which would take this
+  project's pandas back a major version; statsmodels computes the same estimator.
+- **Against the baseline, paired by seed** (:func:`compare_speed`): a seed gives the baseline
+  and the variant the same initialisation stream and data order, so the test is stratified by
+  seed. With one baseline and one variant run per seed, the stratified log-rank test reduces to
+  a sign test on which of the pair learned first (a tie when both learned at the same
+  evaluation or neither learned); its exact form is ``scipy.stats.binomtest`` over the pairs
+  that are not tied, two-sided, Holm-corrected over a dataset's variants. The effect is the
+  geometric mean over seeds of the ratio of tokens to learn (variant / baseline) where both
+  learned, with its 95% t-interval, and its minimum detectable ratio.
+
+Tokens are training tokens (``history.csv``'s ``tokens``: steps x batch x context); ratios are
+unitless; exact match a fraction.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from lmablate.report.collect import BASELINE, present
+from lmablate.report.stats.statistics import (ALPHA, CONFIDENCE, MIN_SEEDS_FOR_TEST, VERDICT_FEW,
+                                          VERDICT_NSD, holm_p, min_detectable_effect)
+
+THRESHOLDS = (0.5, 0.9)  # exact match a seed has "learned" at (0.5) and "mastered" (0.9)
+SPEED_COLUMNS = ["dataset", "variant", "seed", "threshold", "tokens", "learned"]
+TABLE_COLUMNS = ["dataset", "variant", "threshold", "n_seeds", "n_learned", "median_tokens",
+                 "median_low", "median_high", "budget_tokens"]
+COMPARISON_COLUMNS = ["dataset", "variant", "threshold", "n_pairs", "variant_first",
+                      "baseline_first", "ties", "p_value", "p_holm", "n_both", "ratio",
+                      "ratio_low", "ratio_high", "mde_ratio", "verdict"]
+VERDICT_FASTER = "faster"
+VERDICT_SLOWER = "slower"
+
+
+def tokens_to_learn(history: pd.DataFrame, thresholds: Sequence[float] = THRESHOLDS
+                    ) -> pd.DataFrame:
+    """One row per dataset x variant x seed x threshold of the probed runs in ``history``
+    (:attr:`~lmablate.report.collect.RunOutputs.history`: the headline budget's rows):
+    ``tokens`` at the first evaluation whose ``val_exact_match`` reaches the threshold
+    (``learned`` True), or at the last evaluation (``learned`` False: censored). Runs without
+    a probe (no ``val_exact_match``) give no rows.
+
+    Returns:
+        Columns :data:`SPEED_COLUMNS`, by dataset and variant in the order of ``history``'s
+        categorical columns (the study order), then seed; those columns keep their dtype.
+    """
+    if history.empty or "val_exact_match" not in history:
+        return pd.DataFrame(columns=SPEED_COLUMNS)
+    h = history.dropna(subset=["val_exact_match"])
+    rows = []
+    # sorted: categorical datasets and variants in the study order, then seeds
+    for (ds, variant, seed), g in h.groupby(["dataset", "variant", "seed"], observed=True,
+                                           sort=True):
+        g = g.sort_values("step")
+        em, tokens = g["val_exact_match"].to_numpy(float), g["tokens"].to_numpy(float)
+        for threshold in thresholds:
+            hit = np.flatnonzero(em >= threshold)
+            rows.append({"dataset": ds, "variant": variant, "seed": int(seed),
+                         "threshold": threshold,
+                         "tokens": float(tokens[hit[0]] if len(hit) else tokens[-1]),
+                         "learned": bool(len(hit))})
+    out = pd.DataFrame(rows, columns=SPEED_COLUMNS)
+    for col in ("dataset", "variant"):  # keep the study order for the tables built on it
+        out[col] = out[col].astype(str).astype(history[col].dtype)
+    return out
+
+
+def _fitter(g: pd.DataFrame):
+    """The Kaplan-Meier estimate of the share of ``g``'s seeds not yet learned (the event is
+    "learned"), or None when no seed learned (the estimate is 1 throughout)."""
+    from statsmodels.duration.survfunc import SurvfuncRight  # only the report needs it
+
+    if not g["learned"].any():
+        return None
+    return SurvfuncRight(g["tokens"].to_numpy(float), g["learned"].to_numpy(int))
+
+
+def speed_table(speed: pd.DataFrame) -> pd.DataFrame:
+    """Per dataset x variant x threshold: its seeds, how many learned, the Kaplan-Meier median
+    tokens to learn and its :data:`~lmablate.report.stats.statistics.CONFIDENCE` interval
+    (``inf`` where the share learned does not pass one half, or its bound does not), and
+    ``budget_tokens``, the most tokens any of its seeds trained.
+
+    Returns:
+        Columns :data:`TABLE_COLUMNS`, in the order of ``speed``.
+    """
+    if speed.empty:
+        return pd.DataFrame(columns=TABLE_COLUMNS)
+    rows = []
+    for (ds, variant, threshold), g in speed.groupby(["dataset", "variant", "threshold"],
+                                                     observed=True, sort=False):
+        km = _fitter(g)
+        median, low, high = math.inf, math.nan, math.inf
+        if km is not None:
+            with np.errstate(all="ignore"):  # log(-log S) at S = 0 or 1: a NaN bound
+                median = float(km.quantile(0.5))
+                low, high = (float(x) for x in km.quantile_ci(0.5, alpha=1 - CONFIDENCE))
+            median = math.inf if math.isnan(median) else median  # never down to one half
+        rows.append({"dataset": ds, "variant": variant, "threshold": threshold,
+                     "n_seeds": len(g), "n_learned": int(g["learned"].sum()),
+                     "median_tokens": median, "median_low": low, "median_high": high,
+                     "budget_tokens": float(g["tokens"].max())})
+    return pd.DataFrame(rows, columns=TABLE_COLUMNS)
+
+
+def share_learned_curves(speed: pd.DataFrame, dataset: str, threshold: float
+                         ) -> dict[str, pd.DataFrame]:
+    """variant -> the Kaplan-Meier share of seeds that have learned (1 - survival) against
+    training tokens, with its pointwise :data:`~lmablate.report.stats.statistics.CONFIDENCE`
+    interval (Greenwood's standard error on the log-log scale, Kalbfleisch & Prentice 2002,
+    eq. 1.13, as lifelines draws it): columns ``tokens``, ``share``, ``low``, ``high``
+    (fractions), a step function that starts at 0 tokens with a share of 0."""
+    s = speed[(speed["dataset"] == dataset) & (speed["threshold"] == threshold)]
+    z = stats.norm.ppf(0.5 + CONFIDENCE / 2)
+    out = {}
+    for variant in present(s["variant"]):
+        km = _fitter(s[s["variant"] == variant])
+        times = km.surv_times if km is not None else np.array([])
+        surv = km.surv_prob if km is not None else np.array([])
+        se = km.surv_prob_se if km is not None else np.array([])
+        with np.errstate(all="ignore"):  # S = 0 or 1: no spread on the log-log scale
+            v = z * se / np.abs(surv * np.log(surv))
+            low_s, high_s = surv ** np.exp(v), surv ** np.exp(-v)
+        inner = (surv > 0) & (surv < 1) & np.isfinite(v)
+        low_s, high_s = np.where(inner, low_s, surv), np.where(inner, high_s, surv)
+        out[str(variant)] = pd.DataFrame({
+            "tokens": np.concatenate([[0.0], times]),
+            "share": np.concatenate([[0.0], 1 - surv]),
+            "low": np.concatenate([[0.0], 1 - high_s]),
+            "high": np.concatenate([[0.0], 1 - low_s])})
+    return out
+
+
+def _first(b: Mapping[str, Any], v: Mapping[str, Any]) -> int:
+    """+1 when the variant's seed learned first, -1 when the baseline's did, 0 for a tie."""
+    if not (b["learned"] or v["learned"]):
+        return 0
+    if v["learned"] and (not b["learned"] or v["tokens"] < b["tokens"]):
+        return 1
+    if b["learned"] and (not v["learned"] or b["tokens"] < v["tokens"]):
+        return -1
+    return 0
+
+
+def compare_speed(speed: pd.DataFrame, baseline: str = BASELINE,
+                  alpha: float = ALPHA) -> pd.DataFrame:
+    """Every variant against ``baseline`` in tokens to learn, per dataset and threshold,
+    paired by seed (see the module docstring): the pairs won by each, the ties, the exact sign
+    test's p-value and its Holm correction over the dataset's variants at the threshold, the
+    geometric mean ratio of tokens to learn (variant / baseline) over the pairs where both
+    learned with its t-interval, and the smallest ratio above 1 that a paired t-test of the log
+    ratios would detect with 80% power at Holm's strictest level (``mde_ratio``, from their
+    spread: :func:`~lmablate.report.stats.statistics.min_detectable_effect`). The verdict is
+    faster or slower when Holm rejects, too few seeds below
+    :data:`~lmablate.report.stats.statistics.MIN_SEEDS_FOR_TEST` pairs, else no significant
+    difference.
+
+    Returns:
+        Columns :data:`COMPARISON_COLUMNS`; rows by dataset, threshold, then variant.
+    """
+    if speed.empty:
+        return pd.DataFrame(columns=COMPARISON_COLUMNS)
+    rows: list[dict] = []
+    for ds in present(speed["dataset"]):
+        for threshold in sorted(speed["threshold"].unique()):
+            s = speed[(speed["dataset"] == ds) & (speed["threshold"] == threshold)]
+            base = s[s["variant"] == baseline].set_index("seed")
+            if base.empty:
+                continue
+            family = []
+            for variant in [v for v in present(s["variant"]) if v != baseline]:
+                var = s[s["variant"] == variant].set_index("seed")
+                seeds = sorted(set(base.index) & set(var.index))
+                signs = [_first(base.loc[k], var.loc[k]) for k in seeds]
+                both = [k for k in seeds if base.loc[k, "learned"] and var.loc[k, "learned"]]
+                logs = np.log([var.loc[k, "tokens"] / base.loc[k, "tokens"] for k in both])
+                row = {"dataset": ds, "variant": variant, "threshold": threshold,
+                       "n_pairs": len(seeds), "variant_first": signs.count(1),
+                       "baseline_first": signs.count(-1), "ties": signs.count(0),
+                       "p_value": math.nan, "p_holm": math.nan, "n_both": len(both),
+                       "ratio": float(np.exp(logs.mean())) if len(logs) else math.nan,
+                       "ratio_low": math.nan, "ratio_high": math.nan, "mde_ratio": math.nan,
+                       "verdict": VERDICT_FEW}
+                if len(logs) > 1 and np.ptp(logs) > 0:
+                    low, high = stats.t.interval(CONFIDENCE, len(logs) - 1, loc=logs.mean(),
+                                                 scale=stats.sem(logs))
+                    row.update(ratio_low=float(np.exp(low)), ratio_high=float(np.exp(high)))
+                    row["_sd"] = float(np.std(logs, ddof=1))
+                decided = row["variant_first"] + row["baseline_first"]
+                if len(seeds) >= MIN_SEEDS_FOR_TEST:
+                    row["verdict"] = VERDICT_NSD
+                    row["p_value"] = (float(stats.binomtest(row["variant_first"], decided)
+                                            .pvalue) if decided else 1.0)
+                    family.append(len(rows))
+                rows.append(row)
+            for i, rej in zip(family, holm_p(rows, family, alpha)):
+                r = rows[i]
+                if rej:
+                    r["verdict"] = (VERDICT_FASTER if r["variant_first"] > r["baseline_first"]
+                                    else VERDICT_SLOWER)
+                if "_sd" in r:
+                    r["mde_ratio"] = float(np.exp(min_detectable_effect(
+                        r["_sd"], r["n_both"], alpha / len(family))))
+            for r in rows:
+                r.pop("_sd", None)
+    return pd.DataFrame(rows, columns=COMPARISON_COLUMNS)
+
+
+def smallest_p(n_pairs: int) -> float:
+    """The smallest two-sided p-value the exact sign test can give on ``n_pairs`` untied pairs:
+    2 / 2^n. Below α / m (Holm's strictest level over m variants) no outcome is significant."""
+    return min(1.0, 2.0 / 2 ** n_pairs) if n_pairs else 1.0
+
+
+def _tokens(x: float) -> str:
+    """Tokens in millions, ``∞`` for an infinite bound, ``n/a`` for an undefined one."""
+    if math.isnan(x):
+        return "n/a"
+    return "∞" if math.isinf(x) else f"{x / 1e6:.2f}M"
+
+
+def speed_lines(table: pd.DataFrame, comparisons: pd.DataFrame, dataset: str,
+                threshold: float = THRESHOLDS[0], alpha: float = ALPHA) -> list[str]:
+    """The findings' bullet of ``dataset`` at ``threshold``: each variant's Kaplan-Meier median
+    tokens to learn with its interval and seeds learned, then each comparison with the
+    baseline, and when the seeds are too few for the sign test to decide at all, that. No
+    lines without rows."""
+    t = table[(table["dataset"] == dataset) & (table["threshold"] == threshold)] \
+        if len(table) else table
+    if t.empty:
+        return []
+    medians = ", ".join(
+        f"{r.variant} {_tokens(r.median_tokens)} [{_tokens(r.median_low)}, "
+        f"{_tokens(r.median_high)}] ({r.n_learned}/{r.n_seeds} seeds)" for r in t.itertuples())
+    text = (f"- **Learning speed** (training tokens until the probe's exact match reaches "
+            f"{threshold:g}; Kaplan-Meier median [{CONFIDENCE:.0%} CI], ∞ where fewer than half "
+            f"the seeds get there within the budget of {_tokens(t['budget_tokens'].max())}): "
+            f"{medians}.")
+    c = comparisons[(comparisons["dataset"] == dataset)
+                    & (comparisons["threshold"] == threshold)] if len(comparisons) else comparisons
+    if len(c):
+        parts = []
+        for r in c.itertuples():
+            ratio = ("" if not math.isfinite(r.ratio) else
+                     f", tokens ratio {r.ratio:.2f}" + (
+                         f" [{r.ratio_low:.2f}, {r.ratio_high:.2f}]"
+                         if math.isfinite(r.ratio_low) else "") + f" over {r.n_both} seeds")
+            p = "" if not math.isfinite(r.p_holm) else f", p_Holm = {r.p_holm:.2g}"
+            parts.append(f"{r.variant} {r.verdict} (first on {r.variant_first}, the baseline "
+                         f"on {r.baseline_first}, tied on {r.ties}{p}{ratio})")
+        text += (f" Against the {BASELINE}, paired by seed (exact sign test on which learned "
+                 f"first, Holm-corrected): " + "; ".join(parts) + ".")
+        m = len(c)
+        n = int(c["n_pairs"].max())
+        if smallest_p(n) > alpha / m:
+            need = next(k for k in range(n, 64) if smallest_p(k) <= alpha / m)
+            text += (f" With {n} seeds the sign test cannot go below p = {smallest_p(n):.3g}, "
+                     f"above Holm's strictest level α/{m} = {alpha / m:.3g}: no outcome could be "
+                     f"significant; it needs {need} seeds or more.")
+    return [text]

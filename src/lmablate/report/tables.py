@@ -1,0 +1,167 @@
+"""The report's tables: every frame computed from the collected runs, and the CSV each is
+written to.
+
+:func:`compute_tables` runs the statistics of :mod:`~lmablate.report.stats.statistics`,
+:mod:`~lmablate.report.stats.problems`, :mod:`~lmablate.report.stats.extrapolation`,
+:mod:`~lmablate.report.text.arithmetic_section`, :mod:`~lmablate.report.stats.sensitivity`,
+:mod:`~lmablate.report.text.limits` and :mod:`~lmablate.report.text.findings` over one
+:class:`~lmablate.report.collect.RunOutputs`, and the one-batch gradient diagnostic
+(:func:`gradient_table`);
+:func:`csv_tables` says which file of ``reports/`` each frame goes to, with its columns. Nothing
+here writes: the report stage does (:mod:`lmablate.stages.report`).
+
+Units as in the tables they come from: losses in nats/char (the answer loss per answer
+character), accuracies as fractions in [0, 1].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import pandas as pd
+
+from lmablate.report.text import arithmetic_section as arith
+from lmablate.report.stats import extrapolation as ex
+from lmablate.report.text import findings as fi
+from lmablate.report.stats import learning_speed as speed_mod
+from lmablate.report.collect import (ABLATION_COLUMNS, BASELINE, TUNED_COLUMNS, RunOutputs,
+                                       present)
+from lmablate.report.stats.learning_speed import compare_speed, speed_table, tokens_to_learn
+from lmablate.report.text.limits import DETECTABLE_COLUMNS, detectable_table
+from lmablate.report.stats.problems import PROBLEM_COLUMNS, compare_problems
+from lmablate.report.stats.reference_points import (REFERENCE_COLUMNS, reference_table,
+                                                    uniform_losses)
+from lmablate.report.stats.sensitivity import SENSITIVITY_COLUMNS, lr_sensitivity
+from lmablate.report.stats.success import SUCCESS_COLUMNS, success_table
+from lmablate.report.stats.statistics import (TUNING_VARIATION_COLUMNS, compare, summarise,
+                                          tuning_check, tuning_variation)
+from lmablate.config.study import StudyConfig
+
+GRAD_COLUMNS = ["dataset", "variant", "group", "seeds", "frac_near_zero"]
+
+
+def gradient_table(grad: pd.DataFrame) -> pd.DataFrame:
+    """``grad_flow.csv``, a one-batch diagnostic, not a finding: per dataset x variant x
+    parameter group, the share of gradient entries with |g| < 1e-8 in the last training
+    batch's backward pass (``grad_stats.csv``'s ``frac_near_zero``, a fraction), mean over
+    seeds. It counts exact zeros from activations (a ReLU's, not a SiLU gate's) and embedding
+    rows of tokens absent from that batch. Columns :data:`GRAD_COLUMNS`."""
+    if grad.empty or "frac_near_zero" not in grad:
+        return pd.DataFrame(columns=GRAD_COLUMNS)
+    out = (grad.groupby(["dataset", "variant", "group"], observed=True, sort=False)
+           ["frac_near_zero"].agg(seeds="count", frac_near_zero="mean").reset_index())
+    return out[GRAD_COLUMNS]
+
+
+@dataclass(frozen=True)
+class ReportTables:
+    """The frames of one report, each in the study order (datasets as configured, baseline
+    first, then the configured variants)."""
+
+    summary: pd.DataFrame  # statistics.SUMMARY_COLUMNS, one row per dataset x variant x metric
+    comparisons: pd.DataFrame  # statistics.COMPARISON_COLUMNS, every variant against baseline
+    problems: pd.DataFrame  # problems.PROBLEM_COLUMNS, arithmetic problem by problem
+    detectable: pd.DataFrame  # limits.DETECTABLE_COLUMNS, the mde of each comparison
+    variation: pd.DataFrame  # statistics.TUNING_VARIATION_COLUMNS, the re-tunings
+    references: pd.DataFrame  # REFERENCE_COLUMNS; empty without the tokenized data
+    extrapolation: pd.DataFrame  # extrapolation.TABLE_COLUMNS, test loss per context multiple
+    extrapolation_comparisons: pd.DataFrame  # each scheme against rope at each length
+    positions: dict[str, pd.DataFrame]  # dataset -> extrapolation.CURVE_COLUMNS
+    sensitivity: pd.DataFrame  # sensitivity.SENSITIVITY_COLUMNS
+    length: pd.DataFrame  # arithmetic.LENGTH_COLUMNS, exact match by operand length
+    length_comparisons: pd.DataFrame  # arithmetic.LENGTH_COMPARISON_COLUMNS
+    convergence: pd.DataFrame  # findings.CONVERGENCE_COLUMNS
+    gradients: pd.DataFrame  # GRAD_COLUMNS, a one-batch diagnostic
+    success: pd.DataFrame  # success.SUCCESS_COLUMNS, the seeds that learned arithmetic
+    speed: pd.DataFrame  # learning_speed.SPEED_COLUMNS, tokens to learn per seed
+    speed_summary: pd.DataFrame  # learning_speed.TABLE_COLUMNS, Kaplan-Meier per variant
+    speed_comparisons: pd.DataFrame  # learning_speed.COMPARISON_COLUMNS, paired by seed
+
+
+def _in_study_order(table: pd.DataFrame, ablation: pd.DataFrame) -> pd.DataFrame:
+    """``table`` sorted (stably) by dataset and variant in the order of ``ablation``'s
+    categorical columns, as every other table: the stacked files come in path order."""
+    return table.sort_values(["dataset", "variant"], kind="stable", key=lambda c: c.map(
+        {v: i for i, v in enumerate(present(ablation[c.name]))}))
+
+
+def compute_tables(cfg: StudyConfig, runs: RunOutputs, tokens_dir: Path | None) -> ReportTables:
+    """Every table of the report from the study's runs
+    (:func:`~lmablate.report.collect.restrict_to_study`; ``runs.ablation`` not empty).
+
+    ``tokens_dir`` (``<tokens_dir>/<dataset>/``) gives the reference points and the loss at
+    initialisation of the learning-rate sensitivity
+    (:mod:`~lmablate.report.stats.reference_points`); None leaves them out (no references, no
+    sensitivity).
+
+    Raises:
+        FileNotFoundError / TokenizerError: a dataset's tokens are missing under ``tokens_dir``.
+    """
+    ablation = runs.ablation
+    summary = summarise(ablation)
+    comparisons = tuning_check(compare(ablation, baseline=BASELINE), runs.tuned)
+    problems = compare_problems(runs.predictions, baseline=BASELINE,
+                                variants=present(ablation["variant"]))
+    detectable = detectable_table(comparisons)
+    variation = tuning_variation(ablation, runs.replicates)
+    references = (reference_table(cfg, tokens_dir, runs) if tokens_dir is not None
+                  else pd.DataFrame(columns=REFERENCE_COLUMNS))
+    extrapolation = ex.extrapolation_table(runs.extrapolation)
+    extrapolation_comparisons = ex.extrapolation_comparisons(runs.extrapolation)
+    positions = {ds: ex.position_curves(runs.position_loss, ds)
+                 for ds in present(ablation["dataset"])}
+    sensitivity = lr_sensitivity(runs.trials, uniform_losses(cfg, tokens_dir))
+    length = arith.length_table(runs.by_operand_digits)
+    length_comparisons = arith.length_comparisons(runs.by_operand_digits)
+    speed = tokens_to_learn(runs.history)
+    return ReportTables(
+        summary=summary, comparisons=comparisons, problems=problems, detectable=detectable,
+        variation=variation, references=references, extrapolation=extrapolation,
+        extrapolation_comparisons=extrapolation_comparisons, positions=positions,
+        sensitivity=sensitivity, length=length, length_comparisons=length_comparisons,
+        convergence=_in_study_order(fi.convergence_table(runs.history), ablation),
+        gradients=_in_study_order(gradient_table(runs.grad), ablation),
+        success=success_table(ablation), speed=speed, speed_summary=speed_table(speed),
+        speed_comparisons=compare_speed(speed))
+
+
+def csv_tables(runs: RunOutputs, tables: ReportTables
+               ) -> dict[str, tuple[str, pd.DataFrame, Sequence[str] | None]]:
+    """name -> ``(file name under reports/, frame, columns)`` of every CSV table of the report,
+    in the order they are written; columns None writes the frame's own."""
+    return {
+        "ablation": ("ablation.csv", runs.ablation, ABLATION_COLUMNS),
+        "summary": ("summary.csv", tables.summary, None),
+        "comparisons": ("comparisons.csv", tables.comparisons, None),
+        "problem_comparisons": ("problem_comparisons.csv", tables.problems, PROBLEM_COLUMNS),
+        "detectable_effects": ("detectable_effects.csv", tables.detectable, DETECTABLE_COLUMNS),
+        "references": ("references.csv", tables.references, REFERENCE_COLUMNS),
+        "tuned": ("tuned.csv", runs.tuned, TUNED_COLUMNS),
+        "lr_sensitivity": ("lr_sensitivity.csv", tables.sensitivity, SENSITIVITY_COLUMNS),
+        "tuning_variation": ("tuning_variation.csv", tables.variation,
+                             TUNING_VARIATION_COLUMNS),
+        "extrapolation": ("extrapolation.csv", tables.extrapolation, ex.TABLE_COLUMNS),
+        "extrapolation_comparisons": ("extrapolation_comparisons.csv",
+                                      tables.extrapolation_comparisons, None),
+        # the numbers behind the loss-by-position figures, every dataset in one table
+        "extrapolation_positions": (
+            "extrapolation_positions.csv",
+            pd.concat([c.assign(dataset=ds) for ds, c in tables.positions.items()],
+                      ignore_index=True),
+            ["dataset", *ex.CURVE_COLUMNS]),
+        "convergence": ("convergence.csv", tables.convergence, fi.CONVERGENCE_COLUMNS),
+        "grad_flow": ("grad_flow.csv", tables.gradients, GRAD_COLUMNS),
+        "length_generalisation": ("length_generalisation.csv", tables.length,
+                                  arith.LENGTH_COLUMNS),
+        "length_generalisation_comparisons": ("length_generalisation_comparisons.csv",
+                                              tables.length_comparisons,
+                                              arith.LENGTH_COMPARISON_COLUMNS),
+        "success": ("success.csv", tables.success, SUCCESS_COLUMNS),
+        "tokens_to_learn": ("tokens_to_learn.csv", tables.speed, speed_mod.SPEED_COLUMNS),
+        "learning_speed": ("learning_speed.csv", tables.speed_summary,
+                           speed_mod.TABLE_COLUMNS),
+        "learning_speed_comparisons": ("learning_speed_comparisons.csv",
+                                       tables.speed_comparisons, speed_mod.COMPARISON_COLUMNS),
+    }

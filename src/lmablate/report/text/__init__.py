@@ -1,0 +1,1 @@
+"""The report's text: its sections and Markdown tables."""

@@ -1,0 +1,353 @@
+"""The report's "What this study can and cannot say" section, written from the study's tables.
+
+Every sentence is computed from the frames the report stage writes as CSVs (``ablation``,
+``summary``, ``comparisons``, ``problem_comparisons``, ``references``, ``tuning_variation``,
+``tuned``); nothing is typed by hand, so the section follows the results of any profile. It
+states, per dataset: the training each model got, where the variants sit between the data's
+reference points, the exact-match floor, the seed count and the smallest difference each
+comparison could detect (its ``mde``, :func:`detectable_table`), how much the tuning itself
+varies, and every flag raised (a tuned value on the edge of its range, a difference identical
+on every seed, a variant trained at another width than the baseline).
+
+Units: losses in nats/char (one token is one character), accuracies as fractions.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Mapping, Sequence
+
+import pandas as pd
+
+from lmablate.report.collect import BASELINE, present
+from lmablate.report.headline import headline_loss
+from lmablate.report.text.mdtable import join_names as _names
+from lmablate.report.stats.scaling import SCALING_TITLE
+from lmablate.report.stats.statistics import (ALPHA, METRICS, POWER, VERDICT_BETTER,
+                                          VERDICT_IDENTICAL, VERDICT_UNDECIDED_TUNING,
+                                          VERDICT_WORSE)
+
+TITLE = "What this study can and cannot say"
+# the name of the order-3 reference in references.csv
+# (lmablate.report.stats.reference_models.ngram_references)
+TRIGRAM = "trigram"
+DETECTABLE_COLUMNS = ["dataset", "metric", "variant", "n_pairs", "n_compared", "alpha", "power",
+                      "sd_diff", "mde"]
+
+
+def trigram_reference(references: pd.DataFrame | None, dataset: str,
+                      metric: str) -> float | None:
+    """The trigram cross-entropy of ``dataset``'s test split in ``metric`` (nats/char), from
+    the report's reference table; None where it has none (no tokens given, or a metric other
+    than ``test_loss``, such as arithmetic's answer loss)."""
+    if references is None or references.empty:
+        return None
+    r = references[(references["dataset"] == dataset) & (references["metric"] == metric)
+                   & (references["reference"] == TRIGRAM)]
+    return float(r["value"].iloc[0]) if len(r) else None
+
+
+def detectable_table(comparisons: pd.DataFrame, alpha: float = ALPHA,
+                     power: float = POWER) -> pd.DataFrame:
+    """``detectable_effects.csv``: one row per tested comparison (variant vs baseline, dataset x
+    metric), its minimum detectable effect ``mde`` copied from ``comparisons`` (:func:`~lmablate.
+    report.stats.statistics.compare`: power ``power`` at Holm's strictest level ``alpha /
+    n_compared``, at the row's ``sd_diff`` and ``n_pairs``), so every MDE the report states is
+    that column. In the metric's unit; columns :data:`DETECTABLE_COLUMNS`."""
+    if comparisons.empty:
+        return pd.DataFrame(columns=DETECTABLE_COLUMNS)
+    tested = comparisons[comparisons["p_value"].notna()]
+    n_compared = tested.groupby(["dataset", "metric"], observed=True)["variant"].transform("size")
+    out = tested.assign(n_compared=n_compared, alpha=alpha, power=power)
+    return out[DETECTABLE_COLUMNS].reset_index(drop=True)
+
+
+def _mean(summary: pd.DataFrame, dataset: str, metric: str) -> pd.Series:
+    """variant -> mean over seeds of ``metric`` on ``dataset`` (study order)."""
+    s = summary[(summary["dataset"] == dataset) & (summary["metric"] == metric)]
+    return s.set_index(s["variant"].astype(str))["mean"]
+
+
+def _training(ablation: pd.DataFrame, dataset: str, budgets: Sequence[float] = ()) -> str:
+    d = ablation[ablation["dataset"] == dataset]
+    tokens, flops = d["tokens"].dropna().astype(float), d["train_flops"].dropna().astype(float)
+    widths = sorted({int(w) for w in d["d_model"].dropna()})
+    def span(lo: float, hi: float, fmt: str) -> str:
+        a, b = format(lo, fmt), format(hi, fmt)
+        return a if a == b else f"{a} to {b}"
+
+    text = (f"Each final run trained on {span(tokens.min(), tokens.max(), ',.0f')} tokens "
+            f"({span(flops.min(), flops.max(), '.3g')} training FLOPs")
+    text += f" of a {budgets[-1]:.3g} budget)" if len(budgets) else ")"
+    text += (f" at d_model {_names([str(w) for w in widths])}. Every conclusion holds for "
+             "models of this size trained this long; it need not hold at another scale.")
+    if len(budgets) > 1:
+        text += (f" The verdicts are drawn at the largest of {len(budgets)} budgets "
+                 f"({', '.join(f'{b:.2g}' for b in budgets)} FLOPs); \"{SCALING_TITLE}\" "
+                 "gives the trend of each effect across them.")
+    elif len(budgets):
+        text += (" Its effects were measured at one budget: whether a gain grows or shrinks "
+                 "with compute is what `dvc exp run --temp -S profile=scaling` measures (every "
+                 "variant tuned and trained at four budgets 3x apart, its report's section "
+                 f"\"{SCALING_TITLE}\").")
+    return text
+
+
+def _between_references(summary: pd.DataFrame, references: pd.DataFrame,
+                        dataset: str) -> list[str]:
+    """Where each variant's test loss sits among the n-gram references of ``dataset``."""
+    refs = references[(references["dataset"] == dataset)
+                      & (references["metric"] == "test_loss")]
+    losses = _mean(summary, dataset, "test_loss")
+    if refs.empty or losses.empty:
+        return []
+    refs = refs.sort_values("value", ascending=False)
+    named = ", ".join(f"{r.reference} {r.value:.3f}" for r in refs.itertuples())
+    best = refs.iloc[-1]
+    below = [v for v, x in losses.items() if x < best["value"]]
+    text = (f"Test loss against n-gram references of this data ({named} nats/char; "
+            f"{refs['detail'].iloc[0]}): the variants reach {losses.min():.3f} to "
+            f"{losses.max():.3f}. ")
+    if len(below) == len(losses):
+        margin = best["value"] - losses
+        step = refs["value"].iloc[-2] - best["value"] if len(refs) > 1 else math.nan
+        text += (f"All {len(losses)} are below the {best['reference']} reference, by "
+                 f"{margin.min():.3f} to {margin.max():.3f}")
+        text += (f" (the {best['reference']} is {step:.3f} below the "
+                 f"{refs['reference'].iloc[-2]})." if math.isfinite(step) else ".")
+    else:
+        above = [v for v in losses.index if v not in below]
+        text += (f"{len(below)} of {len(losses)} are below the {best['reference']} reference; "
+                 f"{_names(above)} are not: they have learned no more than "
+                 f"{best['reference']} statistics, and a difference among such models says "
+                 "little about the feature at a scale where it matters.")
+    return [text]
+
+
+def _answer_floors(summary: pd.DataFrame, references: pd.DataFrame, problems: pd.DataFrame,
+                   dataset: str) -> list[str]:
+    """Answer loss, exact match and character accuracy against answers that ignore the
+    question (arithmetic): the answer-position floor and the constant answers."""
+    lines = []
+    for metric in ("answer_loss", "exact_match", "char_accuracy"):
+        refs = references[(references["dataset"] == dataset) & (references["metric"] == metric)]
+        means = _mean(summary, dataset, metric)
+        if refs.empty or means.empty:
+            continue
+        label, _, higher = METRICS[metric]
+        top = refs.loc[refs["value"].idxmax() if higher else refs["value"].idxmin()]
+        floors = "; ".join(f"{r.reference} ({r.detail}) {r.value:.3f}"
+                           for r in refs.itertuples())
+        above = [v for v, x in means.items() if (x > top["value"] if higher
+                                                 else x < top["value"])]
+        text = (f"{label.capitalize()} against answers that ignore the question: {floors}. "
+                f"The variants score {means.min():.3f} to {means.max():.3f}; ")
+        if not above:
+            text += (f"none beats the {top['reference']}: in {label}, no variant shows yet "
+                     "that it reads the question.")
+        else:
+            text += (f"{len(above)} of {len(means)} beat the {top['reference']} "
+                     f"({top['value']:.3f}).")
+        if metric == "exact_match":
+            p = problems[(problems["dataset"] == dataset) & (problems["metric"] == metric)]
+            if len(p):
+                total = int(p["total"].iloc[0])
+                solved = {BASELINE: int(p["baseline_count"].iloc[0]),
+                          **{str(r.variant): int(r.variant_count) for r in p.itertuples()}}
+                text += (" Problems solved, of " f"{total:,} (test problems x seeds): "
+                         + ", ".join(f"{v} {n:,}" for v, n in solved.items()) + ".")
+        lines.append(text)
+    return lines
+
+
+def _power(comparisons: pd.DataFrame, dataset: str) -> list[str]:
+    """The minimum detectable effect of each comparison (:func:`detectable_table`), per metric:
+    the range over the comparisons and each one's value, as in the comparison table."""
+    d = detectable_table(comparisons)
+    d = d[d["dataset"] == dataset]
+    if d.empty:
+        return []
+    parts = []
+    for metric, m in d.groupby("metric", sort=False):
+        label, unit, _ = METRICS[metric]
+        finite = m[m["mde"].map(math.isfinite)]
+        if finite.empty:
+            parts.append(f"{label}: not estimable")
+            continue
+        lo, hi = f"{finite['mde'].min():.3f}", f"{finite['mde'].max():.3f}"
+        span = lo if lo == hi else f"{lo} to {hi}"
+        each = ", ".join(f"{r.variant} {r.mde:.3f}" for r in finite.itertuples())
+        parts.append(f"{label} {span} {unit} ({each})")
+    n = int(d["n_pairs"].max())
+    m = int(d["n_compared"].max())
+    return [f"With {n} seeds per variant, {m} variants compared at family-wise α = {ALPHA} "
+            f"(Holm) and {POWER:.0%} power, the smallest true difference to the baseline "
+            f"each comparison could detect (MDE, per comparison: at its own seed-to-seed "
+            f"spread and Holm's strictest level α/{m}; the comparison table's MDE column) is: "
+            f"{'; '.join(parts)}. A smaller effect is likely to end as \"no significant "
+            "difference\", which is not evidence that the variants are equal."]
+
+
+def tuning_luck(variation: pd.DataFrame | None, dataset: str, metric: str) -> float | None:
+    """How large an effect in ``metric`` on ``dataset`` may owe as much to the tuner as to the
+    feature (the metric's unit): the largest absolute value of the mean change and of the ends
+    of its 95% interval when the variant of ``variation`` (:func:`~lmablate.report.
+    stats.statistics.tuning_variation`: the baseline re-tuned with another sampler seed, paired by
+    seed) was tuned again. The number of the "Tuning luck" sentence and of the forest plot's
+    band (:func:`lmablate.report.figures.losses.plot_forest`). None without a re-tuning of
+    ``dataset`` in ``metric``; NaN ends (too few seeds) are left out of the maximum."""
+    if variation is None or variation.empty:
+        return None
+    v = variation[(variation["dataset"] == dataset) & (variation["metric"] == metric)]
+    if v.empty:
+        return None
+    r = v.iloc[0]
+    ends = [abs(float(r[c])) for c in ("ci95_low", "ci95_high", "mean_diff")
+            if pd.notna(r[c])]
+    return max(ends) if ends else None
+
+
+def _tuning(variation: pd.DataFrame, comparisons: pd.DataFrame, dataset: str) -> list[str]:
+    """How far the re-tuning moved the dataset's headline loss, and which variants' effects
+    in it are no larger (:func:`tuning_luck`)."""
+    metric = headline_loss(comparisons, dataset)
+    label, unit, _ = METRICS[metric]
+    bound = tuning_luck(variation, dataset, metric)
+    if bound is None:
+        return []
+    v = variation[(variation["dataset"] == dataset) & (variation["metric"] == metric)]
+    r = v.iloc[0]
+    c = comparisons[(comparisons["dataset"] == dataset) & (comparisons["metric"] == metric)]
+    within = [str(x.variant) for x in c.itertuples() if abs(x.mean_diff) <= bound]
+    text = (f"Tuning luck: the {r['variant']} tuned again with another sampler seed "
+            f"(lr {r['lr']:.3g} -> {r['replicate_lr']:.3g}, d_model {int(r['d_model'])} -> "
+            f"{int(r['replicate_d_model'])}) moved its {label} by {r['mean_diff']:+.4f} "
+            f"(95% CI [{r['ci95_low']:.4f}, {r['ci95_high']:.4f}]), so an effect up to about "
+            f"{bound:.3f} {unit} may owe as much to the tuner as to the feature. ")
+    text += (f"{label.capitalize()} effects of that size or less here: {_names(within)}."
+             if within else f"Every variant's {label} effect here is larger than that.")
+    return [text]
+
+
+def _tuning_uncertainty(comparisons: pd.DataFrame, tuned: pd.DataFrame,
+                        dataset: str) -> list[str]:
+    """Each variant's tuning uncertainty (best.json's full-budget bracket, in the unit of the
+    tuning objective: nats/char, or nats per answer character on arithmetic) and the
+    verdicts it turned "undecided (tuning)" (:func:`~lmablate.report.stats.statistics.
+    tuning_check`); nothing for a study without brackets."""
+    if tuned is None or tuned.empty or "tuning_uncertainty" not in tuned:
+        return []
+    t = tuned[(tuned["dataset"] == dataset) & tuned["bracket_state"].notna()]
+    if t.empty:
+        return []
+    values = "; ".join(f"{r.variant} " + ("not measured" if pd.isna(r.tuning_uncertainty)
+                                          else f"{r.tuning_uncertainty:.3f}")
+                       for r in t.itertuples())
+    c = comparisons[(comparisons["dataset"] == dataset)
+                    & (comparisons["verdict"] == VERDICT_UNDECIDED_TUNING)]
+    answer = "objective" in t and (t["objective"] == "val_answer_loss").any()
+    unit, checks = (("nats per answer character", "the answer-loss verdicts") if answer
+                    else ("nats/char", "the test-loss verdicts"))
+    text = (f"Tuning uncertainty (how much lower a variant's loss could be at a learning rate "
+            f"its full-budget bracket missed; 95% bound, {unit}): {values}. It is measured "
+            f"in the tuning objective, so it checks {checks} only.")
+    if len(c):
+        text += (" Significant over seeds but within the larger of the two tuning "
+                 "uncertainties, so undecided (tuning): " + _names(
+                     [f"{r.variant} (Δ {r.mean_diff:+.3f}, uncertainty "
+                      f"{r.tuning_uncertainty:.3f})" for r in c.itertuples()]) + ".")
+    return [text]
+
+
+def _flags(comparisons: pd.DataFrame, problems: pd.DataFrame, tuned: pd.DataFrame,
+           ablation: pd.DataFrame, summary: pd.DataFrame, references: pd.DataFrame,
+           dataset: str) -> list[str]:
+    lines = []
+    t = tuned[(tuned["dataset"] == dataset) & tuned["on_edge"].fillna("").astype(bool)]
+    if len(t):
+        # one clause per flag, naming the variants that share it: with six variants at the
+        # same edge, one clause per variant was a run-on of six identical phrases
+        flags = {}
+        for r in t.itertuples():
+            for flag in str(r.on_edge).split("; "):
+                flags.setdefault(flag, []).append(str(r.variant))
+        lines.append("Tuned values on the edge of their search range (the optimum may lie "
+                     "outside it): " + "; ".join(f"{flag} for {_names(vs)}"
+                                                 for flag, vs in flags.items()) + ".")
+    same = comparisons[(comparisons["dataset"] == dataset)
+                       & (comparisons["verdict"] == VERDICT_IDENTICAL)]
+    if len(same):
+        lines.append("Differences identical on every seed (no spread, so no test and no "
+                     "verdict): " + "; ".join(
+                         f"{r.variant} in {METRICS[r.metric][0]} (Δ = {r.mean_diff:.3g})"
+                         for r in same.itertuples()) + ".")
+    d = ablation[ablation["dataset"] == dataset]
+    base_w = set(d.loc[d["variant"] == BASELINE, "d_model"].dropna().astype(int))
+    other = sorted({str(v) for v, w in zip(d["variant"], d["d_model"])
+                    if pd.notna(w) and int(w) not in base_w})
+    if other and base_w:
+        widths = {v: sorted(set(d.loc[d["variant"] == v, "d_model"].astype(int)))
+                  for v in other}
+        lines.append(f"Trained at another width than the baseline (d_model "
+                     f"{_names([str(w) for w in sorted(base_w)])}): " + "; ".join(
+                         f"{v} at {_names([str(w) for w in ws])}" for v, ws in widths.items())
+                     + ". Equal compute then means different parameter counts and steps, and "
+                     "the comparison mixes the feature with the width.")
+    elif base_w:
+        lines.append(f"Every variant trained at the baseline's width (d_model "
+                     f"{_names([str(w) for w in sorted(base_w)])}).")
+    called = comparisons[(comparisons["dataset"] == dataset)
+                         & comparisons["verdict"].isin([VERDICT_BETTER, VERDICT_WORSE])]
+    verdicts = [f"{r.variant} {r.verdict} in {METRICS[r.metric][0]}" for r in called.itertuples()]
+    lines.append("What it can say, over training seeds (paired by seed, Holm at family-wise "
+                 f"α = {ALPHA}): " + (_names(verdicts) + " than the baseline." if verdicts else
+                                      "no variant differs from the baseline beyond chance."))
+    p = problems[problems["dataset"] == dataset] if len(problems) else problems
+    if len(p):
+        lines.append(f"Problem by problem (its section below) is a diagnostic of which of the "
+                     f"{int(p['n_problems'].max()):,} test problems these "
+                     f"{int(p['n_seeds'].max())} trained seeds per variant get right, not a "
+                     "verdict: its p-values treat the problems as independent, which problems "
+                     "of the same models are not; the verdicts are drawn over seeds.")
+    unbeaten = []
+    for metric in ("answer_loss", "exact_match", "char_accuracy"):
+        refs = references[(references["dataset"] == dataset) & (references["metric"] == metric)]
+        means = _mean(summary, dataset, metric)
+        if len(refs) and len(means) and (means.max() <= refs["value"].max() if METRICS[
+                metric][2] else means.min() >= refs["value"].min()):
+            unbeaten.append(METRICS[metric][0])
+    if unbeaten:
+        lines.append(f"No variant beats an answer that ignores the question in "
+                     f"{_names(unbeaten)}: every verdict in these metrics compares ways of "
+                     "guessing, not of computing the answer.")
+    return lines
+
+
+def limits_section(cfg_budgets: Mapping[str, Sequence[float]], ablation: pd.DataFrame,
+                   summary: pd.DataFrame, comparisons: pd.DataFrame,
+                   problems: pd.DataFrame, references: pd.DataFrame,
+                   variation: pd.DataFrame | None, tuned: pd.DataFrame) -> list[str]:
+    """Markdown lines of the section, one bullet list per dataset of ``ablation``.
+
+    Args:
+        cfg_budgets: each dataset's budgets in training FLOPs, increasing
+            (:meth:`lmablate.config.study.StudyConfig.budgets`); the verdicts are the last one's.
+        ablation, summary, comparisons, variation, tuned: the report's frames
+            (:mod:`lmablate.report.collect`, :mod:`lmablate.report.stats.statistics`).
+        problems: :func:`~lmablate.report.stats.problems.compare_problems` (may be empty).
+        references: columns ``dataset, reference, metric, value, detail`` (the report stage's
+            reference table; losses in nats/char, accuracies as fractions).
+    """
+    lines = [f"## {TITLE}", ""]
+    variation = variation if variation is not None else pd.DataFrame(
+        columns=["dataset", "metric"])
+    for ds in present(ablation["dataset"]):
+        bullets = [_training(ablation, ds, cfg_budgets.get(ds, ()))]
+        bullets += _between_references(summary, references, ds)
+        bullets += _answer_floors(summary, references, problems, ds)
+        bullets += _power(comparisons, ds)
+        bullets += _tuning(variation, comparisons, ds)
+        bullets += _tuning_uncertainty(comparisons, tuned, ds)
+        bullets += _flags(comparisons, problems, tuned, ablation, summary, references, ds)
+        lines += [f"**{ds}**", "", *[f"- {b}" for b in bullets], ""]
+    return lines

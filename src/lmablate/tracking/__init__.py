@@ -1,0 +1,1 @@
+"""Tracking: every run, trial and summary recorded in MLflow."""
