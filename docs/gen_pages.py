@@ -70,13 +70,25 @@ def code_layout(mods: list[tuple[str, Path]]) -> str:
         "and the first sentence of its docstring, grouped by package. Each name links to the "
         "module's [API](api/index.md) page.",
         "",
-        "The package reads like the pipeline: one module per DVC stage under `stages/` doing "
-        "only I/O, validation and tracking, over library modules that each do one job. Each "
-        "`dvc.yaml` stage depends on exactly the modules its command imports (`cli.py` and its "
+        "The package reads like the pipeline. `cli.py` is the entry point, and `stages/` holds "
+        "one thin module per DVC stage (its I/O, validation and tracking). Below them, one "
+        "subpackage per step: `config/` (params.yaml and profiles), `data/`, `model/`, `train/`, "
+        "`tune/`, `evaluate/` and `report/` (with `stats/`, `figures/` and `text/`); beside them "
+        "`tracking/` (MLflow), `execution/` (where jobs run) and `core/` (what all share).",
+        "",
+        "Where a new piece goes:",
+        "",
+        "- a position scheme (or norm, FFN): a `Position` subclass in `model/gpt.py`, registered "
+        "by its config name in `POSITIONS` (`NORMS`, `FFNS`) and allowed in `config/study.py`'s "
+        "`POSITION_CHOICES` (a test keeps the two equal); a variant of `params.yaml` names it;",
+        "- a metric of a trained model: `evaluate/metrics.py`, written by `stages/evaluate.py`;",
+        "- a statistic over the runs: `report/stats/`, tabled in `report/tables.py`;",
+        "- a figure: `report/figures/`; a section of the report: `report/text/`.",
+        "",
+        "Each `dvc.yaml` stage depends on the subpackages its command imports (`cli.py` and its "
         "stage module, followed through every import) and on every path it reads; "
-        "`tests/test_dvc_deps.py` checks this, so an edit to the model re-runs tune, train, "
-        "evaluate and the report, and an edit to a module of `analysis/` re-runs only the "
-        "report.",
+        "`tests/test_dvc_deps.py` checks this, so an edit to `model/` re-runs tune, train, "
+        "evaluate and the report, and an edit to `report/` re-runs only the report.",
         "",
     ]
     for package, init in packages:

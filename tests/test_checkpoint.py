@@ -7,13 +7,16 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
+import lmablate
+
 from lmablate.train.checkpoint import (load_checkpoint, load_resume, save_checkpoint, save_resume,
                                  verify_checkpoint)
-from lmablate.core.fingerprint import RUN_MODULES, code_version
+from lmablate.core.fingerprint import RUN_CODE, code_version
 from lmablate.config.study import ModelConfig, TrainConfig
 from lmablate.model.gpt import GPT
 from lmablate.train.training import make_optimizer, train_step
@@ -111,9 +114,18 @@ def test_a_resume_state_is_returned_only_for_the_fingerprint_it_was_written_for(
     assert load_resume(path, "f") is None  # unreadable: start over
 
 
-def test_the_code_version_is_a_hash_of_the_named_modules_code():
+def test_the_code_version_of_a_package_is_the_hash_of_every_module_under_it():
     version = code_version()
     assert len(version) == 16 and int(version, 16) >= 0
-    assert version == code_version(RUN_MODULES)
-    longer = RUN_MODULES + ("train/budget.py",)
-    assert code_version(RUN_MODULES[:1]) != version != code_version(longer)
+    assert version == code_version(RUN_CODE)
+    package = Path(lmablate.__file__).parent
+    modules = tuple(p.relative_to(package).as_posix()
+                    for part in RUN_CODE for p in sorted((package / part).rglob("*.py")))
+    assert len(modules) > len(RUN_CODE)
+    assert code_version(modules) == version  # a folder stands for its modules, in sorted order
+    assert code_version(RUN_CODE[:1]) != version != code_version(RUN_CODE + ("tune",))
+
+
+def test_a_code_version_of_a_part_that_does_not_exist_is_an_error():
+    with pytest.raises(FileNotFoundError, match="nosuch"):
+        code_version(("model", "nosuch"))

@@ -263,7 +263,8 @@ def test_study_name_covers_what_a_trial_computes_and_nothing_else(raw):
     assert name("runtime.cluster", "tcp://127.0.0.1:8786") == name()
 
 
-@pytest.mark.parametrize("source", ["model/gpt.py", "train/training.py", "tune/tuning.py"])
+@pytest.mark.parametrize("source", ["model/gpt.py", "train/training.py", "tune/tuning.py",
+                                    "data/corpus.py", "tune/storage.py"])
 def test_an_edited_source_file_names_a_new_study(tmp_path, source):
     """A copy of the package with a comment appended to ``source`` computes another study name
     than an unedited copy (which matches this package): the edited code starts a new study."""

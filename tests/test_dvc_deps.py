@@ -73,10 +73,21 @@ def import_closure(*names: str) -> set[str]:
     return seen
 
 
+def dep_unit(path: Path) -> str:
+    """What dvc.yaml names for module file ``path``: its subpackage's folder
+    (``src/lmablate/model``, ``src/lmablate/report``), or the file itself for the package's
+    top-level modules and the stage modules (each stage depends on its own stage module only)."""
+    parts = path.relative_to(SRC / PACKAGE).parts
+    if len(parts) > 1 and parts[0] != "stages":
+        return (SRC / PACKAGE / parts[0]).relative_to(ROOT).as_posix()
+    return path.relative_to(ROOT).as_posix()
+
+
 def code_deps(command: str) -> set[str]:
-    """The repository paths of the modules ``lmablate <command>`` runs."""
+    """The repository paths (subpackage folders and files, :func:`dep_unit`) of the modules
+    ``lmablate <command>`` runs."""
     modules = import_closure("lmablate.cli", cli.STAGES[command].module)
-    return {module_file(m).relative_to(ROOT).as_posix() for m in modules}
+    return {dep_unit(module_file(m)) for m in modules}
 
 
 def dvc_stages() -> dict[str, dict]:
@@ -152,6 +163,16 @@ def test_the_closure_follows_imports_inside_functions_and_packages(tmp_path, mon
                                             "lmablate.sub", "lmablate.sub.c"}
 
 
+def test_a_module_is_named_by_its_subpackage_and_a_stage_by_its_own_file():
+    package = SRC / PACKAGE
+    assert dep_unit(package / "report" / "stats" / "statistics.py") == "src/lmablate/report"
+    assert dep_unit(package / "model" / "__init__.py") == "src/lmablate/model"
+    assert dep_unit(package / "stages" / "train.py") == "src/lmablate/stages/train.py"
+    assert dep_unit(package / "cli.py") == "src/lmablate/cli.py"
+    train = code_deps("train")
+    assert "src/lmablate/stages/train.py" in train and "src/lmablate/stages/tune.py" not in train
+
+
 def test_the_report_loads_models_but_never_trains():
     closure = import_closure("lmablate.cli", cli.STAGES["report"].module)
     assert "lmablate.model.gpt" in closure  # attention maps and embeddings from checkpoints
@@ -162,9 +183,9 @@ def test_a_removed_dep_is_reported_by_name(monkeypatch):
     """Deleting one dep from dvc.yaml makes the check fail with the module's path."""
     stages = dvc_stages()
     body = stages["evaluate"]
-    body["deps"] = [d for d in body["deps"] if d != "src/lmablate/model/gpt.py"]
+    body["deps"] = [d for d in body["deps"] if d != "src/lmablate/model"]
     monkeypatch.setattr(__import__(__name__), "dvc_stages", lambda: stages)
-    with pytest.raises(AssertionError, match=r"missing deps \['src/lmablate/model/gpt.py'\]"):
+    with pytest.raises(AssertionError, match=r"missing deps \['src/lmablate/model'\]"):
         test_stage_depends_on_exactly_the_modules_its_command_imports("evaluate")
 
 

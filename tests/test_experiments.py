@@ -35,6 +35,7 @@ def project(tmp_path_factory, run_command) -> Path:
     (work / "params.yaml").write_text(profiles.compose(work))
     assert run_command(["git", "init", "-q"], work).returncode == 0
     assert run_command(["dvc", "init", "-q"], work).returncode == 0
+    shutil.copy(ROOT / ".dvcignore", work / ".dvcignore")
     shutil.copy(ROOT / ".dvc" / "config", work / ".dvc" / "config")
     shutil.copytree(ROOT / ".dvc" / "plots", work / ".dvc" / "plots")
     for cmd in (["git", "add", "-A"], ["git", "commit", "-qm", "project"]):

@@ -42,7 +42,7 @@ def pipeline_overrides(corpus: Path) -> dict:
 
 def new_study(work: Path, params: dict, run_command) -> Path:
     """A fresh project in folder ``work``: the sources, dvc.yaml, ``params`` as params.yaml, the
-    plot templates, git and DVC initialised (nothing committed)."""
+    plot templates and .dvcignore, git and DVC initialised (nothing committed)."""
     work.mkdir(parents=True, exist_ok=True)
     for name in ("dvc.yaml", "pyproject.toml", "requirements.lock"):
         shutil.copy(ROOT / name, work / name)
@@ -50,6 +50,7 @@ def new_study(work: Path, params: dict, run_command) -> Path:
     (work / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     assert run_command(["git", "init", "-q"], work).returncode == 0
     assert run_command(["dvc", "init", "-q"], work).returncode == 0
+    shutil.copy(ROOT / ".dvcignore", work / ".dvcignore")
     shutil.copytree(ROOT / ".dvc" / "plots", work / ".dvc" / "plots")
     return work
 
@@ -335,12 +336,22 @@ def changed_stages(study: Path, source: str, run_command) -> set[str]:
 
 
 @pytest.mark.slow
-def test_an_edit_reruns_exactly_the_stages_that_import_the_module(study, run_command):
+def test_an_edit_reruns_exactly_the_stages_that_import_its_subpackage(study, run_command):
     assert changed_stages(study, "report/figures/losses.py", run_command) == {"report"}
     after_model = changed_stages(study, "model/gpt.py", run_command)
     pairs = [f"{d}-{v}" for d in ("shakespeare", "arithmetic") for v in VARIANTS]
     assert after_model == {f"{stage}@{p}" for stage in ("tune", "train", "evaluate")
                            for p in pairs} | {"report"}
-    assert changed_stages(study, "data/corpus.py", run_command) == {
-        "generate@shakespeare", "generate@arithmetic", "tokenize@shakespeare",
-        "tokenize@arithmetic"}
+    assert changed_stages(study, "stages/tune.py", run_command) == {f"tune@{p}" for p in pairs}
+    datasets = ("shakespeare", "arithmetic")
+    assert changed_stages(study, "data/corpus.py", run_command) == (
+        after_model | {f"{stage}@{d}" for stage in ("generate", "tokenize") for d in datasets})
+    # bytecode beside the modules is no part of the code (.dvcignore)
+    cache = study / "src" / "lmablate" / "model" / "__pycache__"
+    cache.mkdir(exist_ok=True)
+    (cache / "edited.cpython-311.pyc").write_bytes(b"not code")
+    try:
+        status = run_command(["dvc", "status", "--json"], study)
+    finally:
+        (cache / "edited.cpython-311.pyc").unlink()
+    assert status.returncode == 0 and json.loads(status.stdout) == {}

@@ -1,1 +1,2 @@
-"""What every step shares: file I/O, bad-input errors, fingerprints, the environment record and progress bars."""
+"""What every step shares: file I/O (atomic writes), the bad-input errors and rules, the
+fingerprints that key results, the environment recorded with them, and progress bars."""

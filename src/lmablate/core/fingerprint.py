@@ -15,11 +15,9 @@ from typing import Any, Mapping
 # Every other init field of a config dataclass is part of the fingerprint it is passed to.
 NOT_A_RESULT = {"fingerprint": False}
 
-# The modules whose code defines what a training run computes: a resume state written by other
-# code is not resumed (see code_version).
-RUN_MODULES = ("model/gpt.py", "train/loop.py", "train/training.py", "train/batched.py",
-               "data/token_data.py", "train/device.py", "evaluate/answer_probe.py",
-               "evaluate/metrics.py", "data/tokenizer.py")
+# The code that defines what a training run computes, as parts of the package (a folder: every
+# module under it): a finished seed or resume state of other code is not reused (code_version).
+RUN_CODE = ("data", "model", "train", "evaluate")
 
 
 def fingerprint(*parts: Any) -> str:
@@ -84,17 +82,22 @@ def _jsonable(obj: Any) -> Any:
     raise TypeError(type(obj))
 
 
-def code_version(modules: tuple[str, ...] = RUN_MODULES) -> str:
-    """First 16 hex digits of the sha256 of ``modules``' names and bytes (paths relative to the
-    package; by default :data:`RUN_MODULES`: the model, the training loop, the single-seed and
-    batched steps, the token data and its batches, the device): part of every training
-    fingerprint and every Optuna study name.
+def code_version(parts: tuple[str, ...] = RUN_CODE) -> str:
+    """First 16 hex digits of the sha256 of the modules of ``parts`` (paths relative to the
+    package: a subpackage's folder stands for every ``.py`` under it, in sorted order), their
+    paths and bytes; by default :data:`RUN_CODE`. Part of every training fingerprint and every
+    Optuna study name.
 
     Raises:
-        FileNotFoundError: a module of ``modules`` does not exist.
+        FileNotFoundError: a part of ``parts`` does not exist.
     """
+    root = Path(__file__).parents[1]
     h = hashlib.sha256()
-    for name in modules:
-        h.update(name.encode())
-        h.update((Path(__file__).parents[1] / name).read_bytes())
+    for part in parts:
+        path = root / part
+        if not path.exists():
+            raise FileNotFoundError(f"{path}: no such module or package of lmablate")
+        for module in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
+            h.update(module.relative_to(root).as_posix().encode())
+            h.update(module.read_bytes())
     return h.hexdigest()[:16]

@@ -1,1 +1,2 @@
-"""The datasets: arithmetic problems and text corpora generated or fetched, tokenized and batched."""
+"""The datasets: arithmetic problems generated and text corpora fetched, then tokenized into the
+memory-mapped token files that training and evaluation read."""

@@ -1,1 +1,2 @@
-"""Where and how a stage's jobs run: threads, processes, a Dask cluster, workspaces, interrupts, the study's progress plan."""
+"""Where and how a stage's jobs run: threads or processes on one machine, tasks of a Dask
+cluster, the study's chains in workspaces; Ctrl-C, child processes and the study's progress."""

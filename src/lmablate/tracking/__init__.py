@@ -1,1 +1,2 @@
-"""Tracking: every run, trial and summary recorded in MLflow."""
+"""Tracking: every trial, run and study summary recorded in MLflow, through one store
+(:mod:`~lmablate.tracking.mlflow_store`), optionally from a child process."""

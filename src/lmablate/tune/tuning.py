@@ -38,16 +38,15 @@ from optuna.trial import FrozenTrial, TrialState
 from lmablate.evaluate.answer_probe import objective_name
 from lmablate.tune.bracket import bracket_proposals
 from lmablate.config.study import StudyConfig, TrainConfig, TuneConfig
-from lmablate.core.fingerprint import RUN_MODULES, code_version, fingerprint
+from lmablate.core.fingerprint import RUN_CODE, code_version, fingerprint
 from lmablate.tune.rungs import (DIVERGED, OUTCOME, SLOT, Batch, best_trial, is_bracket, plan,
                             promote)
 from lmablate.tune.search_space import (SearchSpace, initial_space, space_for_batch,
                                    tokens_per_parameter)
 
-# Modules whose code decides a trial's result besides the training code (RUN_MODULES).
-TUNE_MODULES = RUN_MODULES + ("train/budget.py", "tune/lr_minimum.py", "tune/rungs.py",
-                              "tune/search_space.py", "tune/bracket.py", "tune/tuning.py",
-                              "tune/trials.py", "model/variants.py", "stages/tune.py")
+# The code that decides a trial's result: the training code (RUN_CODE), the tuning package and
+# the stage that runs it.
+TUNE_CODE = RUN_CODE + ("tune", "stages/tune.py")
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 
@@ -190,7 +189,7 @@ def study_name(cfg: StudyConfig, dataset: str, variant: str, data_fingerprint: s
     covers every input of the objective: the dataset, the baseline model and the variant's
     overrides, the training settings with the dataset's budget, the tune settings (with
     ``sampler_seed``, which a re-tuning replaces), ``study.match_params``, the code of
-    :data:`TUNE_MODULES`, the training data and the numerics the trials compute with
+    :data:`TUNE_CODE`, the training data and the numerics the trials compute with
     (:func:`lmablate.train.numerics.numerics_kind`, e.g. ``cpu AVX512 numerics 6f1286420fc4``). So
     an edit of ``model.py`` starts a new study instead of returning trials trained by the old code,
     and machines with other kernels sharing one storage never mix their trials."""
@@ -198,7 +197,7 @@ def study_name(cfg: StudyConfig, dataset: str, variant: str, data_fingerprint: s
     train = dataclasses.replace(cfg.train.for_dataset(dataset), eval_interval=1)
     fp = fingerprint(cfg.dataset(dataset), cfg.model, cfg.variants[variant], train,
                      dataclasses.replace(cfg.tune, sampler_seed=sampler_seed), cfg.match_params,
-                     code_version(TUNE_MODULES), data_fingerprint, numerics)
+                     code_version(TUNE_CODE), data_fingerprint, numerics)
     return f"{dataset}-{variant}-{fp}"
 
 

@@ -1,1 +1,2 @@
-"""The report's statistics: intervals, tests, fits and reference points, computed from the collected runs."""
+"""The report's statistics, computed from the collected runs: intervals over seeds, paired
+tests, fits against compute, reference points."""

@@ -1,1 +1,1 @@
-"""The report's text: its sections and Markdown tables."""
+"""The text of ``report.md``: its sections and Markdown tables."""
