@@ -1,7 +1,7 @@
 """``params.yaml`` -> :class:`~lmablate.config.study.StudyConfig`: the file read strictly, its
-sections validated (each by its dataclass in :mod:`lmablate.config.study`), then the rules that span
-sections (every dataset has a budget, the tuning seed is no final seed, every tuned width suits
-every variant).
+sections validated (each by its dataclass in :mod:`lmablate.config.study`), then the rules that
+span sections (:mod:`lmablate.config.study_rules`: every dataset has a budget, the tuning seed is
+no final seed, every tuned width suits every variant).
 
 YAML is read with a loader that refuses a key given twice (PyYAML keeps the last value without
 a word), and every error is one line naming the file, the key or the line.
@@ -21,6 +21,7 @@ from lmablate.config.study import (NAME_PATTERN, NAME_RULE, SECTIONS, DatasetCon
                              ModelConfig, RuntimeConfig, StudyConfig, StudySection, TrackingConfig,
                              TrainConfig, TuneConfig)
 from lmablate.config.datasets import DATASET_KINDS as KINDS
+from lmablate.config.study_rules import check_study
 from lmablate.core.validation import (ConfigError, check_types, fail, from_mapping, is_param,
                                  short_repr)
 
@@ -29,7 +30,9 @@ TOP_LEVEL_KEYS = ("study", "datasets", "model", "variants", "train", "tune", "ev
 
 
 def parse(raw: Mapping[str, Any]) -> StudyConfig:
-    """Validate a parsed ``params.yaml`` mapping and return the study config.
+    """Validate a parsed ``params.yaml`` mapping and return the study config: each section by
+    its dataclass, then the rules across sections (:func:`~lmablate.config.study_rules.
+    check_study`).
 
     Raises:
         ConfigError: unknown key at any level, wrong type, out-of-range value, unknown variant or
@@ -40,59 +43,10 @@ def parse(raw: Mapping[str, Any]) -> StudyConfig:
     unknown = sorted(set(raw) - set(TOP_LEVEL_KEYS), key=str)
     if unknown:
         raise ConfigError(f"params: unknown key {unknown[0]}; allowed: {', '.join(TOP_LEVEL_KEYS)}")
-    study = raw.get("study") or {}
-    if not isinstance(study, Mapping):
-        fail("study", study, "expected a mapping of profile, seeds, datasets, variants, match_params")
-    allowed_study = sorted(f.name for f in dataclasses.fields(StudySection))
-    bad = sorted(set(study) - set(allowed_study), key=str)
-    if bad:
-        raise ConfigError(f"params: unknown key study.{bad[0]}; allowed: {', '.join(allowed_study)}")
-    study = StudySection(**study)
-
-    raw_datasets = raw.get("datasets") or {}
-    if not isinstance(raw_datasets, Mapping) or not raw_datasets:
-        fail("datasets", raw_datasets, "expected a mapping of dataset name -> settings")
-    for name, spec in raw_datasets.items():
-        if spec is not None and not isinstance(spec, Mapping):
-            fail(f"datasets.{name}", spec, "expected a mapping of the dataset's settings")
-        kind = (spec or {}).get("kind")
-        for f in dataclasses.fields(DatasetConfig):  # a key of the other kind would be ignored
-            if f.name in (spec or {}) and f.metadata.get("kind", kind) != kind and kind in KINDS:
-                own = sorted(g.name for g in dataclasses.fields(DatasetConfig)
-                             if is_param(g) and g.metadata.get("kind", kind) == kind)
-                raise ConfigError(f"params: datasets.{name}.{f.name} is a key of "
-                                  f"{f.metadata['kind']} datasets; a {kind} dataset takes "
-                                  f"{', '.join(own)}")
-    datasets = {
-        name: from_mapping(DatasetConfig, spec, f"datasets.{name}", name=name)
-        for name, spec in raw_datasets.items()
-    }
+    study = _study_section(raw.get("study") or {})
+    datasets = _datasets(raw.get("datasets") or {})
     model = from_mapping(ModelConfig, raw.get("model"), "model")
-    variants = raw.get("variants") or {}
-    if not isinstance(variants, Mapping):
-        fail("variants", variants, "expected a mapping of variant name -> model overrides")
-    model_keys = set(model.to_dict()) - {"vocab_size"}
-    for vname, overrides in variants.items():
-        if not isinstance(vname, str) or not NAME_PATTERN.fullmatch(vname):
-            fail("variants", vname, f"a variant needs {NAME_RULE}")
-        overrides = overrides or {}
-        if not isinstance(overrides, Mapping):
-            fail(f"variants.{vname}", overrides, "expected a mapping of model overrides")
-        bad = sorted(set(overrides) - model_keys, key=str)
-        if bad:
-            raise ConfigError(f"params: unknown key variants.{vname}.{bad[0]}; allowed: "
-                              f"{', '.join(sorted(model_keys))}")
-        if "d_model" in overrides:
-            # the tuner sets every variant's width: an override would be replaced without a word
-            fail(f"variants.{vname}.d_model", overrides["d_model"],
-                 "the width is tuned for every variant from tune.d_model_choices (give that a "
-                 "single value to fix it)")
-        check_types(ModelConfig, overrides, f"variants.{vname}")
-        try:
-            model.replace(**overrides)
-        except ConfigError as exc:
-            raise ConfigError(f"{exc} (in variants.{vname})") from None
-    variants = {k: dict(v or {}) for k, v in variants.items()}
+    variants = _variants(raw.get("variants") or {}, model)
 
     def names(key: str, pool: Mapping[str, Any]) -> tuple[str, ...]:
         chosen = getattr(study, key)
@@ -116,41 +70,66 @@ def parse(raw: Mapping[str, Any]) -> StudyConfig:
         match_params=study.match_params,
         profile=study.profile,
     )
-    tuning_seeds = range(cfg.tune.seed, cfg.tune.seed + cfg.tune.bracket_seeds)
-    if any(s in cfg.seeds for s in tuning_seeds):
-        fail("tune.seed", cfg.tune.seed, f"must not be one of study.seeds {list(cfg.seeds)}, "
-             f"nor the next tune.bracket_seeds={cfg.tune.bracket_seeds} - 1 seeds after it: a "
-             "final seed would then have been seen by tuning")
-    missing = [d for d in cfg.datasets if d not in cfg.train.budget_flops]
-    if missing:
-        fail("train.budget_flops", cfg.train.budget_flops,
-             f"give a budget for every dataset of the study (missing: {', '.join(missing)})")
-    for name, ds in cfg.datasets.items():  # a window must hold a whole training problem
-        if ds.kind == "arithmetic" and ds.format.line_length > model.context_length:
-            f = ds.format
-            fail(f"datasets.{name}", {"digits": f.digits, "max_operand": f.max_operand,
-                                      "decimals": f.decimals, "operations": list(f.operations)},
-                 f"its problems are {f.line_length} characters (fields of {f.width}), more than "
-                 f"model.context_length={model.context_length} holds; fewer digits, fewer "
-                 "decimals or a longer context")
-    coupled = [v for v in cfg.study_variants
-               if cfg.model_config(v, vocab_size=1).position == "coupled"]
-    text = [name for name, ds in cfg.datasets.items() if ds.kind != "arithmetic"]
-    if coupled and text:  # the scheme reads arithmetic lines; text has none
-        fail("study.variants", list(cfg.study_variants),
-             f"{', '.join(coupled)} (position coupled) needs arithmetic datasets only; "
-             f"study.datasets has {', '.join(text)}: run it in a study of arithmetic datasets "
-             "(conf/profile/length.yaml)")
-    for d in cfg.tune.d_model_choices or ():
-        if d % model.n_heads:
-            fail("tune.d_model_choices", d, f"every width must be divisible by n_heads={model.n_heads}")
-    for vname in cfg.study_variants:  # every tuned width must be valid for every variant
-        for d in cfg.tune.d_model_choices or ():
-            try:
-                cfg.model_config(vname, vocab_size=1, d_model=d)
-            except ConfigError as exc:
-                raise ConfigError(f"{exc} (variant {vname} at tune.d_model_choices={d})") from None
-    return cfg
+    return check_study(cfg)
+
+
+def _study_section(study: Any) -> StudySection:
+    if not isinstance(study, Mapping):
+        fail("study", study, "expected a mapping of profile, seeds, datasets, variants, match_params")
+    allowed_study = sorted(f.name for f in dataclasses.fields(StudySection))
+    bad = sorted(set(study) - set(allowed_study), key=str)
+    if bad:
+        raise ConfigError(f"params: unknown key study.{bad[0]}; allowed: {', '.join(allowed_study)}")
+    return StudySection(**study)
+
+
+def _datasets(raw_datasets: Any) -> dict[str, DatasetConfig]:
+    """Every dataset entry, by name; a key of the other kind of dataset is an error (it would be
+    ignored)."""
+    if not isinstance(raw_datasets, Mapping) or not raw_datasets:
+        fail("datasets", raw_datasets, "expected a mapping of dataset name -> settings")
+    for name, spec in raw_datasets.items():
+        if spec is not None and not isinstance(spec, Mapping):
+            fail(f"datasets.{name}", spec, "expected a mapping of the dataset's settings")
+        kind = (spec or {}).get("kind")
+        for f in dataclasses.fields(DatasetConfig):
+            if f.name in (spec or {}) and f.metadata.get("kind", kind) != kind and kind in KINDS:
+                own = sorted(g.name for g in dataclasses.fields(DatasetConfig)
+                             if is_param(g) and g.metadata.get("kind", kind) == kind)
+                raise ConfigError(f"params: datasets.{name}.{f.name} is a key of "
+                                  f"{f.metadata['kind']} datasets; a {kind} dataset takes "
+                                  f"{', '.join(own)}")
+    return {name: from_mapping(DatasetConfig, spec, f"datasets.{name}", name=name)
+            for name, spec in raw_datasets.items()}
+
+
+def _variants(variants: Any, model: ModelConfig) -> dict[str, dict[str, Any]]:
+    """Every variant's model overrides, by name: keys of ``model`` other than the width, each
+    making a valid model from the baseline."""
+    if not isinstance(variants, Mapping):
+        fail("variants", variants, "expected a mapping of variant name -> model overrides")
+    model_keys = set(model.to_dict()) - {"vocab_size"}
+    for vname, overrides in variants.items():
+        if not isinstance(vname, str) or not NAME_PATTERN.fullmatch(vname):
+            fail("variants", vname, f"a variant needs {NAME_RULE}")
+        overrides = overrides or {}
+        if not isinstance(overrides, Mapping):
+            fail(f"variants.{vname}", overrides, "expected a mapping of model overrides")
+        bad = sorted(set(overrides) - model_keys, key=str)
+        if bad:
+            raise ConfigError(f"params: unknown key variants.{vname}.{bad[0]}; allowed: "
+                              f"{', '.join(sorted(model_keys))}")
+        if "d_model" in overrides:
+            # the tuner sets every variant's width: an override would be replaced without a word
+            fail(f"variants.{vname}.d_model", overrides["d_model"],
+                 "the width is tuned for every variant from tune.d_model_choices (give that a "
+                 "single value to fix it)")
+        check_types(ModelConfig, overrides, f"variants.{vname}")
+        try:
+            model.replace(**overrides)
+        except ConfigError as exc:
+            raise ConfigError(f"{exc} (in variants.{vname})") from None
+    return {k: dict(v or {}) for k, v in variants.items()}
 
 
 def load(path: str | os.PathLike = "params.yaml") -> StudyConfig:

@@ -23,7 +23,7 @@ from pathlib import Path
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
-from lmablate.core.validation import (BOOLEAN, FRACTION, STRING, Rule, check_fields, check_int,
+from lmablate.core.validation import (BOOLEAN, FRACTION, STRING, Rule, check_fields,
                                  choice, fail, integer, low_high, number, optional,
                                  param, rungs)
 # re-exported (the errors for the data modules and tests)
@@ -71,8 +71,9 @@ def _check_distinct_ints(key: str, value: Any, maximum: int, empty: str,
                          repeated: str) -> tuple[int, ...]:
     if not isinstance(value, (list, tuple)) or not value:
         fail(key, list(value) if isinstance(value, tuple) else value, empty)
+    element = integer(maximum=maximum)
     for v in value:
-        check_int(key, v, maximum=maximum)
+        element.check(key, v)
     if len(set(value)) != len(value):
         fail(key, list(value), repeated)
     return tuple(sorted(value))
@@ -112,8 +113,9 @@ def _check_profile(key: str, value: Any) -> None:
 def _check_seeds(key: str, value: Any) -> tuple[int, ...]:
     if not isinstance(value, (list, tuple)) or not value:
         fail(key, value, "expected a non-empty list of integers")
+    seed = integer(minimum=0, maximum=MAX_SEED)
     for s in value:
-        check_int(key, s, minimum=0, maximum=MAX_SEED)
+        seed.check(key, s)
     if len(set(value)) != len(value):
         fail(key, list(value), "seeds must be distinct")
     return tuple(value)
@@ -167,9 +169,11 @@ class ModelConfig:
         ConfigError: unknown component string, a width not divisible by the head count, etc.
     """
 
-    vocab_size: int = 0  # not a key of params.yaml: 0 until the tokenizer fixes it
+    # not a key of params.yaml: 0 until the tokenizer fixes it
+    vocab_size: int = field(default=0, metadata={"rule": integer(minimum=0, maximum=2**16)})
     # not a key either: characters per arithmetic line, from the dataset, for position coupled
-    line_length: int = 0
+    line_length: int = field(default=0,
+                             metadata={"rule": integer(minimum=0, maximum=MAX_CONTEXT)})
     context_length: int = param(64, "tokens per training window, the span attention sees",
                                 integer(maximum=MAX_CONTEXT))
     n_layers: int = param(2, "transformer blocks", integer(maximum=MAX_LAYERS))
@@ -204,8 +208,6 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         p = "model"
-        check_int(f"{p}.vocab_size", self.vocab_size, minimum=0, maximum=2**16)
-        check_int(f"{p}.line_length", self.line_length, minimum=0, maximum=MAX_CONTEXT)
         check_fields(self, p)
         if self.d_model % self.n_heads:
             fail(f"{p}.d_model", self.d_model, f"must be divisible by n_heads={self.n_heads}")

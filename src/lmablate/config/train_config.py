@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from lmablate.core.validation import (FRACTION, Rule, check_fields, check_positive, choice, fail,
+from lmablate.core.validation import (FRACTION, Rule, check_fields, choice, fail,
                                  integer, number, param)
 
 LR_SCHEDULE_CHOICES = ("constant", "cosine")
@@ -22,6 +22,9 @@ MAX_BUDGETS = 16  # budgets of one dataset in a scaling study: each is tuned and
 MAX_COUNT = 1_000_000  # steps, evaluation batches, samples, reports: counts of loop iterations
 
 
+BUDGET = number(maximum=MAX_BUDGET)  # one dataset's training FLOPs per run
+
+
 def _check_budgets(key: str, value: Any) -> dict[str, float | tuple[float, ...]]:
     if not isinstance(value, Mapping):
         fail(key, value, "expected a mapping of dataset name -> training FLOPs per run (e.g. "
@@ -29,15 +32,13 @@ def _check_budgets(key: str, value: Any) -> dict[str, float | tuple[float, ...]]
     out: dict[str, float | tuple[float, ...]] = {}
     for name, flops in value.items():
         if not isinstance(flops, (list, tuple)):
-            check_positive(f"{key}.{name}", flops, maximum=MAX_BUDGET)
-            out[name] = float(flops)  # 30000000000 and 3.0e+10: one value, one fingerprint
+            # 30000000000 and 3.0e+10: one value, one fingerprint (the rule keeps a float)
+            out[name] = BUDGET.check(f"{key}.{name}", flops)
             continue
         if not flops or len(flops) > MAX_BUDGETS:
             fail(f"{key}.{name}", list(flops), "expected a number or a list of 1 to "
                  f"{MAX_BUDGETS} numbers (each budget is a study of its own)")
-        for i, f in enumerate(flops):
-            check_positive(f"{key}.{name}[{i}]", f, maximum=MAX_BUDGET)
-        flops = [float(f) for f in flops]
+        flops = [BUDGET.check(f"{key}.{name}[{i}]", f) for i, f in enumerate(flops)]
         labels = [budget_label(f) for f in flops]
         if any(b >= a for a, b in zip(flops[1:], flops)) or len(set(labels)) < len(labels):
             fail(f"{key}.{name}", list(flops), "expected budgets in increasing order, distinct "

@@ -102,25 +102,25 @@ def _range_text(maximum: float) -> str:
 FRACTION_TEXT = "a number in [0, 1)"
 
 
-def check_choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
+def _check_choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
     if not isinstance(value, str) or value not in choices:
         fail(key, value, f"choose one of {', '.join(choices)}")
 
 
-def check_bool(key: str, value: Any) -> None:
+def _check_bool(key: str, value: Any) -> None:
     """``value`` must be YAML's ``true`` or ``false``: a quoted ``"false"`` or ``"no"`` is a
     non-empty string, which Python would read as true."""
     if not isinstance(value, bool):
         fail(key, value, "expected true or false (unquoted)")
 
 
-def check_str(key: str, value: Any) -> None:
+def _check_str(key: str, value: Any) -> None:
     """``value`` must be a non-empty string."""
     if not isinstance(value, str) or not value:
         fail(key, value, "expected a non-empty string")
 
 
-def check_positive(key: str, value: Any, *, allow_zero: bool = False,
+def _check_positive(key: str, value: Any, *, allow_zero: bool = False,
                    maximum: float | None = None) -> None:
     """``value`` must be a finite number > 0 (>= 0 with ``allow_zero``), and at most
     ``maximum`` if given."""
@@ -130,29 +130,20 @@ def check_positive(key: str, value: Any, *, allow_zero: bool = False,
         fail(key, value, f"expected {_number_text(allow_zero, maximum)}")
 
 
-def check_interval(key: str, value: Any, low: float, high: float, *,
-                   include_high: bool = False) -> None:
-    """``value`` must be a number with ``low < value < high`` (``<= high`` with
-    ``include_high``); else a :class:`ConfigError` naming ``key``, the value and the interval."""
-    ok = _real(value) and low < value and (value <= high if include_high else value < high)
-    if not ok:
-        fail(key, value, f"expected a number in ({low:g}, {high:g}{']' if include_high else ')'}")
-
-
-def check_fraction(key: str, value: Any) -> None:
+def _check_fraction(key: str, value: Any) -> None:
     """``value`` must be a number in [0, 1)."""
     if not (_real(value) and 0.0 <= value < 1.0):
         fail(key, value, f"expected {FRACTION_TEXT}")
 
 
-def check_int(key: str, value: Any, *, minimum: int = 1, maximum: int | None = None) -> None:
+def _check_int(key: str, value: Any, *, minimum: int = 1, maximum: int | None = None) -> None:
     """``value`` must be an integer (not a bool, not a float) in [``minimum``, ``maximum``]."""
     if (not isinstance(value, int) or isinstance(value, bool) or value < minimum
             or (maximum is not None and value > maximum)):
         fail(key, value, f"expected {_integer_text(minimum, maximum)}")
 
 
-def check_range(key: str, value: Any, maximum: float) -> None:
+def _check_range(key: str, value: Any, maximum: float) -> None:
     """``value`` must be a list [low, high] of finite numbers with 0 < low < high <= maximum."""
     if (not isinstance(value, (list, tuple)) or len(value) != 2
             or not all(_real(v) for v in value) or not 0 < value[0] < value[1] <= maximum):
@@ -166,7 +157,7 @@ def _rungs_text(max_trials: int) -> str:
             "from above 0 to exactly 1.0 at the last rung")
 
 
-def check_rungs(key: str, value: Any, max_trials: int) -> tuple[tuple[int, float], ...]:
+def _check_rungs(key: str, value: Any, max_trials: int) -> tuple[tuple[int, float], ...]:
     """Successive-halving rungs, lowest first: a non-empty list of [trials, share of the budget]
     pairs whose trials (whole numbers, 1..``max_trials``) do not grow and whose shares grow from
     above 0 to exactly 1.0 at the last rung. Returns them as a tuple of (int, float) pairs.
@@ -212,9 +203,9 @@ def check_types(cls: type, data: Mapping[str, Any], prefix: str) -> None:
         key = f"{prefix}.{name}"
         origin = typing.get_origin(hint) or hint
         if hint is bool:
-            check_bool(key, value)
+            _check_bool(key, value)
         elif hint is str:
-            check_str(key, value)
+            _check_str(key, value)
         elif hint is int:
             if not isinstance(value, int) or isinstance(value, bool):
                 fail(key, value, "expected an integer" + (" or null" if optional else ""))
@@ -282,33 +273,33 @@ class Rule:
 
 def integer(minimum: int = 1, maximum: int | None = None) -> Rule:
     return Rule(_integer_text(minimum, maximum),
-                lambda key, value: check_int(key, value, minimum=minimum, maximum=maximum))
+                lambda key, value: _check_int(key, value, minimum=minimum, maximum=maximum))
 
 
 def number(maximum: float | None = None, *, allow_zero: bool = False) -> Rule:
     """A finite number > 0 (>= 0 with ``allow_zero``), at most ``maximum``; kept as a float, so
     that ``30000000000`` and ``3.0e+10`` are one value and one fingerprint."""
     def check(key: str, value: Any) -> float:
-        check_positive(key, value, allow_zero=allow_zero, maximum=maximum)
+        _check_positive(key, value, allow_zero=allow_zero, maximum=maximum)
         return float(value)
     return Rule(_number_text(allow_zero, maximum), check)
 
 
 def choice(choices: tuple[str, ...]) -> Rule:
     return Rule(f"one of {', '.join(choices)}",
-                lambda key, value: check_choice(key, value, choices))
+                lambda key, value: _check_choice(key, value, choices))
 
 
 def low_high(maximum: float) -> Rule:
     """[low, high] with 0 < low < high <= ``maximum``, kept as floats (see :func:`number`)."""
     def check(key: str, value: Any) -> tuple[float, float]:
-        check_range(key, value, maximum)
+        _check_range(key, value, maximum)
         return (float(value[0]), float(value[1]))
     return Rule(_range_text(maximum), check)
 
 
 def rungs(max_trials: int) -> Rule:
-    return Rule(_rungs_text(max_trials), lambda key, value: check_rungs(key, value, max_trials))
+    return Rule(_rungs_text(max_trials), lambda key, value: _check_rungs(key, value, max_trials))
 
 
 def optional(rule: Rule) -> Rule:
@@ -319,10 +310,10 @@ def optional(rule: Rule) -> Rule:
                 else check(key, value))
 
 
-BOOLEAN = Rule("true or false", check_bool)
-STRING = Rule("a non-empty string", check_str)
+BOOLEAN = Rule("true or false", _check_bool)
+STRING = Rule("a non-empty string", _check_str)
 def _fraction(key: str, value: Any) -> float:
-    check_fraction(key, value)
+    _check_fraction(key, value)
     return float(value)  # kept as a float, as number() keeps its values
 
 

@@ -35,7 +35,7 @@ from typing import Sequence, Union
 
 import numpy as np
 
-from lmablate.core.validation import DataError, check_bool, check_int, fail
+from lmablate.core.validation import BOOLEAN, DataError, check_fields, fail, integer
 
 __all__ = [
     "DataError", "ArithmeticFormat", "SEED_FORMAT", "Operand", "OPS", "OP_NAMES", "MAX_DIGITS",
@@ -73,24 +73,23 @@ class ArithmeticFormat:
         ConfigError: a setting outside what is allowed (names the key as ``<where>.<key>``).
     """
 
-    digits: int = 2
-    max_operand: int | None = None
-    decimals: bool = False
+    digits: int = field(default=2, metadata={"rule": integer(minimum=1, maximum=MAX_DIGITS)})
+    max_operand: int | None = None  # its range depends on digits: checked in __post_init__
+    decimals: bool = field(default=False, metadata={"rule": BOOLEAN})
     operations: tuple[str, ...] = ("+", "-")
     where: str = field(default="arithmetic", compare=False, repr=False)
-    min_width: int = 0
+    min_width: int = field(default=0, metadata={"rule": integer(minimum=0, maximum=64)})
     width: int = field(init=False)
     prompt_length: int = field(init=False)
     line_length: int = field(init=False)
 
     def __post_init__(self) -> None:
         p = self.where
-        check_int(f"{p}.digits", self.digits, minimum=1, maximum=MAX_DIGITS)
+        check_fields(self, p)  # digits, decimals, min_width: each by its own rule
         if self.max_operand is None:
             object.__setattr__(self, "max_operand", 10 ** self.digits - 1)
-        check_int(f"{p}.max_operand", self.max_operand, minimum=10 ** (self.digits - 1),
-                  maximum=10 ** self.digits)
-        check_bool(f"{p}.decimals", self.decimals)
+        integer(minimum=10 ** (self.digits - 1), maximum=10 ** self.digits).check(
+            f"{p}.max_operand", self.max_operand)
         ops = self.operations
         if isinstance(ops, str) or not isinstance(ops, Sequence) or not ops:
             fail(f"{p}.operations", list(ops) if isinstance(ops, tuple) else ops,
@@ -100,7 +99,6 @@ class ArithmeticFormat:
             fail(f"{p}.operations", list(ops),
                  f"each of {', '.join(map(repr, OPS))} at most once")
         object.__setattr__(self, "operations", tuple(op for op in OPS if op in ops))
-        check_int(f"{p}.min_width", self.min_width, minimum=0, maximum=64)
         width = max(_widest(self), self.min_width)
         object.__setattr__(self, "width", width)
         object.__setattr__(self, "prompt_length", len("$(") + 2 * width + 1 + len(")="))
@@ -152,8 +150,9 @@ def check_length_digits(fmt: ArithmeticFormat, values: object, key: str) -> tupl
     if isinstance(values, str) or not isinstance(values, Sequence):
         fail(key, values, f"a list of operand digits in {shortest}..{MAX_DIGITS}, e.g. "
              f"[{shortest}, {min(shortest + 1, MAX_DIGITS)}], or []")
+    length = integer(minimum=shortest, maximum=MAX_DIGITS)
     for n in values:
-        check_int(key, n, minimum=shortest, maximum=MAX_DIGITS)
+        length.check(key, n)
     if len(set(values)) != len(values):
         fail(key, list(values), "each length at most once")
     return tuple(sorted(values))
