@@ -1,32 +1,17 @@
 """The arithmetic task: one rule to write, read and score a problem, at any difficulty.
 
-One problem per line::
+One problem per line, every field zero-padded to one width (:attr:`ArithmeticFormat.width`)::
 
     $(0000753.78+0000000910)=87.3661000$        seed 000's format (:data:`SEED_FORMAT`)
     $(007+091)=890$                             2-digit integer + and -
     $(00007+00091)=09800$                       the same, padded for 3- and 4-digit length splits
 
-``$(`` + operand a + op + operand b + ``)=`` + the *reversed* answer + ``$``. The difficulty is
-an :class:`ArithmeticFormat` (``datasets.<name>`` keys ``digits``, ``max_operand``,
-``decimals``, ``operations``): operands are integers 1..``max_operand`` (10^digits - 1 unless
-given) and, with ``decimals``, half of them numbers with exactly two decimals in
-0.01..``max_operand``.00 (drawn as integer hundredths). Every field, both operands and the
-answer, is left-padded with ``0`` to one width, :attr:`ArithmeticFormat.width`: the widest
-answer (or operand) the format can produce (``-134.14`` -> ``000-134.14`` at width 10), so all
-lines of a format have one length and a model finds every digit at a fixed offset from the
-start of its problem. The answer is written with two decimals, except that integer
-``+ - *`` integer is written as an integer. Answers are exact: computed in integer hundredths
-and, where the exact result has more than two decimals (``*`` of two decimal operands, ``/``),
-rounded to the nearest hundredth with ties rounded half up (``863.50*837.05`` = 722792.675 ->
-``722792.68``; see :func:`format_problems`).
-
-Seed 000's format is ``digits: 3, max_operand: 1000, decimals: true`` with all four operations:
-width 10, lines of 36 characters. The answer rule exists once, vectorised
-(:func:`format_problems`); :func:`format_problem` is its one-problem form, so generated data
-and hand-written problems can never disagree. :func:`split_problem`, :func:`problem_op`,
-:func:`operand_digits` and :func:`answer_digits` read any format back; the problem sets are
-drawn by :mod:`lmablate.data.problem_sets`.
-"""
+``$(`` + operand a + op + operand b + ``)=`` + the *reversed* answer + ``$``. The answer rule
+exists once, vectorised (:func:`format_problems`); :func:`format_problem` is its one-problem
+form, so generated data and hand-written problems can never disagree. :func:`split_problem`,
+:func:`problem_op`, :func:`operand_digits` and :func:`answer_digits` read any format back; the
+problem sets are drawn by :mod:`lmablate.data.problem_sets`. The format's settings, widths and
+rounding: the handbook's Datasets and metrics, "arithmetic"."""
 
 from __future__ import annotations
 

@@ -1,26 +1,11 @@
 """The character tokenizer and its files: vocabulary, token arrays and their metadata.
 
-The tokenizer follows seed 004's ``IndexTokenizer``: one token per character of the *training*
-split, in sorted (code point) order, plus a reserved unknown symbol at id 0 that stands for any
-character outside the vocabulary. Ids are ``0`` (unknown) and ``1..len(chars)`` (the sorted
-characters).
-
-Files written by the ``tokenize`` stage (:mod:`lmablate.stages.tokenize`) into its output
-folder (each atomically; ``meta.json`` last), read back by :func:`load_split` and
-:func:`load_tokenizer`:
-
-``vocab.json``
-    ``{"format": "lmablate-char-tokenizer", "version": 1, "unk": "Ø", "unk_id": 0,
-    "chars": ["\\n", " ", "!", ...]}`` -- ``chars[i]`` has id ``i + 1``; JSON is ASCII-escaped.
-``train.bin``, ``val.bin``, ``test.bin``
-    Raw little-endian arrays of token ids, no header: ``uint8`` when ``vocab_size <= 256``,
-    else ``uint16``. Read them with :func:`load_split` (a read-only :class:`numpy.memmap`).
-``meta.json``
-    ``{"dataset": ..., "vocab_size": 22, "dtype": "uint8", "unk_id": 0, "unk": "Ø",
-    "tokens": {"train": n, "val": n, "test": n}, "split": {"val": f, "test": f},
-    "strip_newlines": bool, "test_from_file": bool}`` -- token counts are characters, since one
-    token is one character.
-"""
+As seed 004's ``IndexTokenizer``: one token per character of the *training* split, in sorted
+(code point) order, ids ``1..len(chars)``, plus a reserved unknown symbol at id 0 for any
+character outside the vocabulary. The ``tokenize`` stage (:mod:`lmablate.stages.tokenize`)
+writes ``vocab.json``, ``{train,val,test}.bin`` and ``meta.json`` (last), each atomically;
+:func:`load_split` and :func:`load_tokenizer` read them back. The files' format: the handbook's
+Datasets and metrics, "Token files"."""
 
 from __future__ import annotations
 

@@ -4,30 +4,9 @@ here imports MLflow.
 
 A saved view is an experiment tag ``mlflow.sharedViewState.<key>`` holding the runs page's state
 as JSON, opened by the URL parameter ``viewStateShareKey=<key>`` (what the UI's Share button
-saves). The UI reads from it the search facets (``searchFilter``, ``orderByKey``, ``orderByAsc``,
-...) and the UI-state fields listed in ``EXPERIMENT_PAGE_UI_STATE_FIELDS``
-(``mlflow/server/js/src/experiment-tracking/components/experiment-page/models/
-ExperimentPageUIState.tsx``), over the defaults of ``createExperimentPageUIState``; it drops
-``runsExpanded``, ``runsPinned``, ``runsHidden``, ``runsVisibilityMap`` (run ids of one browser).
-What that state can and cannot do, as read in MLflow 3.17's UI source and bundle:
-
-* A chart has no run filter of its own (``runs-charts/runs-charts.types.ts``: a card is a type,
-  a metric and axis settings); every chart draws the runs, or groups, of the table. So one chart
-  per dataset means one view per dataset (:func:`dataset_view`), whose search filter selects it.
-* The UI adds a chart for every metric that no chart names (``updateChartAndSectionConfigs``),
-  a line chart when a run logged it at a step >= 1 (the summary metrics, logged at the last
-  step, would be single points against step). So every metric gets a card here: the curves as
-  lines, the summaries as bars, the ones seldom read in a section left closed.
-* A group is expanded unless ``groupsExpanded[<group id>]`` is false; the id is
-  ``tag.<key>.<value>`` per grouping key, joined by commas (``experimentPage.group-row-utils``).
-* ``columnOrder`` and ``columnWidths`` (ag-grid column ids, e.g. ``tags.`variant```) place and
-  size the table's columns. No setting rounds a value: the metric cells show the number as
-  logged (only built-in system metrics have a formatter, ``customMetricBehaviorUtils``).
-* A run's colour is the run tag ``mlflow.runColor`` (``RUN_COLOR_TAG``, read by the
-  ``colorByRunUuid`` reducer); a group's colour lives only in the browser's localStorage
-  (``experimentRunColors``) or is hashed from the group id, and a grouped chart draws groups.
-  So the per-dataset views draw runs, not groups: each seed's curve in its variant's colour.
-"""
+saves): one view of the final runs (:func:`runs_view`) and one per dataset
+(:func:`dataset_view`). What that state can and cannot do, as read in MLflow's UI source: the
+handbook's MLflow UI, "How the views are built"."""
 
 from __future__ import annotations
 

@@ -1,29 +1,12 @@
-"""The learning rate at the full budget: a bracket of trained points, the minimum of a curve
-fitted through them, and how much the choice may cost.
+"""The learning rate at the full budget: a bracket of trained points (:class:`Point`,
+:func:`next_lr`), the minimum of a quadratic in log learning rate fitted through them
+(:func:`fit_minimum`), and how much the choice may cost (:func:`tuning_uncertainty`, a parametric
+bootstrap of the points; nats/char).
 
 Pure functions of the full-budget results (no Optuna, no torch), so the tuner
-(:mod:`lmablate.tune.tuning`) and the report decide from the same numbers, and tests can feed them
-constructed curves.
-
-- **Points** (:class:`Point`): one learning rate trained at the full budget on each tuning
-  seed; its loss is the mean over seeds (nats/char). A seed that diverged makes the point
-  infinitely bad: it lies past the stable range.
-- **Bracket** (:func:`next_lr`): the best point needs a worse point on each side, each within
-  the bracket's factor of it. While the best is the lowest or the highest learning rate tried,
-  the next point goes one factor further that way, or to ``tune.lr_limits`` when nearer.
-- **Fit** (:func:`fit_minimum`): a quadratic in log learning rate, least squares over the best
-  point and up to two neighbours on each side; its vertex is the chosen learning rate when the
-  quadratic is convex and the vertex lies inside the points fitted, otherwise the best point
-  is (and the fit says why). Loss is close to quadratic in log lr near its minimum (Wortsman et
-  al. 2023, "Small-scale proxies for large-scale Transformer training instabilities", fig. 1).
-- **Tuning uncertainty** (:func:`tuning_uncertainty`): a parametric bootstrap of the points'
-  means, each drawn from a normal with the seed-to-seed variance (pooled over the points; the
-  report pools it over every bracket of the dataset, :func:`pooled_spread`) divided by the
-  number of seeds; each draw is fitted again, and its regret is how far above
-  that curve's minimum the chosen learning rate lies. The median regret and its 95th
-  percentile (the uncertainty of the tuned loss: how much lower the variant's loss could be
-  at a learning rate the tuner missed) are in nats/char.
-"""
+(:mod:`lmablate.tune.tuning`) and the report decide from the same numbers, and tests can feed
+them constructed curves. The rules and their sources: the handbook's Study design, "The learning
+rate at the full budget" and "Tuning uncertainty"."""
 
 from __future__ import annotations
 

@@ -1,28 +1,15 @@
 """The tuning protocol: what a study proposes next, what it chose, and its place in the storage,
 deterministic at any number of workers.
 
-One study per dataset x variant (and per re-tuning replicate). Every decision the study makes
-is a pure function of the config and the results of its earlier batches, spread over small
-modules: :mod:`lmablate.tune.rungs` (slots, batches, promotions), :mod:`lmablate.tune.search_space`
-(the first rung's learning rates and widths, grown past an edge), :mod:`lmablate.tune.bracket` (the
-full-budget bracket, where the choice is made) and this one; :mod:`lmablate.tune.trials` only trains
-the trials they ask for, and :mod:`lmablate.stages.tune` records them.
-
-- **Rungs** train from scratch: with a cosine schedule, the loss a quarter of the way through a
-  full run is not the loss of a run of a quarter of the budget, so Optuna's in-trial
-  ``SuccessiveHalvingPruner`` would judge a different thing. Short runs favour high learning
-  rates (the short-horizon bias); the last rung is where the choice is made, at the full
-  budget.
-- **Proposals** (:func:`propose`): the first batch is a shared design (:func:`design`): a
-  learning-rate sweep, evenly spaced in log over the configured range, at the width nearest the
-  compute-optimal one (:func:`design_width`), shifted by ``tune.sampler_seed`` alone. Every
-  variant is tried at the same points, so their learning-rate curves are paired (the report's
-  learning-rate sensitivity comes from them). Later batches of the first rung come from TPE
-  (Bergstra et al. 2011, multivariate, constant liar) over learning rate and width, seeded per
-  study (:func:`study_seed`), so each study explores on its own; a later rung below the full
-  budget trains the promotions (:func:`lmablate.tune.rungs.promote`); the bracket proposes its own
-  points (:func:`lmablate.tune.bracket.bracket_proposals`).
-"""
+One study per dataset x variant (and per re-tuning replicate). Every decision is a pure
+function of the config and the results of the study's earlier batches, spread over small
+modules: :mod:`lmablate.tune.rungs` (slots, batches, promotions), :mod:`lmablate.tune.
+search_space` (the first rung's learning rates and widths, grown past an edge),
+:mod:`lmablate.tune.bracket` (the full-budget bracket, where the choice is made) and this one
+(:func:`propose`: the shared first design, then TPE). :mod:`lmablate.tune.trials` only trains the
+trials they ask for, and :mod:`lmablate.stages.tune` records them. Why rungs train from scratch,
+why the variants share a first design and how the result stays deterministic: the handbook's
+Study design, "Tuning"."""
 
 from __future__ import annotations
 
