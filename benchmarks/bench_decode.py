@@ -9,8 +9,7 @@ with ``--problems`` test problems), so its predictions are not trivial. Then, on
 lmablate picks:
 
 * lmablate: ``lmablate.evaluate.metrics.arithmetic_predictions`` (all problems of a batch at once,
-KV
-  cache, greedy), at ``evaluate.batch_size`` from params.yaml (the pipeline setting), 256, 512
+  KV cache, greedy), at ``evaluate.batch_size`` from params.yaml (the pipeline setting), 256, 512
   and one batch of everything, in one thread of jobs; then at ``evaluate.batch_size`` and 256
   with one job thread per core (``workers=``; the evaluate stage instead runs the seeds'
   models concurrently, which uses the cores the same way);

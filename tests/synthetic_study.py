@@ -1,4 +1,4 @@
-"""A synthetic study for the tests of lmablate.report and the report stage: a runs/ tree whose
+"""A synthetic study for the tests of lmablate.analysis and the report stage: a runs/ tree whose
 truth is known by construction, and helpers to read the report it gives.
 
 The fixtures ``study_root`` (this runs/ tree) and ``built`` (its report) are in conftest.py.
@@ -7,14 +7,12 @@ Fixture (2 datasets x 3 variants x 3 seeds): every seed has its own offset share
 variants (so pairing by seed matters), then
   * gelu    = baseline - 0.10 test loss (+ tiny noise) on both datasets -> "better";
               exact match +0.20, char accuracy +0.10 on arithmetic        -> "better";
-  * rmsnorm = baseline (+ tiny noise) on shakespeare                      -> "no significant
-  difference";
+  * rmsnorm = baseline (+ tiny noise) on shakespeare                      -> "no significant difference";
               baseline + 0.15 test loss on arithmetic                      -> "worse";
-              exact match = baseline (+ noise)                             -> "no significant
-              difference"; char accuracy - 0.10                                         -> "worse".
+              exact match = baseline (+ noise)                             -> "no significant difference";
+              char accuracy - 0.10                                         -> "worse".
 On arithmetic the headline is the answer loss, whose verdicts differ from the test loss's:
-  * gelu    = baseline (+ tiny noise) answer loss                         -> "no significant
-  difference";
+  * gelu    = baseline (+ tiny noise) answer loss                         -> "no significant difference";
   * rmsnorm = baseline - 0.20 answer loss                                 -> "better".
 Exact match by operand length (training digits 2; 3 and 4 from the length split): gelu +0.30 at
 3 and 4 digits -> "better" there; rmsnorm "n/a (learned table ...)" at 4 digits.

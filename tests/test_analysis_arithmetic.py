@@ -1,6 +1,5 @@
 """lmablate.report.text.arithmetic_section: the arithmetic section: the headline against its floors,
-the
-answer loss by operation and answer length, and length generalisation by operand digits."""
+the answer loss by operation and answer length, and length generalisation by operand digits."""
 
 from __future__ import annotations
 

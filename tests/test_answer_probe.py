@@ -1,6 +1,5 @@
 """The answer probe (lmablate.evaluate.answer_probe): an arithmetic run's answer loss and exact
-match on
-fixed validation problems at every evaluation, its answer loss the run's objective."""
+match on fixed validation problems at every evaluation, its answer loss the run's objective."""
 
 import json
 import shutil

@@ -754,8 +754,7 @@ def test_train_keeps_a_finished_seed_whose_checkpoint_is_intact(trained, tmp_pat
     assert snapshot(project / "out" / "ck") == before
 
 
-# --- the handbook's table
-# ---------------------------------------------------------------------------
+# --- the handbook's table ----------------------------------------------------------------------
 
 def readme_messages() -> list[str]:
     """The messages of the handbook's "Bad input" table (docs/troubleshooting.md): its second

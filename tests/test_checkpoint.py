@@ -1,6 +1,6 @@
 """lmablate.train.checkpoint: checkpoints that load back the model they saved, byte for byte the
-same on
-every save; damaged ones refused by name; resume states returned only for their own settings."""
+same on every save; damaged ones refused by name; resume states returned only for their own
+settings."""
 
 from __future__ import annotations
 

@@ -347,9 +347,8 @@ def default_of(f):
 
 @pytest.mark.parametrize("section", SETTINGS)
 def test_params_yaml_gives_every_key_at_its_dataclass_default(raw, section):
-    """params.yaml lists every key of each settings section, and each value is the default of
-    its field in lmablate.config.study (compared as the dataclass keeps it: lists as tuples). A
-    default
+    """params.yaml lists every key of each settings section, and each value is the default of its
+    field in lmablate.config.study (compared as the dataclass keeps it: lists as tuples). A default
     changed in one place only fails here; study's lists, which have no default, are given."""
     given = raw[section]
     assert set(given) == {f.name for f in param_fields(section)}, section

@@ -760,8 +760,7 @@ def test_init_scales():
 
 def test_the_handbook_variant_table_says_which_variants_run_past_their_context():
     """The handbook's column (docs/variants.md) is what the model does: a variant runs past its
-    training context
-    exactly when its position scheme has no table of positions."""
+    training context exactly when its position scheme has no table of positions."""
     from pathlib import Path
     root = Path(__file__).resolve().parents[1]
     from conftest import profile_config

@@ -1,6 +1,5 @@
 """lmablate.report.stats.reference_models: n-gram cross-entropies of a corpus and constant-answer
-scores, the
-reference points a report prints next to model results."""
+scores, the reference points a report prints next to model results."""
 
 from __future__ import annotations
 

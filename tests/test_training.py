@@ -1,6 +1,5 @@
 """lmablate.train.training: the optimizer and its weight decay, the learning-rate schedule, one
-training
-step, and the training loop resumed from a saved state."""
+training step, and the training loop resumed from a saved state."""
 
 from __future__ import annotations
 

@@ -165,8 +165,7 @@ def check_preconditions(cfg, args: argparse.Namespace, stage: Stage) -> None:
 def import_stage(name: str):
     """Import stage module ``name`` with the cyclic garbage collector paused
     (:func:`lmablate.execution.gc_pause.gc_paused`): importing torch (and Optuna) allocates some
-    10^6
-    objects that all live to the end. Returns the module."""
+    10^6 objects that all live to the end. Returns the module."""
     with gc_paused():
         return importlib.import_module(name)
 

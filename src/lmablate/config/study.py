@@ -130,8 +130,7 @@ def _check_names(key: str, value: Any) -> tuple[str, ...]:
 @dataclass(frozen=True)
 class StudySection:
     """The ``study`` section: which runs the study makes (:func:`lmablate.config.params.parse`
-    checks
-    that each name is defined in its section)."""
+    checks that each name is defined in its section)."""
 
     profile: str = param("default", "the profile's name (conf/profile/<name>.yaml): a label of "
                          "the study in `dvc exp show` and the report, no setting",

@@ -48,8 +48,8 @@ def run_params(cfg: Any, dataset: str, train: Any = None) -> dict[str, Any]:
     each training setting under its own name
     (:meth:`~lmablate.config.train_config.TrainConfig.run_params`, ``budget_flops`` in FLOPs), the
     dataset's as ``data.<key>``, the evaluation's as ``evaluate.<key>``, and ``match_params``. The
-    model's fields are logged beside these
-    (``ModelConfig.to_dict``). Raises ConfigError for a dataset the study does not have."""
+    model's fields are logged beside these (``ModelConfig.to_dict``). Raises ConfigError for a
+    dataset the study does not have."""
     out = dict((train or cfg.train).run_params(dataset))
     out.update({f"data.{k}": dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v
                 for k, v in result_fields(cfg.dataset(dataset)).items()})

@@ -95,11 +95,10 @@ class ArithmeticFormat:
         return 100 * self.max_operand
 
     def n_problems(self, low: int = 1) -> int:
-        """How many distinct problems the format can draw with operands from ``low`` (1, or
-        10^(n-1) for the length split of n digits,
-        :func:`~lmablate.data.problem_sets.length_problems`) up: (operand values)^2 x operations, an
-        operand's values being its integers and, with
-        decimals, its two-decimal numbers (written differently from the integers)."""
+        """How many distinct problems the format can draw with operands from ``low`` (1, or 10^(n-1)
+        for the length split of n digits, :func:`~lmablate.data.problem_sets.length_problems`) up:
+        (operand values)^2 x operations, an operand's values being its integers and, with decimals,
+        its two-decimal numbers (written differently from the integers)."""
         integers = self.max_operand - low + 1
         values = integers + (self.max_cents - (1 if low == 1 else 100 * low) + 1
                              if self.decimals else 0)

@@ -37,7 +37,7 @@ class TokenData:
 
         Raises:
             TokenizerError: a missing or truncated file (see
-            :func:`lmablate.data.tokenizer.load_split`).
+                :func:`lmablate.data.tokenizer.load_split`).
         """
         tok = load_tokenizer(tokens_dir)
         return cls(*(load_split(tokens_dir, s) for s in ("train", "val", "test")),

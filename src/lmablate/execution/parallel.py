@@ -126,8 +126,7 @@ def _sigint_ignored() -> Iterator[None]:
 
 def _result(future: Future) -> R:
     """``future.result()``, raising :class:`~lmablate.execution.interrupt.Interrupted` meanwhile if
-    the
-    stage is asked to stop (a SIGINT sent to this process alone must still reach the jobs)."""
+    the stage is asked to stop (a SIGINT sent to this process alone must still reach the jobs)."""
     while not future.done():
         wait([future], timeout=0.25)
         interrupt.check()

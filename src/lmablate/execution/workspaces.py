@@ -78,9 +78,9 @@ def parse_jobs(text: str | None) -> int | None:
 def store_env(storage_url: str, tracking_uri: str, root: Path) -> dict[str, str]:
     """``LMABLATE_OPTUNA_STORAGE`` and ``MLFLOW_TRACKING_URI`` (which override the params:
     :attr:`lmablate.config.study.TuneConfig.storage_url`,
-    :attr:`lmablate.config.study.TrackingConfig. tracking_uri`) for the chains, where a URL is a
-    relative SQLite path: the main workspace's
-    file (absolute against ``root``). Other stores are the same from every workspace."""
+    :attr:`lmablate.config.study.TrackingConfig.tracking_uri`) for the chains, where a URL is a
+    relative SQLite path: the main workspace's file (absolute against ``root``). Other stores are
+    the same from every workspace."""
     urls = {"LMABLATE_OPTUNA_STORAGE": storage_url, "MLFLOW_TRACKING_URI": tracking_uri}
     fixed = {name: absolute_sqlite_url(url, root) for name, url in urls.items()}
     return {name: url for name, url in fixed.items() if url}

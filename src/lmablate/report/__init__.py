@@ -18,19 +18,14 @@ Statistics (:mod:`~lmablate.report.stats`):
 * :mod:`~lmablate.report.stats.statistics`: t-intervals over seeds, paired tests, Holm's correction.
 * :mod:`~lmablate.report.stats.pooled_uncertainty`: tuning uncertainty, a dataset's pooled spread.
 * :mod:`~lmablate.report.stats.problems`: arithmetic variants against the baseline, per problem.
-* :mod:`~lmablate.report.stats.success`: which seeds learned arithmetic; their share, exact
-interval.
+* :mod:`~lmablate.report.stats.success`: seeds that learned arithmetic; their share, its interval.
 * :mod:`~lmablate.report.stats.learning_speed`: tokens until each seed learns; Kaplan-Meier.
-* :mod:`~lmablate.report.stats.extrapolation`: each position scheme's loss past its training
-context.
-* :mod:`~lmablate.report.stats.sensitivity`: each variant's response to lr and width, from its
-trials.
+* :mod:`~lmablate.report.stats.extrapolation`: each position scheme's loss past its context.
+* :mod:`~lmablate.report.stats.sensitivity`: each variant's response to lr and width.
 * :mod:`~lmablate.report.stats.scaling`: loss against compute fitted; each effect's trend with it.
 * :mod:`~lmablate.report.stats.isoflop`: loss against width at equal compute; compute-optimal width.
-* :mod:`~lmablate.report.stats.reference_models`: n-gram models and constant answers, from data
-alone.
-* :mod:`~lmablate.report.stats.reference_points`: n-gram, constant-answer and uniform reference
-losses.
+* :mod:`~lmablate.report.stats.reference_models`: n-gram models, constant answers, from data.
+* :mod:`~lmablate.report.stats.reference_points`: the reference losses of the report.
 
 Figures (:mod:`~lmablate.report.figures`):
 

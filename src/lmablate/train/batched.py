@@ -171,8 +171,7 @@ def train_seeds(model_cfg: ModelConfig, cfg: TrainConfig, data: TokenData, *, se
             first such step, and the first such seed in ``seeds``' order at it). Losses are read
             at each evaluation, so it is raised there, before that evaluation is recorded.
         Interrupted: the stage was asked to stop (:mod:`lmablate.execution.interrupt`, checked
-        before
-            every step and validation chunk); the states saved at the last evaluation stay.
+            before every step and validation chunk); the states saved at the last evaluation stay.
     """
     if model_cfg.dropout > 0:
         raise ValueError(f"train_seeds does not support dropout ({model_cfg.dropout}): its masks "

@@ -144,8 +144,7 @@ def train_loop(stepper: Stepper, *, steps: int, eval_interval: int, tokens_per_s
             soon as the stepper reads the loss, at the latest at the next evaluation, before
             that evaluation is recorded.
         Interrupted: the stage was asked to stop (:mod:`lmablate.execution.interrupt`, checked
-        before
-            every step and by the evaluation); the states saved at the last evaluation stay.
+            before every step and by the evaluation); the states saved at the last evaluation stay.
     """
     seeds = stepper.seeds
     histories = [list(s["history"]) if s else [] for s in states]

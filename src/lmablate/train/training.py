@@ -300,8 +300,7 @@ def train_model(model_cfg: ModelConfig, cfg: TrainConfig, data: TokenData, *, se
     Raises:
         DivergenceError: the training loss is NaN/inf (names the step).
         Interrupted: the stage was asked to stop (:mod:`lmablate.execution.interrupt`, checked
-        before
-            every step and evaluation batch); the last state saved at an eval interval stays.
+            before every step and evaluation batch); the last state saved at an eval interval stays.
     """
     state = load_resume(resume_path, fingerprint)
     stepper = SeedStepper(model_cfg, cfg, data, seed=seed, lr=lr, steps=steps, device=device,

@@ -45,8 +45,7 @@ def plan(tune: TuneConfig) -> list[Batch]:
     (:func:`lmablate.tune.bracket.bracket_proposals`), each learning rate on ``tune.bracket_seeds``
     slots: a batch of its middle learning rate at two widths, a batch of its other learning rates,
     then up to ``tune.bracket_points`` minus its learning rates extension batches of one learning
-    rate,
-    which stay empty once the bracket is closed."""
+    rate, which stay empty once the bracket is closed."""
     batches: list[Batch] = []
     start = 0
     for rung, (n, fraction) in enumerate(tune.rungs):

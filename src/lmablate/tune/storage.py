@@ -90,8 +90,7 @@ def claim(study: optuna.Study) -> optuna.Trial | None:
     processes and machines never train the same queued trial twice, and, unlike
     ``study.ask()``, no trial is ever sampled outside :func:`lmablate.tune.tuning.propose`. (This is
     Optuna's own ``Study._pop_waiting_trial_id`` without the fallback to a new trial; it goes
-    through the
-    study's storage object so that the trial is known to the study's cache.)"""
+    through the study's storage object so that the trial is known to the study's cache.)"""
     storage = study._storage
     # SQLite has no SELECT ... FOR UPDATE, so two connections can both see a trial WAITING and
     # both take it: the lock makes the threads of a process take turns. Between processes on

@@ -182,8 +182,7 @@ def plot_forest(comparisons: pd.DataFrame, dataset: str, path: Path,
 
     Args:
         variation: :func:`~lmablate.report.stats.statistics.tuning_variation`
-        (tuning_variation.csv);
-            when it has a re-tuning of ``dataset`` in ``metric``, a grey band of ±
+            (tuning_variation.csv); when it has a re-tuning of ``dataset`` in ``metric``, a grey band of ±
             :func:`~lmablate.report.text.limits.tuning_luck` around 0: effects within it may owe
             as much to the tuner as to the feature (the number of the report's "Tuning luck"
             sentence).
