@@ -1,0 +1,222 @@
+"""What ``report.md`` says, as data: the content model that the template
+(``report/templates/report.md.j2``, :mod:`lmablate.report.text.render`) lays out.
+
+:func:`report_content` gathers it from the report's tables and figures: counts, the rows of each
+table (:mod:`lmablate.report.text.dataset_tables`), the sentences of the sections written in
+Python (findings, limits, methodology, scaling, learning rate, arithmetic), the figures linked
+relative to the report's folder and the CSV tables written next to it. Every number is taken
+from the tables, the runs or the config; none is typed by hand.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import pandas as pd
+
+from lmablate.config.study import StudyConfig
+from lmablate.report.collect import RunOutputs, present
+from lmablate.report.figures.bracket_figure import bracket_lines
+from lmablate.report.figures.report_figures import ReportFigures
+from lmablate.report.stats.statistics import (ALPHA, CONFIDENCE, METRICS, MIN_SEEDS_FOR_TEST,
+                                              VERDICT_BETTER, VERDICT_FEW, VERDICT_WORSE)
+from lmablate.report.tables import ReportTables
+from lmablate.report.text import arithmetic_section as arith
+from lmablate.report.text import dataset_tables as dt
+from lmablate.report.text import findings as fi
+from lmablate.report.text import samples as sm
+from lmablate.report.text.limits import limits_section
+from lmablate.report.text.lr_section import lr_section
+from lmablate.report.text.methods import methods_section
+
+
+@dataclass(frozen=True)
+class Figure:
+    """A figure as the report shows it: its caption and its path relative to the report, or,
+    path None, a figure not drawn whose caption is the sentence saying why."""
+
+    caption: str
+    path: str | None
+
+    @property
+    def stem(self) -> str:
+        """The file name without its suffix: the image's alt text."""
+        return Path(self.path).stem if self.path else ""
+
+
+@dataclass(frozen=True)
+class DatasetContent:
+    """One dataset's section, in the order the template shows it. Rows are lists of
+    column -> cell dicts; ``lines`` fields are the sentences, tables and sub-headings of the
+    sections still written in Python (one Markdown line each)."""
+
+    name: str
+    arithmetic: list[str]  # the headline, breakdown and length lines of an arithmetic dataset
+    summary: dt.Rows
+    single_seed: bool  # some cell rests on a single seed
+    comparisons: dt.Rows
+    compared: bool  # the dataset has comparison rows (else the better/worse line is left out)
+    too_few: list[str]  # variants with too few paired seeds for a test
+    better: list[str]  # "variant (metric label)"
+    worse: list[str]
+    problems: dt.ProblemDiagnostic | None
+    variation: dt.Rows
+    extrapolation: dt.Extrapolation | None
+    tuned: dt.Rows
+    lr: list[str]
+    bracket: list[str]
+    figures: list[Figure]
+    has_samples: bool
+    samples: list[sm.Shown]
+    has_predictions: bool
+    predictions: list[sm.Shown]
+
+
+@dataclass(frozen=True)
+class ReportContent:
+    """Everything ``report.md`` shows (see :func:`report_content`)."""
+
+    n_runs: int
+    n_datasets: int
+    n_variants: int
+    n_seeds: int
+    profile: str
+    findings: list[str]
+    csv_files: list[str]  # the CSV tables written next to the report, in write order
+    limits: list[str]
+    scaling: list[str]
+    methods: list[str]
+    notes: list[str]
+    datasets: list[DatasetContent]
+    other_figures: list[Figure]
+    confidence: float = CONFIDENCE
+    alpha: float = ALPHA
+    min_seeds_for_test: int = MIN_SEEDS_FOR_TEST
+    max_sample_chars: int = sm.MAX_CHARS
+    n_predictions: int = sm.N_PREDICTIONS
+
+
+def arithmetic_lines(cfg: StudyConfig, runs: RunOutputs, tables: ReportTables,
+                     figures: ReportFigures, out_dir: Path) -> dict[str, list[str]]:
+    """Arithmetic dataset -> the lines that open its section: the headline against its floors,
+    the answer loss by operation and answer length, and length generalisation with its figure
+    (linked relative to ``out_dir``) (:mod:`lmablate.report.text.arithmetic_section`)."""
+    variants = present(runs.ablation["variant"])
+    lines: dict[str, list[str]] = {}
+    for ds in present(runs.ablation["dataset"]):
+        if cfg.datasets[ds].kind != "arithmetic":
+            continue
+        digits = arith.training_digits(cfg.datasets[ds], runs.by_operand_digits, ds)
+        caption, path = figures.length_figures[ds]
+        lines[ds] = arith.headline_lines(tables.summary, tables.comparisons, tables.references,
+                                         ds, variants)
+        lines[ds] += arith.breakdown_lines(runs.per_op, runs.by_answer_digits, ds, variants)
+        lines[ds] += arith.length_lines(
+            tables.length, tables.length_comparisons, ds, digits, variants,
+            (caption, path.relative_to(out_dir).as_posix()) if path else None)
+    return lines
+
+
+def _listing(rows: pd.DataFrame) -> list[str]:
+    """``variant (metric label)`` of each comparison row."""
+    return [f"{r.variant} ({METRICS[r.metric][0]})" for r in rows.itertuples()]
+
+
+def dataset_content(cfg: StudyConfig, runs: RunOutputs, tables: ReportTables,
+                    figures: ReportFigures, out_dir: Path, dataset: str,
+                    arithmetic: Sequence[str] = ()) -> DatasetContent:
+    """The section of ``dataset``: its tables as rows, verdict listings, the learning-rate and
+    bracket sub-sections, its figures (linked relative to ``out_dir``) and what the models
+    wrote."""
+    ablation, tuned = runs.ablation, runs.tuned
+    order = present(ablation["variant"])
+    s = tables.summary[tables.summary["dataset"] == dataset]
+    c = tables.comparisons[tables.comparisons["dataset"] == dataset]
+    lr_fig = figures.lr_figures.get(dataset)
+    bracket_fig = figures.bracket_figures.get(dataset)
+    bracket = (bracket_lines(cfg, tuned, dataset, order, bracket_fig and (
+        bracket_fig[0], bracket_fig[1].relative_to(out_dir).as_posix()))
+               if tuned is not None and "bracket_state" in tuned else [])
+    return DatasetContent(
+        name=dataset, arithmetic=list(arithmetic),
+        summary=dt.summary_rows(tables.summary, dataset, order, tables.references),
+        single_seed=bool(len(s) and int(s["n"].min()) < 2),
+        comparisons=dt.comparison_rows(tables.comparisons, dataset), compared=bool(len(c)),
+        too_few=list(pd.unique(c.loc[c["verdict"] == VERDICT_FEW, "variant"])),
+        better=_listing(c[c["verdict"] == VERDICT_BETTER]),
+        worse=_listing(c[c["verdict"] == VERDICT_WORSE]),
+        problems=dt.problem_diagnostic(tables.problems, dataset),
+        variation=dt.variation_rows(tables.variation, dataset),
+        extrapolation=dt.extrapolation(cfg, tables.extrapolation,
+                                       tables.extrapolation_comparisons, dataset, order),
+        tuned=dt.tuned_rows(ablation, dataset, order),
+        lr=lr_section(cfg, tables.sensitivity, tuned, runs.trials, dataset, order, lr_fig and (
+            lr_fig[0], lr_fig[1].relative_to(out_dir).as_posix())),
+        bracket=bracket,
+        figures=[_figure(cap, p, out_dir) for d, cap, p in figures.figures if d == dataset],
+        has_samples=sm.has_samples(runs, dataset, order),
+        samples=sm.samples(runs, dataset, order, cfg.seeds),
+        has_predictions=sm.has_predictions(runs, dataset, order),
+        predictions=sm.predictions(runs, dataset, order, cfg.seeds))
+
+
+def _figure(caption: str, path: Path | None, out_dir: Path) -> Figure:
+    return Figure(caption, path.relative_to(out_dir).as_posix() if path is not None else None)
+
+
+def report_content(cfg: StudyConfig, runs: RunOutputs, notes: Sequence[str],
+                   tables: ReportTables, figures: ReportFigures, out_dir: Path,
+                   environment: Mapping[str, Any] | None = None,
+                   scaling: Sequence[str] = (), trends: pd.DataFrame | None = None,
+                   csv_files: Sequence[str] = ()) -> ReportContent:
+    """The content of ``report.md``, to be written in ``out_dir``.
+
+    Args:
+        cfg: the study config, for the methodology and the variants' position schemes.
+        runs: the study's runs (:func:`~lmablate.report.collect.restrict_to_study`); their
+            datasets and variants, in categorical order, give the sections and table rows.
+        notes: the data section's lines about runs missing or ignored.
+        tables: :func:`~lmablate.report.tables.compute_tables` of the runs.
+        figures: what :func:`~lmablate.report.figures.report_figures.draw_report_figures`
+            drew, under ``out_dir``; a dataset's findings point to its forest plot
+            (``figures/forest_<dataset>.png``) where one was drawn.
+        out_dir: the report's folder: figures are linked relative to it.
+        environment: the machine and versions for the methodology paragraph.
+        scaling: the lines of a scaling study's section
+            (:func:`~lmablate.report.text.scaling_section.scaling_section`).
+        trends: that study's trend table, summed up in the findings.
+        csv_files: the file names of the CSV tables written next to the report, in the order
+            written; "How to read this report" lists them.
+
+    Raises:
+        ValueError: a figure path not under ``out_dir``.
+    """
+    ablation = runs.ablation
+    datasets = present(ablation["dataset"])
+    order = present(ablation["variant"])
+    written = {p for _, _, p in figures.figures if p is not None}
+    fig_dir = out_dir / "figures"
+    findings = fi.findings_section(
+        tables.comparisons, datasets=datasets, variation=tables.variation,
+        references=tables.references, convergence=tables.convergence,
+        extrapolation=tables.extrapolation, length=tables.length,
+        positions={v: cfg.model_config(v, vocab_size=1).position for v in order},
+        figures={ds: f"figures/forest_{ds}.png" for ds in datasets
+                 if (fig_dir / f"forest_{ds}.png") in written}, trends=trends,
+        success=tables.success, speed=(tables.speed_summary, tables.speed_comparisons))
+    arithmetic = arithmetic_lines(cfg, runs, tables, figures, out_dir)
+    return ReportContent(
+        n_runs=len(ablation), n_datasets=len(datasets),
+        n_variants=ablation["variant"].nunique(), n_seeds=ablation["seed"].nunique(),
+        profile=cfg.profile, findings=findings, csv_files=list(csv_files),
+        limits=limits_section({d: cfg.budgets(d) for d in cfg.datasets}, ablation,
+                              tables.summary, tables.comparisons, tables.problems,
+                              tables.references, tables.variation, runs.tuned),
+        scaling=list(scaling),
+        methods=methods_section(cfg, ablation, environment, datasets, order),
+        notes=list(notes),
+        datasets=[dataset_content(cfg, runs, tables, figures, out_dir, ds,
+                                  arithmetic.get(ds, ())) for ds in datasets],
+        other_figures=[_figure(cap, p, out_dir) for d, cap, p in figures.figures if d is None])
