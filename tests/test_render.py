@@ -79,9 +79,8 @@ def _dataset(name: str = "sums") -> DatasetContent:
         variation=[{"variant": "rope", "replicate": 1}],
         extrapolation=dt.Extrapolation(64, 4, "rope", [{"variant": "rope"}]),
         tuned=[{"variant": "baseline", "lr": "0.002"}],
-        lr=["### How each variant responds to the learning rate", "", "Sensitivity.", ""],
-        bracket=["#### At the full budget: each variant's learning rate bracketed", "",
-                 "Bracket.", ""],
+        lr=["Sensitivity.", ""], lr_figure=Figure("LR caption", "figures/lr.png"),
+        bracket=["Bracket.", ""], bracket_figure=None,
         figures=[Figure("A caption", "figures/a.png"), Figure("Not drawn: why.", None)],
         has_samples=True, samples=[sm.Shown("baseline", "seed_0", text="ROMEO:")],
         has_predictions=True,
@@ -91,11 +90,10 @@ def _dataset(name: str = "sums") -> DatasetContent:
 def _content(**changes) -> ReportContent:
     content = ReportContent(
         n_runs=6, n_datasets=1, n_variants=2, n_seeds=3, profile="default",
-        findings=["## Findings", "", "**sums**: verdicts.", ""],
+        findings=["**sums**: verdicts.", ""],
         csv_files=["ablation.csv", "summary.csv", "comparisons.csv"],
-        limits=["## What this study can and cannot say", "", "**sums**", "", "- limit", ""],
-        scaling=["## How the effects change with compute", "", "Scaling.", ""],
-        methods=["## Methodology", "", "Methods.", ""], notes=["sums/old is ignored"],
+        limits={"sums": ["A limit.", "Another."]}, scaling=["Scaling.", ""],
+        methods=["Methods.", ""], notes=["sums/old is ignored"],
         datasets=[_dataset()], other_figures=[Figure("Other caption", "figures/o.png")])
     return dataclasses.replace(content, **changes)
 
@@ -128,6 +126,15 @@ def test_the_template_renders_the_sections_in_the_documented_order():
             "problems the models get right: the same 1,000 test problems, decoded by every "
             "variant on 3 seeds,") in md
     assert "**A caption**\n\n![a](figures/a.png)\n\nNot drawn: why.\n\n### Samples" in md
+    assert ("## What this study can and cannot say\n\n**sums**\n\n- A limit.\n- Another.\n\n"
+            "## How the effects change with compute\n\nScaling.\n\n## Methodology\n\n"
+            "Methods.\n\nData notes:") in md
+    assert ("### How each variant responds to the learning rate\n\nSensitivity.\n\n"
+            "**LR caption**\n\n![lr](figures/lr.png)\n\n#### At the full budget: each "
+            "variant's learning rate bracketed\n\nBracket.\n\n### Figures\n") in md
+    assert md.startswith("# Ablation study report\n\n6 runs: 1 dataset x 2 variants x 3 seeds, "
+                         "of the default profile (`study.profile`).")
+    assert "\n\n## Findings\n\n**sums**: verdicts.\n\n**How to read this report.**" in md
     assert "**baseline** (seed_0):\n\n```text\nROMEO:\n```\n" in md
     assert "**rope** (seed_0, learned):\n\n| prompt |\n|---|\n| `1+1=` |\n" in md
     assert "(truncated to 600 characters)" in md and "Up to 5 greedy-decoded" in md
@@ -137,11 +144,14 @@ def test_optional_blocks_are_left_out_without_blank_lines():
     bare = dataclasses.replace(
         _dataset(), arithmetic=[], summary=[], single_seed=False, comparisons=[],
         compared=False, too_few=[], problems=None, variation=[], extrapolation=None, tuned=[],
-        lr=[], bracket=[], figures=[], has_samples=False, samples=[], has_predictions=False,
-        predictions=[])
-    md = render_report(_content(findings=[], limits=[], scaling=[], notes=[], datasets=[bare],
+        lr=[], lr_figure=None, bracket=[], bracket_figure=None, figures=[], has_samples=False,
+        samples=[], has_predictions=False, predictions=[])
+    md = render_report(_content(findings=[], limits={}, scaling=[], notes=[], datasets=[bare],
                                 other_figures=[]))
     assert "\n\n\n" not in md and "### Figures" not in md and "Data notes" not in md
+    assert "How the effects change with compute" not in md and "learning rate" not in md
+    assert ("## Findings\n\n**How to read" in md
+            and "## What this study can and cannot say\n\n## Methodology\n\nMethods." in md)
     assert ("## sums\n\n### Summary (mean ± 95% CI half-width over seeds)\n\n_No results._\n\n"
             "### Comparison with the baseline\n\n_No comparisons: they need runs of the "
             "baseline and of at least one other variant on this dataset._\n\n"

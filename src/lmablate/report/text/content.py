@@ -27,7 +27,7 @@ from lmablate.report.text import arithmetic_section as arith
 from lmablate.report.text import dataset_tables as dt
 from lmablate.report.text import findings as fi
 from lmablate.report.text import samples as sm
-from lmablate.report.text.limits import limits_section
+from lmablate.report.text.limits import limits_bullets
 from lmablate.report.text.lr_section import lr_section
 from lmablate.report.text.methods import methods_section
 
@@ -65,8 +65,10 @@ class DatasetContent:
     variation: dt.Rows
     extrapolation: dt.Extrapolation | None
     tuned: dt.Rows
-    lr: list[str]
-    bracket: list[str]
+    lr: list[str]  # below "How each variant responds to the learning rate"
+    lr_figure: Figure | None
+    bracket: list[str]  # below "At the full budget: each variant's learning rate bracketed"
+    bracket_figure: Figure | None
     figures: list[Figure]
     has_samples: bool
     samples: list[sm.Shown]
@@ -85,7 +87,7 @@ class ReportContent:
     profile: str
     findings: list[str]
     csv_files: list[str]  # the CSV tables written next to the report, in write order
-    limits: list[str]
+    limits: dict[str, list[str]]  # dataset -> its bullets of "What this study can and cannot say"
     scaling: list[str]
     methods: list[str]
     notes: list[str]
@@ -134,11 +136,8 @@ def dataset_content(cfg: StudyConfig, runs: RunOutputs, tables: ReportTables,
     order = present(ablation["variant"])
     s = tables.summary[tables.summary["dataset"] == dataset]
     c = tables.comparisons[tables.comparisons["dataset"] == dataset]
-    lr_fig = figures.lr_figures.get(dataset)
-    bracket_fig = figures.bracket_figures.get(dataset)
-    bracket = (bracket_lines(cfg, tuned, dataset, order, bracket_fig and (
-        bracket_fig[0], bracket_fig[1].relative_to(out_dir).as_posix()))
-               if tuned is not None and "bracket_state" in tuned else [])
+    lr_figure = figures.lr_figures.get(dataset)
+    bracket_figure = figures.bracket_figures.get(dataset)
     return DatasetContent(
         name=dataset, arithmetic=list(arithmetic),
         summary=dt.summary_rows(tables.summary, dataset, order, tables.references),
@@ -152,9 +151,12 @@ def dataset_content(cfg: StudyConfig, runs: RunOutputs, tables: ReportTables,
         extrapolation=dt.extrapolation(cfg, tables.extrapolation,
                                        tables.extrapolation_comparisons, dataset, order),
         tuned=dt.tuned_rows(ablation, dataset, order),
-        lr=lr_section(cfg, tables.sensitivity, tuned, runs.trials, dataset, order, lr_fig and (
-            lr_fig[0], lr_fig[1].relative_to(out_dir).as_posix())),
-        bracket=bracket,
+        lr=lr_section(cfg, tables.sensitivity, tuned, runs.trials, dataset, order,
+                      has_figure=lr_figure is not None),
+        lr_figure=_figure(*lr_figure, out_dir) if lr_figure else None,
+        bracket=(bracket_lines(cfg, tuned, dataset, order)
+                 if tuned is not None and "bracket_state" in tuned else []),
+        bracket_figure=_figure(*bracket_figure, out_dir) if bracket_figure else None,
         figures=[_figure(cap, p, out_dir) for d, cap, p in figures.figures if d == dataset],
         has_samples=sm.has_samples(runs, dataset, order),
         samples=sm.samples(runs, dataset, order, cfg.seeds),
@@ -211,7 +213,7 @@ def report_content(cfg: StudyConfig, runs: RunOutputs, notes: Sequence[str],
         n_runs=len(ablation), n_datasets=len(datasets),
         n_variants=ablation["variant"].nunique(), n_seeds=ablation["seed"].nunique(),
         profile=cfg.profile, findings=findings, csv_files=list(csv_files),
-        limits=limits_section({d: cfg.budgets(d) for d in cfg.datasets}, ablation,
+        limits=limits_bullets({d: cfg.budgets(d) for d in cfg.datasets}, ablation,
                               tables.summary, tables.comparisons, tables.problems,
                               tables.references, tables.variation, runs.tuned),
         scaling=list(scaling),

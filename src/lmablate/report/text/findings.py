@@ -50,7 +50,6 @@ from lmablate.report.stats.statistics import (ALPHA, METRICS, POWER, VERDICT_BET
                                           VERDICT_IDENTICAL, VERDICT_NSD,
                                           VERDICT_UNDECIDED_TUNING, VERDICT_WORSE)
 
-TITLE = "## Findings"
 MAX_SEEDS = 1000  # past this, "more than 1,000 seeds": the difference is lost in the spread
 TAIL = 0.2  # the share of training at the end over which a curve counts as still falling
 CONVERGENCE_COLUMNS = ["dataset", "variant", "seeds", "from_step", "last_step",
@@ -301,7 +300,8 @@ def findings_section(comparisons: pd.DataFrame, *, datasets: Sequence[str],
                      trends: pd.DataFrame | None = None,
                      success: pd.DataFrame | None = None,
                      speed: tuple[pd.DataFrame, pd.DataFrame] | None = None) -> list[str]:
-    """The Markdown lines of "Findings" (see the module docstring), one block per dataset.
+    """The Markdown lines of "Findings" (see the module docstring), one block per dataset; the
+    heading is the template's (``report/templates/report.md.j2``).
 
     Args:
         comparisons: :func:`~lmablate.report.stats.statistics.compare` (``comparisons.csv``).
@@ -321,7 +321,7 @@ def findings_section(comparisons: pd.DataFrame, *, datasets: Sequence[str],
             (:mod:`lmablate.report.stats.learning_speed`): how fast each variant learned it.
     """
     empty = pd.DataFrame(columns=["dataset", "variant", "factor", "mean", "split", "digits"])
-    lines = [TITLE, ""]
+    lines: list[str] = []
     for ds in datasets:
         metric = headline_loss(comparisons, ds)
         label, unit, _ = METRICS[metric]

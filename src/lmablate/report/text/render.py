@@ -15,6 +15,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import jinja2
 import pandas as pd
 
+from lmablate.report.stats.scaling import SCALING_TITLE
 from lmablate.report.text import mdtable
 from lmablate.report.text.content import ReportContent
 
@@ -64,11 +65,13 @@ FILTERS = {
 def environment() -> jinja2.Environment:
     """The report's Jinja2 environment: templates from the package's ``report/templates``,
     :data:`FILTERS` registered, a missing field an error (``StrictUndefined``), no escaping
-    (the output is Markdown, not HTML)."""
+    (the output is Markdown, not HTML). ``SCALING_TITLE`` is a global: the sentences that
+    point to that section name it too."""
     env = jinja2.Environment(loader=jinja2.PackageLoader("lmablate.report", "templates"),
                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
                              trim_blocks=True, lstrip_blocks=True, autoescape=False)
     env.filters.update(FILTERS)
+    env.globals["SCALING_TITLE"] = SCALING_TITLE
     return env
 
 

@@ -205,11 +205,12 @@ def _extrapolation_table(extrapolation: pd.DataFrame, dataset: str) -> str:
 
 def scaling_section(tables: ScalingTables, runs: RunOutputs, figures: Mapping[str, Path],
                     out_dir: Path) -> list[str]:
-    """The section's Markdown lines (none without a scaling dataset); figures linked
-    relative to ``out_dir``."""
+    """The section's Markdown lines below its heading (the template's,
+    :data:`lmablate.report.stats.scaling.SCALING_TITLE`); none without a scaling dataset;
+    figures linked relative to ``out_dir``."""
     if not tables.budgets:
         return []
-    lines = [f"## {sc.SCALING_TITLE}", ""]
+    lines: list[str] = []
     n_seeds = runs.scaling["seed"].nunique()
     described = "; ".join(f"{ds}: {len(b)} budgets, {join_names([_flops(x) for x in b])} FLOPs"
                           for ds, b in tables.budgets.items())
