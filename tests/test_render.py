@@ -14,7 +14,7 @@ import pytest
 
 from lmablate.report.text import dataset_tables as dt
 from lmablate.report.text import samples as sm
-from lmablate.report.text.content import DatasetContent, Figure, ReportContent
+from lmablate.report.text.content import Arithmetic, DatasetContent, Figure, ReportContent
 from lmablate.report.text.render import FILTERS, environment, render_report
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,7 +71,9 @@ def test_every_filter_is_registered():
 def _dataset(name: str = "sums") -> DatasetContent:
     """A dataset section with every optional block present."""
     return DatasetContent(
-        name=name, arithmetic=["Arithmetic headline.", ""],
+        name=name, arithmetic=Arithmetic(
+            ["Arithmetic headline.", ""], ["Breakdown.", ""], ["Length.", ""],
+            Figure("Length caption", "figures/l.png")),
         summary=[{"variant": "baseline", "seeds": 3}], single_seed=True,
         comparisons=[{"variant": "rope", "verdict": "**▲ better**"}], compared=True,
         too_few=["gelu"], better=["rope (test loss)"], worse=[],
@@ -101,7 +103,8 @@ def _content(**changes) -> ReportContent:
 # the order of report.md's sections (docs/report.md, "The sections")
 SECTIONS = ["# Ablation study report", "## Findings", "**How to read this report.**",
             "## What this study can and cannot say", "## How the effects change with compute",
-            "## Methodology", "Data notes:", "## sums", "Arithmetic headline.",
+            "## Methodology", "Data notes:", "## sums", "### Headline", "Arithmetic headline.",
+            "Breakdown.", "### Length generalisation", "Length.", "**Length caption**",
             "### Summary (mean ± 95% CI half-width over seeds)",
             "Some cells rest on a single seed", "### Comparison with the baseline",
             "Too few seeds to conclude for gelu", "Significantly better than the baseline: "
@@ -142,7 +145,7 @@ def test_the_template_renders_the_sections_in_the_documented_order():
 
 def test_optional_blocks_are_left_out_without_blank_lines():
     bare = dataclasses.replace(
-        _dataset(), arithmetic=[], summary=[], single_seed=False, comparisons=[],
+        _dataset(), arithmetic=None, summary=[], single_seed=False, comparisons=[],
         compared=False, too_few=[], problems=None, variation=[], extrapolation=None, tuned=[],
         lr=[], lr_figure=None, bracket=[], bracket_figure=None, figures=[], has_samples=False,
         samples=[], has_predictions=False, predictions=[])
@@ -150,6 +153,7 @@ def test_optional_blocks_are_left_out_without_blank_lines():
                                 other_figures=[]))
     assert "\n\n\n" not in md and "### Figures" not in md and "Data notes" not in md
     assert "How the effects change with compute" not in md and "learning rate" not in md
+    assert "### Headline" not in md and "### Length generalisation" not in md
     assert ("## Findings\n\n**How to read" in md
             and "## What this study can and cannot say\n\n## Methodology\n\nMethods." in md)
     assert ("## sums\n\n### Summary (mean ± 95% CI half-width over seeds)\n\n_No results._\n\n"

@@ -47,13 +47,25 @@ class Figure:
 
 
 @dataclass(frozen=True)
+class Arithmetic:
+    """What opens an arithmetic dataset's section (:mod:`lmablate.report.text.arithmetic_section`):
+    the lines below "Headline" (the headline against its floors), the answer loss by operation
+    and answer length, and the lines of "Length generalisation" with its figure."""
+
+    headline: list[str]
+    breakdown: list[str]
+    length: list[str]
+    length_figure: Figure | None
+
+
+@dataclass(frozen=True)
 class DatasetContent:
     """One dataset's section, in the order the template shows it. Rows are lists of
     column -> cell dicts; ``lines`` fields are the sentences, tables and sub-headings of the
     sections still written in Python (one Markdown line each)."""
 
     name: str
-    arithmetic: list[str]  # the headline, breakdown and length lines of an arithmetic dataset
+    arithmetic: Arithmetic | None  # the opening blocks of an arithmetic dataset
     summary: dt.Rows
     single_seed: bool  # some cell rests on a single seed
     comparisons: dt.Rows
@@ -100,25 +112,22 @@ class ReportContent:
     n_predictions: int = sm.N_PREDICTIONS
 
 
-def arithmetic_lines(cfg: StudyConfig, runs: RunOutputs, tables: ReportTables,
-                     figures: ReportFigures, out_dir: Path) -> dict[str, list[str]]:
-    """Arithmetic dataset -> the lines that open its section: the headline against its floors,
-    the answer loss by operation and answer length, and length generalisation with its figure
-    (linked relative to ``out_dir``) (:mod:`lmablate.report.text.arithmetic_section`)."""
+def arithmetic(cfg: StudyConfig, runs: RunOutputs, tables: ReportTables,
+               figures: ReportFigures, out_dir: Path, dataset: str) -> Arithmetic | None:
+    """The blocks that open ``dataset``'s section if it is arithmetic, else None; the
+    length figure linked relative to ``out_dir``."""
+    if cfg.datasets[dataset].kind != "arithmetic":
+        return None
     variants = present(runs.ablation["variant"])
-    lines: dict[str, list[str]] = {}
-    for ds in present(runs.ablation["dataset"]):
-        if cfg.datasets[ds].kind != "arithmetic":
-            continue
-        digits = arith.training_digits(cfg.datasets[ds], runs.by_operand_digits, ds)
-        caption, path = figures.length_figures[ds]
-        lines[ds] = arith.headline_lines(tables.summary, tables.comparisons, tables.references,
-                                         ds, variants)
-        lines[ds] += arith.breakdown_lines(runs.per_op, runs.by_answer_digits, ds, variants)
-        lines[ds] += arith.length_lines(
-            tables.length, tables.length_comparisons, ds, digits, variants,
-            (caption, path.relative_to(out_dir).as_posix()) if path else None)
-    return lines
+    digits = arith.training_digits(cfg.datasets[dataset], runs.by_operand_digits, dataset)
+    caption, path = figures.length_figures[dataset]
+    return Arithmetic(
+        headline=arith.headline_lines(tables.summary, tables.comparisons, tables.references,
+                                      dataset, variants),
+        breakdown=arith.breakdown_lines(runs.per_op, runs.by_answer_digits, dataset, variants),
+        length=arith.length_lines(tables.length, tables.length_comparisons, dataset, digits,
+                                  variants),
+        length_figure=_figure(caption, path, out_dir) if path else None)
 
 
 def _listing(rows: pd.DataFrame) -> list[str]:
@@ -127,8 +136,7 @@ def _listing(rows: pd.DataFrame) -> list[str]:
 
 
 def dataset_content(cfg: StudyConfig, runs: RunOutputs, tables: ReportTables,
-                    figures: ReportFigures, out_dir: Path, dataset: str,
-                    arithmetic: Sequence[str] = ()) -> DatasetContent:
+                    figures: ReportFigures, out_dir: Path, dataset: str) -> DatasetContent:
     """The section of ``dataset``: its tables as rows, verdict listings, the learning-rate and
     bracket sub-sections, its figures (linked relative to ``out_dir``) and what the models
     wrote."""
@@ -139,7 +147,7 @@ def dataset_content(cfg: StudyConfig, runs: RunOutputs, tables: ReportTables,
     lr_figure = figures.lr_figures.get(dataset)
     bracket_figure = figures.bracket_figures.get(dataset)
     return DatasetContent(
-        name=dataset, arithmetic=list(arithmetic),
+        name=dataset, arithmetic=arithmetic(cfg, runs, tables, figures, out_dir, dataset),
         summary=dt.summary_rows(tables.summary, dataset, order, tables.references),
         single_seed=bool(len(s) and int(s["n"].min()) < 2),
         comparisons=dt.comparison_rows(tables.comparisons, dataset), compared=bool(len(c)),
@@ -208,7 +216,6 @@ def report_content(cfg: StudyConfig, runs: RunOutputs, notes: Sequence[str],
         figures={ds: f"figures/forest_{ds}.png" for ds in datasets
                  if (fig_dir / f"forest_{ds}.png") in written}, trends=trends,
         success=tables.success, speed=(tables.speed_summary, tables.speed_comparisons))
-    arithmetic = arithmetic_lines(cfg, runs, tables, figures, out_dir)
     return ReportContent(
         n_runs=len(ablation), n_datasets=len(datasets),
         n_variants=ablation["variant"].nunique(), n_seeds=ablation["seed"].nunique(),
@@ -219,6 +226,5 @@ def report_content(cfg: StudyConfig, runs: RunOutputs, notes: Sequence[str],
         scaling=list(scaling),
         methods=methods_section(cfg, ablation, environment, datasets, order),
         notes=list(notes),
-        datasets=[dataset_content(cfg, runs, tables, figures, out_dir, ds,
-                                  arithmetic.get(ds, ())) for ds in datasets],
+        datasets=[dataset_content(cfg, runs, tables, figures, out_dir, ds) for ds in datasets],
         other_figures=[_figure(cap, p, out_dir) for d, cap, p in figures.figures if d is None])

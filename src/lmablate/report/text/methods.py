@@ -78,9 +78,9 @@ def _objective_text(cfg: StudyConfig) -> str:
 def methods_section(cfg: StudyConfig, ablation: pd.DataFrame,
                     environment: Mapping[str, Any] | None, datasets: Sequence[str],
                     order: Sequence[str]) -> list[str]:
-    """The Markdown lines of "Methodology" (its heading is the template's): the study's design in prose (datasets, seeds,
-    baseline and variants, the compute budget and FLOPs formula of Kaplan et al. 2020, the
-    tuning protocol, the training settings), the table of what each final run spent
+    """The Markdown lines of "Methodology" (its heading is the template's): the study's
+    design in prose (datasets, seeds, baseline and variants, the compute budget and FLOPs
+    formula of Kaplan et al. 2020, the tuning protocol, the training settings), the table of what each final run spent
     (:func:`_compute_table`: width, steps, tokens, training FLOPs and their share of the
     budget, for ``datasets`` x ``order``), the statistics used, and the machine
     (``environment``: free-form facts; ``hardware``/``device`` and ``torch``/``torch_version``
