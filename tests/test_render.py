@@ -16,6 +16,7 @@ from lmablate.report.text import dataset_tables as dt
 from lmablate.report.text import samples as sm
 from lmablate.report.text.content import Arithmetic, DatasetContent, Figure, ReportContent
 from lmablate.report.text.render import FILTERS, environment, render_report
+from lmablate.report.text.scaling_section import ScalingDataset, ScalingSection
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -89,12 +90,21 @@ def _dataset(name: str = "sums") -> DatasetContent:
         predictions=[sm.Shown("rope", "seed_0", "learned", rows=[{"prompt": "`1+1=`"}])])
 
 
+def _scaling(sentences: tuple[str, ...] = ("Trend.",)) -> ScalingSection:
+    return ScalingSection(
+        "Scaling.", [ScalingDataset("sums", "answer loss", "nats/answer char", False, 2,
+                                    [{"variant": "rope"}], [{"variant": "rope"}],
+                                    list(sentences))],
+        {"sums": [{"variant": "rope"}]}, {"sums": ("At the seed scale.", [{"variant": "rope"}])},
+        curves_figure="figures/c.png", effects_figure=None, isoflop_figure="figures/i.png")
+
+
 def _content(**changes) -> ReportContent:
     content = ReportContent(
         n_runs=6, n_datasets=1, n_variants=2, n_seeds=3, profile="default",
         findings=["**sums**: verdicts.", ""],
         csv_files=["ablation.csv", "summary.csv", "comparisons.csv"],
-        limits={"sums": ["A limit.", "Another."]}, scaling=["Scaling.", ""],
+        limits={"sums": ["A limit.", "Another."]}, scaling=_scaling(),
         methods=["Methods.", ""], notes=["sums/old is ignored"],
         datasets=[_dataset()], other_figures=[Figure("Other caption", "figures/o.png")])
     return dataclasses.replace(content, **changes)
@@ -130,8 +140,21 @@ def test_the_template_renders_the_sections_in_the_documented_order():
             "variant on 3 seeds,") in md
     assert "**A caption**\n\n![a](figures/a.png)\n\nNot drawn: why.\n\n### Samples" in md
     assert ("## What this study can and cannot say\n\n**sums**\n\n- A limit.\n- Another.\n\n"
-            "## How the effects change with compute\n\nScaling.\n\n## Methodology\n\n"
-            "Methods.\n\nData notes:") in md
+            "## How the effects change with compute\n\nScaling.\n\n![Loss against compute]"
+            "(figures/c.png)\n\n*Headline loss against training FLOPs") in md
+    assert ("### sums: answer loss against compute\n\nWith 2 budgets only the straight line "
+            "log L = log A - α log C is fitted (no irreducible loss E: a saturating law has "
+            "three parameters and needs at least 4 budgets)") in md
+    assert ("its trend per decade of compute:\n\n| variant |\n|---|\n| rope |\n\nTrend.\n\n"
+            "### Compute-optimal width\n\nAt each budget,") in md
+    # no trend sentence: the table's blank line and the block's, as the section always had
+    md = render_report(_content(scaling=_scaling(sentences=())))
+    assert ("its trend per decade of compute:\n\n| variant |\n|---|\n| rope |\n\n\n"
+            "### Compute-optimal width\n\nAt each budget,") in md
+    assert "Effects against compute" not in md
+    assert ("| rope |\n\n![IsoFLOP profiles](figures/i.png)\n\n### An extrapolation, not a "
+            "measurement\n\nAt the seed scale.\n\n| variant |\n|---|\n| rope |\n\n"
+            "## Methodology\n\nMethods.\n\nData notes:") in md
     assert ("### How each variant responds to the learning rate\n\nSensitivity.\n\n"
             "**LR caption**\n\n![lr](figures/lr.png)\n\n#### At the full budget: each "
             "variant's learning rate bracketed\n\nBracket.\n\n### Figures\n") in md
@@ -149,7 +172,7 @@ def test_optional_blocks_are_left_out_without_blank_lines():
         compared=False, too_few=[], problems=None, variation=[], extrapolation=None, tuned=[],
         lr=[], lr_figure=None, bracket=[], bracket_figure=None, figures=[], has_samples=False,
         samples=[], has_predictions=False, predictions=[])
-    md = render_report(_content(findings=[], limits={}, scaling=[], notes=[], datasets=[bare],
+    md = render_report(_content(findings=[], limits={}, scaling=None, notes=[], datasets=[bare],
                                 other_figures=[]))
     assert "\n\n\n" not in md and "### Figures" not in md and "Data notes" not in md
     assert "How the effects change with compute" not in md and "learning rate" not in md

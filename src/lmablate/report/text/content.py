@@ -30,6 +30,7 @@ from lmablate.report.text import samples as sm
 from lmablate.report.text.limits import limits_bullets
 from lmablate.report.text.lr_section import lr_section
 from lmablate.report.text.methods import methods_section
+from lmablate.report.text.scaling_section import ScalingSection
 
 
 @dataclass(frozen=True)
@@ -100,7 +101,7 @@ class ReportContent:
     findings: list[str]
     csv_files: list[str]  # the CSV tables written next to the report, in write order
     limits: dict[str, list[str]]  # dataset -> its bullets of "What this study can and cannot say"
-    scaling: list[str]
+    scaling: ScalingSection | None  # a scaling study's "How the effects change with compute"
     methods: list[str]
     notes: list[str]
     datasets: list[DatasetContent]
@@ -179,7 +180,8 @@ def _figure(caption: str, path: Path | None, out_dir: Path) -> Figure:
 def report_content(cfg: StudyConfig, runs: RunOutputs, notes: Sequence[str],
                    tables: ReportTables, figures: ReportFigures, out_dir: Path,
                    environment: Mapping[str, Any] | None = None,
-                   scaling: Sequence[str] = (), trends: pd.DataFrame | None = None,
+                   scaling: ScalingSection | None = None,
+                   trends: pd.DataFrame | None = None,
                    csv_files: Sequence[str] = ()) -> ReportContent:
     """The content of ``report.md``, to be written in ``out_dir``.
 
@@ -194,8 +196,8 @@ def report_content(cfg: StudyConfig, runs: RunOutputs, notes: Sequence[str],
             (``figures/forest_<dataset>.png``) where one was drawn.
         out_dir: the report's folder: figures are linked relative to it.
         environment: the machine and versions for the methodology paragraph.
-        scaling: the lines of a scaling study's section
-            (:func:`~lmablate.report.text.scaling_section.scaling_section`).
+        scaling: a scaling study's section
+            (:func:`~lmablate.report.text.scaling_section.scaling_section`), None for others.
         trends: that study's trend table, summed up in the findings.
         csv_files: the file names of the CSV tables written next to the report, in the order
             written; "How to read this report" lists them.
@@ -223,7 +225,7 @@ def report_content(cfg: StudyConfig, runs: RunOutputs, notes: Sequence[str],
         limits=limits_bullets({d: cfg.budgets(d) for d in cfg.datasets}, ablation,
                               tables.summary, tables.comparisons, tables.problems,
                               tables.references, tables.variation, runs.tuned),
-        scaling=list(scaling),
+        scaling=scaling,
         methods=methods_section(cfg, ablation, environment, datasets, order),
         notes=list(notes),
         datasets=[dataset_content(cfg, runs, tables, figures, out_dir, ds) for ds in datasets],
