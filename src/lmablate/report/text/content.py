@@ -49,9 +49,10 @@ class Figure:
 
 @dataclass(frozen=True)
 class Arithmetic:
-    """What opens an arithmetic dataset's section (:mod:`lmablate.report.text.arithmetic_section`):
-    the lines below "Headline" (the headline against its floors), the answer loss by operation
-    and answer length, and the lines of "Length generalisation" with its figure."""
+    """What opens an arithmetic dataset's section
+    (:mod:`lmablate.report.text.arithmetic_section`): the lines below "Headline" (the headline
+    against its floors), the answer loss by operation and answer length, and the lines of
+    "Length generalisation" with its figure."""
 
     headline: list[str]
     breakdown: list[str]
@@ -62,8 +63,9 @@ class Arithmetic:
 @dataclass(frozen=True)
 class DatasetContent:
     """One dataset's section, in the order the template shows it. Rows are lists of
-    column -> cell dicts; ``lines`` fields are the sentences, tables and sub-headings of the
-    sections still written in Python (one Markdown line each)."""
+    column -> cell dicts (:mod:`lmablate.report.text.dataset_tables`); the fields of
+    ``list[str]`` are the Markdown lines (sentences, tables) of the sub-sections written in
+    Python, without their headings, which are the template's."""
 
     name: str
     arithmetic: Arithmetic | None  # the opening blocks of an arithmetic dataset

@@ -80,11 +80,11 @@ def methods_section(cfg: StudyConfig, ablation: pd.DataFrame,
                     order: Sequence[str]) -> list[str]:
     """The Markdown lines of "Methodology" (its heading is the template's): the study's
     design in prose (datasets, seeds, baseline and variants, the compute budget and FLOPs
-    formula of Kaplan et al. 2020, the tuning protocol, the training settings), the table of what each final run spent
-    (:func:`_compute_table`: width, steps, tokens, training FLOPs and their share of the
-    budget, for ``datasets`` x ``order``), the statistics used, and the machine
-    (``environment``: free-form facts; ``hardware``/``device`` and ``torch``/``torch_version``
-    are used in the prose, every key is listed)."""
+    formula of Kaplan et al. 2020, the tuning protocol, the training settings), the table of
+    what each final run spent (:func:`_compute_table`: width, steps, tokens, training FLOPs
+    and their share of the budget, for ``datasets`` x ``order``), the statistics used, and
+    the machine (``environment``: free-form facts; ``hardware``/``device`` and
+    ``torch``/``torch_version`` are used in the prose, every key is listed)."""
     tr, tu, m, ev = cfg.train, cfg.tune, cfg.model, cfg.evaluate
     kinds = ", ".join(f"{name} ({d.kind})" for name, d in cfg.datasets.items())
     changes = [f"{v}: " + ", ".join(f"{k}={val}" for k, val in cfg.variants[v].items())
