@@ -14,7 +14,8 @@ import pytest
 
 from lmablate.report.text import dataset_tables as dt
 from lmablate.report.text import samples as sm
-from lmablate.report.text.content import Arithmetic, DatasetContent, Figure, ReportContent
+from lmablate.report.text.content import (Arithmetic, DatasetContent, DatasetFindings, Figure,
+                                          ReportContent)
 from lmablate.report.text.render import FILTERS, environment, render_report
 from lmablate.report.text.scaling_section import ScalingDataset, ScalingSection
 
@@ -102,7 +103,7 @@ def _scaling(sentences: tuple[str, ...] = ("Trend.",)) -> ScalingSection:
 def _content(**changes) -> ReportContent:
     content = ReportContent(
         n_runs=6, n_datasets=1, n_variants=2, n_seeds=3, profile="default",
-        findings=["**sums**: verdicts.", ""],
+        findings=[DatasetFindings("sums", ["**sums**: verdicts.", ""], "answer loss", None)],
         csv_files=["ablation.csv", "summary.csv", "comparisons.csv"],
         limits={"sums": ["A limit.", "Another."]}, scaling=_scaling(),
         methods=["Methods.", ""], notes=["sums/old is ignored"],

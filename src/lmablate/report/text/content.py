@@ -20,6 +20,7 @@ from lmablate.config.study import StudyConfig
 from lmablate.report.collect import RunOutputs, present
 from lmablate.report.figures.bracket_figure import bracket_lines
 from lmablate.report.figures.report_figures import ReportFigures
+from lmablate.report.headline import headline_loss
 from lmablate.report.stats.statistics import (ALPHA, CONFIDENCE, METRICS, MIN_SEEDS_FOR_TEST,
                                               VERDICT_BETTER, VERDICT_FEW, VERDICT_WORSE)
 from lmablate.report.tables import ReportTables
@@ -45,6 +46,18 @@ class Figure:
     def stem(self) -> str:
         """The file name without its suffix: the image's alt text."""
         return Path(self.path).stem if self.path else ""
+
+
+@dataclass(frozen=True)
+class DatasetFindings:
+    """A dataset's part of "Findings": its lines (the sentence that opens it, then the
+    bullets; :func:`~lmablate.report.text.findings.findings_section`), its headline metric's
+    label, and the path of its forest plot relative to the report (None: not drawn)."""
+
+    name: str
+    lines: list[str]
+    metric_label: str
+    forest: str | None
 
 
 @dataclass(frozen=True)
@@ -100,7 +113,7 @@ class ReportContent:
     n_variants: int
     n_seeds: int
     profile: str
-    findings: list[str]
+    findings: list[DatasetFindings]
     csv_files: list[str]  # the CSV tables written next to the report, in write order
     limits: dict[str, list[str]]  # dataset -> its bullets of "What this study can and cannot say"
     scaling: ScalingSection | None  # a scaling study's "How the effects change with compute"
@@ -211,15 +224,17 @@ def report_content(cfg: StudyConfig, runs: RunOutputs, notes: Sequence[str],
     datasets = present(ablation["dataset"])
     order = present(ablation["variant"])
     written = {p for _, _, p in figures.figures if p is not None}
-    fig_dir = out_dir / "figures"
-    findings = fi.findings_section(
-        tables.comparisons, datasets=datasets, variation=tables.variation,
-        references=tables.references, convergence=tables.convergence,
-        extrapolation=tables.extrapolation, length=tables.length,
-        positions={v: cfg.model_config(v, vocab_size=1).position for v in order},
-        figures={ds: f"figures/forest_{ds}.png" for ds in datasets
-                 if (fig_dir / f"forest_{ds}.png") in written}, trends=trends,
-        success=tables.success, speed=(tables.speed_summary, tables.speed_comparisons))
+    findings = [DatasetFindings(
+        ds, fi.findings_section(
+            tables.comparisons, datasets=[ds], variation=tables.variation,
+            references=tables.references, convergence=tables.convergence,
+            extrapolation=tables.extrapolation, length=tables.length,
+            positions={v: cfg.model_config(v, vocab_size=1).position for v in order},
+            trends=trends, success=tables.success,
+            speed=(tables.speed_summary, tables.speed_comparisons)),
+        METRICS[headline_loss(tables.comparisons, ds)][0],
+        f"figures/forest_{ds}.png" if out_dir / "figures" / f"forest_{ds}.png" in written
+        else None) for ds in datasets]
     return ReportContent(
         n_runs=len(ablation), n_datasets=len(datasets),
         n_variants=ablation["variant"].nunique(), n_seeds=ablation["seed"].nunique(),

@@ -8,7 +8,8 @@ Per dataset, in the dataset's headline loss (:func:`lmablate.report.headline.hea
   trigram reference of the data (:func:`trigram_reference`, :func:`reference_caveat`), and a
   warning where the effect is no larger than the tuner's luck
   (:func:`lmablate.report.text.limits.tuning_luck`);
-* the one figure that shows them (the forest plot of the headline loss);
+* the one figure that shows them (the forest plot of the headline loss), placed by the report
+  template after the dataset's lines;
 * what the study could not decide and what would decide it: for every "no significant
   difference", the seeds a paired t-test would need to detect a true difference as large as
   the observed one, at the observed seed-to-seed spread (:func:`seeds_needed`), and that
@@ -296,7 +297,6 @@ def findings_section(comparisons: pd.DataFrame, *, datasets: Sequence[str],
                      extrapolation: pd.DataFrame | None = None,
                      length: pd.DataFrame | None = None,
                      positions: Mapping[str, str] | None = None,
-                     figures: Mapping[str, str] | None = None,
                      trends: pd.DataFrame | None = None,
                      success: pd.DataFrame | None = None,
                      speed: tuple[pd.DataFrame, pd.DataFrame] | None = None) -> list[str]:
@@ -312,7 +312,6 @@ def findings_section(comparisons: pd.DataFrame, *, datasets: Sequence[str],
         convergence: :func:`convergence_table`.
         extrapolation: ``extrapolation.csv``; length: ``length_generalisation.csv``.
         positions: variant -> its position scheme, for the extrapolation sentence.
-        figures: dataset -> the relative path of the figure that shows its verdicts.
         trends: a scaling study's :func:`lmablate.report.stats.scaling.effect_trends`
             (``scaling_trends.csv``): how each effect changes with compute.
         success: :func:`lmablate.report.stats.success.success_table` (``success.csv``): the
@@ -345,10 +344,6 @@ def findings_section(comparisons: pd.DataFrame, *, datasets: Sequence[str],
         lines += _length(length if length is not None else empty, ds)
         lines += _trends(trends, ds)
         lines.append("")
-        fig = (figures or {}).get(ds)
-        if fig:
-            lines += [f"![{ds}: {label}, difference to the {BASELINE} with 95% and "
-                      f"Holm-adjusted intervals]({fig})", ""]
     return lines
 
 
