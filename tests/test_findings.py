@@ -11,8 +11,11 @@ import numpy as np
 import pandas as pd
 import pytest
 from statsmodels.stats.power import TTestPower
+from test_render import _content
 
 from lmablate.report.text import findings as fi
+from lmablate.report.text.content import DatasetFindings
+from lmablate.report.text.render import render_report
 from lmablate.report.stats.statistics import ALPHA, POWER, compare, min_detectable_effect
 
 SEEDS = range(5)
@@ -61,7 +64,9 @@ def test_a_clear_winner_gets_its_verdict_effect_and_intervals_from_the_compariso
                 f"{r['ci95_high']:.3f}], Holm-adjusted [{r['ci_holm_low']:.3f}, "
                 f"{r['ci_holm_high']:.3f}]).")
     assert expected in lines
-    assert lines[0] == fi.TITLE
+    # the heading "## Findings" is the template's (test_render.py); the lines open with the
+    # dataset's own sentence
+    assert lines[0].startswith("**text**: test loss (nats/char, lower is better) of every variant")
 
 
 def test_an_effect_within_the_tuning_luck_is_flagged_as_such(comparisons):
@@ -153,10 +158,14 @@ def test_extrapolation_and_length_findings_come_from_their_tables(comparisons):
 
 
 def test_the_figure_that_shows_the_verdicts_follows_them(comparisons):
-    lines = fi.findings_section(comparisons, datasets=["text"],
-                                figures={"text": "figures/forest_text.png"})
-    assert lines[-2] == ("![text: test loss, difference to the baseline with 95% and "
-                         "Holm-adjusted intervals](figures/forest_text.png)")
+    lines = fi.findings_section(comparisons, datasets=["text"])
+    assert lines[-1] == "" and not any(x.startswith("![") for x in lines)
+    # the template places the forest plot right after the dataset's lines
+    findings = DatasetFindings("text", lines, "test loss", "figures/forest_text.png")
+    md = render_report(_content(findings=[findings]))
+    assert md.split("## Findings\n\n", 1)[1].split("**How to read", 1)[0] == (
+        "\n".join(lines) + "\n![text: test loss, difference to the baseline with 95% and "
+        "Holm-adjusted intervals](figures/forest_text.png)\n\n")
 
 
 def test_the_console_verdict_lines_list_decided_variants_then_the_undecided(comparisons):

@@ -1,5 +1,5 @@
-"""lmablate.report.text.markdown: report.md's sections, tables and methodology, from the synthetic
-study (synthetic_study.py)."""
+"""report.md (lmablate.report.text.content rendered by lmablate.report.text.render): its sections,
+tables and methodology, from the synthetic study (synthetic_study.py)."""
 
 from __future__ import annotations
 
@@ -69,17 +69,19 @@ def test_the_problem_table_is_a_diagnostic_without_verdicts(built):
 def test_a_problem_level_rejection_still_gets_no_mark_or_verdict_word():
     """A frame whose Holm test rejects (a ``better`` row of problem_comparisons.csv) is drawn
     with its p-values only."""
-    from lmablate.report.text.markdown import _problem_table
+    from lmablate.report.text.dataset_tables import problem_diagnostic
+    from lmablate.report.text.render import environment
     row = {"dataset": "sums", "metric": "exact_match", "baseline": "baseline",
            "variant": "swiglu", "n_problems": 1000, "n_seeds": 5, "baseline_count": 2000,
            "variant_count": 2600, "total": 5000, "baseline_rate": 0.4, "variant_rate": 0.52,
            "n_differing": 300, "mean_diff": 0.12, "ci95_low": 0.1, "ci95_high": 0.14,
            "ci_holm_low": 0.09, "ci_holm_high": 0.15, "p_value": 1e-4, "p_holm": 2e-4,
            "reject_holm": True, "verdict": "better"}
-    lines = _problem_table(pd.DataFrame([row, {**row, "variant": "rope", "mean_diff": -0.1,
-                                               "verdict": "worse"}]), "sums")
-    text = "\n".join(lines)
-    assert lines[0] == "### Problem by problem (a diagnostic, not a verdict)"
+    diagnostic = problem_diagnostic(pd.DataFrame([row, {**row, "variant": "rope",
+                                                        "mean_diff": -0.1,
+                                                        "verdict": "worse"}]), "sums")
+    assert (diagnostic.n_problems, diagnostic.n_seeds) == (1000, 5)
+    text = environment().filters["md_table"](diagnostic.rows)
     assert "| exact match (higher is better) | swiglu | 2,000 of 5,000 problems solved | " \
            "2,600 of 5,000 | 0.1200 |" in text
     for mark in ("▲", "▼", "**", "better |", "worse |"):

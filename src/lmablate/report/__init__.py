@@ -4,7 +4,8 @@
 Every module, one line each (``tests/test_docstrings.py`` checks that none is left out).
 A new metric is computed in :mod:`~lmablate.report.stats` and tabled in
 :mod:`~lmablate.report.tables`; a new figure goes to :mod:`~lmablate.report.figures`; a new
-section of ``report.md`` to :mod:`~lmablate.report.text`.
+section of ``report.md`` to :mod:`~lmablate.report.text` (its data) and to the template (its
+place and headings).
 
 * :mod:`~lmablate.report.collect`: read ``runs/`` into ``RunOutputs``, in the study order.
 * :mod:`~lmablate.report.run_files`: one stage file (metrics, CSV, best.json) read into rows.
@@ -47,6 +48,13 @@ Text (:mod:`~lmablate.report.text`):
 * :mod:`~lmablate.report.text.lr_section`: the report's section on the learning-rate response.
 * :mod:`~lmablate.report.text.limits`: the report's "What this study can and cannot say".
 * :mod:`~lmablate.report.text.scaling_section`: the report's "How the effects change with compute".
-* :mod:`~lmablate.report.text.markdown`: the text of ``report.md``, assembled from the sections.
-* :mod:`~lmablate.report.text.report_text`: the text of ``report.md`` around the sections.
+* :mod:`~lmablate.report.text.content`: what ``report.md`` says, as data: the content model.
+* :mod:`~lmablate.report.text.dataset_tables`: each dataset's tables in the report, as rows.
+* :mod:`~lmablate.report.text.samples`: the samples and decoded problems the report shows.
+* :mod:`~lmablate.report.text.render`: the Jinja2 environment and filters; ``report.md`` rendered.
+
+The skeleton of ``report.md`` (section order, headings, fixed paragraphs, figure blocks) is the
+Jinja2 template ``report/templates/report.md.j2`` with its partials; its cells are formatted by
+the filters of :mod:`~lmablate.report.text.render`, which are :mod:`~lmablate.report.text.mdtable`'s
+functions.
 """

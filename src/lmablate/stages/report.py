@@ -56,7 +56,8 @@ first-seed checkpoints and the tokenized test splits, for the model figures) and
   :mod:`~lmablate.report.figures.arithmetic_figures`, plus the last layer's attention maps and a PCA
   of the token embeddings drawn from the checkpoints
   (:mod:`~lmablate.report.figures.model_figures`).
-* ``report.md``      the human-readable report (:mod:`lmablate.report.text.markdown`).
+* ``report.md``      the human-readable report (:mod:`lmablate.report.text.content`, rendered
+  by :mod:`lmablate.report.text.render` from ``report/templates/report.md.j2``).
 
 Rows of every table follow the study order (datasets as configured, baseline first, then the
 configured variants), set once by :func:`lmablate.report.collect.restrict_to_study`. The
@@ -89,7 +90,8 @@ from lmablate.report.headline import metrics_files
 from lmablate.report.figures.model_figures import draw_model_figures
 from lmablate.report.stats.pooled_uncertainty import with_pooled_uncertainty
 from lmablate.report.figures.report_figures import draw_report_figures
-from lmablate.report.text.report_text import report_markdown
+from lmablate.report.text.content import report_content
+from lmablate.report.text.render import render_report
 from lmablate.report.text.scaling_section import (draw_scaling_figures, scaling_csvs,
                                                scaling_metrics, scaling_section,
                                                scaling_tables)
@@ -169,7 +171,8 @@ def build_report(cfg: StudyConfig, runs_dir: Path, out_dir: Path,
 
     The work is the library's: :func:`lmablate.report.tables.compute_tables` (statistics,
     references, sensitivity), :func:`lmablate.report.figures.report_figures.draw_report_figures`
-    and :func:`lmablate.report.text.report_text.report_markdown`; this writes what they return.
+    and :func:`lmablate.report.text.content.report_content`, rendered by
+    :func:`lmablate.report.text.render.render_report`; this writes what they return.
 
     Args:
         cfg: the study config; its datasets, variants and seeds select the runs (others under
@@ -211,8 +214,9 @@ def build_report(cfg: StudyConfig, runs_dir: Path, out_dir: Path,
     tables = compute_tables(cfg, runs, tokens_dir)
 
     out_dir.mkdir(parents=True, exist_ok=True)
+    csvs = csv_tables(runs, tables)
     paths: dict = {name: fileio.write_csv(out_dir / file, frame, columns)
-                   for name, (file, frame, columns) in csv_tables(runs, tables).items()}
+                   for name, (file, frame, columns) in csvs.items()}
     palette = variant_palette(cfg)
     curves_dir = out_dir / "curves"
     for ds in present(runs.ablation["dataset"]):  # in the figures' colours (analysis/curves.py)
@@ -221,8 +225,9 @@ def build_report(cfg: StudyConfig, runs_dir: Path, out_dir: Path,
     paths["curves"] = curves_dir
 
     scaling = scaling_tables(cfg, runs)
+    csvs_scaling = scaling_csvs(scaling)
     paths.update({name: fileio.write_csv(out_dir / file, frame, columns)
-                  for name, (file, frame, columns) in scaling_csvs(scaling).items()})
+                  for name, (file, frame, columns) in csvs_scaling.items()})
     paths["metrics"] = write_metrics(out_dir / "metrics", scaling_metrics(scaling, runs, (
         metrics_files(tables.summary, tables.comparisons, tables.extrapolation,
                       tables.speed_summary))))
@@ -231,10 +236,12 @@ def build_report(cfg: StudyConfig, runs_dir: Path, out_dir: Path,
                                   extra=extra_figures)
     scaling_figures = draw_scaling_figures(scaling, runs, out_dir / "figures", palette)
     paths["report"] = out_dir / "report.md"
-    fileio.write_text(paths["report"], report_markdown(
+    # "How to read this report" lists the tables as written, none by hand
+    written = [file for file, _, _ in (*csvs.values(), *csvs_scaling.values())]
+    fileio.write_text(paths["report"], render_report(report_content(
         cfg, runs, notes, tables, figures, out_dir, environment,
         scaling=scaling_section(scaling, runs, scaling_figures, out_dir),
-        trends=scaling.trends))
+        trends=scaling.trends, csv_files=written)))
     paths["figures"] = figures.written() + list(scaling_figures.values())
     return paths
 

@@ -15,7 +15,6 @@ import pandas as pd
 
 from lmablate.report.text.mdtable import md_table, num
 
-BRACKET_TITLE = "#### At the full budget: each variant's learning rate bracketed"
 
 
 def full_budget_trials(trials: pd.DataFrame, dataset: str) -> pd.DataFrame:
@@ -128,10 +127,10 @@ def bracket_table(tuned: pd.DataFrame, dataset: str, order: Sequence[str]) -> st
     return md_table(pd.DataFrame(rows)) if rows else ""
 
 
-def bracket_lines(cfg, tuned: pd.DataFrame, dataset: str, order: Sequence[str],
-                  figure: tuple[str, str] | None) -> list[str]:
-    """The sub-section on the full-budget bracket: what it is, the table and the figure; no
-    lines when no variant of ``dataset`` has a bracket."""
+def bracket_lines(cfg, tuned: pd.DataFrame, dataset: str, order: Sequence[str]) -> list[str]:
+    """The sub-section on the full-budget bracket below its heading and above its figure (both
+    the report template's): what it is and the table; no lines when no variant of
+    ``dataset`` has a bracket."""
     table = bracket_table(tuned, dataset, order)
     if not table:
         return []
@@ -155,8 +154,4 @@ def bracket_lines(cfg, tuned: pd.DataFrame, dataset: str, order: Sequence[str],
         "tuning uncertainties; otherwise it reads \"undecided (tuning)\". The excess at 2x "
         "lr is the fitted curve's rise at twice or half the chosen lr: the learning-rate "
         "sensitivity at the full budget.")
-    lines = [BRACKET_TITLE, "", text, "", table, ""]
-    if figure is not None:
-        caption, rel = figure
-        lines += [f"**{caption}**", "", f"![{Path(rel).stem}]({rel})", ""]
-    return lines
+    return [text, "", table, ""]

@@ -4,8 +4,8 @@ correction (:func:`compare_problems`). A diagnostic of which problems these trai
 right, not a verdict: the test treats the problems as independent, but they are problems of the
 same few trained models, not independent replications. The study's verdicts are drawn over
 seeds (:func:`lmablate.report.stats.statistics.compare`), and the report renders this table without
-verdict words or marks (:mod:`lmablate.report.text.markdown`). Rates are fractions
-of problems (exact match) or of answer characters (char accuracy).
+verdict words or marks (:func:`lmablate.report.text.dataset_tables.problem_diagnostic`). Rates are
+fractions of problems (exact match) or of answer characters (char accuracy).
 """
 
 from __future__ import annotations

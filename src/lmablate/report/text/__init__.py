@@ -1,1 +1,2 @@
-"""The text of ``report.md``: its sections and Markdown tables."""
+"""The text of ``report.md``: its content as data, the sentences of its sections and its
+Markdown cells, rendered by the Jinja2 template ``report/templates/report.md.j2``."""

@@ -259,7 +259,8 @@ def headline_lines(summary: pd.DataFrame, comparisons: pd.DataFrame,
     (:func:`~lmablate.report.headline.headline_loss`), exact match and character accuracy
     per variant (mean ± CI half-width over seeds) with the floors of :data:`FLOORS` as italic
     rows, one sentence naming the variants that beat the floors, and the verdicts in the
-    headline loss. No lines when ``dataset`` has no summary rows."""
+    headline loss; below the heading "Headline" (the report template's). No lines when
+    ``dataset`` has no summary rows."""
     s = summary[summary["dataset"] == dataset]
     if s.empty:
         return []
@@ -280,8 +281,7 @@ def headline_lines(summary: pd.DataFrame, comparisons: pd.DataFrame,
     what = ("teacher-forced, on the answer characters given the question, closing `$` "
             "included" if loss == ANSWER_LOSS else "on whole problems: these runs have no "
             "answer loss")
-    lines = ["### Headline", "",
-             f"{METRICS[loss][0].capitalize()} ({METRICS[loss][1]}; the loss this dataset's "
+    lines = [f"{METRICS[loss][0].capitalize()} ({METRICS[loss][1]}; the loss this dataset's "
              f"verdicts are stated in: {what}), exact match and character accuracy of the "
              f"greedy-decoded answers: mean ± {CONFIDENCE:.0%} CI half-width over seeds "
              "(for the fractions, mean [the interval, clipped to 0 and 1]). "
@@ -344,13 +344,12 @@ def breakdown_lines(per_op: pd.DataFrame, by_answer: pd.DataFrame, dataset: str,
 
 
 def length_lines(table: pd.DataFrame, comparisons: pd.DataFrame, dataset: str,
-                 digits: int | None, order: Sequence[str],
-                 figure: tuple[str, str] | None = None) -> list[str]:
-    """"### Length generalisation": what the split is, the exact match per variant x operand
-    length (:func:`length_table`: mean ± CI half-width, or the reason there is none), the
+                 digits: int | None, order: Sequence[str]) -> list[str]:
+    """"Length generalisation", below its heading and above its figure (both the report
+    template's): what the split is, the exact match per variant x operand length
+    (:func:`length_table`: mean ± CI half-width, or the reason there is none) and the
     difference to the baseline at each length with its Holm verdict
-    (:func:`length_comparisons`), and the figure (``(caption, relative path)``). No lines
-    without a length table for ``dataset``."""
+    (:func:`length_comparisons`). No lines without a length table for ``dataset``."""
     t = table[table["dataset"] == dataset] if len(table) else table
     if t.empty:
         return []
@@ -395,8 +394,7 @@ def length_lines(table: pd.DataFrame, comparisons: pd.DataFrame, dataset: str,
         rows.append(row)
     trained = (f"Trained on operands of up to {digits} digits; tested on longer ones"
                if digits is not None else "Tested on operands longer than in training")
-    lines = ["### Length generalisation", "",
-             f"{trained} (the length split: problems longer than any seen in training, "
+    lines = [f"{trained} (the length split: problems longer than any seen in training, "
              "marked \"length\"; up to the training length, the in-distribution test problems, "
              "marked \"test\"); n/a where a learned position table cannot reach that length. "
              f"Exact match (fraction) by the digits of the longer operand: mean "
@@ -410,7 +408,4 @@ def length_lines(table: pd.DataFrame, comparisons: pd.DataFrame, dataset: str,
                   + ", ".join(_digits_label(n) for n in few)
                   + ": one problem moves that exact match by more than "
                   f"{1 / MIN_BUCKET_PROBLEMS:.0%}; read it as a rough indication only.", ""]
-    if figure is not None:
-        caption, rel = figure
-        lines += [f"**{caption}**", "", f"![{Path(rel).stem}]({rel})", ""]
     return lines

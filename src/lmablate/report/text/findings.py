@@ -8,7 +8,8 @@ Per dataset, in the dataset's headline loss (:func:`lmablate.report.headline.hea
   trigram reference of the data (:func:`trigram_reference`, :func:`reference_caveat`), and a
   warning where the effect is no larger than the tuner's luck
   (:func:`lmablate.report.text.limits.tuning_luck`);
-* the one figure that shows them (the forest plot of the headline loss);
+* the one figure that shows them (the forest plot of the headline loss), placed by the report
+  template after the dataset's lines;
 * what the study could not decide and what would decide it: for every "no significant
   difference", the seeds a paired t-test would need to detect a true difference as large as
   the observed one, at the observed seed-to-seed spread (:func:`seeds_needed`), and that
@@ -50,7 +51,6 @@ from lmablate.report.stats.statistics import (ALPHA, METRICS, POWER, VERDICT_BET
                                           VERDICT_IDENTICAL, VERDICT_NSD,
                                           VERDICT_UNDECIDED_TUNING, VERDICT_WORSE)
 
-TITLE = "## Findings"
 MAX_SEEDS = 1000  # past this, "more than 1,000 seeds": the difference is lost in the spread
 TAIL = 0.2  # the share of training at the end over which a curve counts as still falling
 CONVERGENCE_COLUMNS = ["dataset", "variant", "seeds", "from_step", "last_step",
@@ -297,11 +297,11 @@ def findings_section(comparisons: pd.DataFrame, *, datasets: Sequence[str],
                      extrapolation: pd.DataFrame | None = None,
                      length: pd.DataFrame | None = None,
                      positions: Mapping[str, str] | None = None,
-                     figures: Mapping[str, str] | None = None,
                      trends: pd.DataFrame | None = None,
                      success: pd.DataFrame | None = None,
                      speed: tuple[pd.DataFrame, pd.DataFrame] | None = None) -> list[str]:
-    """The Markdown lines of "Findings" (see the module docstring), one block per dataset.
+    """The Markdown lines of "Findings" (see the module docstring), one block per dataset; the
+    heading is the template's (``report/templates/report.md.j2``).
 
     Args:
         comparisons: :func:`~lmablate.report.stats.statistics.compare` (``comparisons.csv``).
@@ -312,7 +312,6 @@ def findings_section(comparisons: pd.DataFrame, *, datasets: Sequence[str],
         convergence: :func:`convergence_table`.
         extrapolation: ``extrapolation.csv``; length: ``length_generalisation.csv``.
         positions: variant -> its position scheme, for the extrapolation sentence.
-        figures: dataset -> the relative path of the figure that shows its verdicts.
         trends: a scaling study's :func:`lmablate.report.stats.scaling.effect_trends`
             (``scaling_trends.csv``): how each effect changes with compute.
         success: :func:`lmablate.report.stats.success.success_table` (``success.csv``): the
@@ -321,7 +320,7 @@ def findings_section(comparisons: pd.DataFrame, *, datasets: Sequence[str],
             (:mod:`lmablate.report.stats.learning_speed`): how fast each variant learned it.
     """
     empty = pd.DataFrame(columns=["dataset", "variant", "factor", "mean", "split", "digits"])
-    lines = [TITLE, ""]
+    lines: list[str] = []
     for ds in datasets:
         metric = headline_loss(comparisons, ds)
         label, unit, _ = METRICS[metric]
@@ -345,10 +344,6 @@ def findings_section(comparisons: pd.DataFrame, *, datasets: Sequence[str],
         lines += _length(length if length is not None else empty, ds)
         lines += _trends(trends, ds)
         lines.append("")
-        fig = (figures or {}).get(ds)
-        if fig:
-            lines += [f"![{ds}: {label}, difference to the {BASELINE} with 95% and "
-                      f"Holm-adjusted intervals]({fig})", ""]
     return lines
 
 

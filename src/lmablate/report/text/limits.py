@@ -27,7 +27,6 @@ from lmablate.report.stats.statistics import (ALPHA, METRICS, POWER, VERDICT_BET
                                           VERDICT_IDENTICAL, VERDICT_UNDECIDED_TUNING,
                                           VERDICT_WORSE)
 
-TITLE = "What this study can and cannot say"
 # the name of the order-3 reference in references.csv
 # (lmablate.report.stats.reference_models.ngram_references)
 TRIGRAM = "trigram"
@@ -323,11 +322,12 @@ def _flags(comparisons: pd.DataFrame, problems: pd.DataFrame, tuned: pd.DataFram
     return lines
 
 
-def limits_section(cfg_budgets: Mapping[str, Sequence[float]], ablation: pd.DataFrame,
+def limits_bullets(cfg_budgets: Mapping[str, Sequence[float]], ablation: pd.DataFrame,
                    summary: pd.DataFrame, comparisons: pd.DataFrame,
                    problems: pd.DataFrame, references: pd.DataFrame,
-                   variation: pd.DataFrame | None, tuned: pd.DataFrame) -> list[str]:
-    """Markdown lines of the section, one bullet list per dataset of ``ablation``.
+                   variation: pd.DataFrame | None, tuned: pd.DataFrame) -> dict[str, list[str]]:
+    """The section's sentences: dataset of ``ablation`` (in study order) -> its bullets, each
+    one Markdown sentence or more; the template writes the heading and the lists.
 
     Args:
         cfg_budgets: each dataset's budgets in training FLOPs, increasing
@@ -338,7 +338,7 @@ def limits_section(cfg_budgets: Mapping[str, Sequence[float]], ablation: pd.Data
         references: columns ``dataset, reference, metric, value, detail`` (the report stage's
             reference table; losses in nats/char, accuracies as fractions).
     """
-    lines = [f"## {TITLE}", ""]
+    out: dict[str, list[str]] = {}
     variation = variation if variation is not None else pd.DataFrame(
         columns=["dataset", "metric"])
     for ds in present(ablation["dataset"]):
@@ -349,5 +349,5 @@ def limits_section(cfg_budgets: Mapping[str, Sequence[float]], ablation: pd.Data
         bullets += _tuning(variation, comparisons, ds)
         bullets += _tuning_uncertainty(comparisons, tuned, ds)
         bullets += _flags(comparisons, problems, tuned, ablation, summary, references, ds)
-        lines += [f"**{ds}**", "", *[f"- {b}" for b in bullets], ""]
-    return lines
+        out[ds] = bullets
+    return out

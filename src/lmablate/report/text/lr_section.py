@@ -9,7 +9,6 @@ the trials. Losses in nats/char.
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any, Sequence
 
 import pandas as pd
@@ -17,9 +16,6 @@ import pandas as pd
 from lmablate.report.text.mdtable import md_table, num
 from lmablate.report.stats.sensitivity import design_is_shared, width_summary
 from lmablate.config.study import StudyConfig
-
-LR_SECTION = "### How each variant responds to the learning rate"
-
 
 def _missing(x: Any) -> bool:
     """None, NaN or an empty string."""
@@ -63,12 +59,13 @@ def _lr_table(sens: pd.DataFrame, tuned: pd.DataFrame, widths: pd.DataFrame,
 
 def lr_section(cfg: StudyConfig, sensitivity: pd.DataFrame, tuned: pd.DataFrame,
                 trials: pd.DataFrame, dataset: str, order: Sequence[str],
-                figure: tuple[str, str] | None) -> list[str]:
-    """"How each variant responds to the learning rate": the definition of the sensitivity
-    and what it rests on, the table (:func:`_lr_table`) and the figure; no lines when the
-    dataset has neither a sensitivity row nor a figure."""
+                has_figure: bool = False) -> list[str]:
+    """"How each variant responds to the learning rate", below its heading and above its
+    figure (both the template's): the definition of the sensitivity and what it rests on, the
+    table (:func:`_lr_table`) and the variants without one; no lines when the dataset has
+    neither a sensitivity row nor a figure (``has_figure``)."""
     sens = sensitivity[sensitivity["dataset"] == dataset] if len(sensitivity) else sensitivity
-    if sens.empty and figure is None:
+    if sens.empty and not has_figure:
         return []
     tu = cfg.tune
     design = sens.dropna(subset=["design_d_model"])
@@ -107,13 +104,10 @@ def lr_section(cfg: StudyConfig, sensitivity: pd.DataFrame, tuned: pd.DataFrame,
         "are those of the baseline at that width.")
     missing = [f"{r.variant}: {r.note}" for r in sens.itertuples()
                if isinstance(r.note, str) and r.note]
-    lines = [LR_SECTION, "", text, "",
+    lines = [text, "",
              _lr_table(sens, tuned[tuned["dataset"] == dataset] if len(tuned) else tuned,
                        width_summary(trials[trials["dataset"] == dataset]
                                      if len(trials) else trials), order), ""]
     if missing:
         lines += ["No sensitivity for " + "; ".join(missing) + ".", ""]
-    if figure is not None:
-        caption, rel = figure
-        lines += [f"**{caption}**", "", f"![{Path(rel).stem}]({rel})", ""]
     return lines

@@ -78,13 +78,13 @@ def _objective_text(cfg: StudyConfig) -> str:
 def methods_section(cfg: StudyConfig, ablation: pd.DataFrame,
                     environment: Mapping[str, Any] | None, datasets: Sequence[str],
                     order: Sequence[str]) -> list[str]:
-    """The Markdown lines of "## Methodology": the study's design in prose (datasets, seeds,
-    baseline and variants, the compute budget and FLOPs formula of Kaplan et al. 2020, the
-    tuning protocol, the training settings), the table of what each final run spent
-    (:func:`_compute_table`: width, steps, tokens, training FLOPs and their share of the
-    budget, for ``datasets`` x ``order``), the statistics used, and the machine
-    (``environment``: free-form facts; ``hardware``/``device`` and ``torch``/``torch_version``
-    are used in the prose, every key is listed)."""
+    """The Markdown lines of "Methodology" (its heading is the template's): the study's
+    design in prose (datasets, seeds, baseline and variants, the compute budget and FLOPs
+    formula of Kaplan et al. 2020, the tuning protocol, the training settings), the table of
+    what each final run spent (:func:`_compute_table`: width, steps, tokens, training FLOPs
+    and their share of the budget, for ``datasets`` x ``order``), the statistics used, and
+    the machine (``environment``: free-form facts; ``hardware``/``device`` and
+    ``torch``/``torch_version`` are used in the prose, every key is listed)."""
     tr, tu, m, ev = cfg.train, cfg.tune, cfg.model, cfg.evaluate
     kinds = ", ".join(f"{name} ({d.kind})" for name, d in cfg.datasets.items())
     changes = [f"{v}: " + ", ".join(f"{k}={val}" for k, val in cfg.variants[v].items())
@@ -148,7 +148,7 @@ def methods_section(cfg: StudyConfig, ablation: pd.DataFrame,
         f"cross-entropies of the test split under train-split counts, and scores of answers "
         f"that ignore the question."
     )
-    lines = ["## Methodology", "", text, "",
+    lines = [text, "",
              "**Compared at equal training compute.** Within a dataset every final run spends "
              "the same training FLOPs (`train.budget_flops`); each variant's width was tuned, "
              "and its step count follows from that width, so a narrower model trains more "

@@ -22,7 +22,8 @@ from lmablate.report.stats import scaling as sc
 from lmablate.report.figures import scaling_figures as figs
 from lmablate.report.collect import BASELINE, RunOutputs, present
 from lmablate.report.headline import headline_loss
-from lmablate.report.text.mdtable import interval, join_names, md_table, num, verdict_cell
+from lmablate.report.text.dataset_tables import Rows
+from lmablate.report.text.mdtable import interval, join_names, num, verdict_cell
 from lmablate.report.stats.statistics import COMPARISON_COLUMNS, METRICS
 from lmablate.config.study import StudyConfig, budget_label
 
@@ -110,7 +111,7 @@ def _flops(x: float) -> str:
     return budget_label(x)
 
 
-def _fit_table(fits: pd.DataFrame, dataset: str) -> str:
+def _fit_rows(fits: pd.DataFrame, dataset: str) -> Rows:
     def with_interval(row: pd.Series, name: str, digits: int) -> str:
         if not np.isfinite(row[name]):
             return "–"
@@ -129,11 +130,11 @@ def _fit_table(fits: pd.DataFrame, dataset: str) -> str:
              "A": with_interval(r, "A", 3), "α": with_interval(r, "alpha", 3),
              "bootstrap fits": int(r["n_bootstrap"])}
             for _, r in fits[fits["dataset"] == dataset].iterrows()]
-    return md_table(pd.DataFrame(rows))
+    return rows
 
 
-def _trend_table(effects: pd.DataFrame, trends: pd.DataFrame, dataset: str,
-                 budgets: Sequence[float]) -> str:
+def _trend_rows(effects: pd.DataFrame, trends: pd.DataFrame, dataset: str,
+                 budgets: Sequence[float]) -> Rows:
     rows = []
     for _, t in trends[trends["dataset"] == dataset].iterrows():
         row = {"variant": t["variant"]}
@@ -150,7 +151,7 @@ def _trend_table(effects: pd.DataFrame, trends: pd.DataFrame, dataset: str,
         row["curves cross at"] = (f"{_flops(t['crossing_flops'])} FLOPs"
                                   if np.isfinite(t["crossing_flops"]) else "–")
         rows.append(row)
-    return md_table(pd.DataFrame(rows))
+    return rows
 
 
 def _trend_sentences(trends: pd.DataFrame, dataset: str) -> list[str]:
@@ -173,8 +174,8 @@ def _trend_sentences(trends: pd.DataFrame, dataset: str) -> list[str]:
     return [x for x in lines if x]
 
 
-def _optimal_table(optimal: pd.DataFrame, dataset: str, budgets: Sequence[float],
-                   order: Sequence[str]) -> str:
+def _optimal_rows(optimal: pd.DataFrame, dataset: str, budgets: Sequence[float],
+                   order: Sequence[str]) -> Rows:
     rows = []
     d = optimal[optimal["dataset"] == dataset]
     for variant in [v for v in order if (d["variant"] == v).any()]:
@@ -189,10 +190,10 @@ def _optimal_table(optimal: pd.DataFrame, dataset: str, budgets: Sequence[float]
             tuned = "–" if pd.isna(o["tuned_d_model"]) else int(o["tuned_d_model"])
             row[f"{_flops(b)}"] = f"{o['optimal_d_model']:.0f}{mark} (tuned {tuned})"
         rows.append(row)
-    return md_table(pd.DataFrame(rows))
+    return rows
 
 
-def _extrapolation_table(extrapolation: pd.DataFrame, dataset: str) -> str:
+def _extrapolation_rows(extrapolation: pd.DataFrame, dataset: str) -> Rows:
     rows = [{"variant": r["variant"],
              "predicted loss": f"{num(r['predicted'])} [{num(r['predicted_low'])}, "
                                f"{num(r['predicted_high'])}]",
@@ -200,97 +201,100 @@ def _extrapolation_table(extrapolation: pd.DataFrame, dataset: str) -> str:
              f"{num(r['delta'])}" + (f" [{num(r['delta_low'])}, {num(r['delta_high'])}]"
                                      if np.isfinite(r["delta_low"]) else "")}
             for _, r in extrapolation[extrapolation["dataset"] == dataset].iterrows()]
-    return md_table(pd.DataFrame(rows))
+    return rows
+
+
+@dataclass(frozen=True)
+class ScalingDataset:
+    """One dataset's part of the section: its headline metric's label and unit, whether the
+    saturating law was fitted (else the log-log line, on ``n_budgets`` budgets), the rows of
+    the fits and of the effects with their trends, and the sentences on the trends."""
+
+    name: str
+    metric_label: str
+    unit: str
+    saturating: bool
+    n_budgets: int
+    fits: Rows
+    trends: Rows
+    trend_sentences: list[str]
+
+
+@dataclass(frozen=True)
+class ScalingSection:
+    """The section "How the effects change with compute" as data: the opening sentence, each
+    dataset's fits and trends, the compute-optimal widths (dataset -> rows), the extrapolation
+    (dataset -> its paragraph and rows) and the figures' paths relative to the report (None:
+    not drawn). The template (``report/templates/_scaling.md.j2``) writes the headings,
+    captions and fixed paragraphs."""
+
+    intro: str
+    datasets: list[ScalingDataset]
+    optimal: dict[str, Rows]
+    extrapolation: dict[str, tuple[str, Rows]]
+    curves_figure: str | None = None
+    effects_figure: str | None = None
+    isoflop_figure: str | None = None
+    min_budgets_saturating: int = sc.MIN_BUDGETS_SATURATING
 
 
 def scaling_section(tables: ScalingTables, runs: RunOutputs, figures: Mapping[str, Path],
-                    out_dir: Path) -> list[str]:
-    """The section's Markdown lines (none without a scaling dataset); figures linked
-    relative to ``out_dir``."""
+                    out_dir: Path) -> ScalingSection | None:
+    """The section's content (None without a scaling dataset); ``figures`` (name -> path,
+    :func:`draw_scaling_figures`) linked relative to ``out_dir``."""
     if not tables.budgets:
-        return []
-    lines = [f"## {sc.SCALING_TITLE}", ""]
+        return None
     n_seeds = runs.scaling["seed"].nunique()
     described = "; ".join(f"{ds}: {len(b)} budgets, {join_names([_flops(x) for x in b])} FLOPs"
                           for ds, b in tables.budgets.items())
-    lines += [f"Every variant was tuned (learning rate and width) and trained on {n_seeds} "
-              f"seeds at each budget ({described}); the verdicts above are those of the "
-              "largest. Below, per dataset, the fitted curve of each variant, the difference "
-              "to the baseline at every budget (Holm-adjusted intervals, as above), the slope "
-              "of that difference per decade of compute (the seeds' slopes, Holm-corrected "
-              "over the variants) and what it says.", ""]
-    if "curves" in figures:
-        lines += [f"![Loss against compute]({figures['curves'].relative_to(out_dir).as_posix()})",
-                  "", "*Headline loss against training FLOPs (log-log): each seed (small dots), "
-                  "the mean over seeds (large), and each variant's fitted curve with its 95% "
-                  "bootstrap band over seeds (dashed: a log-log line).*", ""]
+    intro = (f"Every variant was tuned (learning rate and width) and trained on {n_seeds} "
+             f"seeds at each budget ({described}); the verdicts above are those of the "
+             "largest. Below, per dataset, the fitted curve of each variant, the difference "
+             "to the baseline at every budget (Holm-adjusted intervals, as above), the slope "
+             "of that difference per decade of compute (the seeds' slopes, Holm-corrected "
+             "over the variants) and what it says.")
+    datasets = []
     for ds, budgets in tables.budgets.items():
         metric = tables.metric_of[ds]
-        fits = tables.fits[tables.fits["dataset"] == ds]
-        lines += [f"### {ds}: {METRICS[metric][0]} against compute", ""]
-        forms = set(fits["form"])
-        if sc.SATURATING in forms:
-            lines.append("Fitted law L(C) = E + A·C^-α (C in FLOPs; Kaplan et al. 2020, "
-                         "Hoffmann et al. 2022) per variant, by least squares on the mean over "
-                         "seeds, with the 95% interval of a bootstrap over seeds:")
-        else:
-            lines.append(f"With {len(budgets)} budgets only the straight line log L = log A - "
-                         f"α log C is fitted (no irreducible loss E: a saturating law has three "
-                         f"parameters and needs at least {sc.MIN_BUDGETS_SATURATING} budgets), "
-                         "with the 95% interval of a bootstrap over seeds:")
-        lines += ["", _fit_table(tables.fits, ds), "",
-                  f"Difference to the baseline ({METRICS[metric][1]}) at each budget, and "
-                  "its trend per decade of compute:", "",
-                  _trend_table(tables.effects, tables.trends, ds, budgets), "",
-                  *_trend_sentences(tables.trends, ds), ""]
-    if "effects" in figures:
-        lines += [f"![Effects against compute]"
-                  f"({figures['effects'].relative_to(out_dir).as_posix()})", "",
-                  "*Each variant's difference to the baseline at each budget, with its "
-                  "Holm-adjusted interval; below 0 the variant is better.*", ""]
-    if not tables.optimal.empty:
-        lines += ["### Compute-optimal width", "",
-                  "At each budget, the validation loss of each width's best trial of the "
-                  "tuning's lowest rung (an isoFLOP profile: every trial of a rung spends the "
-                  "same compute) and the width that minimises it: the vertex of a parabola in "
-                  "log d_model (Hoffmann et al. 2022, approach 2), or, marked \\*, the best "
-                  "width measured where no parabola has its minimum within the widths. A width "
-                  "the tuning tried at one learning rate only (a hollow point in the figure) "
-                  "may sit above its best loss, so the vertex is fitted to the widths tried "
-                  "at two or more wherever three such widths exist. The width tuning chose at "
-                  "the full budget is in brackets.", ""]
-        for ds, budgets in tables.budgets.items():
-            lines += [f"**{ds}**", "", _optimal_table(tables.optimal, ds, budgets,
-                                                      present(runs.scaling["variant"])), ""]
-        if "isoflop" in figures:
-            lines += [f"![IsoFLOP profiles]"
-                      f"({figures['isoflop'].relative_to(out_dir).as_posix()})", ""]
-    if not tables.extrapolation.empty:
-        lines += ["### An extrapolation, not a measurement", ""]
-        for ds in present(tables.extrapolation["dataset"]):
-            ex = tables.extrapolation[tables.extrapolation["dataset"] == ds]
-            target = float(ex["target_flops"].iloc[0])
-            factor = target / tables.budgets[ds][-1]
-            caveat = ("" if (ex["form"] == sc.SATURATING).all() else
-                      " A log-log line has no floor, so it predicts lower losses, and larger "
-                      "gaps, than a saturating law would.")
-            fits = tables.fits[(tables.fits["dataset"] == ds) & (tables.fits["form"] != "")]
-            floorless = list(fits[fits["note"].str.startswith("E at its")]["variant"])
-            floored = [v for v in fits["variant"] if v not in floorless]
-            if floorless and floored:
-                caveat += (f" The fits of {join_names(floorless)} found no floor (E at 0) and "
-                           f"keep falling, while those of {join_names(floored)} level off at "
-                           "their E: a predicted difference between the two groups comes from "
-                           f"that difference of form, fitted on {len(tables.budgets[ds])} "
-                           "budgets, more than from the data.")
-            lines += [f"The fitted curves of {ds} at {target:.3g} FLOPs (the seed scale, "
-                      f"{factor:,.0f}x the largest budget measured), with the 95% interval of "
-                      "the bootstrap over seeds (paired across variants for Δ). Nothing was "
-                      f"trained at this budget in this study: these numbers assume the law "
-                      f"holds {math.log10(factor):.1f} decades past the data, the model shape "
-                      f"and the rest of the setup unchanged.{caveat}", "",
-                      _extrapolation_table(tables.extrapolation, ds), ""]
-    return lines
+        forms = set(tables.fits[tables.fits["dataset"] == ds]["form"])
+        datasets.append(ScalingDataset(
+            ds, METRICS[metric][0], METRICS[metric][1], sc.SATURATING in forms, len(budgets),
+            _fit_rows(tables.fits, ds), _trend_rows(tables.effects, tables.trends, ds, budgets),
+            _trend_sentences(tables.trends, ds)))
+    optimal = ({} if tables.optimal.empty else
+               {ds: _optimal_rows(tables.optimal, ds, budgets, present(runs.scaling["variant"]))
+                for ds, budgets in tables.budgets.items()})
+    extrapolation = {}
+    for ds in (present(tables.extrapolation["dataset"]) if len(tables.extrapolation) else []):
+        ex = tables.extrapolation[tables.extrapolation["dataset"] == ds]
+        target = float(ex["target_flops"].iloc[0])
+        factor = target / tables.budgets[ds][-1]
+        caveat = ("" if (ex["form"] == sc.SATURATING).all() else
+                  " A log-log line has no floor, so it predicts lower losses, and larger "
+                  "gaps, than a saturating law would.")
+        fits = tables.fits[(tables.fits["dataset"] == ds) & (tables.fits["form"] != "")]
+        floorless = list(fits[fits["note"].str.startswith("E at its")]["variant"])
+        floored = [v for v in fits["variant"] if v not in floorless]
+        if floorless and floored:
+            caveat += (f" The fits of {join_names(floorless)} found no floor (E at 0) and "
+                       f"keep falling, while those of {join_names(floored)} level off at "
+                       "their E: a predicted difference between the two groups comes from "
+                       f"that difference of form, fitted on {len(tables.budgets[ds])} "
+                       "budgets, more than from the data.")
+        extrapolation[ds] = (
+            f"The fitted curves of {ds} at {target:.3g} FLOPs (the seed scale, "
+            f"{factor:,.0f}x the largest budget measured), with the 95% interval of "
+            "the bootstrap over seeds (paired across variants for Δ). Nothing was "
+            f"trained at this budget in this study: these numbers assume the law "
+            f"holds {math.log10(factor):.1f} decades past the data, the model shape "
+            f"and the rest of the setup unchanged.{caveat}",
+            _extrapolation_rows(tables.extrapolation, ds))
+
+    def link(name: str) -> str | None:
+        return figures[name].relative_to(out_dir).as_posix() if name in figures else None
+
+    return ScalingSection(intro, datasets, optimal, extrapolation, link("curves"),
+                          link("effects"), link("isoflop"))
 
 
 def scaling_metrics(tables: ScalingTables, runs: RunOutputs,

@@ -1,0 +1,249 @@
+"""What ``report.md`` says, as data: the content model that the template
+(``report/templates/report.md.j2``, :mod:`lmablate.report.text.render`) lays out.
+
+:func:`report_content` gathers it from the report's tables and figures: counts, the rows of each
+table (:mod:`lmablate.report.text.dataset_tables`), the sentences of the sections written in
+Python (findings, limits, methodology, scaling, learning rate, arithmetic), the figures linked
+relative to the report's folder and the CSV tables written next to it. Every number is taken
+from the tables, the runs or the config; none is typed by hand.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import pandas as pd
+
+from lmablate.config.study import StudyConfig
+from lmablate.report.collect import RunOutputs, present
+from lmablate.report.figures.bracket_figure import bracket_lines
+from lmablate.report.figures.report_figures import ReportFigures
+from lmablate.report.headline import headline_loss
+from lmablate.report.stats.statistics import (ALPHA, CONFIDENCE, METRICS, MIN_SEEDS_FOR_TEST,
+                                              VERDICT_BETTER, VERDICT_FEW, VERDICT_WORSE)
+from lmablate.report.tables import ReportTables
+from lmablate.report.text import arithmetic_section as arith
+from lmablate.report.text import dataset_tables as dt
+from lmablate.report.text import findings as fi
+from lmablate.report.text import samples as sm
+from lmablate.report.text.limits import limits_bullets
+from lmablate.report.text.lr_section import lr_section
+from lmablate.report.text.methods import methods_section
+from lmablate.report.text.scaling_section import ScalingSection
+
+
+@dataclass(frozen=True)
+class Figure:
+    """A figure as the report shows it: its caption and its path relative to the report, or,
+    path None, a figure not drawn whose caption is the sentence saying why."""
+
+    caption: str
+    path: str | None
+
+    @property
+    def stem(self) -> str:
+        """The file name without its suffix: the image's alt text."""
+        return Path(self.path).stem if self.path else ""
+
+
+@dataclass(frozen=True)
+class DatasetFindings:
+    """A dataset's part of "Findings": its lines (the sentence that opens it, then the
+    bullets; :func:`~lmablate.report.text.findings.findings_section`), its headline metric's
+    label, and the path of its forest plot relative to the report (None: not drawn)."""
+
+    name: str
+    lines: list[str]
+    metric_label: str
+    forest: str | None
+
+
+@dataclass(frozen=True)
+class Arithmetic:
+    """What opens an arithmetic dataset's section
+    (:mod:`lmablate.report.text.arithmetic_section`): the lines below "Headline" (the headline
+    against its floors), the answer loss by operation and answer length, and the lines of
+    "Length generalisation" with its figure."""
+
+    headline: list[str]
+    breakdown: list[str]
+    length: list[str]
+    length_figure: Figure | None
+
+
+@dataclass(frozen=True)
+class DatasetContent:
+    """One dataset's section, in the order the template shows it. Rows are lists of
+    column -> cell dicts (:mod:`lmablate.report.text.dataset_tables`); the fields of
+    ``list[str]`` are the Markdown lines (sentences, tables) of the sub-sections written in
+    Python, without their headings, which are the template's."""
+
+    name: str
+    arithmetic: Arithmetic | None  # the opening blocks of an arithmetic dataset
+    summary: dt.Rows
+    single_seed: bool  # some cell rests on a single seed
+    comparisons: dt.Rows
+    compared: bool  # the dataset has comparison rows (else the better/worse line is left out)
+    too_few: list[str]  # variants with too few paired seeds for a test
+    better: list[str]  # "variant (metric label)"
+    worse: list[str]
+    problems: dt.ProblemDiagnostic | None
+    variation: dt.Rows
+    extrapolation: dt.Extrapolation | None
+    tuned: dt.Rows
+    lr: list[str]  # below "How each variant responds to the learning rate"
+    lr_figure: Figure | None
+    bracket: list[str]  # below "At the full budget: each variant's learning rate bracketed"
+    bracket_figure: Figure | None
+    figures: list[Figure]
+    has_samples: bool
+    samples: list[sm.Shown]
+    has_predictions: bool
+    predictions: list[sm.Shown]
+
+
+@dataclass(frozen=True)
+class ReportContent:
+    """Everything ``report.md`` shows (see :func:`report_content`)."""
+
+    n_runs: int
+    n_datasets: int
+    n_variants: int
+    n_seeds: int
+    profile: str
+    findings: list[DatasetFindings]
+    csv_files: list[str]  # the CSV tables written next to the report, in write order
+    limits: dict[str, list[str]]  # dataset -> its bullets of "What this study can and cannot say"
+    scaling: ScalingSection | None  # a scaling study's "How the effects change with compute"
+    methods: list[str]
+    notes: list[str]
+    datasets: list[DatasetContent]
+    other_figures: list[Figure]
+    confidence: float = CONFIDENCE
+    alpha: float = ALPHA
+    min_seeds_for_test: int = MIN_SEEDS_FOR_TEST
+    max_sample_chars: int = sm.MAX_CHARS
+    n_predictions: int = sm.N_PREDICTIONS
+
+
+def arithmetic(cfg: StudyConfig, runs: RunOutputs, tables: ReportTables,
+               figures: ReportFigures, out_dir: Path, dataset: str) -> Arithmetic | None:
+    """The blocks that open ``dataset``'s section if it is arithmetic, else None; the
+    length figure linked relative to ``out_dir``."""
+    if cfg.datasets[dataset].kind != "arithmetic":
+        return None
+    variants = present(runs.ablation["variant"])
+    digits = arith.training_digits(cfg.datasets[dataset], runs.by_operand_digits, dataset)
+    caption, path = figures.length_figures[dataset]
+    return Arithmetic(
+        headline=arith.headline_lines(tables.summary, tables.comparisons, tables.references,
+                                      dataset, variants),
+        breakdown=arith.breakdown_lines(runs.per_op, runs.by_answer_digits, dataset, variants),
+        length=arith.length_lines(tables.length, tables.length_comparisons, dataset, digits,
+                                  variants),
+        length_figure=_figure(caption, path, out_dir) if path else None)
+
+
+def _listing(rows: pd.DataFrame) -> list[str]:
+    """``variant (metric label)`` of each comparison row."""
+    return [f"{r.variant} ({METRICS[r.metric][0]})" for r in rows.itertuples()]
+
+
+def dataset_content(cfg: StudyConfig, runs: RunOutputs, tables: ReportTables,
+                    figures: ReportFigures, out_dir: Path, dataset: str) -> DatasetContent:
+    """The section of ``dataset``: its tables as rows, verdict listings, the learning-rate and
+    bracket sub-sections, its figures (linked relative to ``out_dir``) and what the models
+    wrote."""
+    ablation, tuned = runs.ablation, runs.tuned
+    order = present(ablation["variant"])
+    s = tables.summary[tables.summary["dataset"] == dataset]
+    c = tables.comparisons[tables.comparisons["dataset"] == dataset]
+    lr_figure = figures.lr_figures.get(dataset)
+    bracket_figure = figures.bracket_figures.get(dataset)
+    return DatasetContent(
+        name=dataset, arithmetic=arithmetic(cfg, runs, tables, figures, out_dir, dataset),
+        summary=dt.summary_rows(tables.summary, dataset, order, tables.references),
+        single_seed=bool(len(s) and int(s["n"].min()) < 2),
+        comparisons=dt.comparison_rows(tables.comparisons, dataset), compared=bool(len(c)),
+        too_few=list(pd.unique(c.loc[c["verdict"] == VERDICT_FEW, "variant"])),
+        better=_listing(c[c["verdict"] == VERDICT_BETTER]),
+        worse=_listing(c[c["verdict"] == VERDICT_WORSE]),
+        problems=dt.problem_diagnostic(tables.problems, dataset),
+        variation=dt.variation_rows(tables.variation, dataset),
+        extrapolation=dt.extrapolation(cfg, tables.extrapolation,
+                                       tables.extrapolation_comparisons, dataset, order),
+        tuned=dt.tuned_rows(ablation, dataset, order),
+        lr=lr_section(cfg, tables.sensitivity, tuned, runs.trials, dataset, order,
+                      has_figure=lr_figure is not None),
+        lr_figure=_figure(*lr_figure, out_dir) if lr_figure else None,
+        bracket=(bracket_lines(cfg, tuned, dataset, order)
+                 if tuned is not None and "bracket_state" in tuned else []),
+        bracket_figure=_figure(*bracket_figure, out_dir) if bracket_figure else None,
+        figures=[_figure(cap, p, out_dir) for d, cap, p in figures.figures if d == dataset],
+        has_samples=sm.has_samples(runs, dataset, order),
+        samples=sm.samples(runs, dataset, order, cfg.seeds),
+        has_predictions=sm.has_predictions(runs, dataset, order),
+        predictions=sm.predictions(runs, dataset, order, cfg.seeds))
+
+
+def _figure(caption: str, path: Path | None, out_dir: Path) -> Figure:
+    return Figure(caption, path.relative_to(out_dir).as_posix() if path is not None else None)
+
+
+def report_content(cfg: StudyConfig, runs: RunOutputs, notes: Sequence[str],
+                   tables: ReportTables, figures: ReportFigures, out_dir: Path,
+                   environment: Mapping[str, Any] | None = None,
+                   scaling: ScalingSection | None = None,
+                   trends: pd.DataFrame | None = None,
+                   csv_files: Sequence[str] = ()) -> ReportContent:
+    """The content of ``report.md``, to be written in ``out_dir``.
+
+    Args:
+        cfg: the study config, for the methodology and the variants' position schemes.
+        runs: the study's runs (:func:`~lmablate.report.collect.restrict_to_study`); their
+            datasets and variants, in categorical order, give the sections and table rows.
+        notes: the data section's lines about runs missing or ignored.
+        tables: :func:`~lmablate.report.tables.compute_tables` of the runs.
+        figures: what :func:`~lmablate.report.figures.report_figures.draw_report_figures`
+            drew, under ``out_dir``; a dataset's findings point to its forest plot
+            (``figures/forest_<dataset>.png``) where one was drawn.
+        out_dir: the report's folder: figures are linked relative to it.
+        environment: the machine and versions for the methodology paragraph.
+        scaling: a scaling study's section
+            (:func:`~lmablate.report.text.scaling_section.scaling_section`), None for others.
+        trends: that study's trend table, summed up in the findings.
+        csv_files: the file names of the CSV tables written next to the report, in the order
+            written; "How to read this report" lists them.
+
+    Raises:
+        ValueError: a figure path not under ``out_dir``.
+    """
+    ablation = runs.ablation
+    datasets = present(ablation["dataset"])
+    order = present(ablation["variant"])
+    written = {p for _, _, p in figures.figures if p is not None}
+    findings = [DatasetFindings(
+        ds, fi.findings_section(
+            tables.comparisons, datasets=[ds], variation=tables.variation,
+            references=tables.references, convergence=tables.convergence,
+            extrapolation=tables.extrapolation, length=tables.length,
+            positions={v: cfg.model_config(v, vocab_size=1).position for v in order},
+            trends=trends, success=tables.success,
+            speed=(tables.speed_summary, tables.speed_comparisons)),
+        METRICS[headline_loss(tables.comparisons, ds)][0],
+        f"figures/forest_{ds}.png" if out_dir / "figures" / f"forest_{ds}.png" in written
+        else None) for ds in datasets]
+    return ReportContent(
+        n_runs=len(ablation), n_datasets=len(datasets),
+        n_variants=ablation["variant"].nunique(), n_seeds=ablation["seed"].nunique(),
+        profile=cfg.profile, findings=findings, csv_files=list(csv_files),
+        limits=limits_bullets({d: cfg.budgets(d) for d in cfg.datasets}, ablation,
+                              tables.summary, tables.comparisons, tables.problems,
+                              tables.references, tables.variation, runs.tuned),
+        scaling=scaling,
+        methods=methods_section(cfg, ablation, environment, datasets, order),
+        notes=list(notes),
+        datasets=[dataset_content(cfg, runs, tables, figures, out_dir, ds) for ds in datasets],
+        other_figures=[_figure(cap, p, out_dir) for d, cap, p in figures.figures if d is None])

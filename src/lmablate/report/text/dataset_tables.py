@@ -1,0 +1,238 @@
+"""Each dataset's tables in ``report.md`` as rows of cells: summary, comparison with the baseline,
+problem-by-problem diagnostic, re-tunings, length extrapolation and tuned values.
+
+Every row is a ``dict`` of column -> cell text, formatted by :mod:`lmablate.report.text.mdtable`;
+the template lays them out with its ``md_table`` filter. Tables list variants in the study order
+carried by the frames' categorical ``variant`` column (baseline first). Losses in nats/char,
+accuracies as fractions, times in seconds, throughput in tokens/s.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+
+from lmablate.config.study import StudyConfig
+from lmablate.report.stats.statistics import METRICS
+from lmablate.report.text.mdtable import (delta_cell, digits, integer, interval, num, p_value,
+                                          verdict_cell)
+
+Rows = list[dict[str, Any]]
+
+
+def _head(metric: str) -> str:
+    """``test loss (nats/char)``: a metric's column heading, with its unit if it has one."""
+    label, unit, _ = METRICS[metric]
+    return f"{label} ({unit})" if unit else label
+
+
+def metric_label(metric: str) -> str:
+    """``test loss (lower is better)``: the metric's label and direction."""
+    label, _, higher = METRICS[metric]
+    return f"{label} ({'higher' if higher else 'lower'} is better)"
+
+
+def summary_rows(summary: pd.DataFrame, dataset: str, order: Sequence[str],
+                 references: pd.DataFrame | None = None) -> Rows:
+    """Mean ± CI half-width per variant and metric, then one italic row per reference point of
+    ``dataset`` (``references``: the report stage's reference table) in the same columns; no
+    rows without results."""
+    s = summary[summary["dataset"] == dataset]
+    metrics = [m for m in METRICS if m in set(s["metric"])
+               and m not in ("train_seconds", "tokens_per_second")]
+    rows = []
+    for variant in order:
+        v = s[s["variant"] == variant].set_index("metric")
+        if v.empty:
+            continue
+        row = {"variant": variant, "seeds": int(v["n"].max())}
+        for m in metrics:
+            if m not in v.index:
+                row[_head(m)] = "–"
+                continue
+            r = v.loc[m]
+            d = digits(m)
+            if np.isfinite(r["ci95_low"]):
+                half = (r["ci95_high"] - r["ci95_low"]) / 2
+                row[_head(m)] = f"{num(r['mean'], d)} ± {num(half, d)}"
+            else:
+                row[_head(m)] = f"{num(r['mean'], d)} (no CI, n={int(r['n'])})"
+        rows.append(row)
+    if rows and references is not None:
+        r = references[references["dataset"] == dataset]
+        for name in pd.unique(r["reference"]):
+            row = {"variant": f"_reference: {name}_", "seeds": "–"}
+            for head in list(rows[0])[2:]:
+                row[head] = "–"
+            for x in r[r["reference"] == name].itertuples():
+                values = {x.metric: x.value}
+                if x.metric == "test_loss":  # the same cross-entropy in the derived units
+                    values.update(bits_per_char=x.value / math.log(2),
+                                  perplexity=math.exp(x.value))
+                for m, value in values.items():
+                    if _head(m) in row:
+                        row[_head(m)] = num(value, digits(m))
+            rows.append(row)
+    return rows
+
+
+def comparison_rows(comparisons: pd.DataFrame, dataset: str) -> Rows:
+    """Every variant against the baseline on ``dataset``, one row per metric x variant: means,
+    Δ with its raw and Holm-adjusted intervals, p-values, MDE and the verdict."""
+    rows = []
+    for _, r in comparisons[comparisons["dataset"] == dataset].iterrows():
+        d = digits(r["metric"])
+        rows.append({
+            "metric": metric_label(r["metric"]),
+            "variant": r["variant"],
+            "paired seeds": int(r["n_pairs"]),
+            "baseline mean": num(r["baseline_mean"], d),
+            "variant mean": num(r["variant_mean"], d),
+            "Δ (variant − baseline)": num(r["mean_diff"], d),
+            "95% CI of Δ (raw)": interval(r, d),
+            "CI of Δ (Holm-adjusted)": interval(r, d, "ci_holm"),
+            "p (paired t)": p_value(r["p_value"]),
+            "p (Holm)": p_value(r["p_holm"]),
+            "MDE (80% power)": num(r["mde"], d),
+            "verdict": verdict_cell(r["verdict"]),
+        })
+    return rows
+
+
+@dataclass(frozen=True)
+class ProblemDiagnostic:
+    """The per-problem comparison of a dataset: ``n_problems`` test problems decoded on
+    ``n_seeds`` seeds, and its rows (counts, rates as fractions, intervals, p-values; no
+    verdict, mark or bold)."""
+
+    n_problems: int
+    n_seeds: int
+    rows: Rows
+
+
+def problem_diagnostic(problems: pd.DataFrame, dataset: str) -> ProblemDiagnostic | None:
+    """The per-problem comparison of ``dataset``
+    (:func:`~lmablate.report.stats.problems.compare_problems`), or None where there is none."""
+    p = problems[problems["dataset"] == dataset] if len(problems) else problems
+    if p.empty:
+        return None
+    rows = []
+    for _, r in p.iterrows():
+        unit = "problems solved" if r["metric"] == "exact_match" else "answer characters right"
+        rows.append({
+            "metric": metric_label(r["metric"]),
+            "variant": r["variant"],
+            "baseline": f"{integer(r['baseline_count'])} of {integer(r['total'])} {unit}",
+            "variant ": f"{integer(r['variant_count'])} of {integer(r['total'])}",
+            "Δ rate": num(r["mean_diff"], 4),
+            "95% CI of Δ (raw)": interval(r, 4),
+            "CI of Δ (Holm-adjusted)": interval(r, 4, "ci_holm"),
+            "problems that differ": f"{integer(r['n_differing'])} of {integer(r['n_problems'])}",
+            "p (sign-flip, problems as independent)": p_value(r["p_value"]),
+            "p (Holm)": p_value(r["p_holm"]),
+        })
+    first = p.iloc[0]
+    return ProblemDiagnostic(int(first["n_problems"]), int(first["n_seeds"]), rows)
+
+
+def variation_rows(variation: pd.DataFrame | None, dataset: str) -> Rows:
+    """The re-tunings of ``dataset`` (:func:`~lmablate.report.stats.statistics.
+    tuning_variation`): tuned values and the paired difference of each metric."""
+    if variation is None:
+        return []
+    rows = []
+    for _, r in variation[variation["dataset"] == dataset].iterrows():
+        d = digits(r["metric"])
+        rows.append({
+            "variant": r["variant"], "replicate": int(r["replicate"]),
+            "metric": metric_label(r["metric"]),
+            "lr, d_model": f"{r['lr']:.3g}, {int(r['d_model'])}",
+            "re-tuned lr, d_model": f"{r['replicate_lr']:.3g}, {int(r['replicate_d_model'])}",
+            "paired seeds": int(r["n_pairs"]),
+            "mean": num(r["mean"], d),
+            "re-tuned mean": num(r["replicate_mean"], d),
+            "Δ (re-tuned − original)": num(r["mean_diff"], d),
+            "95% CI of Δ": interval(r, d),
+        })
+    return rows
+
+
+@dataclass(frozen=True)
+class Extrapolation:
+    """Length extrapolation on a dataset: the training context (tokens), the longest factor
+    measured, the variant compared against and one row per variant (test loss in nats/char at
+    each factor, then its Δ against ``reference``)."""
+
+    context: int
+    max_factor: int
+    reference: str | None
+    rows: Rows
+
+
+def extrapolation(cfg: StudyConfig, table: pd.DataFrame, comparisons: pd.DataFrame,
+                  dataset: str, order: Sequence[str]) -> Extrapolation | None:
+    """Per variant its position scheme and the test loss at each factor x context_length
+    (mean ± CI half-width over seeds, or why there is none), then the difference to the
+    reference variant at each factor with its Holm verdict; None without measurements."""
+    t = table[table["dataset"] == dataset] if len(table) else table
+    if t.empty:
+        return None
+    factors = sorted(int(f) for f in t["factor"].unique())
+    ctx = cfg.model.context_length
+    mine = comparisons[comparisons["dataset"] == dataset] if len(comparisons) else comparisons
+    reference = mine["reference"].iloc[0] if len(mine) else None
+    rows = []
+    for v in order:
+        tv = t[t["variant"] == v]
+        if tv.empty:
+            continue
+        row = {"variant": v, "positions": cfg.model_config(v, vocab_size=1).position}
+        for f in factors:
+            r = tv[tv["factor"] == f]
+            head = f"{f}x ({f * ctx} tokens)"
+            if r.empty:
+                row[head] = "–"
+            elif r.iloc[0]["note"]:
+                row[head] = str(r.iloc[0]["note"])
+            else:
+                r = r.iloc[0]
+                half = (r["ci95_high"] - r["mean"]) if pd.notna(r["ci95_high"]) else float("nan")
+                row[head] = num(r["mean"]) + (f" ± {num(half)}" if pd.notna(half) else "")
+        for f in factors:
+            c = mine[(mine["variant"] == v) & (mine["metric"] == f"test_loss_x{f}")] \
+                if len(mine) else mine
+            head = f"Δ vs {reference} at {f}x"
+            if c.empty:
+                row[head] = "reference" if v == reference else "–"
+            else:
+                row[head] = delta_cell(c.iloc[0])
+        rows.append(row)
+    return Extrapolation(ctx, max(factors), reference, rows)
+
+
+def tuned_rows(ablation: pd.DataFrame, dataset: str, order: Sequence[str]) -> Rows:
+    """What each variant of ``dataset`` trained with: lr, d_model, steps, parameter counts,
+    FLOPs per token, throughput (tokens/s) and train time (s), means over its seeds."""
+    d = ablation[ablation["dataset"] == dataset]
+    rows = []
+    for variant in order:
+        v = d[d["variant"] == variant]
+        if v.empty:
+            continue
+        rows.append({
+            "variant": variant,
+            # tuning picks one value per dataset x variant; several would mean stale runs
+            "lr": ", ".join(f"{x:.3g}" for x in v["lr"].dropna().unique()) or "–",
+            "d_model": ", ".join(integer(x) for x in v["d_model"].dropna().unique()) or "–",
+            "steps": ", ".join(integer(x) for x in v["steps"].dropna().unique()) or "–",
+            "parameters": integer(v["n_params"].max()),
+            "non-embedding parameters": integer(v["n_params_non_embedding"].max()),
+            "FLOPs/token": integer(v["flops_per_token"].max()),
+            "throughput (tokens/s, mean)": integer(v["tokens_per_second"].mean()),
+            "train time (s, mean)": num(v["train_seconds"].mean(), 1),
+        })
+    return rows

@@ -1,0 +1,86 @@
+"""``report.md`` rendered: the Jinja2 environment, its filters and :func:`render_report`.
+
+The skeleton ``report/templates/report.md.j2`` owns the section order, the headings, the fixed
+paragraphs and the figure blocks; the numbers and rows come from the content model
+(:mod:`lmablate.report.text.content`). Cells are formatted by the filters below, which are
+:mod:`lmablate.report.text.mdtable`'s functions, so that a number reads the same in every
+section.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any, Iterable, Mapping, Sequence
+
+import jinja2
+import pandas as pd
+
+from lmablate.report.stats.scaling import SCALING_TITLE
+from lmablate.report.text import mdtable
+from lmablate.report.text.content import ReportContent
+
+TEMPLATE = "report.md.j2"
+
+
+def lines(items: Iterable[str]) -> str:
+    """Markdown lines, one per item, joined by ``\\n`` (no final newline)."""
+    return "\n".join(items)
+
+
+def table(rows: Sequence[Mapping[str, Any]] | pd.DataFrame) -> str:
+    """Rows (column -> cell dicts, the columns of the first row) as a Markdown table
+    (:func:`~lmablate.report.text.mdtable.md_table`)."""
+    return mdtable.md_table(rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(rows))
+
+
+def plural(n: int, noun: str) -> str:
+    """``1 seed``, ``5 seeds``."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def percent(x: float) -> str:
+    """A fraction as a whole percentage: ``0.95`` -> ``95%``."""
+    return f"{x:.0%}"
+
+
+# name -> function: every filter of the template, each formatting in one place
+FILTERS = {
+    "num": mdtable.num,  # fixed-point, "–" for None/NaN/inf
+    "integer": mdtable.integer,  # thousands separators, "–" for None/NaN
+    "p_value": mdtable.p_value,  # "<0.001" or three decimals, "–" for None/NaN
+    "interval": mdtable.interval,
+    "verdict": mdtable.verdict_cell,
+    "delta": mdtable.delta_cell,
+    "fence": mdtable.fence,
+    "code_span": mdtable.code_span,
+    "join_names": mdtable.join_names,
+    "md_table": table,
+    "lines": lines,
+    "plural": plural,
+    "percent": percent,
+}
+
+
+@lru_cache(maxsize=1)
+def environment() -> jinja2.Environment:
+    """The report's Jinja2 environment: templates from the package's ``report/templates``,
+    :data:`FILTERS` registered, a missing field an error (``StrictUndefined``), no escaping
+    (the output is Markdown, not HTML). ``SCALING_TITLE`` is a global: the sentences that
+    point to that section name it too."""
+    env = jinja2.Environment(loader=jinja2.PackageLoader("lmablate.report", "templates"),
+                             undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
+                             trim_blocks=True, lstrip_blocks=True, autoescape=False)
+    env.filters.update(FILTERS)
+    env.globals["SCALING_TITLE"] = SCALING_TITLE
+    return env
+
+
+def render_report(content: ReportContent, template: str = TEMPLATE) -> str:
+    """The text of ``report.md`` (GitHub-flavoured Markdown, ``\\n`` line ends, one final
+    newline) from its content.
+
+    Raises:
+        jinja2.UndefinedError: the template uses a field the content does not have.
+        jinja2.TemplateNotFound: no ``template`` in the package's templates.
+    """
+    return environment().get_template(template).render(report=content).rstrip() + "\n"

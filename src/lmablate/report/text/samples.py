@@ -1,0 +1,83 @@
+"""What the models wrote, for a dataset's "Samples" and "Predictions" in ``report.md``: the first
+generated sample (text corpora) or the first decoded problems (arithmetic) of each variant's
+first seed that has any."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from lmablate.report.collect import RunOutputs
+from lmablate.report.stats.success import seed_status
+from lmablate.report.text.dataset_tables import Rows
+from lmablate.report.text.mdtable import code_span
+
+MAX_CHARS = 600  # of a generated sample shown
+N_PREDICTIONS = 5  # decoded problems shown per variant
+
+
+@dataclass(frozen=True)
+class Shown:
+    """One variant's sample or predictions: ``variant``, the seed key (``seed_<n>``), for
+    predictions whether that seed learned the task (``status``, "" if unknown), and
+    ``text`` (a sample, at most :data:`MAX_CHARS` characters) or ``rows`` (prompt, target,
+    prediction as code spans, and ✓/✗)."""
+
+    variant: str
+    key: str
+    status: str = ""
+    text: str = ""
+    rows: Rows | None = None
+
+
+def _first_seed_key(by_seed: Mapping[str, Any], seeds: Sequence[int]) -> str | None:
+    """The configured seed first in ``seeds`` with any output, else the first key in sort
+    order that has some; None if none has."""
+    keys = [k for k in by_seed if by_seed[k]]
+    preferred = [f"seed_{s}" for s in seeds if f"seed_{s}" in keys]
+    return (preferred or sorted(keys) or [None])[0]
+
+
+def samples(runs: RunOutputs, dataset: str, order: Sequence[str],
+            seeds: Sequence[int]) -> list[Shown]:
+    """The first generated sample of each variant of ``dataset`` (in ``order``) that has one."""
+    shown = []
+    for variant in order:
+        by_seed = runs.samples.get((dataset, variant))
+        key = _first_seed_key(by_seed, seeds) if by_seed is not None else None
+        if key is not None:
+            shown.append(Shown(variant, key, text=str(by_seed[key][0])[:MAX_CHARS]))
+    return shown
+
+
+def has_samples(runs: RunOutputs, dataset: str, order: Sequence[str]) -> bool:
+    """Whether any variant of ``dataset`` has a samples file (possibly empty)."""
+    return any((dataset, v) in runs.samples for v in order)
+
+
+def has_predictions(runs: RunOutputs, dataset: str, order: Sequence[str]) -> bool:
+    """Whether any variant of ``dataset`` has a predictions file (possibly empty)."""
+    return any((dataset, v) in runs.predictions for v in order)
+
+
+def predictions(runs: RunOutputs, dataset: str, order: Sequence[str],
+                seeds: Sequence[int]) -> list[Shown]:
+    """The first :data:`N_PREDICTIONS` greedy-decoded test problems of each variant of
+    ``dataset`` that has any, with whether that seed learned the task
+    (:func:`~lmablate.report.stats.success.seed_status`)."""
+    shown = []
+    for variant in order:
+        by_seed = runs.predictions.get((dataset, variant))
+        key = _first_seed_key(by_seed, seeds) if by_seed is not None else None
+        if key is None:
+            continue
+        last = key.rsplit("_", 1)[-1]
+        status = (seed_status(runs.ablation, dataset, variant, int(last))
+                  if last.isdigit() else None)
+        rows = [{"prompt": code_span(p.get("prompt", "")),
+                 "target": code_span(p.get("target", "")),
+                 "prediction": code_span(p.get("prediction", "")),
+                 "correct": "✓" if p.get("prediction") == p.get("target") else "✗"}
+                for p in by_seed[key][:N_PREDICTIONS]]
+        shown.append(Shown(variant, key, status or "", rows=rows))
+    return shown

@@ -1,0 +1,207 @@
+"""lmablate.report.text.render: the template's filters (mdtable's cell formats), the order of the
+sections of report.md, and StrictUndefined (a field the content lacks is an error)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import tomllib
+from importlib import resources
+from pathlib import Path
+
+import jinja2
+import pytest
+
+from lmablate.report.text import dataset_tables as dt
+from lmablate.report.text import samples as sm
+from lmablate.report.text.content import (Arithmetic, DatasetContent, DatasetFindings, Figure,
+                                          ReportContent)
+from lmablate.report.text.render import FILTERS, environment, render_report
+from lmablate.report.text.scaling_section import ScalingDataset, ScalingSection
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _filter(expression: str, **values) -> str:
+    """``expression`` rendered by the report's environment, e.g. ``x|num``."""
+    return environment().from_string("{{ " + expression + " }}").render(**values)
+
+
+@pytest.mark.parametrize("expression, value, expected", [
+    ("x|num", 1.23456, "1.235"), ("x|num", -0.0005, "-0.001"), ("x|num(1)", 2.25, "2.2"),
+    ("x|num(4)", 0.12, "0.1200"), ("x|num", 3, "3.000"), ("x|num", None, "–"),
+    ("x|num", math.nan, "–"), ("x|num", math.inf, "–"), ("x|num", -math.inf, "–"),
+    ("x|integer", 1234567.4, "1,234,567"), ("x|integer", 2.5, "2"), ("x|integer", None, "–"),
+    ("x|integer", math.nan, "–"),
+    ("x|p_value", 0.0004, "<0.001"), ("x|p_value", 0.001, "0.001"),
+    ("x|p_value", 0.04567, "0.046"), ("x|p_value", None, "–"), ("x|p_value", math.nan, "–"),
+    ("x|verdict", "better", "**▲ better**"), ("x|verdict", "worse", "**▼ worse**"),
+    ("x|verdict", "no significant difference", "no significant difference"),
+    ("x|code_span", "1+2=", "`1+2=`"), ("x|code_span", "a`b\nc", "`` a`b\\nc ``"),
+    ("x|join_names", [], ""), ("x|join_names", ["a"], "a"), ("x|join_names", ["a", "b"], "a and b"),
+    ("x|join_names", ["a", "b", "c"], "a, b and c"),
+    ("x|plural('seed')", 1, "1 seed"), ("x|plural('seed')", 3, "3 seeds"),
+    ("x|percent", 0.95, "95%"),
+    ("x|lines", ["a", "", "b"], "a\n\nb"),
+])
+def test_each_filter_formats_as_mdtable_does(expression, value, expected):
+    assert _filter(expression, x=value) == expected
+
+
+def test_interval_and_delta_filters_take_a_table_row():
+    row = {"mean_diff": -0.04412, "ci95_low": -0.0591, "ci95_high": -0.0293,
+           "ci_holm_low": -0.07, "ci_holm_high": -0.01, "verdict": "better"}
+    assert _filter("r|interval(3)", r=row) == "[-0.059, -0.029]"
+    assert _filter("r|interval(2, 'ci_holm')", r=row) == "[-0.07, -0.01]"
+    assert _filter("r|interval(3)", r={**row, "ci95_low": math.nan}) == "–"
+    assert _filter("r|delta", r=row) == "-0.044 [-0.059, -0.029] **▲ better**"
+
+
+def test_fence_and_md_table_filters():
+    assert _filter("x|fence", x="a ``` b") == "````text\na ``` b\n````"
+    assert _filter("x|fence", x="plain") == "```text\nplain\n```"
+    rows = [{"variant": "baseline", "p": "a|b"}, {"variant": "rope", "p": "two\nlines"}]
+    assert _filter("x|md_table", x=rows) == ("| variant | p |\n|---|---|\n"
+                                             "| baseline | a\\|b |\n| rope | two lines |")
+
+
+def test_every_filter_is_registered():
+    assert set(FILTERS) <= set(environment().filters)
+    assert environment().undefined is jinja2.StrictUndefined
+
+
+def _dataset(name: str = "sums") -> DatasetContent:
+    """A dataset section with every optional block present."""
+    return DatasetContent(
+        name=name, arithmetic=Arithmetic(
+            ["Arithmetic headline.", ""], ["Breakdown.", ""], ["Length.", ""],
+            Figure("Length caption", "figures/l.png")),
+        summary=[{"variant": "baseline", "seeds": 3}], single_seed=True,
+        comparisons=[{"variant": "rope", "verdict": "**▲ better**"}], compared=True,
+        too_few=["gelu"], better=["rope (test loss)"], worse=[],
+        problems=dt.ProblemDiagnostic(1000, 3, [{"variant": "rope"}]),
+        variation=[{"variant": "rope", "replicate": 1}],
+        extrapolation=dt.Extrapolation(64, 4, "rope", [{"variant": "rope"}]),
+        tuned=[{"variant": "baseline", "lr": "0.002"}],
+        lr=["Sensitivity.", ""], lr_figure=Figure("LR caption", "figures/lr.png"),
+        bracket=["Bracket.", ""], bracket_figure=None,
+        figures=[Figure("A caption", "figures/a.png"), Figure("Not drawn: why.", None)],
+        has_samples=True, samples=[sm.Shown("baseline", "seed_0", text="ROMEO:")],
+        has_predictions=True,
+        predictions=[sm.Shown("rope", "seed_0", "learned", rows=[{"prompt": "`1+1=`"}])])
+
+
+def _scaling(sentences: tuple[str, ...] = ("Trend.",)) -> ScalingSection:
+    return ScalingSection(
+        "Scaling.", [ScalingDataset("sums", "answer loss", "nats/answer char", False, 2,
+                                    [{"variant": "rope"}], [{"variant": "rope"}],
+                                    list(sentences))],
+        {"sums": [{"variant": "rope"}]}, {"sums": ("At the seed scale.", [{"variant": "rope"}])},
+        curves_figure="figures/c.png", effects_figure=None, isoflop_figure="figures/i.png")
+
+
+def _content(**changes) -> ReportContent:
+    content = ReportContent(
+        n_runs=6, n_datasets=1, n_variants=2, n_seeds=3, profile="default",
+        findings=[DatasetFindings("sums", ["**sums**: verdicts.", ""], "answer loss", None)],
+        csv_files=["ablation.csv", "summary.csv", "comparisons.csv"],
+        limits={"sums": ["A limit.", "Another."]}, scaling=_scaling(),
+        methods=["Methods.", ""], notes=["sums/old is ignored"],
+        datasets=[_dataset()], other_figures=[Figure("Other caption", "figures/o.png")])
+    return dataclasses.replace(content, **changes)
+
+
+# the order of report.md's sections (docs/report.md, "The sections")
+SECTIONS = ["# Ablation study report", "## Findings", "**How to read this report.**",
+            "## What this study can and cannot say", "## How the effects change with compute",
+            "## Methodology", "Data notes:", "## sums", "### Headline", "Arithmetic headline.",
+            "Breakdown.", "### Length generalisation", "Length.", "**Length caption**",
+            "### Summary (mean ± 95% CI half-width over seeds)",
+            "Some cells rest on a single seed", "### Comparison with the baseline",
+            "Too few seeds to conclude for gelu", "Significantly better than the baseline: "
+            "rope (test loss). Significantly worse: none.",
+            "### Problem by problem (a diagnostic, not a verdict)",
+            "### How much the tuning varies", "### Length extrapolation",
+            "### Tuned hyper-parameters, size and throughput",
+            "### How each variant responds to the learning rate",
+            "#### At the full budget: each variant's learning rate bracketed", "### Figures",
+            "### Samples", "### Predictions", "## Other figures"]
+
+
+def test_the_template_renders_the_sections_in_the_documented_order():
+    md = render_report(_content())
+    at = [md.index(f"\n{s}") if i else md.index(s) for i, s in enumerate(SECTIONS)]
+    assert at == sorted(at) and at[0] == 0
+    assert md.endswith("![o](figures/o.png)\n") and "\n\n\n" not in md
+    assert ("Raw numbers are in `ablation.csv`, `summary.csv` (long format: one row per dataset "
+            "x variant x metric) and `comparisons.csv`.\n") in md
+    assert "- sums/old is ignored\n\n## sums\n" in md
+    assert ("### Problem by problem (a diagnostic, not a verdict)\n\nA diagnostic of which "
+            "problems the models get right: the same 1,000 test problems, decoded by every "
+            "variant on 3 seeds,") in md
+    assert "**A caption**\n\n![a](figures/a.png)\n\nNot drawn: why.\n\n### Samples" in md
+    assert ("## What this study can and cannot say\n\n**sums**\n\n- A limit.\n- Another.\n\n"
+            "## How the effects change with compute\n\nScaling.\n\n![Loss against compute]"
+            "(figures/c.png)\n\n*Headline loss against training FLOPs") in md
+    assert ("### sums: answer loss against compute\n\nWith 2 budgets only the straight line "
+            "log L = log A - α log C is fitted (no irreducible loss E: a saturating law has "
+            "three parameters and needs at least 4 budgets)") in md
+    assert ("its trend per decade of compute:\n\n| variant |\n|---|\n| rope |\n\nTrend.\n\n"
+            "### Compute-optimal width\n\nAt each budget,") in md
+    # no trend sentence: the table's blank line and the block's, as the section always had
+    md = render_report(_content(scaling=_scaling(sentences=())))
+    assert ("its trend per decade of compute:\n\n| variant |\n|---|\n| rope |\n\n\n"
+            "### Compute-optimal width\n\nAt each budget,") in md
+    assert "Effects against compute" not in md
+    assert ("| rope |\n\n![IsoFLOP profiles](figures/i.png)\n\n### An extrapolation, not a "
+            "measurement\n\nAt the seed scale.\n\n| variant |\n|---|\n| rope |\n\n"
+            "## Methodology\n\nMethods.\n\nData notes:") in md
+    assert ("### How each variant responds to the learning rate\n\nSensitivity.\n\n"
+            "**LR caption**\n\n![lr](figures/lr.png)\n\n#### At the full budget: each "
+            "variant's learning rate bracketed\n\nBracket.\n\n### Figures\n") in md
+    assert md.startswith("# Ablation study report\n\n6 runs: 1 dataset x 2 variants x 3 seeds, "
+                         "of the default profile (`study.profile`).")
+    assert "\n\n## Findings\n\n**sums**: verdicts.\n\n**How to read this report.**" in md
+    assert "**baseline** (seed_0):\n\n```text\nROMEO:\n```\n" in md
+    assert "**rope** (seed_0, learned):\n\n| prompt |\n|---|\n| `1+1=` |\n" in md
+    assert "(truncated to 600 characters)" in md and "Up to 5 greedy-decoded" in md
+
+
+def test_optional_blocks_are_left_out_without_blank_lines():
+    bare = dataclasses.replace(
+        _dataset(), arithmetic=None, summary=[], single_seed=False, comparisons=[],
+        compared=False, too_few=[], problems=None, variation=[], extrapolation=None, tuned=[],
+        lr=[], lr_figure=None, bracket=[], bracket_figure=None, figures=[], has_samples=False,
+        samples=[], has_predictions=False, predictions=[])
+    md = render_report(_content(findings=[], limits={}, scaling=None, notes=[], datasets=[bare],
+                                other_figures=[]))
+    assert "\n\n\n" not in md and "### Figures" not in md and "Data notes" not in md
+    assert "How the effects change with compute" not in md and "learning rate" not in md
+    assert "### Headline" not in md and "### Length generalisation" not in md
+    assert ("## Findings\n\n**How to read" in md
+            and "## What this study can and cannot say\n\n## Methodology\n\nMethods." in md)
+    assert ("## sums\n\n### Summary (mean ± 95% CI half-width over seeds)\n\n_No results._\n\n"
+            "### Comparison with the baseline\n\n_No comparisons: they need runs of the "
+            "baseline and of at least one other variant on this dataset._\n\n"
+            "### Tuned hyper-parameters, size and throughput\n\n_No runs._\n") in md
+    assert md.endswith("_No runs._\n")
+
+
+def test_a_field_the_content_lacks_is_an_error():
+    fields = {f.name: getattr(_content(), f.name) for f in dataclasses.fields(ReportContent)}
+    template = environment().get_template("report.md.j2")
+    template.render(report=fields)  # a mapping with every field renders
+    del fields["profile"]
+    with pytest.raises(jinja2.UndefinedError, match="profile"):
+        template.render(report=fields)
+    with pytest.raises(jinja2.UndefinedError):
+        environment().from_string("{{ report.nothing|num }}").render(report=_content())
+
+
+def test_the_templates_are_package_data():
+    templates = resources.files("lmablate.report") / "templates"
+    assert (templates / "report.md.j2").is_file()
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert setuptools["package-data"]["lmablate"] == ["report/templates/*.j2"]
+    shipped = {p.name for p in (ROOT / "src/lmablate/report/templates").glob("*.j2")}
+    assert {"report.md.j2", "_dataset.md.j2", "_figures.md.j2"} <= shipped
