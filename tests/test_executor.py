@@ -116,6 +116,12 @@ def test_the_worker_count_comes_from_runtime_workers_and_is_one_on_an_accelerato
     assert all(name.startswith("lmablate-job") for name in seen)
 
 
+def test_jobs_on_this_machine_need_a_worker_count_or_the_runtime():
+    with pytest.raises(TypeError, match="give workers or runtime"):
+        run_jobs(abs, [1, -2], device=CPU)
+    assert run_jobs(abs, [1, -2], runtime=RuntimeConfig(device="cpu", workers=2)) == [1, 2]
+
+
 def test_draining_workers_start_only_as_many_as_run_at_once():
     calls: list[int] = []
     lock = threading.Lock()

@@ -55,8 +55,9 @@ def run_jobs(fn: Callable[[J], R], jobs: Sequence[J], *, device: torch.device | 
     ``inline``: the jobs run one after another in this thread, torch's threads as they are.
 
     Otherwise the jobs run on this machine (on ``device``, or ``runtime.device`` resolved here
-    if not given) on ``workers`` workers (at most one per job, one on an accelerator), or :func:`~lmablate.execution.parallel.worker_count` of ``runtime``,
-    ``device`` and ``all_at_once`` if ``workers`` is not given; in spawned processes with
+    if not given) on ``workers`` workers (at most one per job, one on an accelerator), or on
+    :func:`~lmablate.execution.parallel.worker_count` of ``runtime``, ``device`` and
+    ``all_at_once`` if ``workers`` is not given; in spawned processes with
     ``processes`` (``fn`` module-level, the jobs picklable), else in threads. ``drain``: the jobs
     are interchangeable workers that empty a shared queue (tuning workers), so only as many as
     run at once are started here; on a cluster each is a task.
@@ -66,6 +67,7 @@ def run_jobs(fn: Callable[[J], R], jobs: Sequence[J], *, device: torch.device | 
         ConfigError: a cluster worker is not of this machine's kind, or ``runtime.device`` is
             one this machine lacks.
         Exception: the first failing job's exception, with its message.
+        TypeError: neither ``workers`` nor ``runtime`` given for jobs on this machine.
     """
     jobs = list(jobs)
     if cluster is not None:
@@ -74,15 +76,13 @@ def run_jobs(fn: Callable[[J], R], jobs: Sequence[J], *, device: torch.device | 
                            inputs=inputs or (lambda job: ()), outputs=outputs or (lambda job: ()))
     if inline:
         return [fn(job) for job in jobs]
+    if workers is None and runtime is None:
+        raise TypeError("run_jobs: give workers or runtime for jobs on this machine")
     if device is None:
-        if runtime is None:
-            raise TypeError("run_jobs: give device or runtime")
-        device = resolve_device(runtime.device)
+        device = resolve_device(runtime.device if runtime is not None else "cpu")
     if workers is not None:
         n = max(1, min(workers, len(jobs))) if device.type == "cpu" else 1
     else:
-        if runtime is None:
-            raise TypeError("run_jobs: give runtime or workers")
         n = worker_count(runtime, len(jobs), device, all_at_once=all_at_once)
     if drain:
         jobs = jobs[:n]
