@@ -30,7 +30,7 @@ from lmablate.execution import interrupt
 from lmablate.data.arithmetic import (OP_NAMES, answer_digits, operand_digits, problem_op,
                                       split_problem)
 from lmablate.train.device import autocast
-from lmablate.execution.parallel import map_jobs
+from lmablate.execution.executor import run_jobs
 from lmablate.core.progress import progress
 from lmablate.data.tokenizer import CharTokenizer
 
@@ -215,7 +215,7 @@ def arithmetic_predictions(model, tok: CharTokenizer, problems: list[str], batch
         batches = [decode(g) for g in (progress(groups, desc=desc, total=len(groups))
                                        if show_progress else groups)]
     else:
-        batches = map_jobs(decode, groups, workers)
+        batches = run_jobs(decode, groups, device=device, workers=workers)
     out = [""] * len(problems)
     for (_, _, indices), preds in zip(groups, batches):
         for i, pred in zip(indices, preds):

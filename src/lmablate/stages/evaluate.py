@@ -8,7 +8,6 @@ for every variant.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
 import math
 from dataclasses import dataclass, field
@@ -26,7 +25,7 @@ from lmablate.model.gpt import check_causality
 from lmablate.evaluate.metrics import (answer_nats, arithmetic_predictions, arithmetic_scores,
                                  by_operand_digits, extrapolation, not_reaching, split_loss,
                                  text_samples)
-from lmablate.execution.parallel import map_jobs, worker_count
+from lmablate.execution.executor import run_jobs
 from lmablate.data.tokenizer import CharTokenizer, load_tokenizer
 from lmablate.data.token_data import TokenData
 from lmablate.tracking.trackers import Tracker, make_tracker, run_name
@@ -159,7 +158,7 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, raw_dir:
     problem with its prompt and target, in the order of ``test.txt``; keyed as the runs). Test
     metrics are logged into each seed's MLflow training run, so one run per seed carries the
     same metric names for every variant. Seeds (of every budget) are evaluated concurrently
-    on a CPU (see :mod:`lmablate.execution.parallel`).
+    on a CPU, or as tasks of a cluster (:func:`lmablate.execution.executor.run_jobs`).
     """
     ds = cfg.dataset(dataset)
     cfg.check_variant(variant)
@@ -208,17 +207,14 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, raw_dir:
                     trained[label, seed]["summary"], longest, tuple(problems),
                     tuple((n, tuple(lines)) for n, lines in sorted(lengths.items())),
                     replicate, label) for label, seed, seed_dir in seeds]
-    if cluster is not None:
-        jobs = [dataclasses.replace(job, cfg=cluster.pin(cfg)) for job in jobs]
-        done = cluster.map(evaluate_seed, jobs, [
-            f"evaluate-{dataset}-{variant}-" + (f"{j.label}-" if j.label else "") + f"seed{j.seed}"
-            for j in jobs],
-                           inputs=lambda j: [j.tokens_dir, j.seed_dir / "checkpoint.pt"])
-    else:
-        # Seeds in threads of this process (evaluation draws no global random numbers).
-        workers = worker_count(cfg.runtime, len(jobs), device, all_at_once=True)
-        done = map_jobs(functools.partial(evaluate_seed, data=data, tok=tok, tracker=tracker),
-                        jobs, workers)
+    # Seeds in threads of this process (evaluation draws no global random numbers), or as
+    # cluster tasks, which load the data, tokenizer and tracker on their worker
+    local = functools.partial(evaluate_seed, data=data, tok=tok, tracker=tracker)
+    done = run_jobs(evaluate_seed if cluster is not None else local, jobs, device=device,
+                    runtime=cfg.runtime, cluster=cluster, all_at_once=True,
+                    names=[f"evaluate-{dataset}-{variant}-" + (f"{j.label}-" if j.label else "")
+                           + f"seed{j.seed}" for j in jobs],
+                    inputs=lambda j: [j.tokens_dir, j.seed_dir / "checkpoint.pt"])
     keys = [(f"{label}/" if label else "") + f"seed_{seed}" for label, seed, _ in seeds]
     runs = {key: metrics for key, (metrics, _) in zip(keys, done)}
     examples = {key: ex for key, (_, ex) in zip(keys, done)}

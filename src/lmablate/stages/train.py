@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
+import functools
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 from lmablate.core import fileio
 
@@ -29,7 +30,8 @@ from lmablate.execution.cluster import resolve
 from lmablate.train.device import resolve_device
 from lmablate.train.numerics import numerics_kind
 from lmablate.model.gpt import count_params, flops_per_token
-from lmablate.execution.parallel import map_jobs, use_processes, worker_count
+from lmablate.execution.executor import run_jobs
+from lmablate.execution.parallel import use_processes
 from lmablate.data.token_data import TokenData
 from lmablate.tracking.trackers import RunTracker, make_tracker, run_name
 from lmablate.train.training import GRAD_STATS_COLUMNS as SEED_GRAD_STATS_COLUMNS
@@ -163,52 +165,19 @@ def _finish(job: SeedJob, fp: str, result: TrainResult, tracker: RunTracker,
     return done
 
 
-def train_seed(job: SeedJob) -> dict:
-    """Train one seed (in this or a worker process) and record it as one MLflow run.
+def train_seeds_of(jobs: Sequence[SeedJob], batched: bool = False) -> list[dict]:
+    """Train a group of seeds of one dataset x variant and budget (same model config, lr and
+    steps), in this process, a worker process or a cluster task, and record each as one MLflow
+    run.
 
-    Writes ``seed_dir/checkpoint.pt`` and ``seed_dir/result.json`` (``fingerprint``,
-    ``summary``, ``history``, ``grad_stats``). A seed whose ``result.json`` has the current
-    fingerprint is not trained again; an interrupted one resumes from ``seed_dir/resume.pt``.
-    Returns the ``result.json`` content.
-
-    Raises:
-        DivergenceError: the loss became NaN/inf (names dataset, variant, seed and step).
-    """
-    cfg, seed = job.cfg, job.seed
-    data = TokenData.load(job.tokens_dir)
-    fp = seed_fingerprint(job, data)
-    done = _finished(job, fp)
-    if done is not None:
-        return done
-    tracker = make_tracker(cfg.tracking)
-    device = resolve_device(cfg.runtime.device)
-    resume_path = job.seed_dir / "resume.pt"
-    resumed = load_resume(resume_path, fp)
-    run_id = resumed["meta"].get("mlflow_run_id") if resumed else None
-    name, tags = _run_name_tags(job)
-    with tracker.run(name, tags, run_id=run_id) as run_id:
-        if resumed is None:
-            tracker.log_params(_run_params(job, device))
-        try:
-            result = train_model(job.model_cfg, cfg.train, data, seed=seed, lr=job.lr,
-                                 steps=job.steps, device=device, tracker=tracker,
-                                 desc=f"{_where(job)}/seed {seed}",
-                                 resume_path=resume_path, fingerprint=fp,
-                                 resume_meta={"mlflow_run_id": run_id},
-                                 probe=answer_probe(data.tokens_dir, cfg.evaluate.batch_size,
-                                                    device))
-        except DivergenceError as exc:
-            raise DivergenceError(
-                f"dataset {job.dataset}, variant {job.variant}, seed {seed}: {exc}") from None
-        return _finish(job, fp, result, tracker, run_id, device)
-
-
-def train_seeds_batched(jobs: list[SeedJob]) -> list[dict]:
-    """Train the seeds of one dataset x variant (same model config and lr) together as one
-    batched model (:func:`lmablate.train.batched.train_seeds`), recording each seed as
-    :func:`train_seed` does: its own MLflow run, ``checkpoint.pt``, ``result.json``; finished
-    seeds are kept, interrupted ones resume from their ``resume.pt``. Returns the
-    ``result.json`` contents in ``jobs``' order.
+    A seed whose ``result.json`` has the current fingerprint (and a checkpoint with the sha256
+    recorded there) is kept; the others resume from ``seed_dir/resume.pt`` where it has their
+    fingerprint, each in its MLflow run (reopened when resuming), and train: together as one
+    batched model with ``batched`` (:func:`lmablate.train.batched.train_seeds`, the GPU's path),
+    else each with :func:`lmablate.train.training.train_model` (a group of one seed, the CPU's
+    path). Each trained seed gets ``seed_dir/checkpoint.pt`` and ``seed_dir/result.json``
+    (``fingerprint``, ``summary``, ``history``, ``grad_stats``), and its ``resume.pt`` is
+    removed (:func:`_finish`). Returns the ``result.json`` contents in ``jobs``' order.
 
     Raises:
         DivergenceError: a seed's loss became NaN/inf (names dataset, variant, seed and step).
@@ -216,39 +185,52 @@ def train_seeds_batched(jobs: list[SeedJob]) -> list[dict]:
     """
     first = jobs[0]
     cfg = first.cfg
+    if not batched and len(jobs) != 1:
+        raise ValueError(f"{len(jobs)} seeds without batched: train them as groups of one")
     data = TokenData.load(first.tokens_dir)
-    device = resolve_device(cfg.runtime.device)
     fps = {job.seed: seed_fingerprint(job, data) for job in jobs}
     done = {job.seed: _finished(job, fps[job.seed]) for job in jobs}
     todo = [job for job in jobs if done[job.seed] is None]
-    if todo:
-        tracker = make_tracker(cfg.tracking)
-        # Ctrl-C stops the seeds at their next step (lmablate.execution.interrupt), as map_jobs
-        # does; every seed's run open, ended FAILED if one raises (KILLED by Ctrl-C)
-        with interrupt.deferred(), contextlib.ExitStack() as stack:
-            runs = []
-            for job in todo:
-                resumed = load_resume(job.seed_dir / "resume.pt", fps[job.seed])
-                name, tags = _run_name_tags(job)
-                run = stack.enter_context(tracker.open_run(
-                    name, tags, run_id=resumed["meta"].get("mlflow_run_id") if resumed else None))
-                if resumed is None:
-                    run.log_params(_run_params(job, device))
-                runs.append(run)
-            try:
+    if not todo:
+        return [done[job.seed] for job in jobs]
+    tracker = make_tracker(cfg.tracking)
+    device = resolve_device(cfg.runtime.device)
+    # Ctrl-C stops the seeds at their next step (lmablate.execution.interrupt); every seed's run
+    # open, ended FAILED if one raises (KILLED by Ctrl-C)
+    with interrupt.deferred(), contextlib.ExitStack() as stack:
+        runs = []
+        for job in todo:
+            resumed = load_resume(job.seed_dir / "resume.pt", fps[job.seed])
+            name, tags = _run_name_tags(job)
+            run = stack.enter_context(tracker.open_run(
+                name, tags, run_id=resumed["meta"].get("mlflow_run_id") if resumed else None))
+            if resumed is None:
+                run.log_params(_run_params(job, device))
+            runs.append(run)
+        try:
+            probe = answer_probe(data.tokens_dir, cfg.evaluate.batch_size, device)
+            if batched:
                 results = train_seeds(
                     first.model_cfg, cfg.train, data, seeds=[job.seed for job in todo],
                     lr=first.lr, steps=first.steps, device=device, trackers=runs,
                     desc=_where(first),
                     resume_paths=[job.seed_dir / "resume.pt" for job in todo],
                     fingerprints=[fps[job.seed] for job in todo],
-                    resume_meta=[{"mlflow_run_id": run.run_id} for run in runs],
-                    probe=answer_probe(data.tokens_dir, cfg.evaluate.batch_size, device))
-            except DivergenceError as exc:
-                raise DivergenceError(f"dataset {first.dataset}, variant {first.variant}, seed "
-                                      f"{getattr(exc, 'seed', '?')}: {exc}") from None
-            for job, run, result in zip(todo, runs, results):
-                done[job.seed] = _finish(job, fps[job.seed], result, run, run.run_id, device)
+                    resume_meta=[{"mlflow_run_id": run.run_id} for run in runs], probe=probe)
+            else:
+                results = [train_model(first.model_cfg, cfg.train, data, seed=first.seed,
+                                       lr=first.lr, steps=first.steps, device=device,
+                                       tracker=runs[0], desc=f"{_where(first)}/seed {first.seed}",
+                                       resume_path=first.seed_dir / "resume.pt",
+                                       fingerprint=fps[first.seed],
+                                       resume_meta={"mlflow_run_id": runs[0].run_id},
+                                       probe=probe)]
+        except DivergenceError as exc:
+            seed = getattr(exc, "seed", "?") if batched else first.seed
+            raise DivergenceError(f"dataset {first.dataset}, variant {first.variant}, seed "
+                                  f"{seed}: {exc}") from None
+        for job, run, result in zip(todo, runs, results):
+            done[job.seed] = _finish(job, fps[job.seed], result, run, run.run_id, device)
     return [done[job.seed] for job in jobs]
 
 
@@ -262,11 +244,12 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, best_pat
     N``, the headline budget only), and the seeds' MLflow runs say so; the training itself
     does not depend on N.
 
-    On a CPU, seeds run concurrently as threads or processes (see
-    :mod:`lmablate.execution.parallel`); on a GPU (:func:`lmablate.train.batched.batched_on`) the
-    seeds of a model without dropout train together as one batched model
-    (:func:`train_seeds_batched`). Writes ``checkpoints_dir/seed_<s>/checkpoint.pt`` and
-    ``result.json`` per seed (see :func:`train_seed`; interrupted seeds resume, finished ones are
+    On a CPU, seeds run concurrently as threads or processes, on a cluster as tasks
+    (:func:`lmablate.execution.executor.run_jobs`); on a GPU
+    (:func:`lmablate.train.batched.batched_on`) the seeds of a model without dropout train
+    together as one batched model (:func:`train_seeds_of`). Writes
+    ``checkpoints_dir/seed_<s>/checkpoint.pt`` and ``result.json`` per seed (see
+    :func:`train_seeds_of`; interrupted seeds resume, finished ones are
     kept; in a scaling study under ``checkpoints_dir/<budget label>/``), ``history_path`` (CSV,
     columns :data:`HISTORY_COLUMNS`, every budget's) and ``grad_stats_path`` (CSV,
     :data:`GRAD_STATS_COLUMNS`).
@@ -296,6 +279,8 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, best_pat
                for jobs in plans)
     n = sum(map(len, plans))
     fileio.check_room(checkpoints_dir, need, f"{n} checkpoint" + "s" * (n != 1))
+    if cluster is not None and use_processes(cfg.runtime, [jobs[0].model_cfg for jobs in plans]):
+        cluster.check_single_threaded(f"variant {variant!r} has dropout")
     results: list[dict] = []
     for jobs in plans:
         results += _train_budget(jobs, device, cluster)
@@ -356,33 +341,26 @@ def _plan(cfg: StudyConfig, dataset: str, variant: str, data: TokenData, tokens_
 
 
 def _train_budget(jobs: list[SeedJob], device, cluster) -> list[dict]:
-    """Train one budget's seeds (same model and lr): per seed on CPU workers, batched on a
-    GPU, as tasks on a cluster. Returns their ``result.json`` contents in seed order."""
+    """Train one budget's seeds (same model and lr) with :func:`train_seeds_of`: all as one
+    batched group where :func:`~lmablate.train.batched.batched_on` the device and the model has
+    no dropout (one job in this thread, or one task on a cluster), else one group per seed
+    (concurrent jobs on a CPU, one task each on a cluster). Returns their ``result.json``
+    contents in seed order."""
     first = jobs[0]
-    cfg, dataset, variant, model_cfg = first.cfg, first.dataset, first.variant, first.model_cfg
-    name = f"{dataset}-{variant}" + (f"-{first.label}" if first.label else "")
-    if cluster is not None:
-        cfg = cluster.pin(cfg)
-        jobs = [dataclasses.replace(job, cfg=cfg) for job in jobs]
-        if use_processes(cfg.runtime, [model_cfg]):
-            cluster.check_single_threaded(f"variant {variant!r} has dropout")
-    batched = batched_on(device) and model_cfg.dropout == 0
-    if cluster is not None:
-        # one task per seed, or the batched seeds as one task on one GPU; the files travel
-        # with the task where the workers do not see this workspace
-        inputs, outputs = (lambda j: [j.tokens_dir, j.seed_dir]), (lambda j: [j.seed_dir])
-        if batched:
-            return cluster.map(train_seeds_batched, [jobs], [f"train-{name}"],
-                               inputs=lambda js: [x for j in js for x in inputs(j)],
-                               outputs=lambda js: [x for j in js for x in outputs(j)])[0]
-        return cluster.map(train_seed, jobs, [f"train-{name}-seed{j.seed}" for j in jobs],
-                           inputs=inputs, outputs=outputs)
-    if batched:
-        # one path per device type and model (both in the fingerprint), never per setting:
-        # batched and per-seed results agree to fp32 rounding only
-        return train_seeds_batched(jobs)
-    workers = worker_count(cfg.runtime, len(jobs), device, all_at_once=True)
-    return map_jobs(train_seed, jobs, workers, processes=use_processes(cfg.runtime, [model_cfg]))
+    name = f"train-{first.dataset}-{first.variant}" + (f"-{first.label}" if first.label else "")
+    # one path per device type and model (both in the fingerprint), never per setting:
+    # batched and per-seed results agree to fp32 rounding only
+    batched = batched_on(device) and first.model_cfg.dropout == 0
+    groups = [jobs] if batched else [[job] for job in jobs]
+    done = run_jobs(functools.partial(train_seeds_of, batched=batched), groups, device=device,
+                    runtime=first.cfg.runtime, cluster=cluster, all_at_once=True,
+                    processes=use_processes(first.cfg.runtime, [first.model_cfg]),
+                    inline=batched,
+                    names=[name] if batched else [f"{name}-seed{j.seed}" for j in jobs],
+                    # the files travel with a task where the workers do not see this workspace
+                    inputs=lambda group: [p for j in group for p in (j.tokens_dir, j.seed_dir)],
+                    outputs=lambda group: [j.seed_dir for j in group])
+    return [result for group in done for result in group]
 
 
 def main(cfg: StudyConfig, args: argparse.Namespace) -> str:

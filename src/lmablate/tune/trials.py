@@ -30,7 +30,7 @@ from lmablate.train.budget import training_flops, trial_steps
 from lmablate.execution.cluster import Cluster
 from lmablate.config.study import StudyConfig
 from lmablate.train.device import resolve_device
-from lmablate.execution.parallel import map_jobs, worker_count
+from lmablate.execution.executor import run_jobs
 from lmablate.tune.storage import Heartbeat, claim, load_study, make_storage
 from lmablate.data.token_data import TokenData
 from lmablate.core.environment import use_numerics
@@ -194,7 +194,8 @@ def run_batches(job: TuneJob, study: optuna.Study, sampler_seed: int,
                 processes: bool, cluster: Cluster | None = None) -> None:
     """Queue and run the study's batches (:func:`queue_batch`) until every rung is done: each
     batch's waiting trials on up to ``runtime.workers`` workers (:func:`tune_worker`, in
-    processes when ``processes``), or as one task per waiting trial on ``cluster``. A batch whose
+    processes when ``processes``), or as one task per waiting trial on ``cluster``
+    (:func:`lmablate.execution.executor.run_jobs`). A batch whose
     trials all run elsewhere (another machine, or a worker that died) is waited for: Optuna fails a
     trial whose heartbeat stopped, and its slot is queued again.
 
@@ -210,13 +211,13 @@ def run_batches(job: TuneJob, study: optuna.Study, sampler_seed: int,
             note(progress_line(cfg, job.dataset, job.variant, results))
         waiting = sum(t.user_attrs.get(SLOT) in batch.slots for t in study.get_trials(
             deepcopy=False, states=(TrialState.WAITING,)))
-        if waiting and cluster is not None:
-            cluster.map(tune_worker, [job] * waiting,
-                        [f"tune-{job.dataset}-{job.variant}-batch{batch.index}-{i}"
-                         for i in range(waiting)], inputs=lambda j: [j.tokens_dir])
-        elif waiting:
-            workers = worker_count(cfg.runtime, waiting, resolve_device(cfg.runtime.device))
-            map_jobs(tune_worker, [job] * workers, workers, processes=processes)
+        if waiting:
+            # a worker claims trials until none is left: as many as run at once here, one
+            # task per waiting trial on a cluster
+            run_jobs(tune_worker, [job] * waiting, runtime=cfg.runtime, cluster=cluster,
+                     processes=processes, drain=True,
+                     names=[f"tune-{job.dataset}-{job.variant}-batch{batch.index}-{i}"
+                            for i in range(waiting)], inputs=lambda j: [j.tokens_dir])
         else:
             # The batch's trials run elsewhere (another machine), or on a worker that died:
             # wait; Optuna fails a trial whose heartbeat stopped and queues it again.
