@@ -86,7 +86,7 @@ def test_on_a_gpu_in_fp32_each_seed_follows_its_run_alone_to_fp32_rounding(proje
                                                                           monkeypatch):
     """Autocast off (and TF32 off, PyTorch's default for matmuls): the CPU test's check, on
     CUDA, of losses, weights, optimizer moments and gradient norms."""
-    for module in ("batched", "training", "evaluation"):
+    for module in ("train.batched", "train.training", "evaluate.metrics"):
         monkeypatch.setattr(f"lmablate.{module}.autocast", lambda device: nullcontext())
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
