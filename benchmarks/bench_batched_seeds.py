@@ -36,10 +36,10 @@ import common  # first: it disables tqdm before torch imports it
 import torch
 from torch.func import functional_call, stack_module_state, vmap
 
-from lmablate.train import batched
-from lmablate.model.gpt import GPT
-from lmablate.execution.parallel import INTRA_OP_THREADS, map_jobs, worker_count
 from lmablate.data.token_data import TokenData, get_batch
+from lmablate.execution.parallel import INTRA_OP_THREADS, map_jobs, worker_count
+from lmablate.model.gpt import GPT
+from lmablate.train import batched
 from lmablate.train.training import decayed_parameter_names, make_scheduler, train_model
 
 

@@ -36,11 +36,11 @@ import common  # first: it disables tqdm before torch imports it
 import torch
 
 from lmablate.data.arithmetic import split_problem
-from lmablate.train.device import autocast
+from lmablate.data.token_data import TokenData
+from lmablate.data.tokenizer import load_tokenizer
 from lmablate.evaluate.metrics import arithmetic_predictions, arithmetic_scores
 from lmablate.execution.parallel import cpu_count
-from lmablate.data.tokenizer import load_tokenizer
-from lmablate.data.token_data import TokenData
+from lmablate.train.device import autocast
 from lmablate.train.training import train_model
 
 

@@ -42,10 +42,10 @@ import common  # first: it disables tqdm before torch imports it
 
 import optuna
 
+from lmablate.core.tracker import NullTracker
+from lmablate.data.token_data import TokenData
 from lmablate.execution.parallel import INTRA_OP_THREADS, worker_count
 from lmablate.stages import evaluate, train, tune
-from lmablate.data.token_data import TokenData
-from lmablate.tracking.trackers import NullTracker
 from lmablate.train.training import train_model
 
 STAGES = ("tune", "train", "evaluate")

@@ -38,9 +38,9 @@ import numpy as np
 import torch
 
 from lmablate.config import study as lconfig
-from lmablate.train.device import autocast
-from lmablate.model.gpt import GPT, flops_per_token
 from lmablate.data.token_data import TokenData, get_batch
+from lmablate.model.gpt import GPT, flops_per_token
+from lmablate.train.device import autocast
 from lmablate.train.training import make_optimizer, make_scheduler, train_model, train_step
 from reference_model import MinGPT, copy_from_lmablate, seed_get_batch
 

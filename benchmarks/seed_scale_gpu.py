@@ -35,10 +35,10 @@ from pathlib import Path
 
 import common  # first: it disables tqdm before torch imports it
 
-from lmablate.model.gpt import count_params
-from lmablate.stages import train
 from lmablate.data.token_data import TokenData
+from lmablate.model.gpt import count_params
 from lmablate.model.variants import resolve_model_config
+from lmablate.stages import train
 
 SEED_000 = {"baseline": 1.758, "swiglu": 1.711}  # val loss, TinyShakespeare, seed 000's post
 

@@ -201,7 +201,7 @@ def provenance(study: Path) -> str:
         raise SystemExit(f"{study}: its runs record {len(envs)} environments; one is needed")
     env = json.loads(next(iter(envs)))
     sys.path.insert(0, str(ROOT / "src"))
-    from lmablate.core.environment import cpu_model
+    from lmablate.tracking.environment import cpu_model
     return (f"From the study whose `dvc.lock` is committed (its reports' fingerprint "
             f"`{study_fingerprint(study)}`), computed with `{env['numerics']}` on {cpu_model()} "
             f"({os.cpu_count()} cores), torch {env['torch']}, Python {env['python']}, "

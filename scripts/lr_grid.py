@@ -20,13 +20,13 @@ import csv
 import sys
 from pathlib import Path
 
-from lmablate.train.budget import run_steps
-from lmablate.train.device import resolve_device
-from lmablate.evaluate.metrics import split_loss
 from lmablate.config.params import load
 from lmablate.data.token_data import TokenData
-from lmablate.train.training import train_model
+from lmablate.evaluate.metrics import split_loss
 from lmablate.model.variants import preflight, resolve_model_config
+from lmablate.train.budget import run_steps
+from lmablate.train.device import resolve_device
+from lmablate.train.training import train_model
 
 
 def grid(params: Path, dataset: str, variants: list[str], lrs: list[float],

@@ -18,10 +18,7 @@ import pytest
 import yaml
 
 from lmablate.config import study as config
-
-from lmablate.config import params
-
-from lmablate.config import profiles
+from lmablate.config import params, profiles
 from lmablate.config.study import StudyConfig
 from lmablate.model.gpt import flops_per_token
 from lmablate.stages import generate, tokenize

@@ -8,16 +8,16 @@ import numpy as np
 import pytest
 import torch
 
-from lmablate.evaluate.answer_probe import PROBE_PROBLEMS, answer_probe, objective_name
+from lmablate.core.validation import DataError
 from lmablate.data.arithmetic import split_problem
-from lmablate.evaluate.metrics import answer_nats, arithmetic_predictions
-from lmablate.train.loop import objective
-from lmablate.model.gpt import GPT
 from lmablate.data.token_data import TokenData
 from lmablate.data.tokenizer import load_split, load_tokenizer, split_lines
-from lmablate.train.training import train_model
-from lmablate.core.validation import DataError
+from lmablate.evaluate.answer_probe import PROBE_PROBLEMS, answer_probe, objective_name
+from lmablate.evaluate.metrics import answer_nats, arithmetic_predictions
+from lmablate.model.gpt import GPT
 from lmablate.model.variants import resolve_model_config
+from lmablate.train.loop import objective
+from lmablate.train.training import train_model
 
 
 @pytest.fixture(scope="module")

@@ -11,12 +11,11 @@ import pytest
 from scipy import stats
 from statsmodels.stats.multitest import multipletests
 
-from lmablate.report.text import arithmetic_section as arith
-from lmablate.report import collect
-from lmablate.report.stats import reference_points
-from lmablate.report.stats import statistics
-from lmablate.data.arithmetic import split_problem
 from lmablate.core.validation import DataError
+from lmablate.data.arithmetic import split_problem
+from lmablate.report import collect
+from lmablate.report.stats import reference_points, statistics
+from lmablate.report.text import arithmetic_section as arith
 
 from synthetic_study import (EM_BY_DIGITS, NA_4, VARIANTS, dataset_section, make_cfg,
                              random_ablation, train_part, true_length_em, write_tokens)

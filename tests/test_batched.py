@@ -9,12 +9,12 @@ import mlflow
 import pandas as pd
 import pytest
 import torch
+from lmablate.data.token_data import TokenData
+from lmablate.model.variants import resolve_model_config
+from lmablate.stages import train
 from lmablate.train import batched
 from lmablate.train.batched import clip_grad_norm_per_seed_, train_seeds
-from lmablate.stages import train
-from lmablate.data.token_data import TokenData
 from lmablate.train.training import DivergenceError, train_model
-from lmablate.model.variants import resolve_model_config
 
 from conftest import budgets
 from trajectory import LOSS_TOL, WEIGHT_TOL, assert_same_trajectory

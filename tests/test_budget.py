@@ -2,9 +2,9 @@
 
 import pytest
 
-from lmablate.train.budget import run_steps, steps_for_budget, training_flops, trial_steps
 from lmablate.config.study import ConfigError, ModelConfig
 from lmablate.model.gpt import flops_per_token
+from lmablate.train.budget import run_steps, steps_for_budget, training_flops, trial_steps
 from lmablate.tune.search_space import width_ladder
 
 from conftest import PROFILES, profile_config

@@ -13,14 +13,13 @@ import pytest
 import torch
 
 import lmablate
-
+from lmablate.config.study import ModelConfig, TrainConfig
+from lmablate.core.fingerprint import RUN_CODE, code_version
+from lmablate.core.validation import DataError
+from lmablate.model.gpt import GPT
 from lmablate.train.checkpoint import (load_checkpoint, load_resume, save_checkpoint, save_resume,
                                  verify_checkpoint)
-from lmablate.core.fingerprint import RUN_CODE, code_version
-from lmablate.config.study import ModelConfig, TrainConfig
-from lmablate.model.gpt import GPT
 from lmablate.train.training import make_optimizer, train_step
-from lmablate.core.validation import DataError
 
 CPU = torch.device("cpu")
 TINY = ModelConfig(vocab_size=11, context_length=8, n_layers=1, n_heads=2, d_model=16,

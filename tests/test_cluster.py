@@ -17,11 +17,10 @@ import torch
 import yaml
 from distributed import Client
 
-from lmablate.execution import cluster
-
 from lmablate.config import params
-from lmablate.execution.cluster import MachineKind, mismatch
 from lmablate.config.study import ConfigError
+from lmablate.execution import cluster
+from lmablate.execution.cluster import MachineKind, mismatch
 from lmablate.stages import train
 
 from conftest import budgets, load_script, tiny_params

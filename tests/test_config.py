@@ -7,13 +7,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lmablate.tune.search_space import width_ladder
 from lmablate import cli
 from lmablate.config import study as config
 from lmablate.config import params
 from lmablate.config.study import ConfigError, ModelConfig
 from lmablate.core.fingerprint import NOT_A_RESULT, fingerprint
 from lmablate.core.validation import from_mapping, is_param
+from lmablate.tune.search_space import width_ladder
 
 from conftest import PROFILES, profile_config, profile_raw
 

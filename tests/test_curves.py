@@ -5,9 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from lmablate.report import collect
-
-from lmablate.report import curves
+from lmablate.report import collect, curves
 
 from synthetic_study import VARIANTS
 

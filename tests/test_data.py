@@ -15,17 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from lmablate.data import arithmetic
-
-from lmablate.data import corpus
-
-from lmablate.core import fileio
-
-from lmablate.data import problem_sets
-from lmablate.data.arithmetic import Operand, format_problem
-from lmablate.data.problem_sets import generate_arithmetic
 from lmablate.config.study import ConfigError, DataError, DatasetConfig, SplitConfig
+from lmablate.core import fileio
+from lmablate.data import arithmetic, corpus, problem_sets
+from lmablate.data.arithmetic import Operand, format_problem
 from lmablate.data.corpus import ChecksumError, MemberSelection
+from lmablate.data.problem_sets import generate_arithmetic
 from lmablate.stages.generate import run as generate
 
 # ---------------------------------------------------------------------------------------------

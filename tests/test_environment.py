@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from lmablate.core import environment
 from lmablate.config.study import TrackingConfig
-from lmablate.train.numerics import numerics_kind
+from lmablate.tracking import environment
 from lmablate.tracking.trackers import MlflowTracker
+from lmablate.train.numerics import numerics_kind
 
 ROOT = Path(__file__).resolve().parents[1]
 

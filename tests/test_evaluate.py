@@ -12,10 +12,10 @@ import torch.nn.functional as F
 
 from lmablate.config.study import DataError, ModelConfig
 from lmablate.data.arithmetic import ArithmeticFormat, format_problem, split_problem
+from lmablate.data.tokenizer import CharTokenizer
 from lmablate.evaluate.metrics import (answer_nats, arithmetic_predictions, arithmetic_scores,
                                  by_operand_digits, extrapolation, not_reaching, split_loss)
 from lmablate.model.gpt import GPT
-from lmablate.data.tokenizer import CharTokenizer
 
 ALPHABET = "$()*+-./0123456789="
 PROBLEMS = [format_problem(12, "+", 34), format_problem(5, "*", 7), format_problem(9, "-", 10),

@@ -13,12 +13,11 @@ import optuna
 import pytest
 import torch
 import yaml
-from lmablate.tune import rungs
-from lmablate.tune import tuning
-from lmablate.train.numerics import numerics_kind
-from lmablate.stages import tune
+from lmablate.core.tracker import NullTracker
 from lmablate.data.token_data import TokenData
-from lmablate.tracking.trackers import NullTracker
+from lmablate.stages import tune
+from lmablate.train.numerics import numerics_kind
+from lmablate.tune import rungs, tuning
 
 from conftest import budgets
 

@@ -20,14 +20,12 @@ import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import to_rgb
 
+from lmablate.report.families import FAMILIES, family_palette, variant_family
 from lmablate.report.figures import arithmetic_figures as arith_figs
 from lmablate.report.figures import losses as figures
-from lmablate.report.text import limits
-from lmablate.report.figures import model_figures
-from lmablate.report.figures import plotting
+from lmablate.report.figures import model_figures, plotting, tuning_figure
 from lmablate.report.stats import statistics
-from lmablate.report.figures import tuning_figure
-from lmablate.report.families import FAMILIES, family_palette, variant_family
+from lmablate.report.text import limits
 
 # the variants of params.yaml (overrides of the baseline model config), in study order
 VARIANTS = {

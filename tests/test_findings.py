@@ -13,10 +13,10 @@ import pytest
 from statsmodels.stats.power import TTestPower
 from test_render import _content
 
+from lmablate.report.stats.statistics import ALPHA, POWER, compare, min_detectable_effect
 from lmablate.report.text import findings as fi
 from lmablate.report.text.content import DatasetFindings
 from lmablate.report.text.render import render_report
-from lmablate.report.stats.statistics import ALPHA, POWER, compare, min_detectable_effect
 
 SEEDS = range(5)
 BASE = [2.20, 2.21, 2.19, 2.22, 2.18]

@@ -7,10 +7,10 @@ from contextlib import nullcontext
 
 import pytest
 import torch
-from lmablate.train.batched import train_seeds
 from lmablate.data.token_data import TokenData
-from lmablate.train.training import train_model
 from lmablate.model.variants import resolve_model_config
+from lmablate.train.batched import train_seeds
+from lmablate.train.training import train_model
 
 from conftest import budgets
 from trajectory import assert_same_trajectory

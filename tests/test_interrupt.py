@@ -22,8 +22,7 @@ import pytest
 import torch
 import yaml
 
-from lmablate.execution import interrupt
-
+from lmablate.core import interrupt
 from lmablate.execution import parallel
 from lmablate.tracking.mlflow_store import HOST_TAG, PID_TAG
 

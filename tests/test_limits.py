@@ -10,11 +10,9 @@ import numpy as np
 import pandas as pd
 
 from lmablate.report import collect
-
-from lmablate.report.text import limits
-
-from lmablate.report.stats import statistics
 from lmablate.report.headline import headline_loss
+from lmablate.report.stats import statistics
+from lmablate.report.text import limits
 from lmablate.stages import report
 
 from synthetic_study import DATASETS, EXPECTED_VERDICTS, REPLICATE_SHIFT, make_cfg, write_runs

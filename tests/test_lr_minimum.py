@@ -8,13 +8,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from lmablate.tune import lr_minimum as lb
-from lmablate.tune import bracket
-from lmablate.tune import rungs
-from lmablate.tune import search_space
-from lmablate.tune import tuning
 from lmablate.report.stats.statistics import (VERDICT_BETTER, VERDICT_NSD, VERDICT_UNDECIDED_TUNING,
                                           VERDICT_WORSE, tuning_check)
+from lmablate.tune import lr_minimum as lb
+from lmablate.tune import bracket, rungs, search_space, tuning
 from lmablate.tune.trials import summarise_study
 from test_tuning import simulate, trial, with_tune
 

@@ -10,9 +10,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lmablate.model import gpt as M
 from lmablate.config.study import (FFN_CHOICES, NORM_CHOICES, NORM_PLACEMENT_CHOICES,
                                    POSITION_CHOICES, ConfigError, ModelConfig)
+from lmablate.model import gpt as M
 
 V = 13  # vocabulary of the tiny test models
 CTX = 16

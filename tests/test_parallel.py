@@ -10,16 +10,12 @@ import optuna
 import pandas as pd
 import pytest
 import torch
-from lmablate.train import budget
-from lmablate.execution import parallel
-from lmablate.tune import trials
-from lmablate.tune import bracket
-from lmablate.tune import rungs
-from lmablate.tune import search_space
-from lmablate.tune import tuning
 from lmablate.config.study import ModelConfig, RuntimeConfig
+from lmablate.core.tracker import NullTracker
+from lmablate.execution import parallel
 from lmablate.stages import evaluate, train, tune
-from lmablate.tracking.trackers import NullTracker
+from lmablate.train import budget
+from lmablate.tune import bracket, rungs, search_space, trials, tuning
 
 from conftest import budgets
 

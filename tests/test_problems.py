@@ -11,9 +11,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from lmablate.report.stats import problems
-
-from lmablate.report.stats import statistics
+from lmablate.report.stats import problems, statistics
 
 
 def _decoded(solved: Sequence[bool], width: int = 3) -> list[dict]:

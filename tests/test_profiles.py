@@ -11,9 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lmablate.config import params
-
-from lmablate.config import profiles
+from lmablate.config import params, profiles
 from lmablate.config.study import ConfigError
 
 from conftest import PROFILES, merge, profile_raw

@@ -9,11 +9,11 @@ import math
 import pandas as pd
 import pytest
 
-from lmablate.report.text import arithmetic_section as arith
 from lmablate.data.arithmetic import split_problem
-from lmablate.report.stats.reference_models import answer_position_floor
-from lmablate.stages import report
 from lmablate.data.tokenizer import load_tokenizer
+from lmablate.report.stats.reference_models import answer_position_floor
+from lmablate.report.text import arithmetic_section as arith
+from lmablate.stages import report
 
 from synthetic_study import (DATASETS, DESIGN_LRS, VARIANTS, dataset_section, design_loss,
                              lr_section_of, make_cfg, train_part, write_tokens)

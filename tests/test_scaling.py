@@ -12,11 +12,11 @@ import pandas as pd
 import pytest
 
 from lmablate.config import params
+from lmablate.config.study import ConfigError, TrainConfig, budget_label
 from lmablate.report.stats import isoflop as iso
 from lmablate.report.stats import scaling as sc
 from lmablate.report.text.scaling_section import SEED_SCALE_FLOPS
 from lmablate.train.budget import stage_budgets
-from lmablate.config.study import ConfigError, TrainConfig, budget_label
 
 from conftest import budget_for, profile_config
 

@@ -11,7 +11,6 @@ import pandas as pd
 import pytest
 
 from lmablate.report import collect
-
 from lmablate.report.stats import sensitivity
 from lmablate.report.stats.reference_models import uniform_cross_entropy
 

@@ -13,7 +13,6 @@ from scipy import stats
 from statsmodels.stats.multitest import multipletests
 
 from lmablate.report import collect
-
 from lmablate.report.stats import statistics
 from lmablate.stages import report
 

@@ -9,9 +9,9 @@ import json
 import pytest
 
 from lmablate.config import params
-from lmablate.tune.rungs import is_bracket, plan
 from lmablate.execution.study_plan import (PlannedStage, TIMES_FILE, clock_for, seconds_left,
                                            start_line, study_plan, tune_flops)
+from lmablate.tune.rungs import is_bracket, plan
 
 from conftest import PROFILES, profile_config, tiny_params
 

@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from lmablate.config.study import DatasetConfig, SplitConfig
-from lmablate.stages.generate import run as generate
-from lmablate.stages.tokenize import run as tokenize
 from lmablate.data.token_data import TokenData, batch_starts, get_batch
 from lmablate.data.tokenizer import (UNK, UNK_ID, CharTokenizer, TokenizerError, load_split,
                                 load_tokenizer, split_text)
+from lmablate.stages.generate import run as generate
+from lmablate.stages.tokenize import run as tokenize
 
 TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n"
 

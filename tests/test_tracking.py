@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
+from lmablate.config.study import TrackingConfig
 from lmablate.tracking import sidecar as sidecar_module
 from lmablate.tracking import mlflow_store
 from lmablate.tracking import trackers as tracking
-from lmablate.config.study import TrackingConfig
 from lmablate.tracking.sidecar import Sidecar
 from lmablate.tracking.trackers import MlflowTracker, TrackingError
 

@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from lmablate.config.study import ModelConfig, TrainConfig
-from lmablate.model.gpt import GPT
 from lmablate.data.token_data import TokenData
+from lmablate.model.gpt import GPT
+from lmablate.model.variants import resolve_model_config
 from lmablate.train.training import (decayed_parameter_names, gradient_stats, make_optimizer,
                                make_scheduler, train_model, train_step)
-from lmablate.model.variants import resolve_model_config
 
 CPU = torch.device("cpu")
 TINY = ModelConfig(vocab_size=11, context_length=8, n_layers=1, n_heads=2, d_model=16)

@@ -9,18 +9,10 @@ from pathlib import Path
 import optuna
 import pytest
 
-from lmablate.train import budget
-
 from lmablate.config import params
-
-from lmablate.tune import bracket
-
-from lmablate.tune import rungs
-
-from lmablate.tune import search_space
-
-from lmablate.tune import tuning
 from lmablate.config.study import ConfigError
+from lmablate.train import budget
+from lmablate.tune import bracket, rungs, search_space, tuning
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT = params.load(ROOT / "params.yaml")

@@ -17,9 +17,7 @@ import pytest
 import yaml
 
 from lmablate import cli
-
 from lmablate.config import params
-
 from lmablate.execution import workspaces
 from lmablate.execution.workspaces import (absolute_sqlite_url, plan, run_chains, stage_graph,
                                            store_env)

@@ -25,13 +25,13 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from lmablate.config.study import ConfigError
-from lmablate.core.validation import OutputError
-from lmablate.core.fileio import check_sqlite_store, check_writable, os_error_line
-from lmablate.execution.study_plan import clock_for, spent_flops
-from lmablate.execution.gc_pause import gc_paused
-from lmablate.execution.lifetime import die_with_parent, parent_is_dvc
 from lmablate.config.params import defaults_taken, parse, read
+from lmablate.config.study import ConfigError
+from lmablate.core.fileio import check_sqlite_store, check_writable, os_error_line
+from lmablate.core.gc_pause import gc_paused
+from lmablate.core.validation import OutputError
+from lmablate.execution.lifetime import die_with_parent, parent_is_dvc
+from lmablate.execution.study_plan import clock_for, spent_flops
 
 
 @dataclass(frozen=True)
@@ -164,7 +164,7 @@ def check_preconditions(cfg, args: argparse.Namespace, stage: Stage) -> None:
 
 def import_stage(name: str):
     """Import stage module ``name`` with the cyclic garbage collector paused
-    (:func:`lmablate.execution.gc_pause.gc_paused`): importing torch (and Optuna) allocates some
+    (:func:`lmablate.core.gc_pause.gc_paused`): importing torch (and Optuna) allocates some
     10^6 objects that all live to the end. Returns the module."""
     with gc_paused():
         return importlib.import_module(name)

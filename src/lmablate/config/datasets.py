@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from lmablate.data.arithmetic import MAX_DIGITS, OPS, ArithmeticFormat, check_length_digits
 from lmablate.core.validation import (BOOLEAN, FRACTION, MAX_SEED, NAME_PATTERN, NAME_RULE, STRING,
                                  ConfigError, Rule, check_fields, choice, fail, from_mapping,
                                  integer, optional, param)
+from lmablate.data.arithmetic import MAX_DIGITS, OPS, ArithmeticFormat, check_length_digits
 
 DATASET_KINDS = ("arithmetic", "text")
 MAX_PROBLEMS = 10_000_000  # arithmetic problems of a split: ~40 bytes each in memory, 3M at seed scale

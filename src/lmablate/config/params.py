@@ -17,10 +17,10 @@ from typing import Any, Mapping
 
 import yaml
 
+from lmablate.config.datasets import DATASET_KINDS as KINDS
 from lmablate.config.study import (NAME_PATTERN, NAME_RULE, SECTIONS, DatasetConfig, EvaluateConfig,
                              ModelConfig, RuntimeConfig, StudyConfig, StudySection, TrackingConfig,
                              TrainConfig, TuneConfig)
-from lmablate.config.datasets import DATASET_KINDS as KINDS
 from lmablate.config.study_rules import check_study
 from lmablate.core.validation import (ConfigError, check_types, fail, from_mapping, is_param,
                                  short_repr)

@@ -31,11 +31,11 @@ from lmablate.core.validation import (ConfigError, DataError, MAX_SEED, NAME_PAT
                                       from_mapping)
 # the datasets, runtime and train sections, re-exported: every section's config is importable from
 # here
-from lmablate.core.fileio import absolute_sqlite_url
 from lmablate.config.datasets import DATASET_KINDS, MAX_PROBLEMS, DatasetConfig, SplitConfig
 from lmablate.config.runtime import DEVICE_CHOICES, MAX_WORKERS, PARALLEL_CHOICES, RuntimeConfig
 from lmablate.config.train_config import (LR_SCHEDULE_CHOICES, MAX_BATCH, MAX_BUDGET, MAX_COUNT,
                                    TrainConfig, budget_label)
+from lmablate.core.fileio import absolute_sqlite_url
 
 __all__ = [
     "ConfigError", "DataError", "MAX_SEED", "NAME_PATTERN", "NAME_RULE", "from_mapping",

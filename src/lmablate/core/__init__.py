@@ -1,2 +1,3 @@
 """What every step shares: file I/O (atomic writes), the bad-input errors and rules, the
-fingerprints that key results, the environment recorded with them, and progress bars."""
+fingerprints that key results, the tracker protocols, Ctrl-C as a request to stop, the garbage
+collector paused around slow imports, and progress bars."""

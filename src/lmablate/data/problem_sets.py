@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from lmablate.core.validation import DataError
 from lmablate.data.arithmetic import (MAX_DIGITS, OPS, SEED_FORMAT, ArithmeticFormat,
                                  format_problems)
-from lmablate.core.validation import DataError
 
 __all__ = ["generate_arithmetic", "length_problems"]
 

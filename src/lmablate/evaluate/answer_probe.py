@@ -21,8 +21,8 @@ import numpy as np
 import torch
 
 from lmablate.data.arithmetic import split_problem
-from lmablate.evaluate.metrics import answer_nats, arithmetic_predictions
 from lmablate.data.tokenizer import CharTokenizer, load_tokenizer, split_lines
+from lmablate.evaluate.metrics import answer_nats, arithmetic_predictions
 
 PROBE_PROBLEMS = 256  # validation problems scored at every evaluation: 1/256 of exact match
 PROBE_METRICS = ("val_answer_loss", "val_exact_match")  # history columns, MLflow metrics

@@ -26,13 +26,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from lmablate.execution import interrupt
+from lmablate.core import interrupt
+from lmablate.core.progress import progress
 from lmablate.data.arithmetic import (OP_NAMES, answer_digits, operand_digits, problem_op,
                                       split_problem)
-from lmablate.train.device import autocast
-from lmablate.execution.executor import run_jobs
-from lmablate.core.progress import progress
 from lmablate.data.tokenizer import CharTokenizer
+from lmablate.execution.executor import run_jobs
+from lmablate.train.device import autocast
 
 
 def aligned_step(length: int, stride: int) -> int:

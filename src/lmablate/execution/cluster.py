@@ -32,14 +32,12 @@ from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
-from lmablate.core import fileio
-
-from lmablate.execution import interrupt
 from lmablate.config.study import ConfigError, StudyConfig
-from lmablate.train.device import resolve_device
-from lmablate.core.environment import use_numerics
-from lmablate.train.numerics import numerics_kind
+from lmablate.core import fileio, interrupt
 from lmablate.execution.scheduler_probe import probe_scheduler
+from lmablate.tracking.environment import use_numerics
+from lmablate.train.device import resolve_device
+from lmablate.train.numerics import numerics_kind
 
 # Seconds to wait for a first worker to join the scheduler before the stage fails.
 WORKER_WAIT_SECONDS = 60

@@ -24,9 +24,9 @@ from typing import Callable, Iterable, Iterator, Sequence, TypeVar
 
 import torch
 
-from lmablate.execution import interrupt
-from lmablate.execution.lifetime import die_with_parent
 from lmablate.config.study import ModelConfig, RuntimeConfig
+from lmablate.core import interrupt
+from lmablate.execution.lifetime import die_with_parent
 
 J = TypeVar("J")
 R = TypeVar("R")
@@ -125,7 +125,7 @@ def _sigint_ignored() -> Iterator[None]:
 
 
 def _result(future: Future) -> R:
-    """``future.result()``, raising :class:`~lmablate.execution.interrupt.Interrupted` meanwhile if
+    """``future.result()``, raising :class:`~lmablate.core.interrupt.Interrupted` meanwhile if
     the stage is asked to stop (a SIGINT sent to this process alone must still reach the jobs)."""
     while not future.done():
         wait([future], timeout=0.25)
@@ -165,8 +165,8 @@ def map_jobs(fn: Callable[[J], R], jobs: Sequence[J], workers: int, *,
     process's torch thread count is restored on return.
 
     Ctrl-C (SIGINT), or a ``KeyboardInterrupt`` in the calling thread, stops every job at its
-    next step (:mod:`lmablate.execution.interrupt`): jobs not started are cancelled, running ones
-    raise :class:`~lmablate.execution.interrupt.Interrupted` at their next check, and once they have
+    next step (:mod:`lmablate.core.interrupt`): jobs not started are cancelled, running ones
+    raise :class:`~lmablate.core.interrupt.Interrupted` at their next check, and once they have
     stopped it is raised here.
 
     Raises:

@@ -22,9 +22,9 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, NamedTuple
 
-from lmablate.core.environment import COMMIT_ENV, git_commit
 from lmablate.core.fileio import absolute_sqlite_url
 from lmablate.core.validation import ConfigError
+from lmablate.tracking.environment import COMMIT_ENV, git_commit
 
 WORKSPACES = Path(".dvc") / "tmp" / "lmablate-workspaces"  # under the main workspace's root
 LOCK = Path(".dvc") / "tmp" / "lmablate-repro.lock"  # held by the one repro of a workspace

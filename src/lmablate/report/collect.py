@@ -19,12 +19,12 @@ from typing import Any, Iterable, Sequence
 
 import pandas as pd
 
+from lmablate.config.study import StudyConfig, budget_label
 from lmablate.core import fileio
 from lmablate.report.run_files import (
     ABLATION_COLUMNS, ANSWER_DIGITS_COLUMNS, EXTRAPOLATION_COLUMNS, OPERAND_DIGITS_COLUMNS,
     PER_OP_COLUMNS, POSITION_LOSS_COLUMNS, REPLICATE_COLUMNS, TUNED_COLUMNS, at_headline,
     read_csv_tagged, read_metrics, tuned_row, typed_columns, typed_numbers)
-from lmablate.config.study import StudyConfig, budget_label
 
 BASELINE = "baseline"  # the variant every other is compared with; first in every table
 

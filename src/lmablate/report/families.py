@@ -21,8 +21,8 @@ import numpy as np
 import seaborn as sns
 from matplotlib.colors import to_hex
 
-from lmablate.report.collect import variant_order
 from lmablate.config.study import StudyConfig
+from lmablate.report.collect import variant_order
 
 FAMILIES = ("baseline", "FFN", "norm", "position", "attention", "combined", "other")
 

@@ -20,8 +20,8 @@ import math
 
 import pandas as pd
 
-from lmablate.report.stats import extrapolation as ex
 from lmablate.report.collect import BASELINE
+from lmablate.report.stats import extrapolation as ex
 from lmablate.report.stats.statistics import VERDICT_BETTER, VERDICT_WORSE
 
 ANSWER_LOSS = "answer_loss"  # the headline where a dataset has it

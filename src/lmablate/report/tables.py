@@ -22,22 +22,22 @@ from typing import Sequence
 
 import pandas as pd
 
-from lmablate.report.text import arithmetic_section as arith
-from lmablate.report.stats import extrapolation as ex
-from lmablate.report.text import findings as fi
-from lmablate.report.stats import learning_speed as speed_mod
+from lmablate.config.study import StudyConfig
 from lmablate.report.collect import (ABLATION_COLUMNS, BASELINE, TUNED_COLUMNS, RunOutputs,
                                        present)
+from lmablate.report.stats import extrapolation as ex
+from lmablate.report.stats import learning_speed as speed_mod
 from lmablate.report.stats.learning_speed import compare_speed, speed_table, tokens_to_learn
-from lmablate.report.text.limits import DETECTABLE_COLUMNS, detectable_table
 from lmablate.report.stats.problems import PROBLEM_COLUMNS, compare_problems
 from lmablate.report.stats.reference_points import (REFERENCE_COLUMNS, reference_table,
                                                     uniform_losses)
 from lmablate.report.stats.sensitivity import SENSITIVITY_COLUMNS, lr_sensitivity
-from lmablate.report.stats.success import SUCCESS_COLUMNS, success_table
 from lmablate.report.stats.statistics import (TUNING_VARIATION_COLUMNS, compare, summarise,
                                           tuning_check, tuning_variation)
-from lmablate.config.study import StudyConfig
+from lmablate.report.stats.success import SUCCESS_COLUMNS, success_table
+from lmablate.report.text import arithmetic_section as arith
+from lmablate.report.text import findings as fi
+from lmablate.report.text.limits import DETECTABLE_COLUMNS, detectable_table
 
 GRAD_COLUMNS = ["dataset", "variant", "group", "seeds", "frac_near_zero"]
 

@@ -13,22 +13,23 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lmablate.core import fileio
-from lmablate.data.arithmetic import operand_digits, split_problem
-from lmablate.train.budget import stage_budgets
-from lmablate.train.checkpoint import load_checkpoint, verify_checkpoint
 from lmablate.config.study import DataError, StudyConfig
-from lmablate.execution.cluster import resolve
-from lmablate.core.environment import result_environment
-from lmablate.train.device import resolve_device
-from lmablate.model.gpt import check_causality
+from lmablate.core import fileio
+from lmablate.core.tracker import Tracker
+from lmablate.data.arithmetic import operand_digits, split_problem
+from lmablate.data.token_data import TokenData
+from lmablate.data.tokenizer import CharTokenizer, load_tokenizer
 from lmablate.evaluate.metrics import (answer_nats, arithmetic_predictions, arithmetic_scores,
                                  by_operand_digits, extrapolation, not_reaching, split_loss,
                                  text_samples)
+from lmablate.execution.cluster import resolve
 from lmablate.execution.executor import run_jobs
-from lmablate.data.tokenizer import CharTokenizer, load_tokenizer
-from lmablate.data.token_data import TokenData
-from lmablate.tracking.trackers import Tracker, make_tracker, run_name
+from lmablate.model.gpt import check_causality
+from lmablate.tracking.environment import result_environment
+from lmablate.tracking.trackers import make_tracker, run_name
+from lmablate.train.budget import stage_budgets
+from lmablate.train.checkpoint import load_checkpoint, verify_checkpoint
+from lmablate.train.device import resolve_device
 
 
 # Summary fields of a training run that differ from run to run (timings, MLflow's random run
@@ -153,9 +154,9 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, raw_dir:
     :func:`lmablate.evaluate.metrics.by_operand_digits`), or "n/a (...)" for a length the model
     cannot read (:func:`lmablate.evaluate.metrics.not_reaching`); plus
     ``"replicate": N`` for the final runs of the N-th re-tuning, and the ``"environment"`` it
-    was computed with (:func:`lmablate.core.environment.result_environment`); a DVC metrics file)
-    and ``examples_path`` (JSON, per seed: text samples, or the prediction of every arithmetic test
-    problem with its prompt and target, in the order of ``test.txt``; keyed as the runs). Test
+    was computed with (:func:`lmablate.tracking.environment.result_environment`); a DVC metrics
+    file) and ``examples_path`` (JSON, per seed: text samples, or the prediction of every arithmetic
+    test problem with its prompt and target, in the order of ``test.txt``; keyed as the runs). Test
     metrics are logged into each seed's MLflow training run, so one run per seed carries the
     same metric names for every variant. Seeds (of every budget) are evaluated concurrently
     on a CPU, or as tasks of a cluster (:func:`lmablate.execution.executor.run_jobs`).

@@ -21,10 +21,10 @@ import contextlib
 import time
 from pathlib import Path
 
-from lmablate.core import fileio
-from lmablate.data.problem_sets import generate_arithmetic, length_problems
 from lmablate.config.study import DatasetConfig, StudyConfig
+from lmablate.core import fileio
 from lmablate.data.corpus import load_text_corpus
+from lmablate.data.problem_sets import generate_arithmetic, length_problems
 
 
 def _lines_text(lines: list[str]) -> str:

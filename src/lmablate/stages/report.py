@@ -81,32 +81,33 @@ from typing import Sequence
 import pandas as pd
 import torch
 
+from lmablate.config.study import StudyConfig
 from lmablate.core import fileio
-from lmablate.report.text import findings as fi
+from lmablate.core.tracker import Tracker
 from lmablate.report.collect import collect, present, restrict_to_study
 from lmablate.report.curves import CURVE_COLUMNS, mean_curves
 from lmablate.report.families import variant_colours, variant_palette
-from lmablate.report.headline import metrics_files
 from lmablate.report.figures.model_figures import draw_model_figures
-from lmablate.report.stats.pooled_uncertainty import with_pooled_uncertainty
 from lmablate.report.figures.report_figures import draw_report_figures
+from lmablate.report.headline import metrics_files
+from lmablate.report.stats.pooled_uncertainty import with_pooled_uncertainty
+from lmablate.report.tables import compute_tables, csv_tables
+from lmablate.report.text import findings as fi
 from lmablate.report.text.content import report_content
 from lmablate.report.text.render import render_report
 from lmablate.report.text.scaling_section import (draw_scaling_figures, scaling_csvs,
                                                scaling_metrics, scaling_section,
                                                scaling_tables)
-from lmablate.report.tables import compute_tables, csv_tables
-from lmablate.config.study import StudyConfig
-from lmablate.core.environment import blas, cpu_model
+from lmablate.tracking.environment import blas, cpu_model
 from lmablate.tracking.mlflow_store import local_artifact_root
-from lmablate.tracking.trackers import Tracker, make_tracker
+from lmablate.tracking.trackers import make_tracker
 
 
 def environment(cfg: StudyConfig | None = None, runs_dir: Path | None = None) -> dict:
     """Hardware and software the study ran on, for the methodology paragraph: this machine's
     (cores, CPU model, BLAS, torch, Python, OS) and, from the study's ``metrics.json`` files
     under ``runs_dir``, the environments its results were computed with
-    (:func:`lmablate.core.environment.result_environment`: numerics, torch, Python, lock), one
+    (:func:`lmablate.tracking.environment.result_environment`: numerics, torch, Python, lock), one
     entry when every run agrees, else each with the runs that used it."""
     gpu = f", GPU {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ", no GPU"
     out: dict = {"hardware": f"{os.cpu_count()} CPU cores ({platform.machine()}){gpu}",

@@ -10,8 +10,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from lmablate.core import fileio
 from lmablate.config.study import DatasetConfig, StudyConfig
+from lmablate.core import fileio
 from lmablate.data.corpus import read_text_file
 from lmablate.data.tokenizer import SPLITS, UNK_ID, CharTokenizer, TokenizerError, split_text
 

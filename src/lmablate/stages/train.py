@@ -17,27 +17,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from lmablate.core import fileio
-
-from lmablate.execution import interrupt
-from lmablate.evaluate.answer_probe import answer_probe
-from lmablate.train.budget import run_steps, stage_budgets, tokens_per_step, training_flops
-from lmablate.train.batched import batched_on, train_seeds
-from lmablate.train.checkpoint import load_resume, save_checkpoint, verify_checkpoint
 from lmablate.config.study import ModelConfig, StudyConfig
+from lmablate.core import fileio, interrupt
 from lmablate.core.fingerprint import code_version, fingerprint, run_params, tuned_settings
+from lmablate.core.tracker import RunTracker
+from lmablate.data.token_data import TokenData
+from lmablate.evaluate.answer_probe import answer_probe
 from lmablate.execution.cluster import resolve
-from lmablate.train.device import resolve_device
-from lmablate.train.numerics import numerics_kind
-from lmablate.model.gpt import count_params, flops_per_token
 from lmablate.execution.executor import run_jobs
 from lmablate.execution.parallel import use_processes
-from lmablate.data.token_data import TokenData
-from lmablate.tracking.trackers import RunTracker, make_tracker, run_name
+from lmablate.model.gpt import count_params, flops_per_token
+from lmablate.model.variants import preflight, resolve_model_config
+from lmablate.tracking.trackers import make_tracker, run_name
+from lmablate.train.batched import batched_on, train_seeds
+from lmablate.train.budget import run_steps, stage_budgets, tokens_per_step, training_flops
+from lmablate.train.checkpoint import load_resume, save_checkpoint, verify_checkpoint
+from lmablate.train.device import resolve_device
+from lmablate.train.numerics import numerics_kind
 from lmablate.train.training import GRAD_STATS_COLUMNS as SEED_GRAD_STATS_COLUMNS
 from lmablate.train.training import HISTORY_COLUMNS as SEED_HISTORY_COLUMNS
 from lmablate.train.training import DivergenceError, TrainResult, train_model
-from lmablate.model.variants import preflight, resolve_model_config
 
 
 # The stage's CSVs: every seed's rows with the budget (training FLOPs of a final run) first
@@ -195,7 +194,7 @@ def train_seeds_of(jobs: Sequence[SeedJob], batched: bool = False) -> list[dict]
         return [done[job.seed] for job in jobs]
     tracker = make_tracker(cfg.tracking)
     device = resolve_device(cfg.runtime.device)
-    # Ctrl-C stops the seeds at their next step (lmablate.execution.interrupt); every seed's run
+    # Ctrl-C stops the seeds at their next step (lmablate.core.interrupt); every seed's run
     # open, ended FAILED if one raises (KILLED by Ctrl-C)
     with interrupt.deferred(), contextlib.ExitStack() as stack:
         runs = []

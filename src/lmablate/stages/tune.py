@@ -17,20 +17,21 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-from lmablate.core import fileio
-from lmablate.train.budget import run_steps, stage_budgets, trial_steps
 from lmablate.config.study import MAX_SEED, ConfigError, StudyConfig, budget_label
-from lmablate.execution.cluster import resolve
-from lmablate.core.environment import result_environment
+from lmablate.core import fileio
 from lmablate.core.fingerprint import result_fields, run_params, tuned_settings
-from lmablate.execution.parallel import use_processes
-from lmablate.tune.storage import load_study, make_storage
+from lmablate.core.tracker import Tracker
 from lmablate.data.token_data import TokenData
-from lmablate.tracking.trackers import Tracker, make_tracker
-from lmablate.tune.trials import TRIALS_COLUMNS, TuneJob, run_batches, summarise_study
-from lmablate.tune.search_space import initial_space, width_ladder
-from lmablate.tune.tuning import describe_study, slot_results, study_name
+from lmablate.execution.cluster import resolve
+from lmablate.execution.parallel import use_processes
 from lmablate.model.variants import preflight, resolve_model_config
+from lmablate.tracking.environment import result_environment
+from lmablate.tracking.trackers import make_tracker
+from lmablate.train.budget import run_steps, stage_budgets, trial_steps
+from lmablate.tune.search_space import initial_space, width_ladder
+from lmablate.tune.storage import load_study, make_storage
+from lmablate.tune.trials import TRIALS_COLUMNS, TuneJob, run_batches, summarise_study
+from lmablate.tune.tuning import describe_study, slot_results, study_name
 
 
 def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, best_path: Path,
@@ -47,7 +48,7 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, best_pat
     final runs' budget), ``on_edge`` flags, the ranges searched (``lr_range``,
     ``d_model_choices``) and how they were ``extended``, trial counts, tuning steps and FLOPs,
     ``study_name``, the ``settings`` it was tuned for (:func:`lmablate.core.fingerprint.
-    tuned_settings`) and the ``environment`` (:func:`lmablate.core.environment.
+    tuned_settings`) and the ``environment`` (:func:`lmablate.tracking.environment.
     result_environment`); the same bytes on every run of the same commit, params and data;
     :func:`lmablate.tune.trials.summarise_study`; in a scaling study ``{"budgets": [...]}``, one
     such entry per budget, increasing) and ``trials_path`` (CSV,

@@ -21,8 +21,8 @@ import tempfile
 from pathlib import Path
 from typing import Iterator, Mapping
 
+from lmablate.core.gc_pause import gc_paused
 from lmablate.tracking import mlflow_views as views
-from lmablate.execution.gc_pause import gc_paused
 
 # The experiment's kind, as MLflow 3's UI reads it (its ExperimentKind enum): a model-training
 # experiment opens on the runs table instead of the GenAI "Traces" view.

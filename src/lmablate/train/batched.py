@@ -25,14 +25,14 @@ import torch
 from torch.func import functional_call, stack_module_state, vmap
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from lmablate.execution import interrupt
-from lmablate.train.checkpoint import load_resume
 from lmablate.config.study import ModelConfig, TrainConfig
+from lmablate.core import interrupt
+from lmablate.core.tracker import NullTracker, RunTracker
+from lmablate.data.token_data import TokenData, batch_starts, get_batch
+from lmablate.model.gpt import GLOBAL_RNG_LOCK, GPT
+from lmablate.train.checkpoint import load_resume
 from lmablate.train.device import autocast
 from lmablate.train.loop import TrainResult, train_loop
-from lmablate.model.gpt import GLOBAL_RNG_LOCK, GPT
-from lmablate.data.token_data import TokenData, batch_starts, get_batch
-from lmablate.tracking.trackers import NullTracker, RunTracker
 from lmablate.train.training import (VAL_BATCH_SEED, decayed_parameter_names, make_optimizer,
                                make_scheduler)
 
@@ -153,7 +153,7 @@ def train_seeds(model_cfg: ModelConfig, cfg: TrainConfig, data: TokenData, *, se
     part of, so its ``tokens_per_second`` counts its own tokens only.
 
     ``trackers[i]`` receives seed i's metrics (it must log to that seed's run, see
-    :meth:`lmablate.tracking.trackers.Tracker.open_run`). With ``resume_paths``, seed i's state is
+    :meth:`lmablate.core.tracker.Tracker.open_run`). With ``resume_paths``, seed i's state is
     saved to ``resume_paths[i]`` at every eval interval in ``train_model``'s format, tagged
     ``fingerprints[i]`` with ``resume_meta[i]``; a saved state with that fingerprint is resumed,
     by this function or by ``train_model``. Seeds whose states stand at the same step train
@@ -170,7 +170,7 @@ def train_seeds(model_cfg: ModelConfig, cfg: TrainConfig, data: TokenData, *, se
         DivergenceError: a seed's training loss is NaN/inf (names the seed, step and lr; the
             first such step, and the first such seed in ``seeds``' order at it). Losses are read
             at each evaluation, so it is raised there, before that evaluation is recorded.
-        Interrupted: the stage was asked to stop (:mod:`lmablate.execution.interrupt`, checked
+        Interrupted: the stage was asked to stop (:mod:`lmablate.core.interrupt`, checked
             before every step and validation chunk); the states saved at the last evaluation stay.
     """
     if model_cfg.dropout > 0:

@@ -14,8 +14,8 @@ with ``flops_per_token`` = 6 N + 6 n_layers n_ctx d_model (Kaplan et al. 2020, T
 from __future__ import annotations
 
 from lmablate.config.study import ModelConfig, StudyConfig, budget_label
-from lmablate.model.gpt import flops_per_token
 from lmablate.core.validation import ConfigError
+from lmablate.model.gpt import flops_per_token
 
 
 def tokens_per_step(model_cfg: ModelConfig, batch_size: int) -> int:

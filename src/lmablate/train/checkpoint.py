@@ -25,10 +25,10 @@ from typing import Any
 
 import torch
 
-from lmablate.core import fileio
 from lmablate.config.study import ModelConfig
-from lmablate.model.gpt import GPT
+from lmablate.core import fileio
 from lmablate.core.validation import DataError
+from lmablate.model.gpt import GPT
 
 def _interned(obj: Any) -> Any:
     """``obj`` with every string interned, in dicts (keys too, ``_metadata`` kept), lists and

@@ -20,11 +20,11 @@ from typing import Callable, Protocol
 import numpy as np
 import torch
 
-from lmablate.execution import interrupt
-from lmablate.train.checkpoint import save_resume
-from lmablate.model.gpt import GPT
+from lmablate.core import interrupt
 from lmablate.core.progress import progress
-from lmablate.tracking.trackers import RunTracker
+from lmablate.core.tracker import RunTracker
+from lmablate.model.gpt import GPT
+from lmablate.train.checkpoint import save_resume
 
 
 class DivergenceError(RuntimeError):
@@ -143,7 +143,7 @@ def train_loop(stepper: Stepper, *, steps: int, eval_interval: int, tokens_per_s
             seed if ``stepper.names_seeds``, whose ``seed`` attribute it sets then); raised as
             soon as the stepper reads the loss, at the latest at the next evaluation, before
             that evaluation is recorded.
-        Interrupted: the stage was asked to stop (:mod:`lmablate.execution.interrupt`, checked
+        Interrupted: the stage was asked to stop (:mod:`lmablate.core.interrupt`, checked
             before every step and by the evaluation); the states saved at the last evaluation stay.
     """
     seeds = stepper.seeds

@@ -18,14 +18,14 @@ from typing import Callable
 import torch
 from torch.optim import optimizer as torch_optimizer
 
-from lmablate.execution import interrupt
-from lmablate.train.checkpoint import load_resume
 from lmablate.config.study import ModelConfig, TrainConfig
+from lmablate.core import interrupt
+from lmablate.core.tracker import NullTracker, RunTracker
+from lmablate.data.token_data import TokenData, get_batch
+from lmablate.model.gpt import GLOBAL_RNG_LOCK, GPT
+from lmablate.train.checkpoint import load_resume
 from lmablate.train.device import autocast
 from lmablate.train.loop import DivergenceError, TrainResult, gradient_stats, train_loop
-from lmablate.model.gpt import GLOBAL_RNG_LOCK, GPT
-from lmablate.data.token_data import TokenData, get_batch
-from lmablate.tracking.trackers import NullTracker, RunTracker
 
 # DivergenceError, TrainResult and gradient_stats live in lmablate.train.loop (the loop raises and
 # returns them) and are importable from here as well.
@@ -299,7 +299,7 @@ def train_model(model_cfg: ModelConfig, cfg: TrainConfig, data: TokenData, *, se
 
     Raises:
         DivergenceError: the training loss is NaN/inf (names the step).
-        Interrupted: the stage was asked to stop (:mod:`lmablate.execution.interrupt`, checked
+        Interrupted: the stage was asked to stop (:mod:`lmablate.core.interrupt`, checked
             before every step and evaluation batch); the last state saved at an eval interval stays.
     """
     state = load_resume(resume_path, fingerprint)

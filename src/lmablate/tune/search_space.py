@@ -26,9 +26,9 @@ import optuna
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import FrozenTrial
 
-from lmablate.train.budget import steps_for_budget
 from lmablate.config.study import MAX_WIDTH, ModelConfig, StudyConfig, TuneConfig
 from lmablate.model.gpt import count_params, flops_per_token
+from lmablate.train.budget import steps_for_budget
 from lmablate.tune.rungs import Batch, best_trial, plan
 
 EDGE_SHARE = 0.1  # the outer tenth of the log learning-rate range counts as its edge

@@ -25,29 +25,30 @@ from pathlib import Path
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from lmablate.execution import interrupt
-from lmablate.train.budget import training_flops, trial_steps
-from lmablate.execution.cluster import Cluster
 from lmablate.config.study import StudyConfig
-from lmablate.train.device import resolve_device
-from lmablate.execution.executor import run_jobs
-from lmablate.tune.storage import Heartbeat, claim, load_study, make_storage
-from lmablate.data.token_data import TokenData
-from lmablate.core.environment import use_numerics
-from lmablate.core.progress import note
+from lmablate.core import interrupt
 from lmablate.core.fingerprint import run_params
-from lmablate.train.numerics import numerics_kind
-from lmablate.tracking.trackers import Tracker, make_tracker
-from lmablate.train.training import DivergenceError, train_model
+from lmablate.core.progress import note
+from lmablate.core.tracker import Tracker
+from lmablate.data.token_data import TokenData
 from lmablate.evaluate.answer_probe import answer_probe, objective_name
-from lmablate.tune.lr_minimum import BRACKETED, sensitivity
+from lmablate.execution.cluster import Cluster
+from lmablate.execution.executor import run_jobs
+from lmablate.model.variants import resolve_model_config
+from lmablate.tracking.environment import use_numerics
+from lmablate.tracking.trackers import make_tracker
+from lmablate.train.budget import training_flops, trial_steps
+from lmablate.train.device import resolve_device
+from lmablate.train.numerics import numerics_kind
+from lmablate.train.training import DivergenceError, train_model
 from lmablate.tune.bracket import bracket_outcome
+from lmablate.tune.lr_minimum import BRACKETED, sensitivity
 from lmablate.tune.rungs import (DIVERGED, FRACTION, OUTCOME, RUNG, SLOT, TRIAL_SEED, Batch,
                                  batch_of, is_bracket, n_slots, slot_seed)
 from lmablate.tune.search_space import (on_edge, space_for_batch, tokens_per_parameter,
                                    trial_distributions)
+from lmablate.tune.storage import Heartbeat, claim, load_study, make_storage
 from lmablate.tune.tuning import chosen, next_batch, slot_results, trial_train_config
-from lmablate.model.variants import resolve_model_config
 
 TRIALS_COLUMNS = ("number", "rung", "batch", "budget_flops", "budget_fraction", "seed", "state",
                   "value", "params_lr", "params_d_model", "tokens_per_parameter", "steps", "last_step",

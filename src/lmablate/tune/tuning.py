@@ -22,10 +22,10 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from lmablate.evaluate.answer_probe import objective_name
-from lmablate.tune.bracket import bracket_proposals
 from lmablate.config.study import StudyConfig, TrainConfig, TuneConfig
 from lmablate.core.fingerprint import RUN_CODE, code_version, fingerprint
+from lmablate.evaluate.answer_probe import objective_name
+from lmablate.tune.bracket import bracket_proposals
 from lmablate.tune.rungs import (DIVERGED, OUTCOME, SLOT, Batch, best_trial, is_bracket, plan,
                             promote)
 from lmablate.tune.search_space import (SearchSpace, initial_space, space_for_batch,

@@ -21,10 +21,10 @@ import seaborn as sns
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from lmablate.report.figures import plotting as plots
-from lmablate.report.text.arithmetic_section import FLOORS, MIN_BUCKET_PROBLEMS
 from lmablate.report.collect import present
+from lmablate.report.figures import plotting as plots
 from lmablate.report.stats.statistics import METRICS, fraction_interval
+from lmablate.report.text.arithmetic_section import FLOORS, MIN_BUCKET_PROBLEMS
 
 BY_OP_DODGE = 0.5  # plot_by_op: the variants of an operation spread over this much of x
 SEED_OFFSET = 0.045  # plot_by_op: the seeds' dots, right of their variant's interval (x units)

@@ -35,13 +35,13 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import StrMethodFormatter
 
-from lmablate.report.figures import plotting
 from lmablate.report.collect import BASELINE, present
-from lmablate.report.text.limits import tuning_luck
+from lmablate.report.figures import plotting
 from lmablate.report.figures.plotting import LOSS_UNIT
 from lmablate.report.stats.statistics import (ALPHA, METRICS, VERDICT_BETTER, VERDICT_FEW,
                                           VERDICT_IDENTICAL, VERDICT_NSD,
                                           VERDICT_UNDECIDED_TUNING, VERDICT_WORSE, t_interval)
+from lmablate.report.text.limits import tuning_luck
 
 VERDICT_COLORS = {
     VERDICT_BETTER: "#1a9850",

@@ -18,10 +18,10 @@ import seaborn as sns
 import torch
 from matplotlib.lines import Line2D
 
-from lmablate.report.figures import plotting
-from lmablate.train.checkpoint import load_checkpoint
 from lmablate.config.study import StudyConfig
 from lmablate.data.tokenizer import UNK, load_split, load_tokenizer
+from lmablate.report.figures import plotting
+from lmablate.train.checkpoint import load_checkpoint
 
 # the character classes of the embedding PCA, in legend order, and their colours (seaborn's
 # colorblind palette; the unknown symbol black, apart from every character)

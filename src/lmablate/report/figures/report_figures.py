@@ -19,18 +19,18 @@ from typing import Mapping, Sequence
 
 import pandas as pd
 
-from lmablate.report.stats import reference_models as refs
-from lmablate.report.text import arithmetic_section as arith
+from lmablate.config.study import StudyConfig
+from lmablate.report.collect import RunOutputs, present
 from lmablate.report.figures import arithmetic_figures as arith_figs
 from lmablate.report.figures import losses as plots
 from lmablate.report.figures.bracket_figure import plot_bracket
-from lmablate.report.collect import RunOutputs, present
+from lmablate.report.figures.tuning_figure import plot_lr_response, search_bounds
 from lmablate.report.headline import headline_loss
-from lmablate.report.text.limits import tuning_luck
+from lmablate.report.stats import reference_models as refs
 from lmablate.report.stats.statistics import METRICS
 from lmablate.report.tables import ReportTables
-from lmablate.report.figures.tuning_figure import plot_lr_response, search_bounds
-from lmablate.config.study import StudyConfig
+from lmablate.report.text import arithmetic_section as arith
+from lmablate.report.text.limits import tuning_luck
 
 Figure = tuple[str | None, str, Path | None]  # (dataset or None, caption, path; None: a note)
 

@@ -18,8 +18,8 @@ import seaborn as sns
 from matplotlib.ticker import FuncFormatter
 
 from lmablate.report.collect import BASELINE, present
-from lmablate.report.stats.isoflop import PARABOLA
 from lmablate.report.figures.plotting import metric_unit, panels, variant_palette
+from lmablate.report.stats.isoflop import PARABOLA
 from lmablate.report.stats.scaling import LOG_LINEAR, predict
 from lmablate.report.stats.statistics import METRICS
 

@@ -20,9 +20,9 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 from matplotlib.transforms import ScaledTranslation
 
+from lmablate.report.collect import present
 from lmablate.report.figures import plotting
 from lmablate.report.stats import sensitivity as sens
-from lmablate.report.collect import present
 
 STAR_SIZE = 260  # points^2: the tuned configurations' stars
 # Two stars closer than these (fractions of the panel's log-lr and loss ranges) would cover

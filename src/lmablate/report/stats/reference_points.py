@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from lmablate.report.stats import reference_models as refs
-from lmablate.report.text import arithmetic_section as arith
-from lmablate.report.collect import BASELINE, RunOutputs
 from lmablate.config.study import StudyConfig
 from lmablate.data.tokenizer import load_split, load_tokenizer
+from lmablate.report.collect import BASELINE, RunOutputs
+from lmablate.report.stats import reference_models as refs
+from lmablate.report.text import arithmetic_section as arith
 
 REFERENCE_COLUMNS = ["dataset", "reference", "metric", "value", "detail"]
 

@@ -31,16 +31,16 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from lmablate.report.stats import reference_models as refs
-from lmablate.report.collect import BASELINE, present
-from lmablate.report.run_files import maybe_int
-from lmablate.report.headline import ANSWER_LOSS, headline_loss, verdict_text
-from lmablate.report.text.mdtable import (delta_cell as _delta_cell, md_table as _md_table,
-                                          num as _num)
-from lmablate.report.stats.statistics import (CONFIDENCE, COMPARISON_COLUMNS, METRICS, compare,
-                                          fraction_bounds, summarise)
 from lmablate.data.arithmetic import split_problem
 from lmablate.data.tokenizer import split_lines
+from lmablate.report.collect import BASELINE, present
+from lmablate.report.headline import ANSWER_LOSS, headline_loss, verdict_text
+from lmablate.report.run_files import maybe_int
+from lmablate.report.stats import reference_models as refs
+from lmablate.report.stats.statistics import (CONFIDENCE, COMPARISON_COLUMNS, METRICS, compare,
+                                          fraction_bounds, summarise)
+from lmablate.report.text.mdtable import (delta_cell as _delta_cell, md_table as _md_table,
+                                          num as _num)
 
 ANSWER_FLOOR = "answer ignoring the question"  # the reference name of the answer-loss floor
 # metric -> the reference that is its floor in the headline table

@@ -41,15 +41,15 @@ import pandas as pd
 
 from lmablate.report.collect import BASELINE, present
 from lmablate.report.headline import headline_loss
-from lmablate.report.text.limits import TRIGRAM, trigram_reference, tuning_luck
-from lmablate.report.text.mdtable import join_names as _names
+from lmablate.report.stats.learning_speed import speed_lines
 from lmablate.report.stats.scaling import (SCALING_TITLE, TREND_FEW, TREND_GROWS, TREND_NONE,
                                       TREND_SHRINKS)
-from lmablate.report.stats.learning_speed import speed_lines
-from lmablate.report.stats.success import success_lines
 from lmablate.report.stats.statistics import (ALPHA, METRICS, POWER, VERDICT_BETTER, VERDICT_FEW,
                                           VERDICT_IDENTICAL, VERDICT_NSD,
                                           VERDICT_UNDECIDED_TUNING, VERDICT_WORSE)
+from lmablate.report.stats.success import success_lines
+from lmablate.report.text.limits import TRIGRAM, trigram_reference, tuning_luck
+from lmablate.report.text.mdtable import join_names as _names
 
 MAX_SEEDS = 1000  # past this, "more than 1,000 seeds": the difference is lost in the spread
 TAIL = 0.2  # the share of training at the end over which a curve counts as still falling

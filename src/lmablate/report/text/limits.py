@@ -21,11 +21,11 @@ import pandas as pd
 
 from lmablate.report.collect import BASELINE, present
 from lmablate.report.headline import headline_loss
-from lmablate.report.text.mdtable import join_names as _names
 from lmablate.report.stats.scaling import SCALING_TITLE
 from lmablate.report.stats.statistics import (ALPHA, METRICS, POWER, VERDICT_BETTER,
                                           VERDICT_IDENTICAL, VERDICT_UNDECIDED_TUNING,
                                           VERDICT_WORSE)
+from lmablate.report.text.mdtable import join_names as _names
 
 # the name of the order-3 reference in references.csv
 # (lmablate.report.stats.reference_models.ngram_references)

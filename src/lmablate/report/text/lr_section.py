@@ -13,9 +13,9 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from lmablate.report.text.mdtable import md_table, num
-from lmablate.report.stats.sensitivity import design_is_shared, width_summary
 from lmablate.config.study import StudyConfig
+from lmablate.report.stats.sensitivity import design_is_shared, width_summary
+from lmablate.report.text.mdtable import md_table, num
 
 def _missing(x: Any) -> bool:
     """None, NaN or an empty string."""

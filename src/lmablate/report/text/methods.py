@@ -10,10 +10,10 @@ from typing import Any, Mapping, Sequence
 
 import pandas as pd
 
-from lmablate.report.text.mdtable import integer, md_table
+from lmablate.config.study import StudyConfig
 from lmablate.report.stats.statistics import (ALPHA, CONFIDENCE, MIN_SEEDS_FOR_TEST, POWER,
                                           VERDICT_IDENTICAL)
-from lmablate.config.study import StudyConfig
+from lmablate.report.text.mdtable import integer, md_table
 
 
 def _compute_table(cfg: StudyConfig, ablation: pd.DataFrame, datasets: Sequence[str],

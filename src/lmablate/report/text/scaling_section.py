@@ -17,15 +17,15 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from lmablate.config.study import StudyConfig, budget_label
+from lmablate.report.collect import BASELINE, RunOutputs, present
+from lmablate.report.figures import scaling_figures as figs
+from lmablate.report.headline import headline_loss
 from lmablate.report.stats import isoflop as iso
 from lmablate.report.stats import scaling as sc
-from lmablate.report.figures import scaling_figures as figs
-from lmablate.report.collect import BASELINE, RunOutputs, present
-from lmablate.report.headline import headline_loss
+from lmablate.report.stats.statistics import COMPARISON_COLUMNS, METRICS
 from lmablate.report.text.dataset_tables import Rows
 from lmablate.report.text.mdtable import interval, join_names, num, verdict_cell
-from lmablate.report.stats.statistics import COMPARISON_COLUMNS, METRICS
-from lmablate.config.study import StudyConfig, budget_label
 
 # Seed 000's run (conf/profile/seed-scale.yaml's budget: 5,000 steps of 16 x 128 tokens at d_model
 # 96, the posts' scale): the larger budget the fitted curves are extrapolated to
