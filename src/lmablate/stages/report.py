@@ -2,70 +2,13 @@
 
 Reads what the train/evaluate/tune stages wrote under ``runs/<dataset>/<variant>/`` (and the
 first-seed checkpoints and the tokenized test splits, for the model figures) and writes, under
-``out_dir`` (normally ``reports/``):
-
-* ``ablation.csv``   one row per dataset x variant x seed
-  (:data:`~lmablate.report.collect.ABLATION_COLUMNS`).
-* ``summary.csv``    *long* format, one row per dataset x variant x metric
-  (:data:`~lmablate.report.stats.statistics.SUMMARY_COLUMNS`): number of seeds, mean, sample SD and
-  a two-sided 95% Student-t interval of the mean. Long rather than wide so every metric has the
-  same five statistics, a metric that does not apply (exact match on Shakespeare) simply has no
-  row, and the file is one ``pivot`` away from any wide table.
-* ``comparisons.csv`` every variant against ``baseline``, paired by seed
-  (:data:`~lmablate.report.stats.statistics.COMPARISON_COLUMNS`): paired t-test and Holm's
-  step-down correction within each dataset x metric.
-* ``problem_comparisons.csv`` arithmetic variants against the baseline problem by problem
-  (:data:`~lmablate.report.stats.problems.PROBLEM_COLUMNS`): counts solved, sign-flip test, Holm.
-* ``detectable_effects.csv`` per comparison (dataset x metric x variant), the smallest
-  difference it could detect: ``comparisons.csv``'s ``mde``
-  (:data:`~lmablate.report.text.limits.DETECTABLE_COLUMNS`).
-* ``references.csv`` reference points computed from the data
-  (:data:`~lmablate.report.stats.reference_points.REFERENCE_COLUMNS`):
-  n-gram cross-entropies of the test split, and constant answers to the arithmetic problems.
-* ``tuned.csv`` what tuning chose per dataset x variant, with its range-edge flags
-  (:data:`~lmablate.report.collect.TUNED_COLUMNS`).
-* ``lr_sensitivity.csv`` per dataset x variant, the learning-rate sensitivity of its tuning's
-  shared design (:data:`~lmablate.report.stats.sensitivity.SENSITIVITY_COLUMNS`, Wortsman et al.
-  2023), with the loss at initialisation it uses
-  (:func:`~lmablate.report.stats.reference_points.uniform_losses`).
-* ``metrics/<dataset>/<variant>.json`` the study-level DVC metrics, and ``metrics/<dataset>.json``
-  each dataset's verdicts, both in the dataset's headline loss (:mod:`lmablate.report.headline`:
-  ``study_metrics``, ``dataset_verdicts``; the answer loss on arithmetic); in a scaling study
-  with the budget and the trend, and ``metrics/<dataset>/<variant>@<budget>.json`` per smaller
-  budget (:func:`~lmablate.report.text.scaling_section.scaling_metrics`).
-* ``curves/<dataset>.csv`` each variant's mean validation curve
-  (:func:`~lmablate.report.curves.mean_curves`), the data
-  of ``dvc plots show``.
-* ``tuning_variation.csv`` the re-tunings (``runs/<dataset>/<variant>/replicate_<N>/``)
-  against their variant, paired by seed
-  (:data:`~lmablate.report.stats.statistics.TUNING_VARIATION_COLUMNS`): how much a result owes to
-  the tuner's sampler seed.
-* ``extrapolation.csv``, ``extrapolation_comparisons.csv``, ``extrapolation_positions.csv``
-  length extrapolation (:mod:`lmablate.report.stats.extrapolation`): the test loss at each multiple
-  of the context, its comparison with ``rope``, and the loss by position bucket.
-* ``length_generalisation.csv``, ``length_generalisation_comparisons.csv`` arithmetic exact
-  match by operand length and its comparison with the baseline at each length
-  (:mod:`lmablate.report.text.arithmetic_section`).
-* ``scaling_fits.csv``, ``scaling_effects.csv``, ``scaling_trends.csv``,
-  ``scaling_extrapolation.csv``, ``scaling_isoflop.csv``, ``scaling_optimal_width.csv`` a
-  scaling study's curves, effects per budget, trends, extrapolation and isoFLOP view
-  (:mod:`lmablate.report.text.scaling_section`; with their header only where every dataset has
-  one budget).
-* ``figures/*.png``  the seaborn figures of :mod:`lmablate.report.figures.losses`,
-  :mod:`~lmablate.report.figures.tuning_figure` and
-  :mod:`~lmablate.report.figures.arithmetic_figures`, plus the last layer's attention maps and a PCA
-  of the token embeddings drawn from the checkpoints
-  (:mod:`~lmablate.report.figures.model_figures`).
-* ``report.md``      the human-readable report (:mod:`lmablate.report.text.content`, rendered
-  by :mod:`lmablate.report.text.render` from ``report/templates/report.md.j2``).
-
-Rows of every table follow the study order (datasets as configured, baseline first, then the
-configured variants), set once by :func:`lmablate.report.collect.restrict_to_study`. The
-report and the tables are then logged as artifacts of an MLflow summary run.
-
-Units: losses are natural-log cross-entropy per character token (nats/char), the answer loss
-per answer character; bits per char = loss / ln 2; perplexity = exp(loss); accuracies are
-fractions in [0, 1]; times in seconds.
+``out_dir`` (normally ``reports/``), the CSV tables (:mod:`lmablate.report.tables`), the DVC
+metrics and curves (:mod:`lmablate.report.headline`, :mod:`lmablate.report.curves`), the figures
+(:mod:`lmablate.report.figures`) and ``report.md`` (rendered by
+:mod:`lmablate.report.text.render`); then logs them to an MLflow summary run. Rows follow the
+study order (datasets as configured, baseline first), set once by
+:func:`lmablate.report.collect.restrict_to_study`. Losses are in nats/char. Every file and its
+columns: the handbook's Reading the report, "The files".
 """
 
 from __future__ import annotations
