@@ -4,7 +4,6 @@ commands block is what .ci/run reads, and its links into the handbook lead to pa
 from __future__ import annotations
 
 import csv
-import hashlib
 import re
 from pathlib import Path
 
@@ -96,17 +95,26 @@ def test_the_readme_findings_are_those_of_the_study_dvc_lock_records(gen):
 
 
 def _record(gen, root: Path) -> None:
-    """What a study at ``root``'s files writes into its dvc.lock: every repository dep's md5
-    and every param's value as they are now."""
+    """What a study at ``root``'s files writes into its dvc.lock: every repository dep's hash
+    (a file's md5, a subpackage folder's ``.dir`` hash, as DVC computes them) and every param's
+    value as they are now."""
+    from dvc.repo import Repo
     lock = yaml.safe_load((root / "dvc.lock").read_text())
     params = yaml.safe_load((root / "params.yaml").read_text())
+    saved = {}
+    with Repo(str(root)) as repo:
+        for stage in repo.index.stages:
+            for dep in stage.deps:
+                path = dep.def_path
+                if (path in saved or path == "params.yaml" or not (root / path).exists()
+                        or path.split("/")[0] in gen.DATA_FOLDERS):
+                    continue
+                dep.save()
+                saved[path] = dep.dumpd()
     for body in lock["stages"].values():
-        body["deps"] = [dep for dep in body.get("deps", [])  # a study records what exists
-                        if (root / dep["path"]).exists() or dep["path"].split("/")[0] in
-                        gen.DATA_FOLDERS]
-        for dep in body["deps"]:
-            if (root / dep["path"]).is_file():
-                dep["md5"] = hashlib.md5((root / dep["path"]).read_bytes()).hexdigest()
+        body["deps"] = [saved.get(dep["path"], dep) for dep in body.get("deps", [])
+                        if (root / dep["path"]).exists()  # a study records what exists
+                        or dep["path"].split("/")[0] in gen.DATA_FOLDERS]
         recorded = body.get("params", {}).get("params.yaml", {})
         for key in recorded:
             node = params
