@@ -143,7 +143,9 @@ def train_args(best, out, replicate):
             f"{out}/g.csv", "--replicate", str(replicate)]
 
 
-def test_a_retuning_is_its_own_study_and_trains_only_as_its_replicate(project, capsys):
+def test_a_replicate_tunes_trains_and_evaluates_on_seeds_of_its_own(make_project, tmp_path,
+                                                                      capsys):
+    project = make_project(tmp_path, {"study": {"replicates": 2, "replicate_stages": [1]}})
     assert cli.main(tune_args()) == 0
     assert cli.main(["tune", "arithmetic", "baseline", "--replicate", "1", "--tokens", "tokens",
                      "--best", "r1/best.json", "--trials", "r1/trials.csv"]) == 0
@@ -155,7 +157,7 @@ def test_a_retuning_is_its_own_study_and_trains_only_as_its_replicate(project, c
     for path, replicate in (("out/best.json", 1), ("r1/best.json", 0)):
         assert cli.main(train_args(path, "bad", replicate)) == 2
         err = capsys.readouterr().err
-        assert f"--replicate {replicate}" in err and "sampler seed" in err
+        assert f"replicate {replicate} tunes with" in err and "sampler seed" in err
         assert not (project.path / "bad").exists()
     assert cli.main(train_args("r1/best.json", "r1", 1)) == 0
     assert cli.main(["evaluate", "arithmetic", "baseline", "--replicate", "1", "--tokens",
@@ -163,7 +165,18 @@ def test_a_retuning_is_its_own_study_and_trains_only_as_its_replicate(project, c
                      "r1/metrics.json", "--examples", "r1/examples.json"]) == 0
     metrics = json.loads((project.path / "r1" / "metrics.json").read_text())
     assert metrics["replicate"] == 1
-    assert metrics["runs"]["seed_0"]["lr"] == again["lr"]
+    # replicate 1's final seed is the study's seed 0 + 100,000, trained with its own tuning
+    assert list(metrics["runs"]) == ["seed_100000"]
+    assert metrics["runs"]["seed_100000"]["lr"] == again["lr"]
+
+
+def test_a_replicate_beyond_the_study_is_refused_before_any_work(project, capsys):
+    assert cli.main(["tune", "arithmetic", "baseline", "--replicate", "1", "--tokens", "tokens",
+                     "--best", "r1/best.json", "--trials", "r1/trials.csv"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "lmablate: error: params: --replicate=1 is not allowed; a replicate of the study, "
+        "0 .. study.replicates - 1 = 0")
+    assert not (project.path / "r1").exists()
 
 
 def test_a_negative_replicate_is_refused_by_the_parser(project, capsys):

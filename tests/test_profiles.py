@@ -31,7 +31,7 @@ def test_dvc_composes_params_with_hydra_from_conf():
                            cwd=ROOT, capture_output=True, text=True)
     assert shown.stdout.strip() == "true"
     assert (ROOT / profiles.CONFIG_DIR / f"{profiles.CONFIG_NAME}.yaml").is_file()
-    assert NAMES == ["full", "length", "scaling", "seed-scale", "speed"]
+    assert NAMES == ["full", "length", "replicate", "scaling", "seed-scale", "speed"]
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -74,7 +74,7 @@ def test_an_override_changes_one_key_of_a_profile():
 
 
 @pytest.mark.parametrize("profile,overrides,message", [
-    ("nope", [], "profile: unknown profile 'nope'; choose one of full, length, scaling, "
+    ("nope", [], "profile: unknown profile 'nope'; choose one of full, length, replicate, scaling, "
                  "seed-scale, speed (files of conf/profile/)"),
     (None, ["train.lrr=1"], "override: Could not override 'train.lrr'. To append to your config "
                             "use +train.lrr=1"),

@@ -91,7 +91,6 @@ def test_only_a_stage_dvc_runs_announces_itself_and_keeps_its_time(tmp_path, mon
     monkeypatch.delenv("DVC_ROOT", raising=False)
     assert clock_for(cfg, "train", "arithmetic", "baseline") is None  # typed by hand
     monkeypatch.setenv("DVC_ROOT", str(tmp_path))
-    assert clock_for(cfg, "tune", "arithmetic", "rope", replicate=1) is None  # a re-tuning
     clock = clock_for(cfg, "train", "arithmetic", "baseline")
     assert clock.line.startswith("lmablate: stage 5 of 9 of the study (train@arithmetic-baseline)")
     clock.done()
@@ -100,3 +99,26 @@ def test_only_a_stage_dvc_runs_announces_itself_and_keeps_its_time(tmp_path, mon
     assert times["train@arithmetic-baseline"]["flops"] == study_plan(cfg)[4].flops
     (tmp_path / TIMES_FILE).write_text("not json")  # a damaged file costs the estimate only
     assert clock_for(cfg, "report", None, None).line.endswith("left with this one")
+
+
+def test_a_replicates_stages_follow_the_first_replicates_in_the_plan_and_are_announced(
+        tmp_path, monkeypatch):
+    cfg = params.parse(tiny_params({"study": {"replicates": 3, "replicate_stages": [1, 2]}}))
+    plan_ = study_plan(cfg)
+    names = [s.name for s in plan_]
+    assert names[:9] == [s.name for s in study_plan(params.parse(tiny_params()))][:8] + [
+        "tune-replicate@arithmetic-baseline-1"]
+    assert names[-7:] == ["tune-replicate@arithmetic-baseline-2",
+                          "tune-replicate@arithmetic-rope-2",
+                          "train-replicate@arithmetic-baseline-2",
+                          "train-replicate@arithmetic-rope-2",
+                          "evaluate-replicate@arithmetic-baseline-2",
+                          "evaluate-replicate@arithmetic-rope-2", "report"]
+    # a replicate trains what replicate 0 trains, at the headline budget
+    flops = {s.name: s.flops for s in plan_}
+    assert flops["train-replicate@arithmetic-rope-2"] == flops["train@arithmetic-rope"]
+    assert flops["tune-replicate@arithmetic-rope-1"] == flops["tune@arithmetic-rope"]
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
+    clock = clock_for(cfg, "tune", "arithmetic", "rope", replicate=1)
+    assert clock.line.startswith(
+        "lmablate: stage 10 of 21 of the study (tune-replicate@arithmetic-rope-1)")

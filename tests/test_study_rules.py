@@ -19,6 +19,10 @@ ROOT = Path(__file__).resolve().parents[1]
 # names.
 BREAKS = {
     "tuning_never_sees_a_final_seed": ({"tune": {"seed": 2}}, "tune.seed=2"),
+    # replicate 1's final seed 100,000 is replicate 0's
+    "replicates_draw_disjoint_seeds": (
+        {"study": {"seeds": [0, 100_000], "replicates": 2, "replicate_stages": [1]}},
+        "study.seeds=[0, 100000]"),
     "every_dataset_has_a_budget": (
         {"train": {"budget_flops": {"shakespeare": 1e12}}}, "train.budget_flops="),
     "a_window_holds_a_whole_problem": ({"model": {"context_length": 16}}, "datasets.arithmetic="),

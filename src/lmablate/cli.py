@@ -48,8 +48,8 @@ class Stage:
     folders: tuple[str, ...] = ()
     variant: bool = False
     dataset: bool = True
-    # ``--replicate N``: the N-th re-tuning with another sampler seed (tune), or the final runs
-    # of its values (train, evaluate: their MLflow runs are named and tagged with N)
+    # ``--replicate R``: replicate R of the study (``study.replicates``), on its own tuning,
+    # sampler and final seeds (StudyConfig.for_replicate); MLflow runs are tagged with R
     replicate: bool = False
     # records MLflow runs: the command starts MLflow in a sidecar process first thing
     # (lmablate.tracking.sidecar.start_sidecar), so that it is ready by the time the stage has
@@ -113,8 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
             s.add_argument("variant")
         if stage.replicate:
             s.add_argument("--replicate", type=_count, default=0, metavar="N",
-                           help="the re-tuning with sampler seed tune.sampler_seed + N "
-                                "(default 0: the study's own tuning)")
+                           help="replicate N of the study, 0 .. study.replicates - 1, on "
+                                "its own tuning, sampler and final seeds (default 0)")
         for opt in stage.reads:
             s.add_argument(f"--{opt}", type=Path, required=True, help="read")
         for opt in stage.writes:
@@ -140,13 +140,16 @@ def check_preconditions(cfg, args: argparse.Namespace, stage: Stage) -> None:
     its first run (:func:`lmablate.train.device.resolve_device`), as it needs torch.
 
     Raises:
-        ConfigError: an unknown dataset or variant.
+        ConfigError: an unknown dataset or variant, a ``--replicate`` that is not one of
+            ``study.replicates``.
         OutputError: an output path of the wrong kind or that cannot be written.
     """
     if stage.dataset:
         cfg.dataset(args.dataset)
     if stage.variant:
         cfg.check_variant(args.variant)
+    if stage.replicate:
+        cfg.for_replicate(args.replicate)  # one of the study's replicates, its seeds in range
     for opt in stage.writes:
         path = getattr(args, opt.replace("-", "_"))
         if opt in stage.folders and path.exists() and not path.is_dir():

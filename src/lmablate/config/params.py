@@ -69,13 +69,15 @@ def parse(raw: Mapping[str, Any]) -> StudyConfig:
         runtime=from_mapping(RuntimeConfig, raw.get("runtime"), "runtime"),
         match_params=study.match_params,
         profile=study.profile,
+        replicates=study.replicates,
     )
     return check_study(cfg)
 
 
 def _study_section(study: Any) -> StudySection:
     if not isinstance(study, Mapping):
-        fail("study", study, "expected a mapping of profile, seeds, datasets, variants, match_params")
+        fail("study", study, "expected a mapping of profile, seeds, datasets, variants, match_params, "
+             "replicates, replicate_stages")
     allowed_study = sorted(f.name for f in dataclasses.fields(StudySection))
     bad = sorted(set(study) - set(allowed_study), key=str)
     if bad:

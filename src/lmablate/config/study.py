@@ -42,7 +42,8 @@ __all__ = [
     "DATASET_KINDS", "MAX_PROBLEMS", "DatasetConfig", "SplitConfig", "FFN_CHOICES", "GATED_FFNS",
     "NORM_CHOICES", "NORM_PLACEMENT_CHOICES", "POSITION_CHOICES", "DEVICE_CHOICES",
     "LR_SCHEDULE_CHOICES", "PARALLEL_CHOICES", "MAX_CONTEXT", "MAX_WIDTH", "MAX_LAYERS",
-    "MAX_HEADS", "MAX_BATCH", "MAX_BUDGET", "MAX_TRIALS", "MAX_COUNT", "MAX_WORKERS", "MAX_LR",
+    "MAX_HEADS", "MAX_BATCH", "MAX_BUDGET", "MAX_TRIALS", "MAX_REPLICATES",
+    "REPLICATE_SEED_STRIDE", "MAX_COUNT", "MAX_WORKERS", "MAX_LR",
     "StudySection", "ModelConfig", "TrainConfig", "RuntimeConfig", "TuneConfig", "EvaluateConfig",
     "TrackingConfig", "StudyConfig", "SECTIONS", "budget_label",
 ]
@@ -63,6 +64,10 @@ MAX_WIDTH = 8192  # d_model, ffn_hidden
 MAX_LAYERS = 128
 MAX_HEADS = 256
 MAX_TRIALS = 10_000  # tune.n_trials, trials_per_batch
+MAX_REPLICATES = 16  # study.replicates: each is the whole study's compute again
+# Replicate r of a study adds r x REPLICATE_SEED_STRIDE to every final and tuning seed and r to
+# the sampler seed: a fresh draw of everything random, and the same draw on every machine.
+REPLICATE_SEED_STRIDE = 100_000
 # the largest learning rate a study may tune or extend to (tune.lr_limits)
 MAX_LR = 1e8  # a guard against typos only
 
@@ -121,6 +126,15 @@ def _check_seeds(key: str, value: Any) -> tuple[int, ...]:
     return tuple(value)
 
 
+def _check_replicate_list(key: str, value: Any) -> tuple[int, ...]:
+    if not isinstance(value, (list, tuple)):
+        fail(key, value, "expected a list of integers, [] for one replicate")
+    element = integer(1, MAX_REPLICATES - 1)
+    for v in value:
+        element.check(key, v)
+    return tuple(value)
+
+
 def _check_names(key: str, value: Any) -> tuple[str, ...]:
     if not isinstance(value, (list, tuple)) or not value:
         fail(key, value, "expected a non-empty list")
@@ -149,9 +163,22 @@ class StudySection:
                                            _check_names))
     match_params: bool = param(False, "true: each variant's FFN hidden width is set so that its "
                                "non-embedding parameters equal the baseline's", BOOLEAN)
+    replicates: int = param(1, "R, how many times the whole study is tuned, trained and "
+                            "evaluated, each replicate on fresh tuning, sampler and final seeds "
+                            "(1: the study once)", integer(1, MAX_REPLICATES))
+    replicate_stages: tuple[int, ...] = param(
+        (), "the replicates after the first, 1 .. replicates - 1, one DVC stage each (DVC's "
+        "matrix takes a list and computes no range, so the list is written out)",
+        Rule("a list of the integers 1 .. study.replicates - 1 in order, [] for one replicate",
+             lambda key, value: _check_replicate_list(key, value)))
 
     def __post_init__(self) -> None:
         check_fields(self, "study")
+        expected = list(range(1, self.replicates))
+        if list(self.replicate_stages) != expected:
+            fail("study.replicate_stages", list(self.replicate_stages),
+                 f"must be {expected} for study.replicates={self.replicates} (one stage per "
+                 "replicate after the first)")
 
 
 @dataclass(frozen=True)
@@ -423,6 +450,34 @@ class StudyConfig:
     runtime: RuntimeConfig = RuntimeConfig()
     match_params: bool = False
     profile: str = "default"
+    replicates: int = 1
+    replicate: int = 0  # which replicate this config computes (:meth:`for_replicate`)
+
+    def for_replicate(self, replicate: int) -> "StudyConfig":
+        """This study as replicate ``replicate`` computes it: every final seed (``seeds``) and
+        the tuning seed (``tune.seed``) plus ``replicate`` x :data:`REPLICATE_SEED_STRIDE`, the
+        sampler seed (``tune.sampler_seed``) plus ``replicate``. Replicate 0 is the study
+        itself (the same object).
+
+        Raises:
+            ConfigError: ``replicate`` is not one of 0 .. ``replicates`` - 1, or a shifted seed
+                exceeds :data:`MAX_SEED`.
+        """
+        if not isinstance(replicate, int) or not 0 <= replicate < self.replicates:
+            fail("--replicate", replicate, f"a replicate of the study, 0 .. study.replicates - 1"
+                 f" = {self.replicates - 1}")
+        if replicate == 0:
+            return self
+        shift = replicate * REPLICATE_SEED_STRIDE
+        seeds = tuple(s + shift for s in self.seeds)
+        tune = dataclasses.replace(self.tune, seed=self.tune.seed + shift,
+                                   sampler_seed=self.tune.sampler_seed + replicate)
+        highest = max(*seeds, tune.seed + tune.bracket_seeds - 1, tune.sampler_seed)
+        if highest > MAX_SEED:
+            fail("study.replicates", self.replicates, f"replicate {replicate} would draw seed "
+                 f"{highest:,}, above {MAX_SEED:,}; lower study.seeds, tune.seed or "
+                 "tune.sampler_seed")
+        return dataclasses.replace(self, seeds=seeds, tune=tune, replicate=replicate)
 
     def dataset(self, name: str) -> DatasetConfig:
         """The config of dataset ``name``. Raises ConfigError naming the allowed datasets."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from lmablate.config.study import StudyConfig
+from lmablate.config.study import REPLICATE_SEED_STRIDE, StudyConfig
 from lmablate.core.validation import ConfigError, fail
 
 
@@ -20,6 +20,26 @@ def tuning_never_sees_a_final_seed(cfg: StudyConfig) -> None:
         fail("tune.seed", cfg.tune.seed, f"must not be one of study.seeds {list(cfg.seeds)}, "
              f"nor the next tune.bracket_seeds={cfg.tune.bracket_seeds} - 1 seeds after it: a "
              "final seed would then have been seen by tuning")
+
+
+def replicates_draw_disjoint_seeds(cfg: StudyConfig) -> None:
+    """No seed, final or tuning, is drawn by two replicates (``study.replicates``,
+    :meth:`~lmablate.config.study.StudyConfig.for_replicate`), and no replicate's tuning sees
+    another's final seed: a replicate is a fresh draw, or it replicates nothing."""
+    seen: dict[int, tuple[int, str]] = {}
+    for r in range(cfg.replicates):
+        rep = cfg.for_replicate(r)
+        drawn = [(s, "final") for s in rep.seeds] + [
+            (s, "tuning") for s in range(rep.tune.seed, rep.tune.seed + rep.tune.bracket_seeds)]
+        for seed, kind in drawn:
+            if seed in seen and seen[seed][0] != r:
+                other, other_kind = seen[seed]
+                fail("study.seeds", list(cfg.seeds),
+                     f"replicate {r}'s {kind} seed {seed} is replicate {other}'s "
+                     f"{other_kind} seed: replicate r adds r x {REPLICATE_SEED_STRIDE:,} to every "
+                     f"seed, so study.seeds and tune.seed must span less than "
+                     f"{REPLICATE_SEED_STRIDE:,}")
+            seen[seed] = (r, kind)
 
 
 def every_dataset_has_a_budget(cfg: StudyConfig) -> None:
@@ -74,6 +94,7 @@ def every_tuned_width_suits_every_variant(cfg: StudyConfig) -> None:
 # In the order they are checked: the first rule a study breaks is the error it gets.
 STUDY_RULES: tuple[Callable[[StudyConfig], None], ...] = (
     tuning_never_sees_a_final_seed,
+    replicates_draw_disjoint_seeds,
     every_dataset_has_a_budget,
     a_window_holds_a_whole_problem,
     coupled_positions_need_arithmetic,

@@ -37,24 +37,27 @@ class PlannedStage:
     flops: float
 
 
-def stage_name(command: str, dataset: str | None = None, variant: str | None = None) -> str:
+def stage_name(command: str, dataset: str | None = None, variant: str | None = None,
+               replicate: int = 0) -> str:
     """The DVC name of ``command``'s stage on ``dataset`` (and ``variant``): ``generate@<d>``,
-    ``tune@<d>-<v>``, ``report``."""
-    item = "-".join(x for x in (dataset, variant) if x)
+    ``tune@<d>-<v>``, ``report``; of replicate r > 0, ``tune-replicate@<d>-<v>-<r>``."""
+    item = "-".join(str(x) for x in (dataset, variant, replicate or None) if x)
+    command = f"{command}-replicate" if replicate else command
     return f"{command}@{item}" if item else command
 
 
-def tune_flops(cfg: StudyConfig, dataset: str) -> float:
+def tune_flops(cfg: StudyConfig, dataset: str, headline: bool = False) -> float:
     """The training FLOPs a tune stage of ``dataset`` plans at least: at each budget, each rung's
     trials at their share of it (:func:`lmablate.tune.rungs.plan`), the bracket's first learning
     rates ((its trials + 1, the middle one at two widths) x ``tune.bracket_seeds``) at the whole
-    budget; an extended bracket trains more."""
+    budget; an extended bracket trains more. ``headline``: at the headline budget alone (a
+    replicate r > 0 tunes no other)."""
     tune = cfg.tune
     shares = 0.0
     for rung, (n, fraction) in enumerate(tune.rungs):
         bracket = len(tune.rungs) > 1 and rung == len(tune.rungs) - 1
         shares += (n + 1) * tune.bracket_seeds * fraction if bracket else n * fraction
-    return shares * sum(cfg.budgets(dataset))
+    return shares * (cfg.budgets(dataset)[-1] if headline else sum(cfg.budgets(dataset)))
 
 
 def study_plan(cfg: StudyConfig) -> list[PlannedStage]:
@@ -67,6 +70,13 @@ def study_plan(cfg: StudyConfig) -> list[PlannedStage]:
     out += [PlannedStage(stage_name("train", d, v), len(cfg.seeds) * sum(cfg.budgets(d)))
             for d in datasets for v in variants]
     out += [PlannedStage(stage_name("evaluate", d, v), 0.0) for d in datasets for v in variants]
+    for r in range(1, cfg.replicates):  # dvc.yaml's order: each replicate's stages, by command
+        out += [PlannedStage(stage_name("tune", d, v, r), tune_flops(cfg, d, headline=True))
+                for d in datasets for v in variants]
+        out += [PlannedStage(stage_name("train", d, v, r), len(cfg.seeds) * cfg.budgets(d)[-1])
+                for d in datasets for v in variants]
+        out += [PlannedStage(stage_name("evaluate", d, v, r), 0.0)
+                for d in datasets for v in variants]
     return out + [PlannedStage("report", 0.0)]
 
 
@@ -118,8 +128,8 @@ def seconds_left(plan: list[PlannedStage], start: int, times: dict[str, dict]) -
     of the stages of its command timed so far (a tune stage's extended brackets included), or,
     for a command not timed yet, at the FLOPs spent per second of every stage timed. None while
     no stage that trains has a time yet and some of them train."""
-    def kind(name: str) -> str:
-        return name.split("@")[0]
+    def kind(name: str) -> str:  # a replicate's stages are timed with their command's
+        return name.split("@")[0].removesuffix("-replicate")
     timed = {n: t for n, t in times.items() if t.get("flops", 0) > 0 and t.get("seconds", 0) > 0}
     rate = (sum(t.get("spent", t["flops"]) for t in timed.values())
             / sum(t["seconds"] for t in timed.values()) if timed else None)
@@ -152,7 +162,7 @@ def start_line(cfg: StudyConfig, name: str, times: dict[str, dict],
                plan: list[PlannedStage] | None = None) -> str | None:
     """The line a stage prints as it starts: its place in the plan, the share of the study's
     FLOPs done before it and about how long the rest (it included) takes; None for a command
-    that is no stage of the plan (a re-tuning)."""
+    that is no stage of the plan."""
     plan = plan or study_plan(cfg)
     names = [s.name for s in plan]
     if name not in names:
@@ -188,7 +198,7 @@ class StageClock:
 def clock_for(cfg: StudyConfig, command: str, dataset: str | None, variant: str | None,
               replicate: int = 0) -> StageClock | None:
     """A :class:`StageClock` for a stage that DVC runs (``DVC_ROOT`` set), else None: a command
-    typed by hand, or a re-tuning (``replicate``), is no stage of the plan and writes no times."""
-    if not os.environ.get("DVC_ROOT") or replicate:
+    typed by hand is no stage of the plan and writes no times."""
+    if not os.environ.get("DVC_ROOT"):
         return None
-    return StageClock(cfg, stage_name(command, dataset, variant))
+    return StageClock(cfg, stage_name(command, dataset, variant, replicate))

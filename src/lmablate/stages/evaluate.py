@@ -153,7 +153,7 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, raw_dir:
     split's lengths and each length of ``length.txt`` (``"split": "test"`` / ``"length"``;
     :func:`lmablate.evaluate.metrics.by_operand_digits`), or "n/a (...)" for a length the model
     cannot read (:func:`lmablate.evaluate.metrics.not_reaching`); plus
-    ``"replicate": N`` for the final runs of the N-th re-tuning, and the ``"environment"`` it
+    ``"replicate": r`` for replicate r > 0 of the study, and the ``"environment"`` it
     was computed with (:func:`lmablate.tracking.environment.result_environment`); a DVC metrics
     file) and ``examples_path`` (JSON, per seed: text samples, or the prediction of every arithmetic
     test problem with its prompt and target, in the order of ``test.txt``; keyed as the runs). Test
@@ -163,6 +163,7 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, raw_dir:
     """
     ds = cfg.dataset(dataset)
     cfg.check_variant(variant)
+    cfg = cfg.for_replicate(replicate)  # its own final seeds
     # a device this machine lacks, a cluster that does not answer or a worker of another kind:
     # before any work
     device, numerics, cluster = resolve(cfg)

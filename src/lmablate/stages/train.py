@@ -239,9 +239,10 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, best_pat
     """Train ``variant`` on ``dataset`` for every seed with the tuned lr and d_model, at each
     of the dataset's budgets (:func:`lmablate.train.budget.stage_budgets`).
 
-    ``replicate`` N > 0: ``best_path`` is the N-th re-tuning's (``lmablate tune --replicate
-    N``, the headline budget only), and the seeds' MLflow runs say so; the training itself
-    does not depend on N.
+    ``replicate`` r > 0: replicate r of the study
+    (:meth:`~lmablate.config.study.StudyConfig.for_replicate`): its own final seeds, and
+    ``best_path`` from its own tuning (``lmablate tune --replicate r``, the headline budget
+    only); the seeds' MLflow runs are tagged with r.
 
     On a CPU, seeds run concurrently as threads or processes, on a cluster as tasks
     (:func:`lmablate.execution.executor.run_jobs`); on a GPU
@@ -262,6 +263,7 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, best_pat
         DivergenceError: a run's loss became NaN/inf (names dataset, variant, seed and step).
     """
     cfg.dataset(dataset)
+    cfg = cfg.for_replicate(replicate)
     # a device this machine lacks, a cluster that does not answer or a worker of another kind:
     # before any work
     device, _, cluster = resolve(cfg)
@@ -320,11 +322,11 @@ def _plan(cfg: StudyConfig, dataset: str, variant: str, data: TokenData, tokens_
         raise ValueError(f"{best_path}: tuned for another dataset or variant (Optuna study "
                          f"{study}), not {dataset} {variant}; pass runs/{dataset}/{variant}/"
                          "best.json")
-    expected = cfg.tune.sampler_seed + replicate
+    expected = cfg.tune.sampler_seed  # the replicate's (StudyConfig.for_replicate)
     if tuned.get("sampler_seed", expected) != expected:
         raise ValueError(f"{best_path}: tuned with sampler seed {tuned['sampler_seed']}, but "
-                         f"--replicate {replicate} means tune.sampler_seed + {replicate} = "
-                         f"{expected}")
+                         f"replicate {replicate} tunes with tune.sampler_seed + {replicate} = "
+                         f"{expected}; pass that replicate's best.json")
     settings = tuned_settings(cfg, dataset, variant, data.fingerprint(), expected)
     if tuned.get("settings", settings) != settings:
         raise ValueError(f"{best_path}: tuned for other settings or data (fingerprint "

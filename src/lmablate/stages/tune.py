@@ -17,7 +17,7 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-from lmablate.config.study import MAX_SEED, ConfigError, StudyConfig, budget_label
+from lmablate.config.study import StudyConfig, budget_label
 from lmablate.core import fileio
 from lmablate.core.fingerprint import result_fields, run_params, tuned_settings
 from lmablate.core.tracker import Tracker
@@ -39,9 +39,10 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, best_pat
     """Run (or resume) the study of each of the dataset's budgets until every rung is done
     (:mod:`lmablate.tune.tuning`); every budget is checked before any trial.
 
-    ``replicate`` > 0 re-tunes with sampler seed ``tune.sampler_seed + replicate`` (a separate
-    study with its own design and proposals): how much the tuned result owes to the luck of
-    the search. It tunes the headline budget only (:func:`lmablate.train.budget.stage_budgets`).
+    ``replicate`` r > 0 tunes replicate r of the study
+    (:meth:`~lmablate.config.study.StudyConfig.for_replicate`: its own tuning seeds and sampler
+    seed, so a study of its own with its own design and proposals), at the headline budget only
+    (:func:`lmablate.train.budget.stage_budgets`).
 
     Writes ``best_path`` (JSON: ``lr``, ``d_model``, ``val_loss``, its ``slot``, ``rung``,
     ``budget_flops`` and ``budget_fraction``, ``full_budget`` (whether it was trained at the
@@ -65,11 +66,7 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, best_pat
     """
     cfg.dataset(dataset)
     cfg.check_variant(variant)
-    tune = cfg.tune
-    sampler_seed = tune.sampler_seed + replicate
-    if sampler_seed > MAX_SEED:
-        raise ConfigError(f"params: tune.sampler_seed={tune.sampler_seed} + --replicate "
-                          f"{replicate} is not allowed; the sum must be <= {MAX_SEED:,}")
+    cfg = cfg.for_replicate(replicate)
     # a device this machine lacks, a cluster that does not answer or a worker of another
     # kind: before any trial
     _, kind, cluster = resolve(cfg)
@@ -119,7 +116,7 @@ def _tune_budget(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path,
     """One budget's study (``cfg`` holds that budget), run or resumed under its MLflow parent
     run (named with the budget's ``label`` in a scaling study): ``(best, trial rows)``."""
     tune = cfg.tune
-    sampler_seed = tune.sampler_seed + replicate
+    sampler_seed = tune.sampler_seed
     processes = use_processes(cfg.runtime, models)
     if cluster is not None and processes:
         cluster.check_single_threaded(f"variant {variant!r} has dropout")

@@ -164,6 +164,6 @@ def make_tracker(cfg: TrackingConfig) -> Tracker:
 
 def run_name(dataset: str, variant: str, seed: int, label: str | None, replicate: int) -> str:
     """A final run's MLflow name: ``shakespeare-rope-seed0``; in a scaling study with its
-    budget, ``shakespeare-rope-1.1e10-seed0``; a re-tuning's ends in ``-r<N>``."""
+    budget, ``shakespeare-rope-1.1e10-seed0``; replicate r > 0's ends in ``-r<r>``."""
     return (f"{dataset}-{variant}-" + (f"{label}-" if label else "") + f"seed{seed}"
             + (f"-r{replicate}" if replicate else ""))

@@ -137,7 +137,7 @@ def _train_trial(job: TuneJob, study: optuna.Study, trial: optuna.Trial, data: T
         trial.set_user_attr("last_step", step)
 
     tags = {"dataset": job.dataset, "variant": job.variant, "stage": "tune",
-            "optuna_study": study.study_name, "trial": slot, "rung": trial.user_attrs[RUNG]}
+            "replicate": cfg.replicate, "optuna_study": study.study_name, "trial": slot, "rung": trial.user_attrs[RUNG]}
     with tracker.run(f"trial-{slot}", tags, parent_run_id=job.parent_run_id):
         seed = trial.user_attrs.get(TRIAL_SEED, cfg.tune.seed)
         tracker.log_params({**run_params(cfg, job.dataset, train_cfg), **model_cfg.to_dict(),
