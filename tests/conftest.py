@@ -23,7 +23,8 @@ from lmablate.config.study import StudyConfig
 from lmablate.model.gpt import flops_per_token
 from lmablate.stages import generate, tokenize
 
-from synthetic_study import ENV, make_cfg, write_replicate, write_runs
+from synthetic_study import (ENV, REPLICATE_1_SEEDS, REPLICATE_1_SHIFT, make_cfg,
+                             write_runs)
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -201,7 +202,6 @@ def study_root(tmp_path_factory):
     best = json.loads((root / "runs/shakespeare/old/best.json").read_text())
     best["study_name"] = best["study_name"].replace("-baseline-", "-old-")
     (root / "runs/shakespeare/old/best.json").write_text(json.dumps(best))
-    write_replicate(root / "runs" / "shakespeare" / "baseline")
     return root
 
 
@@ -212,6 +212,19 @@ def built(study_root):
     from lmablate.stages import report  # matplotlib and seaborn: only for the tests that use it
     root = study_root
     cfg = make_cfg()
+    out = report.build_report(cfg, root / "runs", root / "reports", environment=ENV)
+    return cfg, root / "reports", out
+
+
+@pytest.fixture(scope="session")
+def built_replicated(tmp_path_factory):
+    """``(cfg, reports dir, paths)`` of the synthetic study with a second replicate
+    (:data:`synthetic_study.REPLICATE_1_SHIFT`: one verdict that does not replicate)."""
+    from lmablate.stages import report
+    root = tmp_path_factory.mktemp("replicated")
+    write_runs(root / "runs")
+    write_runs(root / "runs", seeds=REPLICATE_1_SEEDS, replicate=1, shift=REPLICATE_1_SHIFT)
+    cfg = make_cfg(replicates=2)
     out = report.build_report(cfg, root / "runs", root / "reports", environment=ENV)
     return cfg, root / "reports", out
 

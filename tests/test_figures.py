@@ -366,64 +366,6 @@ def test_forest_draws_comparisons_without_holm_interval_columns(drawn, tmp_path)
     assert len(drawn[0].axes[0].patches) == 0  # no Holm bar to draw
 
 
-def forest_variation(low=-0.03, high=0.01, mean=-0.01):
-    """tuning_variation.csv of the baseline re-tuned with another sampler seed."""
-    return pd.DataFrame([{"dataset": DS, "variant": "baseline", "replicate": 1,
-                          "metric": "test_loss", "higher_is_better": False, "n_pairs": 3,
-                          "lr": 0.01, "d_model": 32, "replicate_lr": 0.02,
-                          "replicate_d_model": 32, "mean": 2.0, "replicate_mean": 2.0 + mean,
-                          "mean_diff": mean, "ci95_low": low, "ci95_high": high}])
-
-
-def test_forest_limits_hold_every_interval_and_the_tuning_luck_band(drawn, tmp_path):
-    # a Holm interval reaching far left of every raw interval (it was clipped there)
-    rows = [comparison_row("gelu", statistics.VERDICT_NSD, -0.02, 0.01, holm_half_width=0.2,
-                           p=0.5),
-            comparison_row("rope", statistics.VERDICT_BETTER, -0.1, 0.02, p=0.01)]
-    c = comparisons_frame(rows)
-    # the band (±0.05) is narrower than the Holm interval; a re-tuning of another dataset
-    # draws no band here
-    figures.plot_forest(c, DS, tmp_path / "f.png", variation=forest_variation(-0.05, 0.02))
-    figures.plot_forest(c, DS, tmp_path / "g.png",
-                        variation=forest_variation(-0.6, 0.6).assign(dataset="other"))
-    for fig, ends in ((drawn[0], [-0.22, 0.18, -0.03, -0.01, -0.13, -0.07, -0.05, 0.05]),
-                      (drawn[1], [-0.22, 0.18, -0.03, -0.01, -0.13, -0.07])):  # Holm, raw, band
-        ax = fig.axes[0]
-        renderer_of(fig)
-        low, high = ax.get_xlim()
-        assert low < min(ends) and high > max(ends)
-        # with a margin: the farthest end is not on the edge
-        assert min(ends) - low > 0.02 * (high - low) and high - max(ends) > 0.02 * (high - low)
-        assert high - low < 1.2 * (max(ends) - min(ends))  # and no band from another dataset
-
-
-def test_forest_band_is_the_tuning_luck_of_the_limits_sentence(drawn, tmp_path):
-    c = comparisons_frame([comparison_row("gelu", statistics.VERDICT_BETTER, -0.1, 0.02)])
-    variation = forest_variation(low=-0.0312, high=0.0104, mean=-0.0104)
-    figures.plot_forest(c, DS, tmp_path / "f.png", variation=variation)
-    ax = drawn[0].axes[0]
-    band = [p for p in ax.patches
-            if to_rgb(p.get_facecolor()) == to_rgb(figures.LUCK_COLOUR)]
-    assert len(band) == 1
-    x0, x1 = band[0].get_x(), band[0].get_x() + band[0].get_width()
-    luck = limits.tuning_luck(variation, DS, "test_loss")
-    assert luck == pytest.approx(0.0312)
-    assert (x0, x1) == pytest.approx((-luck, luck))
-    # the same number as the report's sentence, and named in the legend
-    sentence = " ".join(limits._tuning(variation, c, DS))
-    assert f"an effect up to about {luck:.3f} " in sentence
-    assert f"tuning luck: ±{luck:.3f} nats/char (baseline re-tuned)" in legend_texts(drawn[0])
-    assert "nats/char" in ax.get_xlabel()
-
-
-def test_forest_without_a_retuning_has_no_band(drawn, tmp_path):
-    c = comparisons_frame([comparison_row("gelu", statistics.VERDICT_BETTER, -0.1, 0.02)])
-    figures.plot_forest(c, DS, tmp_path / "f.png", variation=forest_variation().iloc[:0])
-    patches = drawn[0].axes[0].patches
-    assert not [p for p in patches if to_rgb(p.get_facecolor()) == to_rgb(figures.LUCK_COLOUR)]
-    assert limits.tuning_luck(None, DS, "test_loss") is None
-
-
 # ---- size and units ---------------------------------------------------------------------------
 
 def test_params_vs_loss_is_not_drawn_over_a_narrow_range_and_says_why(drawn, tmp_path, palette):

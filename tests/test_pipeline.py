@@ -61,7 +61,7 @@ def result_files(study: Path) -> list[Path]:
     results = sorted(p.relative_to(study) for pattern in (
         "runs/*/*/best.json", "runs/*/*/metrics.json") for p in study.glob(pattern))
     return results + [Path("reports") / name for name in (
-        "comparisons.csv", "tuning_variation.csv", "problem_comparisons.csv",
+        "comparisons.csv", "replication.csv", "problem_comparisons.csv",
         "detectable_effects.csv", "references.csv", "tuned.csv", "lr_sensitivity.csv",
         "extrapolation.csv", "extrapolation_comparisons.csv", "extrapolation_positions.csv")]
 
@@ -119,12 +119,12 @@ def test_repro_writes_report_tables_and_figures(study):
         assert f"figures/{f.name}" in report
     comparisons = list(csv.DictReader((study / "reports" / "comparisons.csv").open()))
     assert {r["variant"] for r in comparisons} == {"swiglu", "rope"}
-    # no stage tunes the baseline again (each variant's bracket measures its tuning
-    # uncertainty instead): the re-tuning table has its header and no rows, the report no section
+    # one replicate (study.replicates 1): the replication tables have their header and no
+    # rows, the report no section
     assert "tuning_uncertainty" in comparisons[0]
-    variation = list(csv.DictReader((study / "reports" / "tuning_variation.csv").open()))
-    assert variation == []
-    assert "### How much the tuning varies" not in report
+    for name in ("replicates.csv", "replication.csv", "tuning_spread.csv"):
+        assert list(csv.DictReader((study / "reports" / name).open())) == []
+    assert "## Replication" not in report
 
 
 @pytest.mark.slow
@@ -181,7 +181,7 @@ def test_repro_records_trials_and_runs(study):
     with sqlite3.connect(study / "mlflow.db") as db:
         tags = db.execute("select key, value from tags").fetchall()
     stages = [v for k, v in tags if k == "stage"]
-    # every variant's seeds, and no re-tuning (no runs tagged replicate 1)
+    # every variant's seeds, all of replicate 0 (study.replicates 1)
     assert stages.count("final") == 2 * len(VARIANTS) * len(SEEDS)
     replicates = [v for k, v in tags if k == "replicate"]
     assert replicates and set(replicates) == {"0"}

@@ -80,7 +80,6 @@ def _dataset(name: str = "sums") -> DatasetContent:
         comparisons=[{"variant": "rope", "verdict": "**▲ better**"}], compared=True,
         too_few=["gelu"], better=["rope (test loss)"], worse=[],
         problems=dt.ProblemDiagnostic(1000, 3, [{"variant": "rope"}]),
-        variation=[{"variant": "rope", "replicate": 1}],
         extrapolation=dt.Extrapolation(64, 4, "rope", [{"variant": "rope"}]),
         tuned=[{"variant": "baseline", "lr": "0.002"}],
         lr=["Sensitivity.", ""], lr_figure=Figure("LR caption", "figures/lr.png"),
@@ -170,7 +169,7 @@ def test_the_template_renders_the_sections_in_the_documented_order():
 def test_optional_blocks_are_left_out_without_blank_lines():
     bare = dataclasses.replace(
         _dataset(), arithmetic=None, summary=[], single_seed=False, comparisons=[],
-        compared=False, too_few=[], problems=None, variation=[], extrapolation=None, tuned=[],
+        compared=False, too_few=[], problems=None, extrapolation=None, tuned=[],
         lr=[], lr_figure=None, bracket=[], bracket_figure=None, figures=[], has_samples=False,
         samples=[], has_predictions=False, predictions=[])
     md = render_report(_content(findings=[], limits={}, scaling=None, notes=[], datasets=[bare],

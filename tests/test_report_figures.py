@@ -42,13 +42,11 @@ def test_a_figure_not_drawn_leaves_its_reason_in_the_figures_section(built):
     assert "params_vs_loss" not in md
 
 
-def test_forest_plots_are_in_each_datasets_headline_loss_with_the_tuning_luck_band(built):
+def test_forest_plots_are_in_each_datasets_headline_loss(built):
     _, _, out = built
     md = out["report"].read_text()
-    # shakespeare's baseline was tuned again (write_replicate): a band; arithmetic's was not
     assert ("**shakespeare: test loss difference to baseline, the loss of this dataset's "
-            "verdicts (paired by seed: raw 95% t-interval and Holm-adjusted interval; shaded "
-            "band: tuning luck") in md
+            "verdicts (paired by seed: raw 95% t-interval and Holm-adjusted interval)**") in md
     assert ("**arithmetic: answer loss difference to baseline, the loss of this dataset's "
             "verdicts (paired by seed: raw 95% t-interval and Holm-adjusted interval)**") in md
 

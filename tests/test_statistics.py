@@ -16,7 +16,7 @@ from lmablate.report import collect
 from lmablate.report.stats import statistics
 from lmablate.stages import report
 
-from synthetic_study import (DATASETS, EXPECTED_VERDICTS, REPLICATE_SHIFT, VARIANTS, make_cfg,
+from synthetic_study import (DATASETS, EXPECTED_VERDICTS, VARIANTS, make_cfg,
                              random_ablation, true_test_loss, write_runs)
 
 
@@ -255,46 +255,6 @@ def test_summary_means_are_groupby_means_over_seeds_in_row_order(built):
         want = a.dropna(subset=[metric]).groupby(["dataset", "variant"], sort=False)[metric].mean()
         for (ds, var), mean in want.items():
             assert s.loc[(ds, var, metric), "mean"] == mean, (ds, var, metric)
-
-
-def test_a_retuned_baseline_is_measured_against_the_baseline_not_taken_for_a_variant(built):
-    cfg, out_dir, out = built
-    ablation = pd.read_csv(out["ablation"])
-    assert len(ablation) == len(DATASETS) * len(VARIANTS) * 3  # no replicate row among them
-    variation = pd.read_csv(out["tuning_variation"])
-    assert list(variation.columns) == statistics.TUNING_VARIATION_COLUMNS
-    # only Shakespeare's baseline has a re-tuning, and Shakespeare has test loss only
-    assert variation[["dataset", "variant", "replicate", "metric"]].values.tolist() == [
-        ["shakespeare", "baseline", 1, "test_loss"]]
-    row = variation.iloc[0]
-    original = ablation[(ablation["dataset"] == "shakespeare")
-                        & (ablation["variant"] == "baseline")]
-    assert (row["lr"], row["d_model"]) == (original["lr"].iloc[0], 64)
-    assert (row["replicate_lr"], row["replicate_d_model"]) == (0.004, 32)
-    assert row["n_pairs"] == 3
-    assert row["mean_diff"] == pytest.approx(np.mean(REPLICATE_SHIFT), abs=1e-12)
-    low, high = stats.t.interval(0.95, 2, loc=np.mean(REPLICATE_SHIFT),
-                                 scale=stats.sem(REPLICATE_SHIFT))
-    assert (row["ci95_low"], row["ci95_high"]) == (pytest.approx(low), pytest.approx(high))
-    md = out["report"].read_text()
-    shakespeare, arithmetic = md.split("## shakespeare")[1], md.split("## arithmetic")[1]
-    shakespeare = shakespeare.split("## arithmetic")[0]
-    assert "### How much the tuning varies" in shakespeare
-    assert "### How much the tuning varies" not in arithmetic
-    assert f"| baseline | 1 | test loss (lower is better) | {row['lr']:.3g}, 64 | 0.004, 32 | 3 |" \
-        in shakespeare
-
-
-def test_tuning_variation_of_an_identical_retuning_is_zero():
-    rng = np.random.default_rng(0)
-    ablation = random_ablation(rng, 4).assign(lr=0.003, d_model=64)
-    same = ablation[ablation["variant"] == "v1"].assign(replicate=1)
-    variation = statistics.tuning_variation(ablation, same)
-    metrics = [m for m in statistics.COMPARED_METRICS if m in ablation]
-    assert len(variation) == 2 * len(metrics) > 0  # d1, d2 x every compared metric
-    assert (variation["mean_diff"] == 0).all()
-    assert (variation["ci95_low"] == 0).all() and (variation["ci95_high"] == 0).all()
-    assert statistics.tuning_variation(ablation, same.iloc[:0]).empty
 
 
 def test_intervals_of_fractions_stay_in_their_range_and_keep_their_verdicts():

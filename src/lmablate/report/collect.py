@@ -1,7 +1,9 @@
-"""Reading what the train/evaluate/tune stages wrote under ``runs/<dataset>/<variant>/``.
+"""Reading what the train/evaluate/tune stages wrote under ``runs/<dataset>/<variant>/`` (and
+replicate r's under ``runs/<dataset>/<variant>/replicate_<r>/``).
 
-:func:`collect` gathers every run into one :class:`RunOutputs`; :func:`restrict_to_study` keeps
-the runs the config asks for and lists the missing and ignored ones.
+:func:`collect` gathers every run of one replicate into one :class:`RunOutputs`;
+:func:`restrict_to_study` keeps the runs the config asks for and lists the missing and ignored
+ones.
 
 The order of datasets and variants is set here, once: every frame's ``dataset`` and ``variant``
 columns are ordered :class:`pandas.Categorical` (datasets in config order; variants with
@@ -23,7 +25,7 @@ from lmablate.config.study import StudyConfig, budget_label
 from lmablate.core import fileio
 from lmablate.report.run_files import (
     ABLATION_COLUMNS, ANSWER_DIGITS_COLUMNS, EXTRAPOLATION_COLUMNS, OPERAND_DIGITS_COLUMNS,
-    PER_OP_COLUMNS, POSITION_LOSS_COLUMNS, REPLICATE_COLUMNS, TUNED_COLUMNS, at_headline,
+    PER_OP_COLUMNS, POSITION_LOSS_COLUMNS, TUNED_COLUMNS, at_headline,
     read_csv_tagged, read_metrics, tuned_row, typed_columns, typed_numbers)
 
 BASELINE = "baseline"  # the variant every other is compared with; first in every table
@@ -51,10 +53,6 @@ class RunOutputs:
         samples: ``{(dataset, variant): {"seed_<n>": [generated text, ...]}}`` (text corpora).
         predictions: ``{(dataset, variant): {"seed_<n>": [{"prompt", "target",
             "prediction"}, ...]}}`` (arithmetic: greedy-decoded test problems).
-        replicates: the final runs of re-tunings with another sampler seed
-            (``<dataset>/<variant>/replicate_<N>/metrics.json``), columns
-            :data:`REPLICATE_COLUMNS`, sorted by dataset, variant, replicate, seed. Never part
-            of ``ablation``: they measure how much tuning varies, they are not a variant.
         tuned: the tuned values of each dataset x variant (``best.json``), columns
             :data:`TUNED_COLUMNS`: ``lr`` per step, ``d_model``, the best trial's ``val_loss``
             (nats/char, at its share of the budget) and the range-edge flags.
@@ -90,8 +88,6 @@ class RunOutputs:
     per_op: pd.DataFrame
     samples: dict[tuple[str, str], dict[str, list[str]]]
     predictions: dict[tuple[str, str], dict[str, list[dict[str, str]]]]
-    replicates: pd.DataFrame = dataclasses.field(
-        default_factory=lambda: pd.DataFrame(columns=REPLICATE_COLUMNS))
     tuned: pd.DataFrame = dataclasses.field(
         default_factory=lambda: pd.DataFrame(columns=TUNED_COLUMNS))
     extrapolation: pd.DataFrame = dataclasses.field(
@@ -178,8 +174,7 @@ _DIGIT_FRAMES = ("by_operand_digits", "by_answer_digits")
 def _ordered(runs: RunOutputs, datasets: Sequence[str], variants: Sequence[str]) -> RunOutputs:
     """``runs`` with the study order set on every frame; the ablation table sorted by it."""
     frames = {f: with_order(getattr(runs, f), datasets, variants)
-              for f in ("ablation", "history", "trials", "grad", "per_op", "replicates",
-                        "tuned", "extrapolation", "position_loss", *_DIGIT_FRAMES, "scaling",
+              for f in ("ablation", "history", "trials", "grad", "per_op", "tuned", "extrapolation", "position_loss", *_DIGIT_FRAMES, "scaling",
                         "scaling_trials", "scaling_tuned")}
     frames["ablation"] = frames["ablation"].sort_values(
         ["dataset", "variant", "seed"], kind="stable", ignore_index=True)
@@ -187,17 +182,22 @@ def _ordered(runs: RunOutputs, datasets: Sequence[str], variants: Sequence[str])
                                                   ignore_index=True)
     frames["scaling"] = frames["scaling"].sort_values(
         ["dataset", "variant", "budget_flops", "seed"], kind="stable", ignore_index=True)
-    frames["replicates"] = frames["replicates"].sort_values(
-        ["dataset", "variant", "replicate", "seed"], kind="stable", ignore_index=True)
     for f in _DIGIT_FRAMES:
         frames[f] = frames[f].sort_values(["dataset", "variant", "seed", "digits"],
                                           kind="stable", ignore_index=True)
     return dataclasses.replace(runs, **frames)
 
 
-def collect(runs_dir: Path) -> RunOutputs:
-    """Read every ``<runs_dir>/<dataset>/<variant>/`` that holds a ``metrics.json``, and every
-    re-tuning's ``<runs_dir>/<dataset>/<variant>/replicate_<N>/metrics.json``.
+def replicate_folder(replicate: int) -> str:
+    """The folder of replicate r > 0 inside ``<runs>/<dataset>/<variant>/`` (dvc.yaml's
+    replicate stages write there); replicate 0's files lie in that folder itself."""
+    return f"replicate_{replicate}"
+
+
+def collect(runs_dir: Path, replicate: int = 0) -> RunOutputs:
+    """Read every ``<runs_dir>/<dataset>/<variant>/`` that holds a ``metrics.json``; for
+    replicate r > 0 of the study (``study.replicates``) every
+    ``<runs_dir>/<dataset>/<variant>/replicate_<r>/`` instead, read alike.
 
     Reads ``metrics.json`` (per seed: sizes, tuned ``lr``/``d_model``, losses, accuracies,
     ``per_op`` results and, for arithmetic, ``by_operand_digits`` and ``by_answer_digits``),
@@ -219,9 +219,12 @@ def collect(runs_dir: Path) -> RunOutputs:
     samples: dict[tuple[str, str], dict] = {}
     predictions: dict[tuple[str, str], dict] = {}
     scaling_rows, scaling_trials, scaling_tuned = [], [], []
-    for metrics_path in sorted(runs_dir.glob("*/*/metrics.json")):
+    pattern = f"*/*/{replicate_folder(replicate)}/metrics.json" if replicate else "*/*/metrics.json"
+    for metrics_path in sorted(runs_dir.glob(pattern)):
         run_dir = metrics_path.parent
-        dataset, variant, seed_rows, parts, headline = read_metrics(metrics_path)
+        # the <dataset>/<variant>/ folder that names the run
+        named = run_dir if not replicate else run_dir.parent
+        dataset, variant, seed_rows, parts, headline = read_metrics(metrics_path, named)
         rows += seed_rows
         scaling_rows += parts.pop("scaling")
         for name, part in parts.items():
@@ -238,9 +241,9 @@ def collect(runs_dir: Path) -> RunOutputs:
             best = fileio.read_json(run_dir / "best.json")
             for entry in best.get("budgets", [best]):  # tuned for this folder's run
                 name = str(entry.get("study_name") or f"{dataset}-{variant}-")
-                if not name.startswith(f"{run_dir.parent.name}-{run_dir.name}-"):
+                if not name.startswith(f"{named.parent.name}-{named.name}-"):
                     raise ValueError(f"{run_dir / 'best.json'}: tuned as Optuna study {name}, "
-                                     f"not for {run_dir.parent.name} {run_dir.name} (its "
+                                     f"not for {named.parent.name} {named.name} (its "
                                      "folder); run lmablate tune (or dvc repro) again")
             entries = [tuned_row(dataset, variant, b) for b in best.get("budgets", [best])]
             scaling_tuned += entries
@@ -256,15 +259,6 @@ def collect(runs_dir: Path) -> RunOutputs:
             sink = predictions if isinstance(first, dict) else samples
             sink[(dataset, variant)] = examples
 
-    replicate_rows = []
-    for metrics_path in sorted(runs_dir.glob("*/*/replicate_*/metrics.json")):
-        number = metrics_path.parent.name.removeprefix("replicate_")
-        if not number.isdigit():
-            continue
-        replicate = int(number)
-        _, _, seed_rows, _, _ = read_metrics(metrics_path, metrics_path.parent.parent)
-        replicate_rows += [{**row, "replicate": replicate} for row in seed_rows]
-
     ablation = typed_columns(pd.DataFrame(rows, columns=ABLATION_COLUMNS))
     per_op = typed_numbers(pd.DataFrame(more.get("per_op", []), columns=PER_OP_COLUMNS))
     digit_frames = {name: typed_numbers(pd.DataFrame(more.get(name, []), columns=columns))
@@ -274,8 +268,6 @@ def collect(runs_dir: Path) -> RunOutputs:
     runs = RunOutputs(ablation=ablation, history=_stack(histories), trials=_stack(trials),
                       grad=_stack(grads), per_op=per_op, samples=samples,
                       predictions=predictions,
-                      replicates=typed_columns(pd.DataFrame(replicate_rows,
-                                                            columns=REPLICATE_COLUMNS)),
                       tuned=pd.DataFrame(tuned_rows, columns=TUNED_COLUMNS),
                       scaling=typed_columns(pd.DataFrame(scaling_rows, columns=ABLATION_COLUMNS)),
                       scaling_trials=_stack(scaling_trials),
@@ -286,8 +278,7 @@ def collect(runs_dir: Path) -> RunOutputs:
                       position_loss=typed_numbers(pd.DataFrame(more.get("position_loss", []),
                                                           columns=POSITION_LOSS_COLUMNS)),
                       **digit_frames)
-    frames = [runs.ablation, runs.history, runs.trials, runs.grad, runs.per_op, runs.replicates,
-              runs.tuned]
+    frames = [runs.ablation, runs.history, runs.trials, runs.grad, runs.per_op, runs.tuned]
     datasets = sorted({str(d) for f in frames if "dataset" in f for d in f["dataset"]})
     variants = variant_order(str(v) for f in frames if "variant" in f for v in f["variant"])
     return _ordered(runs, datasets, variants)
@@ -349,7 +340,7 @@ def restrict_to_study(cfg: StudyConfig, runs: RunOutputs) -> tuple[RunOutputs, l
                 if d in cfg.datasets and v in cfg.study_variants}
 
     kept = dataclasses.replace(
-        runs, ablation=ablation, replicates=_filter(runs.replicates, cfg),
+        runs, ablation=ablation,
         history=_filter(runs.history, cfg), tuned=_filter(runs.tuned, cfg),
         trials=_filter(runs.trials, cfg, by_seed=False), grad=_filter(runs.grad, cfg),
         extrapolation=_filter(runs.extrapolation, cfg),

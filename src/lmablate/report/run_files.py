@@ -36,9 +36,6 @@ OPERAND_DIGITS_COLUMNS = ["dataset", "variant", "seed", "digits", "split", "exac
                           "char_accuracy", "answer_loss", "n", "note"]
 ANSWER_DIGITS_COLUMNS = ["dataset", "variant", "seed", "digits", "exact_match",
                          "char_accuracy", "answer_loss", "n"]
-# The final runs of a re-tuning (``runs/<dataset>/<variant>/replicate_<N>/``): the ablation
-# columns with the replicate number N after the variant.
-REPLICATE_COLUMNS = [*ABLATION_COLUMNS[:2], "replicate", *ABLATION_COLUMNS[2:]]
 # Length extrapolation (evaluate's "extrapolation"): per seed and factor the test loss on windows
 # of factor x context_length tokens, or the reason there is none ("n/a (learned table of N
 # positions)"); and per position bucket its mean loss.
@@ -244,10 +241,10 @@ def bracket_columns(bracket: Mapping[str, Any] | None) -> dict:
 
 
 def typed_columns(df: pd.DataFrame) -> pd.DataFrame:
-    """``df`` (ablation or replicate columns) with its numbers typed: integer columns as
+    """``df`` (ablation columns) with its numbers typed: integer columns as
     nullable Int64 where integral (:func:`maybe_int`), the others as float."""
     for col in df.columns:
-        if col in _INTEGER_COLUMNS or col == "replicate":
+        if col in _INTEGER_COLUMNS:
             df[col] = maybe_int(df[col])
         elif col not in ("dataset", "variant"):
             df[col] = pd.to_numeric(df[col], errors="coerce").astype(float)

@@ -16,7 +16,7 @@ character), accuracies as fractions in [0, 1].
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
@@ -32,8 +32,9 @@ from lmablate.report.stats.problems import PROBLEM_COLUMNS, compare_problems
 from lmablate.report.stats.reference_points import (REFERENCE_COLUMNS, reference_table,
                                                     uniform_losses)
 from lmablate.report.stats.sensitivity import SENSITIVITY_COLUMNS, lr_sensitivity
-from lmablate.report.stats.statistics import (TUNING_VARIATION_COLUMNS, compare, summarise,
-                                          tuning_check, tuning_variation)
+from lmablate.report.stats import replication as rep
+from lmablate.report.headline import headline_loss
+from lmablate.report.stats.statistics import compare, summarise, tuning_check
 from lmablate.report.stats.success import SUCCESS_COLUMNS, success_table
 from lmablate.report.text import arithmetic_section as arith
 from lmablate.report.text import findings as fi
@@ -64,7 +65,6 @@ class ReportTables:
     comparisons: pd.DataFrame  # statistics.COMPARISON_COLUMNS, every variant against baseline
     problems: pd.DataFrame  # problems.PROBLEM_COLUMNS, arithmetic problem by problem
     detectable: pd.DataFrame  # limits.DETECTABLE_COLUMNS, the mde of each comparison
-    variation: pd.DataFrame  # statistics.TUNING_VARIATION_COLUMNS, the re-tunings
     references: pd.DataFrame  # REFERENCE_COLUMNS; empty without the tokenized data
     extrapolation: pd.DataFrame  # extrapolation.TABLE_COLUMNS, test loss per context multiple
     extrapolation_comparisons: pd.DataFrame  # each scheme against rope at each length
@@ -78,6 +78,14 @@ class ReportTables:
     speed: pd.DataFrame  # learning_speed.SPEED_COLUMNS, tokens to learn per seed
     speed_summary: pd.DataFrame  # learning_speed.TABLE_COLUMNS, Kaplan-Meier per variant
     speed_comparisons: pd.DataFrame  # learning_speed.COMPARISON_COLUMNS, paired by seed
+    # study.replicates > 1 (replication.py), else empty: each replicate's verdicts, their
+    # agreement and combination, and how far tuning moved between replicates
+    replicates: pd.DataFrame = field(
+        default_factory=lambda: pd.DataFrame(columns=rep.REPLICATE_COLUMNS))
+    replication: pd.DataFrame = field(
+        default_factory=lambda: pd.DataFrame(columns=rep.COMBINED_COLUMNS))
+    tuning_spread: pd.DataFrame = field(
+        default_factory=lambda: pd.DataFrame(columns=rep.SPREAD_COLUMNS))
 
 
 def _in_study_order(table: pd.DataFrame, ablation: pd.DataFrame) -> pd.DataFrame:
@@ -87,9 +95,45 @@ def _in_study_order(table: pd.DataFrame, ablation: pd.DataFrame) -> pd.DataFrame
         {v: i for i, v in enumerate(present(ablation[c.name]))}))
 
 
-def compute_tables(cfg: StudyConfig, runs: RunOutputs, tokens_dir: Path | None) -> ReportTables:
+def replicate_comparisons(runs: RunOutputs) -> pd.DataFrame:
+    """One replicate's comparisons with the baseline, checked against its tuning uncertainty,
+    as the report draws its verdicts."""
+    return tuning_check(compare(runs.ablation, baseline=BASELINE), runs.tuned)
+
+
+def replication_tables(runs: RunOutputs, comparisons: pd.DataFrame,
+                       replicates: dict[int, RunOutputs]
+                       ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """The tables of :mod:`~lmablate.report.stats.replication` over replicate 0 (``runs`` and its
+    ``comparisons``) and ``replicates`` (r > 0 -> its runs): each replicate's verdicts, their
+    combination, the tuning spread. Empty frames without replicates."""
+    if not replicates:
+        return (pd.DataFrame(columns=rep.REPLICATE_COLUMNS),
+                pd.DataFrame(columns=rep.COMBINED_COLUMNS),
+                pd.DataFrame(columns=rep.SPREAD_COLUMNS))
+    every = {0: runs, **replicates}
+    found = {r: replicate_comparisons(x) for r, x in replicates.items()
+             if not x.ablation.empty}
+    compared = {0: comparisons, **found}
+    tuned = {r: x.tuned for r, x in every.items()}
+    headline = {str(d): headline_loss(runs.ablation, str(d))
+                for d in present(runs.ablation["dataset"])}
+    verdicts = rep.replicate_verdicts(compared, tuned, headline)
+    within = pd.concat([c.assign(replicate=r) for r, c in compared.items()], ignore_index=True)
+    within = within[within.apply(lambda x: headline.get(str(x["dataset"])) == x["metric"],
+                                 axis=1)]
+    combined = rep.combine_replicates(verdicts, within[["dataset", "variant", "replicate",
+                                                         "sd_diff"]])
+    spread = rep.tuning_spread(tuned, {r: x.ablation for r, x in every.items()
+                                       if not x.ablation.empty}, headline)
+    return verdicts, combined, spread
+
+
+def compute_tables(cfg: StudyConfig, runs: RunOutputs, tokens_dir: Path | None,
+                   replicates: dict[int, RunOutputs] | None = None) -> ReportTables:
     """Every table of the report from the study's runs
-    (:func:`~lmablate.report.collect.restrict_to_study`; ``runs.ablation`` not empty).
+    (:func:`~lmablate.report.collect.restrict_to_study`; ``runs.ablation`` not empty), and
+    from those of its ``replicates`` r > 0 (r -> runs) where ``study.replicates`` > 1.
 
     ``tokens_dir`` (``<tokens_dir>/<dataset>/``) gives the reference points and the loss at
     initialisation of the learning-rate sensitivity
@@ -101,11 +145,10 @@ def compute_tables(cfg: StudyConfig, runs: RunOutputs, tokens_dir: Path | None) 
     """
     ablation = runs.ablation
     summary = summarise(ablation)
-    comparisons = tuning_check(compare(ablation, baseline=BASELINE), runs.tuned)
+    comparisons = replicate_comparisons(runs)
     problems = compare_problems(runs.predictions, baseline=BASELINE,
                                 variants=present(ablation["variant"]))
     detectable = detectable_table(comparisons)
-    variation = tuning_variation(ablation, runs.replicates)
     references = (reference_table(cfg, tokens_dir, runs) if tokens_dir is not None
                   else pd.DataFrame(columns=REFERENCE_COLUMNS))
     extrapolation = ex.extrapolation_table(runs.extrapolation)
@@ -118,13 +161,15 @@ def compute_tables(cfg: StudyConfig, runs: RunOutputs, tokens_dir: Path | None) 
     speed = tokens_to_learn(runs.history)
     return ReportTables(
         summary=summary, comparisons=comparisons, problems=problems, detectable=detectable,
-        variation=variation, references=references, extrapolation=extrapolation,
+        references=references, extrapolation=extrapolation,
         extrapolation_comparisons=extrapolation_comparisons, positions=positions,
         sensitivity=sensitivity, length=length, length_comparisons=length_comparisons,
         convergence=_in_study_order(fi.convergence_table(runs.history), ablation),
         gradients=_in_study_order(gradient_table(runs.grad), ablation),
         success=success_table(ablation), speed=speed, speed_summary=speed_table(speed),
-        speed_comparisons=compare_speed(speed))
+        speed_comparisons=compare_speed(speed),
+        **dict(zip(("replicates", "replication", "tuning_spread"),
+                   replication_tables(runs, comparisons, replicates or {}))))
 
 
 def csv_tables(runs: RunOutputs, tables: ReportTables
@@ -140,8 +185,9 @@ def csv_tables(runs: RunOutputs, tables: ReportTables
         "references": ("references.csv", tables.references, REFERENCE_COLUMNS),
         "tuned": ("tuned.csv", runs.tuned, TUNED_COLUMNS),
         "lr_sensitivity": ("lr_sensitivity.csv", tables.sensitivity, SENSITIVITY_COLUMNS),
-        "tuning_variation": ("tuning_variation.csv", tables.variation,
-                             TUNING_VARIATION_COLUMNS),
+        "replicates": ("replicates.csv", tables.replicates, rep.REPLICATE_COLUMNS),
+        "replication": ("replication.csv", tables.replication, rep.COMBINED_COLUMNS),
+        "tuning_spread": ("tuning_spread.csv", tables.tuning_spread, rep.SPREAD_COLUMNS),
         "extrapolation": ("extrapolation.csv", tables.extrapolation, ex.TABLE_COLUMNS),
         "extrapolation_comparisons": ("extrapolation_comparisons.csv",
                                       tables.extrapolation_comparisons, None),

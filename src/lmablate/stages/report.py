@@ -27,7 +27,7 @@ import torch
 from lmablate.config.study import StudyConfig
 from lmablate.core import fileio
 from lmablate.core.tracker import Tracker
-from lmablate.report.collect import collect, present, restrict_to_study
+from lmablate.report.collect import RunOutputs, collect, present, restrict_to_study
 from lmablate.report.curves import CURVE_COLUMNS, mean_curves
 from lmablate.report.families import variant_colours, variant_palette
 from lmablate.report.figures.model_figures import draw_model_figures
@@ -82,7 +82,8 @@ def summary_record(cfg: StudyConfig, metrics_dir: Path) -> tuple[dict, dict, dic
     ``arithmetic/rope/delta_answer_loss``) and tags (each text of each file as
     ``<path>/<key>``: the verdicts). Returns ``(params, metrics, tags)``."""
     params = {"profile": cfg.profile, "seeds": list(cfg.seeds), "datasets": list(cfg.datasets),
-              "variants": list(cfg.study_variants), "match_params": cfg.match_params}
+              "variants": list(cfg.study_variants), "match_params": cfg.match_params,
+              "replicates": cfg.replicates}
     metrics, tags = {}, {}
     for path in sorted(metrics_dir.rglob("*.json")):
         name = path.relative_to(metrics_dir).with_suffix("").as_posix()
@@ -92,6 +93,19 @@ def summary_record(cfg: StudyConfig, metrics_dir: Path) -> tuple[dict, dict, dic
             else:
                 tags[f"{name}/{key}"] = str(value)
     return params, metrics, tags
+
+
+def with_replication(docs: dict[str, dict], replication: pd.DataFrame) -> dict[str, dict]:
+    """The DVC metrics ``docs`` with each compared variant's replication
+    (:func:`lmablate.report.stats.replication.combine_replicates`) in its
+    ``<dataset>/<variant>.json``: ``replicated`` ("yes" when every replicate gave the same
+    verdict, else "no") and ``verdict_combined``, so that ``dvc exp show`` and the MLflow
+    summary run show them. Unchanged without replicates."""
+    for r in replication.itertuples():
+        doc = docs.get(f"{r.dataset}/{r.variant}.json")
+        if doc is not None:
+            doc.update(replicated="yes" if r.agree else "no", verdict_combined=r.verdict)
+    return docs
 
 
 def write_metrics(metrics_dir: Path, docs: dict[str, dict]) -> Path:
@@ -138,7 +152,8 @@ def build_report(cfg: StudyConfig, runs_dir: Path, out_dir: Path,
 
     Returns:
         ``{"report", "ablation", "summary", "comparisons", "problem_comparisons",
-        "detectable_effects", "references", "tuned", "lr_sensitivity", "tuning_variation",
+        "detectable_effects", "references", "tuned", "lr_sensitivity", "replicates",
+        "replication", "tuning_spread",
         "extrapolation", "extrapolation_comparisons", "extrapolation_positions",
         "length_generalisation", "length_generalisation_comparisons", "scaling_fits",
         "scaling_effects", "scaling_trends", "scaling_extrapolation", "scaling_isoflop",
@@ -155,7 +170,7 @@ def build_report(cfg: StudyConfig, runs_dir: Path, out_dir: Path,
         raise FileNotFoundError(
             f"report: no results of the configured study under {runs_dir} (expected "
             f"<dataset>/<variant>/metrics.json for datasets {', '.join(cfg.datasets)})")
-    tables = compute_tables(cfg, runs, tokens_dir)
+    tables = compute_tables(cfg, runs, tokens_dir, replicate_runs(cfg, runs_dir, notes))
 
     out_dir.mkdir(parents=True, exist_ok=True)
     csvs = csv_tables(runs, tables)
@@ -172,9 +187,11 @@ def build_report(cfg: StudyConfig, runs_dir: Path, out_dir: Path,
     csvs_scaling = scaling_csvs(scaling)
     paths.update({name: fileio.write_csv(out_dir / file, frame, columns)
                   for name, (file, frame, columns) in csvs_scaling.items()})
-    paths["metrics"] = write_metrics(out_dir / "metrics", scaling_metrics(scaling, runs, (
-        metrics_files(tables.summary, tables.comparisons, tables.extrapolation,
-                      tables.speed_summary))))
+    paths["metrics"] = write_metrics(out_dir / "metrics", with_replication(
+        scaling_metrics(scaling, runs, metrics_files(tables.summary, tables.comparisons,
+                                                     tables.extrapolation,
+                                                     tables.speed_summary)),
+        tables.replication))
 
     figures = draw_report_figures(cfg, runs, tables, out_dir / "figures", palette,
                                   extra=extra_figures)
@@ -188,6 +205,20 @@ def build_report(cfg: StudyConfig, runs_dir: Path, out_dir: Path,
         trends=scaling.trends, csv_files=written)))
     paths["figures"] = figures.written() + list(scaling_figures.values())
     return paths
+
+
+def replicate_runs(cfg: StudyConfig, runs_dir: Path, notes: list[str]) -> dict[int, RunOutputs]:
+    """The runs of replicates 1 .. ``study.replicates`` - 1 (r -> runs, each restricted to its
+    own seeds, :meth:`~lmablate.config.study.StudyConfig.for_replicate`, and its tuning
+    uncertainty drawn with its own pooled spread); their missing or ignored runs are added to
+    ``notes``, named by replicate."""
+    out = {}
+    for r in range(1, cfg.replicates):
+        runs, missing = restrict_to_study(cfg.for_replicate(r), collect(runs_dir, r))
+        notes += [f"Replicate {r}: {note}" for note in missing]
+        out[r] = dataclasses.replace(runs, tuned=with_pooled_uncertainty(runs.tuned,
+                                                                         runs.trials))
+    return out
 
 
 def run(cfg: StudyConfig, runs_dir: Path, tokens_dir: Path, out_dir: Path,
@@ -219,7 +250,8 @@ def run(cfg: StudyConfig, runs_dir: Path, tokens_dir: Path, out_dir: Path,
         tracker.log_artifact(out_dir / "report.md")
         for name in ("ablation.csv", "summary.csv", "comparisons.csv", "problem_comparisons.csv",
                      "detectable_effects.csv", "references.csv", "tuned.csv",
-                     "lr_sensitivity.csv", "tuning_variation.csv",
+                     "lr_sensitivity.csv", "replicates.csv", "replication.csv",
+                     "tuning_spread.csv",
                      "length_generalisation.csv", "length_generalisation_comparisons.csv"):
             tracker.log_artifact(out_dir / name, "tables")
         tracker.log_artifact(figures_dir, "figures")

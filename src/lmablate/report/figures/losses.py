@@ -41,7 +41,6 @@ from lmablate.report.figures.plotting import LOSS_UNIT
 from lmablate.report.stats.statistics import (ALPHA, METRICS, VERDICT_BETTER, VERDICT_FEW,
                                           VERDICT_IDENTICAL, VERDICT_NSD,
                                           VERDICT_UNDECIDED_TUNING, VERDICT_WORSE, t_interval)
-from lmablate.report.text.limits import tuning_luck
 
 VERDICT_COLORS = {
     VERDICT_BETTER: "#1a9850",
@@ -52,7 +51,6 @@ VERDICT_COLORS = {
     VERDICT_UNDECIDED_TUNING: "#e08214",  # orange: significant, but inside the tuning's reach
 }
 
-LUCK_COLOUR = "#f2e3b3"  # pale sand: the tuning-luck band, behind everything
 JITTER_SEED = 0  # the strip plot's horizontal jitter (see plot_test_loss)
 
 # plot_test_loss draws a reference only within this many data ranges beyond the data (the
@@ -167,8 +165,7 @@ def _reference_window(d: pd.DataFrame) -> tuple[float, float]:
 
 
 def plot_forest(comparisons: pd.DataFrame, dataset: str, path: Path,
-                metric: str = "test_loss", *,
-                variation: pd.DataFrame | None = None) -> Path | None:
+                metric: str = "test_loss") -> Path | None:
     """Forest plot of ``variant - baseline`` in ``metric`` (the metric's unit) per variant,
     paired by seed: the mean difference as a diamond coloured by the Holm-corrected verdict,
     its raw 95% t-interval as a thin line with caps, its Holm-adjusted interval
@@ -178,36 +175,26 @@ def plot_forest(comparisons: pd.DataFrame, dataset: str, path: Path,
     at 0 (no difference). A text column right of the axes gives each variant's Holm p-value
     (``*`` = significant), ``"identical on every seed"`` or ``"n=2: no test"``: outside the
     data area, no label can hide a marker or an interval. The legend (verdicts, interval kinds)
-    is below the figure. The x axis spans every interval, the band and 0, with a margin.
-
-    Args:
-        variation: :func:`~lmablate.report.stats.statistics.tuning_variation`
-            (tuning_variation.csv); when it has a re-tuning of ``dataset`` in ``metric``, a grey band of ±
-            :func:`~lmablate.report.text.limits.tuning_luck` around 0: effects within it may owe
-            as much to the tuner as to the feature (the number of the report's "Tuning luck"
-            sentence).
+    is below the figure. The x axis spans every interval and 0, with a margin.
 
     Returns ``path``, or None when ``dataset`` has no comparison for ``metric``."""
     c = _forest_rows(comparisons, dataset, metric)
     if c.empty:
         return None
-    luck = tuning_luck(variation, dataset, metric)
     with plotting.figure(path, figsize=(8.0, 2.4 + 0.45 * len(c))) as (fig, axes):
-        _draw_forest(fig, axes[0, 0], c, dataset, metric, luck)
+        _draw_forest(fig, axes[0, 0], c, dataset, metric)
     return Path(path)
 
 
-def forest_limits(c: pd.DataFrame, luck: float | None = None,
-                  margin: float = 0.06) -> tuple[float, float]:
+def forest_limits(c: pd.DataFrame, margin: float = 0.06) -> tuple[float, float]:
     """The x range of a forest plot of the rows ``c`` (:func:`_forest_rows`): every mean, the
     ends of every raw and Holm interval (and of the Holm interval widened by the tuning
-    uncertainty), the tuning-luck band ``±luck`` and 0, widened by
+    uncertainty) and 0, widened by
     ``margin`` of that span on each side (a Holm bar clipped at the edge hides how far it
     reaches)."""
     cols = [x for x in ("mean_diff", "ci95_low", "ci95_high", "ci_holm_low", "ci_holm_high",
                         "tuned_low", "tuned_high") if x in c]
-    values = np.concatenate([c[cols].to_numpy(float).ravel(), [0.0],
-                             [-luck, luck] if luck else []])
+    values = np.concatenate([c[cols].to_numpy(float).ravel(), [0.0]])
     values = values[np.isfinite(values)]
     low, high = float(values.min()), float(values.max())
     span = high - low if high > low else max(abs(high), 1e-3)
@@ -243,14 +230,10 @@ def _forest_note(r: pd.Series) -> str:
     return f"p_Holm={r['p_holm']:.2g}{star}"
 
 
-def _draw_forest(fig: Figure, ax: Any, c: pd.DataFrame, dataset: str, metric: str,
-                 luck: float | None) -> None:
-    """Draw :func:`plot_forest`'s rows ``c`` (from :func:`_forest_rows`) on ``ax`` of ``fig``,
-    with the tuning-luck band ``±luck`` when given."""
+def _draw_forest(fig: Figure, ax: Any, c: pd.DataFrame, dataset: str, metric: str) -> None:
+    """Draw :func:`plot_forest`'s rows ``c`` (from :func:`_forest_rows`) on ``ax`` of ``fig``."""
     label, _, higher = METRICS[metric]
     unit = plotting.metric_unit(metric)
-    if luck:
-        ax.axvspan(-luck, luck, color=LUCK_COLOUR, zorder=0, linewidth=0)
     ax.axvline(0, color="black", linewidth=1, linestyle="--")
     for _, r in c.iterrows():
         colour = VERDICT_COLORS[r["verdict"]]
@@ -277,7 +260,7 @@ def _draw_forest(fig: Figure, ax: Any, c: pd.DataFrame, dataset: str, metric: st
                     va="center", ha="left", fontsize=8, annotation_clip=False)
     ax.set_yticks(c["y"], c["variant"])
     ax.set_ylim(len(c) - 0.5, -0.5)  # first variant on top, as in the tables
-    ax.set_xlim(*forest_limits(c, luck))
+    ax.set_xlim(*forest_limits(c))
     better = "> 0" if higher else "< 0"
     ax.set_xlabel(f"Δ {label} (variant − baseline){', ' + unit if unit else ''}; "
                   f"{better} = better")
@@ -287,11 +270,10 @@ def _draw_forest(fig: Figure, ax: Any, c: pd.DataFrame, dataset: str, metric: st
                  "thin line with caps: 95% t-interval; thick bar: Holm-adjusted interval"
                  + ("; dotted: ± tuning uncertainty" if tuned else "") + "\n"
                  f"p_Holm: Holm-corrected p-value, * = significant (α={ALPHA})")
-    _forest_legend(fig, verdicts, luck, unit, tuned)
+    _forest_legend(fig, verdicts, tuned)
 
 
-def _forest_legend(fig: Figure, verdicts: Sequence[str], luck: float | None = None,
-                   unit: str = "", tuned: bool = False) -> None:
+def _forest_legend(fig: Figure, verdicts: Sequence[str], tuned: bool = False) -> None:
     """The forest plot's legend, below the figure: outside the axes and away from the p-value
     column at their right, it can cover neither. ``tuned``: an entry for the Holm interval
     widened by the tuning uncertainty."""
@@ -304,10 +286,6 @@ def _forest_legend(fig: Figure, verdicts: Sequence[str], luck: float | None = No
     if tuned:
         handles.append(Patch(fill=False, edgecolor="0.3", linestyle=":", linewidth=1.1))
         labels.append("Holm interval ± tuning uncertainty")
-    if luck:
-        handles.append(Patch(facecolor=LUCK_COLOUR, linewidth=0))
-        labels.append(f"tuning luck: ±{luck:.3f}{' ' + unit if unit else ''} "
-                      "(baseline re-tuned)")
     # two markers on the raw interval's sample: the caps at its ends
     fig.legend(handles, labels, loc="outside lower center", ncol=3, fontsize=8,
                title="verdict (colour) and intervals", title_fontsize=8,

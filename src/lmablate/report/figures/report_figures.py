@@ -24,13 +24,13 @@ from lmablate.report.collect import RunOutputs, present
 from lmablate.report.figures import arithmetic_figures as arith_figs
 from lmablate.report.figures import losses as plots
 from lmablate.report.figures.bracket_figure import plot_bracket
+from lmablate.report.figures.replication_figure import plot_replication
 from lmablate.report.figures.tuning_figure import plot_lr_response, search_bounds
 from lmablate.report.headline import headline_loss
 from lmablate.report.stats import reference_models as refs
 from lmablate.report.stats.statistics import METRICS
 from lmablate.report.tables import ReportTables
 from lmablate.report.text import arithmetic_section as arith
-from lmablate.report.text.limits import tuning_luck
 
 Figure = tuple[str | None, str, Path | None]  # (dataset or None, caption, path; None: a note)
 
@@ -48,13 +48,16 @@ class ReportFigures:
     bracket_figures: dict[str, tuple[str, Path]] = field(default_factory=dict)
     # arithmetic dataset -> (caption, path or None): shown in its length-generalisation lines
     length_figures: dict[str, tuple[str, Path | None]] = field(default_factory=dict)
+    # dataset -> (caption, path): with replicates, shown in the Replication section
+    replication_figures: dict[str, tuple[str, Path]] = field(default_factory=dict)
 
     def written(self) -> list[Path]:
         """The files drawn: the figures, then the learning-rate and the length figures."""
         return ([p for _, _, p in self.figures if p is not None]
                 + [p for _, p in self.lr_figures.values()]
                 + [p for _, p in self.bracket_figures.values()]
-                + [p for _, p in self.length_figures.values() if p is not None])
+                + [p for _, p in self.length_figures.values() if p is not None]
+                + [p for _, p in self.replication_figures.values()])
 
 
 def drawn(entries: Sequence[Figure], note: str | None = None) -> list[Figure]:
@@ -87,12 +90,8 @@ def _dataset_figures(cfg: StudyConfig, runs: RunOutputs, tables: ReportTables, d
              "interval"
              + ("; dotted box: the Holm interval widened by the larger tuning uncertainty of "
                 "the pair, which a better or worse verdict needs clear of 0"
-                if _has_tuning_uncertainty(comparisons, ds, loss) else "")
-             + ("; shaded band: tuning luck, the change when the baseline was "
-                "tuned again with another sampler seed)"
-                if tuning_luck(tables.variation, ds, loss) is not None else ")"),
-         plots.plot_forest(comparisons, ds, fig_dir / f"forest_{ds}.png", loss,
-                           variation=tables.variation)),
+                if _has_tuning_uncertainty(comparisons, ds, loss) else "") + ")",
+         plots.plot_forest(comparisons, ds, fig_dir / f"forest_{ds}.png", loss)),
         (ds, f"{ds}: test loss by token position, past the training context (mean over "
              "seeds; length extrapolation)",
          plots.plot_position_loss(
@@ -172,6 +171,14 @@ def draw_report_figures(cfg: StudyConfig, runs: RunOutputs, tables: ReportTables
     out = ReportFigures()
     for ds in present(runs.ablation["dataset"]):
         _dataset_figures(cfg, runs, tables, ds, fig_dir, palette, out)
+        path = plot_replication(tables.replicates, tables.replication, ds,
+                                fig_dir / f"replication_{ds}.png")
+        if path is not None:
+            out.replication_figures[ds] = (
+                f"{ds}: each replicate's difference to the baseline in "
+                f"{METRICS[headline_loss(tables.comparisons, ds)][0]} (Holm-adjusted interval, "
+                "coloured by that replicate's verdict) and the replicates combined (bold: its "
+                "interval counts the tuning draw)", path)
     out.figures += [(ds, cap, Path(p)) for ds, cap, p in extra]
     return out
 

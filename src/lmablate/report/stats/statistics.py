@@ -9,7 +9,7 @@
   Statist. 6:65-70; ``statsmodels.stats.multitest.multipletests(method="holm")``).
 * :func:`detectable_effects`: per dataset x metric, the smallest difference the paired test
   could detect with 80% power at the study's seed count, given the observed spread.
-* :func:`tuning_variation`: a re-tuned variant against its original, paired by seed.
+* :func:`tuning_check`: a verdict in the tuned metric checked against the tuning uncertainty.
 
 Arithmetic variants against the baseline problem by problem are
 :func:`lmablate.report.stats.problems.compare_problems`, on this module's Holm correction.
@@ -392,65 +392,6 @@ def detectable_effects(comparisons: pd.DataFrame, alpha: float = ALPHA,
     out = pd.DataFrame(rows, columns=DETECTABLE_COLUMNS)
     out["dataset"] = out["dataset"].astype(str).astype(comparisons["dataset"].dtype)
     return out
-
-
-TUNING_VARIATION_COLUMNS = [
-    "dataset", "variant", "replicate", "metric", "higher_is_better", "n_pairs", "lr", "d_model",
-    "replicate_lr", "replicate_d_model", "mean", "replicate_mean", "mean_diff", "ci95_low",
-    "ci95_high",
-]
-
-
-def tuning_variation(ablation: pd.DataFrame, replicates: pd.DataFrame,
-                     metrics: Sequence[str] = COMPARED_METRICS) -> pd.DataFrame:
-    """How much a variant's result moves when it is tuned again with another sampler seed.
-
-    For each re-tuning in ``replicates`` (the final runs of ``lmablate tune --replicate N``'s
-    values) and each metric the dataset has: the difference ``replicate - original`` per seed,
-    paired by seed, its mean and :data:`CONFIDENCE` Student-t interval (:func:`t_interval`).
-    A variant's effect against the baseline that is no larger than this difference may be the
-    tuner's luck rather than the feature. No test and no verdict: this measures the noise of
-    the protocol.
-
-    Args:
-        ablation: :attr:`~lmablate.report.collect.RunOutputs.ablation`.
-        replicates: :attr:`~lmablate.report.collect.RunOutputs.replicates`.
-        metrics: metric columns to compare (those with a value in both frames are used).
-
-    Returns:
-        Columns :data:`TUNING_VARIATION_COLUMNS`, one row per dataset x variant x replicate x
-        metric; ``lr``/``d_model`` are the tuned values of the original and the replicate (their
-        first seed's), means and differences in the metric's unit.
-    """
-    rows = []
-    if replicates.empty or ablation.empty:
-        return pd.DataFrame(columns=TUNING_VARIATION_COLUMNS)
-    replicates = with_order(replicates)
-    for (dataset, variant, replicate), rep in replicates.groupby(
-            ["dataset", "variant", "replicate"], observed=True, sort=True):
-        orig = ablation[(ablation["dataset"] == dataset) & (ablation["variant"] == variant)]
-        if orig.empty:
-            continue
-        for metric in metrics:
-            if metric not in rep or metric not in orig:
-                continue
-            pair = pd.merge(orig[["seed", metric]], rep[["seed", metric]], on="seed",
-                            suffixes=("", "_rep")).dropna().sort_values("seed")
-            if pair.empty:
-                continue
-            diff = (pair[f"{metric}_rep"] - pair[metric]).to_numpy(float)
-            low, high = t_interval(diff)
-            rows.append({
-                "dataset": dataset, "variant": variant, "replicate": int(replicate),
-                "metric": metric, "higher_is_better": bool(METRICS[metric][2]),
-                "n_pairs": len(pair), "lr": float(orig["lr"].iloc[0]),
-                "d_model": int(orig["d_model"].iloc[0]), "replicate_lr": float(rep["lr"].iloc[0]),
-                "replicate_d_model": int(rep["d_model"].iloc[0]),
-                "mean": float(pair[metric].mean()),
-                "replicate_mean": float(pair[f"{metric}_rep"].mean()),
-                "mean_diff": float(diff.mean()), "ci95_low": low, "ci95_high": high,
-            })
-    return pd.DataFrame(rows, columns=TUNING_VARIATION_COLUMNS)
 
 
 def tuning_check(comparisons: pd.DataFrame, tuned: pd.DataFrame) -> pd.DataFrame:

@@ -10,7 +10,7 @@ from the tables, the runs or the config; none is typed by hand.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -90,7 +90,6 @@ class DatasetContent:
     better: list[str]  # "variant (metric label)"
     worse: list[str]
     problems: dt.ProblemDiagnostic | None
-    variation: dt.Rows
     extrapolation: dt.Extrapolation | None
     tuned: dt.Rows
     lr: list[str]  # below "How each variant responds to the learning rate"
@@ -102,6 +101,22 @@ class DatasetContent:
     samples: list[sm.Shown]
     has_predictions: bool
     predictions: list[sm.Shown]
+
+
+@dataclass(frozen=True)
+class Replication:
+    """A dataset's part of "Replication" (:mod:`lmablate.report.stats.replication`): the
+    headline loss's label and unit, the replicates' count, each replicate's verdicts, the
+    replicates combined, the tuning spread, and the forest plot (None: not drawn)."""
+
+    name: str
+    metric_label: str
+    unit: str
+    replicates: int
+    per_replicate: dt.Rows
+    combined: dt.Rows
+    spread: dt.Rows
+    figure: Figure | None
 
 
 @dataclass(frozen=True)
@@ -121,6 +136,8 @@ class ReportContent:
     notes: list[str]
     datasets: list[DatasetContent]
     other_figures: list[Figure]
+    # with replicates (study.replicates > 1), one entry per dataset, else empty
+    replication: list["Replication"] = field(default_factory=list)
     confidence: float = CONFIDENCE
     alpha: float = ALPHA
     min_seeds_for_test: int = MIN_SEEDS_FOR_TEST
@@ -171,7 +188,6 @@ def dataset_content(cfg: StudyConfig, runs: RunOutputs, tables: ReportTables,
         better=_listing(c[c["verdict"] == VERDICT_BETTER]),
         worse=_listing(c[c["verdict"] == VERDICT_WORSE]),
         problems=dt.problem_diagnostic(tables.problems, dataset),
-        variation=dt.variation_rows(tables.variation, dataset),
         extrapolation=dt.extrapolation(cfg, tables.extrapolation,
                                        tables.extrapolation_comparisons, dataset, order),
         tuned=dt.tuned_rows(ablation, dataset, order),
@@ -226,7 +242,7 @@ def report_content(cfg: StudyConfig, runs: RunOutputs, notes: Sequence[str],
     written = {p for _, _, p in figures.figures if p is not None}
     findings = [DatasetFindings(
         ds, fi.findings_section(
-            tables.comparisons, datasets=[ds], variation=tables.variation,
+            tables.comparisons, datasets=[ds], replication=tables.replication,
             references=tables.references, convergence=tables.convergence,
             extrapolation=tables.extrapolation, length=tables.length,
             positions={v: cfg.model_config(v, vocab_size=1).position for v in order},
@@ -241,9 +257,26 @@ def report_content(cfg: StudyConfig, runs: RunOutputs, notes: Sequence[str],
         profile=cfg.profile, findings=findings, csv_files=list(csv_files),
         limits=limits_bullets({d: cfg.budgets(d) for d in cfg.datasets}, ablation,
                               tables.summary, tables.comparisons, tables.problems,
-                              tables.references, tables.variation, runs.tuned),
+                              tables.references, runs.tuned),
         scaling=scaling,
         methods=methods_section(cfg, ablation, environment, datasets, order),
         notes=list(notes),
         datasets=[dataset_content(cfg, runs, tables, figures, out_dir, ds) for ds in datasets],
-        other_figures=[_figure(cap, p, out_dir) for d, cap, p in figures.figures if d is None])
+        other_figures=[_figure(cap, p, out_dir) for d, cap, p in figures.figures if d is None],
+        replication=[replication(tables, figures, out_dir, ds) for ds in datasets
+                     if (tables.replication["dataset"] == ds).any()])
+
+
+def replication(tables: ReportTables, figures: ReportFigures, out_dir: Path,
+                dataset: str) -> Replication:
+    """``dataset``'s part of "Replication", its figure linked relative to ``out_dir``."""
+    metric = headline_loss(tables.comparisons, dataset)
+    label, unit, _ = METRICS[metric]
+    figure = figures.replication_figures.get(dataset)
+    c = tables.replication[tables.replication["dataset"] == dataset]
+    return Replication(
+        name=dataset, metric_label=label, unit=unit, replicates=int(c["replicates"].max()),
+        per_replicate=dt.replicate_rows(tables.replicates, dataset),
+        combined=dt.combined_rows(tables.replication, dataset),
+        spread=dt.spread_rows(tables.tuning_spread, dataset),
+        figure=_figure(*figure, out_dir) if figure else None)

@@ -139,38 +139,64 @@ def problem_diagnostic(problems: pd.DataFrame, dataset: str) -> ProblemDiagnosti
     return ProblemDiagnostic(int(first["n_problems"]), int(first["n_seeds"]), rows)
 
 
-def variation_rows(variation: pd.DataFrame | None, dataset: str) -> Rows:
-    """The re-tunings of ``dataset`` (:func:`~lmablate.report.stats.statistics.
-    tuning_variation`): tuned values and the paired difference of each metric."""
-    if variation is None:
-        return []
+def replicate_rows(replicates: pd.DataFrame, dataset: str) -> Rows:
+    """Each replicate's comparison of ``dataset`` in its headline loss
+    (:func:`~lmablate.report.stats.replication.replicate_verdicts`): tuned values, Δ with its
+    Holm-adjusted interval, the verdict."""
     rows = []
-    for _, r in variation[variation["dataset"] == dataset].iterrows():
+    for _, r in replicates[replicates["dataset"] == dataset].iterrows():
         d = digits(r["metric"])
         rows.append({
             "variant": r["variant"], "replicate": int(r["replicate"]),
-            "metric": metric_label(r["metric"]),
-            "lr, d_model": f"{r['lr']:.3g}, {int(r['d_model'])}",
-            "re-tuned lr, d_model": f"{r['replicate_lr']:.3g}, {int(r['replicate_d_model'])}",
-            "paired seeds": int(r["n_pairs"]),
-            "mean": num(r["mean"], d),
-            "re-tuned mean": num(r["replicate_mean"], d),
-            "Δ (re-tuned − original)": num(r["mean_diff"], d),
-            "95% CI of Δ": interval(r, d),
+            "lr, d_model": (f"{r['lr']:.3g}, {integer(r['d_model'])}"
+                            if pd.notna(r["lr"]) else "–"),
+            "baseline lr, d_model": (f"{r['baseline_lr']:.3g}, {integer(r['baseline_d_model'])}"
+                                     if pd.notna(r["baseline_lr"]) else "–"),
+            "seeds": int(r["n_pairs"]),
+            "Δ vs baseline": num(r["mean_diff"], d),
+            "CI of Δ (Holm-adjusted)": interval(r, d, "ci_holm"),
+            "verdict": r["verdict"],
         })
     return rows
 
 
-@dataclass(frozen=True)
-class Extrapolation:
-    """Length extrapolation on a dataset: the training context (tokens), the longest factor
-    measured, the variant compared against and one row per variant (test loss in nats/char at
-    each factor, then its Δ against ``reference``)."""
+def combined_rows(combined: pd.DataFrame, dataset: str) -> Rows:
+    """The replicates of ``dataset`` together
+    (:func:`~lmablate.report.stats.replication.combine_replicates`): their verdicts, whether
+    they agree, and the combined Δ whose interval counts the tuning draw."""
+    rows = []
+    for _, r in combined[combined["dataset"] == dataset].iterrows():
+        d = digits(r["metric"])
+        rows.append({
+            "variant": r["variant"], "verdicts by replicate": r["verdicts"],
+            "agree": "yes" if r["agree"] else "**no**",
+            "combined Δ": num(r["mean_diff"], d),
+            "SD between replicates": num(r["sd_between"], d),
+            "of it, the tuning draw": num(r["sd_tuning_draw"], d),
+            "df": integer(r["df"]),
+            "CI (Holm-adjusted)": interval(r, d, "ci_holm"),
+            "p (Holm)": p_value(r["p_holm"]),
+            "combined verdict": r["verdict"],
+        })
+    return rows
 
-    context: int
-    max_factor: int
-    reference: str | None
-    rows: Rows
+
+def spread_rows(spread: pd.DataFrame, dataset: str) -> Rows:
+    """How far tuning and the final losses moved between replicates of ``dataset``
+    (:func:`~lmablate.report.stats.replication.tuning_spread`), beside the tuning uncertainty
+    replicate 0 reported."""
+    rows = []
+    for _, r in spread[spread["dataset"] == dataset].iterrows():
+        rows.append({
+            "variant": r["variant"], "tuned lr": r["tuned_lr"],
+            "tuned d_model": r["tuned_d_model"], "tuned loss": r["tuned_loss"],
+            "final mean": r["final_mean"], "SD between replicates": num(r["final_sd_between"], 4),
+            "of it, seeds (SE)": num(r["seed_se"], 4),
+            "tuning draw (SD)": num(r["sd_tuning_draw"], 4),
+            "reported tuning uncertainty": num(r["tuning_uncertainty"], 4),
+            "covers 1.96 x the draw": "yes" if r["covered"] else "**no**",
+        })
+    return rows
 
 
 def extrapolation(cfg: StudyConfig, table: pd.DataFrame, comparisons: pd.DataFrame,

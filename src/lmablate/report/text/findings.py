@@ -5,9 +5,10 @@ Per dataset, in the dataset's headline loss (:func:`lmablate.report.headline.hea
 * one sentence per variant: its verdict against the baseline (paired by seed, Holm-corrected,
   :func:`lmablate.report.stats.statistics.compare`) with the effect, its raw and Holm-adjusted
   intervals, a caveat in the same sentence where the variant or the baseline is not below the
-  trigram reference of the data (:func:`trigram_reference`, :func:`reference_caveat`), and a
-  warning where the effect is no larger than the tuner's luck
-  (:func:`lmablate.report.text.limits.tuning_luck`);
+  trigram reference of the data (:func:`trigram_reference`, :func:`reference_caveat`);
+* with replicates of the study, which verdicts every replicate gave alike, one line for each
+  that did not replicate, and the verdicts combined over replicates
+  (:mod:`lmablate.report.stats.replication`);
 * the one figure that shows them (the forest plot of the headline loss), placed by the report
   template after the dataset's lines;
 * what the study could not decide and what would decide it: for every "no significant
@@ -24,7 +25,7 @@ Diagnostics are not findings: the one-batch gradient shares of ``grad_flow.csv``
 labelled figures further down the report.
 
 Every number comes from a table the report stage also writes as CSV (``comparisons.csv``,
-``references.csv``, ``tuning_variation.csv``, ``convergence.csv``, ``extrapolation.csv``,
+``references.csv``, ``replication.csv``, ``convergence.csv``, ``extrapolation.csv``,
 ``length_generalisation.csv``), so a sentence here can be checked against its row there.
 :func:`verdict_lines` gives the same verdicts as a few console lines, printed at the end of the
 report stage. Units: losses in nats/char (the answer loss per answer character), accuracies as
@@ -48,7 +49,8 @@ from lmablate.report.stats.statistics import (ALPHA, METRICS, POWER, VERDICT_BET
                                           VERDICT_IDENTICAL, VERDICT_NSD,
                                           VERDICT_UNDECIDED_TUNING, VERDICT_WORSE)
 from lmablate.report.stats.success import success_lines
-from lmablate.report.text.limits import TRIGRAM, trigram_reference, tuning_luck
+from lmablate.report.stats.replication import JOIN
+from lmablate.report.text.limits import TRIGRAM, trigram_reference
 from lmablate.report.text.mdtable import join_names as _names
 
 MAX_SEEDS = 1000  # past this, "more than 1,000 seeds": the difference is lost in the spread
@@ -159,8 +161,7 @@ def reference_caveat(variant: str, variant_mean: float, baseline_mean: float,
             f"little more than {TRIGRAM} counts")
 
 
-def _effect(row: pd.Series, unit: str, luck: float | None, trigram: float | None = None
-            ) -> str:
+def _effect(row: pd.Series, unit: str, trigram: float | None = None) -> str:
     """One variant's verdict against the baseline as a sentence; a verdict string this module
     does not know is stated as it is, never as better or worse."""
     v, d, verdict = row["variant"], float(row["mean_diff"]), str(row["verdict"])
@@ -171,9 +172,6 @@ def _effect(row: pd.Series, unit: str, luck: float | None, trigram: float | None
     if verdict in (VERDICT_BETTER, VERDICT_WORSE):
         text = (f"**{v}: {verdict}**{caveat}, {_signed(d)} {unit} ({means}; {raw}, "
                 f"Holm-adjusted [{row['ci_holm_low']:.3f}, {row['ci_holm_high']:.3f}]).")
-        if luck is not None and abs(d) <= luck:
-            text += (f" No larger than the change re-tuning the baseline made ({luck:.3f}): it "
-                     "may owe as much to the tuner as to the feature.")
         return text
     if verdict == VERDICT_UNDECIDED_TUNING:
         u = row.get("tuning_uncertainty")
@@ -212,6 +210,34 @@ def _undecided(c: pd.DataFrame, unit: str) -> list[str]:
             f"observed one: {'; '.join(parts)}; the study has {n}. The MDE is per comparison: "
             "the smallest true difference its test detects with that power at its own spread "
             "(the comparison table's MDE column)."]
+
+
+def _replication(replication: pd.DataFrame | None, dataset: str, unit: str) -> list[str]:
+    """With replicates: the verdicts every replicate gave alike, one line for each that did not
+    replicate, and the combined verdicts whose intervals count the tuning draw
+    (:func:`~lmablate.report.stats.replication.combine_replicates`)."""
+    if replication is None or replication.empty:
+        return []
+    r = replication[replication["dataset"] == dataset]
+    if r.empty:
+        return []
+    k = int(r["replicates"].max())
+    lines = []
+    same = r[r["agree"]]
+    if len(same):
+        lines.append(f"- **Replicated in all {k} replicates:** " + "; ".join(
+            f"{x.variant} ({x.verdicts.split(JOIN)[0]})" for x in same.itertuples()) + ".")
+    for x in r[~r["agree"]].itertuples():
+        lines.append(f"- **Not replicated: {x.variant}.** Its verdicts in the {k} replicates: "
+                     f"{x.verdicts}.")
+    combined = "; ".join(
+        f"{x.variant} {x.verdict}, {_signed(x.mean_diff)} [{x.ci_holm_low:.3f}, "
+        f"{x.ci_holm_high:.3f}]" if pd.notna(x.ci_holm_low) else f"{x.variant} {x.verdict}"
+        for x in r.itertuples())
+    lines.append(f"- **Over all {k} replicates** (each replicate's mean Δ, a t-interval with "
+                 f"{k - 1} degree{'s' * (k != 2)} of freedom that counts the tuning draw, "
+                 f"Holm-adjusted; {unit}): {combined}.")
+    return lines
 
 
 def _convergence(conv: pd.DataFrame, dataset: str) -> list[str]:
@@ -291,7 +317,7 @@ def _trends(trends: pd.DataFrame | None, dataset: str) -> list[str]:
 
 
 def findings_section(comparisons: pd.DataFrame, *, datasets: Sequence[str],
-                     variation: pd.DataFrame | None = None,
+                     replication: pd.DataFrame | None = None,
                      references: pd.DataFrame | None = None,
                      convergence: pd.DataFrame | None = None,
                      extrapolation: pd.DataFrame | None = None,
@@ -306,7 +332,9 @@ def findings_section(comparisons: pd.DataFrame, *, datasets: Sequence[str],
     Args:
         comparisons: :func:`~lmablate.report.stats.statistics.compare` (``comparisons.csv``).
         datasets: the datasets in study order.
-        variation: ``tuning_variation.csv`` (the tuner's luck).
+        replication: ``replication.csv``
+            (:func:`~lmablate.report.stats.replication.combine_replicates`): with replicates,
+            a line names each verdict that did not replicate.
         references: ``references.csv`` (nats/char): its trigram row of a dataset's headline
             loss adds the caveat of :func:`reference_caveat` to each verdict.
         convergence: :func:`convergence_table`.
@@ -328,11 +356,11 @@ def findings_section(comparisons: pd.DataFrame, *, datasets: Sequence[str],
         n = int(c["n_pairs"].max()) if len(c) else 0
         lines += [f"**{ds}**: {label} ({unit}, lower is better) of every variant against the "
                   f"{BASELINE}, paired over {n} seeds, Holm-corrected at α = {ALPHA}.", ""]
-        luck = tuning_luck(variation, ds, metric)
         trigram = trigram_reference(references, ds, metric)
-        lines += [f"- {_effect(r, unit, luck, trigram)}" for _, r in c.iterrows()] or [
+        lines += [f"- {_effect(r, unit, trigram)}" for _, r in c.iterrows()] or [
             "- No variant to compare with the baseline."]
         lines += _undecided(c, unit)
+        lines += _replication(replication, ds, unit)
         if success is not None and len(success):
             lines += success_lines(success, ds, present(success["variant"]))
         if speed is not None:

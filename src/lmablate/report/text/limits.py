@@ -1,7 +1,7 @@
 """The report's "What this study can and cannot say" section, written from the study's tables.
 
 Every sentence is computed from the frames the report stage writes as CSVs (``ablation``,
-``summary``, ``comparisons``, ``problem_comparisons``, ``references``, ``tuning_variation``,
+``summary``, ``comparisons``, ``problem_comparisons``, ``references``,
 ``tuned``); nothing is typed by hand, so the section follows the results of any profile. It
 states, per dataset: the training each model got, where the variants sit between the data's
 reference points, the exact-match floor, the seed count and the smallest difference each
@@ -187,47 +187,6 @@ def _power(comparisons: pd.DataFrame, dataset: str) -> list[str]:
             "difference\", which is not evidence that the variants are equal."]
 
 
-def tuning_luck(variation: pd.DataFrame | None, dataset: str, metric: str) -> float | None:
-    """How large an effect in ``metric`` on ``dataset`` may owe as much to the tuner as to the
-    feature (the metric's unit): the largest absolute value of the mean change and of the ends
-    of its 95% interval when the variant of ``variation`` (:func:`~lmablate.report.
-    stats.statistics.tuning_variation`: the baseline re-tuned with another sampler seed, paired by
-    seed) was tuned again. The number of the "Tuning luck" sentence and of the forest plot's
-    band (:func:`lmablate.report.figures.losses.plot_forest`). None without a re-tuning of
-    ``dataset`` in ``metric``; NaN ends (too few seeds) are left out of the maximum."""
-    if variation is None or variation.empty:
-        return None
-    v = variation[(variation["dataset"] == dataset) & (variation["metric"] == metric)]
-    if v.empty:
-        return None
-    r = v.iloc[0]
-    ends = [abs(float(r[c])) for c in ("ci95_low", "ci95_high", "mean_diff")
-            if pd.notna(r[c])]
-    return max(ends) if ends else None
-
-
-def _tuning(variation: pd.DataFrame, comparisons: pd.DataFrame, dataset: str) -> list[str]:
-    """How far the re-tuning moved the dataset's headline loss, and which variants' effects
-    in it are no larger (:func:`tuning_luck`)."""
-    metric = headline_loss(comparisons, dataset)
-    label, unit, _ = METRICS[metric]
-    bound = tuning_luck(variation, dataset, metric)
-    if bound is None:
-        return []
-    v = variation[(variation["dataset"] == dataset) & (variation["metric"] == metric)]
-    r = v.iloc[0]
-    c = comparisons[(comparisons["dataset"] == dataset) & (comparisons["metric"] == metric)]
-    within = [str(x.variant) for x in c.itertuples() if abs(x.mean_diff) <= bound]
-    text = (f"Tuning luck: the {r['variant']} tuned again with another sampler seed "
-            f"(lr {r['lr']:.3g} -> {r['replicate_lr']:.3g}, d_model {int(r['d_model'])} -> "
-            f"{int(r['replicate_d_model'])}) moved its {label} by {r['mean_diff']:+.4f} "
-            f"(95% CI [{r['ci95_low']:.4f}, {r['ci95_high']:.4f}]), so an effect up to about "
-            f"{bound:.3f} {unit} may owe as much to the tuner as to the feature. ")
-    text += (f"{label.capitalize()} effects of that size or less here: {_names(within)}."
-             if within else f"Every variant's {label} effect here is larger than that.")
-    return [text]
-
-
 def _tuning_uncertainty(comparisons: pd.DataFrame, tuned: pd.DataFrame,
                         dataset: str) -> list[str]:
     """Each variant's tuning uncertainty (best.json's full-budget bracket, in the unit of the
@@ -325,28 +284,25 @@ def _flags(comparisons: pd.DataFrame, problems: pd.DataFrame, tuned: pd.DataFram
 def limits_bullets(cfg_budgets: Mapping[str, Sequence[float]], ablation: pd.DataFrame,
                    summary: pd.DataFrame, comparisons: pd.DataFrame,
                    problems: pd.DataFrame, references: pd.DataFrame,
-                   variation: pd.DataFrame | None, tuned: pd.DataFrame) -> dict[str, list[str]]:
+                   tuned: pd.DataFrame) -> dict[str, list[str]]:
     """The section's sentences: dataset of ``ablation`` (in study order) -> its bullets, each
     one Markdown sentence or more; the template writes the heading and the lists.
 
     Args:
         cfg_budgets: each dataset's budgets in training FLOPs, increasing
             (:meth:`lmablate.config.study.StudyConfig.budgets`); the verdicts are the last one's.
-        ablation, summary, comparisons, variation, tuned: the report's frames
+        ablation, summary, comparisons, tuned: the report's frames
             (:mod:`lmablate.report.collect`, :mod:`lmablate.report.stats.statistics`).
         problems: :func:`~lmablate.report.stats.problems.compare_problems` (may be empty).
         references: columns ``dataset, reference, metric, value, detail`` (the report stage's
             reference table; losses in nats/char, accuracies as fractions).
     """
     out: dict[str, list[str]] = {}
-    variation = variation if variation is not None else pd.DataFrame(
-        columns=["dataset", "metric"])
     for ds in present(ablation["dataset"]):
         bullets = [_training(ablation, ds, cfg_budgets.get(ds, ()))]
         bullets += _between_references(summary, references, ds)
         bullets += _answer_floors(summary, references, problems, ds)
         bullets += _power(comparisons, ds)
-        bullets += _tuning(variation, comparisons, ds)
         bullets += _tuning_uncertainty(comparisons, tuned, ds)
         bullets += _flags(comparisons, problems, tuned, ablation, summary, references, ds)
         out[ds] = bullets

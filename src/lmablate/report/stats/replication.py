@@ -1,0 +1,235 @@
+"""Replicates of the study (``study.replicates``): does each verdict come out the same when
+the whole study is tuned and trained again on fresh seeds, and what do the replicates say
+together?
+
+* :func:`replicate_verdicts`: each replicate's comparison with the baseline in the dataset's
+  headline loss, as that replicate's report gives it (paired by seed, Holm-corrected, checked
+  against its tuning uncertainty), with its tuned learning rates and widths.
+* :func:`combine_replicates`: per dataset x variant, whether the replicates' verdicts agree, and
+  one comparison over all of them whose interval counts the tuning draw.
+* :func:`tuning_spread`: per dataset x variant, how far the tuned and the final losses move
+  between replicates, beside the tuning uncertainty a single study reports.
+
+The combined comparison. Within replicate r the paired differences are
+d_rs = mu + u_r + e_rs, where u_r (variance s_b^2) is what the replicate's own draw of tuning
+and seeds adds to every seed of it, and e_rs (variance s_w^2) the seed-to-seed noise. With n
+seeds per replicate, the replicate means d_r are independent with variance s_b^2 + s_w^2 / n,
+so the Student-t interval of their mean with R - 1 degrees of freedom is exact for the balanced
+one-way random-effects model (the "summary measures" analysis; Searle, Casella & McCulloch 1992,
+"Variance Components", sec. 3.5) and conservative when replicates hold different seed counts.
+It counts the tuning draw where a single study's interval, over seeds alone, cannot. Holm's
+method then runs over a dataset's variants, as within one replicate
+(:func:`~lmablate.report.stats.statistics.holm_correct`). Units: those of the headline loss
+(nats per character, or nats per answer character).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Mapping
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from lmablate.report.collect import BASELINE
+from lmablate.report.stats.statistics import (ALPHA, VERDICT_IDENTICAL, VERDICT_NSD,
+                                              holm_correct, mean_interval)
+
+VERDICT_FEW_REPLICATES = "too few replicates"  # one replicate holds the variant: no spread
+
+REPLICATE_COLUMNS = [
+    "dataset", "metric", "variant", "replicate", "n_pairs", "lr", "d_model", "baseline_lr",
+    "baseline_d_model", "mean_diff", "ci_holm_low", "ci_holm_high", "p_holm",
+    "tuning_uncertainty", "verdict",
+]
+COMBINED_COLUMNS = [
+    "dataset", "metric", "variant", "replicates", "n_pairs", "verdicts", "agree", "same_sign",
+    "mean_diff", "sd_between", "sd_tuning_draw", "df", "ci95_low", "ci95_high", "p_value",
+    "p_holm", "ci_holm_low", "ci_holm_high", "verdict",
+]
+SPREAD_COLUMNS = [
+    "dataset", "variant", "replicates", "tuned_lr", "tuned_d_model", "tuned_loss",
+    "tuned_loss_range", "final_mean", "final_sd_between", "seed_se", "sd_tuning_draw",
+    "tuning_uncertainty", "covered",
+]
+# a replicate's verdicts are joined with this in the tables ("better / better / worse")
+JOIN = " / "
+
+
+def _tuned(tuned: pd.DataFrame, dataset: str, variant: str, column: str) -> float:
+    row = tuned[(tuned["dataset"] == dataset) & (tuned["variant"] == variant)]
+    return float(row[column].iloc[0]) if len(row) and pd.notna(row[column].iloc[0]) else math.nan
+
+
+def replicate_verdicts(comparisons: Mapping[int, pd.DataFrame],
+                       tuned: Mapping[int, pd.DataFrame],
+                       headline: Mapping[str, str]) -> pd.DataFrame:
+    """Each replicate's comparisons with the baseline in each dataset's headline loss.
+
+    Args:
+        headline: dataset -> its headline loss (:func:`~lmablate.report.headline.
+            headline_loss`), the metric whose comparisons are kept.
+        comparisons: replicate -> its comparisons
+            (:func:`~lmablate.report.stats.statistics.compare`, then ``tuning_check``).
+        tuned: replicate -> its tuned values (``tuned.csv``'s columns, ``best.json``).
+
+    Returns:
+        Columns :data:`REPLICATE_COLUMNS`, by dataset, variant (in the comparisons' order),
+        then replicate; ``lr`` per step, ``d_model``, the differences and intervals in the
+        headline loss's unit.
+    """
+    rows = []
+    for r in sorted(comparisons):
+        c = comparisons[r]
+        for dataset in dict.fromkeys(c["dataset"].astype(str)):
+            metric = headline.get(dataset)
+            t = tuned.get(r, pd.DataFrame(columns=["dataset", "variant", "lr", "d_model"]))
+            for _, row in c[(c["dataset"] == dataset) & (c["metric"] == metric)].iterrows():
+                variant = str(row["variant"])
+                rows.append({
+                    "dataset": dataset, "metric": metric, "variant": variant, "replicate": r,
+                    "n_pairs": int(row["n_pairs"]), "lr": _tuned(t, dataset, variant, "lr"),
+                    "d_model": _tuned(t, dataset, variant, "d_model"),
+                    "baseline_lr": _tuned(t, dataset, BASELINE, "lr"),
+                    "baseline_d_model": _tuned(t, dataset, BASELINE, "d_model"),
+                    **{k: row[k] for k in ("mean_diff", "ci_holm_low", "ci_holm_high",
+                                           "p_holm", "tuning_uncertainty", "verdict")}})
+    out = pd.DataFrame(rows, columns=REPLICATE_COLUMNS)
+    if out.empty:
+        return out
+    order = {(d, v): i for i, (d, v) in enumerate(dict.fromkeys(zip(out["dataset"],
+                                                                      out["variant"])))}
+    key = out.apply(lambda r: (order[(r["dataset"], r["variant"])], r["replicate"]), axis=1)
+    return out.iloc[sorted(range(len(out)), key=lambda i: key.iloc[i])].reset_index(drop=True)
+
+
+def combine_replicates(verdicts: pd.DataFrame, sd_within: pd.DataFrame | None = None,
+                       alpha: float = ALPHA) -> pd.DataFrame:
+    """Per dataset x variant over the replicates of :func:`replicate_verdicts`: their verdicts
+    (``verdicts``, joined with :data:`JOIN`), whether every replicate gave the same one
+    (``agree``) and a difference of the same sign (``same_sign``), and the combined comparison
+    of the module docstring: the mean of the replicates' mean differences, its Student-t
+    interval with R - 1 degrees of freedom (``ci95_*``), the t-test's p-value, Holm-corrected
+    over the dataset's variants (``p_holm``, ``ci_holm_*`` at the level Holm judges it at), and
+    the verdict: better or worse where Holm rejects, else no significant difference; "too few
+    replicates" with one. ``sd_between`` is the SD of the replicates' mean differences;
+    ``sd_tuning_draw`` the SD a replicate's draw adds beyond its seeds,
+    sqrt(max(0, sd_between^2 - mean(sd_diff^2) / n)) (the ANOVA estimator of s_b), where
+    ``sd_within`` (dataset, variant, replicate, sd_diff) gives each replicate's SD of paired
+    differences; NaN without it.
+
+    Returns:
+        Columns :data:`COMBINED_COLUMNS`, one row per dataset x variant, in ``verdicts``'
+        order; differences in the headline loss's unit.
+    """
+    rows, families = [], {}
+    for (dataset, variant), g in verdicts.groupby(["dataset", "variant"], sort=False):
+        g = g.sort_values("replicate")
+        means = g["mean_diff"].to_numpy(float)
+        means = means[np.isfinite(means)]
+        k = len(means)
+        row = {"dataset": dataset, "metric": g["metric"].iloc[0], "variant": variant,
+               "replicates": int(len(g)), "n_pairs": int(g["n_pairs"].sum()),
+               "verdicts": JOIN.join(map(str, g["verdict"])),
+               "agree": bool(g["verdict"].nunique() == 1),
+               "same_sign": bool(k == len(g) and (np.all(means > 0) or np.all(means < 0))),
+               "mean_diff": float(means.mean()) if k else math.nan,
+               "sd_between": float(means.std(ddof=1)) if k > 1 else math.nan,
+               "sd_tuning_draw": math.nan, "df": k - 1 if k > 1 else math.nan,
+               **dict.fromkeys(("ci95_low", "ci95_high", "p_value", "p_holm", "ci_holm_low",
+                                "ci_holm_high"), math.nan),
+               "verdict": VERDICT_FEW_REPLICATES}
+        if sd_within is not None and k > 1:
+            w = sd_within[(sd_within["dataset"] == dataset) & (sd_within["variant"] == variant)]
+            n = g["n_pairs"].to_numpy(float)
+            if len(w) == len(g) and np.all(n > 0):
+                within = float(np.mean(w["sd_diff"].to_numpy(float) ** 2 / n))
+                row["sd_tuning_draw"] = math.sqrt(max(0.0, row["sd_between"] ** 2 - within))
+        if k > 1 and row["sd_between"] <= 1e-12 * max(1.0, abs(row["mean_diff"])):
+            row.update(verdict=VERDICT_IDENTICAL, **dict.fromkeys(
+                ("ci95_low", "ci95_high", "ci_holm_low", "ci_holm_high"), row["mean_diff"]))
+        elif k > 1:
+            sem = row["sd_between"] / math.sqrt(k)
+            t = row["mean_diff"] / sem
+            low, high = mean_interval(row["mean_diff"], sem, k)
+            row.update(ci95_low=float(low), ci95_high=float(high),
+                       p_value=float(2 * stats.t.sf(abs(t), k - 1)), verdict=VERDICT_NSD,
+                       _sem=sem, _df=k - 1)
+            families.setdefault((dataset, row["metric"]), []).append(len(rows))
+        rows.append(row)
+    for (_, metric), family in families.items():
+        holm_correct(rows, family, alpha, higher=False)  # headline losses: lower is better
+    out = pd.DataFrame(rows, columns=COMBINED_COLUMNS)
+    for col in ("agree", "same_sign"):
+        out[col] = out[col].astype(bool)
+    return out
+
+
+def tuning_spread(tuned: Mapping[int, pd.DataFrame], ablation: Mapping[int, pd.DataFrame],
+                  headline: Mapping[str, str]) -> pd.DataFrame:
+    """Per dataset x variant across replicates: the tuned values (``tuned_lr``,
+    ``tuned_d_model``, ``tuned_loss``: best.json's objective at the full budget, joined with
+    :data:`JOIN`) and the range of the tuned loss; the mean final headline loss of each
+    replicate (``final_mean``, joined), their SD (``final_sd_between``), the seeds' standard
+    error of one replicate's mean (``seed_se``, root mean square over replicates) and what the
+    tuning draw adds beyond it, ``sd_tuning_draw`` = sqrt(max(0, final_sd_between^2 -
+    seed_se^2)); beside replicate 0's reported ``tuning_uncertainty`` (the 95th percentile of
+    its bracket's regret). ``covered``: the reported uncertainty is at least 1.96 x
+    ``sd_tuning_draw``, the half-width of 95% of a normal tuning draw; NaN-safe (False when
+    either is missing). Losses in the headline loss's unit.
+
+    Args:
+        tuned: replicate -> its tuned values (``tuned.csv``'s columns).
+        ablation: replicate -> its final runs (``ablation.csv``'s columns).
+        headline: dataset -> its headline loss, a column of ``ablation``.
+    """
+    rows = []
+    first = ablation[min(ablation)]
+    for (dataset, variant), _ in first.groupby(["dataset", "variant"], observed=True,
+                                               sort=False):
+        metric = headline[str(dataset)]
+        reps = sorted(r for r in ablation if len(ablation[r][
+            (ablation[r]["dataset"] == dataset) & (ablation[r]["variant"] == variant)]))
+        finals, ses, lrs, widths, losses = [], [], [], [], []
+        for r in reps:
+            a = ablation[r]
+            x = a[(a["dataset"] == dataset) & (a["variant"] == variant)][metric].to_numpy(float)
+            x = x[np.isfinite(x)]
+            finals.append(float(x.mean()) if len(x) else math.nan)
+            ses.append(float(x.std(ddof=1) / math.sqrt(len(x))) if len(x) > 1 else math.nan)
+            t = tuned.get(r, pd.DataFrame(columns=["dataset", "variant"]))
+            lrs.append(_tuned(t, str(dataset), str(variant), "lr") if "lr" in t else math.nan)
+            widths.append(_tuned(t, str(dataset), str(variant), "d_model")
+                          if "d_model" in t else math.nan)
+            losses.append(_tuned(t, str(dataset), str(variant), "val_loss")
+                          if "val_loss" in t else math.nan)
+        f = np.asarray(finals, float)
+        sd_between = float(np.nanstd(f, ddof=1)) if np.isfinite(f).sum() > 1 else math.nan
+        se = math.sqrt(float(np.nanmean(np.square(ses)))) if np.isfinite(ses).any() else math.nan
+        draw = (math.sqrt(max(0.0, sd_between ** 2 - se ** 2))
+                if math.isfinite(sd_between) and math.isfinite(se) else math.nan)
+        t0 = tuned.get(min(ablation), pd.DataFrame(columns=["dataset", "variant"]))
+        u = (_tuned(t0, str(dataset), str(variant), "tuning_uncertainty")
+             if "tuning_uncertainty" in t0 else math.nan)
+        tl = np.asarray(losses, float)
+        rows.append({
+            "dataset": str(dataset), "variant": str(variant), "replicates": len(reps),
+            "tuned_lr": JOIN.join(f"{v:.3g}" for v in lrs),
+            "tuned_d_model": JOIN.join("-" if math.isnan(v) else str(int(v)) for v in widths),
+            "tuned_loss": JOIN.join(f"{v:.4f}" for v in losses),
+            "tuned_loss_range": (float(np.nanmax(tl) - np.nanmin(tl))
+                                 if np.isfinite(tl).sum() > 1 else math.nan),
+            "final_mean": JOIN.join(f"{v:.4f}" for v in finals),
+            "final_sd_between": sd_between, "seed_se": se, "sd_tuning_draw": draw,
+            "tuning_uncertainty": u,
+            "covered": bool(math.isfinite(u) and math.isfinite(draw) and u >= 1.96 * draw),
+        })
+    return pd.DataFrame(rows, columns=SPREAD_COLUMNS)
+
+
+def not_replicated(combined: pd.DataFrame) -> pd.DataFrame:
+    """The rows of :func:`combine_replicates` whose replicates did not all give the same
+    verdict: each is named in the report's Findings."""
+    return combined[~combined["agree"]] if len(combined) else combined
+
