@@ -15,7 +15,7 @@ import pytest
 from lmablate.report.text import dataset_tables as dt
 from lmablate.report.text import samples as sm
 from lmablate.report.text.content import (Arithmetic, DatasetContent, DatasetFindings, Figure,
-                                          ReportContent)
+                                          Replication, ReportContent)
 from lmablate.report.text.render import FILTERS, environment, render_report
 from lmablate.report.text.scaling_section import ScalingDataset, ScalingSection
 
@@ -106,12 +106,19 @@ def _content(**changes) -> ReportContent:
         csv_files=["ablation.csv", "summary.csv", "comparisons.csv"],
         limits={"sums": ["A limit.", "Another."]}, scaling=_scaling(),
         methods=["Methods.", ""], notes=["sums/old is ignored"],
-        datasets=[_dataset()], other_figures=[Figure("Other caption", "figures/o.png")])
+        datasets=[_dataset()], other_figures=[Figure("Other caption", "figures/o.png")],
+        replication=[Replication("sums", "answer loss", "nats/answer char", 3,
+                                 [{"variant": "rope", "replicate": 0}],
+                                 [{"variant": "rope", "agree": "yes"}], [{"variant": "rope"}],
+                                 Figure("Replication caption", "figures/r.png"))])
     return dataclasses.replace(content, **changes)
 
 
 # the order of report.md's sections (docs/report.md, "The sections")
 SECTIONS = ["# Ablation study report", "## Findings", "**How to read this report.**",
+            "## Replication", "The whole study was run 3 times",
+            "### sums: answer loss (nats/answer char)", "| rope | 0 |", "| rope | yes |",
+            "**Replication caption**", "How far tuning moved between replicates",
             "## What this study can and cannot say", "## How the effects change with compute",
             "## Methodology", "Data notes:", "## sums", "### Headline", "Arithmetic headline.",
             "Breakdown.", "### Length generalisation", "Length.", "**Length caption**",
@@ -120,7 +127,7 @@ SECTIONS = ["# Ablation study report", "## Findings", "**How to read this report
             "Too few seeds to conclude for gelu", "Significantly better than the baseline: "
             "rope (test loss). Significantly worse: none.",
             "### Problem by problem (a diagnostic, not a verdict)",
-            "### How much the tuning varies", "### Length extrapolation",
+            "### Length extrapolation",
             "### Tuned hyper-parameters, size and throughput",
             "### How each variant responds to the learning rate",
             "#### At the full budget: each variant's learning rate bracketed", "### Figures",
@@ -173,8 +180,9 @@ def test_optional_blocks_are_left_out_without_blank_lines():
         lr=[], lr_figure=None, bracket=[], bracket_figure=None, figures=[], has_samples=False,
         samples=[], has_predictions=False, predictions=[])
     md = render_report(_content(findings=[], limits={}, scaling=None, notes=[], datasets=[bare],
-                                other_figures=[]))
+                                other_figures=[], replication=[]))
     assert "\n\n\n" not in md and "### Figures" not in md and "Data notes" not in md
+    assert "Replication" not in md
     assert "How the effects change with compute" not in md and "learning rate" not in md
     assert "### Headline" not in md and "### Length generalisation" not in md
     assert ("## Findings\n\n**How to read" in md

@@ -177,7 +177,7 @@ def test_the_tuning_spread_separates_the_draw_from_the_seeds():
     assert row["sd_tuning_draw"] == pytest.approx(math.sqrt(0.01 - se ** 2))
     assert row["tuned_lr"] == "0.01 / 0.02 / 0.03" and row["tuned_d_model"] == "32 / 32 / 32"
     assert row["tuned_loss_range"] == pytest.approx(0.2)
-    assert not row["covered"]  # 0.05 < 1.96 x 0.0999
+    assert row["covered"] == False  # noqa: E712 (numpy's bool): 0.05 < 1.96 x 0.0999
 
 
 # ---- the report -------------------------------------------------------------------------------

@@ -91,7 +91,7 @@ def test_the_summary_run_records_every_number_and_verdict_of_the_dvc_metrics(tmp
     params, numbers, texts = report.summary_record(cfg, metrics)
     assert params == {"profile": "default", "seeds": list(cfg.seeds),
                       "datasets": list(cfg.datasets), "variants": list(cfg.study_variants),
-                      "match_params": False}
+                      "match_params": False, "replicates": 1}
     assert numbers == {"arithmetic/seeds": 5.0, "arithmetic/rope/seeds": 5.0,
                        "arithmetic/rope/delta_answer_loss": 0.278,
                        "arithmetic/rope/exact_match": 0.031}

@@ -27,6 +27,7 @@ Statistics (:mod:`~lmablate.report.stats`):
 * :mod:`~lmablate.report.stats.isoflop`: loss against width at equal compute; compute-optimal width.
 * :mod:`~lmablate.report.stats.reference_models`: n-gram models, constant answers, from data.
 * :mod:`~lmablate.report.stats.reference_points`: the reference losses of the report.
+* :mod:`~lmablate.report.stats.replication`: each verdict across replicates; their combination.
 
 Figures (:mod:`~lmablate.report.figures`):
 
@@ -37,6 +38,7 @@ Figures (:mod:`~lmablate.report.figures`):
 * :mod:`~lmablate.report.figures.model_figures`: attention maps and token embeddings of a model.
 * :mod:`~lmablate.report.figures.arithmetic_figures`: arithmetic by operation and operand length.
 * :mod:`~lmablate.report.figures.scaling_figures`: curves, effects and isoFLOP profiles.
+* :mod:`~lmablate.report.figures.replication_figure`: each replicate's Δ and the combined one.
 * :mod:`~lmablate.report.figures.report_figures`: every figure of the report, with its caption.
 
 Text (:mod:`~lmablate.report.text`):

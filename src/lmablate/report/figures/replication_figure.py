@@ -76,8 +76,8 @@ def plot_replication(replicates: pd.DataFrame, combined: pd.DataFrame, dataset: 
         ax.set_ylim(len(rows) - 0.5, -0.5)
         ax.set_xlabel(f"Δ {label} (variant − baseline){', ' + unit if unit else ''}; "
                       "< 0 = better")
-        ax.set_title(f"{dataset}: each replicate's Δ with its Holm-adjusted interval, and the "
-                     "replicates combined\n(bold, shaded: the interval counts the tuning draw)")
+        ax.set_title(f"{dataset}: Δ per replicate (Holm-adjusted interval)\nand combined "
+                     "(bold, shaded: its interval counts the tuning draw)", fontsize=10)
         verdicts = list(dict.fromkeys(rows["verdict"]))
         handles = [Line2D([], [], color=VERDICT_COLORS.get(v, FEW_COLOUR), marker="D",
                           markeredgecolor="white", linestyle="none") for v in verdicts]

@@ -33,10 +33,11 @@ import pandas as pd
 from scipy import stats
 
 from lmablate.report.collect import BASELINE
-from lmablate.report.stats.statistics import (ALPHA, VERDICT_IDENTICAL, VERDICT_NSD,
+from lmablate.report.stats.statistics import (ALPHA, VERDICT_NSD,
                                               holm_correct, mean_interval)
 
 VERDICT_FEW_REPLICATES = "too few replicates"  # one replicate holds the variant: no spread
+VERDICT_SAME_IN_EVERY = "identical in every replicate"  # no spread between replicates: no test
 
 REPLICATE_COLUMNS = [
     "dataset", "metric", "variant", "replicate", "n_pairs", "lr", "d_model", "baseline_lr",
@@ -113,7 +114,7 @@ def combine_replicates(verdicts: pd.DataFrame, sd_within: pd.DataFrame | None = 
     interval with R - 1 degrees of freedom (``ci95_*``), the t-test's p-value, Holm-corrected
     over the dataset's variants (``p_holm``, ``ci_holm_*`` at the level Holm judges it at), and
     the verdict: better or worse where Holm rejects, else no significant difference; "too few
-    replicates" with one. ``sd_between`` is the SD of the replicates' mean differences;
+    replicates" with one, "identical in every replicate" when their means do not differ. ``sd_between`` is the SD of the replicates' mean differences;
     ``sd_tuning_draw`` the SD a replicate's draw adds beyond its seeds,
     sqrt(max(0, sd_between^2 - mean(sd_diff^2) / n)) (the ANOVA estimator of s_b), where
     ``sd_within`` (dataset, variant, replicate, sd_diff) gives each replicate's SD of paired
@@ -147,7 +148,7 @@ def combine_replicates(verdicts: pd.DataFrame, sd_within: pd.DataFrame | None = 
                 within = float(np.mean(w["sd_diff"].to_numpy(float) ** 2 / n))
                 row["sd_tuning_draw"] = math.sqrt(max(0.0, row["sd_between"] ** 2 - within))
         if k > 1 and row["sd_between"] <= 1e-12 * max(1.0, abs(row["mean_diff"])):
-            row.update(verdict=VERDICT_IDENTICAL, **dict.fromkeys(
+            row.update(verdict=VERDICT_SAME_IN_EVERY, **dict.fromkeys(
                 ("ci95_low", "ci95_high", "ci_holm_low", "ci_holm_high"), row["mean_diff"]))
         elif k > 1:
             sem = row["sd_between"] / math.sqrt(k)
@@ -176,8 +177,8 @@ def tuning_spread(tuned: Mapping[int, pd.DataFrame], ablation: Mapping[int, pd.D
     tuning draw adds beyond it, ``sd_tuning_draw`` = sqrt(max(0, final_sd_between^2 -
     seed_se^2)); beside replicate 0's reported ``tuning_uncertainty`` (the 95th percentile of
     its bracket's regret). ``covered``: the reported uncertainty is at least 1.96 x
-    ``sd_tuning_draw``, the half-width of 95% of a normal tuning draw; NaN-safe (False when
-    either is missing). Losses in the headline loss's unit.
+    ``sd_tuning_draw``, the half-width of 95% of a normal tuning draw; None where either is
+    missing. Losses in the headline loss's unit.
 
     Args:
         tuned: replicate -> its tuned values (``tuned.csv``'s columns).
@@ -223,7 +224,8 @@ def tuning_spread(tuned: Mapping[int, pd.DataFrame], ablation: Mapping[int, pd.D
             "final_mean": JOIN.join(f"{v:.4f}" for v in finals),
             "final_sd_between": sd_between, "seed_se": se, "sd_tuning_draw": draw,
             "tuning_uncertainty": u,
-            "covered": bool(math.isfinite(u) and math.isfinite(draw) and u >= 1.96 * draw),
+            "covered": (bool(u >= 1.96 * draw) if math.isfinite(u) and math.isfinite(draw)
+                        else None),
         })
     return pd.DataFrame(rows, columns=SPREAD_COLUMNS)
 

@@ -139,6 +139,18 @@ def problem_diagnostic(problems: pd.DataFrame, dataset: str) -> ProblemDiagnosti
     return ProblemDiagnostic(int(first["n_problems"]), int(first["n_seeds"]), rows)
 
 
+@dataclass(frozen=True)
+class Extrapolation:
+    """Length extrapolation on a dataset: the training context (tokens), the longest factor
+    measured, the variant compared against and one row per variant (test loss in nats/char at
+    each factor, then its Δ against ``reference``)."""
+
+    context: int
+    max_factor: int
+    reference: str | None
+    rows: Rows
+
+
 def replicate_rows(replicates: pd.DataFrame, dataset: str) -> Rows:
     """Each replicate's comparison of ``dataset`` in its headline loss
     (:func:`~lmablate.report.stats.replication.replicate_verdicts`): tuned values, Δ with its
@@ -194,7 +206,8 @@ def spread_rows(spread: pd.DataFrame, dataset: str) -> Rows:
             "of it, seeds (SE)": num(r["seed_se"], 4),
             "tuning draw (SD)": num(r["sd_tuning_draw"], 4),
             "reported tuning uncertainty": num(r["tuning_uncertainty"], 4),
-            "covers 1.96 x the draw": "yes" if r["covered"] else "**no**",
+            "covers 1.96 x the draw": ("–" if pd.isna(r["covered"]) else
+                                       "yes" if r["covered"] else "**no**"),
         })
     return rows
 
