@@ -222,10 +222,19 @@ CASES = [
     ("sampler_seed above the limit", setting("tune.sampler_seed", 2**31), tune_args(),
      "params: tune.sampler_seed=2147483648 is not allowed; expected an integer >= 0 and <= "
      "2,147,483,647"),
-    ("sampler seed + replicate above the limit", setting("tune.sampler_seed", 2**31 - 1),
+    ("sampler seed + replicate above the limit",
+     settings(setting("tune.sampler_seed", 2**31 - 1), setting("study.replicates", 2),
+              setting("study.replicate_stages", [1])),
      tune_args("arithmetic", "baseline", "out", "--replicate", "1"),
-     "params: tune.sampler_seed=2147483647 + --replicate 1 is not allowed; the sum must be <= "
-     "2,147,483,647"),
+     "params: study.replicates=2 is not allowed; replicate 1 would draw seed 2,147,483,648, "
+     "above 2,147,483,647; lower study.seeds, tune.seed or tune.sampler_seed"),
+    ("a replicate the study does not have", setting("study.replicates", 1),
+     tune_args("arithmetic", "baseline", "out", "--replicate", "1"),
+     "params: --replicate=1 is not allowed; a replicate of the study, 0 .. "
+     "study.replicates - 1 = 0"),
+    ("replicate stages that do not match", setting("study.replicates", 3), tune_args(),
+     "params: study.replicate_stages=[] is not allowed; must be [1, 2] for "
+     "study.replicates=3 (one stage per replicate after the first)"),
     ("negative workers", setting("runtime.workers", -1), tune_args(),
      "params: runtime.workers=-1 is not allowed; expected an integer >= 0 and <= 1,024"),
     ("workers above the limit", setting("runtime.workers", 5000), tune_args(),

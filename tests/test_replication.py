@@ -207,6 +207,10 @@ def test_the_report_names_the_verdict_that_did_not_replicate(built_replicated):
     metrics = json.loads((out_dir / "metrics" / "shakespeare" / "rmsnorm.json").read_text())
     assert (metrics["replicated"], metrics["verdict_combined"]) == (
         "no", combined.loc[("shakespeare", "rmsnorm"), "verdict"])
+    datasets = {d: json.loads((out_dir / "metrics" / f"{d}.json").read_text())["replication"]
+                for d in ("shakespeare", "arithmetic")}
+    assert datasets == {"shakespeare": "not replicated: rmsnorm",
+                        "arithmetic": "all replicated"}
 
 
 def test_a_replicates_runs_are_its_own_seeds_and_never_replicate_zeros(built_replicated):
@@ -227,6 +231,7 @@ def test_one_replicate_leaves_the_report_as_it_was(built):
     assert pd.read_csv(out["replication"]).empty
     metrics = json.loads((out_dir / "metrics" / "shakespeare" / "gelu.json").read_text())
     assert "replicated" not in metrics and "verdict_combined" not in metrics
+    assert "replication" not in json.loads((out_dir / "metrics" / "shakespeare.json").read_text())
 
 
 # ---- end to end -------------------------------------------------------------------------------
@@ -261,6 +266,13 @@ def test_a_study_of_two_replicates_runs_through_dvc_and_adding_none_reruns_nothi
     assert list(combined["variant"]) == ["rope"] and combined["replicates"].tolist() == [2]
     report = (study / "reports" / "report.md").read_text()
     assert "## Replication" in report and "### arithmetic: answer loss" in report
+    shown = run_command(["dvc", "metrics", "show", "--json"], study)
+    files = json.loads(shown.stdout)[""]["data"]
+    replication = files["reports/metrics/arithmetic.json"]["data"]["replication"]
+    agree = bool(combined["agree"].iloc[0])
+    assert replication == ("all replicated" if agree else "not replicated: rope")
+    assert files["reports/metrics/arithmetic/rope.json"]["data"]["replicated"] == (
+        "yes" if agree else "no")
     # every MLflow run of replicate 1 carries it: trials, parents, final runs
     import sqlite3
     with sqlite3.connect(study / "mlflow.db") as db:

@@ -99,12 +99,20 @@ def with_replication(docs: dict[str, dict], replication: pd.DataFrame) -> dict[s
     """The DVC metrics ``docs`` with each compared variant's replication
     (:func:`lmablate.report.stats.replication.combine_replicates`) in its
     ``<dataset>/<variant>.json``: ``replicated`` ("yes" when every replicate gave the same
-    verdict, else "no") and ``verdict_combined``, so that ``dvc exp show`` and the MLflow
-    summary run show them. Unchanged without replicates."""
+    verdict, else "no") and ``verdict_combined``; and in each ``<dataset>.json``
+    ``replication``: "all replicated", or "not replicated: " and the variants whose verdicts
+    differ. ``dvc exp show`` and the MLflow summary run show them. Unchanged without
+    replicates."""
     for r in replication.itertuples():
         doc = docs.get(f"{r.dataset}/{r.variant}.json")
         if doc is not None:
             doc.update(replicated="yes" if r.agree else "no", verdict_combined=r.verdict)
+    for dataset, rows in replication.groupby("dataset", sort=False):
+        doc = docs.get(f"{dataset}.json")
+        if doc is not None:
+            differ = [str(v) for v, agree in zip(rows["variant"], rows["agree"]) if not agree]
+            doc["replication"] = ("not replicated: " + ", ".join(differ) if differ
+                                  else "all replicated")
     return docs
 
 
