@@ -222,11 +222,11 @@ CASES = [
     ("sampler_seed above the limit", setting("tune.sampler_seed", 2**31), tune_args(),
      "params: tune.sampler_seed=2147483648 is not allowed; expected an integer >= 0 and <= "
      "2,147,483,647"),
-    ("sampler seed + replicate above the limit",
-     settings(setting("tune.sampler_seed", 2**31 - 1), setting("study.replicates", 2),
+    ("a replicate's seed above the limit",
+     settings(setting("study.seeds", [2**31 - 1]), setting("study.replicates", 2),
               setting("study.replicate_stages", [1])),
      tune_args("arithmetic", "baseline", "out", "--replicate", "1"),
-     "params: study.replicates=2 is not allowed; replicate 1 would draw seed 2,147,483,648, "
+     "params: study.replicates=2 is not allowed; replicate 1 would draw seed 2,147,583,647, "
      "above 2,147,483,647; lower study.seeds, tune.seed or tune.sampler_seed"),
     ("a replicate the study does not have", setting("study.replicates", 1),
      tune_args("arithmetic", "baseline", "out", "--replicate", "1"),
