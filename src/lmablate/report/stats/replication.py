@@ -69,11 +69,11 @@ def replicate_verdicts(comparisons: Mapping[int, pd.DataFrame],
     """Each replicate's comparisons with the baseline in each dataset's headline loss.
 
     Args:
-        headline: dataset -> its headline loss (:func:`~lmablate.report.headline.
-            headline_loss`), the metric whose comparisons are kept.
         comparisons: replicate -> its comparisons
             (:func:`~lmablate.report.stats.statistics.compare`, then ``tuning_check``).
         tuned: replicate -> its tuned values (``tuned.csv``'s columns, ``best.json``).
+        headline: dataset -> its headline loss (:func:`~lmablate.report.headline.
+            headline_loss`), the metric whose comparisons are kept.
 
     Returns:
         Columns :data:`REPLICATE_COLUMNS`, by dataset, variant (in the comparisons' order),
@@ -101,8 +101,9 @@ def replicate_verdicts(comparisons: Mapping[int, pd.DataFrame],
         return out
     order = {(d, v): i for i, (d, v) in enumerate(dict.fromkeys(zip(out["dataset"],
                                                                       out["variant"])))}
-    key = out.apply(lambda r: (order[(r["dataset"], r["variant"])], r["replicate"]), axis=1)
-    return out.iloc[sorted(range(len(out)), key=lambda i: key.iloc[i])].reset_index(drop=True)
+    out["_order"] = [order[k] for k in zip(out["dataset"], out["variant"])]
+    return (out.sort_values(["_order", "replicate"], kind="stable")
+            .drop(columns="_order").reset_index(drop=True))
 
 
 def combine_replicates(verdicts: pd.DataFrame, sd_within: pd.DataFrame | None = None,
@@ -114,8 +115,8 @@ def combine_replicates(verdicts: pd.DataFrame, sd_within: pd.DataFrame | None = 
     interval with R - 1 degrees of freedom (``ci95_*``), the t-test's p-value, Holm-corrected
     over the dataset's variants (``p_holm``, ``ci_holm_*`` at the level Holm judges it at), and
     the verdict: better or worse where Holm rejects, else no significant difference; "too few
-    replicates" with one, "identical in every replicate" when their means do not differ. ``sd_between`` is the SD of the replicates' mean differences;
-    ``sd_tuning_draw`` the SD a replicate's draw adds beyond its seeds,
+    replicates" with one, "identical in every replicate" when their means do not differ.
+    ``sd_between`` is the SD of the replicates' mean differences; ``sd_tuning_draw`` the SD a replicate's draw adds beyond its seeds,
     sqrt(max(0, sd_between^2 - mean(sd_diff^2) / n)) (the ANOVA estimator of s_b), where
     ``sd_within`` (dataset, variant, replicate, sd_diff) gives each replicate's SD of paired
     differences; NaN without it.
