@@ -74,6 +74,9 @@ _OTHER_ENTRY = {"datasets.kind": {"kind": "text", "source": "corpus.txt",
                 "datasets.digits": {"kind": "arithmetic", "digits": 1, "n_test": 50,
                                     "length_digits": [2], "strip_newlines": True,
                                     "split": {"val": 0.1, "test": 0.0}}}
+# study.replicates and study.replicate_stages change together (one stage per replicate after
+# the first): a second replicate, of the study section as params.yaml has it
+_REPLICATED = {"replicates": 2, "replicate_stages": [1]}
 # what a change of the key reaches besides the fingerprints it enters as a setting
 _ALSO = {
     "datasets": "the seeds too where it changes the train or validation tokens",
@@ -177,7 +180,10 @@ def enters(section: str, name: str, raw: dict) -> list[str]:
     changed = copy.deepcopy(raw)
     target = changed["datasets"] if section == "datasets" else changed
     where = dataset if section == "datasets" else section
-    target[where] = _OTHER_ENTRY.get(key) or {**node, name: _other(key, node[name])}
+    if key in ("study.replicates", "study.replicate_stages"):
+        target[where] = {**node, **_REPLICATED}
+    else:
+        target[where] = _OTHER_ENTRY.get(key) or {**node, name: _other(key, node[name])}
     reached = []
     for variant in VARIANTS:
         memo = (json.dumps(raw, sort_keys=True, default=str), dataset, variant)

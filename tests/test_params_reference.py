@@ -146,7 +146,8 @@ def test_the_resolved_device_type_enters_a_seed_fingerprint(script, monkeypatch)
 
 
 def test_the_reruns_column_follows_dvc_yaml(page):
-    assert tables(page)["tune"]["sampler_seed"][6] == "tune"
-    assert tables(page)["evaluate"]["max_batches"][6] == "evaluate"
+    # a replicate's stages (study.replicates) depend on the same params as the first's
+    assert tables(page)["tune"]["sampler_seed"][6] == "tune, tune-replicate"
+    assert tables(page)["evaluate"]["max_batches"][6] == "evaluate, evaluate-replicate"
     assert tables(page)["tracking"]["uri"][6] == "none"
     assert tables(page)["datasets"]["n_train"][6] == "generate, tokenize"
