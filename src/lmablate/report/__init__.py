@@ -13,6 +13,7 @@ place and headings).
 * :mod:`~lmablate.report.headline`: each dataset's headline loss, DVC metrics and verdicts.
 * :mod:`~lmablate.report.curves`: the mean validation curves that ``dvc plots show`` draws.
 * :mod:`~lmablate.report.tables`: every table the report computes from the runs, and its CSV.
+* :mod:`~lmablate.report.staging`: the outputs replaced all at once, through a staging folder.
 
 Statistics (:mod:`~lmablate.report.stats`):
 

@@ -285,6 +285,60 @@ def collect(runs_dir: Path, replicate: int = 0) -> RunOutputs:
 
 
 # --------------------------------------------------------------------------------------------
+# What the sections need
+# --------------------------------------------------------------------------------------------
+
+# A seed's results that some section reads (the verdicts, success, the summary tables): where
+# one seed of a dataset has one, every seed of it must, or that section would quietly leave
+# out the runs without it.
+_NEEDED_RESULTS = ("val_loss", "test_loss", "answer_loss", "exact_match", "char_accuracy")
+
+
+def run_folder(runs_dir: Path, dataset: str, variant: str, replicate: int = 0) -> Path:
+    """``<runs_dir>/<dataset>/<variant>/`` of replicate 0, or its ``replicate_<r>/``."""
+    folder = Path(runs_dir) / dataset / variant
+    return folder / replicate_folder(replicate) if replicate else folder
+
+
+def check_complete(runs: RunOutputs, runs_dir: Path, replicate: int = 0) -> None:
+    """Refuse runs that lack what the others of their dataset have: a result of
+    :data:`_NEEDED_RESULTS` in ``metrics.json``, the rows of a seed in ``history.csv`` (the
+    curves, convergence, learning speed), or its ``val_exact_match`` (learning speed), so that
+    no section silently leaves a variant or a seed out.
+
+    Raises:
+        ValueError: one line naming the file, the seed and the field that is missing.
+    """
+    a = runs.ablation
+    for ds in present(a["dataset"]):
+        d = a[a["dataset"] == ds]
+        for field in _NEEDED_RESULTS:
+            lacking = d[d[field].isna()]
+            if d[field].notna().any() and len(lacking):
+                r = lacking.iloc[0]
+                raise ValueError(
+                    f"{run_folder(runs_dir, ds, str(r.variant), replicate) / 'metrics.json'}: "
+                    f"seed {r.seed} has no {field}, which the other runs of {ds} have and "
+                    "the report compares; run the evaluate stage of this dataset and variant "
+                    "again")
+        h = runs.history
+        h = h[h["dataset"] == ds] if len(h) else h
+        if h.empty:
+            continue
+        probe = "val_exact_match" in h and h["val_exact_match"].notna().any()
+        for r in d.itertuples():
+            rows = h[(h["variant"] == r.variant) & (h["seed"] == r.seed)]
+            missing = ("rows" if rows.empty else "val_exact_match"
+                       if probe and rows["val_exact_match"].isna().all() else None)
+            if missing:
+                raise ValueError(
+                    f"{run_folder(runs_dir, ds, str(r.variant), replicate) / 'history.csv'}: "
+                    f"seed {r.seed} has no {missing}, which the other runs of {ds} have and "
+                    "the report's curves and learning speed need; run the train stage of "
+                    "this dataset and variant again")
+
+
+# --------------------------------------------------------------------------------------------
 # Restricting to the configured study
 # --------------------------------------------------------------------------------------------
 

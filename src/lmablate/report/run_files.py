@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from lmablate.core import fileio
+from lmablate.core.validation import short_repr
 
 ABLATION_COLUMNS = [
     "dataset", "variant", "seed", "n_params", "n_params_non_embedding", "flops_per_token", "lr",
@@ -59,6 +60,47 @@ BRACKET_COLUMNS = ["bracket_state", "n_points", "fit_used", "fit_a", "fit_b", "f
 TUNED_COLUMNS = ["dataset", "variant", "lr", "d_model", "val_loss", "objective", "full_budget",
                  "on_edge", "extended", "lr_low", "lr_high", "d_model_choices", "n_trials",
                  "n_complete", "n_diverged", *BRACKET_COLUMNS]
+
+
+# What a seed's results can be: a loss is a cross-entropy (>= 0, nats), a perplexity its exp
+# (>= 1), an accuracy a fraction; anything else (NaN, Infinity, a negative loss, text) is a
+# damaged file, refused where it is read.
+LOSS_FIELDS = ("val_loss", "test_loss", "answer_loss", "bits_per_char")
+FRACTION_FIELDS = ("char_accuracy", "exact_match")
+
+
+def impossible(field: str, value: Any) -> str | None:
+    """Why ``value`` cannot be a seed's ``field`` (:data:`LOSS_FIELDS`, ``perplexity``,
+    :data:`FRACTION_FIELDS`), or None when it can (a missing value can: not every metric
+    applies to every dataset)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return "not a number"
+    if not np.isfinite(value):
+        return "not finite"
+    if field in LOSS_FIELDS and value < 0:
+        return "a loss is a cross-entropy, at least 0"
+    if field == "perplexity" and value < 1:
+        return "a perplexity is exp(loss), at least 1"
+    if field in FRACTION_FIELDS and not 0 <= value <= 1:
+        return "a fraction lies in [0, 1]"
+    return None
+
+
+def check_run(path: Path, key: str, run: Mapping[str, Any]) -> None:
+    """Refuse a seed's results (``runs.<key>`` of the ``metrics.json`` at ``path``) with a
+    value it cannot have (:func:`impossible`).
+
+    Raises:
+        ValueError: one line naming the file, the field and the value.
+    """
+    for field in (*LOSS_FIELDS, "perplexity", *FRACTION_FIELDS):
+        why = impossible(field, run.get(field))
+        if why:
+            raise ValueError(f"{path}: runs.{key}.{field} = {short_repr(run[field])} "
+                             f"is impossible ({why}); run the evaluate stage of this "
+                             "dataset and variant again")
 
 
 def _seed_of(key: str, run: Mapping[str, Any]) -> int:
@@ -174,8 +216,15 @@ def read_metrics(metrics_path: Path, run_dir: Path | None = None
     runs = doc.get("runs") or {}
     budgets = [b for b in map(_budget_of, runs.values()) if b is not None]
     headline = max(budgets, default=None)
+    seen: dict[tuple[float | None, int], str] = {}  # (budget, seed) -> its key
     for key, run in runs.items():
         seed = _seed_of(key, run)
+        check_run(metrics_path, key, run)
+        twice = seen.setdefault((_budget_of(run), seed), key)
+        if twice != key:
+            raise ValueError(f"{metrics_path}: seed {seed} is listed twice (runs.{twice} and "
+                             f"runs.{key}); pairing by seed needs each seed once: run the "
+                             "evaluate stage of this dataset and variant again")
         row = {col: run.get(col) for col in ABLATION_COLUMNS[3:]}
         # a scaling study's runs are keyed "<budget label>/seed_<s>", as their checkpoints
         folder = str(key).rpartition("/")[0]

@@ -19,7 +19,7 @@ import json
 import os
 import platform
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import pandas as pd
 import torch
@@ -27,12 +27,14 @@ import torch
 from lmablate.config.study import StudyConfig
 from lmablate.core import fileio
 from lmablate.core.tracker import Tracker
-from lmablate.report.collect import RunOutputs, collect, present, restrict_to_study
+from lmablate.report.collect import (RunOutputs, check_complete, collect, present,
+                                     restrict_to_study)
 from lmablate.report.curves import CURVE_COLUMNS, mean_curves
 from lmablate.report.families import variant_colours, variant_palette
 from lmablate.report.figures.model_figures import draw_model_figures
 from lmablate.report.figures.report_figures import draw_report_figures
 from lmablate.report.headline import metrics_files
+from lmablate.report.staging import check_stageable, staged_folder
 from lmablate.report.stats.pooled_uncertainty import with_pooled_uncertainty
 from lmablate.report.tables import compute_tables, csv_tables
 from lmablate.report.text import findings as fi
@@ -131,9 +133,14 @@ def write_metrics(metrics_dir: Path, docs: dict[str, dict]) -> Path:
 
 def build_report(cfg: StudyConfig, runs_dir: Path, out_dir: Path,
                  environment: dict | None = None,
-                 extra_figures: Sequence[tuple[str | None, str, Path]] = (),
+                 extra_figures: Callable[[Path], Sequence[tuple[str | None, str, Path]]]
+                 | None = None,
                  tokens_dir: Path | None = None) -> dict:
     """Collect the runs, compute the tables, draw the figures and write the report.
+
+    Every output is written into a staging folder beside ``out_dir`` and moved into place
+    only when all of them were written (:func:`lmablate.report.staging.staged_folder`): a
+    failure leaves ``out_dir`` as it was.
 
     The work is the library's: :func:`lmablate.report.tables.compute_tables` (statistics,
     references, sensitivity), :func:`lmablate.report.figures.report_figures.draw_report_figures`
@@ -145,13 +152,15 @@ def build_report(cfg: StudyConfig, runs_dir: Path, out_dir: Path,
             ``runs_dir`` are ignored and listed in the report) and its settings are written into
             the methodology paragraph.
         runs_dir: the ``runs/`` tree (``<dataset>/<variant>/metrics.json`` etc.).
-        out_dir: where to write (created if needed); existing files are replaced atomically.
+        out_dir: where to write (created if needed); its tables, ``report.md`` and the
+            folders ``figures/``, ``curves/`` and ``metrics/`` are replaced as a whole.
         environment: free-form facts for the methodology paragraph, e.g. ``{"hardware": "1x
             H100", "torch": "2.13.0", "python": "3.11.9", "wall_seconds": {"tune": 812.0}}``;
             the keys ``hardware``/``device`` and ``torch``/``torch_version`` are used in the
             prose, every key is listed.
-        extra_figures: ``(dataset or None, caption, path under out_dir)`` of figures drawn
-            elsewhere (from checkpoints: attention maps, embeddings) to embed in the report.
+        extra_figures: draws figures from elsewhere (from checkpoints: attention maps,
+            embeddings) into the folder it is given (the staged ``figures/``) and returns
+            ``(dataset or None, caption, path)`` of each, to embed in the report.
         tokens_dir: the tokenized datasets (``<tokens_dir>/<dataset>/``), for the reference
             points (:func:`lmablate.report.stats.reference_points.reference_table`) and the loss at
             initialisation of the learning-rate sensitivity
@@ -172,6 +181,7 @@ def build_report(cfg: StudyConfig, runs_dir: Path, out_dir: Path,
     """
     runs_dir, out_dir = Path(runs_dir), Path(out_dir)
     runs, notes = restrict_to_study(cfg, collect(runs_dir))
+    check_complete(runs, runs_dir)
     # every bracketed variant's uncertainty drawn with its dataset's pooled seed spread
     runs = dataclasses.replace(runs, tuned=with_pooled_uncertainty(runs.tuned, runs.trials))
     if runs.ablation.empty:
@@ -179,8 +189,26 @@ def build_report(cfg: StudyConfig, runs_dir: Path, out_dir: Path,
             f"report: no results of the configured study under {runs_dir} (expected "
             f"<dataset>/<variant>/metrics.json for datasets {', '.join(cfg.datasets)})")
     tables = compute_tables(cfg, runs, tokens_dir, replicate_runs(cfg, runs_dir, notes))
+    with staged_folder(out_dir) as stage:
+        extra = extra_figures(stage / "figures") if extra_figures is not None else ()
+        paths = _write_report(cfg, runs, notes, tables, stage, environment, extra)
+    return _moved(paths, stage, out_dir)
 
-    out_dir.mkdir(parents=True, exist_ok=True)
+
+def _moved(paths: dict, stage: Path, out_dir: Path) -> dict:
+    """``paths`` (values: paths under ``stage``, or lists of them) as they lie once moved to
+    ``out_dir``."""
+    def move(p: Path) -> Path:
+        return out_dir / Path(p).relative_to(stage)
+    return {k: [move(p) for p in v] if isinstance(v, list) else move(v)
+            for k, v in paths.items()}
+
+
+def _write_report(cfg: StudyConfig, runs: RunOutputs, notes: list[str], tables,
+                  out_dir: Path, environment: dict | None,
+                  extra_figures: Sequence[tuple[str | None, str, Path]]) -> dict:
+    """Write :func:`build_report`'s outputs under ``out_dir`` (the staging folder); returns
+    their paths."""
     csvs = csv_tables(runs, tables)
     paths: dict = {name: fileio.write_csv(out_dir / file, frame, columns)
                    for name, (file, frame, columns) in csvs.items()}
@@ -223,6 +251,7 @@ def replicate_runs(cfg: StudyConfig, runs_dir: Path, notes: list[str]) -> dict[i
     out = {}
     for r in range(1, cfg.replicates):
         runs, missing = restrict_to_study(cfg.for_replicate(r), collect(runs_dir, r))
+        check_complete(runs, runs_dir, r)
         notes += [f"Replicate {r}: {note}" for note in missing]
         out[r] = dataclasses.replace(runs, tuned=with_pooled_uncertainty(runs.tuned,
                                                                          runs.trials))
@@ -233,8 +262,9 @@ def run(cfg: StudyConfig, runs_dir: Path, tokens_dir: Path, out_dir: Path,
         tracker: Tracker) -> dict:
     """Write the report under ``out_dir`` and log it to an MLflow summary run.
 
-    Draws the model figures from the checkpoints first, then :func:`build_report` with this
-    machine's :func:`environment`; logs the study's verdicts and metrics
+    Runs :func:`build_report` with this machine's :func:`environment` and the model figures
+    drawn from the checkpoints (:func:`draw_model_figures`); once every output is in place it
+    logs the study's verdicts and metrics
     (:func:`summary_record`), ``report.md``, the tables (artifact folder ``tables``) and
     ``figures/`` to a run named ``study-summary``.
 
@@ -247,10 +277,9 @@ def run(cfg: StudyConfig, runs_dir: Path, tokens_dir: Path, out_dir: Path,
     """
     runs_dir, tokens_dir, out_dir = Path(runs_dir), Path(tokens_dir), Path(out_dir)
     figures_dir = out_dir / "figures"
-    figures_dir.mkdir(parents=True, exist_ok=True)
-    extra = draw_model_figures(cfg, runs_dir, tokens_dir, figures_dir)
-    result = build_report(cfg, runs_dir, out_dir, environment(cfg, runs_dir), extra_figures=extra,
-                          tokens_dir=tokens_dir)
+    result = build_report(
+        cfg, runs_dir, out_dir, environment(cfg, runs_dir), tokens_dir=tokens_dir,
+        extra_figures=lambda folder: draw_model_figures(cfg, runs_dir, tokens_dir, folder))
     params, metrics, verdicts = summary_record(cfg, out_dir / "metrics")
     with tracker.run("study-summary", {"stage": "report", **verdicts}):
         tracker.log_params(params)
@@ -301,6 +330,7 @@ def main(cfg: StudyConfig, args: argparse.Namespace) -> None:
     """``lmablate report --runs DIR --tokens DIR --out DIR``; writes the study's MLflow views
     (:meth:`lmablate.tracking.mlflow_store.MlflowStore.save_views`) and ends by printing
     :func:`where_to_look`."""
+    check_stageable(args.out)  # before MLflow starts or any figure is drawn
     tracker = make_tracker(cfg.tracking)
     paths = run(cfg, args.runs, args.tokens, args.out, tracker)
     colours = variant_colours(cfg)

@@ -139,7 +139,9 @@ def plot_by_op(per_op: pd.DataFrame, dataset: str, path: Path, metric: str = "ex
         ax = axes[0, 0]
         sns.pointplot(data=p, x="op", y=metric, hue="variant", order=ops, hue_order=order,
                       palette=plots.variant_palette(order, palette), errorbar=fraction_interval,
-                      dodge=BY_OP_DODGE, linestyle="none", markers="o", capsize=0.08, ax=ax)
+                      # seaborn divides the dodge by (hue levels - 1): one variant is not dodged
+                      dodge=BY_OP_DODGE if len(order) > 1 else False, linestyle="none",
+                      markers="o", capsize=0.08, ax=ax)
         handles, labels = ax.get_legend_handles_labels()
         # each seed a faint dot beside its mean: seeds that learnt and seeds that did not
         # make a wide interval, and the dots show which

@@ -316,6 +316,16 @@ def _trends(trends: pd.DataFrame | None, dataset: str) -> list[str]:
             f"{'; '.join(parts)}."]
 
 
+def _nothing_compared(variants: Sequence[str]) -> str:
+    """The Findings opener of a dataset without comparisons: a one-variant study, or runs
+    missing for a comparison."""
+    if len(variants) == 1:
+        return (f"the study has one variant, {variants[0]}: nothing is compared, so the "
+                "report describes it and draws no verdict.")
+    return (f"no variant is compared with the {BASELINE}: a comparison needs results of the "
+            f"{BASELINE} and of another variant on the same seeds.")
+
+
 def findings_section(comparisons: pd.DataFrame, *, datasets: Sequence[str],
                      replication: pd.DataFrame | None = None,
                      references: pd.DataFrame | None = None,
@@ -325,7 +335,8 @@ def findings_section(comparisons: pd.DataFrame, *, datasets: Sequence[str],
                      positions: Mapping[str, str] | None = None,
                      trends: pd.DataFrame | None = None,
                      success: pd.DataFrame | None = None,
-                     speed: tuple[pd.DataFrame, pd.DataFrame] | None = None) -> list[str]:
+                     speed: tuple[pd.DataFrame, pd.DataFrame] | None = None,
+                     variants: Sequence[str] = ()) -> list[str]:
     """The Markdown lines of "Findings" (see the module docstring), one block per dataset; the
     heading is the template's (``report/templates/report.md.j2``).
 
@@ -346,6 +357,8 @@ def findings_section(comparisons: pd.DataFrame, *, datasets: Sequence[str],
             seeds of each variant that learned an arithmetic task.
         speed: ``(learning_speed.csv, learning_speed_comparisons.csv)``
             (:mod:`lmablate.report.stats.learning_speed`): how fast each variant learned it.
+        variants: the variants with results, in study order: a dataset without comparisons
+            says whether the study has one variant (:func:`_nothing_compared`).
     """
     empty = pd.DataFrame(columns=["dataset", "variant", "factor", "mean", "split", "digits"])
     lines: list[str] = []
@@ -353,12 +366,14 @@ def findings_section(comparisons: pd.DataFrame, *, datasets: Sequence[str],
         metric = headline_loss(comparisons, ds)
         label, unit, _ = METRICS[metric]
         c = comparisons[(comparisons["dataset"] == ds) & (comparisons["metric"] == metric)]
-        n = int(c["n_pairs"].max()) if len(c) else 0
-        lines += [f"**{ds}**: {label} ({unit}, lower is better) of every variant against the "
-                  f"{BASELINE}, paired over {n} seeds, Holm-corrected at α = {ALPHA}.", ""]
+        if c.empty:
+            lines += [f"**{ds}**: {_nothing_compared(variants)}", ""]
+        else:
+            lines += [f"**{ds}**: {label} ({unit}, lower is better) of every variant against "
+                      f"the {BASELINE}, paired over {int(c['n_pairs'].max())} seeds, "
+                      f"Holm-corrected at α = {ALPHA}.", ""]
         trigram = trigram_reference(references, ds, metric)
-        lines += [f"- {_effect(r, unit, trigram)}" for _, r in c.iterrows()] or [
-            "- No variant to compare with the baseline."]
+        lines += [f"- {_effect(r, unit, trigram)}" for _, r in c.iterrows()]
         lines += _undecided(c, unit)
         lines += _replication(replication, ds, unit)
         if success is not None and len(success):

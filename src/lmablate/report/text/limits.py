@@ -251,15 +251,20 @@ def _flags(comparisons: pd.DataFrame, problems: pd.DataFrame, tuned: pd.DataFram
                          f"{v} at {_names([str(w) for w in ws])}" for v, ws in widths.items())
                      + ". Equal compute then means different parameter counts and steps, and "
                      "the comparison mixes the feature with the width.")
-    elif base_w:
+    elif base_w and d["variant"].nunique() > 1:
         lines.append(f"Every variant trained at the baseline's width (d_model "
                      f"{_names([str(w) for w in sorted(base_w)])}).")
     called = comparisons[(comparisons["dataset"] == dataset)
                          & comparisons["verdict"].isin([VERDICT_BETTER, VERDICT_WORSE])]
     verdicts = [f"{r.variant} {r.verdict} in {METRICS[r.metric][0]}" for r in called.itertuples()]
-    lines.append("What it can say, over training seeds (paired by seed, Holm at family-wise "
-                 f"α = {ALPHA}): " + (_names(verdicts) + " than the baseline." if verdicts else
-                                      "no variant differs from the baseline beyond chance."))
+    if not (comparisons["dataset"] == dataset).any():
+        lines.append("What it can say: nothing about a feature, since no variant was compared "
+                     "with the baseline.")
+    else:
+        lines.append("What it can say, over training seeds (paired by seed, Holm at "
+                     f"family-wise α = {ALPHA}): " + (
+                         _names(verdicts) + " than the baseline." if verdicts else
+                         "no variant differs from the baseline beyond chance."))
     p = problems[problems["dataset"] == dataset] if len(problems) else problems
     if len(p):
         lines.append(f"Problem by problem (its section below) is a diagnostic of which of the "

@@ -92,7 +92,8 @@ def methods_section(cfg: StudyConfig, ablation: pd.DataFrame,
     budgets = ", ".join(f"{name} " + ", ".join(f"{b:.3g}" for b in cfg.budgets(name))
                         for name in cfg.datasets)
     text = (
-        f"Each of {len(cfg.study_variants)} variants was trained on each of "
+        (f"Each of {len(cfg.study_variants)} variants was" if len(cfg.study_variants) > 1
+         else f"The one variant, {cfg.study_variants[0]}, was") + " trained on each of "
         f"{len(cfg.datasets)} datasets ({kinds}) with {len(cfg.seeds)} seeds "
         f"({', '.join(map(str, cfg.seeds))}); the same seeds are used for every variant, so "
         f"results can be paired by seed. "
