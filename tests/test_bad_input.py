@@ -228,6 +228,12 @@ CASES = [
      tune_args("arithmetic", "baseline", "out", "--replicate", "1"),
      "params: study.replicates=2 is not allowed; replicate 1 would draw seed 2,147,583,647, "
      "above 2,147,483,647; lower study.seeds, tune.seed or tune.sampler_seed"),
+    ("a replicate's sampler seed above the limit",
+     settings(setting("tune.sampler_seed", 2**31 - 1), setting("study.replicates", 2),
+              setting("study.replicate_stages", [1])),
+     tune_args("arithmetic", "baseline", "out", "--replicate", "1"),
+     "params: study.replicates=2 is not allowed; replicate 1 would draw seed 2,147,483,648, "
+     "above 2,147,483,647; lower study.seeds, tune.seed or tune.sampler_seed"),
     ("a replicate the study does not have", setting("study.replicates", 1),
      tune_args("arithmetic", "baseline", "out", "--replicate", "1"),
      "params: --replicate=1 is not allowed; a replicate of the study, 0 .. "

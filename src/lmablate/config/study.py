@@ -35,6 +35,8 @@ from lmablate.config.datasets import DATASET_KINDS, MAX_PROBLEMS, DatasetConfig,
 from lmablate.config.runtime import DEVICE_CHOICES, MAX_WORKERS, PARALLEL_CHOICES, RuntimeConfig
 from lmablate.config.train_config import (LR_SCHEDULE_CHOICES, MAX_BATCH, MAX_BUDGET, MAX_COUNT,
                                    TrainConfig, budget_label)
+from lmablate.config.replicates import (MAX_REPLICATES, REPLICATE_SEED_STRIDE,
+                                        check_replicate_list, for_replicate)
 from lmablate.core.fileio import absolute_sqlite_url
 
 __all__ = [
@@ -64,10 +66,6 @@ MAX_WIDTH = 8192  # d_model, ffn_hidden
 MAX_LAYERS = 128
 MAX_HEADS = 256
 MAX_TRIALS = 10_000  # tune.n_trials, trials_per_batch
-MAX_REPLICATES = 16  # study.replicates: each is the whole study's compute again
-# Replicate r of a study adds r x REPLICATE_SEED_STRIDE to every final and tuning seed and r to
-# the sampler seed: a fresh draw of everything random, and the same draw on every machine.
-REPLICATE_SEED_STRIDE = 100_000
 # the largest learning rate a study may tune or extend to (tune.lr_limits)
 MAX_LR = 1e8  # a guard against typos only
 
@@ -126,15 +124,6 @@ def _check_seeds(key: str, value: Any) -> tuple[int, ...]:
     return tuple(value)
 
 
-def _check_replicate_list(key: str, value: Any) -> tuple[int, ...]:
-    if not isinstance(value, (list, tuple)):
-        fail(key, value, "expected a list of integers, [] for one replicate")
-    element = integer(1, MAX_REPLICATES - 1)
-    for v in value:
-        element.check(key, v)
-    return tuple(value)
-
-
 def _check_names(key: str, value: Any) -> tuple[str, ...]:
     if not isinstance(value, (list, tuple)) or not value:
         fail(key, value, "expected a non-empty list")
@@ -170,7 +159,7 @@ class StudySection:
         (), "the replicates after the first, 1 .. replicates - 1, one DVC stage each (DVC's "
         "matrix takes a list and computes no range, so the list is written out)",
         Rule("a list of the integers 1 .. study.replicates - 1 in order, [] for one replicate",
-             lambda key, value: _check_replicate_list(key, value)))
+             check_replicate_list))
 
     def __post_init__(self) -> None:
         check_fields(self, "study")
@@ -454,30 +443,13 @@ class StudyConfig:
     replicate: int = 0  # which replicate this config computes (:meth:`for_replicate`)
 
     def for_replicate(self, replicate: int) -> "StudyConfig":
-        """This study as replicate ``replicate`` computes it: every final seed (``seeds``) and
-        the tuning seed (``tune.seed``) plus ``replicate`` x :data:`REPLICATE_SEED_STRIDE`, the
-        sampler seed (``tune.sampler_seed``) plus ``replicate``. Replicate 0 is the study
-        itself (the same object).
+        """This study as replicate ``replicate`` computes it, on its own seeds
+        (:func:`lmablate.config.replicates.for_replicate`); replicate 0 is the study itself.
 
         Raises:
-            ConfigError: ``replicate`` is not one of 0 .. ``replicates`` - 1, or a shifted seed
-                exceeds :data:`MAX_SEED`.
+            ConfigError: not one of the study's replicates, or a seed past the largest.
         """
-        if not isinstance(replicate, int) or not 0 <= replicate < self.replicates:
-            fail("--replicate", replicate, f"a replicate of the study, 0 .. study.replicates - 1"
-                 f" = {self.replicates - 1}")
-        if replicate == 0:
-            return self
-        shift = replicate * REPLICATE_SEED_STRIDE
-        seeds = tuple(s + shift for s in self.seeds)
-        tune = dataclasses.replace(self.tune, seed=self.tune.seed + shift,
-                                   sampler_seed=self.tune.sampler_seed + replicate)
-        highest = max(*seeds, tune.seed + tune.bracket_seeds - 1, tune.sampler_seed)
-        if highest > MAX_SEED:
-            fail("study.replicates", self.replicates, f"replicate {replicate} would draw seed "
-                 f"{highest:,}, above {MAX_SEED:,}; lower study.seeds, tune.seed or "
-                 "tune.sampler_seed")
-        return dataclasses.replace(self, seeds=seeds, tune=tune, replicate=replicate)
+        return for_replicate(self, replicate)
 
     def dataset(self, name: str) -> DatasetConfig:
         """The config of dataset ``name``. Raises ConfigError naming the allowed datasets."""
