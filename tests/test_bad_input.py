@@ -228,6 +228,12 @@ CASES = [
      tune_args("arithmetic", "baseline", "out", "--replicate", "1"),
      "params: study.replicates=2 is not allowed; replicate 1 would draw seed 2,147,583,647, "
      "above 2,147,483,647; lower study.seeds, tune.seed or tune.sampler_seed"),
+    ("a variant listed twice", setting("study.variants", ["baseline", "rope", "baseline"]),
+     tune_args(), "params: study.variants=['baseline', 'rope', 'baseline'] is not allowed; "
+     "each name once (baseline given more than once)"),
+    ("a dataset listed twice", setting("study.datasets", ["arithmetic", "arithmetic"]),
+     tune_args(), "params: study.datasets=['arithmetic', 'arithmetic'] is not allowed; each "
+     "name once (arithmetic given more than once)"),
     ("a replicate's sampler seed above the limit",
      settings(setting("tune.sampler_seed", 2**31 - 1), setting("study.replicates", 2),
               setting("study.replicate_stages", [1])),

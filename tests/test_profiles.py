@@ -152,3 +152,110 @@ def test_a_profile_makes_the_changes_its_old_full_copy_made(name, run_command):
     if not now["study"]:
         del now["study"]
     assert now == _changes(old["params.yaml"], old[f"profiles/{name}.yaml"])
+
+
+# A profile file's text -> the one line compose refuses it with (file, what is wrong)
+BAD_PROFILES = [
+    ("# @package _global_\nstudy: {profile: bad\n",
+     "conf/profile/bad.yaml is not valid YAML: expected ',' or '}', but got '<stream end>' at "
+     "line 3 column 1"),
+    ("# @package _global_\nstudy: {profile: bad}\nstudy: {seeds: [0]}\n",
+     "conf/profile/bad.yaml is not valid YAML: key 'study' is given twice (lines 2 and 3) at "
+     "line 3 column 1"),
+    ("# @package _global_\nstudy: !!python/object:os.system {}\n",
+     "conf/profile/bad.yaml is not valid YAML: could not determine a constructor for the tag "
+     "'tag:yaml.org,2002:python/object:os.system' at line 2 column 8"),
+    (b"# @package _global_\nstudy: {profile: caf\xe9}\n",
+     "conf/profile/bad.yaml is not UTF-8 text (byte offset 40)"),
+    ("", "conf/profile/bad.yaml is empty; a profile starts with '# @package _global_' and holds "
+         "the keys it changes, at least study: {profile: bad}"),
+    ("# @package _global_\n# nothing yet\n",
+     "conf/profile/bad.yaml changes nothing (only comments); a profile holds the keys it "
+     "changes, at least study: {profile: bad}"),
+    ("study: {profile: bad}\n",
+     "conf/profile/bad.yaml: its first line is 'study: {profile: bad}'; a profile starts with "
+     "'# @package _global_', so that its keys are params.yaml's sections"),
+    ("# @package _global_\n- study\n",
+     "conf/profile/bad.yaml holds a list; expected a mapping of the sections it changes"),
+    ("# @package _global_\ndefaults: [{profile: bad}]\nstudy: {profile: bad}\n",
+     "conf/profile/bad.yaml: a profile cannot include files (defaults: [{'profile': 'bad'}]); "
+     "write the keys it changes"),
+]
+
+
+@pytest.mark.parametrize("text,line", BAD_PROFILES)
+def test_a_broken_profile_is_one_line_naming_the_file_before_hydra_reads_it(tmp_path, text,
+                                                                          line):
+    project = _project(tmp_path)
+    path = project / "conf" / "profile" / "bad.yaml"
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    with pytest.raises(ConfigError) as err:
+        profiles.compose(project, "bad")
+    assert str(err.value) == line
+
+
+@pytest.mark.parametrize("text,line", [
+    ("", "conf/config.yaml is empty; it holds the study's defaults, every key of params.yaml "
+         "(git checkout it to restore it)"),
+    ("defaults:\n  - _self_\n  - profile: full\nstudy: {}\n",
+     "conf/config.yaml: defaults is ['_self_', {'profile': 'full'}]; it must be [_self_, "
+     "{profile: null}] (the defaults, then the profile chosen with -S profile=<name>)"),
+    ("defaults: [_self_, {profile: null}]\ntrain: {lr: 1}\ntrain: {lr: 2}\n",
+     "conf/config.yaml is not valid YAML: key 'train' is given twice (lines 2 and 3) at line 3 "
+     "column 1"),
+    ("[1, 2]\n", "conf/config.yaml holds a list; expected a mapping of params.yaml's sections"),
+])
+def test_a_broken_conf_config_yaml_is_one_line_naming_it(tmp_path, text, line):
+    project = _project(tmp_path)
+    (project / "conf" / "config.yaml").write_text(text)
+    with pytest.raises(ConfigError) as err:
+        profiles.compose(project)
+    assert str(err.value) == line
+
+
+@pytest.mark.parametrize("override,line", [
+    ("~study", "override: '~study' deletes study; every key of conf/config.yaml stays in "
+               "params.yaml: set a value instead"),
+    ("~train.lr", "override: '~train.lr' deletes train.lr; every key of conf/config.yaml stays "
+                  "in params.yaml: set a value instead"),
+    ("=3", "override: '=3' names no key; write KEY=VALUE, e.g. train.lr=0.001"),
+])
+def test_an_override_that_deletes_or_names_no_key_is_refused(override, line):
+    with pytest.raises(ConfigError) as err:
+        profiles.compose(ROOT, None, [override])
+    assert str(err.value) == line
+
+
+def test_a_composition_without_a_key_of_the_defaults_is_refused():
+    """Whatever removed it (a deletion Hydra applied, a profile's ``null`` section), a key of
+    conf/config.yaml missing from the composition is named."""
+    from lmablate.config.conf_files import check_nothing_deleted
+    defaults = yaml.safe_load((ROOT / "conf" / "config.yaml").read_text())
+    composed = yaml.safe_load(profiles.compose(ROOT))
+    check_nothing_deleted(defaults, composed)
+    del composed["train"]["lr"]
+    with pytest.raises(ConfigError) as err:
+        check_nothing_deleted(defaults, composed)
+    assert str(err.value) == (
+        "compose: train.lr is gone from params.yaml; every key of conf/config.yaml stays (a "
+        "profile or override sets values, it does not delete keys)")
+    composed["train"] = None
+    with pytest.raises(ConfigError, match=r"^compose: train\.\w+ is gone from params\.yaml"):
+        check_nothing_deleted(defaults, composed)
+
+
+def test_lmablate_compose_refuses_a_folder_as_out_and_a_long_value_in_one_short_line(
+        tmp_path, run_command):
+    project = _project(tmp_path)
+    (project / "out").mkdir()
+    done = run_command(["lmablate", "compose", "--out", "out"], project)
+    assert (done.returncode, done.stderr) == (2, "lmablate: error: compose: --out out is a "
+                                                 "folder; name the file to write (default "
+                                                 "params.yaml)\n")
+    seeds = ",".join(map(str, range(20_000)))
+    done = run_command(["lmablate", "compose", "-S", f"study.seeds=[{seeds}]"], project)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1
+    assert len(done.stderr) <= 301 and done.stderr.startswith(
+        "lmablate: error: params: tune.seed=1000 is not allowed; must not be one of study.seeds "
+        "[0, 1, 2, 3, 4, 5, 6, 7, ...], ")
+    assert (project / "params.yaml").read_text() == "kept\n"

@@ -29,7 +29,7 @@ from lmablate.config.params import defaults_taken, parse, read
 from lmablate.config.study import ConfigError
 from lmablate.core.fileio import check_sqlite_store, check_writable, os_error_line
 from lmablate.core.gc_pause import gc_paused
-from lmablate.core.validation import OutputError
+from lmablate.core.validation import OutputError, error_line
 from lmablate.execution.lifetime import die_with_parent, parent_is_dvc
 from lmablate.execution.study_plan import clock_for, spent_flops
 
@@ -244,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{time.perf_counter() - start:.1f} s" + (f"; {summary}" if summary else ""),
               flush=True)
     except (ConfigError, ValueError, FileNotFoundError, RuntimeError) as exc:
-        print(f"lmablate: error: {exc}", file=sys.stderr)
+        print(error_line(exc), file=sys.stderr)
         status = 2
     except OSError as exc:  # a full disk, a read-only folder found mid-run: one line, no traceback
         print(f"lmablate: error: {os_error_line(exc)}", file=sys.stderr)

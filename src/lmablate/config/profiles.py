@@ -17,7 +17,10 @@ from typing import Sequence
 
 import yaml
 
+from lmablate.config.conf_files import (check_defaults_file, check_nothing_deleted,
+                                        check_overrides, check_profile_file)
 from lmablate.config.study import ConfigError
+from lmablate.core.validation import error_line, short_repr
 from lmablate.core.fileio import atomic_path
 
 CONFIG_DIR = "conf"  # Hydra's config folder (DVC's hydra.config_dir default)
@@ -51,8 +54,12 @@ def compose(root: str | Path = ".", profile: str | None = None,
                           "project's folder")
     names = profile_names(root)
     if profile is not None and profile not in names:
-        raise ConfigError(f"profile: unknown profile {profile!r}; choose one of "
+        raise ConfigError(f"profile: unknown profile {short_repr(profile)}; choose one of "
                           f"{', '.join(names)} (files of {CONFIG_DIR}/{GROUP}/)")
+    defaults = check_defaults_file(root, CONFIG_DIR, CONFIG_NAME)
+    if profile is not None:
+        check_profile_file(root, CONFIG_DIR, GROUP, profile)
+    check_overrides(overrides)
     every = ([f"{GROUP}={profile}"] if profile else []) + list(overrides)
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "params.yaml"
@@ -61,7 +68,12 @@ def compose(root: str | Path = ".", profile: str | None = None,
         except (HydraException, OmegaConfBaseException) as exc:
             first = " ".join(str(exc).split("\n\n")[0].split())
             raise ConfigError(f"override: {first}") from None
-        return out.read_text(encoding="utf-8")
+        except Exception as exc:  # anything else Hydra or DVC raise: one line, not a traceback
+            first = " ".join(str(exc).split("\n\n")[0].split()) or type(exc).__name__
+            raise ConfigError(f"compose: {first}") from None
+        text = out.read_text(encoding="utf-8")
+    check_nothing_deleted(defaults, yaml.safe_load(text))
+    return text
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -85,10 +97,13 @@ def main(argv: Sequence[str]) -> int:
 
     args = build_parser().parse_args(list(argv))
     try:
+        if str(args.out) != "-" and args.out.is_dir():
+            raise ConfigError(f"compose: --out {args.out} is a folder; name the file to write "
+                              "(default params.yaml)")
         text = compose(".", args.profile, args.overrides)
         parse(yaml.safe_load(text))
     except ConfigError as exc:
-        print(f"lmablate: error: {exc}", file=sys.stderr)
+        print(error_line(exc), file=sys.stderr)
         return 2
     if str(args.out) == "-":
         sys.stdout.write(text)

@@ -127,6 +127,9 @@ def _check_seeds(key: str, value: Any) -> tuple[int, ...]:
 def _check_names(key: str, value: Any) -> tuple[str, ...]:
     if not isinstance(value, (list, tuple)) or not value:
         fail(key, value, "expected a non-empty list")
+    twice = sorted({str(v) for v in value if list(value).count(v) > 1})
+    if twice:  # a name twice would run, and count, its stages twice
+        fail(key, list(value), f"each name once ({', '.join(twice)} given more than once)")
     return tuple(value)
 
 
@@ -144,12 +147,13 @@ class StudySection:
         "init and data order", Rule("a non-empty list of distinct seeds, each "
                                     f"{integer(0, MAX_SEED).allowed}", _check_seeds))
     datasets: tuple[str, ...] = param(("shakespeare", "arithmetic"), "the datasets studied, in "
-                                      "report order", Rule("a non-empty list of names of the "
-                                                           "datasets section", _check_names))
+                                      "report order", Rule("a non-empty list of distinct names "
+                                                           "of the datasets section",
+                                                           _check_names))
     variants: tuple[str, ...] = param(("baseline", "swiglu", "rmsnorm", "rope"), "the variants "
                                       "studied, in report order",
-                                      Rule("a non-empty list of names of the variants section",
-                                           _check_names))
+                                      Rule("a non-empty list of distinct names of the variants "
+                                           "section", _check_names))
     match_params: bool = param(False, "true: each variant's FFN hidden width is set so that its "
                                "non-embedding parameters equal the baseline's", BOOLEAN)
     replicates: int = param(1, "R, how many times the whole study is tuned, trained and "

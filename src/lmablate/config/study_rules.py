@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Callable
 
 from lmablate.config.study import REPLICATE_SEED_STRIDE, StudyConfig
-from lmablate.core.validation import ConfigError, fail
+from lmablate.core.validation import ConfigError, fail, short_repr
 
 
 def tuning_never_sees_a_final_seed(cfg: StudyConfig) -> None:
@@ -17,7 +17,8 @@ def tuning_never_sees_a_final_seed(cfg: StudyConfig) -> None:
     ``study.seeds``: a final seed seen by tuning would flatter its variant."""
     tuning_seeds = range(cfg.tune.seed, cfg.tune.seed + cfg.tune.bracket_seeds)
     if any(s in cfg.seeds for s in tuning_seeds):
-        fail("tune.seed", cfg.tune.seed, f"must not be one of study.seeds {list(cfg.seeds)}, "
+        fail("tune.seed", cfg.tune.seed, "must not be one of study.seeds "
+             f"{short_repr(list(cfg.seeds))}, "
              f"nor the next tune.bracket_seeds={cfg.tune.bracket_seeds} - 1 seeds after it: a "
              "final seed would then have been seen by tuning")
 

@@ -69,6 +69,21 @@ def short_repr(value: Any) -> str:
     return shown
 
 
+MAX_ERROR_LINE = 300  # characters of an error line; a longer one is cut in its middle
+
+
+def error_line(exc: BaseException) -> str:
+    """The one line ``lmablate`` prints for ``exc``: ``lmablate: error: <message>`` on one
+    line, at most :data:`MAX_ERROR_LINE` characters (a longer message keeps its start, which
+    names the key or file, and its end, which says what to do)."""
+    line = "lmablate: error: " + " ".join(str(exc).split())
+    if len(line) <= MAX_ERROR_LINE:
+        return line
+    cut = " [...] "
+    head = (MAX_ERROR_LINE - len(cut)) * 2 // 3
+    return line[:head] + cut + line[-(MAX_ERROR_LINE - len(cut) - head):]
+
+
 def fail(key: str, value: Any, allowed: str) -> NoReturn:
     """Raise the :class:`ConfigError` ``params: <key>=<value> is not allowed; <allowed>``, the
     value shown by :func:`short_repr`."""
