@@ -122,3 +122,54 @@ def test_a_replicates_stages_follow_the_first_replicates_in_the_plan_and_are_ann
     clock = clock_for(cfg, "tune", "arithmetic", "rope", replicate=1)
     assert clock.line.startswith(
         "lmablate: stage 10 of 21 of the study (tune-replicate@arithmetic-rope-1)")
+
+
+@pytest.mark.parametrize("content,note", [
+    ('{"report": 5}', "has 1 entries that are not stage times"),
+    ('{"train@arithmetic-baseline": {"seconds": 3, "flops": "abc"}}',
+     "has 1 entries that are not stage times"),
+    ('{"train@arithmetic-baseline": {"seconds": Infinity, "flops": 1e9}}',
+     "has 1 entries that are not stage times"),
+    ('{"train@arithmetic-baseline": {"seconds": -1, "flops": 1e9}}',
+     "has 1 entries that are not stage times"),
+    ("[1, 2]", "holds a list, not stage times"),
+    ("not json", "cannot be read as JSON"),
+    (b"\xff\xfe", "cannot be read as JSON"),
+])
+def test_a_damaged_times_file_is_noted_ignored_and_rewritten_and_never_stops_a_stage(
+        tmp_path, monkeypatch, capsys, content, note):
+    cfg = params.parse(tiny_params())
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
+    path = tmp_path / TIMES_FILE
+    path.parent.mkdir(parents=True)
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    clock = clock_for(cfg, "train", "arithmetic", "baseline")
+    assert clock.line.startswith("lmablate: stage 5 of 9 of the study")
+    err = capsys.readouterr().err
+    assert err.startswith(f"lmablate: note: {path} {note}") and err.count("\n") == 1
+    assert err.endswith("; ignored, and rewritten when this stage ends (it only estimates the "
+                        "time left)\n")
+    clock.done()
+    assert list(json.loads(path.read_text())) == ["train@arithmetic-baseline"]
+    assert capsys.readouterr().err == ""
+
+
+def test_a_huge_times_file_is_not_read_and_the_file_keeps_only_the_plan_s_stages(
+        tmp_path, monkeypatch, capsys):
+    from lmablate.execution.study_plan import MAX_TIMES_BYTES
+    cfg = params.parse(tiny_params())
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
+    path = tmp_path / TIMES_FILE
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({f"tune@x-{i}": {"seconds": 1, "flops": 1}
+                                for i in range(MAX_TIMES_BYTES // 30)}))
+    clock = clock_for(cfg, "train", "arithmetic", "baseline")
+    assert "more than a study's stage times; ignored" in capsys.readouterr().err
+    clock.done()
+    # a stage of another study (or an old plan) is pruned; the plan's stages are kept
+    times = json.loads(path.read_text())
+    times["tune@gone-variant"] = {"seconds": 5.0, "flops": 1.0}
+    path.write_text(json.dumps(times))
+    clock_for(cfg, "train", "arithmetic", "rope").done()
+    assert sorted(json.loads(path.read_text())) == ["train@arithmetic-baseline",
+                                                    "train@arithmetic-rope"]

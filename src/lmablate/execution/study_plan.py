@@ -16,7 +16,9 @@ stage, so where DVC will skip some as up to date it is too long.
 from __future__ import annotations
 
 import json
+import math
 import os
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,14 +87,49 @@ def times_path() -> Path:
     return Path(os.environ.get("DVC_ROOT", ".")) / TIMES_FILE
 
 
-def read_times(path: Path) -> dict[str, dict]:
-    """Stage name -> ``{"seconds", "flops"}`` of its last run; empty if the file is missing or
-    unreadable (the estimate is a courtesy: it never stops a stage)."""
+# The times file holds one small entry per stage of a study; past this size it is not one.
+MAX_TIMES_BYTES = 1_000_000
+_TIME_KEYS = ("seconds", "flops", "spent")
+
+
+def _is_time(entry: object) -> bool:
+    """A stage's entry of the times file: ``seconds`` and ``flops`` (``spent`` optional), each
+    a finite number >= 0, and nothing else."""
+    return (isinstance(entry, dict) and {"seconds", "flops"} <= entry.keys()
+            and entry.keys() <= set(_TIME_KEYS)
+            and all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                    and math.isfinite(v) and v >= 0 for v in entry.values()))
+
+
+def read_times(path: Path, quiet: bool = False) -> dict[str, dict]:
+    """Stage name -> ``{"seconds", "flops"[, "spent"]}`` of its last run. The estimate is a
+    courtesy and never stops a stage: a missing file gives ``{}``; one that is unreadable,
+    over :data:`MAX_TIMES_BYTES`, not JSON or not a mapping gives ``{}``, and entries that are
+    not stage times are dropped, each with a note on standard error (unless ``quiet``); the
+    next :func:`record_time` rewrites the file from what is kept."""
+    def note(what: str) -> None:
+        if not quiet:
+            print(f"lmablate: note: {path} {what}; ignored, and rewritten when this stage ends "
+                  "(it only estimates the time left)", file=sys.stderr)
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+        size = path.stat().st_size
+        if size > MAX_TIMES_BYTES:
+            note(f"holds {size:,} bytes, more than a study's stage times")
+            return {}
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
         return {}
-    return data if isinstance(data, dict) else {}
+    except (OSError, ValueError) as exc:
+        note(f"cannot be read as JSON ({' '.join(str(exc).split())[:80]})")
+        return {}
+    if not isinstance(data, dict):
+        note(f"holds a {type(data).__name__}, not stage times")
+        return {}
+    kept = {str(name): entry for name, entry in data.items() if _is_time(entry)}
+    if len(kept) < len(data):
+        note(f"has {len(data) - len(kept)} entries that are not stage times (seconds and "
+             "FLOPs, finite and >= 0)")
+    return kept
 
 
 def spent_flops(trials_csv: Path) -> float | None:
@@ -108,10 +145,14 @@ def spent_flops(trials_csv: Path) -> float | None:
 
 
 def record_time(path: Path, stage: PlannedStage, seconds: float,
-                spent: float | None = None) -> None:
+                spent: float | None = None, plan: list[PlannedStage] | None = None) -> None:
     """Keep ``stage``'s time in the times file, with the FLOPs it ``spent`` where they differ from
-    those planned; a file that cannot be written is passed over."""
-    times = read_times(path)
+    those planned; the file keeps the stages of ``plan`` only (every stage kept without one).
+    A file that cannot be written is passed over."""
+    times = read_times(path, quiet=True)
+    if plan is not None:
+        names = {s.name for s in plan}
+        times = {name: t for name, t in times.items() if name in names}
     times[stage.name] = {"seconds": round(seconds, 3), "flops": stage.flops}
     if spent is not None and spent != stage.flops:
         times[stage.name]["spent"] = spent
@@ -183,16 +224,18 @@ class StageClock:
 
     def __init__(self, cfg: StudyConfig, name: str):
         self.path = times_path()
-        plan = study_plan(cfg)
-        self.stage = next((s for s in plan if s.name == name), None)
-        self.line = start_line(cfg, name, read_times(self.path), plan) if self.stage else None
+        self.plan = study_plan(cfg)
+        self.stage = next((s for s in self.plan if s.name == name), None)
+        self.line = (start_line(cfg, name, read_times(self.path), self.plan) if self.stage
+                     else None)
         self.start = time.monotonic()
 
     def done(self, spent: float | None = None) -> None:
         """Record the stage's time and the FLOPs it ``spent`` if known (a stage that failed
         records none)."""
         if self.stage is not None:
-            record_time(self.path, self.stage, time.monotonic() - self.start, spent)
+            record_time(self.path, self.stage, time.monotonic() - self.start, spent,
+                        self.plan)
 
 
 def clock_for(cfg: StudyConfig, command: str, dataset: str | None, variant: str | None,
