@@ -209,6 +209,9 @@ def dvc_params() -> dict[str, list[list[str]]]:
         body = stage.get("do", stage)
         out[name] = [re.sub(r"\$\{[^}]*\}", "*", str(p)).split(".")
                      for p in body.get("params", [])]
+    # the check stage takes every section and writes the same bytes while they are valid:
+    # it re-runs for any key, and no other stage re-runs because of it (the page says so)
+    out.pop("check", None)
     return out
 
 
@@ -262,7 +265,9 @@ def render() -> str:
         "while it stays the same). What enters *tune* reaches the seeds through the tuned "
         "learning rate and width as well. **re-runs (DVC)**: the stages of `dvc.yaml` whose "
         "params hold the key, re-run by `dvc repro` when it changes (the stages after them re-run "
-        "when their outputs change).", "",
+        "when their outputs change). Any key also re-runs `check`, the first stage, which "
+        "validates the params and writes the same bytes while they are valid, so it is left "
+        "out of the column.", "",
         "**Profiles**: the files of `conf/profile/` hold what a profile changes, e.g. `full` "
         "(all 13 variants), `scaling` (six variants at four budgets: "
         "`train.budget_flops.shakespeare` is a list) and `seed-scale` (seed 000's sizes, for a "

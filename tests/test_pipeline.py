@@ -206,7 +206,7 @@ def test_the_study_plan_is_the_order_dvc_repro_runs_the_stages_in(study, run_com
     dry = run_command(["dvc", "repro", "--dry", "--force"], study)
     ran = re.findall(r"Running stage '([^']+)'", dry.stdout)
     cfg = load_params(study / "params.yaml")
-    assert ran == [s.name for s in study_plan(cfg)] and len(ran) == 4 + 3 * 2 * 3 + 1
+    assert ran == [s.name for s in study_plan(cfg)] and len(ran) == 1 + 4 + 3 * 2 * 3 + 1
     # each stage run by dvc kept its time, where the next study's estimates read them
     times = json.loads((study / TIMES_FILE).read_text())
     assert set(times) == set(ran)
@@ -240,6 +240,34 @@ def test_second_repro_does_nothing(study, run_command):
     assert "Running stage" not in again.stdout
     status = run_command(["dvc", "status"], study)
     assert "up to date" in status.stdout
+
+
+@pytest.mark.slow
+def test_a_bad_param_stops_dvc_repro_at_the_check_stage_with_every_output_kept(
+        study, run_command):
+    """DVC removes a stage's outputs before it runs it: the check stage, which every stage
+    depends on, runs first and refuses the param before DVC reaches a finished stage."""
+    kept = [study / p for p in ("runs/arithmetic/baseline/best.json",
+                                "runs/arithmetic/baseline/trials.csv",
+                                "runs/arithmetic/baseline/metrics.json", "reports/report.md")]
+    before = [p.read_bytes() for p in kept]
+    params_path = study / "params.yaml"
+    good = params_path.read_text()
+    params = yaml.safe_load(good)
+    params["train"]["lr"] = "abc"
+    params_path.write_text(yaml.safe_dump(params, sort_keys=False))
+    bad = run_command(["dvc", "repro"], study, timeout=600)
+    assert bad.returncode != 0
+    assert re.findall(r"Running stage '([^']+)'", bad.stdout) == ["check"]
+    assert ("lmablate: error: params: train.lr='abc' is not allowed; expected a finite number"
+            in bad.stderr)
+    assert [p.read_bytes() for p in kept] == before
+    params_path.write_text(good)
+    again = run_command(["dvc", "repro"], study, timeout=600)
+    assert again.returncode == 0, again.stderr[-2000:]
+    # the check's own file, removed by DVC, is written again with the same bytes: nothing else
+    assert re.findall(r"Running stage '([^']+)'", again.stdout) == ["check"]
+    assert [p.read_bytes() for p in kept] == before
 
 
 @pytest.mark.slow

@@ -31,11 +31,11 @@ def test_a_tune_stage_plans_the_first_rungs_and_the_bracket_s_first_batches(name
         assert tune_flops(cfg, ds) == pytest.approx(shares * sum(cfg.budgets(ds)))
 
 
-def test_the_default_study_plans_29_stages_generate_to_report():
+def test_the_default_study_plans_30_stages_check_generate_to_report():
     cfg = profile_config("default")
     names = [s.name for s in study_plan(cfg)]
-    assert len(names) == 2 + 2 + 3 * 8 + 1
-    assert names[:5] == ["generate@shakespeare", "generate@arithmetic", "tokenize@shakespeare",
+    assert len(names) == 1 + 2 + 2 + 3 * 8 + 1
+    assert names[:6] == ["check", "generate@shakespeare", "generate@arithmetic", "tokenize@shakespeare",
                          "tokenize@arithmetic", "tune@shakespeare-baseline"]
     assert names[-2:] == ["evaluate@arithmetic-rope", "report"]
     train = {s.name: s.flops for s in study_plan(cfg) if s.name.startswith("train@")}
@@ -69,19 +69,19 @@ def test_the_start_line_says_where_the_stage_is_and_how_long_is_left():
     cfg = params.parse(tiny_params({"study": {"variants": ["baseline", "rope"]}}))
     plan_ = study_plan(cfg)
     assert [s.name for s in plan_] == [
-        "generate@arithmetic", "tokenize@arithmetic", "tune@arithmetic-baseline",
+        "check", "generate@arithmetic", "tokenize@arithmetic", "tune@arithmetic-baseline",
         "tune@arithmetic-rope", "train@arithmetic-baseline", "train@arithmetic-rope",
         "evaluate@arithmetic-baseline", "evaluate@arithmetic-rope", "report"]
     assert start_line(cfg, "tune@arithmetic-baseline", {}) == (
-        "lmablate: stage 3 of 9 of the study (tune@arithmetic-baseline); 0% of its training "
+        "lmablate: stage 4 of 10 of the study (tune@arithmetic-baseline); 0% of its training "
         "FLOPs done, time left known once a training stage has run")
-    tune = plan_[2].flops
+    tune = plan_[3].flops
     times = {"tune@arithmetic-baseline": {"seconds": 100.0, "flops": tune}}
-    train = plan_[4].flops
+    train = plan_[5].flops
     left = 100 + 2 * train / (tune / 100)  # the other tune stage as this one, trains at its rate
     done = 100 * tune / (2 * tune + 2 * train)
     assert start_line(cfg, "tune@arithmetic-rope", times) == (
-        f"lmablate: stage 4 of 9 of the study (tune@arithmetic-rope); {done:.0f}% of its "
+        f"lmablate: stage 5 of 10 of the study (tune@arithmetic-rope); {done:.0f}% of its "
         f"training FLOPs done, about {left / 60:.0f} min left with this one")
     assert start_line(cfg, "tune@arithmetic-nope", times) is None  # no stage of the plan
 
@@ -92,27 +92,31 @@ def test_only_a_stage_dvc_runs_announces_itself_and_keeps_its_time(tmp_path, mon
     assert clock_for(cfg, "train", "arithmetic", "baseline") is None  # typed by hand
     monkeypatch.setenv("DVC_ROOT", str(tmp_path))
     clock = clock_for(cfg, "train", "arithmetic", "baseline")
-    assert clock.line.startswith("lmablate: stage 5 of 9 of the study (train@arithmetic-baseline)")
+    assert clock.line.startswith("lmablate: stage 6 of 10 of the study (train@arithmetic-baseline)")
     clock.done()
     times = json.loads((tmp_path / TIMES_FILE).read_text())
     assert list(times) == ["train@arithmetic-baseline"]
-    assert times["train@arithmetic-baseline"]["flops"] == study_plan(cfg)[4].flops
+    assert times["train@arithmetic-baseline"]["flops"] == study_plan(cfg)[5].flops
     (tmp_path / TIMES_FILE).write_text("not json")  # a damaged file costs the estimate only
     assert clock_for(cfg, "report", None, None).line.endswith("left with this one")
 
 
-def test_a_replicates_stages_follow_the_first_replicates_in_the_plan_and_are_announced(
+def test_a_replicates_stages_follow_replicate_0s_in_dvc_yaml_order_and_are_announced(
         tmp_path, monkeypatch):
     cfg = params.parse(tiny_params({"study": {"replicates": 3, "replicate_stages": [1, 2]}}))
     plan_ = study_plan(cfg)
     names = [s.name for s in plan_]
-    assert names[:9] == [s.name for s in study_plan(params.parse(tiny_params()))][:8] + [
+    assert names[:10] == [s.name for s in study_plan(params.parse(tiny_params()))][:9] + [
         "tune-replicate@arithmetic-baseline-1"]
-    assert names[-7:] == ["tune-replicate@arithmetic-baseline-2",
-                          "tune-replicate@arithmetic-rope-2",
-                          "train-replicate@arithmetic-baseline-2",
+    # dvc.yaml's matrix order within each command: dataset x variant x replicate
+    assert names[10:13] == ["tune-replicate@arithmetic-baseline-2",
+                            "tune-replicate@arithmetic-rope-1",
+                            "tune-replicate@arithmetic-rope-2"]
+    assert names[-7:] == ["train-replicate@arithmetic-rope-1",
                           "train-replicate@arithmetic-rope-2",
+                          "evaluate-replicate@arithmetic-baseline-1",
                           "evaluate-replicate@arithmetic-baseline-2",
+                          "evaluate-replicate@arithmetic-rope-1",
                           "evaluate-replicate@arithmetic-rope-2", "report"]
     # a replicate trains what replicate 0 trains, at the headline budget
     flops = {s.name: s.flops for s in plan_}
@@ -121,7 +125,7 @@ def test_a_replicates_stages_follow_the_first_replicates_in_the_plan_and_are_ann
     monkeypatch.setenv("DVC_ROOT", str(tmp_path))
     clock = clock_for(cfg, "tune", "arithmetic", "rope", replicate=1)
     assert clock.line.startswith(
-        "lmablate: stage 10 of 21 of the study (tune-replicate@arithmetic-rope-1)")
+        "lmablate: stage 12 of 22 of the study (tune-replicate@arithmetic-rope-1)")
 
 
 @pytest.mark.parametrize("content,note", [
@@ -144,7 +148,7 @@ def test_a_damaged_times_file_is_noted_ignored_and_rewritten_and_never_stops_a_s
     path.parent.mkdir(parents=True)
     path.write_bytes(content if isinstance(content, bytes) else content.encode())
     clock = clock_for(cfg, "train", "arithmetic", "baseline")
-    assert clock.line.startswith("lmablate: stage 5 of 9 of the study")
+    assert clock.line.startswith("lmablate: stage 6 of 10 of the study")
     err = capsys.readouterr().err
     assert err.startswith(f"lmablate: note: {path} {note}") and err.count("\n") == 1
     assert err.endswith("; ignored, and rewritten when this stage ends (it only estimates the "

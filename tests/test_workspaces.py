@@ -44,8 +44,9 @@ def test_dvc_lists_one_chain_per_dataset_and_variant(
     datasets, variants = ["arithmetic", "shakespeare"], ["baseline", "rope"]
     raw = tiny_params({"study": {"datasets": datasets, "variants": variants}})
     steps = plan(stage_graph(dvc_project(tmp_path, raw, run_command)))
-    assert steps.upstream == tuple(f"{stage}@{d}" for stage in ("generate", "tokenize")
-                                   for d in datasets)
+    assert steps.upstream == ("check",) + tuple(f"{stage}@{d}"
+                                               for stage in ("generate", "tokenize")
+                                               for d in datasets)
     pairs = [f"{d}-{v}" for d in datasets for v in variants]
     assert steps.chains == {
         f"evaluate@{p}": (f"tune@{p}", f"train@{p}", f"evaluate@{p}") for p in pairs}
@@ -121,7 +122,8 @@ def test_dry_prints_the_chains_and_runs_nothing(tmp_path, tiny_params, run_comma
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     assert cli.main(["repro", "--dry", "--jobs", "2"]) == 0
     assert capsys.readouterr().out.splitlines() == [
-        "lmablate repro: upstream, in the main workspace: generate@arithmetic tokenize@arithmetic",
+        "lmablate repro: upstream, in the main workspace: check generate@arithmetic "
+        "tokenize@arithmetic",
         "lmablate repro: chain evaluate@arithmetic-baseline: tune@arithmetic-baseline -> "
         "train@arithmetic-baseline -> evaluate@arithmetic-baseline",
         "lmablate repro: chain evaluate@arithmetic-rope: tune@arithmetic-rope -> "
@@ -241,7 +243,7 @@ def test_chains_in_workspaces_give_the_bytes_of_a_plain_repro_and_the_main_repro
     # its last dvc repro restored tune and evaluate from the run-cache, and found train (not
     # run-cached: its checkpoints persist) up to date from the chain's dvc.lock entry
     assert re.findall(r"Running stage '([^']+)'", done.stdout) == [
-        "generate@arithmetic", "tokenize@arithmetic", "report"]
+        "check", "generate@arithmetic", "tokenize@arithmetic", "report"]
     pairs = ("arithmetic-baseline", "arithmetic-rope")
     assert set(re.findall(r"Stage '([^']+)' is cached - skipping run", done.stdout)) == {
         *(f"{stage}@{p}" for stage in ("tune", "evaluate") for p in pairs)}

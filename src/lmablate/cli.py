@@ -29,6 +29,7 @@ from lmablate.config.params import defaults_taken, parse, read
 from lmablate.config.study import ConfigError
 from lmablate.core.fileio import check_sqlite_store, check_writable, os_error_line
 from lmablate.core.gc_pause import gc_paused
+from lmablate.core.installed import check_installed_lock
 from lmablate.core.validation import OutputError, error_line
 from lmablate.execution.lifetime import die_with_parent, parent_is_dvc
 from lmablate.execution.study_plan import clock_for, spent_flops
@@ -58,6 +59,9 @@ class Stage:
 
 
 STAGES: dict[str, Stage] = {
+    "check": Stage("lmablate.stages.check", "params, stores and output folders checked before "
+                   "any other stage runs (dvc.yaml: every stage depends on its file)",
+                   writes=("out",), dataset=False),
     "generate": Stage("lmablate.stages.generate",
                       "write a dataset's raw text (corpus.txt, test.txt)", writes=("out",),
                       folders=("out",)),
@@ -140,10 +144,14 @@ def check_preconditions(cfg, args: argparse.Namespace, stage: Stage) -> None:
     its first run (:func:`lmablate.train.device.resolve_device`), as it needs torch.
 
     Raises:
+        RuntimeError: an installed package is not the version ``requirements.lock`` pins
+            (:func:`lmablate.core.installed.check_installed_lock`).
         ConfigError: an unknown dataset or variant, a ``--replicate`` that is not one of
             ``study.replicates``.
         OutputError: an output path of the wrong kind or that cannot be written.
     """
+    # the versions that compute are those the results will record (requirements.lock's)
+    check_installed_lock()
     if stage.dataset:
         cfg.dataset(args.dataset)
     if stage.variant:

@@ -70,14 +70,15 @@ def parse(raw: Mapping[str, Any]) -> StudyConfig:
         match_params=study.match_params,
         profile=study.profile,
         replicates=study.replicates,
+        mixed_environments=study.mixed_environments,
     )
     return check_study(cfg)
 
 
 def _study_section(study: Any) -> StudySection:
     if not isinstance(study, Mapping):
-        fail("study", study, "expected a mapping of profile, seeds, datasets, variants, match_params, "
-             "replicates, replicate_stages")
+        fail("study", study, "expected a mapping of profile, seeds, datasets, variants, "
+             "match_params, replicates, replicate_stages, mixed_environments")
     allowed_study = sorted(f.name for f in dataclasses.fields(StudySection))
     bad = sorted(set(study) - set(allowed_study), key=str)
     if bad:

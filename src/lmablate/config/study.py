@@ -165,6 +165,11 @@ class StudySection:
         Rule("a list of the integers 1 .. study.replicates - 1 in order, [] for one replicate",
              check_replicate_list))
 
+    mixed_environments: bool = param(
+        False, "true: train takes a best.json, and the report compares metrics.json files, "
+        "computed with other numerics or another torch build than the rest of the study (the "
+        "report's Findings say so); false refuses them, naming both", BOOLEAN)
+
     def __post_init__(self) -> None:
         check_fields(self, "study")
         expected = list(range(1, self.replicates))
@@ -445,6 +450,7 @@ class StudyConfig:
     profile: str = "default"
     replicates: int = 1
     replicate: int = 0  # which replicate this config computes (:meth:`for_replicate`)
+    mixed_environments: bool = False  # study.mixed_environments
 
     def for_replicate(self, replicate: int) -> "StudyConfig":
         """This study as replicate ``replicate`` computes it, on its own seeds

@@ -86,8 +86,15 @@ def error_line(exc: BaseException) -> str:
 
 def fail(key: str, value: Any, allowed: str) -> NoReturn:
     """Raise the :class:`ConfigError` ``params: <key>=<value> is not allowed; <allowed>``, the
-    value shown by :func:`short_repr`."""
-    raise ConfigError(f"params: {key}={short_repr(value)} is not allowed; {allowed}")
+    value shown by :func:`short_repr`, cut further where the line
+    (:func:`error_line`) would pass :data:`MAX_ERROR_LINE` characters: the key and what is
+    allowed are always shown whole."""
+    shown = short_repr(value)
+    rest = f"params: {key}= is not allowed; {allowed}"
+    room = MAX_ERROR_LINE - len("lmablate: error: ") - len(rest)
+    if len(shown) > room:
+        shown = shown[:max(room - 3, 0)] + "..."
+    raise ConfigError(f"params: {key}={shown} is not allowed; {allowed}")
 
 
 def _real(value: Any) -> bool:

@@ -66,19 +66,21 @@ def study_plan(cfg: StudyConfig) -> list[PlannedStage]:
     """The study's stages in the order ``dvc repro`` runs them, with their planned FLOPs (a
     final run spends its budget; evaluation and the rest are counted as 0)."""
     datasets, variants = list(cfg.datasets), list(cfg.study_variants)
-    out = [PlannedStage(stage_name(c, d), 0.0) for c in COMMANDS[:2] for d in datasets]
+    out = [PlannedStage("check", 0.0)]  # lmablate.stages.check: every stage depends on it
+    out += [PlannedStage(stage_name(c, d), 0.0) for c in COMMANDS[:2] for d in datasets]
     out += [PlannedStage(stage_name("tune", d, v), tune_flops(cfg, d))
             for d in datasets for v in variants]
     out += [PlannedStage(stage_name("train", d, v), len(cfg.seeds) * sum(cfg.budgets(d)))
             for d in datasets for v in variants]
     out += [PlannedStage(stage_name("evaluate", d, v), 0.0) for d in datasets for v in variants]
-    for r in range(1, cfg.replicates):  # dvc.yaml's order: each replicate's stages, by command
-        out += [PlannedStage(stage_name("tune", d, v, r), tune_flops(cfg, d, headline=True))
-                for d in datasets for v in variants]
-        out += [PlannedStage(stage_name("train", d, v, r), len(cfg.seeds) * cfg.budgets(d)[-1])
-                for d in datasets for v in variants]
-        out += [PlannedStage(stage_name("evaluate", d, v, r), 0.0)
-                for d in datasets for v in variants]
+    # dvc.yaml's order: by command, each matrix of dataset x variant x replicate in turn
+    replicates = range(1, cfg.replicates)
+    out += [PlannedStage(stage_name("tune", d, v, r), tune_flops(cfg, d, headline=True))
+            for d in datasets for v in variants for r in replicates]
+    out += [PlannedStage(stage_name("train", d, v, r), len(cfg.seeds) * cfg.budgets(d)[-1])
+            for d in datasets for v in variants for r in replicates]
+    out += [PlannedStage(stage_name("evaluate", d, v, r), 0.0)
+            for d in datasets for v in variants for r in replicates]
     return out + [PlannedStage("report", 0.0)]
 
 

@@ -28,7 +28,7 @@ from lmablate.config.study import StudyConfig
 from lmablate.core import fileio
 from lmablate.core.tracker import Tracker
 from lmablate.report.collect import (RunOutputs, check_complete, collect, present,
-                                     restrict_to_study)
+                                     restrict_to_study, run_folder)
 from lmablate.report.curves import CURVE_COLUMNS, mean_curves
 from lmablate.report.families import variant_colours, variant_palette
 from lmablate.report.figures.model_figures import draw_model_figures
@@ -43,7 +43,7 @@ from lmablate.report.text.render import render_report
 from lmablate.report.text.scaling_section import (draw_scaling_figures, scaling_csvs,
                                                scaling_metrics, scaling_section,
                                                scaling_tables)
-from lmablate.tracking.environment import blas, cpu_model
+from lmablate.tracking.environment import blas, cpu_model, describe
 from lmablate.tracking.mlflow_store import local_artifact_root
 from lmablate.tracking.trackers import make_tracker
 
@@ -75,6 +75,41 @@ def environment(cfg: StudyConfig | None = None, runs_dir: Path | None = None) ->
         out[f"results computed with ({i + 1} of {len(seen)} environments)"] = {
             **envs[key], "runs": " ".join(where)}
     return out
+
+
+def result_environments(cfg: StudyConfig, runs_dir: Path) -> dict[str, list[Path]]:
+    """The environments the study's results were computed with
+    (:func:`lmablate.tracking.environment.describe` of each ``metrics.json``'s
+    ``environment``, replicates included), each with its files, in study order; files without
+    a recorded environment are left out."""
+    out: dict[str, list[Path]] = {}
+    for r in range(cfg.replicates):
+        for dataset in cfg.datasets:
+            for variant in cfg.study_variants:
+                path = run_folder(runs_dir, dataset, variant, r) / "metrics.json"
+                env = fileio.read_json(path).get("environment") if path.is_file() else None
+                if env:
+                    out.setdefault(describe(env), []).append(path)
+    return out
+
+
+def check_environments(cfg: StudyConfig, runs_dir: Path) -> list[str]:
+    """Refuse results of more than one environment unless ``study.mixed_environments``; then
+    return each environment with its runs, for the Findings (empty for one environment).
+
+    Raises:
+        ValueError: two files computed with different numerics or torch builds, naming both.
+    """
+    envs = result_environments(cfg, runs_dir)
+    if len(envs) <= 1:
+        return []
+    (a, first), (b, second) = list(envs.items())[:2]
+    if not cfg.mixed_environments:
+        raise ValueError(f"{second[0]}: computed with {b}, but {first[0]} with {a}; results "
+                         "of two environments are not compared: run the stages of one of them "
+                         "again here (dvc repro -f), or set study.mixed_environments: true")
+    return [f"{env}: {', '.join(str(p.parent.relative_to(runs_dir)) for p in paths)}"
+            for env, paths in envs.items()]
 
 
 def summary_record(cfg: StudyConfig, metrics_dir: Path) -> tuple[dict, dict, dict]:
@@ -180,6 +215,7 @@ def build_report(cfg: StudyConfig, runs_dir: Path, out_dir: Path,
         FileNotFoundError: no ``metrics.json`` of the configured study under ``runs_dir``.
     """
     runs_dir, out_dir = Path(runs_dir), Path(out_dir)
+    mixed = check_environments(cfg, runs_dir)
     runs, notes = restrict_to_study(cfg, collect(runs_dir))
     check_complete(runs, runs_dir)
     # every bracketed variant's uncertainty drawn with its dataset's pooled seed spread
@@ -191,7 +227,7 @@ def build_report(cfg: StudyConfig, runs_dir: Path, out_dir: Path,
     tables = compute_tables(cfg, runs, tokens_dir, replicate_runs(cfg, runs_dir, notes))
     with staged_folder(out_dir) as stage:
         extra = extra_figures(stage / "figures") if extra_figures is not None else ()
-        paths = _write_report(cfg, runs, notes, tables, stage, environment, extra)
+        paths = _write_report(cfg, runs, notes, tables, stage, environment, extra, mixed)
     return _moved(paths, stage, out_dir)
 
 
@@ -206,7 +242,8 @@ def _moved(paths: dict, stage: Path, out_dir: Path) -> dict:
 
 def _write_report(cfg: StudyConfig, runs: RunOutputs, notes: list[str], tables,
                   out_dir: Path, environment: dict | None,
-                  extra_figures: Sequence[tuple[str | None, str, Path]]) -> dict:
+                  extra_figures: Sequence[tuple[str | None, str, Path]],
+                  environments: Sequence[str] = ()) -> dict:
     """Write :func:`build_report`'s outputs under ``out_dir`` (the staging folder); returns
     their paths."""
     csvs = csv_tables(runs, tables)
@@ -238,7 +275,7 @@ def _write_report(cfg: StudyConfig, runs: RunOutputs, notes: list[str], tables,
     fileio.write_text(paths["report"], render_report(report_content(
         cfg, runs, notes, tables, figures, out_dir, environment,
         scaling=scaling_section(scaling, runs, scaling_figures, out_dir),
-        trends=scaling.trends, csv_files=written)))
+        trends=scaling.trends, csv_files=written, environments=environments)))
     paths["figures"] = figures.written() + list(scaling_figures.values())
     return paths
 

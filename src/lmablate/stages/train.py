@@ -28,6 +28,7 @@ from lmablate.execution.executor import run_jobs
 from lmablate.execution.parallel import use_processes
 from lmablate.model.gpt import count_params, flops_per_token
 from lmablate.model.variants import preflight, resolve_model_config
+from lmablate.tracking.environment import describe, result_environment, same_environment
 from lmablate.tracking.trackers import make_tracker, run_name
 from lmablate.train.batched import batched_on, train_seeds
 from lmablate.train.budget import run_steps, stage_budgets, tokens_per_step, training_flops
@@ -266,8 +267,9 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, best_pat
     cfg = cfg.for_replicate(replicate)
     # a device this machine lacks, a cluster that does not answer or a worker of another kind:
     # before any work
-    device, _, cluster = resolve(cfg)
+    device, numerics, cluster = resolve(cfg)
     best = fileio.read_json(best_path)
+    check_tuned_here(best, best_path, result_environment(numerics), cfg.mixed_environments)
     data = TokenData.load(tokens_dir)
     # every budget's model, checked, before any seed of any budget trains
     plans = [_plan(cfg.at_budget(dataset, budget), dataset, variant, data, tokens_dir, best,
@@ -293,6 +295,22 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, best_pat
     headline = cfg.headline_budget(dataset)
     return {f"seed_{r['summary']['seed']}": r["summary"] for r in results
             if r["summary"]["budget_flops"] == headline}
+
+
+def check_tuned_here(best: dict, best_path: Path, here: dict, mixed: bool) -> None:
+    """Refuse a ``best.json`` tuned with other numerics or another torch build
+    (:func:`lmablate.tracking.environment.same_environment`) than this stage trains with
+    (``here``), unless ``study.mixed_environments`` (``mixed``) says to take it.
+
+    Raises:
+        ValueError: naming the file and both environments.
+    """
+    entries = [best, *best.get("budgets", [])]
+    tuned = next((e["environment"] for e in entries if e.get("environment")), None)
+    if not mixed and not same_environment(tuned, here):
+        raise ValueError(f"{best_path}: tuned with {describe(tuned)}, but this stage trains with "
+                         f"{describe(here)}; tune here (dvc repro -f the tune stage), or set "
+                         "study.mixed_environments: true to train from it anyway")
 
 
 def tuned_at(best: dict, budget: float, best_path: Path) -> dict:

@@ -21,9 +21,7 @@ import re
 import subprocess
 from pathlib import Path
 
-# The lock of the README's install, at the root of the checkout this package runs from (an
-# editable install); absent from a wheel's install
-LOCK = Path(__file__).resolve().parents[3] / "requirements.lock"
+from lmablate.core.installed import LOCK
 # packages whose versions change results, named in the MLflow tags
 PACKAGES = ("torch", "numpy", "scipy", "pandas", "statsmodels", "optuna", "mlflow", "dvc")
 # lmablate repro's chains run in copies of the checkout without git: it passes the commit on
@@ -37,6 +35,24 @@ def lock_hash() -> str | None:
         return hashlib.sha256(LOCK.read_bytes()).hexdigest()[:12]
     except OSError:
         return None
+
+
+# What must be equal for two results to be compared (or a best.json to be trained from).
+COMPARED = ("numerics", "torch")
+
+
+def describe(env: dict | None) -> str:
+    """A recorded environment as messages show it: ``numerics '...', torch 2.13.0+cpu``."""
+    env = env or {}
+    return f"numerics {env.get('numerics')!r}, torch {env.get('torch')}"
+
+
+def same_environment(a: dict | None, b: dict | None) -> bool:
+    """Whether two recorded environments agree in :data:`COMPARED` (a record without an
+    environment, from before one was kept, agrees with any)."""
+    if not a or not b:
+        return True
+    return all(a.get(k) == b.get(k) for k in COMPARED)
 
 
 def result_environment(numerics: str) -> dict[str, str | None]:

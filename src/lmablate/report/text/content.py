@@ -138,6 +138,9 @@ class ReportContent:
     other_figures: list[Figure]
     # with replicates (study.replicates > 1), one entry per dataset, else empty
     replication: list["Replication"] = field(default_factory=list)
+    # with study.mixed_environments and results of more than one environment: each described
+    # with the runs computed in it, else empty
+    environments: list[str] = field(default_factory=list)
     confidence: float = CONFIDENCE
     alpha: float = ALPHA
     min_seeds_for_test: int = MIN_SEEDS_FOR_TEST
@@ -213,7 +216,8 @@ def report_content(cfg: StudyConfig, runs: RunOutputs, notes: Sequence[str],
                    environment: Mapping[str, Any] | None = None,
                    scaling: ScalingSection | None = None,
                    trends: pd.DataFrame | None = None,
-                   csv_files: Sequence[str] = ()) -> ReportContent:
+                   csv_files: Sequence[str] = (),
+                   environments: Sequence[str] = ()) -> ReportContent:
     """The content of ``report.md``, to be written in ``out_dir``.
 
     Args:
@@ -232,6 +236,8 @@ def report_content(cfg: StudyConfig, runs: RunOutputs, notes: Sequence[str],
         trends: that study's trend table, summed up in the findings.
         csv_files: the file names of the CSV tables written next to the report, in the order
             written; "How to read this report" lists them.
+        environments: the environments of a study that compares results of more than one
+            (``study.mixed_environments``), each with its runs; the Findings open with them.
 
     Raises:
         ValueError: a figure path not under ``out_dir``.
@@ -264,7 +270,8 @@ def report_content(cfg: StudyConfig, runs: RunOutputs, notes: Sequence[str],
         datasets=[dataset_content(cfg, runs, tables, figures, out_dir, ds) for ds in datasets],
         other_figures=[_figure(cap, p, out_dir) for d, cap, p in figures.figures if d is None],
         replication=[replication(tables, figures, out_dir, ds) for ds in datasets
-                     if (tables.replication["dataset"] == ds).any()])
+                     if (tables.replication["dataset"] == ds).any()],
+        environments=list(environments))
 
 
 def replication(tables: ReportTables, figures: ReportFigures, out_dir: Path,
