@@ -325,11 +325,14 @@ def check_complete(runs: RunOutputs, runs_dir: Path, replicate: int = 0) -> None
         h = h[h["dataset"] == ds] if len(h) else h
         if h.empty:
             continue
-        probe = "val_exact_match" in h and h["val_exact_match"].notna().any()
+        # the (variant, seed) pairs with history rows, and with an answer probe, once
+        has_rows = set(zip(h["variant"].astype(str), h["seed"]))
+        probed = h.dropna(subset=["val_exact_match"]) if "val_exact_match" in h else h.iloc[:0]
+        has_probe = set(zip(probed["variant"].astype(str), probed["seed"]))
         for r in d.itertuples():
-            rows = h[(h["variant"] == r.variant) & (h["seed"] == r.seed)]
-            missing = ("rows" if rows.empty else "val_exact_match"
-                       if probe and rows["val_exact_match"].isna().all() else None)
+            key = (str(r.variant), r.seed)
+            missing = ("rows" if key not in has_rows else "val_exact_match"
+                       if has_probe and key not in has_probe else None)
             if missing:
                 raise ValueError(
                     f"{run_folder(runs_dir, ds, str(r.variant), replicate) / 'history.csv'}: "
