@@ -11,6 +11,12 @@ workspace where ``dvc repro tokenize`` (or the whole study) has run::
 
 Prints one row per variant x width x lr: the test loss (nats/char) of each seed and their mean;
 ``--csv`` writes every run. Seeds run one after another on this process's threads.
+
+On an arithmetic dataset each run also scores the answer probe at every evaluation (as the
+train stage does) and the test problems at the end, as the evaluate stage does: a row adds
+``answer_loss`` (nats per answer character), ``exact_match``, and ``tokens_to_learn``, the
+training tokens at the first evaluation whose probe exact match reached ``--learned`` (0.5;
+empty when never). ``--set key=value`` overrides a train param (e.g. ``budget_flops=4.5e11``).
 """
 
 from __future__ import annotations
@@ -20,27 +26,49 @@ import csv
 import sys
 from pathlib import Path
 
+import dataclasses
+
 from lmablate.config.params import load
 from lmablate.data.token_data import TokenData
-from lmablate.evaluate.metrics import split_loss
+from lmablate.data.tokenizer import load_tokenizer
+from lmablate.evaluate.answer_probe import answer_probe
+from lmablate.evaluate.metrics import (answer_nats, arithmetic_predictions, arithmetic_scores,
+                                       split_loss)
 from lmablate.model.variants import preflight, resolve_model_config
 from lmablate.train.budget import run_steps
 from lmablate.train.device import resolve_device
 from lmablate.train.training import train_model
 
 
+def _tokens_to_learn(history: list[dict], tokens_per_step: int, learned: float) -> int | None:
+    """Training tokens at the first evaluation whose probe exact match reached ``learned``."""
+    for row in history:
+        if row.get("val_exact_match", -1.0) >= learned:
+            return int(row["step"]) * tokens_per_step
+    return None
+
+
 def grid(params: Path, dataset: str, variants: list[str], lrs: list[float],
-         widths: list[int], seeds: list[int]) -> list[dict]:
+         widths: list[int], seeds: list[int], learned: float = 0.5,
+         overrides: dict[str, float] | None = None) -> list[dict]:
     """One row per run: ``variant``, ``d_model``, ``lr``, ``seed``, ``steps`` and
     ``test_loss`` (nats/char over the evaluate stage's test windows).
 
     Raises:
         ConfigError: unknown dataset or variant, or a width the budget cannot train.
     """
-    cfg = load(params)
+    cfg = load(params).for_dataset(dataset)  # its own context length and batch size
     data = TokenData.load(Path("data/tokens") / dataset)
+    if overrides:
+        cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, **overrides))
     train_cfg = cfg.train.for_dataset(dataset)
     device = resolve_device(cfg.runtime.device)
+    tokens_dir = Path("data/tokens") / dataset
+    probe = answer_probe(tokens_dir, cfg.evaluate.batch_size, device)
+    if probe is not None:
+        tok = load_tokenizer(tokens_dir)
+        problems = (Path("data/raw") / dataset / "test.txt").read_text().split("\n")
+        problems = [p for p in problems if p][:cfg.evaluate.max_problems]
     models = {}
     for variant in variants:  # every model checked before the first step
         cfg.check_variant(variant)
@@ -53,13 +81,30 @@ def grid(params: Path, dataset: str, variants: list[str], lrs: list[float],
         for lr in lrs:
             for seed in seeds:
                 result = train_model(model_cfg, train_cfg, data, seed=seed, lr=lr, steps=steps,
-                                     device=device, desc=f"{variant} d{d} lr{lr:g} s{seed}")
+                                     device=device, desc=f"{variant} d{d} lr{lr:g} s{seed}",
+                                     probe=probe)
                 loss = split_loss(result.model, data.test, cfg.evaluate.batch_size,
                                   cfg.evaluate.max_batches, device, stride=data.stride)
-                rows.append({"variant": variant, "d_model": d, "lr": lr, "seed": seed,
-                             "steps": steps, "test_loss": loss})
+                row = {"variant": variant, "d_model": d, "lr": lr, "seed": seed,
+                       "steps": steps, "test_loss": loss}
+                if probe is not None:
+                    bs = cfg.evaluate.batch_size
+                    preds = arithmetic_predictions(result.model, tok, problems, bs, device,
+                                                   show_progress=False)
+                    scores = arithmetic_scores(problems, preds,
+                                               answer_nats(result.model, tok, problems, bs,
+                                                           device))
+                    row.update(answer_loss=scores["answer_loss"],
+                               exact_match=scores["exact_match"],
+                               tokens_to_learn=_tokens_to_learn(
+                                   result.history, train_cfg.batch_size
+                                   * model_cfg.context_length, learned))
+                rows.append(row)
                 print(f"{variant:>10} d_model {d:>3} lr {lr:<8.3g} seed {seed}: "
-                      f"{loss:.4f}", file=sys.stderr, flush=True)
+                      + ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
+                                  for k, v in row.items() if k not in
+                                  ("variant", "d_model", "lr", "seed")),
+                      file=sys.stderr, flush=True)
     return rows
 
 
@@ -72,8 +117,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     ap.add_argument("--params", type=Path, default=Path("params.yaml"))
     ap.add_argument("--csv", type=Path)
+    ap.add_argument("--learned", type=float, default=0.5)
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a train param, e.g. batch_size=8 (a number)")
     args = ap.parse_args(argv)
-    rows = grid(args.params, args.dataset, args.variants, args.lr, args.d_model, args.seeds)
+    overrides = {}
+    for item in args.set:
+        key, _, value = item.partition("=")
+        overrides[key] = int(value) if value.isdigit() else float(value)
+    rows = grid(args.params, args.dataset, args.variants, args.lr, args.d_model, args.seeds,
+                args.learned, overrides)
     if args.csv:
         with open(args.csv, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=list(rows[0]))

@@ -51,3 +51,22 @@ def test_a_budget_that_buys_no_step_is_a_config_error():
     with pytest.raises(ConfigError, match=r"train\.budget_flops=1e\+06 buys no final run of "
                                           r"d_model=64"):
         steps_for_budget(1e6, model, 16, what="final run")
+
+
+def test_a_dataset_s_own_window_sets_its_runs_context_batch_and_steps():
+    """datasets.arithmetic.context_length 16 and batch_size 64: every per-dataset view
+    (for_dataset, at_budget) has them, text keeps the model's, and a run's steps follow from
+    them: 1,024 tokens a step as text's, more steps since attention over 16 tokens is cheaper."""
+    study = profile_config("default")
+    arith = study.at_budget("arithmetic", study.budgets("arithmetic")[0])
+    text = study.for_dataset("shakespeare")
+    assert (arith.model.context_length, arith.train.batch_size) == (16, 64)
+    assert (text.model.context_length, text.train.batch_size) == (64, 16)
+    assert study.for_dataset("arithmetic").for_dataset("arithmetic") == study.for_dataset(
+        "arithmetic")
+    own = arith.model_config("baseline", vocab_size=17, d_model=24)
+    wide = study.model_config("baseline", vocab_size=17, d_model=24)  # 64 tokens, batch 16
+    budget = study.budgets("arithmetic")[0]
+    assert run_steps(study, "arithmetic", own) == steps_for_budget(budget, own, 64)
+    assert run_steps(study, "arithmetic", own) > steps_for_budget(budget, wide, 16)
+    assert flops_per_token(own) < flops_per_token(wide)

@@ -656,12 +656,16 @@ def test_a_format_padded_for_its_length_splits_shares_their_field_width(name):
     assert fmt.padded_for([]) is fmt
 
 
-def test_the_default_dataset_pads_training_to_its_length_splits_and_seed_000_keeps_its_own():
+def test_the_default_dataset_is_compact_and_the_length_profile_pads_to_its_splits():
     from conftest import profile_config
+    default = profile_config("default").dataset("arithmetic")
+    assert default.length_digits == () and default.format.line_length == 15  # $(007+091)=890$
     cfg = profile_config("full")
-    arith = cfg.dataset("arithmetic")
+    assert cfg.dataset("arithmetic").format == default.format
+    arith = profile_config("length").dataset("arithmetic")
     assert arith.length_digits == (3, 4)
     assert arith.format.width == 5 and arith.format.line_length == 21  # $(00007+00091)=09800$
+    assert arith.context_length is None  # the model's 64: positions past the training lines
     assert problem_sets.length_problems(arith.format, 4, 1, seed=0)[0].__len__() == 21
     seed = cfg.dataset("arithmetic_seed")
     assert seed.format == arithmetic.SEED_FORMAT and seed.format.line_length == 36
@@ -697,3 +701,70 @@ def test_a_test_set_of_more_than_half_the_problems_there_are_is_refused():
     assert dataset(n_test=40, length_digits=(2,)).n_test == 40  # 8,100 two-digit problems
     with pytest.raises(ConfigError, match=r"n_test=9000 is not allowed; .*at most half"):
         dataset(n_test=9000, length_digits=(2,))
+
+
+# ---------------------------------------------------------------------------------------------
+# sampling balanced over carries
+# ---------------------------------------------------------------------------------------------
+
+def _carries_by_hand(a: int, op: str, b: int) -> int:
+    """Carries of a + b, or borrows of max(a, b) - min(a, b), digit by digit on strings."""
+    hi, lo = (str(max(a, b)), str(min(a, b))) if op == "-" else (str(a), str(b))
+    width = max(len(hi), len(lo))
+    hi, lo = hi.zfill(width), lo.zfill(width)
+    count = carry = 0
+    for x, y in zip(reversed(hi), reversed(lo)):
+        if op == "+":
+            carry = int(int(x) + int(y) + carry >= 10)
+        else:
+            carry = int(int(x) - int(y) - carry < 0)
+        count += carry
+    return count
+
+
+def test_carries_are_what_column_arithmetic_counts():
+    import numpy as np
+    rng = np.random.default_rng(7)
+    a, b = rng.integers(1, 10_000, 2000), rng.integers(1, 10_000, 2000)
+    ops = rng.integers(0, 4, 2000)
+    got = problem_sets.carries(ops, 100 * a, 100 * b)
+    want = [_carries_by_hand(int(x), arithmetic.OPS[k], int(y)) if k < 2 else 0
+            for x, k, y in zip(a, ops, b)]
+    assert got.tolist() == want
+    assert problem_sets.carries(np.array([0, 1, 1]), np.array([9900, 2300, 4200]),
+                                np.array([100, 4800, 2800])).tolist() == [2, 0, 1]
+
+
+def _classes(lines: list[str]) -> Counter:
+    out = Counter()
+    for line in lines:
+        prompt, _ = arithmetic.split_problem(line)
+        a, op, b = re.fullmatch(r"\$\((\d+)([-+*/])(\d+)\)=", prompt).groups()
+        out[op, _carries_by_hand(int(a), op, int(b))] += 1
+    return out
+
+
+def test_sampling_carries_gives_each_number_of_carries_an_equal_share_of_its_operation():
+    fmt = arithmetic.ArithmeticFormat(2)
+    train, test = generate_arithmetic(3001, 500, seed=3, fmt=fmt, sampling="carries")
+    counts = _classes(train)
+    assert set(counts) == {("+", 0), ("+", 1), ("+", 2), ("-", 0), ("-", 1)}
+    assert sorted(counts[k] for k in counts if k[0] == "+") == [500, 500, 501]
+    assert sorted(counts[k] for k in counts if k[0] == "-") == [750, 750]
+    uniform_train, uniform_test = generate_arithmetic(3001, 500, seed=3, fmt=fmt)
+    assert test == uniform_test  # the test problems are the task as it is, whatever the pool
+    assert not set(train) & set(test)
+    assert generate_arithmetic(3001, 500, seed=3, fmt=fmt, sampling="carries") == (train, test)
+    assert _classes(uniform_train)["+", 2] < 400  # uniform draws about a quarter with 2 carries
+
+
+def test_an_unknown_sampling_is_refused_by_the_config_and_by_the_generator():
+    with pytest.raises(ConfigError, match=r"datasets\.arithmetic\.sampling='balanced' is not "
+                                          r"allowed; .*uniform.*carries"):
+        DatasetConfig("arithmetic", kind="arithmetic", strip_newlines=True,
+                      split=SplitConfig(val=0.1, test=0.0), length_digits=(),
+                      sampling="balanced")
+    with pytest.raises(DataError, match=r"sampling='balanced' is not allowed; expected one of "
+                                        r"uniform, carries"):
+        generate_arithmetic(10, 0, seed=1, fmt=arithmetic.ArithmeticFormat(1),
+                            sampling="balanced")

@@ -25,7 +25,8 @@ BREAKS = {
         "study.seeds=[0, 100000]"),
     "every_dataset_has_a_budget": (
         {"train": {"budget_flops": {"shakespeare": 1e12}}}, "train.budget_flops="),
-    "a_window_holds_a_whole_problem": ({"model": {"context_length": 16}}, "datasets.arithmetic="),
+    "a_window_holds_a_whole_problem": (
+        {"datasets": {"arithmetic": {"context_length": 12}}}, "datasets.arithmetic="),
     "coupled_positions_need_arithmetic": (
         {"study": {"variants": ["baseline", "coupled"]}}, "study.variants="),
     "every_tuned_width_suits_every_variant": (
@@ -36,9 +37,21 @@ BREAKS = {
 def edited(edit: dict) -> dict:
     raw = yaml.safe_load((ROOT / "params.yaml").read_text())
     out = copy.deepcopy(raw)
-    for section, values in edit.items():
-        out[section] = {**out[section], **values}
+    for section, values in edit.items():  # a dataset's entry merges too
+        out[section] = {**out[section], **{
+            k: {**out[section][k], **v} if section == "datasets" else v
+            for k, v in values.items()}}
     return out
+
+
+def test_a_problem_longer_than_the_dataset_s_own_window_names_that_key():
+    with pytest.raises(ConfigError, match=r"its problems are 15 characters \(fields of 3\), "
+                                          r"more than datasets\.arithmetic\.context_length=12 "
+                                          r"holds"):
+        params.parse(edited({"datasets": {"arithmetic": {"context_length": 12}}}))
+    with pytest.raises(ConfigError, match=r"more than model\.context_length=12 holds"):
+        params.parse(edited({"datasets": {"arithmetic": {"context_length": None}},
+                             "model": {"context_length": 12}}))
 
 
 def test_every_rule_of_the_module_is_in_the_registry_once():

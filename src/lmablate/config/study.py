@@ -33,8 +33,8 @@ from lmablate.core.validation import (ConfigError, DataError, MAX_SEED, NAME_PAT
 # here
 from lmablate.config.datasets import DATASET_KINDS, MAX_PROBLEMS, DatasetConfig, SplitConfig
 from lmablate.config.runtime import DEVICE_CHOICES, MAX_WORKERS, PARALLEL_CHOICES, RuntimeConfig
-from lmablate.config.train_config import (LR_SCHEDULE_CHOICES, MAX_BATCH, MAX_BUDGET, MAX_COUNT,
-                                   TrainConfig, budget_label)
+from lmablate.config.train_config import (LR_SCHEDULE_CHOICES, MAX_BATCH, MAX_BUDGET,
+                                          MAX_CONTEXT, MAX_COUNT, TrainConfig, budget_label)
 from lmablate.config.replicates import (MAX_REPLICATES, REPLICATE_SEED_STRIDE,
                                         check_replicate_list, for_replicate)
 from lmablate.core.fileio import absolute_sqlite_url
@@ -61,7 +61,6 @@ POSITION_CHOICES = ("learned", "sinusoidal", "rope", "alibi", "none", "coupled")
 # Upper limits, where a typo (an extra zero, 1e30 for 1e13) would exhaust memory or run for
 # days before anything failed. Each is far above the posts' GPU scale
 # (conf/profile/seed-scale.yaml).
-MAX_CONTEXT = 8192  # tokens; attention memory grows with its square
 MAX_WIDTH = 8192  # d_model, ffn_hidden
 MAX_LAYERS = 128
 MAX_HEADS = 256
@@ -482,15 +481,35 @@ class StudyConfig:
         outside a scaling study), where each variant is closest to its converged loss."""
         return self.train.budgets(dataset)[-1]
 
+    def for_dataset(self, dataset: str) -> "StudyConfig":
+        """This study as a model on ``dataset`` sees it: ``model.context_length`` and
+        ``train.batch_size`` replaced by the dataset's own ``context_length`` and
+        ``batch_size`` where it sets them (:class:`DatasetConfig`); itself otherwise.
+
+        Raises:
+            ConfigError: ``dataset`` is not one of the study's.
+        """
+        ds = self.dataset(dataset)
+        cfg = self
+        if ds.context_length is not None:
+            cfg = dataclasses.replace(cfg, model=cfg.model.replace(
+                context_length=ds.context_length))
+        if ds.batch_size is not None:
+            cfg = dataclasses.replace(cfg, train=dataclasses.replace(
+                cfg.train, batch_size=ds.batch_size))
+        return cfg
+
     def at_budget(self, dataset: str, budget: float) -> "StudyConfig":
-        """This study with ``dataset`` at one of its budgets: the config every stage computes
-        a budget's tuning, training and evaluation with, so that fingerprints and study names
-        depend on that budget alone.
+        """This study with ``dataset`` at one of its budgets, as a model on it sees it
+        (:meth:`for_dataset`): the config every stage computes a budget's tuning, training
+        and evaluation with, so that fingerprints and study names depend on that budget and
+        that dataset alone.
 
         Raises:
             ConfigError: ``budget`` is not one of the dataset's budgets.
         """
-        return dataclasses.replace(self, train=self.train.at_budget(dataset, budget))
+        cfg = self.for_dataset(dataset)
+        return dataclasses.replace(cfg, train=cfg.train.at_budget(dataset, budget))
 
     def model_config(self, variant: str, vocab_size: int, line_length: int = 0,
                      **overrides: Any) -> ModelConfig:

@@ -53,15 +53,20 @@ def every_dataset_has_a_budget(cfg: StudyConfig) -> None:
 
 def a_window_holds_a_whole_problem(cfg: StudyConfig) -> None:
     """An arithmetic dataset's lines (:attr:`~lmablate.data.arithmetic.ArithmeticFormat.
-    line_length` characters) fit in ``model.context_length``."""
+    line_length` characters) fit in its context length (its own ``context_length``, or
+    ``model.context_length``)."""
     for name, ds in cfg.datasets.items():
-        if ds.kind == "arithmetic" and ds.format.line_length > cfg.model.context_length:
+        context = cfg.for_dataset(name).model.context_length
+        if ds.kind == "arithmetic" and ds.format.line_length > context:
+            key = (f"datasets.{name}.context_length={context}" if ds.context_length is not None
+                   else f"model.context_length={context}")
             f = ds.format
             fail(f"datasets.{name}", {"digits": f.digits, "max_operand": f.max_operand,
-                                      "decimals": f.decimals, "operations": list(f.operations)},
+                                      "decimals": f.decimals, "operations": list(f.operations),
+                                      "length_digits": list(ds.length_digits)},
                  f"its problems are {f.line_length} characters (fields of {f.width}), more than "
-                 f"model.context_length={cfg.model.context_length} holds; fewer digits, fewer "
-                 "decimals or a longer context")
+                 f"{key} holds; fewer digits, fewer decimals, no length split or a longer "
+                 "context")
 
 
 def coupled_positions_need_arithmetic(cfg: StudyConfig) -> None:

@@ -17,6 +17,7 @@ from lmablate.core.validation import (FRACTION, Rule, check_fields, choice, fail
 
 LR_SCHEDULE_CHOICES = ("constant", "cosine")
 MAX_BATCH = 4096  # sequences of a training or evaluation batch
+MAX_CONTEXT = 8192  # tokens; attention memory grows with its square
 MAX_BUDGET = 1e20  # training FLOPs of one run: about 3 days of an H100 at 40% of its bf16 peak
 MAX_BUDGETS = 16  # budgets of one dataset in a scaling study: each is tuned and trained on its own
 MAX_COUNT = 1_000_000  # steps, evaluation batches, samples, reports: counts of loop iterations

@@ -10,7 +10,13 @@ from lmablate.core.validation import DataError
 from lmablate.data.arithmetic import (MAX_DIGITS, OPS, SEED_FORMAT, ArithmeticFormat,
                                  format_problems)
 
-__all__ = ["generate_arithmetic", "length_problems"]
+__all__ = ["SAMPLINGS", "carries", "generate_arithmetic", "length_problems"]
+
+# how the training pool is drawn: every problem equally likely, or equal shares of each number
+# of carries (+) or borrows (-) within each operation (Lee et al. 2023, "Teaching Arithmetic to
+# Small Transformers", sec. 4: balanced carries)
+SAMPLINGS = ("uniform", "carries")
+CARRY_OPS = ("+", "-")  # the operations sampling "carries" balances; * and / stay uniform
 
 
 def _balanced_ops(rng: np.random.Generator, n: int, fmt: ArithmeticFormat) -> np.ndarray:
@@ -44,6 +50,64 @@ def _draw_problems(rng: np.random.Generator, op_idx: np.ndarray, fmt: Arithmetic
     return format_problems(op_idx, a_int, a_cents, b_int, b_cents, fmt)
 
 
+def carries(op_idx: np.ndarray, a_cents: np.ndarray, b_cents: np.ndarray) -> np.ndarray:
+    """The number of carries of each ``+`` problem and of borrows of each ``-`` problem, its
+    digits aligned at the decimal point (values in hundredths, int64 arrays (N,)); 0 for ``*``
+    and ``/``. Borrows are counted in the larger operand minus the smaller (the answer's
+    magnitude): ``23-48`` counts those of 48 - 23 (none), ``42-28`` those of 42 - 28 (one).
+    ``99+1`` carries twice."""
+    op_idx, a, b = (np.asarray(x, dtype=np.int64) for x in (op_idx, a_cents, b_cents))
+    add, sub = op_idx == OPS.index("+"), op_idx == OPS.index("-")
+    hi, lo = np.where(sub, np.maximum(a, b), a), np.where(sub, np.minimum(a, b), b)
+    count = np.zeros(len(op_idx), dtype=np.int64)
+    carry = np.zeros(len(op_idx), dtype=np.int64)
+    while (hi > 0).any() or (lo > 0).any():
+        x, y = hi % 10, lo % 10
+        carry = np.where(add, (x + y + carry) >= 10, (x - y - carry) < 0).astype(np.int64)
+        count += carry
+        hi, lo = hi // 10, lo // 10
+    return np.where(add | sub, count, 0)
+
+
+def _draw_by_carries(rng: np.random.Generator, op_idx: np.ndarray, fmt: ArithmeticFormat,
+                     forbidden: set[str]) -> list[str]:
+    """One problem per entry of ``op_idx``, none in ``forbidden``: within each operation of
+    :data:`CARRY_OPS`, equal counts (up to one) of each number of :func:`carries` that its
+    first draw of candidates shows (drawn uniformly, then kept per class in draw order until
+    each class is full); the other operations drawn uniformly. Problems keep ``op_idx``'s
+    order of operations; within an operation the classes are shuffled."""
+    out = [""] * len(op_idx)
+    for k in np.unique(op_idx).tolist():
+        slots = np.flatnonzero(op_idx == k)
+        chosen: dict[int, list[str]] = {}
+        quota: dict[int, int] | None = None
+        for _ in range(1000):
+            if quota is not None and all(len(chosen[c]) >= q for c, q in quota.items()):
+                break
+            ops = np.full(max(4 * len(slots), 4096), k, dtype=np.int64)
+            a_int, a_cents = _draw_operands(rng, len(ops), fmt)
+            b_int, b_cents = _draw_operands(rng, len(ops), fmt)
+            lines = format_problems(ops, a_int, a_cents, b_int, b_cents, fmt)
+            classes = (carries(ops, a_cents, b_cents) if OPS[k] in CARRY_OPS
+                       else np.zeros(len(ops), dtype=np.int64))
+            if quota is None:  # the classes this operation has, each an equal share
+                kinds = np.unique(classes).tolist()
+                quota = {c: len(slots) // len(kinds) + (i < len(slots) % len(kinds))
+                         for i, c in enumerate(kinds)}
+                chosen = {c: [] for c in kinds}
+            for line, c in zip(lines, classes.tolist()):
+                if c in quota and len(chosen[c]) < quota[c] and line not in forbidden:
+                    chosen[c].append(line)
+        else:
+            raise DataError(f"sampling='carries' is not allowed for this format: its "
+                            f"{OPS[k]!r} problems outside the test set leave a number of "
+                            "carries too rare to fill; use sampling 'uniform'")
+        drawn = [line for c in chosen for line in chosen[c]]
+        for slot, i in zip(slots.tolist(), rng.permutation(len(drawn)).tolist()):
+            out[slot] = drawn[i]
+    return out
+
+
 def _check_count(key: str, value: object, minimum: int) -> int:
     if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < minimum:
         raise DataError(f"{key}={value!r} is not allowed; expected an integer >= {minimum}")
@@ -51,9 +115,15 @@ def _check_count(key: str, value: object, minimum: int) -> int:
 
 
 def generate_arithmetic(n_train: int, n_test: int, seed: int,
-                        fmt: ArithmeticFormat = SEED_FORMAT) -> tuple[list[str], list[str]]:
+                        fmt: ArithmeticFormat = SEED_FORMAT,
+                        sampling: str = "uniform") -> tuple[list[str], list[str]]:
     """Draw ``n_train`` pool problems and ``n_test`` test problems of format ``fmt`` (lines
     without ``\\n``).
+
+    ``sampling`` (:data:`SAMPLINGS`) draws the pool: ``uniform``, every problem equally
+    likely, or ``carries``, equal shares of each number of carries or borrows within each
+    operation (:func:`_draw_by_carries`). The test problems are always uniform: they measure
+    the task as it is, not as it was taught.
 
     Deterministic for a given ``seed`` (a :func:`numpy.random.default_rng` stream). In each set
     the format's operations have equal counts (up to one) in shuffled order. The test problems
@@ -64,6 +134,8 @@ def generate_arithmetic(n_train: int, n_test: int, seed: int,
 
     Raises:
         DataError: ``n_train`` < 1, ``n_test`` < 0 or ``seed`` not a non-negative integer;
+            ``sampling`` not one of :data:`SAMPLINGS`, or ``carries`` where a class of carries
+            cannot be filled;
             a test set that leaves no problem for the pool (it holds every problem there is).
     """
     n_train = _check_count("n_train", n_train, 1)
@@ -73,6 +145,11 @@ def generate_arithmetic(n_train: int, n_test: int, seed: int,
     test = _draw_problems(rng, _balanced_ops(rng, n_test, fmt), fmt)
     forbidden = set(test)
     train_ops = _balanced_ops(rng, n_train, fmt)
+    if sampling == "carries":
+        return _draw_by_carries(rng, train_ops, fmt, forbidden), test
+    if sampling != "uniform":
+        raise DataError(f"sampling={sampling!r} is not allowed; expected one of "
+                        f"{', '.join(SAMPLINGS)}")
     train = _draw_problems(rng, train_ops, fmt)
     clashes = np.array([i for i, line in enumerate(train) if line in forbidden], dtype=np.int64)
     for _ in range(1000):

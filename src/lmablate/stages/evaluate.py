@@ -163,7 +163,7 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, raw_dir:
     """
     ds = cfg.dataset(dataset)
     cfg.check_variant(variant)
-    cfg = cfg.for_replicate(replicate)  # its own final seeds
+    cfg = cfg.for_replicate(replicate).for_dataset(dataset)  # its own final seeds
     # a device this machine lacks, a cluster that does not answer or a worker of another kind:
     # before any work
     device, numerics, cluster = resolve(cfg)

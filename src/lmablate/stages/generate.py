@@ -55,7 +55,7 @@ def run(cfg: DatasetConfig, out_dir: Path) -> dict:
     summary: dict = {"dataset": cfg.name, "kind": cfg.kind}
     if cfg.kind == "arithmetic":
         fmt = cfg.format
-        train, test = generate_arithmetic(cfg.n_train, cfg.n_test, cfg.seed, fmt)
+        train, test = generate_arithmetic(cfg.n_train, cfg.n_test, cfg.seed, fmt, cfg.sampling)
         length = [p for n in cfg.length_digits
                   for p in length_problems(fmt, n, cfg.n_test, cfg.seed)]
         corpus, test_text = _lines_text(train), _lines_text(test)

@@ -264,7 +264,7 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, best_pat
         DivergenceError: a run's loss became NaN/inf (names dataset, variant, seed and step).
     """
     cfg.dataset(dataset)
-    cfg = cfg.for_replicate(replicate)
+    cfg = cfg.for_replicate(replicate).for_dataset(dataset)
     # a device this machine lacks, a cluster that does not answer or a worker of another kind:
     # before any work
     device, numerics, cluster = resolve(cfg)

@@ -66,7 +66,7 @@ def run(cfg: StudyConfig, dataset: str, variant: str, tokens_dir: Path, best_pat
     """
     cfg.dataset(dataset)
     cfg.check_variant(variant)
-    cfg = cfg.for_replicate(replicate)
+    cfg = cfg.for_replicate(replicate).for_dataset(dataset)
     # a device this machine lacks, a cluster that does not answer or a worker of another
     # kind: before any trial
     _, kind, cluster = resolve(cfg)

@@ -61,7 +61,8 @@ def run_steps(cfg: StudyConfig, dataset: str, model_cfg: ModelConfig) -> int:
         ConfigError: no budget for ``dataset``, or too small a one (see :func:`steps_for_budget`).
     """
     budget = cfg.train.for_dataset(dataset).budget_flops[dataset]
-    return steps_for_budget(budget, model_cfg, cfg.train.batch_size, what="final run",
+    return steps_for_budget(budget, model_cfg, cfg.for_dataset(dataset).train.batch_size,
+                            what="final run",
                             source=f"train.budget_flops.{dataset}={budget:.3g}")
 
 
@@ -81,7 +82,8 @@ def trial_steps(cfg: StudyConfig, dataset: str, model_cfg: ModelConfig,
     lowest = cfg.tune.budget_fraction
     fraction = lowest if fraction is None else fraction
     source = f"train.budget_flops.{dataset}={budget:.3g} x tune.rungs[0] share {lowest:g}"
-    steps = steps_for_budget(budget * fraction, model_cfg, cfg.train.batch_size,
+    steps = steps_for_budget(budget * fraction, model_cfg,
+                             cfg.for_dataset(dataset).train.batch_size,
                              what="tuning trial", source=source if fraction == lowest else
                              f"train.budget_flops.{dataset}={budget:.3g} x {fraction:g}")
     least = max(cfg.tune.min_steps, cfg.tune.reports)

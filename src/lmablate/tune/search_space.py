@@ -69,6 +69,7 @@ def tokens_per_parameter(cfg: StudyConfig, dataset: str, d_model: int) -> float:
     Raises:
         ConfigError: no budget for ``dataset``.
     """
+    cfg = cfg.for_dataset(dataset)  # its context length sets the FLOPs per token
     budget = cfg.train.for_dataset(dataset).budget_flops[dataset]
     return _tokens_per_parameter(cfg.model.replace(d_model=d_model), budget)
 
@@ -83,6 +84,7 @@ def width_ladder(cfg: StudyConfig, dataset: str) -> list[int]:
     multiples of 2 ``model.n_heads`` (a whole, even head size, as RoPE needs) whose tokens per
     parameter (:func:`tokens_per_parameter`) lie within ``tune.tokens_per_parameter_limits``
     and whose trials at the lowest rung train at least ``tune.min_steps`` steps; ascending."""
+    cfg = cfg.for_dataset(dataset)
     tune, step = cfg.tune, 2 * cfg.model.n_heads
     low, high = tune.tokens_per_parameter_limits
     least = max(tune.min_steps, tune.reports)

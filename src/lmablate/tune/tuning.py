@@ -166,7 +166,7 @@ def chosen(tune: TuneConfig, results: dict[int, FrozenTrial]) -> FrozenTrial | N
 def trial_train_config(cfg: StudyConfig, dataset: str, steps: int) -> TrainConfig:
     """The training settings of a trial of ``steps`` steps on ``dataset``: ``train`` with a
     validation loss every ``steps / tune.reports`` steps (recorded, for the curves)."""
-    return dataclasses.replace(cfg.train.for_dataset(dataset),
+    return dataclasses.replace(cfg.for_dataset(dataset).train.for_dataset(dataset),
                                eval_interval=max(1, steps // cfg.tune.reports))
 
 

@@ -95,7 +95,7 @@ def _dataset_figures(cfg: StudyConfig, runs: RunOutputs, tables: ReportTables, d
         (ds, f"{ds}: test loss by token position, past the training context (mean over "
              "seeds; length extrapolation)",
          plots.plot_position_loss(
-             tables.positions[ds], ds, cfg.model.context_length,
+             tables.positions[ds], ds, cfg.for_dataset(ds).model.context_length,
              fig_dir / f"extrapolation_{ds}.png", palette=palette,
              positions={v: cfg.model_config(v, vocab_size=1).position for v in variants})),
     ])

@@ -221,7 +221,7 @@ def extrapolation(cfg: StudyConfig, table: pd.DataFrame, comparisons: pd.DataFra
     if t.empty:
         return None
     factors = sorted(int(f) for f in t["factor"].unique())
-    ctx = cfg.model.context_length
+    ctx = cfg.for_dataset(dataset).model.context_length
     mine = comparisons[comparisons["dataset"] == dataset] if len(comparisons) else comparisons
     reference = mine["reference"].iloc[0] if len(mine) else None
     rows = []

@@ -55,6 +55,20 @@ def _rungs_text(tu) -> str:
     return ", then ".join(parts)
 
 
+def _own_windows(cfg: StudyConfig) -> str:
+    """The datasets whose models see other windows than ``model``/``train`` give
+    (``datasets.<name>.context_length``, ``batch_size``), e.g. " (arithmetic: 16 characters
+    in batches of 64 sequences)"; empty when none does."""
+    own = []
+    for name, ds in cfg.datasets.items():
+        if ds.context_length is None and ds.batch_size is None:
+            continue
+        mine = cfg.for_dataset(name)
+        own.append(f"{name}: {mine.model.context_length} characters in batches of "
+                   f"{mine.train.batch_size} sequences")
+    return f" ({'; '.join(own)})" if own else ""
+
+
 def _widths_text(tu) -> str:
     """The widths searched, in words."""
     if tu.d_model_choices is not None:
@@ -99,11 +113,13 @@ def methods_section(cfg: StudyConfig, ablation: pd.DataFrame,
         f"results can be paired by seed. "
         f"The baseline is a {m.n_layers}-layer GPT with {m.n_heads} heads, {m.ffn} "
         f"feed-forward, {m.norm_placement}-{m.norm}, {m.position} positions and a context of "
-        f"{m.context_length} characters" + (f"; the variants change {'; '.join(changes)}. "
+        f"{m.context_length} characters{_own_windows(cfg)}" + (
+            f"; the variants change {'; '.join(changes)}. "
                                             if changes else ". ") +
         f"Every final run of a dataset spends the same training compute (FLOPs: {budgets}; "
         f"6 N + 6 n_layers n_ctx d_model per token, Kaplan et al. 2020), so its number of "
-        f"optimizer steps of {tr.batch_size} sequences x {m.context_length} tokens follows "
+        f"optimizer steps of {tr.batch_size} sequences x {m.context_length} tokens (or the "
+        f"dataset's own) follows "
         f"from its width. "
         f"Before training, the learning rate (log-uniform in [{tu.lr_low:g}, {tu.lr_high:g}], "
         f"extended by 10x past an edge within [{tu.lr_limits[0]:g}, {tu.lr_limits[1]:g}]) and "
