@@ -385,7 +385,7 @@ def test_a_composed_profile_leaves_no_key_to_a_default(name):
 @pytest.mark.parametrize("key,shown", [
     ("tune.rungs", "[[8, 0.125], [3, 1.0]]"), ("study.seeds", "[0, 1, 2, 3, 4]"),
     ("train.budget_flops", "{'shakespeare': 200000000000.0, 'arithmetic': 225000000000.0}"),
-    ("runtime.cluster", "null"), ("datasets.arithmetic.length_digits", "[3, 4]"),
+    ("runtime.cluster", "null"), ("datasets.arithmetic.length_digits", "[]"),
     ("datasets.shakespeare.max_chars", "null")])
 def test_a_key_left_out_is_named_with_the_default_it_takes(raw, key, shown):
     """Each default taken is named with its value, and taken: the parsed study has it."""
@@ -421,7 +421,8 @@ def test_a_study_list_deleted_takes_the_default_study_s(raw, key):
 
 def test_a_key_of_the_other_kind_of_dataset_is_an_error_naming_it(raw):
     with pytest.raises(ConfigError, match=r"datasets\.shakespeare\.n_train is a key of "
-                                          r"arithmetic datasets; a text dataset takes kind, "):
+                                          r"arithmetic datasets; a text dataset takes batch_size, "
+                                          r"context_length, kind, max_chars, "):
         params.parse(mutate(raw, "datasets.shakespeare.n_train", 100))
     with pytest.raises(ConfigError, match=r"datasets\.arithmetic\.source is a key of text"):
         params.parse(mutate(raw, "datasets.arithmetic.source", "x.txt"))

@@ -288,7 +288,7 @@ def test_100k_problems_in_a_few_seconds():
 
 def test_generate_stage_writes_arithmetic_files(tmp_path):
     cfg = DatasetConfig(name="arith", kind="arithmetic", n_train=200, n_test=20, seed=11,
-                        strip_newlines=True)
+                        strip_newlines=True, length_digits=(3, 4))
     summary = generate(cfg, tmp_path / "raw")
     corpus = (tmp_path / "raw" / "corpus.txt").read_text(encoding="utf-8")
     test = (tmp_path / "raw" / "test.txt").read_text(encoding="utf-8")

@@ -290,3 +290,38 @@ def test_the_report_draws_each_uncertainty_again_with_the_datasets_pooled_spread
     assert out.iloc[2].equals(tuned.iloc[2])  # no bracket: left as it was
     assert with_pooled_uncertainty(tuned, trials).equals(out)
     assert with_pooled_uncertainty(tuned, trials.iloc[0:0]).equals(tuned)
+
+
+def test_with_one_tuning_seed_the_final_seeds_give_the_spread_and_join_the_pool():
+    """A bracket of single-seed points measures no spread; the final seeds' last objective
+    (here the probe's answer loss, as best.json's objective says) does, pooled by degrees of
+    freedom with any point of two seeds or more."""
+    from lmablate.report.run_files import TUNED_COLUMNS
+    from lmablate.report.stats.pooled_uncertainty import final_points, with_pooled_uncertainty
+
+    lrs = [0.002, 0.004, 0.008]
+    single = points(curve(0.004), lrs, (0.0,))
+    trials = pd.DataFrame(_full_budget_trials("arithmetic", "baseline", 24, single))
+    fit = lb.fit_minimum(single)
+    assert lb.tuning_uncertainty(single, fit.lr) is None  # one seed: not measurable alone
+    tuned = pd.DataFrame([{**dict.fromkeys(TUNED_COLUMNS), "dataset": "arithmetic",
+                           "variant": "baseline", "lr": fit.lr, "d_model": 24,
+                           "objective": "val_answer_loss", "bracket_state": lb.BRACKETED}],
+                         columns=TUNED_COLUMNS)
+    finals = [0.02, 0.05, 0.03, 0.09, 0.01]
+    history = pd.DataFrame(
+        [{"dataset": "arithmetic", "variant": "baseline", "seed": s, "step": step,
+          "val_loss": 0.6, "val_answer_loss": 9.0 if step == 100 else finals[s]}
+         for s in range(5) for step in (100, 2399)])
+    assert final_points(history, tuned, "arithmetic") == [lb.Point(fit.lr, tuple(finals))]
+    out = with_pooled_uncertainty(tuned, trials, history)
+    assert out.at[0, "seed_spread_pooled"] == pytest.approx(np.std(finals, ddof=1))
+    again = lb.tuning_uncertainty(single, fit.lr, spread=np.std(finals, ddof=1))
+    assert out.at[0, "tuning_uncertainty"] == pytest.approx(again.bound)
+    assert with_pooled_uncertainty(tuned, trials).equals(tuned.assign(
+        seed_spread_pooled=tuned["seed_spread_pooled"].astype(float)))  # nothing to pool
+    two = points(curve(0.004), lrs, (-0.01, 0.01))  # a two-seed bracket joins the pool
+    both = with_pooled_uncertainty(
+        tuned, pd.DataFrame(_full_budget_trials("arithmetic", "baseline", 24, two)), history)
+    assert both.at[0, "seed_spread_pooled"] == pytest.approx(
+        lb.pooled_spread([two, [lb.Point(fit.lr, tuple(finals))]]))

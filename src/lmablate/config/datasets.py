@@ -102,7 +102,7 @@ class DatasetConfig:
                           "likely, or equal shares of each number of carries (+) and borrows "
                           "(-)", choice(SAMPLINGS), kind=ARITHMETIC)
     length_digits: tuple[int, ...] = param(
-        (3, 4), "operand digits of the length-generalisation splits (longer than training's)",
+        (), "operand digits of the length-generalisation splits (longer than training's)",
         Rule(f"a list of distinct digits from max_operand's + 1 to {MAX_DIGITS}; []: none"),
         kind=ARITHMETIC)
     # how a model sees this dataset, where it differs from the model and train sections

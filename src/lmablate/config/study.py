@@ -311,7 +311,7 @@ class TuneConfig:
                          "budget", integer(maximum=MAX_COUNT))
     seed: int = param(1000, "the trials' training seed (not one of study.seeds); the "
                       "full-budget points train on seed, seed + 1, ...", integer(0, MAX_SEED))
-    bracket_seeds: int = param(2, "tuning seeds each full-budget learning rate trains on (the "
+    bracket_seeds: int = param(1, "tuning seeds each full-budget learning rate trains on (the "
                                "bracket's points are their mean)", integer(maximum=16))
     bracket_factor: float = param(2.0, "ratio of neighbouring learning rates at the full "
                                   "budget", Rule("a number above 1 and at most 4",

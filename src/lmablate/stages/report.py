@@ -219,7 +219,8 @@ def build_report(cfg: StudyConfig, runs_dir: Path, out_dir: Path,
     runs, notes = restrict_to_study(cfg, collect(runs_dir))
     check_complete(runs, runs_dir)
     # every bracketed variant's uncertainty drawn with its dataset's pooled seed spread
-    runs = dataclasses.replace(runs, tuned=with_pooled_uncertainty(runs.tuned, runs.trials))
+    runs = dataclasses.replace(runs, tuned=with_pooled_uncertainty(runs.tuned, runs.trials,
+                                                                   runs.history))
     if runs.ablation.empty:
         raise FileNotFoundError(
             f"report: no results of the configured study under {runs_dir} (expected "
@@ -290,8 +291,8 @@ def replicate_runs(cfg: StudyConfig, runs_dir: Path, notes: list[str]) -> dict[i
         runs, missing = restrict_to_study(cfg.for_replicate(r), collect(runs_dir, r))
         check_complete(runs, runs_dir, r)
         notes += [f"Replicate {r}: {note}" for note in missing]
-        out[r] = dataclasses.replace(runs, tuned=with_pooled_uncertainty(runs.tuned,
-                                                                         runs.trials))
+        out[r] = dataclasses.replace(runs, tuned=with_pooled_uncertainty(
+            runs.tuned, runs.trials, runs.history))
     return out
 
 

@@ -1,14 +1,18 @@
 """Each variant's tuning uncertainty drawn with the seed spread pooled over its dataset's
-brackets.
+full-budget runs: its brackets' points and its final seeds.
 
-A study measures the seed-to-seed spread of a full-budget trial on its own points: with two
-tuning seeds, one degree of freedom each, 3-7 in all, so a study's own spread can come out
-several times too small by chance, and its uncertainty with it. The variants of a dataset train
-the same data at nearby widths, so the report pools the spread over all of them
-(:func:`lmablate.tune.lr_minimum.pooled_spread`) and draws every variant's bootstrap again with it
+A bracket point's loss is one full-budget run per tuning seed; with one tuning seed a study
+cannot measure its own spread, and with two it rests on 3-7 degrees of freedom, so a study's
+own spread can come out several times too small by chance, and its uncertainty with it. The
+final runs are full-budget runs of the same objective (the last evaluation's validation loss,
+or an arithmetic run's probe answer loss) on the study's seeds: 4 degrees of freedom per
+variant. The variants of a dataset train the same data at nearby widths, so the report pools
+the spread over all of them, points and final seeds (:func:`lmablate.tune.lr_minimum.
+pooled_spread`), and draws every variant's bootstrap again with it
 (:func:`lmablate.tune.lr_minimum.tuning_uncertainty`, at the chosen learning rate, same draws and
 seed). The points come from ``trials.csv`` (the full-budget trials at the kept width), the
-chosen learning rate from ``best.json``; nats/char throughout.
+chosen learning rate from ``best.json``, the final seeds' objective from ``history.csv``'s last
+row of each seed; nats/char throughout.
 """
 
 from __future__ import annotations
@@ -36,11 +40,34 @@ def bracket_points(trials: pd.DataFrame, dataset: str, variant: str, d_model: in
     return points
 
 
-def with_pooled_uncertainty(tuned: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:
+def final_points(history: pd.DataFrame | None, tuned: pd.DataFrame, dataset: str
+                 ) -> list[Point]:
+    """One point per variant of ``dataset`` in ``tuned`` whose final seeds ``history`` holds:
+    at its tuned lr, the objective (``tuned``'s ``objective``: ``val_loss`` or
+    ``val_answer_loss``) of each seed's last evaluation, in seed order."""
+    if history is None or history.empty:
+        return []
+    points = []
+    for _, row in tuned[tuned["dataset"] == dataset].iterrows():
+        column = row.get("objective") if isinstance(row.get("objective"), str) else "val_loss"
+        h = history[(history["dataset"] == dataset) & (history["variant"] == row["variant"])]
+        if h.empty or column not in h:
+            continue
+        last = h.sort_values(["seed", "step"]).groupby("seed", sort=True).tail(1)
+        losses = tuple(float(v) for v in pd.to_numeric(last[column], errors="coerce"))
+        if losses and all(math.isfinite(v) for v in losses):
+            points.append(Point(float(row["lr"]), losses))
+    return points
+
+
+def with_pooled_uncertainty(tuned: pd.DataFrame, trials: pd.DataFrame,
+                            history: pd.DataFrame | None = None) -> pd.DataFrame:
     """``tuned`` (the study's tuned rows, :data:`~lmablate.report.run_files.TUNED_COLUMNS`)
-    with ``seed_spread_pooled`` per dataset and each bracketed variant's ``regret`` and
-    ``tuning_uncertainty`` drawn again with it. Rows without a bracket, or whose points the
-    trials do not hold, keep their values; a dataset with no two-seed point keeps them all."""
+    with ``seed_spread_pooled`` per dataset (over its brackets' points with two seeds or more
+    and, with ``history``, its final seeds: :func:`final_points`) and each bracketed variant's
+    ``regret`` and ``tuning_uncertainty`` drawn again with it. Rows without a bracket, or whose
+    points the trials do not hold, keep their values; a dataset with nothing to pool keeps
+    them all."""
     out = tuned.copy()
     if out.empty or "bracket_state" not in out or trials is None or trials.empty:
         return out
@@ -49,7 +76,8 @@ def with_pooled_uncertainty(tuned: pd.DataFrame, trials: pd.DataFrame) -> pd.Dat
         rows = out.index[(out["dataset"] == dataset) & out["bracket_state"].notna()]
         points = {i: bracket_points(trials, str(dataset), str(out.at[i, "variant"]),
                                     int(out.at[i, "d_model"])) for i in rows}
-        spread = pooled_spread([p for p in points.values() if p])
+        spread = pooled_spread([p for p in points.values() if p]
+                               + [[p] for p in final_points(history, out, str(dataset))])
         if spread is None:
             continue
         for i, pts in points.items():
