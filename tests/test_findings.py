@@ -69,6 +69,19 @@ def test_a_clear_winner_gets_its_verdict_effect_and_intervals_from_the_compariso
     assert lines[0].startswith("**text**: test loss (nats/char, lower is better) of every variant")
 
 
+def test_a_variant_compared_at_another_tuned_width_is_named_with_both_widths_and_steps(
+        comparisons):
+    ablation = _ablation().assign(d_model=24, steps=2085)
+    assert not [x for x in fi.findings_section(comparisons, datasets=["text"],
+                                               ablation=ablation) if "another width" in x]
+    ablation.loc[ablation["variant"] == "noisy", ["d_model", "steps"]] = (32, 1239)
+    lines = fi.findings_section(comparisons, datasets=["text"], ablation=ablation)
+    assert ("- **Compared at another width**: noisy at d_model 32 (1,239 steps), against the "
+            "baseline's d_model 24 (2,085 steps). Each variant runs at its tuned width on the "
+            "same budget, so such a difference is the variant's at its best width, not the "
+            "feature's at one width.") in lines
+
+
 def test_an_undecided_pair_names_the_seeds_that_would_decide_it(comparisons):
     lines = fi.findings_section(comparisons, datasets=["text"])
     r = comparisons[comparisons["variant"] == "noisy"].iloc[0]

@@ -253,7 +253,8 @@ def report_content(cfg: StudyConfig, runs: RunOutputs, notes: Sequence[str],
             extrapolation=tables.extrapolation, length=tables.length,
             positions={v: cfg.model_config(v, vocab_size=1).position for v in order},
             trends=trends, success=tables.success,
-            speed=(tables.speed_summary, tables.speed_comparisons), variants=order),
+            speed=(tables.speed_summary, tables.speed_comparisons), variants=order,
+            ablation=ablation),
         METRICS[headline_loss(tables.comparisons, ds)][0],
         f"figures/forest_{ds}.png" if out_dir / "figures" / f"forest_{ds}.png" in written
         else None) for ds in datasets]

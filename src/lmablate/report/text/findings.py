@@ -316,6 +316,27 @@ def _trends(trends: pd.DataFrame | None, dataset: str) -> list[str]:
             f"{'; '.join(parts)}."]
 
 
+def _widths(ablation: pd.DataFrame | None, dataset: str) -> list[str]:
+    """A line naming each variant compared with the baseline at another tuned ``d_model`` (and
+    so over another number of steps of the same budget); none when every width is the
+    baseline's."""
+    if ablation is None or ablation.empty or "d_model" not in ablation:
+        return []
+    a = ablation[ablation["dataset"] == dataset]
+    first = a.groupby("variant", observed=True, sort=False)[["d_model", "steps"]].first()
+    if BASELINE not in first.index:
+        return []
+    base = first.loc[BASELINE]
+    other = [f"{v} at d_model {int(r.d_model)} ({int(r.steps):,} steps)"
+             for v, r in first.iterrows() if v != BASELINE and r.d_model != base.d_model]
+    if not other:
+        return []
+    return [f"- **Compared at another width**: {'; '.join(other)}, against the {BASELINE}'s "
+            f"d_model {int(base.d_model)} ({int(base.steps):,} steps). Each variant runs at "
+            "its tuned width on the same budget, so such a difference is the variant's at its "
+            "best width, not the feature's at one width."]
+
+
 def _nothing_compared(variants: Sequence[str]) -> str:
     """The Findings opener of a dataset without comparisons: a one-variant study, or runs
     missing for a comparison."""
@@ -336,7 +357,8 @@ def findings_section(comparisons: pd.DataFrame, *, datasets: Sequence[str],
                      trends: pd.DataFrame | None = None,
                      success: pd.DataFrame | None = None,
                      speed: tuple[pd.DataFrame, pd.DataFrame] | None = None,
-                     variants: Sequence[str] = ()) -> list[str]:
+                     variants: Sequence[str] = (),
+                     ablation: pd.DataFrame | None = None) -> list[str]:
     """The Markdown lines of "Findings" (see the module docstring), one block per dataset; the
     heading is the template's (``report/templates/report.md.j2``).
 
@@ -359,6 +381,8 @@ def findings_section(comparisons: pd.DataFrame, *, datasets: Sequence[str],
             (:mod:`lmablate.report.stats.learning_speed`): how fast each variant learned it.
         variants: the variants with results, in study order: a dataset without comparisons
             says whether the study has one variant (:func:`_nothing_compared`).
+        ablation: ``ablation.csv`` (a run per row, with ``d_model`` and ``steps``): a line
+            names each variant compared at another tuned width than the baseline's.
     """
     empty = pd.DataFrame(columns=["dataset", "variant", "factor", "mean", "split", "digits"])
     lines: list[str] = []
@@ -374,6 +398,7 @@ def findings_section(comparisons: pd.DataFrame, *, datasets: Sequence[str],
                       f"Holm-corrected at α = {ALPHA}.", ""]
         trigram = trigram_reference(references, ds, metric)
         lines += [f"- {_effect(r, unit, trigram)}" for _, r in c.iterrows()]
+        lines += _widths(ablation, ds) if not c.empty else []
         lines += _undecided(c, unit)
         lines += _replication(replication, ds, unit)
         if success is not None and len(success):
