@@ -54,6 +54,18 @@ def test_a_concave_fit_or_too_few_points_takes_the_best_point_and_says_why():
     assert "too few" in fit.note
 
 
+def test_a_fitted_minimum_below_zero_takes_the_best_point():
+    """An arithmetic bracket of a default study: learned at one lr, not at the next lower; the
+    parabola through them dips to -0.032 nats, which no cross-entropy reaches."""
+    learned = [lb.Point(0.001645965971177556, (0.6064501966660645,)),
+               lb.Point(0.003291931942355112, (0.016947569529431883,)),
+               lb.Point(0.006583863884710224, (0.09596084169459207,))]
+    fit = lb.fit_minimum(learned)
+    assert (fit.used, fit.lr, fit.loss) == ("best point", learned[1].lr, learned[1].loss)
+    assert fit.note == "the fitted minimum lies below 0"
+    assert np.polyval(fit.coefficients, -fit.coefficients[1] / (2 * fit.coefficients[0])) < 0
+
+
 def test_a_diverged_seed_makes_its_point_the_worst():
     p = lb.Point(0.1, (2.0, math.inf))
     assert p.loss == math.inf

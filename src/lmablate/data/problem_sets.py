@@ -82,8 +82,6 @@ def _draw_by_carries(rng: np.random.Generator, op_idx: np.ndarray, fmt: Arithmet
         chosen: dict[int, list[str]] = {}
         quota: dict[int, int] | None = None
         for _ in range(1000):
-            if quota is not None and all(len(chosen[c]) >= q for c, q in quota.items()):
-                break
             ops = np.full(max(4 * len(slots), 4096), k, dtype=np.int64)
             a_int, a_cents = _draw_operands(rng, len(ops), fmt)
             b_int, b_cents = _draw_operands(rng, len(ops), fmt)
@@ -98,6 +96,8 @@ def _draw_by_carries(rng: np.random.Generator, op_idx: np.ndarray, fmt: Arithmet
             for line, c in zip(lines, classes.tolist()):
                 if c in quota and len(chosen[c]) < quota[c] and line not in forbidden:
                     chosen[c].append(line)
+            if all(len(chosen[c]) >= q for c, q in quota.items()):
+                break
         else:
             raise DataError(f"sampling='carries' is not allowed for this format: its "
                             f"{OPS[k]!r} problems outside the test set leave a number of "

@@ -119,7 +119,9 @@ def _neighbourhood(points: list[Point]) -> list[Point]:
 def fit_minimum(points: list[Point]) -> Fit:
     """The minimum of a quadratic in ln lr fitted (least squares, numpy.polyfit) through the
     best point and its neighbours (see the module docstring); the best point when fewer than
-    three finite points, a concave fit or a vertex outside the points fitted.
+    three finite points, a concave fit, a vertex outside the points fitted or a fitted loss
+    below 0 there (a cross-entropy cannot be: an arithmetic answer loss that falls from 0.6
+    to 0.02 between two points is no parabola).
 
     Raises:
         ValueError: no points.
@@ -142,8 +144,11 @@ def fit_minimum(points: list[Point]) -> Fit:
     if not x.min() <= vertex <= x.max():
         return Fit(best.lr, best.loss, "best point", coefficients, lrs,
                    "the fitted minimum lies outside the points")
-    return Fit(float(math.exp(vertex)), float(np.polyval(coefficients, vertex)), "vertex",
-               coefficients, lrs)
+    lowest = float(np.polyval(coefficients, vertex))
+    if lowest < 0:
+        return Fit(best.lr, best.loss, "best point", coefficients, lrs,
+                   "the fitted minimum lies below 0")
+    return Fit(float(math.exp(vertex)), lowest, "vertex", coefficients, lrs)
 
 
 def seed_spread(points: list[Point]) -> float | None:
