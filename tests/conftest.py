@@ -74,7 +74,9 @@ def budgets(steps: int, model: Mapping[str, Any] | None = None,
 
 TINY = {
     "study": {"seeds": [0], "variants": ["baseline", "rope"], "datasets": ["arithmetic"]},
-    "datasets": {"arithmetic": {"n_train": 2000, "n_test": 16}},
+    # the tiny model's own window and batch (the default's arithmetic has 16 x 64 of its own)
+    "datasets": {"arithmetic": {"n_train": 2000, "n_test": 16, "context_length": None,
+                                "batch_size": None}},
     "model": TINY_MODEL,
     # final runs 4 steps; tuning: 2 trials of half of that, then one lr at the full budget (a
     # bracket of one point on one seed: bracket_points is the last rung's trials)
