@@ -180,7 +180,9 @@ TINY_BATCH = 4
 TINY_TRAIN_STEPS = 8
 TINY = {
     "study": {"seeds": [0, 1], "variants": ["baseline"], "datasets": ["arithmetic"]},
-    "datasets": {"arithmetic": {"n_train": 2000, "n_test": 16}},
+    # the tiny model's window and batch, not the default arithmetic's own 16 x 64
+    "datasets": {"arithmetic": {"n_train": 2000, "n_test": 16, "context_length": None,
+                                "batch_size": None, "length_digits": [3, 4]}},
     "model": TINY_MODEL,
     "train": {"eval_interval": 4, "eval_iters": 1, "warmup_fraction": 0.0,
               "batch_size": TINY_BATCH},

@@ -52,7 +52,7 @@ _OTHER: dict[str, Any] = {
     "study.profile": "full", "study.seeds": [5, 6], "study.datasets": ["arithmetic"], "study.variants": ["baseline"],
     "datasets.split": {"val": 0.2, "test": 0.0},
     "datasets.digits": 1, "datasets.max_operand": 50, "datasets.operations": ["+"],
-    "datasets.length_digits": [3], "datasets.source": "corpus.txt",
+    "datasets.length_digits": [3], "datasets.source": "corpus.txt", "datasets.sampling": "carries",
     "datasets.sha256": "0" * 64, "model.ffn": "gelu", "model.norm": "rmsnorm",
     "model.norm_placement": "post", "model.position": "rope", "model.n_kv_heads": 2,
     "model.ffn_hidden": 100, "model.d_model": 128, "train.lr_schedule": "constant",
@@ -74,6 +74,10 @@ _OTHER_ENTRY = {"datasets.kind": {"kind": "text", "source": "corpus.txt",
                 "datasets.digits": {"kind": "arithmetic", "digits": 1, "n_test": 50,
                                     "length_digits": [2], "strip_newlines": True,
                                     "split": {"val": 0.1, "test": 0.0}}}
+# changed alongside a key whose other value makes the default arithmetic's problems longer than
+# its own 16-token window
+_ALONGSIDE = {"datasets.decimals": {"context_length": 32},
+              "datasets.length_digits": {"context_length": 32}}
 # study.replicates and study.replicate_stages change together (one stage per replicate after
 # the first): a second replicate, of the study section as params.yaml has it
 _REPLICATED = {"replicates": 2, "replicate_stages": [1]}
@@ -183,7 +187,8 @@ def enters(section: str, name: str, raw: dict) -> list[str]:
     if key in ("study.replicates", "study.replicate_stages"):
         target[where] = {**node, **_REPLICATED}
     else:
-        target[where] = _OTHER_ENTRY.get(key) or {**node, name: _other(key, node[name])}
+        target[where] = _OTHER_ENTRY.get(key) or {**node, name: _other(key, node[name]),
+                                                  **_ALONGSIDE.get(key, {})}
     reached = []
     for variant in VARIANTS:
         memo = (json.dumps(raw, sort_keys=True, default=str), dataset, variant)

@@ -74,9 +74,10 @@ def budgets(steps: int, model: Mapping[str, Any] | None = None,
 
 TINY = {
     "study": {"seeds": [0], "variants": ["baseline", "rope"], "datasets": ["arithmetic"]},
-    # the tiny model's own window and batch (the default's arithmetic has 16 x 64 of its own)
+    # the tiny model's own window and batch (the default's arithmetic has 16 x 64 of its
+    # own), and a length split, so that tiny studies run its evaluation too
     "datasets": {"arithmetic": {"n_train": 2000, "n_test": 16, "context_length": None,
-                                "batch_size": None}},
+                                "batch_size": None, "length_digits": [3, 4]}},
     "model": TINY_MODEL,
     # final runs 4 steps; tuning: 2 trials of half of that, then one lr at the full budget (a
     # bracket of one point on one seed: bracket_points is the last rung's trials)

@@ -196,9 +196,9 @@ CASES = [
      "integer >= 3 and <= 7"),
     ("problems longer than the context", setting("datasets.arithmetic.decimals", True),
      tune_args(), "params: datasets.arithmetic={'digits': 2, 'max_operand': 99, 'decimals': "
-     "True, 'operations': ['+', '-']} is not allowed; its problems are 30 characters (fields of "
-     "8), more than model.context_length=24 holds; fewer digits, fewer decimals or a longer "
-     "context"),
+     "True, 'operations': ['+', '-'], 'lengt... is not allowed; its problems are 30 characters "
+     "(fields of 8), more than model.context_length=24 holds; fewer digits, fewer decimals, no "
+     "length split or a longer context"),  # at 300 characters: the value shortened
     ("n_test above the limit", setting("datasets.arithmetic.n_test", 10_000_000_000),
      tune_args(), "params: datasets.arithmetic.n_test=10000000000 is not allowed; expected an "
      "integer >= 1 and <= 10,000,000"),
