@@ -19,6 +19,7 @@ from distributed import Client
 
 from lmablate.config import params
 from lmablate.config.study import ConfigError
+from lmablate.core.validation import error_line
 from lmablate.execution import cluster
 from lmablate.execution.cluster import MachineKind, mismatch
 from lmablate.stages import train
@@ -395,11 +396,13 @@ def test_a_worker_with_other_cpu_kernels_is_refused_with_one_line(loopback, tmp_
     assert done.returncode == 2
     line = done.stderr.strip().splitlines()[-1]
     theirs = run_numerics({"ATEN_CPU_CAPABILITY": "default"})
-    assert line == (f"lmablate: error: runtime.cluster: worker {line.split()[4]} computes with "
-                    f"CPU {theirs.removeprefix('cpu ')}, this machine with "
-                    f"{run_numerics({}).removeprefix('cpu ')}; its results would differ, so it "
-                    "is refused (start every worker with the same ATEN_CPU_CAPABILITY, or none, "
-                    "as this machine, from an install of requirements.lock)")
+    # the whole message, as lmablate prints it: one line of at most 300 characters
+    assert line == error_line(RuntimeError(
+        f"runtime.cluster: worker {line.split()[4]} computes with "
+        f"CPU {theirs.removeprefix('cpu ')}, this machine with "
+        f"{run_numerics({}).removeprefix('cpu ')}; its results would differ, so it "
+        "is refused (start every worker with the same ATEN_CPU_CAPABILITY, or none, "
+        "as this machine, from an install of requirements.lock)"))
     assert not (study / "best.json").exists() and not (study / "optuna.db").exists()
 
 

@@ -37,7 +37,7 @@ def test_report_markdown(built):
     assert f"context of {cfg.model.context_length} characters" in md
     assert ("successive halving with Optuna: 6 configurations at 0.2 of the budget, then the "
             "full-budget bracket: 1 learning rate 2x apart at the best width scaled to the full "
-            "budget (d_model ~ C^0.25), each on tuning seeds 1000, 1001") in md
+            "budget (d_model ~ C^0.25), each on tuning seeds 1000") in md
     assert "every trial below the full budget on seed 1000" in md
     middle = math.sqrt(cfg.tune.tokens_per_parameter[0] * cfg.tune.tokens_per_parameter[1])
     assert ("3 learning rates evenly spaced in log over the range at the width nearest "

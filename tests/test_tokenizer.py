@@ -175,7 +175,7 @@ def test_tokenize_arithmetic_dataset_strips_newlines_after_splitting(tmp_path):
     assert "\n" not in tok.chars and "Ø" not in train + val + test_back
     assert train + val == corpus.replace("\n", "") and test_back == test.replace("\n", "")
     L = meta["line_length"]  # every problem this long: training windows start at its multiples
-    assert L == cfg.format.line_length == 21  # fields padded to the 4-digit length split's
+    assert L == cfg.format.line_length == 15  # $(007+091)=890$: no length split, no padding
     assert len(val) % L == 0 and len(train) % L == 0  # whole problems only
     assert all(train[i:i + 2] == "$(" for i in range(0, len(train), L))
     assert val.startswith("$(") and val.endswith("$")
