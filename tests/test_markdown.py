@@ -37,7 +37,7 @@ def test_report_markdown(built):
     assert f"context of {cfg.model.context_length} characters" in md
     assert ("successive halving with Optuna: 6 configurations at 0.2 of the budget, then the "
             "full-budget bracket: 1 learning rate 2x apart at the best width scaled to the full "
-            "budget (d_model ~ C^0.25), each on tuning seeds 1000") in md
+            "budget (d_model ~ C^0.25), each on tuning seed 1000,") in md
     assert "every trial below the full budget on seed 1000" in md
     middle = math.sqrt(cfg.tune.tokens_per_parameter[0] * cfg.tune.tokens_per_parameter[1])
     assert ("3 learning rates evenly spaced in log over the range at the width nearest "
@@ -97,3 +97,11 @@ def test_gradient_shares_are_a_labelled_diagnostic_not_a_finding(built):
                    and x.startswith("**shakespeare:"))
     assert "one-batch diagnostic" in caption and "exact-zero activations" in caption
     assert "absent from that batch" in caption and "not a finding" in caption
+
+
+def test_the_methods_text_names_one_tuning_seed_or_several():
+    from lmablate.config.study import TuneConfig
+    from lmablate.report.text.methods import _rungs_text
+    assert "each on tuning seed 1000, extended" in _rungs_text(TuneConfig(bracket_seeds=1))
+    assert "each on tuning seeds 1000, 1001, extended" in _rungs_text(
+        TuneConfig(bracket_seeds=2))

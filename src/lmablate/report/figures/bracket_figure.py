@@ -138,8 +138,8 @@ def bracket_lines(cfg, tuned: pd.DataFrame, dataset: str, order: Sequence[str]) 
     seeds = ", ".join(str(tu.seed + k) for k in range(tu.bracket_seeds))
     text = (
         f"Each variant's learning rate is chosen at the full budget: {tu.rungs[-1][0]} "
-        f"learning rates {tu.bracket_factor:g}x apart, each trained on the tuning seeds "
-        f"{seeds} (not final seeds), at the first rung's best width scaled to the full budget "
+        f"learning rates {tu.bracket_factor:g}x apart, each trained on the tuning "
+        f"seed{'s' if tu.bracket_seeds > 1 else ''} {seeds} (not final seeds), at the first rung's best width scaled to the full budget "
         "(d_model ~ C^0.25), the middle one first, at that width and at the first rung's, "
         "and the others at the better of the two. While the best is the lowest or the highest "
         f"learning rate, a further one is trained {tu.bracket_factor:g}x past it (at most "

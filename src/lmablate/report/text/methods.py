@@ -48,7 +48,8 @@ def _rungs_text(tu) -> str:
         parts.append(
             f"the full-budget bracket: {tu.rungs[-1][0]} learning "
             f"rate{'s' if tu.rungs[-1][0] > 1 else ''} {tu.bracket_factor:g}x apart at the best width scaled to the full budget (d_model ~ C^0.25), each on "
-            f"tuning seeds {', '.join(str(tu.seed + k) for k in range(tu.bracket_seeds))}, "
+            f"tuning seed{'s' if tu.bracket_seeds > 1 else ''} "
+            f"{', '.join(str(tu.seed + k) for k in range(tu.bracket_seeds))}, "
             f"extended {tu.bracket_factor:g}x past an end while the best lies there (at most "
             f"{tu.bracket_points} learning rates), the answer the minimum of a quadratic in "
             "ln lr fitted through them")
