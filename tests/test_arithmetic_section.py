@@ -15,6 +15,7 @@ from lmablate.core.validation import DataError
 from lmablate.data.arithmetic import split_problem
 from lmablate.report import collect
 from lmablate.report.stats import reference_points, statistics
+from lmablate.report.stats import arithmetic_tables as tables
 from lmablate.report.text import arithmetic_section as arith
 
 from synthetic_study import (EM_BY_DIGITS, NA_4, VARIANTS, dataset_section, make_cfg,
@@ -25,7 +26,7 @@ def test_the_length_table_has_na_rows_where_a_learned_table_cannot_reach(built):
     _, _, out = built
     table = pd.read_csv(out["length_generalisation"], keep_default_na=False,
                         na_values=[""])
-    assert list(table.columns) == arith.LENGTH_COLUMNS
+    assert list(table.columns) == tables.LENGTH_COLUMNS
     assert table[["variant", "digits"]].values.tolist() == [
         [v, d] for v in VARIANTS for d in EM_BY_DIGITS]
     assert dict(zip(table["digits"], table["split"])) == {1: "test", 2: "test", 3: "length",
@@ -44,7 +45,7 @@ def test_the_length_table_has_na_rows_where_a_learned_table_cannot_reach(built):
 def test_length_comparisons_pair_each_variant_with_the_baseline_at_each_length(built):
     _, _, out = built
     c = pd.read_csv(out["length_generalisation_comparisons"])
-    assert list(c.columns) == arith.LENGTH_COMPARISON_COLUMNS
+    assert list(c.columns) == tables.LENGTH_COMPARISON_COLUMNS
     got = {(r.variant, r.digits): r.verdict for r in c.itertuples()}
     nsd = statistics.VERDICT_NSD
     # gelu better only past the training length; rmsnorm not compared where it is n/a
@@ -70,14 +71,14 @@ def test_a_length_the_baseline_cannot_reach_has_no_comparison():
              "note": "n/a (learned table of 8 positions)" if (v, d) == ("baseline", 3) else ""}
             for v in ("baseline", "x") for s in range(3) for d in (1, 2, 3)]
     frame = collect.with_order(pd.DataFrame(rows), ["a"], ["baseline", "x"])
-    c = arith.length_comparisons(frame)
+    c = tables.length_comparisons(frame)
     assert c["digits"].tolist() == [1, 2]
-    table = arith.length_table(frame)
+    table = tables.length_table(frame)
     assert table.loc[table["note"] != "", ["variant", "digits", "split"]].values.tolist() == [
         ["baseline", 3, "length"]]  # the split of the length, from the variants that ran it
-    assert arith.unreachable(frame, "a") == [
+    assert tables.unreachable(frame, "a") == [
         "baseline at 3 digits, n/a (learned table of 8 positions)"]
-    assert arith.training_digits(None, frame, "a") == 2
+    assert tables.training_digits(None, frame, "a") == 2
 
 
 def test_the_arithmetic_section_opens_with_the_headline_then_length_generalisation(built):
@@ -108,7 +109,7 @@ def test_the_arithmetic_section_opens_with_the_headline_then_length_generalisati
     assert "Trained on operands of up to 2 digits; tested on longer ones" in length
     counts = pd.read_csv(out["length_generalisation"]).groupby("digits")["n_problems"].min()
     for n in range(1, 5):  # each length's count of problems in its heading, † when few
-        few = " †" if counts[n] < arith.MIN_BUCKET_PROBLEMS else ""
+        few = " †" if counts[n] < tables.MIN_BUCKET_PROBLEMS else ""
         assert f"{n} digit{'s' if n > 1 else ''} ({'test' if n <= 2 else 'length'}, " \
                f"{int(counts[n])} problems{few})" in length
     rmsnorm = next(line for line in length.splitlines() if line.startswith("| rmsnorm |"))
@@ -125,16 +126,16 @@ def test_train_answers_cut_the_train_split_into_its_problems(tmp_path, strip_new
     tokens = write_tokens(tmp_path, make_cfg(), strip_newlines)
     want = train_part(tokens, newline=not strip_newlines)
     assert len(want) > 10
-    assert arith.train_answers(tokens / "arithmetic") == [split_problem(p)[1] for p in want]
+    assert tables.train_answers(tokens / "arithmetic") == [split_problem(p)[1] for p in want]
     meta_path = tokens / "arithmetic" / "meta.json"
     meta = json.loads(meta_path.read_text())
     if strip_newlines:  # a line_length that does not divide the split is an error, not a floor
         meta_path.write_text(json.dumps({**meta, "line_length": 35}))
         with pytest.raises(DataError, match="not a whole number of problems"):
-            arith.train_answers(tokens / "arithmetic")
+            tables.train_answers(tokens / "arithmetic")
     del meta["line_length"]  # tokens written before it was recorded: no floor
     meta_path.write_text(json.dumps(meta))
-    assert arith.train_answers(tokens / "arithmetic") == []
+    assert tables.train_answers(tokens / "arithmetic") == []
 
 
 def test_runs_without_an_answer_loss_keep_the_test_loss_as_the_headline():
@@ -174,7 +175,7 @@ def test_the_answer_loss_is_broken_down_by_operation_and_answer_length_as_seed_m
     table = [line for line in "\n".join(counted).splitlines() if line.startswith("|")]
     assert table[0] == ("| variant | add (470) | sub (520) | 2-digit answers (6 †) | "
                         "3-digit answers (300) |")
-    assert f"† fewer than {arith.MIN_BUCKET_PROBLEMS}, a rough indication only" in counted[0]
+    assert f"† fewer than {tables.MIN_BUCKET_PROBLEMS}, a rough indication only" in counted[0]
 
 
 def test_a_length_with_few_problems_shows_its_count_and_is_marked():
@@ -183,15 +184,15 @@ def test_a_length_with_few_problems_shows_its_count_and_is_marked():
     rows = [{"dataset": "arithmetic", "variant": v, "digits": d, "split": "test",
              "n_seeds": 3, "n_problems": n, "mean": 0.5, "ci95_low": 0.0, "ci95_high": 1.0,
              "note": ""} for v in ("baseline", "rope") for d, n in ((1, 6), (2, 994))]
-    lines = arith.length_lines(pd.DataFrame(rows, columns=arith.LENGTH_COLUMNS),
+    lines = arith.length_lines(pd.DataFrame(rows, columns=tables.LENGTH_COLUMNS),
                                pd.DataFrame(), "arithmetic", 2, ["baseline", "rope"])
     text = "\n".join(lines)
     assert "| variant | 1 digit (test, 6 problems †) | 2 digits (test, 994 problems) |" in text
     assert "| rope | 0.500 [0.000, 1.000] | 0.500 [0.000, 1.000] |" in text
     note = next(line for line in lines if line.startswith("† "))
-    assert note.startswith(f"† Fewer than {arith.MIN_BUCKET_PROBLEMS} test problems per seed "
+    assert note.startswith(f"† Fewer than {tables.MIN_BUCKET_PROBLEMS} test problems per seed "
                            "at 1 digit:")
     rows = [{**r, "n_problems": 500} for r in rows]
-    lines = arith.length_lines(pd.DataFrame(rows, columns=arith.LENGTH_COLUMNS),
+    lines = arith.length_lines(pd.DataFrame(rows, columns=tables.LENGTH_COLUMNS),
                                pd.DataFrame(), "arithmetic", 2, ["baseline", "rope"])
     assert not any("†" in line for line in lines)

@@ -14,6 +14,7 @@ from statsmodels.stats.power import TTestPower
 from test_render import _content
 
 from lmablate.report.stats.statistics import ALPHA, POWER, compare, min_detectable_effect
+from lmablate.report.stats.convergence import convergence_table
 from lmablate.report.text import findings as fi
 from lmablate.report.text.content import DatasetFindings
 from lmablate.report.text.render import render_report
@@ -120,7 +121,7 @@ def test_seeds_needed_has_no_answer_without_a_difference_or_past_the_cap():
 
 def test_a_curve_still_falling_on_every_seed_is_said_and_a_flat_one_is_not(comparisons):
     history = pd.concat([_history("text", falling=True), _history("flat", falling=False)])
-    conv = fi.convergence_table(history)
+    conv = convergence_table(history)
     text = conv[conv["dataset"] == "text"]
     assert (text["seeds_falling"] == 5).all() and (text["from_step"] == 800).all()
     assert np.allclose(text["drop"], 0.2)

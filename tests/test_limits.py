@@ -12,6 +12,7 @@ import pandas as pd
 from lmablate.report import collect
 from lmablate.report.headline import headline_loss
 from lmablate.report.stats import statistics
+from lmablate.report.stats.detectable import DETECTABLE_COLUMNS
 from lmablate.report.text import limits
 from lmablate.stages import report
 
@@ -85,7 +86,7 @@ def test_one_mde_per_comparison_is_the_same_number_wherever_the_report_states_it
                           suffixes=("", "_csv"))
     assert len(merged) == len(tested) == len(detectable)
     assert np.array_equal(merged["mde"], merged["mde_csv"])
-    assert list(detectable.columns) == limits.DETECTABLE_COLUMNS
+    assert list(detectable.columns) == DETECTABLE_COLUMNS
     findings = md.split("## Findings\n", 1)[1].split("**How to read", 1)[0]
     section = md.split("## What this study can and cannot say")[1].split("## Methodology")[0]
     for r in tested.itertuples():

@@ -12,7 +12,7 @@ import pytest
 from lmablate.data.arithmetic import split_problem
 from lmablate.data.tokenizer import load_tokenizer
 from lmablate.report.stats.reference_models import answer_position_floor
-from lmablate.report.text import arithmetic_section as arith
+from lmablate.report.stats import arithmetic_tables as arith
 from lmablate.stages import report
 
 from synthetic_study import (DATASETS, DESIGN_LRS, VARIANTS, dataset_section, design_loss,

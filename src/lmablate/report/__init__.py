@@ -2,6 +2,9 @@
 ``report`` stage (:mod:`lmablate.stages.report`) runs it.
 
 Every module, one line each (``tests/test_docstrings.py`` checks that none is left out).
+Data flows one way: the collected runs, then statistics, the headline, the tables, the
+figures and last the text; a module imports only from its own layer or one below
+(``tests/test_report_layers.py``).
 A new metric is computed in :mod:`~lmablate.report.stats` and tabled in
 :mod:`~lmablate.report.tables`; a new figure goes to :mod:`~lmablate.report.figures`; a new
 section of ``report.md`` to :mod:`~lmablate.report.text` (its data) and to the template (its
@@ -28,7 +31,10 @@ Statistics (:mod:`~lmablate.report.stats`):
 * :mod:`~lmablate.report.stats.isoflop`: loss against width at equal compute; compute-optimal width.
 * :mod:`~lmablate.report.stats.reference_models`: n-gram models, constant answers, from data.
 * :mod:`~lmablate.report.stats.reference_points`: the reference losses of the report.
+* :mod:`~lmablate.report.stats.arithmetic_tables`: arithmetic's floors; exact match by length.
 * :mod:`~lmablate.report.stats.replication`: each verdict across replicates; their combination.
+* :mod:`~lmablate.report.stats.convergence`: whether each validation curve still fell at the end.
+* :mod:`~lmablate.report.stats.detectable`: each comparison's minimum detectable effect, as a table.
 
 Figures (:mod:`~lmablate.report.figures`):
 
@@ -47,8 +53,9 @@ Text (:mod:`~lmablate.report.text`):
 * :mod:`~lmablate.report.text.mdtable`: Markdown cells and tables: numbers, intervals, verdicts.
 * :mod:`~lmablate.report.text.findings`: the report's "Findings": verdicts, what is undecided.
 * :mod:`~lmablate.report.text.methods`: the report's "Methodology", from config and environment.
-* :mod:`~lmablate.report.text.arithmetic_section`: arithmetic's headline, floors, length tests.
+* :mod:`~lmablate.report.text.arithmetic_section`: arithmetic's headline, breakdown, length text.
 * :mod:`~lmablate.report.text.lr_section`: the report's section on the learning-rate response.
+* :mod:`~lmablate.report.text.bracket_section`: the full-budget bracket's text and table.
 * :mod:`~lmablate.report.text.limits`: the report's "What this study can and cannot say".
 * :mod:`~lmablate.report.text.scaling_section`: the report's "How the effects change with compute".
 * :mod:`~lmablate.report.text.content`: what ``report.md`` says, as data: the content model.

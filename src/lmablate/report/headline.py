@@ -22,10 +22,9 @@ import pandas as pd
 
 from lmablate.report.collect import BASELINE
 from lmablate.report.stats import extrapolation as ex
-from lmablate.report.stats.statistics import VERDICT_BETTER, VERDICT_WORSE
+from lmablate.report.stats.statistics import (ANSWER_LOSS, TEXT_LOSS, VERDICT_BETTER,
+                                              VERDICT_WORSE)
 
-ANSWER_LOSS = "answer_loss"  # the headline where a dataset has it
-TEXT_LOSS = "test_loss"  # the headline otherwise, and always a column of its own
 
 
 def headline_loss(frame: pd.DataFrame, dataset: str) -> str:

@@ -3,7 +3,7 @@ written to.
 
 :func:`compute_tables` runs the statistics of :mod:`~lmablate.report.stats.statistics`,
 :mod:`~lmablate.report.stats.problems`, :mod:`~lmablate.report.stats.extrapolation`,
-:mod:`~lmablate.report.text.arithmetic_section`, :mod:`~lmablate.report.stats.sensitivity`,
+:mod:`~lmablate.report.stats.arithmetic_tables`, :mod:`~lmablate.report.stats.sensitivity`,
 :mod:`~lmablate.report.text.limits` and :mod:`~lmablate.report.text.findings` over one
 :class:`~lmablate.report.collect.RunOutputs`, and the one-batch gradient diagnostic
 (:func:`gradient_table`);
@@ -36,9 +36,9 @@ from lmablate.report.stats import replication as rep
 from lmablate.report.headline import headline_loss
 from lmablate.report.stats.statistics import compare, summarise, tuning_check
 from lmablate.report.stats.success import SUCCESS_COLUMNS, success_table
-from lmablate.report.text import arithmetic_section as arith
-from lmablate.report.text import findings as fi
-from lmablate.report.text.limits import DETECTABLE_COLUMNS, detectable_table
+from lmablate.report.stats import arithmetic_tables as arith
+from lmablate.report.stats.convergence import CONVERGENCE_COLUMNS, convergence_table
+from lmablate.report.stats.detectable import DETECTABLE_COLUMNS, detectable_table
 
 GRAD_COLUMNS = ["dataset", "variant", "group", "seeds", "frac_near_zero"]
 
@@ -64,7 +64,7 @@ class ReportTables:
     summary: pd.DataFrame  # statistics.SUMMARY_COLUMNS, one row per dataset x variant x metric
     comparisons: pd.DataFrame  # statistics.COMPARISON_COLUMNS, every variant against baseline
     problems: pd.DataFrame  # problems.PROBLEM_COLUMNS, arithmetic problem by problem
-    detectable: pd.DataFrame  # limits.DETECTABLE_COLUMNS, the mde of each comparison
+    detectable: pd.DataFrame  # stats.detectable.DETECTABLE_COLUMNS, the mde of each comparison
     references: pd.DataFrame  # REFERENCE_COLUMNS; empty without the tokenized data
     extrapolation: pd.DataFrame  # extrapolation.TABLE_COLUMNS, test loss per context multiple
     extrapolation_comparisons: pd.DataFrame  # each scheme against rope at each length
@@ -72,7 +72,7 @@ class ReportTables:
     sensitivity: pd.DataFrame  # sensitivity.SENSITIVITY_COLUMNS
     length: pd.DataFrame  # arithmetic.LENGTH_COLUMNS, exact match by operand length
     length_comparisons: pd.DataFrame  # arithmetic.LENGTH_COMPARISON_COLUMNS
-    convergence: pd.DataFrame  # findings.CONVERGENCE_COLUMNS
+    convergence: pd.DataFrame  # stats.convergence.CONVERGENCE_COLUMNS
     gradients: pd.DataFrame  # GRAD_COLUMNS, a one-batch diagnostic
     success: pd.DataFrame  # success.SUCCESS_COLUMNS, the seeds that learned arithmetic
     speed: pd.DataFrame  # learning_speed.SPEED_COLUMNS, tokens to learn per seed
@@ -164,7 +164,7 @@ def compute_tables(cfg: StudyConfig, runs: RunOutputs, tokens_dir: Path | None,
         references=references, extrapolation=extrapolation,
         extrapolation_comparisons=extrapolation_comparisons, positions=positions,
         sensitivity=sensitivity, length=length, length_comparisons=length_comparisons,
-        convergence=_in_study_order(fi.convergence_table(runs.history), ablation),
+        convergence=_in_study_order(convergence_table(runs.history), ablation),
         gradients=_in_study_order(gradient_table(runs.grad), ablation),
         success=success_table(ablation), speed=speed, speed_summary=speed_table(speed),
         speed_comparisons=compare_speed(speed),
@@ -197,7 +197,7 @@ def csv_tables(runs: RunOutputs, tables: ReportTables
             pd.concat([c.assign(dataset=ds) for ds, c in tables.positions.items()],
                       ignore_index=True),
             ["dataset", *ex.CURVE_COLUMNS]),
-        "convergence": ("convergence.csv", tables.convergence, fi.CONVERGENCE_COLUMNS),
+        "convergence": ("convergence.csv", tables.convergence, CONVERGENCE_COLUMNS),
         "grad_flow": ("grad_flow.csv", tables.gradients, GRAD_COLUMNS),
         "length_generalisation": ("length_generalisation.csv", tables.length,
                                   arith.LENGTH_COLUMNS),

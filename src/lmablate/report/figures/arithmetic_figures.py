@@ -1,9 +1,9 @@
 """The arithmetic figures: results per operation and per operand length, beside the floors.
 
 :func:`plot_by_op` and :func:`plot_length_generalisation` draw the tables of
-:mod:`lmablate.report.text.arithmetic_section` (the floors of
-:data:`~lmablate.report.text.arithmetic_section.FLOORS`, the lengths of
-:func:`~lmablate.report.text.arithmetic_section.length_table`) with
+:mod:`lmablate.report.stats.arithmetic_tables` (the floors of
+:data:`~lmablate.report.stats.arithmetic_tables.FLOORS`, the lengths of
+:func:`~lmablate.report.stats.arithmetic_tables.length_table`) with
 :func:`lmablate.report.figures.plotting.figure`; variants take their colours from ``palette``
 (:func:`lmablate.report.families.family_palette`).
 
@@ -24,7 +24,7 @@ from matplotlib.patches import Patch
 from lmablate.report.collect import present
 from lmablate.report.figures import plotting as plots
 from lmablate.report.stats.statistics import METRICS, fraction_interval
-from lmablate.report.text.arithmetic_section import FLOORS, MIN_BUCKET_PROBLEMS
+from lmablate.report.stats.arithmetic_tables import FLOORS, MIN_BUCKET_PROBLEMS
 
 BY_OP_DODGE = 0.5  # plot_by_op: the variants of an operation spread over this much of x
 SEED_OFFSET = 0.045  # plot_by_op: the seeds' dots, right of their variant's interval (x units)
@@ -39,7 +39,7 @@ def plot_length_generalisation(by_digits: pd.DataFrame, dataset: str, digits: in
     marks the longest training length ``digits`` and the lengths past it (the length split) are
     shaded; a variant's points are dodged sideways by a few hundredths of a digit; each length's
     tick gives its problems per seed, marked † below
-    :data:`~lmablate.report.text.arithmetic_section.MIN_BUCKET_PROBLEMS`. Lengths a variant cannot
+    :data:`~lmablate.report.stats.arithmetic_tables.MIN_BUCKET_PROBLEMS`. Lengths a variant cannot
     run (a string in metrics.json) are left out of its line.
 
     Args:

@@ -9,7 +9,7 @@ by the frames' categorical ``variant`` column (baseline first), never re-sorted 
 
 The other figures: the model's insides in :mod:`lmablate.report.figures.model_figures`, the tuning
 in :mod:`lmablate.report.figures.tuning_figure`, the arithmetic ones in
-:mod:`lmablate.report.text.arithmetic_section`.
+:mod:`lmablate.report.figures.arithmetic_figures`.
 
 Units: losses are natural-log cross-entropy per character (nats/char,
 :data:`~lmablate.report.figures.plotting.LOSS_UNIT`); accuracies are fractions in [0, 1]; parameter

@@ -30,7 +30,7 @@ from lmablate.report.headline import headline_loss
 from lmablate.report.stats import reference_models as refs
 from lmablate.report.stats.statistics import METRICS
 from lmablate.report.tables import ReportTables
-from lmablate.report.text import arithmetic_section as arith
+from lmablate.report.stats import arithmetic_tables as arith
 
 Figure = tuple[str | None, str, Path | None]  # (dataset or None, caption, path; None: a note)
 

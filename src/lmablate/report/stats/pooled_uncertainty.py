@@ -22,8 +22,17 @@ import math
 import numpy as np
 import pandas as pd
 
-from lmablate.report.figures.bracket_figure import full_budget_trials
 from lmablate.tune.lr_minimum import Point, pooled_spread, tuning_uncertainty
+
+
+def full_budget_trials(trials: pd.DataFrame, dataset: str) -> pd.DataFrame:
+    """``dataset``'s trials at the full budget (``budget_fraction`` 1) of a study whose last
+    rung is a bracket (trials carry a ``seed``); empty otherwise."""
+    if trials is None or trials.empty or "seed" not in trials:
+        return pd.DataFrame(columns=getattr(trials, "columns", []))
+    t = trials[(trials["dataset"] == dataset)
+               & np.isclose(trials["budget_fraction"].astype(float), 1.0)]
+    return t.sort_values(["variant", "params_lr", "seed"], kind="stable")
 
 
 def bracket_points(trials: pd.DataFrame, dataset: str, variant: str, d_model: int

@@ -4,7 +4,7 @@
 on arithmetic the answers that ignore the question and the answer-position floor. The
 learning-rate sensitivity takes the loss at initialisation from :func:`uniform_losses`. Both read
 the tokenized datasets (``<tokens_dir>/<dataset>/``); the statistics behind them are in
-:mod:`lmablate.report.stats.reference_models` and :mod:`lmablate.report.text.arithmetic_section`.
+:mod:`lmablate.report.stats.reference_models` and :mod:`lmablate.report.stats.arithmetic_tables`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from lmablate.config.study import StudyConfig
 from lmablate.data.tokenizer import load_split, load_tokenizer
 from lmablate.report.collect import BASELINE, RunOutputs
 from lmablate.report.stats import reference_models as refs
-from lmablate.report.text import arithmetic_section as arith
+from lmablate.report.stats import arithmetic_tables as arith
 
 REFERENCE_COLUMNS = ["dataset", "reference", "metric", "value", "detail"]
 
@@ -32,7 +32,7 @@ def reference_table(cfg: StudyConfig, tokens_dir: Path, runs: RunOutputs) -> pd.
       :data:`lmablate.report.stats.reference_models.NGRAM_SMOOTHING`), metric ``test_loss``.
     * Arithmetic: answers that ignore the question, scored on the decoded test problems (the
       baseline's first seed's targets, the same for every variant)
-      (:func:`lmablate.report.text.arithmetic_section.answer_references`): all zeros, the best
+      (:func:`lmablate.report.stats.arithmetic_tables.answer_references`): all zeros, the best
       constant answer for character accuracy (the per-position mode) and for exact match (the most
       frequent answer), metrics ``char_accuracy`` and ``exact_match`` as fractions, ``detail``
       the answer as written (reversed, as the model writes it); and the answer-position floor

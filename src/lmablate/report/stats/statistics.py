@@ -44,6 +44,8 @@ COMPARISON_COLUMNS = [
     "tuning_uncertainty",
 ]
 
+ANSWER_LOSS = "answer_loss"  # the headline where a dataset has it (lmablate.report.headline)
+TEXT_LOSS = "test_loss"  # the headline otherwise, and always a column of its own
 # metric -> (label, unit, higher_is_better); the order is the order of the summary tables.
 METRICS: dict[str, tuple[str, str, bool | None]] = {
     "test_loss": ("test loss", "nats/char", False),

@@ -18,12 +18,13 @@ import pandas as pd
 
 from lmablate.config.study import StudyConfig
 from lmablate.report.collect import RunOutputs, present
-from lmablate.report.figures.bracket_figure import bracket_lines
+from lmablate.report.text.bracket_section import bracket_lines
 from lmablate.report.figures.report_figures import ReportFigures
 from lmablate.report.headline import headline_loss
 from lmablate.report.stats.statistics import (ALPHA, CONFIDENCE, METRICS, MIN_SEEDS_FOR_TEST,
                                               VERDICT_BETTER, VERDICT_FEW, VERDICT_WORSE)
 from lmablate.report.tables import ReportTables
+from lmablate.report.stats import arithmetic_tables
 from lmablate.report.text import arithmetic_section as arith
 from lmablate.report.text import dataset_tables as dt
 from lmablate.report.text import findings as fi
@@ -155,7 +156,7 @@ def arithmetic(cfg: StudyConfig, runs: RunOutputs, tables: ReportTables,
     if cfg.datasets[dataset].kind != "arithmetic":
         return None
     variants = present(runs.ablation["variant"])
-    digits = arith.training_digits(cfg.datasets[dataset], runs.by_operand_digits, dataset)
+    digits = arithmetic_tables.training_digits(cfg.datasets[dataset], runs.by_operand_digits, dataset)
     caption, path = figures.length_figures[dataset]
     return Arithmetic(
         headline=arith.headline_lines(tables.summary, tables.comparisons, tables.references,

@@ -17,7 +17,7 @@ Per dataset, in the dataset's headline loss (:func:`lmablate.report.headline.hea
   comparison's minimum detectable effect (``comparisons.csv``'s ``mde``, the number of the
   comparison table's MDE column);
 * the training and evaluation facts the verdicts rest on: validation loss still falling at the
-  end of training (:func:`convergence_table`), the loss past the training context and exact
+  end of training (:func:`lmablate.report.stats.convergence.convergence_table`), the loss past the training context and exact
   match past the trained operand length.
 
 Diagnostics are not findings: the one-batch gradient shares of ``grad_flow.csv``
@@ -50,13 +50,11 @@ from lmablate.report.stats.statistics import (ALPHA, METRICS, POWER, VERDICT_BET
                                           VERDICT_UNDECIDED_TUNING, VERDICT_WORSE)
 from lmablate.report.stats.success import success_lines
 from lmablate.report.stats.replication import JOIN
+from lmablate.report.stats.convergence import CONVERGENCE_COLUMNS, TAIL
 from lmablate.report.text.limits import TRIGRAM, trigram_reference
 from lmablate.report.text.mdtable import join_names as _names
 
 MAX_SEEDS = 1000  # past this, "more than 1,000 seeds": the difference is lost in the spread
-TAIL = 0.2  # the share of training at the end over which a curve counts as still falling
-CONVERGENCE_COLUMNS = ["dataset", "variant", "seeds", "from_step", "last_step",
-                       "val_loss_from", "val_loss_last", "drop", "seeds_falling"]
 
 
 def _signed(x: float, digits: int = 3) -> str:
@@ -97,44 +95,6 @@ def seeds_needed(mean_diff: float, sd_diff: float, n_compared: int, alpha: float
     while n <= cap and not reached(n):
         n += 1
     return n if n <= cap else None
-
-
-def convergence_table(history: pd.DataFrame, tail: float = TAIL) -> pd.DataFrame:
-    """Whether each dataset x variant's validation loss was still falling when training ended.
-
-    Per seed: the validation loss (nats/char) at the last evaluated step, against the last
-    evaluation at or before ``1 - tail`` of that step; ``drop`` is the mean over seeds of
-    ``from - last`` (positive: still falling), ``seeds_falling`` how many seeds fell. A curve
-    that fell on every seed of five is unlikely to be flat noise (a sign test gives 1/32).
-
-    Returns:
-        Columns :data:`CONVERGENCE_COLUMNS`, in the order of ``history``; empty without
-        ``val_loss``.
-    """
-    if history.empty or "val_loss" not in history:
-        return pd.DataFrame(columns=CONVERGENCE_COLUMNS)
-    rows = []
-    h = history.dropna(subset=["val_loss"])
-    for (dataset, variant), d in h.groupby(["dataset", "variant"], observed=True, sort=False):
-        per_seed = []
-        for _, s in d.groupby("seed", sort=True):
-            s = s.sort_values("step")
-            last = s.iloc[-1]
-            earlier = s[s["step"] <= (1 - tail) * last["step"]]
-            if earlier.empty:
-                continue
-            first = earlier.iloc[-1]
-            per_seed.append((int(first["step"]), int(last["step"]), float(first["val_loss"]),
-                             float(last["val_loss"])))
-        if not per_seed:
-            continue
-        a = np.array(per_seed, dtype=float)
-        rows.append({"dataset": dataset, "variant": variant, "seeds": len(a),
-                     "from_step": int(np.median(a[:, 0])), "last_step": int(np.median(a[:, 1])),
-                     "val_loss_from": float(a[:, 2].mean()), "val_loss_last": float(a[:, 3].mean()),
-                     "drop": float((a[:, 2] - a[:, 3]).mean()),
-                     "seeds_falling": int((a[:, 2] > a[:, 3]).sum())})
-    return pd.DataFrame(rows, columns=CONVERGENCE_COLUMNS)
 
 
 def reference_caveat(variant: str, variant_mean: float, baseline_mean: float,
@@ -370,7 +330,7 @@ def findings_section(comparisons: pd.DataFrame, *, datasets: Sequence[str],
             a line names each verdict that did not replicate.
         references: ``references.csv`` (nats/char): its trigram row of a dataset's headline
             loss adds the caveat of :func:`reference_caveat` to each verdict.
-        convergence: :func:`convergence_table`.
+        convergence: :func:`lmablate.report.stats.convergence.convergence_table`.
         extrapolation: ``extrapolation.csv``; length: ``length_generalisation.csv``.
         positions: variant -> its position scheme, for the extrapolation sentence.
         trends: a scaling study's :func:`lmablate.report.stats.scaling.effect_trends`

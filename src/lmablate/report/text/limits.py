@@ -5,7 +5,7 @@ Every sentence is computed from the frames the report stage writes as CSVs (``ab
 ``tuned``); nothing is typed by hand, so the section follows the results of any profile. It
 states, per dataset: the training each model got, where the variants sit between the data's
 reference points, the exact-match floor, the seed count and the smallest difference each
-comparison could detect (its ``mde``, :func:`detectable_table`), how much the tuning itself
+comparison could detect (its ``mde``, :func:`lmablate.report.stats.detectable.detectable_table`), how much the tuning itself
 varies, and every flag raised (a tuned value on the edge of its range, a difference identical
 on every seed, a variant trained at another width than the baseline).
 
@@ -25,13 +25,12 @@ from lmablate.report.stats.scaling import SCALING_TITLE
 from lmablate.report.stats.statistics import (ALPHA, METRICS, POWER, VERDICT_BETTER,
                                           VERDICT_IDENTICAL, VERDICT_UNDECIDED_TUNING,
                                           VERDICT_WORSE)
+from lmablate.report.stats.detectable import detectable_table
 from lmablate.report.text.mdtable import join_names as _names
 
 # the name of the order-3 reference in references.csv
 # (lmablate.report.stats.reference_models.ngram_references)
 TRIGRAM = "trigram"
-DETECTABLE_COLUMNS = ["dataset", "metric", "variant", "n_pairs", "n_compared", "alpha", "power",
-                      "sd_diff", "mde"]
 
 
 def trigram_reference(references: pd.DataFrame | None, dataset: str,
@@ -44,21 +43,6 @@ def trigram_reference(references: pd.DataFrame | None, dataset: str,
     r = references[(references["dataset"] == dataset) & (references["metric"] == metric)
                    & (references["reference"] == TRIGRAM)]
     return float(r["value"].iloc[0]) if len(r) else None
-
-
-def detectable_table(comparisons: pd.DataFrame, alpha: float = ALPHA,
-                     power: float = POWER) -> pd.DataFrame:
-    """``detectable_effects.csv``: one row per tested comparison (variant vs baseline, dataset x
-    metric), its minimum detectable effect ``mde`` copied from ``comparisons`` (:func:`~lmablate.
-    report.stats.statistics.compare`: power ``power`` at Holm's strictest level ``alpha /
-    n_compared``, at the row's ``sd_diff`` and ``n_pairs``), so every MDE the report states is
-    that column. In the metric's unit; columns :data:`DETECTABLE_COLUMNS`."""
-    if comparisons.empty:
-        return pd.DataFrame(columns=DETECTABLE_COLUMNS)
-    tested = comparisons[comparisons["p_value"].notna()]
-    n_compared = tested.groupby(["dataset", "metric"], observed=True)["variant"].transform("size")
-    out = tested.assign(n_compared=n_compared, alpha=alpha, power=power)
-    return out[DETECTABLE_COLUMNS].reset_index(drop=True)
 
 
 def _mean(summary: pd.DataFrame, dataset: str, metric: str) -> pd.Series:
@@ -160,7 +144,7 @@ def _answer_floors(summary: pd.DataFrame, references: pd.DataFrame, problems: pd
 
 
 def _power(comparisons: pd.DataFrame, dataset: str) -> list[str]:
-    """The minimum detectable effect of each comparison (:func:`detectable_table`), per metric:
+    """The minimum detectable effect of each comparison (:func:`~lmablate.report.stats.detectable.detectable_table`), per metric:
     the range over the comparisons and each one's value, as in the comparison table."""
     d = detectable_table(comparisons)
     d = d[d["dataset"] == dataset]
