@@ -5,7 +5,11 @@ test_pipeline.py (a bad param stops dvc repro there with every output kept)."""
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -63,3 +67,45 @@ def test_a_store_that_is_no_database_is_refused_before_the_file_is_written(tmp_p
                                           r"fails SQLite's integrity check"):
         check.run(cfg, tmp_path / "checked.txt", root=tmp_path)
     assert not (tmp_path / "checked.txt").exists()
+
+
+def _temp_copy(project: Path, name: str, lock: str | None) -> Path:
+    """A folder as ``dvc exp run --temp`` leaves it under the project, its DVC repo lock
+    holding ``lock`` (None: no lock file yet)."""
+    copy = project / check.TEMP_RUNS / name
+    (copy / ".dvc" / "tmp").mkdir(parents=True)
+    if lock is not None:
+        (copy / ".dvc" / "tmp" / "lock").write_text(lock)
+    return copy
+
+
+def _dead_pid() -> int:
+    done = subprocess.Popen([sys.executable, "-c", "pass"])
+    done.wait()
+    return done.pid
+
+
+def test_a_killed_temp_run_s_copy_is_stale_and_a_live_or_preparing_one_is_not(tmp_path):
+    dead = _temp_copy(tmp_path, "tmpdead", f" {_dead_pid()}\n")
+    garbled = _temp_copy(tmp_path, "tmpgarbled", "not a pid")
+    _temp_copy(tmp_path, "tmplive", f" {os.getpid()}\n")
+    _temp_copy(tmp_path, "tmppreparing", None)
+    held = _temp_copy(tmp_path, "tmpheld", f" {_dead_pid()}\n")
+    with open(held / ".dvc" / "tmp" / "lock", "rb") as fh:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)  # held by a live process: this one
+        assert check.stale_temp_runs(tmp_path) == [dead, garbled]
+        # seen from inside a copy (a --temp run's own check stage): the same, never itself
+        assert check.stale_temp_runs(held) == [dead, garbled]
+        assert check.stale_temp_runs(dead) == [garbled]
+    assert check.stale_temp_runs(tmp_path) == [dead, garbled, held]
+    assert (held / ".dvc" / "tmp" / "lock").read_text().strip() != str(os.getpid())
+
+
+def test_the_check_stage_removes_killed_temp_copies_and_keeps_the_rest(tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    dead = _temp_copy(tmp_path, "tmpdead", f" {_dead_pid()}\n")
+    (dead / "runs").mkdir()
+    live = _temp_copy(tmp_path, "tmplive", f" {os.getpid()}\n")
+    assert check.run(_cfg(tmp_path), tmp_path / "checked.txt", root=tmp_path) == [dead]
+    assert not dead.exists() and live.is_dir()
+    assert check.stale_temp_runs(tmp_path) == []

@@ -4,8 +4,12 @@ temporary copy of the project, beside the committed default it leaves untouched.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import sqlite3
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -78,3 +82,27 @@ def test_an_experiment_records_into_the_project_s_mlflow_store_and_times(project
 def db_runs(project: Path) -> int:
     with sqlite3.connect(project / "mlflow.db") as db:
         return db.execute("select count(*) from runs").fetchone()[0]
+
+
+@pytest.mark.slow
+def test_a_killed_temp_run_s_copy_is_removed_by_the_next_check(project, run_command):
+    # a run with another param, so that its stages run rather than come from DVC's run cache
+    run = subprocess.Popen(["dvc", "exp", "run", "--temp", "-S", "profile=tiny", "-S",
+                            "train.weight_decay=0.05", "-n", "killed-run"], cwd=project,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           start_new_session=True)
+    copies = project / ".dvc" / "tmp" / "exps" / "standalone"
+    deadline = time.monotonic() + 300
+    try:  # kill it once its own check stage passed: DVC holds the copy's repo lock then
+        while not list(copies.glob("tmp*/data/checked.txt")):
+            assert run.poll() is None and time.monotonic() < deadline
+            time.sleep(0.2)
+    finally:
+        os.killpg(run.pid, signal.SIGKILL)
+        run.wait()
+    (killed,) = copies.glob("tmp*")
+    done = run_command(["lmablate", "check", "--out", str(project / "checked.txt")], project)
+    assert done.returncode == 0, done.stderr
+    assert f"removed 1 killed dvc exp run --temp copy ({killed.name})" in done.stdout + done.stderr
+    assert not killed.exists()
+    (project / "checked.txt").unlink()

@@ -11,6 +11,9 @@ params: while they are valid it is the same bytes, so no other stage re-runs bec
 from __future__ import annotations
 
 import argparse
+import fcntl
+import os
+import shutil
 from pathlib import Path
 
 from lmablate.config.study import StudyConfig
@@ -21,6 +24,53 @@ CHECKED = ("params.yaml, the stores and the output folders passed lmablate check
            "stage runs after it\n")
 # the folders the study's stages write (dvc.yaml), relative to the project
 OUTPUT_FOLDERS = ("data", "runs", "reports")
+# where `dvc exp run --temp` copies the project (dvc.repo.experiments.queue.tempdir), relative to
+# the project; each run's copy is a mkdtemp folder ``tmp*`` in it, holding its own DVC repo lock
+TEMP_RUNS = Path(".dvc", "tmp", "exps", "standalone")
+
+
+def _lock_holder_alive(lock: Path) -> bool:
+    """Whether a live process holds the DVC repo lock ``lock`` (DVC's ``dvc.lock.Lock``: an
+    ``flock`` through zc.lockfile, which writes the holder's pid into the file) or is the pid
+    written in it: the lock is free between a run's repro and its clean-up, while its ``dvc``
+    process lives. Probed read-only, so the file keeps its pid."""
+    with open(lock, "rb") as fh:
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return True
+        fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+        text = fh.read().decode("ascii", "replace")
+    try:
+        pid = int(text.split()[0])
+    except (ValueError, IndexError):
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        pass
+    return True
+
+
+def stale_temp_runs(root: Path) -> list[Path]:
+    """The copies of ``dvc exp run --temp`` runs that were killed before DVC removed them:
+    folders ``tmp*`` of :data:`TEMP_RUNS` (under ``root``, or the project whose copy ``root``
+    is) whose DVC repo lock no live process holds or names. A copy without a lock file (DVC
+    still preparing it) is never stale, nor is ``root`` itself. Sorted by path."""
+    here = Path(root).resolve()
+    parents = {here / TEMP_RUNS}
+    if here.parent.parts[-len(TEMP_RUNS.parts):] == TEMP_RUNS.parts:
+        parents.add(here.parent)
+    stale = []
+    for parent in parents:
+        for copy in sorted(parent.glob("tmp*")) if parent.is_dir() else []:
+            lock = copy / ".dvc" / "tmp" / "lock"
+            if copy != here and copy.is_dir() and lock.is_file() \
+                    and not _lock_holder_alive(lock):
+                stale.append(copy)
+    return sorted(stale)
 
 
 def check_tracking_store(cfg: StudyConfig, runs_dir: Path) -> None:
@@ -43,11 +93,15 @@ def check_tracking_store(cfg: StudyConfig, runs_dir: Path) -> None:
             "backup, or move it away and run dvc repro -f to record every run again")
 
 
-def run(cfg: StudyConfig, out: Path, root: Path = Path(".")) -> None:
+def run(cfg: StudyConfig, out: Path, root: Path = Path(".")) -> list[Path]:
     """Check the stores (:func:`lmablate.core.fileio.check_sqlite_store`,
     :func:`check_tracking_store`) and the output folders (:data:`OUTPUT_FOLDERS` under
     ``root``, :func:`lmablate.core.fileio.check_writable`), then write :data:`CHECKED` to
-    ``out``. The params were checked as they were read.
+    ``out`` and remove the copies of killed ``--temp`` runs (:func:`stale_temp_runs`). The
+    params were checked as they were read.
+
+    Returns:
+        The copies removed.
 
     Raises:
         OutputError: a store or folder that fails, naming it.
@@ -60,9 +114,16 @@ def run(cfg: StudyConfig, out: Path, root: Path = Path(".")) -> None:
     for folder in OUTPUT_FOLDERS:
         fileio.check_writable(root / folder)
     fileio.write_text(out, CHECKED)
+    stale = stale_temp_runs(root)
+    for copy in stale:
+        shutil.rmtree(copy, ignore_errors=True)
+    return stale
 
 
 def main(cfg: StudyConfig, args: argparse.Namespace) -> str:
     """``lmablate check --out FILE``; returns the summary line's ending."""
-    run(cfg, args.out)
-    return "params, stores and output folders valid"
+    removed = run(cfg, args.out)
+    gone = (f"; removed {len(removed)} killed dvc exp run --temp cop"
+            f"{'y' if len(removed) == 1 else 'ies'} ({', '.join(p.name for p in removed)})"
+            if removed else "")
+    return "params, stores and output folders valid" + gone
