@@ -36,8 +36,12 @@ def test_report_markdown(built):
     assert "FLOPs: shakespeare 2.4e+11, arithmetic 1.2e+11" in md
     assert f"context of {cfg.model.context_length} characters" in md
     assert ("successive halving with Optuna: 6 configurations at 0.2 of the budget, then the "
-            "full-budget bracket: 1 learning rate 2x apart at the best width scaled to the full "
-            "budget (d_model ~ C^0.25), each on tuning seed 1000,") in md
+            "full-budget bracket on tuning seed 1000 ([How the learning rate was chosen]"
+            "(#how-the-learning-rate-was-chosen))") in md
+    defined = md.split("\n## How the learning rate was chosen\n", 1)[1].split("\n## ", 1)[0]
+    assert ("**The full-budget bracket**: 1 learning rate 2x apart, each on tuning seed 1000 "
+            "(not final seeds)") in defined
+    assert md.count("Wortsman et al. 2023") == 1 and md.count("1,000 bootstrap draws") == 1
     assert "every trial below the full budget on seed 1000" in md
     middle = math.sqrt(cfg.tune.tokens_per_parameter[0] * cfg.tune.tokens_per_parameter[1])
     assert ("3 learning rates evenly spaced in log over the range at the width nearest "
@@ -88,20 +92,19 @@ def test_a_problem_level_rejection_still_gets_no_mark_or_verdict_word():
         assert mark not in text, mark
 
 
-def test_gradient_shares_are_a_labelled_diagnostic_not_a_finding(built):
+def test_gradient_shares_are_a_csv_not_a_finding_or_a_figure(built):
     cfg, out_dir, out = built
     md = out["report"].read_text()
     findings = md.split("## Findings\n", 1)[1].split("**How to read", 1)[0]
     assert "gradient" not in findings.lower() and "attention" not in findings.lower()
-    caption = next(x for x in md.splitlines() if "grad_flow" not in x and "gradient" in x
-                   and x.startswith("**shakespeare:"))
-    assert "one-batch diagnostic" in caption and "exact-zero activations" in caption
-    assert "absent from that batch" in caption and "not a finding" in caption
+    assert "grad_flow" not in md.replace("`grad_flow.csv`", "")
+    assert not list((out_dir / "figures").glob("grad_flow*"))
+    grad = pd.read_csv(out["grad_flow"])
+    assert set(grad["dataset"]) == {"shakespeare"} and grad["frac_near_zero"].between(0, 1).all()
 
 
 def test_the_methods_text_names_one_tuning_seed_or_several():
     from lmablate.config.study import TuneConfig
     from lmablate.report.text.methods import _rungs_text
-    assert "each on tuning seed 1000, extended" in _rungs_text(TuneConfig(bracket_seeds=1))
-    assert "each on tuning seeds 1000, 1001, extended" in _rungs_text(
-        TuneConfig(bracket_seeds=2))
+    assert "bracket on tuning seed 1000 (" in _rungs_text(TuneConfig(bracket_seeds=1))
+    assert "bracket on tuning seeds 1000, 1001 (" in _rungs_text(TuneConfig(bracket_seeds=2))

@@ -41,7 +41,7 @@ def test_the_learning_rate_sensitivity_uses_ln_of_the_vocabulary_size(study_root
     s = sens.loc[("arithmetic", "rmsnorm"), "lr_sensitivity"]
     assert f"| rmsnorm | {s:.3f} | 3 (1) | 0.007 |" in section
     assert f"L0 = ln V = {math.log(vocab['arithmetic']):.3f} nats" in section
-    assert f"the V = {vocab['arithmetic']} tokens of the vocabulary" in section
+    assert f"(V = {vocab['arithmetic']} tokens)" in section
 
 
 def test_the_answer_loss_floor_comes_from_the_train_answers_and_stands_in_the_headline(

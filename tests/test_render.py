@@ -139,8 +139,9 @@ def test_the_template_renders_the_sections_in_the_documented_order():
     at = [md.index(f"\n{s}") if i else md.index(s) for i, s in enumerate(SECTIONS)]
     assert at == sorted(at) and at[0] == 0
     assert md.endswith("![o](figures/o.png)\n") and "\n\n\n" not in md
-    assert ("Raw numbers are in `ablation.csv`, `summary.csv` (long format: one row per dataset "
-            "x variant x metric) and `comparisons.csv`.\n") in md
+    assert ("Every table is also one of the 3 CSV files beside this report (`summary.csv` in "
+            "long format, one row per dataset x variant x metric); the handbook's [The files]"
+            "(../docs/report.md#the-files) describes each.\n") in md
     assert "- sums/old is ignored\n\n## sums\n" in md
     assert ("### Problem by problem (a diagnostic, not a verdict)\n\nA diagnostic of which "
             "problems the models get right: the same 1,000 test problems, decoded by every "

@@ -351,33 +351,6 @@ def plot_params_vs_loss(ablation: pd.DataFrame, dataset: str, path: Path, *,
     return Path(path)
 
 
-def plot_grad_flow(grad: pd.DataFrame, dataset: str, path: Path) -> Path | None:
-    """Heatmap of the fraction of gradient entries with |grad| < 1e-8 in the last training
-    batch's backward pass (mean over seeds), parameter group (rows) x variant (columns): a
-    one-batch diagnostic that counts exact-zero activations (a ReLU's, not a SiLU gate's) and
-    embedding rows of tokens absent from that batch. Returns ``path``, or None without grad
-    stats."""
-    g = grad[grad["dataset"] == dataset] if len(grad) else grad
-    if g.empty or "frac_near_zero" not in g:
-        return None
-    order = present(g["variant"])
-    table = g.pivot_table(index="group", columns="variant", values="frac_near_zero",
-                          aggfunc="mean", observed=True)
-    table = table.reindex(index=list(pd.unique(g["group"])),
-                          columns=[v for v in order if v in table.columns])
-    size = (1.2 * len(order) + 4.0, 0.4 * len(table) + 1.8)
-    with plotting.figure(path, figsize=size) as (fig, axes):
-        ax = axes[0, 0]
-        sns.heatmap(table, annot=True, fmt=".2f", vmin=0, vmax=1, cmap="rocket_r",
-                    linewidths=0.5, cbar_kws={"label": "fraction of |grad| < 1e-8"}, ax=ax)
-        ax.set_title(f"{dataset}: |grad| < 1e-8 in the last training batch, a one-batch "
-                     "diagnostic (mean over seeds)")
-        ax.set_xlabel("variant")
-        ax.set_ylabel("parameter group")
-        ax.tick_params(axis="y", labelrotation=0)
-    return Path(path)
-
-
 def plot_position_loss(curves: pd.DataFrame, dataset: str, context_length: int, path: Path, *,
                        palette: Mapping[str, Any],
                        positions: Mapping[str, str] | None = None) -> Path | None:

@@ -103,7 +103,7 @@ def _dataset_figures(cfg: StudyConfig, runs: RunOutputs, tables: ReportTables, d
         digits = arith.training_digits(cfg.datasets[ds], runs.by_operand_digits, ds)
         path = arith_figs.plot_length_generalisation(
             runs.by_operand_digits, ds, digits, fig_dir / f"length_generalisation_{ds}.png",
-            palette=palette)
+            palette=palette) if arith.has_length_split(runs.by_operand_digits, ds) else None
         out.figures += drawn([(ds, f"{ds}: the share of seeds that have learned the task "
                                "(probe exact match of 0.5 and 0.9) against training tokens, "
                                "Kaplan-Meier with pointwise 95% bands; |: seeds that had not "
@@ -153,11 +153,6 @@ def _dataset_figures(cfg: StudyConfig, runs: RunOutputs, tables: ReportTables, d
                                      palette=palette)
     out.figures += drawn([(ds, f"{ds}: non-embedding parameters vs test loss", path)],
                          plots.params_too_narrow(ablation, ds))
-    out.figures += drawn([(ds, f"{ds}: one-batch diagnostic, share of gradient entries below "
-                           "1e-8 per parameter group in the last training batch (it counts "
-                           "exact-zero activations, e.g. a ReLU's, and embedding rows of "
-                           "characters absent from that batch; not a finding)",
-                           plots.plot_grad_flow(runs.grad, ds, fig_dir / f"grad_flow_{ds}.png"))])
 
 
 def draw_report_figures(cfg: StudyConfig, runs: RunOutputs, tables: ReportTables,

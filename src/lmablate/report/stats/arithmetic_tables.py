@@ -202,6 +202,15 @@ def training_digits(dataset_cfg: Any, by_digits: pd.DataFrame, dataset: str) -> 
     return int(d["digits"].max()) if len(d) else None
 
 
+def has_length_split(by_digits: pd.DataFrame, dataset: str) -> bool:
+    """Whether ``dataset`` was tested on problems longer than any in training (results from
+    the split ``"length"``): without them there is no length generalisation to report."""
+    if not len(by_digits):
+        return False
+    d = by_digits[by_digits["dataset"] == dataset]
+    return bool((d["split"].astype(str) == "length").any())
+
+
 def unreachable(by_digits: pd.DataFrame, dataset: str) -> list[str]:
     """``"<variant> at <n> digits, <note>"`` for each variant x length of ``dataset`` without
     results, in study order: what the length figure leaves out."""

@@ -17,6 +17,7 @@ from typing import Any, Mapping, Sequence
 import pandas as pd
 
 from lmablate.config.study import StudyConfig
+from lmablate.config.tune_config import TuneConfig
 from lmablate.report.collect import RunOutputs, present
 from lmablate.report.text.bracket_section import bracket_lines
 from lmablate.report.figures.report_figures import ReportFigures
@@ -142,6 +143,9 @@ class ReportContent:
     # with study.mixed_environments and results of more than one environment: each described
     # with the runs computed in it, else empty
     environments: list[str] = field(default_factory=list)
+    # the tuning's settings, for "How the learning rate was chosen"; None: no dataset has a
+    # learning-rate or bracket sub-section to define
+    tune: TuneConfig | None = None
     confidence: float = CONFIDENCE
     alpha: float = ALPHA
     min_seeds_for_test: int = MIN_SEEDS_FOR_TEST
@@ -163,7 +167,8 @@ def arithmetic(cfg: StudyConfig, runs: RunOutputs, tables: ReportTables,
                                       dataset, variants),
         breakdown=arith.breakdown_lines(runs.per_op, runs.by_answer_digits, dataset, variants),
         length=arith.length_lines(tables.length, tables.length_comparisons, dataset, digits,
-                                  variants),
+                                  variants)
+        if arithmetic_tables.has_length_split(runs.by_operand_digits, dataset) else [],
         length_figure=_figure(caption, path, out_dir) if path else None)
 
 
@@ -198,7 +203,7 @@ def dataset_content(cfg: StudyConfig, runs: RunOutputs, tables: ReportTables,
         lr=lr_section(cfg, tables.sensitivity, tuned, runs.trials, dataset, order,
                       has_figure=lr_figure is not None),
         lr_figure=_figure(*lr_figure, out_dir) if lr_figure else None,
-        bracket=(bracket_lines(cfg, tuned, dataset, order)
+        bracket=(bracket_lines(tuned, dataset, order)
                  if tuned is not None and "bracket_state" in tuned else []),
         bracket_figure=_figure(*bracket_figure, out_dir) if bracket_figure else None,
         figures=[_figure(cap, p, out_dir) for d, cap, p in figures.figures if d == dataset],
@@ -259,6 +264,7 @@ def report_content(cfg: StudyConfig, runs: RunOutputs, notes: Sequence[str],
         METRICS[headline_loss(tables.comparisons, ds)][0],
         f"figures/forest_{ds}.png" if out_dir / "figures" / f"forest_{ds}.png" in written
         else None) for ds in datasets]
+    sections = [dataset_content(cfg, runs, tables, figures, out_dir, ds) for ds in datasets]
     return ReportContent(
         n_runs=len(ablation), n_datasets=len(datasets),
         n_variants=ablation["variant"].nunique(), n_seeds=ablation["seed"].nunique(),
@@ -269,11 +275,12 @@ def report_content(cfg: StudyConfig, runs: RunOutputs, notes: Sequence[str],
         scaling=scaling,
         methods=methods_section(cfg, ablation, environment, datasets, order),
         notes=list(notes),
-        datasets=[dataset_content(cfg, runs, tables, figures, out_dir, ds) for ds in datasets],
+        datasets=sections,
         other_figures=[_figure(cap, p, out_dir) for d, cap, p in figures.figures if d is None],
         replication=[replication(tables, figures, out_dir, ds) for ds in datasets
                      if (tables.replication["dataset"] == ds).any()],
-        environments=list(environments))
+        environments=list(environments),
+        tune=cfg.tune if any(d.lr or d.bracket for d in sections) else None)
 
 
 def replication(tables: ReportTables, figures: ReportFigures, out_dir: Path,

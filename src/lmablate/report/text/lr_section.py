@@ -61,8 +61,8 @@ def lr_section(cfg: StudyConfig, sensitivity: pd.DataFrame, tuned: pd.DataFrame,
                 trials: pd.DataFrame, dataset: str, order: Sequence[str],
                 has_figure: bool = False) -> list[str]:
     """"How each variant responds to the learning rate", below its heading and above its
-    figure (both the template's): the definition of the sensitivity and what it rests on, the
-    table (:func:`_lr_table`) and the variants without one; no lines when the dataset has
+    figure (both the template's): the dataset's design and L0 (the sensitivity is defined
+    once, in ``_tuning.md.j2``), the table (:func:`_lr_table`) and the variants without one; no lines when the dataset has
     neither a sensitivity row nor a figure (``has_figure``)."""
     sens = sensitivity[sensitivity["dataset"] == dataset] if len(sensitivity) else sensitivity
     if sens.empty and not has_figure:
@@ -76,32 +76,15 @@ def lr_section(cfg: StudyConfig, sensitivity: pd.DataFrame, tuned: pd.DataFrame,
     fraction = ", ".join(f"{x:g}" for x in pd.unique(design["budget_fraction"].dropna())) \
         or f"{tu.rungs[0][1]:g}"
     l0 = sens["uniform_loss"].dropna()
-    if len(l0):
-        start = (f"L0 = ln V = {l0.iloc[0]:.3f} nats, the loss of the uniform prediction over "
-                 f"the V = {round(math.exp(l0.iloc[0]))} tokens of the vocabulary (the loss "
-                 "at initialisation), at which a diverged trial counts")
-    else:
-        start = ("L0 the loss of the uniform prediction, ln of the vocabulary size, which "
-                 "comes from the tokenized data: not given to this report, so S is not "
-                 "computed")
+    floor = (f"L0 = ln V = {l0.iloc[0]:.3f} nats (V = {round(math.exp(l0.iloc[0]))} tokens)"
+             if len(l0) else "L0 unknown without the tokenized data, so S is not computed")
     text = (
-        "Learning-rate sensitivity (Wortsman et al. 2023, \"Small-scale proxies for "
-        "large-scale Transformer training instabilities\", sec. 2.2): S = mean over the "
-        "design's learning rates of min(L, L0) − L*, with L the validation loss (nats/char) at "
-        f"the end of a trial, L* the lowest of them and {start}. Small S: the loss stays near "
-        "its best over the whole range; large S: only a narrow band of learning rates trains "
-        f"well. The design is each study's first batch: {n} learning rates evenly spaced in "
-        f"log over [{tu.lr_low:g}, {tu.lr_high:g}] at d_model {width}"
+        f"S ([defined once](#how-the-learning-rate-was-chosen)) over {n} learning rates in "
+        f"[{tu.lr_low:g}, {tu.lr_high:g}] at d_model {width}"
         + (f" ({ratio} training tokens per parameter)" if ratio else "")
-        + (", the same points for every variant, so the curves are paired"
-           if design_is_shared(trials, dataset) else
-           "; the variants were NOT tried at the same points, so the curves are not paired")
-        + f", each trial trained for {fraction} of the budget. Every point is one training "
-        f"seed ({tu.seed}) at that share of the budget, not the final runs: a difference in S "
-        "between variants smaller than the seed-to-seed spread of a loss is not a finding. "
-        "The tuned values are the study's answer (best.json): the best trial of the last "
-        "rung, at the full budget unless every trial there diverged; tokens per parameter "
-        "are those of the baseline at that width.")
+        + f", {fraction} of the budget, tuning seed {tu.seed}; {floor}."
+        + ("" if design_is_shared(trials, dataset) else
+           " The variants were NOT tried at the same points: their curves are not paired."))
     missing = [f"{r.variant}: {r.note}" for r in sens.itertuples()
                if isinstance(r.note, str) and r.note]
     lines = [text, "",

@@ -91,3 +91,10 @@ def interval(row: Mapping[str, Any], digits: int, prefix: str = "ci95") -> str:
     if not np.isfinite(row[f"{prefix}_low"]):
         return "–"
     return f"[{num(row[f'{prefix}_low'], digits)}, {num(row[f'{prefix}_high'], digits)}]"
+
+
+def tuning_seeds(tune: Any) -> str:
+    """The bracket's tuning seeds of a ``TuneConfig``: ``tuning seed 1000`` or ``tuning seeds
+    1000, 1001``."""
+    seeds = [tune.seed + k for k in range(tune.bracket_seeds)]
+    return f"tuning seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}"

@@ -13,7 +13,7 @@ import pandas as pd
 from lmablate.config.study import StudyConfig
 from lmablate.report.stats.statistics import (ALPHA, CONFIDENCE, MIN_SEEDS_FOR_TEST, POWER,
                                           VERDICT_IDENTICAL)
-from lmablate.report.text.mdtable import integer, md_table
+from lmablate.report.text.mdtable import integer, md_table, tuning_seeds
 
 
 def _compute_table(cfg: StudyConfig, ablation: pd.DataFrame, datasets: Sequence[str],
@@ -45,14 +45,8 @@ def _rungs_text(tu) -> str:
     parts = [f"{tu.rungs[0][0]} configurations at {tu.rungs[0][1]:g} of the budget"]
     parts += [f"the best {n} at {f:g}" for n, f in tu.rungs[1:-1]]
     if len(tu.rungs) > 1:
-        parts.append(
-            f"the full-budget bracket: {tu.rungs[-1][0]} learning "
-            f"rate{'s' if tu.rungs[-1][0] > 1 else ''} {tu.bracket_factor:g}x apart at the best width scaled to the full budget (d_model ~ C^0.25), each on "
-            f"tuning seed{'s' if tu.bracket_seeds > 1 else ''} "
-            f"{', '.join(str(tu.seed + k) for k in range(tu.bracket_seeds))}, "
-            f"extended {tu.bracket_factor:g}x past an end while the best lies there (at most "
-            f"{tu.bracket_points} learning rates), the answer the minimum of a quadratic in "
-            "ln lr fitted through them")
+        parts.append(f"the full-budget bracket on {tuning_seeds(tu)} ([How the learning rate "
+                     "was chosen](#how-the-learning-rate-was-chosen))")
     return ", then ".join(parts)
 
 

@@ -57,6 +57,8 @@ FILTERS = {
     "md_table": table,
     "lines": lines,
     "plural": plural,
+    "g": lambda x: f"{x:g}",  # shortest float: 0.125, 1e-05
+    "tuning_seeds": mdtable.tuning_seeds,
     "percent": percent,
 }
 
