@@ -87,15 +87,14 @@ def test_an_undecided_pair_names_the_seeds_that_would_decide_it(comparisons):
     lines = fi.findings_section(comparisons, datasets=["text"])
     r = comparisons[comparisons["variant"] == "noisy"].iloc[0]
     assert r["verdict"] == "no significant difference"
-    undecided = next(x for x in lines if x.startswith("- **Undecided"))
+    undecided = next(x for x in lines if x.startswith("- **Too few seeds"))
     need = fi.seeds_needed(r["mean_diff"], r["sd_diff"], 2)
     assert need is not None and need > 5
-    assert undecided.startswith("- **Undecided: noisy.**")
-    assert (f"noisy about {need:,} (Δ {r['mean_diff']:+.3f}, SD of its per-seed differences "
-            f"{r['sd_diff']:.3f}, MDE with 5 seeds {r['mde']:.3f} nats/char); the study has "
-            "5.") in undecided
-    assert "The MDE is per comparison" in undecided
-    assert not any(x.startswith("- **Undecided") for x in fi.findings_section(
+    assert undecided.startswith("- **Too few seeds to decide: noisy.**")
+    assert (f"noisy about {need:,} (Δ {r['mean_diff']:+.3f}, SD of the per-seed differences "
+            f"{r['sd_diff']:.3f}, MDE {r['mde']:.3f} nats/char); the study has 5 ([MDE]"
+            "(#how-to-read-this-report)).") in undecided
+    assert not any(x.startswith("- **Too few seeds") for x in fi.findings_section(
         comparisons[comparisons["variant"] != "noisy"], datasets=["text"]))
 
 
@@ -164,7 +163,7 @@ def test_the_figure_that_shows_the_verdicts_follows_them(comparisons):
     # the template places the forest plot right after the dataset's lines
     findings = DatasetFindings("text", lines, "test loss", "figures/forest_text.png")
     md = render_report(_content(findings=[findings]))
-    assert md.split("## Findings\n\n", 1)[1].split("**How to read", 1)[0] == (
+    assert md.split("## Findings\n\n", 1)[1].split("### How to read", 1)[0] == (
         "\n".join(lines) + "\n![text: test loss, difference to the baseline with 95% and "
         "Holm-adjusted intervals](figures/forest_text.png)\n\n")
 

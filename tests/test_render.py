@@ -115,7 +115,7 @@ def _content(**changes) -> ReportContent:
 
 
 # the order of report.md's sections (docs/report.md, "The sections")
-SECTIONS = ["# Ablation study report", "## Findings", "**How to read this report.**",
+SECTIONS = ["# Ablation study report", "## Findings", "### How to read this report",
             "## Replication", "The whole study was run 3 times",
             "### sums: answer loss (nats/answer char)", "| rope | 0 |", "| rope | yes |",
             "**Replication caption**", "How far tuning moved between replicates",
@@ -143,9 +143,8 @@ def test_the_template_renders_the_sections_in_the_documented_order():
             "long format, one row per dataset x variant x metric); the handbook's [The files]"
             "(../docs/report.md#the-files) describes each.\n") in md
     assert "- sums/old is ignored\n\n## sums\n" in md
-    assert ("### Problem by problem (a diagnostic, not a verdict)\n\nA diagnostic of which "
-            "problems the models get right: the same 1,000 test problems, decoded by every "
-            "variant on 3 seeds,") in md
+    assert ("### Problem by problem (a diagnostic, not a verdict)\n\nWhich of the same 1,000 "
+            "test problems each variant gets right on its 3 seeds, paired problem by problem") in md
     assert "**A caption**\n\n![a](figures/a.png)\n\nNot drawn: why.\n\n### Samples" in md
     assert ("## What this study can and cannot say\n\n**sums**\n\n- A limit.\n- Another.\n\n"
             "## How the effects change with compute\n\nScaling.\n\n![Loss against compute]"
@@ -168,10 +167,10 @@ def test_the_template_renders_the_sections_in_the_documented_order():
             "variant's learning rate bracketed\n\nBracket.\n\n### Figures\n") in md
     assert md.startswith("# Ablation study report\n\n6 runs: 1 dataset x 2 variants x 3 seeds, "
                          "of the default profile (`study.profile`).")
-    assert "\n\n## Findings\n\n**sums**: verdicts.\n\n**How to read this report.**" in md
+    assert "\n\n## Findings\n\n**sums**: verdicts.\n\n### How to read this report" in md
     assert "**baseline** (seed_0):\n\n```text\nROMEO:\n```\n" in md
     assert "**rope** (seed_0, learned):\n\n| prompt |\n|---|\n| `1+1=` |\n" in md
-    assert "(truncated to 600 characters)" in md and "Up to 5 greedy-decoded" in md
+    assert "(truncated to 300 characters)" in md and "Up to 3 greedy-decoded" in md
 
 
 def test_optional_blocks_are_left_out_without_blank_lines():
@@ -186,7 +185,7 @@ def test_optional_blocks_are_left_out_without_blank_lines():
     assert "Replication" not in md
     assert "How the effects change with compute" not in md and "learning rate" not in md
     assert "### Headline" not in md and "### Length generalisation" not in md
-    assert ("## Findings\n\n**How to read" in md
+    assert ("## Findings\n\n### How to read" in md
             and "## What this study can and cannot say\n\n## Methodology\n\nMethods." in md)
     assert ("## sums\n\n### Summary (mean ± 95% CI half-width over seeds)\n\n_No results._\n\n"
             "### Comparison with the baseline\n\n_No comparisons: they need runs of the "

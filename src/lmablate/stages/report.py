@@ -271,7 +271,7 @@ def _write_report(cfg: StudyConfig, runs: RunOutputs, notes: list[str], tables,
                                   extra=extra_figures)
     scaling_figures = draw_scaling_figures(scaling, runs, out_dir / "figures", palette)
     paths["report"] = out_dir / "report.md"
-    # "How to read this report" lists the tables as written, none by hand
+    # "How to read this report" counts the tables as written
     written = [file for file, _, _ in (*csvs.values(), *csvs_scaling.values())]
     fileio.write_text(paths["report"], render_report(report_content(
         cfg, runs, notes, tables, figures, out_dir, environment,

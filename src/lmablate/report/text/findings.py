@@ -162,14 +162,12 @@ def _undecided(c: pd.DataFrame, unit: str) -> list[str]:
         need = seeds_needed(r.mean_diff, r.sd_diff, m)
         parts.append(f"{r.variant} about {need:,}" if need is not None else
                      f"{r.variant} more than {MAX_SEEDS:,}")
-        parts[-1] += (f" (Δ {_signed(r.mean_diff)}, SD of its per-seed differences "
-                      f"{r.sd_diff:.3f}, MDE with {int(r.n_pairs)} seeds {r.mde:.3f} {unit})")
-    return [f"- **Undecided: {_names(list(nsd['variant']))}.** Seeds per variant that a paired "
-            f"t-test (at Holm's strictest level α/{m}) would need to detect, with {POWER:.0%} "
-            f"power at the observed seed-to-seed spread, a true difference as large as the "
-            f"observed one: {'; '.join(parts)}; the study has {n}. The MDE is per comparison: "
-            "the smallest true difference its test detects with that power at its own spread "
-            "(the comparison table's MDE column)."]
+        parts[-1] += (f" (Δ {_signed(r.mean_diff)}, SD of the per-seed differences "
+                      f"{r.sd_diff:.3f}, MDE {r.mde:.3f} {unit})")
+    return [f"- **Too few seeds to decide: {_names(list(nsd['variant']))}.** Paired seeds "
+            f"that would detect a true difference as large as the observed one ({POWER:.0%} "
+            f"power, Holm's α/{m}, at the observed spread): {'; '.join(parts)}; the study has "
+            f"{n} ([MDE](#how-to-read-this-report))."]
 
 
 def _replication(replication: pd.DataFrame | None, dataset: str, unit: str) -> list[str]:

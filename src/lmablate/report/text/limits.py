@@ -163,12 +163,9 @@ def _power(comparisons: pd.DataFrame, dataset: str) -> list[str]:
         parts.append(f"{label} {span} {unit} ({each})")
     n = int(d["n_pairs"].max())
     m = int(d["n_compared"].max())
-    return [f"With {n} seeds per variant, {m} variants compared at family-wise α = {ALPHA} "
-            f"(Holm) and {POWER:.0%} power, the smallest true difference to the baseline "
-            f"each comparison could detect (MDE, per comparison: at its own seed-to-seed "
-            f"spread and Holm's strictest level α/{m}; the comparison table's MDE column) is: "
-            f"{'; '.join(parts)}. A smaller effect is likely to end as \"no significant "
-            "difference\", which is not evidence that the variants are equal."]
+    return [f"[MDE](#how-to-read-this-report) with {n} seeds, {POWER:.0%} power at Holm's "
+            f"α/{m} (a smaller true difference likely ends as \"no significant difference\"): "
+            f"{'; '.join(parts)}."]
 
 
 def _tuning_uncertainty(comparisons: pd.DataFrame, tuned: pd.DataFrame,
@@ -190,9 +187,8 @@ def _tuning_uncertainty(comparisons: pd.DataFrame, tuned: pd.DataFrame,
     answer = "objective" in t and (t["objective"] == "val_answer_loss").any()
     unit, checks = (("nats per answer character", "the answer-loss verdicts") if answer
                     else ("nats/char", "the test-loss verdicts"))
-    text = (f"Tuning uncertainty (how much lower a variant's loss could be at a learning rate "
-            f"its full-budget bracket missed; 95% bound, {unit}): {values}. It is measured "
-            f"in the tuning objective, so it checks {checks} only.")
+    text = (f"[Tuning uncertainty](#how-the-learning-rate-was-chosen) ({unit}; it checks "
+            f"{checks} only): {values}.")
     if len(c):
         text += (" Significant over seeds but within the larger of the two tuning "
                  "uncertainties, so undecided (tuning): " + _names(
@@ -249,13 +245,6 @@ def _flags(comparisons: pd.DataFrame, problems: pd.DataFrame, tuned: pd.DataFram
                      f"family-wise α = {ALPHA}): " + (
                          _names(verdicts) + " than the baseline." if verdicts else
                          "no variant differs from the baseline beyond chance."))
-    p = problems[problems["dataset"] == dataset] if len(problems) else problems
-    if len(p):
-        lines.append(f"Problem by problem (its section below) is a diagnostic of which of the "
-                     f"{int(p['n_problems'].max()):,} test problems these "
-                     f"{int(p['n_seeds'].max())} trained seeds per variant get right, not a "
-                     "verdict: its p-values treat the problems as independent, which problems "
-                     "of the same models are not; the verdicts are drawn over seeds.")
     unbeaten = []
     for metric in ("answer_loss", "exact_match", "char_accuracy"):
         refs = references[(references["dataset"] == dataset) & (references["metric"] == metric)]

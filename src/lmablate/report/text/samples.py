@@ -12,8 +12,8 @@ from lmablate.report.stats.success import seed_status
 from lmablate.report.text.dataset_tables import Rows
 from lmablate.report.text.mdtable import code_span
 
-MAX_CHARS = 600  # of a generated sample shown
-N_PREDICTIONS = 5  # decoded problems shown per variant
+MAX_CHARS = 300  # of a generated sample shown
+N_PREDICTIONS = 3  # decoded problems shown per variant
 
 
 @dataclass(frozen=True)
