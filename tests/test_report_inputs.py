@@ -102,7 +102,7 @@ def test_a_one_variant_study_gives_a_report_that_says_nothing_is_compared(one_va
                 "report describes it and draws no verdict.") in md
     assert md.count("- What it can say: nothing about a feature, since no variant was "
                     "compared with the baseline.") == 2
-    assert "The one variant, baseline, was trained on each of 2 datasets" in md
+    assert "| design | 1 variant (baseline) x 2 datasets" in md
     assert "paired over 0 seeds" not in md and "Each of 1 variants" not in md
     assert pd.read_csv(paths["comparisons"]).empty
     assert Path(paths["report"].parent / "figures" / "exact_match_by_op.png").is_file()

@@ -87,106 +87,83 @@ def _objective_text(cfg: StudyConfig) -> str:
 def methods_section(cfg: StudyConfig, ablation: pd.DataFrame,
                     environment: Mapping[str, Any] | None, datasets: Sequence[str],
                     order: Sequence[str]) -> list[str]:
-    """The Markdown lines of "Methodology" (its heading is the template's): the study's
-    design in prose (datasets, seeds, baseline and variants, the compute budget and FLOPs
-    formula of Kaplan et al. 2020, the tuning protocol, the training settings), the table of
-    what each final run spent (:func:`_compute_table`: width, steps, tokens, training FLOPs
-    and their share of the budget, for ``datasets`` x ``order``), the statistics used, and
-    the machine (``environment``: free-form facts; ``hardware``/``device`` and
-    ``torch``/``torch_version`` are used in the prose, every key is listed)."""
+    """The Markdown lines of "Methodology" (its heading is the template's): a two-column
+    table of the study's design (datasets, seeds, baseline and variants, the compute budget
+    and FLOPs formula of Kaplan et al. 2020, the tuning protocol, the training settings, the
+    statistics, the machine: ``environment``'s free-form facts, ``hardware``/``device`` and
+    ``torch``/``torch_version`` first, then every key), then the table of what each final run
+    spent (:func:`_compute_table`: width, steps, tokens, training FLOPs and their share of the
+    budget, for ``datasets`` x ``order``)."""
     tr, tu, m, ev = cfg.train, cfg.tune, cfg.model, cfg.evaluate
     kinds = ", ".join(f"{name} ({d.kind})" for name, d in cfg.datasets.items())
     changes = [f"{v}: " + ", ".join(f"{k}={val}" for k, val in cfg.variants[v].items())
                for v in cfg.study_variants if cfg.variants.get(v)]
     budgets = ", ".join(f"{name} " + ", ".join(f"{b:.3g}" for b in cfg.budgets(name))
                         for name in cfg.datasets)
-    text = (
-        (f"Each of {len(cfg.study_variants)} variants was" if len(cfg.study_variants) > 1
-         else f"The one variant, {cfg.study_variants[0]}, was") + " trained on each of "
-        f"{len(cfg.datasets)} datasets ({kinds}) with {len(cfg.seeds)} seeds "
-        f"({', '.join(map(str, cfg.seeds))}); the same seeds are used for every variant, so "
-        f"results can be paired by seed. "
-        f"The baseline is a {m.n_layers}-layer GPT with {m.n_heads} heads, {m.ffn} "
-        f"feed-forward, {m.norm_placement}-{m.norm}, {m.position} positions and a context of "
-        f"{m.context_length} characters{_own_windows(cfg)}" + (
-            f"; the variants change {'; '.join(changes)}. "
-                                            if changes else ". ") +
-        f"Every final run of a dataset spends the same training compute (FLOPs: {budgets}; "
-        f"6 N + 6 n_layers n_ctx d_model per token, Kaplan et al. 2020), so its number of "
-        f"optimizer steps of {tr.batch_size} sequences x {m.context_length} tokens (or the "
-        f"dataset's own) follows "
-        f"from its width. "
-        f"Before training, the learning rate (log-uniform in [{tu.lr_low:g}, {tu.lr_high:g}], "
-        f"extended by 10x past an edge within [{tu.lr_limits[0]:g}, {tu.lr_limits[1]:g}]) and "
-        f"d_model ({_widths_text(tu)}) were tuned per dataset x variant by successive halving "
-        f"with Optuna: {_rungs_text(tu)}; every trial below the full budget on seed "
-        f"{tu.seed} (not a final seed), "
-        f"objective {_objective_text(cfg)} at the end of the trial; the first "
-        f"{tu.trials_per_batch} configurations are the same for every variant, "
-        f"{tu.trials_per_batch} learning rates evenly spaced in log over the range at the "
-        f"width nearest {math.sqrt(tu.tokens_per_parameter[0] * tu.tokens_per_parameter[1]):g}"
-        f" training tokens per parameter (the design of the learning-rate sensitivity), the "
-        f"rest of the first rung proposed by TPE with each study's own seed (sampler seed "
-        f"{tu.sampler_seed}); the tuned values (per variant below) replace the configured "
-        f"learning rate {tr.lr:g} and width {m.d_model}. "
-        f"Each run then trained with a {tr.lr_schedule} learning-rate "
-        f"schedule warming up over {tr.warmup_fraction:.0%} of its steps, weight decay "
-        f"{tr.weight_decay:g}, "
-        f"betas ({tr.beta1:g}, {tr.beta2:g}), gradient clipping at {tr.grad_clip:g}, "
-        f"validation every {tr.eval_interval} steps over {tr.eval_iters} batches. "
-        f"Test loss is measured on up to {ev.max_batches} batches of held-out data; arithmetic "
-        f"answers are greedy-decoded for up to {ev.max_problems} test problems."
-    )
-    if cfg.match_params:
-        text += (" Each variant's feed-forward width was adjusted so that its non-embedding "
-                 "parameter count matches the baseline's at the same d_model.")
-    stats_text = (
-        f"Statistics: each table gives the mean over seeds ± the half-width of its "
-        f"{CONFIDENCE:.0%} Student-t interval. Variants are compared with the baseline by a "
-        f"two-sided paired t-test on the per-seed differences (scipy.stats.ttest_rel); the "
-        f"p-values of all variants within a dataset x metric are corrected with Holm's method "
-        f"(statsmodels multipletests) at a family-wise α = {ALPHA}. Next to the raw "
-        f"{CONFIDENCE:.0%} interval of Δ stands its Holm-adjusted interval, the t-interval at "
-        f"level 1 − α·p/p_Holm, which excludes 0 exactly when the verdict is better or worse. "
-        f"A difference that is the same on every seed has no spread to test against: it is "
-        f"reported as \"{VERDICT_IDENTICAL}\", without a p-value. MDE, one per comparison, is "
-        f"the smallest true difference its paired t-test would detect with {POWER:.0%} power "
-        f"at its observed SD of the differences and Holm's strictest level α/m (statsmodels "
-        f"TTestPower). With "
-        f"fewer than {MIN_SEEDS_FOR_TEST} paired seeds no test is run. Arithmetic answers are "
-        f"also compared problem by problem (sign-flip permutation test over the same test "
-        f"problems, Holm-corrected), a diagnostic whose p-values treat the problems as "
-        f"independent, not a verdict. Reference points come from the data: n-gram "
-        f"cross-entropies of the test split under train-split counts, and scores of answers "
-        f"that ignore the question."
-    )
-    lines = [text, "",
-             "**Compared at equal training compute.** Within a dataset every final run spends "
-             "the same training FLOPs (`train.budget_flops`); each variant's width was tuned, "
-             "and its step count follows from that width, so a narrower model trains more "
-             "steps:", "", _compute_table(cfg, ablation, datasets, order), "",
-             stats_text, ""]
+    middle = math.sqrt(tu.tokens_per_parameter[0] * tu.tokens_per_parameter[1])
+    rows = [
+        ("design", (f"{len(cfg.study_variants)} variants" if len(cfg.study_variants) > 1
+                    else f"1 variant ({cfg.study_variants[0]})")
+         + f" x {len(cfg.datasets)} datasets "
+         f"({kinds}) x {len(cfg.seeds)} seeds ({', '.join(map(str, cfg.seeds))}); the same "
+         "seeds for every variant, so results pair by seed"),
+        ("baseline", f"a {m.n_layers}-layer GPT with {m.n_heads} heads, {m.ffn} feed-forward, "
+         f"{m.norm_placement}-{m.norm}, {m.position} positions and a context of "
+         f"{m.context_length} characters{_own_windows(cfg)}"),
+        ("variants", "; ".join(changes) or "–"),
+        ("compute", f"the same training FLOPs for every final run of a dataset (FLOPs: "
+         f"{budgets}; 6 N + 6 n_layers n_ctx d_model per token, Kaplan et al. 2020): the "
+         f"optimizer steps of {tr.batch_size} sequences x {m.context_length} tokens (or the "
+         "dataset's own) follow from the tuned width"
+         + ("; each variant's feed-forward width set so that its non-embedding parameters "
+            "match the baseline's at the same d_model" if cfg.match_params else "")),
+        ("tuning", f"learning rate (log-uniform in [{tu.lr_low:g}, {tu.lr_high:g}], extended "
+         f"by 10x past an edge within [{tu.lr_limits[0]:g}, {tu.lr_limits[1]:g}]) and d_model "
+         f"({_widths_text(tu)}) per dataset x variant, by successive halving with Optuna: "
+         f"{_rungs_text(tu)}; every trial below the full budget on seed {tu.seed} (not a "
+         f"final seed); objective {_objective_text(cfg)} at the end of the trial; the first "
+         f"{tu.trials_per_batch} configurations shared by every variant, {tu.trials_per_batch} "
+         f"learning rates evenly spaced in log over the range at the width nearest "
+         f"{middle:g} training tokens per parameter, the rest proposed by TPE (sampler seed "
+         f"{tu.sampler_seed}); the tuned values replace the configured learning rate "
+         f"{tr.lr:g} and width {m.d_model}"),
+        ("training", f"AdamW, {tr.lr_schedule} schedule with {tr.warmup_fraction:.0%} warm-up, "
+         f"weight decay {tr.weight_decay:g}, betas ({tr.beta1:g}, {tr.beta2:g}), gradient "
+         f"clipping at {tr.grad_clip:g}; validation every {tr.eval_interval} steps over "
+         f"{tr.eval_iters} batches"),
+        ("evaluation", f"test loss on up to {ev.max_batches} batches of held-out data; "
+         f"arithmetic answers greedy-decoded for up to {ev.max_problems} test problems; "
+         "reference points from the data (n-gram cross-entropies of the test split under "
+         "train-split counts, scores of answers that ignore the question)"),
+        ("statistics", f"mean over seeds ± the half-width of its {CONFIDENCE:.0%} Student-t "
+         "interval; each variant against the baseline by a two-sided paired t-test on the "
+         "per-seed differences (scipy.stats.ttest_rel), Holm-corrected over a dataset x "
+         f"metric (statsmodels multipletests) at family-wise α = {ALPHA}, with the "
+         "Holm-adjusted interval (the t-interval at level 1 − α·p/p_Holm, which excludes 0 "
+         f"exactly when the verdict is better or worse); a difference the same on every seed "
+         f"is \"{VERDICT_IDENTICAL}\", untested; MDE at {POWER:.0%} power, Holm's α/m "
+         f"(statsmodels TTestPower); no test below {MIN_SEEDS_FOR_TEST} paired seeds"),
+    ]
     env = dict(environment or {})
     hardware = next((env[k] for k in ("hardware", "device", "gpu", "cpu") if env.get(k)), None)
     torch_v = next((env[k] for k in ("torch", "torch_version") if env.get(k)), None)
     total = ablation["train_seconds"].sum(min_count=1)
-    if hardware or torch_v:
-        sentence = (f"Runs executed on {hardware or 'unrecorded hardware'} with torch "
-                    f"{torch_v or '(version not recorded)'}")
-    else:
-        sentence = "Environment not recorded"
+    machine = (f"{hardware or 'unrecorded hardware'}, torch {torch_v or '(not recorded)'}"
+               if hardware or torch_v else "not recorded")
     if pd.notna(total):
-        sentence += (f"; training took {total:,.1f} s in total over {len(ablation)} runs "
-                     f"(sum of train_seconds)")
-    lines += [sentence + ".", ""]
-    if env:
-        lines += ["Environment:", ""]
-        for key, value in env.items():
-            if isinstance(value, Mapping):
-                value = ", ".join(f"{k}={_env_value(v)}" for k, v in value.items())
-            lines.append(f"- {key}: {_env_value(value)}")
-        lines.append("")
-    return lines
+        machine += (f"; {total:,.1f} s of training summed over the {len(ablation)} runs (runs "
+                    "in parallel overlap, so the study's wall time is shorter)")
+    rows.append(("machine", machine))
+    for key, value in env.items():
+        if isinstance(value, Mapping):
+            value = ", ".join(f"{k}={_env_value(v)}" for k, v in value.items())
+        rows.append((f"environment: {key}", _env_value(value)))
+    table = md_table(pd.DataFrame(rows, columns=["aspect", "setting"]))
+    return [table, "",
+            "**Compared at equal training compute.** Within a dataset every final run spends "
+            "the same training FLOPs (`train.budget_flops`); its step count follows from its "
+            "tuned width, so a narrower model trains more steps:", "",
+            _compute_table(cfg, ablation, datasets, order), ""]
 
 
 def _env_value(v: Any) -> str:
