@@ -331,7 +331,7 @@ def test_a_one_budget_report_has_no_scaling_section_and_names_the_scaling_profil
     _, reports, paths = built
     text = paths["report"].read_text()
     assert "## How the effects change with compute" not in text
-    assert "`dvc exp run --temp -S profile=scaling` measures" in text
+    assert "`dvc exp run --temp -S profile=scaling` (four budgets 3x apart)" in text
     assert pd.read_csv(paths["scaling_fits"]).empty
     assert not list((reports / "metrics").glob("*/*@*.json"))
 

@@ -62,17 +62,15 @@ def _training(ablation: pd.DataFrame, dataset: str, budgets: Sequence[float] = (
     text = (f"Each final run trained on {span(tokens.min(), tokens.max(), ',.0f')} tokens "
             f"({span(flops.min(), flops.max(), '.3g')} training FLOPs")
     text += f" of a {budgets[-1]:.3g} budget)" if len(budgets) else ")"
-    text += (f" at d_model {_names([str(w) for w in widths])}. Every conclusion holds for "
-             "models of this size trained this long; it need not hold at another scale.")
+    text += (f" at d_model {_names([str(w) for w in widths])}: the conclusions hold for this "
+             "size and training length, not necessarily at another scale.")
     if len(budgets) > 1:
         text += (f" The verdicts are drawn at the largest of {len(budgets)} budgets "
                  f"({', '.join(f'{b:.2g}' for b in budgets)} FLOPs); \"{SCALING_TITLE}\" "
                  "gives the trend of each effect across them.")
     elif len(budgets):
-        text += (" Its effects were measured at one budget: whether a gain grows or shrinks "
-                 "with compute is what `dvc exp run --temp -S profile=scaling` measures (every "
-                 "variant tuned and trained at four budgets 3x apart, its report's section "
-                 f"\"{SCALING_TITLE}\").")
+        text += (" How an effect changes with compute: `dvc exp run --temp -S "
+                 "profile=scaling` (four budgets 3x apart).")
     return text
 
 

@@ -154,10 +154,12 @@ def methods_section(cfg: StudyConfig, ablation: pd.DataFrame,
         machine += (f"; {total:,.1f} s of training summed over the {len(ablation)} runs (runs "
                     "in parallel overlap, so the study's wall time is shorter)")
     rows.append(("machine", machine))
-    for key, value in env.items():
-        if isinstance(value, Mapping):
-            value = ", ".join(f"{k}={_env_value(v)}" for k, v in value.items())
-        rows.append((f"environment: {key}", _env_value(value)))
+    shown = {"hardware", "device", "gpu", "torch", "torch_version"}  # in the machine row
+    facts = [f"{key}: " + (", ".join(f"{k}={_env_value(v)}" for k, v in value.items())
+                           if isinstance(value, Mapping) else _env_value(value))
+             for key, value in env.items() if key not in shown]
+    if facts:
+        rows.append(("environment", "; ".join(facts)))
     table = md_table(pd.DataFrame(rows, columns=["aspect", "setting"]))
     return [table, "",
             "**Compared at equal training compute.** Within a dataset every final run spends "
