@@ -196,3 +196,33 @@ def test_a_length_with_few_problems_shows_its_count_and_is_marked():
     lines = arith.length_lines(pd.DataFrame(rows, columns=tables.LENGTH_COLUMNS),
                                pd.DataFrame(), "arithmetic", 2, ["baseline", "rope"])
     assert not any("†" in line for line in lines)
+
+
+def test_the_arithmetic_summary_leaves_the_headline_s_metrics_to_the_headline(built):
+    _, _, out = built
+    md = out["report"].read_text()
+    section = dataset_section(md, "arithmetic")
+    summary = section.split("### Summary", 1)[1].split("\n### ", 1)[0]
+    table = [line for line in summary.splitlines() if line.startswith("|")]
+    for label in ("answer loss", "exact match", "char accuracy"):
+        assert label not in table[0]  # once, in the headline's table
+        assert label in section.split("### Headline", 1)[1].split("\n### ", 1)[0]
+    assert "test loss (nats/char)" in table[0]
+
+
+def test_a_reference_row_stays_only_where_it_has_a_value_in_the_table_s_columns():
+    from lmablate.report.text.dataset_tables import summary_rows
+    summary = pd.DataFrame([
+        {"dataset": "a", "variant": "baseline", "metric": m, "n": 3, "mean": x,
+         "ci95_low": x - 0.1, "ci95_high": x + 0.1}
+        for m, x in (("test_loss", 0.7), ("exact_match", 0.5))])
+    references = pd.DataFrame([
+        {"dataset": "a", "reference": "trigram", "metric": "test_loss", "value": 1.37},
+        {"dataset": "a", "reference": "most frequent answer", "metric": "exact_match",
+         "value": 0.011}])
+    both = summary_rows(summary, "a", ["baseline"], references)
+    assert [r["variant"] for r in both] == [
+        "baseline", "_reference: trigram_", "_reference: most frequent answer_"]
+    rows = summary_rows(summary, "a", ["baseline"], references, shown=["exact_match"])
+    assert [r["variant"] for r in rows] == ["baseline", "_reference: trigram_"]
+    assert not any("exact match" in head for head in rows[0])

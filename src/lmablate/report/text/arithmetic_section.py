@@ -59,6 +59,12 @@ def _beats(mean: float, floor: float, metric: str) -> bool:
     return mean < floor if not METRICS[metric][2] else mean > floor
 
 
+def headline_metrics(summary: pd.DataFrame, dataset: str) -> list[str]:
+    """The metrics of an arithmetic dataset's headline table: its headline loss
+    (:func:`~lmablate.report.headline.headline_loss`), exact match and character accuracy."""
+    return [headline_loss(summary, dataset), "exact_match", "char_accuracy"]
+
+
 def headline_lines(summary: pd.DataFrame, comparisons: pd.DataFrame,
                    references: pd.DataFrame, dataset: str, order: Sequence[str]) -> list[str]:
     """The headline block of an arithmetic dataset's section: a table of the headline loss
@@ -70,8 +76,8 @@ def headline_lines(summary: pd.DataFrame, comparisons: pd.DataFrame,
     s = summary[summary["dataset"] == dataset]
     if s.empty:
         return []
-    loss = headline_loss(s, dataset)
-    metrics = [loss, "exact_match", "char_accuracy"]
+    metrics = headline_metrics(s, dataset)
+    loss = metrics[0]
     heads = {m: f"{METRICS[m][0]} ({METRICS[m][1]})" for m in metrics}
     rows = [{"variant": v, "seeds": int(s.loc[s["variant"] == v, "n"].max()),
              **{heads[m]: _cell(s, v, m) for m in metrics}}

@@ -190,7 +190,10 @@ def dataset_content(cfg: StudyConfig, runs: RunOutputs, tables: ReportTables,
     bracket_figure = figures.bracket_figures.get(dataset)
     return DatasetContent(
         name=dataset, arithmetic=arithmetic(cfg, runs, tables, figures, out_dir, dataset),
-        summary=dt.summary_rows(tables.summary, dataset, order, tables.references),
+        summary=dt.summary_rows(
+            tables.summary, dataset, order, tables.references,
+            shown=(arith.headline_metrics(tables.summary, dataset)
+                   if cfg.datasets[dataset].kind == "arithmetic" else ())),
         single_seed=bool(len(s) and int(s["n"].min()) < 2),
         comparisons=dt.comparison_rows(tables.comparisons, dataset), compared=bool(len(c)),
         too_few=list(pd.unique(c.loc[c["verdict"] == VERDICT_FEW, "variant"])),

@@ -37,13 +37,13 @@ def metric_label(metric: str) -> str:
 
 
 def summary_rows(summary: pd.DataFrame, dataset: str, order: Sequence[str],
-                 references: pd.DataFrame | None = None) -> Rows:
-    """Mean ± CI half-width per variant and metric, then one italic row per reference point of
-    ``dataset`` (``references``: the report stage's reference table) in the same columns; no
-    rows without results."""
+                 references: pd.DataFrame | None = None, shown: Sequence[str] = ()) -> Rows:
+    """Mean ± CI half-width per variant and metric (but those ``shown`` in another table of the
+    section), then one italic row per reference point of ``dataset`` (``references``: the
+    report stage's reference table) with a value in these columns; no rows without results."""
     s = summary[summary["dataset"] == dataset]
     metrics = [m for m in METRICS if m in set(s["metric"])
-               and m not in ("train_seconds", "tokens_per_second")]
+               and m not in ("train_seconds", "tokens_per_second", *shown)]
     rows = []
     for variant in order:
         v = s[s["variant"] == variant].set_index("metric")
@@ -76,7 +76,8 @@ def summary_rows(summary: pd.DataFrame, dataset: str, order: Sequence[str],
                 for m, value in values.items():
                     if _head(m) in row:
                         row[_head(m)] = num(value, digits(m))
-            rows.append(row)
+            if any(row[head] != "–" for head in list(rows[0])[2:]):
+                rows.append(row)
     return rows
 
 
