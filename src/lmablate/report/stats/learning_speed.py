@@ -283,8 +283,8 @@ def speed_lines(table: pd.DataFrame, comparisons: pd.DataFrame, dataset: str,
                          f" [{r.ratio_low:.2f}, {r.ratio_high:.2f}]"
                          if math.isfinite(r.ratio_low) else "") + f" over {r.n_both} seeds")
             p = "" if not math.isfinite(r.p_holm) else f", p_Holm = {r.p_holm:.2g}"
-            parts.append(f"{r.variant} {r.verdict} (first on {r.variant_first}, the baseline "
-                         f"on {r.baseline_first}, tied on {r.ties}{p}{ratio})")
-        text += (f" Against the {BASELINE} (log-rank test, Holm-corrected; who learned first "
-                 f"per seed): " + "; ".join(parts) + ".")
+            detail = f"{p}{ratio}".removeprefix(", ")
+            parts.append(f"{r.variant} {r.verdict}" + (f" ({detail})" if detail else ""))
+        text += (f" Against the {BASELINE} (log-rank test, Holm-corrected; per seed in "
+                 "`learning_speed_comparisons.csv`): " + "; ".join(parts) + ".")
     return [text]
