@@ -60,8 +60,9 @@ def test_a_clear_winner_gets_its_verdict_effect_and_intervals_from_the_compariso
     lines = fi.findings_section(comparisons, datasets=["text"])
     r = comparisons[comparisons["variant"] == "winner"].iloc[0]
     assert r["verdict"] == "better"
-    expected = (f"- **winner: better**, {r['mean_diff']:+.3f} nats/char ({r['variant_mean']:.3f} "
-                f"against {r['baseline_mean']:.3f}; 95% CI [{r['ci95_low']:.3f}, "
+    share = r["mean_diff"] / r["baseline_mean"]  # Δ as a share of the baseline, its sign kept
+    expected = (f"- **winner: better**, {r['mean_diff']:+.3f} nats/char ({share:+.1%} of the "
+                f"baseline's; {r['variant_mean']:.3f} against {r['baseline_mean']:.3f}; 95% CI [{r['ci95_low']:.3f}, "
                 f"{r['ci95_high']:.3f}], Holm-adjusted [{r['ci_holm_low']:.3f}, "
                 f"{r['ci_holm_high']:.3f}]).")
     assert expected in lines
@@ -231,8 +232,9 @@ def test_an_unknown_verdict_is_stated_as_written_never_as_better_or_worse(compar
     c.loc[c["variant"] == "winner", "verdict"] = "not judged"
     lines = fi.findings_section(c, datasets=["text"])
     r = c[c["variant"] == "winner"].iloc[0]
-    assert (f"- winner: not judged, {r['mean_diff']:+.3f} nats/char "
-            f"({r['variant_mean']:.3f} against {r['baseline_mean']:.3f}; 95% CI "
+    assert (f"- winner: not judged, {r['mean_diff']:+.3f} nats/char ("
+            f"{r['mean_diff'] / r['baseline_mean']:+.1%} of the baseline's; "
+            f"{r['variant_mean']:.3f} against {r['baseline_mean']:.3f}; 95% CI "
             f"[{r['ci95_low']:.3f}, {r['ci95_high']:.3f}]).") in lines
     assert not any("**winner" in x for x in lines)
     assert fi.verdict_lines(c, ["text"]) == [

@@ -108,3 +108,12 @@ def test_the_methods_text_names_one_tuning_seed_or_several():
     from lmablate.report.text.methods import _rungs_text
     assert "bracket on tuning seed 1000 (" in _rungs_text(TuneConfig(bracket_seeds=1))
     assert "bracket on tuning seeds 1000, 1001 (" in _rungs_text(TuneConfig(bracket_seeds=2))
+
+
+def test_the_comparison_table_gives_each_number_once_the_means_being_the_summary_s(built):
+    _, _, out = built
+    md = out["report"].read_text()
+    table = md.split("## shakespeare\n", 1)[1].split("### Comparison with the baseline\n", 1)[1]
+    header = next(x for x in table.splitlines() if x.startswith("|"))
+    assert header == ("| metric | variant | paired seeds | Δ (variant − baseline) | 95% CI of Δ "
+                      "(raw) | CI of Δ (Holm-adjusted) | p (Holm) | MDE (80% power) | verdict |")

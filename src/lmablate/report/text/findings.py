@@ -127,7 +127,9 @@ def _effect(row: pd.Series, unit: str, trigram: float | None = None) -> str:
     v, d, verdict = row["variant"], float(row["mean_diff"]), str(row["verdict"])
     caveat = reference_caveat(v, row["variant_mean"], row["baseline_mean"], trigram, unit)
     caveat = f" ({caveat})" if caveat else ""
-    means = f"{row['variant_mean']:.3f} against {row['baseline_mean']:.3f}"
+    base = float(row["baseline_mean"])
+    share = f"{d / abs(base):+.1%} of the baseline's; " if base and math.isfinite(base) else ""
+    means = f"{share}{row['variant_mean']:.3f} against {row['baseline_mean']:.3f}"
     raw = f"95% CI [{row['ci95_low']:.3f}, {row['ci95_high']:.3f}]"
     if verdict in (VERDICT_BETTER, VERDICT_WORSE):
         text = (f"**{v}: {verdict}**{caveat}, {_signed(d)} {unit} ({means}; {raw}, "
