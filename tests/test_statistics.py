@@ -103,7 +103,7 @@ def test_too_few_seeds(tmp_path):
     assert c["mean_diff"].notna().all()  # still described
     md = out["report"].read_text()
     assert "Too few seeds to conclude" in md
-    assert "Environment not recorded" in md
+    assert "| machine | not recorded" in md
 
 
 @pytest.mark.parametrize("seed", range(5))
