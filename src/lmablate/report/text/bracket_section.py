@@ -1,5 +1,6 @@
 """The report's sub-section on each variant's full-budget learning-rate bracket: a table of what
-it chose (what the bracket is: the template ``_tuning.md.j2``) (its figure: :mod:`lmablate.report.figures.bracket_figure`).
+it chose. What the bracket is: the template ``_tuning.md.j2``; its figure:
+:mod:`lmablate.report.figures.bracket_figure`.
 Losses in the tuning objective's unit: the validation loss in nats/char, or an arithmetic
 dataset's answer loss in nats per answer character.
 """

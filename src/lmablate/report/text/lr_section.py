@@ -62,8 +62,8 @@ def lr_section(cfg: StudyConfig, sensitivity: pd.DataFrame, tuned: pd.DataFrame,
                 has_figure: bool = False) -> list[str]:
     """"How each variant responds to the learning rate", below its heading and above its
     figure (both the template's): the dataset's design and L0 (the sensitivity is defined
-    once, in ``_tuning.md.j2``), the table (:func:`_lr_table`) and the variants without one; no lines when the dataset has
-    neither a sensitivity row nor a figure (``has_figure``)."""
+    once, in ``_tuning.md.j2``), the table (:func:`_lr_table`) and the variants without one;
+    no lines when the dataset has neither a sensitivity row nor a figure (``has_figure``)."""
     sens = sensitivity[sensitivity["dataset"] == dataset] if len(sensitivity) else sensitivity
     if sens.empty and not has_figure:
         return []
