@@ -383,8 +383,8 @@ def test_a_composed_profile_leaves_no_key_to_a_default(name):
 
 
 @pytest.mark.parametrize("key,shown", [
-    ("tune.rungs", "[[8, 0.125], [3, 1.0]]"), ("study.seeds", "[0, 1, 2, 3, 4]"),
-    ("train.budget_flops", "{'shakespeare': 200000000000.0, 'arithmetic': 225000000000.0}"),
+    ("tune.rungs", "[[8, 0.0625], [3, 1.0]]"), ("study.seeds", "[0, 1, 2, 3, 4]"),
+    ("train.budget_flops", "{'shakespeare': 100000000000.0, 'arithmetic': 225000000000.0}"),
     ("runtime.cluster", "null"), ("datasets.arithmetic.length_digits", "[]"),
     ("datasets.shakespeare.max_chars", "null")])
 def test_a_key_left_out_is_named_with_the_default_it_takes(raw, key, shown):
@@ -409,7 +409,7 @@ def test_the_cli_says_which_defaults_a_short_profile_takes(raw, tmp_path, capsys
     err = capsys.readouterr().err.splitlines()
     assert err[:2] == [f"lmablate: {path} gives no train.lr; taking the default 0.0003",
                        f"lmablate: {path} gives no tune.rungs; taking the default "
-                       "[[8, 0.125], [3, 1.0]]"]
+                       "[[8, 0.0625], [3, 1.0]]"]
     assert err[2].startswith("lmablate: error: ") and len(err) == 3
 
 

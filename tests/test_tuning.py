@@ -55,23 +55,22 @@ def bowl(lr_opt, d_opt=None):
 
 def test_rungs_end_at_the_full_budget_with_the_first_rung_in_batches():
     tune = DEFAULT.tune
-    assert tune.rungs == ((8, 0.125), (3, 1.0))
-    assert (tune.bracket_seeds, tune.bracket_points) == (1, 7)
+    assert tune.rungs == ((8, 0.0625), (3, 1.0))
+    assert (tune.bracket_seeds, tune.bracket_points) == (1, 5)
     batches = rungs.plan(tune)
     # the bracket, each learning rate on 1 seed: the middle one at two widths, the two others,
-    # then up to 4 more learning rates
+    # then up to 2 more learning rates
     assert [(b.rung, b.fraction, list(b.slots)) for b in batches] == [
-        (0, 0.125, [0, 1, 2, 3]), (0, 0.125, [4, 5, 6, 7]),
-        (1, 1.0, [8, 9]), (1, 1.0, [10, 11]), (1, 1.0, [12]), (1, 1.0, [13]), (1, 1.0, [14]),
-        (1, 1.0, [15])]
-    assert rungs.n_slots(tune) == 16
-    assert rungs.batch_of(tune, 15).index == 7
-    assert {rungs.slot_seed(tune, s) for s in range(16)} == {1000}
+        (0, 0.0625, [0, 1, 2, 3]), (0, 0.0625, [4, 5, 6, 7]),
+        (1, 1.0, [8, 9]), (1, 1.0, [10, 11]), (1, 1.0, [12]), (1, 1.0, [13])]
+    assert rungs.n_slots(tune) == 14
+    assert rungs.batch_of(tune, 13).index == 5
+    assert {rungs.slot_seed(tune, s) for s in range(14)} == {1000}
     two = dataclasses.replace(tune, bracket_seeds=2)  # a second seed per learning rate
     assert [list(b.slots) for b in rungs.plan(two)][2:4] == [[8, 9, 10, 11], [12, 13, 14, 15]]
     assert [rungs.slot_seed(two, s) for s in (8, 9, 10, 11)] == [1000, 1001, 1000, 1001]
-    with pytest.raises(ValueError, match="slot 16 is not one of the study's 16 slots"):
-        rungs.batch_of(tune, 16)
+    with pytest.raises(ValueError, match="slot 14 is not one of the study's 14 slots"):
+        rungs.batch_of(tune, 14)
 
 
 
@@ -193,7 +192,7 @@ def test_when_every_full_budget_trial_diverges_the_answer_says_it_was_not_traine
 
     results, _ = simulate(cfg, objective)
     best = tuning.chosen(cfg.tune, results)
-    assert best.user_attrs[rungs.FRACTION] == 0.125
+    assert best.user_attrs[rungs.FRACTION] == 0.0625
     assert tuning.chosen(cfg.tune, {}) is None
 
 
@@ -228,7 +227,7 @@ def test_a_width_optimum_below_the_range_adds_a_narrower_width():
     """Three batches at the first rung: after the second, the best width is the smallest
     choice, and the third batch may try one step narrower."""
     # a range whose ladder reaches below the first widths searched
-    cfg = with_tune(tokens_per_parameter=(5.0, 80.0), tokens_per_parameter_limits=(2.0, 200.0),
+    cfg = with_tune(tokens_per_parameter=(2.5, 40.0), tokens_per_parameter_limits=(1.0, 100.0),
                     rungs=((12, 0.125), (3, 1.0)))
     narrow = search_space.width_ladder(cfg, "shakespeare")[0]
     assert narrow < search_space.initial_space(cfg, "shakespeare").d_model_choices[0]
@@ -236,7 +235,7 @@ def test_a_width_optimum_below_the_range_adds_a_narrower_width():
     space = search_space.space_for_batch(cfg, "shakespeare", results, order[-1])
     assert f"d_model {narrow} added" in space.extended
     assert space.d_model_choices[0] == narrow
-    assert search_space.tokens_per_parameter(cfg, "shakespeare", narrow) <= 200
+    assert search_space.tokens_per_parameter(cfg, "shakespeare", narrow) <= 100
     # an answer at the narrowest width the ladder allows is flagged at the limit, one at the
     # narrowest width searched but not the ladder's end is flagged without it
     ladder = search_space.width_ladder(cfg, "shakespeare")
@@ -274,14 +273,14 @@ def test_a_tuning_stage_says_after_each_batch_how_far_it_is_and_its_best_so_far(
     results = {0: trial(DEFAULT, 0, first, {"lr": 0.004, "d_model": 24}, 0.61),
                1: trial(DEFAULT, 1, first, {"lr": 0.02, "d_model": 32}, 0.58),
                2: trial(DEFAULT, 2, first, {"lr": 0.3, "d_model": 32}, None)}
-    # the first rung's 8 and the bracket's 3 learning rates + 1 on 2 seeds; up to 7 of them
+    # the first rung's 8 and the bracket's 3 learning rates + 1 on 2 seeds; up to 5 of them
     assert progress_line(DEFAULT, "arithmetic", "rope", results) == (
-        "tune arithmetic/rope: 3 of 12 (up to 16) trials done, 1 diverged; best so far "
-        "val_answer_loss 0.5800 (lr 0.02, d_model 32, rung 0, 0.125 of the budget)")
+        "tune arithmetic/rope: 3 of 12 (up to 14) trials done, 1 diverged; best so far "
+        "val_answer_loss_mean 0.5800 (lr 0.02, d_model 32, rung 0, 0.0625 of the budget)")
     assert progress_line(DEFAULT, "shakespeare", "rope", {2: results[2]}) == (
-        "tune shakespeare/rope: 1 of 12 (up to 16) trials done, 1 diverged")
+        "tune shakespeare/rope: 1 of 12 (up to 14) trials done, 1 diverged")
     more = {slot: trial(DEFAULT, slot, first, {"lr": 0.01, "d_model": 24}, 1.0 + slot)
             for slot in range(18)}
     assert progress_line(DEFAULT, "shakespeare", "rope", more).startswith(
-        "tune shakespeare/rope: 18 trials done (12 planned, extended up to 16); best so far "
+        "tune shakespeare/rope: 18 trials done (12 planned, extended up to 14); best so far "
         "val_loss 1.0000")

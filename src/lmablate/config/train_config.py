@@ -75,7 +75,7 @@ class TrainConfig:
     """
 
     budget_flops: Mapping[str, float | tuple[float, ...]] = param(
-        {"shakespeare": 2.0e11, "arithmetic": 2.25e11},
+        {"shakespeare": 1.0e11, "arithmetic": 2.25e11},
         "training FLOPs of every final run, per dataset (its steps follow from its width); a "
         "list of them: a scaling study, every variant tuned and trained at each",
         Rule(f"a mapping of dataset name -> {number(MAX_BUDGET).allowed}, or a list of such "

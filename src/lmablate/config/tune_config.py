@@ -10,13 +10,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from lmablate.core.validation import (MAX_SEED, STRING, Rule, check_fields, fail, integer,
-                                      low_high, number, param, rungs)
+                                      low_high, number, param, rungs, choice)
 from lmablate.config.train_config import MAX_COUNT
 
 MAX_WIDTH = 8192  # d_model, ffn_hidden
 MAX_TRIALS = 10_000  # tune.n_trials, trials_per_batch
 # the largest learning rate a study may tune or extend to (tune.lr_limits)
 MAX_LR = 1e8  # a guard against typos only
+# tune.arithmetic_objective: the answer loss at a trial's last evaluation, or its mean over them
+OBJECTIVE_SUMMARIES = ("final", "mean")
 
 
 def distinct_ints(key: str, value: Any, maximum: int, empty: str,
@@ -58,7 +60,9 @@ class TuneConfig:
     ``rungs``: [trials, share of the budget] from the lowest rung up; the best trials of a rung,
     as many as the next has, train again from scratch on its share, up to the last rung at the
     full budget (1.0), whose best is the answer. Trials train on seed ``seed`` (not a final
-    seed), report their validation loss ``reports`` times, and the first rung's train at least
+    seed), report their validation loss ``reports`` times (an arithmetic trial its answer loss,
+    whose last value is its result, or with ``arithmetic_objective: mean`` its mean over the
+    reports), and the first rung's train at least
     ``min_steps`` steps. The first rung is proposed ``trials_per_batch`` at a time: first the
     same learning-rate sweep for every variant (shifted by ``sampler_seed``), then TPE
     (Bergstra et al. 2011) with each study's own seed.
@@ -74,12 +78,17 @@ class TuneConfig:
     """
 
     rungs: tuple[tuple[int, float], ...] = param(
-        ((8, 0.125), (3, 1.0)), "successive halving: [trials, share of the budget] per rung, "
+        ((8, 0.0625), (3, 1.0)), "successive halving: [trials, share of the budget] per rung, "
         "lowest first", rungs(MAX_TRIALS))
     trials_per_batch: int = param(4, "first-rung trials proposed at a time (the first batch: "
                                   "one lr sweep for every variant)", integer(maximum=MAX_TRIALS))
     reports: int = param(8, "validation losses a trial records, at equal fractions of its "
                          "budget", integer(maximum=MAX_COUNT))
+    arithmetic_objective: str = param(
+        "mean", "an arithmetic trial's value: its answer loss at the last evaluation (final), or "
+        "the mean over its evaluations (mean: the area under its curve, which still ranks "
+        "learning rates where one seed learns and the next does not)",
+        choice(OBJECTIVE_SUMMARIES))
     seed: int = param(1000, "the trials' training seed (not one of study.seeds); the "
                       "full-budget points train on seed, seed + 1, ...", integer(0, MAX_SEED))
     bracket_seeds: int = param(1, "tuning seeds each full-budget learning rate trains on (the "
@@ -87,7 +96,7 @@ class TuneConfig:
     bracket_factor: float = param(2.0, "ratio of neighbouring learning rates at the full "
                                   "budget", Rule("a number above 1 and at most 4",
                                                  lambda key, value: _check_factor(key, value)))
-    bracket_points: int = param(7, "the most learning rates trained at the full budget, "
+    bracket_points: int = param(5, "the most learning rates trained at the full budget, "
                                 "extensions past an end of the bracket included",
                                 integer(maximum=64))
     lr_low: float = param(1e-3, "lowest learning rate of the initial log-uniform range",

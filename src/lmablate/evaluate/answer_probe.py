@@ -61,11 +61,15 @@ class AnswerProbe:
                 "val_exact_match": float(np.mean([p == t for p, t in zip(preds, targets)]))}
 
 
-def objective_name(kind: str) -> str:
+def objective_name(kind: str, summary: str = "final") -> str:
     """The tuning objective of a dataset of ``kind`` (``datasets.<name>.kind``), as Optuna's
-    metric name and ``best.json``'s ``objective``: ``val_answer_loss`` for ``arithmetic``
-    (the probe's answer loss, nats per answer character), ``val_loss`` otherwise (nats/char)."""
-    return "val_answer_loss" if kind == "arithmetic" else "val_loss"
+    metric name and ``best.json``'s ``objective``: on ``arithmetic`` the probe's answer loss
+    (nats per answer character), ``val_answer_loss`` at the trial's last evaluation or, with
+    ``summary`` ``mean`` (``tune.arithmetic_objective``), ``val_answer_loss_mean``, its mean over
+    the trial's evaluations; ``val_loss`` (nats/char, last evaluation) otherwise."""
+    if kind != "arithmetic":
+        return "val_loss"
+    return "val_answer_loss_mean" if summary == "mean" else "val_answer_loss"
 
 
 def answer_probe(tokens_dir: Path | None, batch_size: int, device: torch.device,

@@ -31,7 +31,7 @@ from lmablate.core.fingerprint import run_params
 from lmablate.core.progress import note
 from lmablate.core.tracker import Tracker
 from lmablate.data.token_data import TokenData
-from lmablate.evaluate.answer_probe import answer_probe, objective_name
+from lmablate.evaluate.answer_probe import answer_probe
 from lmablate.execution.cluster import Cluster
 from lmablate.execution.executor import run_jobs
 from lmablate.model.variants import resolve_model_config
@@ -48,7 +48,8 @@ from lmablate.tune.rungs import (DIVERGED, FRACTION, OUTCOME, RUNG, SLOT, TRIAL_
 from lmablate.tune.search_space import (on_edge, space_for_batch, tokens_per_parameter,
                                    trial_distributions)
 from lmablate.tune.storage import Heartbeat, claim, load_study, make_storage
-from lmablate.tune.tuning import chosen, next_batch, slot_results, trial_train_config
+from lmablate.tune.tuning import (chosen, next_batch, slot_results, study_objective,
+                                  trial_train_config, trial_value)
 
 TRIALS_COLUMNS = ("number", "rung", "batch", "budget_flops", "budget_fraction", "seed", "state",
                   "value", "params_lr", "params_d_model", "tokens_per_parameter", "steps", "last_step",
@@ -168,7 +169,10 @@ def _train_trial(job: TuneJob, study: optuna.Study, trial: optuna.Trial, data: T
             raise
         # skip_if_finished: another process took the same trial and finished it first (see
         # lmablate.tune.storage.claim); Optuna raises ValueError for a finished trial otherwise
-        study.tell(trial, result.objective, skip_if_finished=True)
+        value = trial_value(study_objective(cfg, job.dataset), reports, result.objective)
+        if value != result.objective:
+            trial.set_user_attr("final_objective", result.objective)
+        study.tell(trial, value, skip_if_finished=True)
 
 
 def queue_batch(cfg: StudyConfig, dataset: str, variant: str, study: optuna.Study,
@@ -245,7 +249,7 @@ def progress_line(cfg: StudyConfig, dataset: str, variant: str,
             + (f", {len(results) - len(complete)} diverged" if len(complete) < len(results) else ""))
     if complete:
         best = min(complete, key=lambda t: t.value)
-        line += (f"; best so far {objective_name(cfg.dataset(dataset).kind)} {best.value:.4f} "
+        line += (f"; best so far {study_objective(cfg, dataset)} {best.value:.4f} "
                  f"(lr {best.params['lr']:.3g}, d_model {best.params['d_model']}, rung "
                  f"{best.user_attrs[RUNG]}, {best.user_attrs[FRACTION]:g} of the budget)")
     return line
@@ -333,7 +337,7 @@ def summarise_study(cfg: StudyConfig, dataset: str, variant: str, study_name: st
                          "on_edge": _bracket_edges(bracket, searched, tune, ladder),
                          "bracket": _bracket_record(bracket)}
     result = {**{k: v for k, v in chosen_values.items() if k != "bracket"},
-              "objective": objective_name(cfg.dataset(dataset).kind),
+              "objective": study_objective(cfg, dataset),
               "budget_flops": cfg.train.for_dataset(dataset).budget_flops[dataset],
               "lr_range": [searched.lr_low, searched.lr_high],
               "d_model_choices": list(searched.d_model_choices),

@@ -149,6 +149,26 @@ def next_batch(cfg: StudyConfig, dataset: str, variant: str, results: dict[int, 
 # ------------------------------------------------------------------------------------ result
 
 
+def study_objective(cfg: StudyConfig, dataset: str) -> str:
+    """The name of ``dataset``'s tuning objective (:func:`lmablate.evaluate.answer_probe.
+    objective_name`, with ``tune.arithmetic_objective``)."""
+    return objective_name(cfg.dataset(dataset).kind, cfg.tune.arithmetic_objective)
+
+
+def trial_value(objective: str, reports: dict[int, float], final: float) -> float:
+    """A trial's value: ``final`` (the objective at its last evaluation), or for
+    ``val_answer_loss_mean`` the mean of its ``reports`` (report index -> answer loss, nats per
+    answer character), in index order: evaluations at equal shares of the trial's compute, so
+    the mean is the area under its answer-loss curve per unit of compute. A seed that learns
+    late and one that never learns then differ by how far their curves fell, where the final
+    losses of one learning rate jump between ~0 and ~1 from seed to seed."""
+    if objective != "val_answer_loss_mean" or not reports:
+        return final
+    return math.fsum(reports[k] for k in sorted(reports)) / len(reports)
+
+
+
+
 def chosen(tune: TuneConfig, results: dict[int, FrozenTrial]) -> FrozenTrial | None:
     """The study's answer: the best completed trial of the highest rung that has one (the full
     budget unless every trial there diverged); None when no trial completed."""
@@ -199,7 +219,7 @@ def describe_study(study: optuna.Study, cfg: StudyConfig, dataset: str, variant:
     writes the same values; nothing here changes a trial."""
     with warnings.catch_warnings():  # set_metric_names is marked experimental
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        study.set_metric_names([objective_name(cfg.dataset(dataset).kind)])
+        study.set_metric_names([study_objective(cfg, dataset)])
     space = initial_space(cfg, dataset)
     for key, value in {"dataset": dataset, "variant": variant,
                        "budget_flops": cfg.train.budget_flops[dataset],

@@ -78,9 +78,12 @@ def plot_bracket(trials: pd.DataFrame, tuned: pd.DataFrame, dataset: str, path: 
                         f"regret {float(r['regret']):.4f}, 95% bound {float(u):.4f}"),
                      fontsize=8)
         ax.set_xlabel("learning rate (peak)")
-    answer = "objective" in tu and (tu["objective"] == "val_answer_loss").any()
-    axes[0][0].set_ylabel("validation answer loss at the full budget\n(nats/answer char)"
-                          if answer else "validation loss at the full budget (nats/char)")
+    objective = str(tu["objective"].iloc[0]) if "objective" in tu else "val_loss"
+    axes[0][0].set_ylabel({"val_answer_loss": "validation answer loss at the full budget\n"
+                                              "(nats/answer char)",
+                           "val_answer_loss_mean": "validation answer loss at the full budget,"
+                                                   "\nmean over the run (nats/answer char)"}
+                          .get(objective, "validation loss at the full budget (nats/char)"))
     fig.suptitle(f"{dataset}: learning rate at the full budget (dots: tuning seeds; large: "
                  "their mean; line: fitted quadratic in ln lr; dashed: chosen lr)", fontsize=9)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -53,17 +53,25 @@ def final_points(history: pd.DataFrame | None, tuned: pd.DataFrame, dataset: str
                  ) -> list[Point]:
     """One point per variant of ``dataset`` in ``tuned`` whose final seeds ``history`` holds:
     at its tuned lr, the objective (``tuned``'s ``objective``: ``val_loss`` or
-    ``val_answer_loss``) of each seed's last evaluation, in seed order."""
+    ``val_answer_loss``) of each seed's last evaluation, or for ``val_answer_loss_mean`` the
+    mean of each seed's ``val_answer_loss`` over its evaluations, in seed order."""
     if history is None or history.empty:
         return []
     points = []
     for _, row in tuned[tuned["dataset"] == dataset].iterrows():
         column = row.get("objective") if isinstance(row.get("objective"), str) else "val_loss"
+        mean = column == "val_answer_loss_mean"
+        column = "val_answer_loss" if mean else column
         h = history[(history["dataset"] == dataset) & (history["variant"] == row["variant"])]
         if h.empty or column not in h:
             continue
-        last = h.sort_values(["seed", "step"]).groupby("seed", sort=True).tail(1)
-        losses = tuple(float(v) for v in pd.to_numeric(last[column], errors="coerce"))
+        h = h.sort_values(["seed", "step"])
+        values = pd.to_numeric(h[column], errors="coerce")
+        if mean:  # a NaN evaluation makes the seed's mean NaN, so its point is left out
+            per_seed = values.groupby(h["seed"], sort=True).agg(lambda v: v.mean(skipna=False))
+        else:
+            per_seed = values.groupby(h["seed"], sort=True).tail(1)
+        losses = tuple(float(v) for v in per_seed)
         if losses and all(math.isfinite(v) for v in losses):
             points.append(Point(float(row["lr"]), losses))
     return points

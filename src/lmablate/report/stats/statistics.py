@@ -87,9 +87,11 @@ VERDICT_UNDECIDED_TUNING = "undecided (tuning)"
 # the test metric in the units of each tuning objective (best.json's ``objective``): the only
 # one whose verdicts the tuning uncertainty, measured in that objective, can check. A text
 # dataset is tuned on the validation loss (nats/char), an arithmetic one on the answer loss of
-# validation problems (nats per answer character, lmablate.evaluate.answer_probe)
+# validation problems (nats per answer character, lmablate.evaluate.answer_probe); its mean over a
+# run (tune.arithmetic_objective: mean) is the metric of no verdict, so it checks none
 TUNED_METRIC = "test_loss"
-TUNED_METRICS = {"val_loss": TUNED_METRIC, "val_answer_loss": "answer_loss"}
+TUNED_METRICS = {"val_loss": TUNED_METRIC, "val_answer_loss": "answer_loss",
+                 "val_answer_loss_mean": None}
 
 
 def mean_interval(mean: Any, sem: Any, n: Any) -> tuple[np.ndarray, np.ndarray]:

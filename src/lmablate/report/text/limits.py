@@ -182,9 +182,13 @@ def _tuning_uncertainty(comparisons: pd.DataFrame, tuned: pd.DataFrame,
                        for r in t.itertuples())
     c = comparisons[(comparisons["dataset"] == dataset)
                     & (comparisons["verdict"] == VERDICT_UNDECIDED_TUNING)]
-    answer = "objective" in t and (t["objective"] == "val_answer_loss").any()
-    unit, checks = (("nats per answer character", "the answer-loss verdicts") if answer
-                    else ("nats/char", "the test-loss verdicts"))
+    objective = str(t["objective"].iloc[0]) if "objective" in t else "val_loss"
+    if objective == "val_answer_loss_mean":
+        return [f"[Tuning uncertainty](#how-the-learning-rate-was-chosen) (in the mean answer "
+                f"loss over a run, nats per answer character; no verdict is in that unit, so "
+                f"it checks none): {values}."]
+    unit, checks = (("nats per answer character", "the answer-loss verdicts")
+                    if objective == "val_answer_loss" else ("nats/char", "the test-loss verdicts"))
     text = (f"[Tuning uncertainty](#how-the-learning-rate-was-chosen) ({unit}; it checks "
             f"{checks} only): {values}.")
     if len(c):

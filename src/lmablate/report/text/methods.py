@@ -78,9 +78,13 @@ def _objective_text(cfg: StudyConfig) -> str:
     """What the trials were ranked by, per kind of dataset in the study
     (:func:`lmablate.evaluate.answer_probe.objective_name`)."""
     kinds = {d.kind for d in cfg.datasets.values()}
-    parts = (["the validation loss (text)"] if kinds - {"arithmetic"} else []) + (
-        ["the answer loss of the validation problems (arithmetic: nats per answer character, "
-         "the metric of its verdicts)"] if "arithmetic" in kinds else [])
+    answer = ("the mean over the trial's evaluations of the answer loss of the validation "
+              "problems (arithmetic: nats per answer character; the area under its curve)"
+              if cfg.tune.arithmetic_objective == "mean" else
+              "the answer loss of the validation problems at the end of the trial (arithmetic: "
+              "nats per answer character, the metric of its verdicts)")
+    parts = (["the validation loss at the end of the trial (text)"] if kinds - {"arithmetic"} else []) + (
+        [answer] if "arithmetic" in kinds else [])
     return " and ".join(parts)
 
 
@@ -121,7 +125,7 @@ def methods_section(cfg: StudyConfig, ablation: pd.DataFrame,
          f"by 10x past an edge within [{tu.lr_limits[0]:g}, {tu.lr_limits[1]:g}]) and d_model "
          f"({_widths_text(tu)}) per dataset x variant, by successive halving with Optuna: "
          f"{_rungs_text(tu)}; every trial below the full budget on seed {tu.seed} (not a "
-         f"final seed); objective {_objective_text(cfg)} at the end of the trial; the first "
+         f"final seed); objective {_objective_text(cfg)}; the first "
          f"{tu.trials_per_batch} configurations shared by every variant, {tu.trials_per_batch} "
          f"learning rates evenly spaced in log over the range at the width nearest "
          f"{middle:g} training tokens per parameter, the rest proposed by TPE (sampler seed "
