@@ -337,3 +337,32 @@ def test_with_one_tuning_seed_the_final_seeds_give_the_spread_and_join_the_pool(
         tuned, pd.DataFrame(_full_budget_trials("arithmetic", "baseline", 24, two)), history)
     assert both.at[0, "seed_spread_pooled"] == pytest.approx(
         lb.pooled_spread([two, [lb.Point(fit.lr, tuple(finals))]]))
+
+
+def test_a_run_mean_objective_pools_each_final_seeds_mean_and_checks_no_verdict():
+    """Tuned on the mean answer loss over a run (``tune.arithmetic_objective: mean``), a final
+    seed's point is its mean over its evaluations (a NaN one leaves the variant out), and the
+    tuning uncertainty, in that unit, turns no verdict undecided."""
+    from lmablate.report.run_files import TUNED_COLUMNS
+    from lmablate.report.stats.pooled_uncertainty import final_points
+
+    tuned = pd.DataFrame([{**dict.fromkeys(TUNED_COLUMNS), "dataset": "arithmetic",
+                           "variant": v, "lr": 0.004, "d_model": 24,
+                           "objective": "val_answer_loss_mean", "bracket_state": lb.BRACKETED,
+                           "tuning_uncertainty": 0.5} for v in ("baseline", "rope")],
+                         columns=TUNED_COLUMNS)
+    curves = {0: [0.9, 0.3, 0.0], 1: [1.0, 1.0, 0.7], 2: [0.8, 0.1, 0.3]}
+    history = pd.DataFrame(
+        [{"dataset": "arithmetic", "variant": "baseline", "seed": s, "step": 100 * (k + 1),
+          "val_answer_loss": v} for s, c in curves.items() for k, v in enumerate(c)]
+        + [{"dataset": "arithmetic", "variant": "rope", "seed": 0, "step": 100 * (k + 1),
+            "val_answer_loss": v} for k, v in enumerate([0.9, float("nan"), 0.2])])
+    (point,) = final_points(history, tuned, "arithmetic")
+    assert point.lr == 0.004
+    assert point.losses == pytest.approx([0.4, 0.9, 0.4])
+    c = pd.DataFrame([{**_comparison("rope", -0.9, -0.6, VERDICT_BETTER, "answer_loss"),
+                       "dataset": "arithmetic"},
+                      {**_comparison("rope", -0.9, -0.6, VERDICT_BETTER), "dataset": "arithmetic"}])
+    out = tuning_check(c, tuned.assign(tuning_uncertainty=[0.5, 0.7]))
+    assert list(out["verdict"]) == [VERDICT_BETTER, VERDICT_BETTER]
+    assert out["tuning_uncertainty"].isna().all()

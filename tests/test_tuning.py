@@ -284,3 +284,25 @@ def test_a_tuning_stage_says_after_each_batch_how_far_it_is_and_its_best_so_far(
     assert progress_line(DEFAULT, "shakespeare", "rope", more).startswith(
         "tune shakespeare/rope: 18 trials done (12 planned, extended up to 14); best so far "
         "val_loss 1.0000")
+
+
+def test_an_arithmetic_trial_is_worth_its_mean_answer_loss_over_the_run_or_its_last():
+    """``tune.arithmetic_objective`` names the objective; with ``mean`` a trial's value is the
+    mean of its reports in index order (the area under its curve per unit of compute), which
+    lies between their lowest and highest; otherwise, and on text, the last evaluation's."""
+    final = with_tune(arithmetic_objective="final")
+    assert tuning.study_objective(DEFAULT, "arithmetic") == "val_answer_loss_mean"
+    assert tuning.study_objective(final, "arithmetic") == "val_answer_loss"
+    assert {tuning.study_objective(c, "shakespeare") for c in (DEFAULT, final)} == {"val_loss"}
+    reports = {3: 0.25, 1: 1.0, 2: 0.75, 4: 0.0}
+    assert tuning.trial_value("val_answer_loss_mean", reports, 0.01) == 0.5
+    assert tuning.trial_value("val_answer_loss", reports, 0.01) == 0.01
+    assert tuning.trial_value("val_loss", reports, 2.1) == 2.1
+    assert tuning.trial_value("val_answer_loss_mean", {}, 0.3) == 0.3  # nothing reported
+    # one learning rate, two seeds: one learned late (final ~0), one not (final ~1); the means
+    # differ by how far each curve fell, not by a jump of 1
+    late, never = {1: 1.0, 2: 0.9, 3: 0.8, 4: 0.02}, {1: 1.0, 2: 0.95, 3: 0.9, 4: 0.9}
+    assert (tuning.trial_value("val_answer_loss_mean", never, 0.9)
+            - tuning.trial_value("val_answer_loss_mean", late, 0.02)) < 0.3
+    with pytest.raises(ConfigError, match=r"tune.arithmetic_objective=.*choose one of final, mean"):
+        with_tune(arithmetic_objective="last")

@@ -109,10 +109,10 @@ class TuneConfig:
         Rule("null, or a non-empty list of distinct widths, each "
              f"{integer(maximum=MAX_WIDTH).allowed} and divisible by model.n_heads", _check_widths))
     tokens_per_parameter: tuple[float, ...] = param(
-        (20.0, 650.0), "training tokens per non-embedding parameter the derived widths span",
+        (50.0, 200.0), "training tokens per non-embedding parameter the derived widths span",
         low_high(1e6))
     tokens_per_parameter_limits: tuple[float, ...] = param(
-        (5.0, 650.0), "how far an edge may extend tokens_per_parameter", low_high(1e6))
+        (5.0, 200.0), "how far an edge may extend tokens_per_parameter", low_high(1e6))
     n_widths: int = param(4, "widths derived when d_model_choices is null",
                           integer(maximum=64))
     min_steps: int = param(30, "the fewest steps a first-rung trial trains",
