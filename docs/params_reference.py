@@ -57,7 +57,7 @@ _OTHER: dict[str, Any] = {
     "model.norm_placement": "post", "model.position": "rope", "model.n_kv_heads": 2,
     "model.ffn_hidden": 100, "model.d_model": 128, "train.lr_schedule": "constant",
     "tune.rungs": [[8, 0.25], [2, 1.0]], "tune.lr_limits": [1e-6, 1.0],
-    "tune.tokens_per_parameter": [40.0, 600.0], "tune.tokens_per_parameter_limits": [4.0, 3000.0],
+    "tune.tokens_per_parameter": [40.0, 180.0], "tune.tokens_per_parameter_limits": [4.0, 3000.0],
     "tune.bracket_factor": 3.0, "tune.seed": 2000, "tune.arithmetic_objective": "final",
     "tune.d_model_choices": [32], "evaluate.extrapolation_factors": [1, 2],
     "tracking.uri": "sqlite:///other.db", "tracking.experiment": "other",

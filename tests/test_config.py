@@ -132,7 +132,7 @@ BAD = [
     ("tune.rungs", [[8, 0.5]], "tune.rungs"),
     ("tune.lr_limits", [1e-2, 1.0], "must contain"),
     ("tune.tokens_per_parameter", [80, 5], "tune.tokens_per_parameter"),
-    ("tune.tokens_per_parameter_limits", [10, 400], "must contain"),
+    ("tune.tokens_per_parameter_limits", [60, 400], "must contain"),
     ("tune.n_widths", 0, "tune.n_widths"),
     ("tune.trials_per_batch", 0, "tune.trials_per_batch"),
     ("tune.d_model_choices", [32, 32], "distinct"),
@@ -232,7 +232,7 @@ def test_every_result_setting_enters_the_fingerprint_and_no_runtime_setting_does
                 continue  # a choice: the numeric fields check the same rule
             # pairs and lists whose rules a generic change would break
             special = {"rungs": ((8, 0.25), (2, 1.0)), "lr_limits": (1e-6, 1.0),
-                       "tokens_per_parameter": (40.0, 600.0),
+                       "tokens_per_parameter": (40.0, 180.0),
                        "tokens_per_parameter_limits": (4.0, 3000.0), "d_model_choices": (32, 48),
                        "bracket_factor": 3.0}
             new = special[f.name] if f.name in special else changed[type(value)](value)
@@ -383,7 +383,7 @@ def test_a_composed_profile_leaves_no_key_to_a_default(name):
 
 
 @pytest.mark.parametrize("key,shown", [
-    ("tune.rungs", "[[8, 0.0625], [3, 1.0]]"), ("study.seeds", "[0, 1, 2, 3, 4]"),
+    ("tune.rungs", "[[8, 0.125], [3, 1.0]]"), ("study.seeds", "[0, 1, 2, 3, 4]"),
     ("train.budget_flops", "{'shakespeare': 100000000000.0, 'arithmetic': 225000000000.0}"),
     ("runtime.cluster", "null"), ("datasets.arithmetic.length_digits", "[]"),
     ("datasets.shakespeare.max_chars", "null")])
@@ -409,7 +409,7 @@ def test_the_cli_says_which_defaults_a_short_profile_takes(raw, tmp_path, capsys
     err = capsys.readouterr().err.splitlines()
     assert err[:2] == [f"lmablate: {path} gives no train.lr; taking the default 0.0003",
                        f"lmablate: {path} gives no tune.rungs; taking the default "
-                       "[[8, 0.0625], [3, 1.0]]"]
+                       "[[8, 0.125], [3, 1.0]]"]
     assert err[2].startswith("lmablate: error: ") and len(err) == 3
 
 

@@ -55,13 +55,13 @@ def bowl(lr_opt, d_opt=None):
 
 def test_rungs_end_at_the_full_budget_with_the_first_rung_in_batches():
     tune = DEFAULT.tune
-    assert tune.rungs == ((8, 0.0625), (3, 1.0))
+    assert tune.rungs == ((8, 0.125), (3, 1.0))
     assert (tune.bracket_seeds, tune.bracket_points) == (1, 5)
     batches = rungs.plan(tune)
     # the bracket, each learning rate on 1 seed: the middle one at two widths, the two others,
     # then up to 2 more learning rates
     assert [(b.rung, b.fraction, list(b.slots)) for b in batches] == [
-        (0, 0.0625, [0, 1, 2, 3]), (0, 0.0625, [4, 5, 6, 7]),
+        (0, 0.125, [0, 1, 2, 3]), (0, 0.125, [4, 5, 6, 7]),
         (1, 1.0, [8, 9]), (1, 1.0, [10, 11]), (1, 1.0, [12]), (1, 1.0, [13])]
     assert rungs.n_slots(tune) == 14
     assert rungs.batch_of(tune, 13).index == 5
@@ -110,15 +110,23 @@ def test_a_lowest_rung_too_short_to_leave_its_warm_up_is_refused_before_any_work
         budget.trial_steps(cfg, "shakespeare", model)
 
 
-def test_widths_follow_the_budget_around_the_measured_optimum_of_tokens_per_parameter():
+def test_widths_follow_the_budget_within_the_range_of_tokens_per_parameter():
+    """The derived widths are every multiple of 2 n_heads (up to n_widths) whose tokens per
+    parameter lie in the range, narrowest first; sixteen times the compute gives wider ones."""
     low, high = DEFAULT.tune.tokens_per_parameter
+    step = 2 * DEFAULT.model.n_heads
     for dataset in DEFAULT.datasets:
         widths = search_space.initial_space(DEFAULT, dataset).d_model_choices
         ratios = [search_space.tokens_per_parameter(DEFAULT, dataset, d) for d in widths]
-        assert len(widths) >= 3 and all(d % (2 * DEFAULT.model.n_heads) == 0 for d in widths)
+        assert widths and all(d % step == 0 for d in widths)
         assert all(low <= r <= high for r in ratios), (dataset, widths, ratios)
-        # the middle of the range, where the default's brute force found the optimum
-        assert min(ratios) < math.sqrt(low * high) < max(ratios)
+        assert list(widths) == sorted(widths) and len(widths) <= DEFAULT.tune.n_widths
+        # the neighbours outside the ladder fall outside the range
+        assert search_space.tokens_per_parameter(DEFAULT, dataset, widths[0] - step) > high
+        assert search_space.tokens_per_parameter(DEFAULT, dataset, widths[-1] + step) < low
+    # the default keeps Shakespeare at d_model 24 and arithmetic at 24 or 32
+    assert search_space.initial_space(DEFAULT, "shakespeare").d_model_choices == (24,)
+    assert search_space.initial_space(DEFAULT, "arithmetic").d_model_choices == (24, 32)
     # sixteen times the compute: wider models, not the same ones
     bigger = dataclasses.replace(DEFAULT, train=dataclasses.replace(
         DEFAULT.train, budget_flops={k: 16 * v for k, v in DEFAULT.train.budget_flops.items()}))
@@ -192,7 +200,7 @@ def test_when_every_full_budget_trial_diverges_the_answer_says_it_was_not_traine
 
     results, _ = simulate(cfg, objective)
     best = tuning.chosen(cfg.tune, results)
-    assert best.user_attrs[rungs.FRACTION] == 0.0625
+    assert best.user_attrs[rungs.FRACTION] == 0.125
     assert tuning.chosen(cfg.tune, {}) is None
 
 
@@ -276,7 +284,7 @@ def test_a_tuning_stage_says_after_each_batch_how_far_it_is_and_its_best_so_far(
     # the first rung's 8 and the bracket's 3 learning rates + 1 on 2 seeds; up to 5 of them
     assert progress_line(DEFAULT, "arithmetic", "rope", results) == (
         "tune arithmetic/rope: 3 of 12 (up to 14) trials done, 1 diverged; best so far "
-        "val_answer_loss_mean 0.5800 (lr 0.02, d_model 32, rung 0, 0.0625 of the budget)")
+        "val_answer_loss_mean 0.5800 (lr 0.02, d_model 32, rung 0, 0.125 of the budget)")
     assert progress_line(DEFAULT, "shakespeare", "rope", {2: results[2]}) == (
         "tune shakespeare/rope: 1 of 12 (up to 14) trials done, 1 diverged")
     more = {slot: trial(DEFAULT, slot, first, {"lr": 0.01, "d_model": 24}, 1.0 + slot)

@@ -78,7 +78,7 @@ class TuneConfig:
     """
 
     rungs: tuple[tuple[int, float], ...] = param(
-        ((8, 0.0625), (3, 1.0)), "successive halving: [trials, share of the budget] per rung, "
+        ((8, 0.125), (3, 1.0)), "successive halving: [trials, share of the budget] per rung, "
         "lowest first", rungs(MAX_TRIALS))
     trials_per_batch: int = param(4, "first-rung trials proposed at a time (the first batch: "
                                   "one lr sweep for every variant)", integer(maximum=MAX_TRIALS))
