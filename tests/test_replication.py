@@ -178,6 +178,16 @@ def test_the_tuning_spread_separates_the_draw_from_the_seeds():
     assert row["tuned_lr"] == "0.01 / 0.02 / 0.03" and row["tuned_d_model"] == "32 / 32 / 32"
     assert row["tuned_loss_range"] == pytest.approx(0.2)
     assert row["covered"] == False  # noqa: E712 (numpy's bool): 0.05 < 1.96 x 0.0999
+    # tuned on the mean answer loss over a run, the uncertainty is in another unit than the
+    # headline answer loss: it is left out and covers nothing
+    mean = {r: t.assign(objective="val_answer_loss_mean") for r, t in tuned.items()}
+    answer = {r: a.rename(columns={"test_loss": "answer_loss"}) for r, a in ablation.items()}
+    row = rep.tuning_spread(mean, answer, {"d": "answer_loss"}).iloc[0]
+    assert math.isnan(row["tuning_uncertainty"]) and row["covered"] is None
+    assert row["sd_tuning_draw"] == pytest.approx(math.sqrt(0.01 - se ** 2))
+    final = {r: t.assign(objective="val_answer_loss") for r, t in tuned.items()}
+    assert rep.tuning_spread(final, answer, {"d": "answer_loss"}).iloc[0][
+        "tuning_uncertainty"] == 0.05
 
 
 # ---- the report -------------------------------------------------------------------------------

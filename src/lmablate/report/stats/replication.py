@@ -33,7 +33,7 @@ import pandas as pd
 from scipy import stats
 
 from lmablate.report.collect import BASELINE
-from lmablate.report.stats.statistics import (ALPHA, VERDICT_NSD,
+from lmablate.report.stats.statistics import (ALPHA, TUNED_METRIC, TUNED_METRICS, VERDICT_NSD,
                                               holm_correct, mean_interval)
 
 VERDICT_FEW_REPLICATES = "too few replicates"  # one replicate holds the variant: no spread
@@ -177,7 +177,8 @@ def tuning_spread(tuned: Mapping[int, pd.DataFrame], ablation: Mapping[int, pd.D
     error of one replicate's mean (``seed_se``, root mean square over replicates) and what the
     tuning draw adds beyond it, ``sd_tuning_draw`` = sqrt(max(0, final_sd_between^2 -
     seed_se^2)); beside replicate 0's reported ``tuning_uncertainty`` (the 95th percentile of
-    its bracket's regret). ``covered``: the reported uncertainty is at least 1.96 x
+    its bracket's regret; NaN where its objective is not the headline loss, as the mean answer
+    loss over a run is not). ``covered``: the reported uncertainty is at least 1.96 x
     ``sd_tuning_draw``, the half-width of 95% of a normal tuning draw; None where either is
     missing. Losses in the headline loss's unit.
 
@@ -214,6 +215,10 @@ def tuning_spread(tuned: Mapping[int, pd.DataFrame], ablation: Mapping[int, pd.D
         t0 = tuned.get(min(ablation), pd.DataFrame(columns=["dataset", "variant"]))
         u = (_tuned(t0, str(dataset), str(variant), "tuning_uncertainty")
              if "tuning_uncertainty" in t0 else math.nan)
+        objective = (t0[(t0["dataset"] == dataset) & (t0["variant"] == variant)]["objective"]
+                     if "objective" in t0 else pd.Series(dtype=object))
+        if len(objective) and TUNED_METRICS.get(str(objective.iloc[0]), TUNED_METRIC) != metric:
+            u = math.nan  # another unit (the mean answer loss over a run): it covers nothing
         tl = np.asarray(losses, float)
         rows.append({
             "dataset": str(dataset), "variant": str(variant), "replicates": len(reps),
