@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import sqlite3
@@ -73,10 +74,24 @@ def project(request, make_project, tmp_path):
     return project
 
 
-def run_reference(start_lmablate, cwd: Path, args: list[str]) -> None:
-    proc = start_lmablate(["--params", "ref.yaml", *args], cwd)
-    _, err = proc.communicate(timeout=600)
-    assert proc.returncode == 0, err[-3000:]
+@pytest.fixture(scope="module")
+def references(tmp_path_factory) -> Path:
+    """Where the module keeps each uninterrupted reference's outputs once computed."""
+    return tmp_path_factory.mktemp("references")
+
+
+def run_reference(start_lmablate, cwd: Path, args: list[str], references: Path) -> None:
+    """The uninterrupted run of ``args`` (writing under ``cwd/ref``), computed once per module
+    and copied after: the threads and processes variants share it, as a run's result does not
+    depend on ``runtime.parallel`` (``tests/test_parallel.py``)."""
+    saved = references / args[0]
+    if not saved.exists():
+        proc = start_lmablate(["--params", "ref.yaml", *args], cwd)
+        _, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err[-3000:]
+        shutil.copytree(cwd / "ref", saved)
+    else:
+        shutil.copytree(saved, cwd / "ref")
 
 
 def query(db: Path, sql: str, *args) -> list[tuple]:
@@ -132,9 +147,9 @@ def runs(db: Path) -> list[tuple[str, str, str | None]]:
 
 
 def test_ctrl_c_stops_train_within_seconds_and_a_rerun_gives_the_uninterrupted_result(
-        project, start_lmablate):
+        project, start_lmablate, references):
     path = project.path
-    run_reference(start_lmablate, path, train_cmd("ref"))
+    run_reference(start_lmablate, path, train_cmd("ref"), references)
     victim = start_lmablate(train_cmd("out"), path, start_new_session=True,
                             preexec_fn=as_in_a_terminal)
     resumes = [path / "out" / "ck" / f"seed_{s}" / "resume.pt" for s in (0, 1)]
@@ -165,9 +180,9 @@ def test_ctrl_c_stops_train_within_seconds_and_a_rerun_gives_the_uninterrupted_r
 
 
 def test_ctrl_c_stops_tune_within_seconds_and_a_rerun_gives_the_uninterrupted_result(
-        project, start_lmablate):
+        project, start_lmablate, references):
     path = project.path
-    run_reference(start_lmablate, path, tune_cmd("ref"))
+    run_reference(start_lmablate, path, tune_cmd("ref"), references)
     victim = start_lmablate(tune_cmd("out"), path, start_new_session=True,
                             preexec_fn=as_in_a_terminal)
     optuna_db = path / "optuna.db"
