@@ -115,10 +115,20 @@ def test_the_problem_level_caveat_is_stated_once_in_its_own_section(built):
 
 
 def test_the_methods_name_each_kind_of_dataset_s_tuning_objective(built):
-    """Arithmetic trials are ranked by the probe's answer loss, text ones by the validation
-    loss: the methods say both, not "the validation loss" for all."""
-    md = built[2]["report"].read_text()
-    methods = md.split("## Methodology")[1]
-    assert ("objective the validation loss (text) and the answer loss of the validation problems "
-            "(arithmetic: nats per answer character, the metric of its verdicts) at the end of "
-            "the trial") in methods
+    """Arithmetic trials are ranked by the probe's answer loss (its mean over the trial, or its
+    last value), text ones by the validation loss: the methods say both, not "the validation
+    loss" for all."""
+    import dataclasses
+
+    from lmablate.report.text.methods import _objective_text
+
+    cfg, _, out = built
+    methods = out["report"].read_text().split("## Methodology")[1]
+    assert ("objective the validation loss at the end of the trial (text) and the mean over the "
+            "trial's evaluations of the answer loss of the validation problems (arithmetic: nats "
+            "per answer character; the area under its curve)") in methods
+    final = dataclasses.replace(cfg, tune=dataclasses.replace(cfg.tune,
+                                                              arithmetic_objective="final"))
+    assert _objective_text(final).endswith(
+        "the answer loss of the validation problems at the end of the trial (arithmetic: nats "
+        "per answer character, the metric of its verdicts)")

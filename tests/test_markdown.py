@@ -86,8 +86,11 @@ def test_a_problem_level_rejection_still_gets_no_mark_or_verdict_word():
                                                         "verdict": "worse"}]), "sums")
     assert (diagnostic.n_problems, diagnostic.n_seeds) == (1000, 5)
     text = environment().filters["md_table"](diagnostic.rows)
-    assert "| exact match (higher is better) | swiglu | 2,000 of 5,000 problems solved | " \
-           "2,600 of 5,000 | 0.1200 |" in text
+    assert ("| exact match (higher is better) | swiglu | 2,000 → 2,600 of 5,000 | "
+            "0.120 [0.090, 0.150] | 300 of 1,000 | <0.001 |") in text
+    # character accuracy rows stay in problem_comparisons.csv when exact match is there
+    chars = {**row, "metric": "char_accuracy"}
+    assert len(problem_diagnostic(pd.DataFrame([row, chars]), "sums").rows) == 1
     for mark in ("▲", "▼", "**", "better |", "worse |"):
         assert mark not in text, mark
 
