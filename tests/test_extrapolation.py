@@ -68,10 +68,10 @@ def test_the_report_shows_length_extrapolation_with_na_for_learned_tables(tmp_pa
     table = pd.read_csv(out["extrapolation"])
     assert len(table) == len(DATASETS) * len(VARIANTS) * 3
     assert set(table.loc[table["factor"] > 1, "note"]) == {"n/a (learned table of 48 positions)"}
+    # the table is the CSV's; the report gives a scheme that runs past the context one Findings
+    # line, and learned tables none
     md = out["report"].read_text()
-    section = md.split("### Length extrapolation")[1].split("###")[0]
-    assert "| baseline | learned | 1.510 ± 0.025 | n/a (learned table of 48 positions) |" in section
-    assert "Δ vs baseline at 1x" in section
+    assert "### Length extrapolation" not in md and "Past the training context" not in md
     doc = json.loads((out["metrics"] / "arithmetic" / "gelu.json").read_text())
     assert doc["test_loss_x4"] == "n/a"
     assert (tmp_path / "reports" / "figures" / "extrapolation_shakespeare.png").is_file()

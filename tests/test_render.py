@@ -80,7 +80,6 @@ def _dataset(name: str = "sums") -> DatasetContent:
         comparisons=[{"variant": "rope", "verdict": "**▲ better**"}], compared=True,
         too_few=["gelu"], better=["rope (test loss)"], worse=[],
         problems=dt.ProblemDiagnostic(1000, 3, [{"variant": "rope"}]),
-        extrapolation=dt.Extrapolation(64, 4, "rope", [{"variant": "rope"}]),
         tuned=[{"variant": "baseline", "lr": "0.002"}],
         lr=["Sensitivity.", ""], lr_figure=Figure("LR caption", "figures/lr.png"),
         bracket=["Bracket.", ""], bracket_figure=None,
@@ -127,7 +126,6 @@ SECTIONS = ["# Ablation study report", "## Findings", "### How to read this repo
             "Too few seeds to conclude for gelu", "Significantly better than the baseline: "
             "rope (test loss). Significantly worse: none.",
             "### Problem by problem (a diagnostic, not a verdict)",
-            "### Length extrapolation",
             "### Tuned hyper-parameters, size and throughput",
             "### How each variant responds to the learning rate",
             "#### At the full budget: each variant's learning rate bracketed", "### Figures",
@@ -176,7 +174,7 @@ def test_the_template_renders_the_sections_in_the_documented_order():
 def test_optional_blocks_are_left_out_without_blank_lines():
     bare = dataclasses.replace(
         _dataset(), arithmetic=None, summary=[], single_seed=False, comparisons=[],
-        compared=False, too_few=[], problems=None, extrapolation=None, tuned=[],
+        compared=False, too_few=[], problems=None, tuned=[],
         lr=[], lr_figure=None, bracket=[], bracket_figure=None, figures=[], has_samples=False,
         samples=[], has_predictions=False, predictions=[])
     md = render_report(_content(findings=[], limits={}, scaling=None, notes=[], datasets=[bare],

@@ -92,7 +92,6 @@ class DatasetContent:
     better: list[str]  # "variant (metric label)"
     worse: list[str]
     problems: dt.ProblemDiagnostic | None
-    extrapolation: dt.Extrapolation | None
     tuned: dt.Rows
     lr: list[str]  # below "How each variant responds to the learning rate"
     lr_figure: Figure | None
@@ -200,8 +199,6 @@ def dataset_content(cfg: StudyConfig, runs: RunOutputs, tables: ReportTables,
         better=_listing(c[c["verdict"] == VERDICT_BETTER]),
         worse=_listing(c[c["verdict"] == VERDICT_WORSE]),
         problems=dt.problem_diagnostic(tables.problems, dataset),
-        extrapolation=dt.extrapolation(cfg, tables.extrapolation,
-                                       tables.extrapolation_comparisons, dataset, order),
         tuned=dt.tuned_rows(ablation, dataset, order),
         lr=lr_section(cfg, tables.sensitivity, tuned, runs.trials, dataset, order,
                       has_figure=lr_figure is not None),

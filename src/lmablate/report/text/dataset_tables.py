@@ -1,5 +1,5 @@
 """Each dataset's tables in ``report.md`` as rows of cells: summary, comparison with the baseline,
-problem-by-problem diagnostic, re-tunings, length extrapolation and tuned values.
+problem-by-problem diagnostic, re-tunings and tuned values.
 
 Every row is a ``dict`` of column -> cell text, formatted by :mod:`lmablate.report.text.mdtable`;
 the template lays them out with its ``md_table`` filter. Tables list variants in the study order
@@ -16,10 +16,8 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from lmablate.config.study import StudyConfig
 from lmablate.report.stats.statistics import METRICS
-from lmablate.report.text.mdtable import (delta_cell, digits, integer, interval, num, p_value,
-                                          verdict_cell)
+from lmablate.report.text.mdtable import digits, integer, interval, num, p_value, verdict_cell
 
 Rows = list[dict[str, Any]]
 
@@ -136,18 +134,6 @@ def problem_diagnostic(problems: pd.DataFrame, dataset: str) -> ProblemDiagnosti
     return ProblemDiagnostic(int(first["n_problems"]), int(first["n_seeds"]), rows)
 
 
-@dataclass(frozen=True)
-class Extrapolation:
-    """Length extrapolation on a dataset: the training context (tokens), the longest factor
-    measured, the variant compared against and one row per variant (test loss in nats/char at
-    each factor, then its Δ against ``reference``)."""
-
-    context: int
-    max_factor: int
-    reference: str | None
-    rows: Rows
-
-
 def replicate_rows(replicates: pd.DataFrame, dataset: str) -> Rows:
     """Each replicate's comparison of ``dataset`` in its headline loss
     (:func:`~lmablate.report.stats.replication.replicate_verdicts`): tuned values, Δ with its
@@ -207,47 +193,6 @@ def spread_rows(spread: pd.DataFrame, dataset: str) -> Rows:
                                        "yes" if r["covered"] else "**no**"),
         })
     return rows
-
-
-def extrapolation(cfg: StudyConfig, table: pd.DataFrame, comparisons: pd.DataFrame,
-                  dataset: str, order: Sequence[str]) -> Extrapolation | None:
-    """Per variant its position scheme and the test loss at each factor x context_length
-    (mean ± CI half-width over seeds, or why there is none), then the difference to the
-    reference variant at each factor with its Holm verdict; None without measurements."""
-    t = table[table["dataset"] == dataset] if len(table) else table
-    if t.empty:
-        return None
-    factors = sorted(int(f) for f in t["factor"].unique())
-    ctx = cfg.for_dataset(dataset).model.context_length
-    mine = comparisons[comparisons["dataset"] == dataset] if len(comparisons) else comparisons
-    reference = mine["reference"].iloc[0] if len(mine) else None
-    rows = []
-    for v in order:
-        tv = t[t["variant"] == v]
-        if tv.empty:
-            continue
-        row = {"variant": v, "positions": cfg.model_config(v, vocab_size=1).position}
-        for f in factors:
-            r = tv[tv["factor"] == f]
-            head = f"{f}x ({f * ctx} tokens)"
-            if r.empty:
-                row[head] = "–"
-            elif r.iloc[0]["note"]:
-                row[head] = str(r.iloc[0]["note"])
-            else:
-                r = r.iloc[0]
-                half = (r["ci95_high"] - r["mean"]) if pd.notna(r["ci95_high"]) else float("nan")
-                row[head] = num(r["mean"]) + (f" ± {num(half)}" if pd.notna(half) else "")
-        for f in factors:
-            c = mine[(mine["variant"] == v) & (mine["metric"] == f"test_loss_x{f}")] \
-                if len(mine) else mine
-            head = f"Δ vs {reference} at {f}x"
-            if c.empty:
-                row[head] = "reference" if v == reference else "–"
-            else:
-                row[head] = delta_cell(c.iloc[0])
-        rows.append(row)
-    return Extrapolation(ctx, max(factors), reference, rows)
 
 
 def tuned_rows(ablation: pd.DataFrame, dataset: str, order: Sequence[str]) -> Rows:
