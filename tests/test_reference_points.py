@@ -69,6 +69,6 @@ def test_the_answer_loss_floor_comes_from_the_train_answers_and_stands_in_the_he
     assert (f"Against the floors (answer loss below {value:.3f}, exact match above 0.500, "
             "char accuracy above 0.864), on the mean over seeds: beat some: baseline (answer "
             "loss), gelu (answer loss, exact match), rmsnorm (answer loss).") in head
+    # said once, in the headline: the limits section does not repeat the floors
     section = md.split("## What this study can and cannot say")[1].split("## Methodology")[0]
-    assert "Answer loss against answers that ignore the question: answer ignoring the " \
-           "question" in section and "3 of 3 beat the answer ignoring the question" in section
+    assert "against answers that ignore the question" not in section

@@ -4,8 +4,8 @@ Every sentence is computed from the frames the report stage writes as CSVs (``ab
 ``summary``, ``comparisons``, ``problem_comparisons``, ``references``,
 ``tuned``); nothing is typed by hand, so the section follows the results of any profile. It
 states, per dataset: the training each model got, where the variants sit between the data's
-reference points, the exact-match floor, the seed count and the smallest difference each
-comparison could detect (its ``mde``, :func:`lmablate.report.stats.detectable.detectable_table`), how much the tuning itself
+reference points (the answer floors are the headline's), the seed count and the smallest
+difference each comparison could detect (its ``mde``, :func:`lmablate.report.stats.detectable.detectable_table`), how much the tuning itself
 varies, and every flag raised (a tuned value on the edge of its range, a difference identical
 on every seed, a variant trained at another width than the baseline).
 
@@ -103,42 +103,6 @@ def _between_references(summary: pd.DataFrame, references: pd.DataFrame,
                  f"{best['reference']} statistics, and a difference among such models says "
                  "little about the feature at a scale where it matters.")
     return [text]
-
-
-def _answer_floors(summary: pd.DataFrame, references: pd.DataFrame, problems: pd.DataFrame,
-                   dataset: str) -> list[str]:
-    """Answer loss, exact match and character accuracy against answers that ignore the
-    question (arithmetic): the answer-position floor and the constant answers."""
-    lines = []
-    for metric in ("answer_loss", "exact_match", "char_accuracy"):
-        refs = references[(references["dataset"] == dataset) & (references["metric"] == metric)]
-        means = _mean(summary, dataset, metric)
-        if refs.empty or means.empty:
-            continue
-        label, _, higher = METRICS[metric]
-        top = refs.loc[refs["value"].idxmax() if higher else refs["value"].idxmin()]
-        floors = "; ".join(f"{r.reference} ({r.detail}) {r.value:.3f}"
-                           for r in refs.itertuples())
-        above = [v for v, x in means.items() if (x > top["value"] if higher
-                                                 else x < top["value"])]
-        text = (f"{label.capitalize()} against answers that ignore the question: {floors}. "
-                f"The variants score {means.min():.3f} to {means.max():.3f}; ")
-        if not above:
-            text += (f"none beats the {top['reference']}: in {label}, no variant shows yet "
-                     "that it reads the question.")
-        else:
-            text += (f"{len(above)} of {len(means)} beat the {top['reference']} "
-                     f"({top['value']:.3f}).")
-        if metric == "exact_match":
-            p = problems[(problems["dataset"] == dataset) & (problems["metric"] == metric)]
-            if len(p):
-                total = int(p["total"].iloc[0])
-                solved = {BASELINE: int(p["baseline_count"].iloc[0]),
-                          **{str(r.variant): int(r.variant_count) for r in p.itertuples()}}
-                text += (" Problems solved, of " f"{total:,} (test problems x seeds): "
-                         + ", ".join(f"{v} {n:,}" for v, n in solved.items()) + ".")
-        lines.append(text)
-    return lines
 
 
 def _power(comparisons: pd.DataFrame, dataset: str) -> list[str]:
@@ -281,7 +245,6 @@ def limits_bullets(cfg_budgets: Mapping[str, Sequence[float]], ablation: pd.Data
     for ds in present(ablation["dataset"]):
         bullets = [_training(ablation, ds, cfg_budgets.get(ds, ()))]
         bullets += _between_references(summary, references, ds)
-        bullets += _answer_floors(summary, references, problems, ds)
         bullets += _power(comparisons, ds)
         bullets += _tuning_uncertainty(comparisons, tuned, ds)
         bullets += _flags(comparisons, problems, tuned, ablation, summary, references, ds)
