@@ -33,7 +33,7 @@ def test_stages_run_on_tiny_data_and_each_ends_with_one_summary_line(project, ca
         rf"lmablate tune arithmetic rope: done in \d+\.\d s; 3 trials \(rungs 2 x 0\.5 -> 1 x 1 "
         rf"of the budget; 0 diverged\); lr {best['lr']:.3g} \(best point: 1 finite point\(s\): "
         rf"too few for a curve; 1 full-budget lrs, not bracketed within tune\.bracket_points\), "
-        rf"d_model 16, val_answer_loss {best['val_loss']:.4f}; lr not bracketed within "
+        rf"d_model 16, val_answer_loss_mean {best['val_loss']:.4f}; lr not bracketed within "
         rf"tune\.bracket_points", last_line(capsys))
     assert cli.main(["train", "arithmetic", "rope", "--tokens", "tokens", "--best", "out/best.json",
                      "--checkpoints", "out/ck", "--history", "out/history.csv",

@@ -278,8 +278,9 @@ def test_tuning_follows_the_protocol(project):
                               storage=f"sqlite:///{tmp / 'protocol' / 'optuna.db'}")
     trials = study.get_trials()
     # the storage alone says what the study tunes and what its objective is
-    assert study.metric_names == ["val_answer_loss"]  # arithmetic: the answer probe's
-    assert best["objective"] == "val_answer_loss"
+    # arithmetic: the answer probe's, its mean over the trial (tune.arithmetic_objective)
+    assert study.metric_names == ["val_answer_loss_mean"]
+    assert best["objective"] == "val_answer_loss_mean"
     assert study.user_attrs == {
         "dataset": "arithmetic", "variant": "baseline",
         "budget_flops": cfg.train.budget_flops["arithmetic"],
@@ -308,6 +309,10 @@ def test_tuning_follows_the_protocol(project):
         assert reports[:cfg.tune.reports] == list(range(1, cfg.tune.reports + 1))
         assert len(reports) - cfg.tune.reports in (0, steps % cfg.tune.reports != 0)
         assert cfg.train.warmup_steps(steps) < steps // 2
+        # its value is the mean of its reports; the last evaluation's is kept beside it
+        values = [t.intermediate_values[k] for k in reports]
+        assert t.value == pytest.approx(sum(values) / len(values), rel=1e-12)
+        assert "final_objective" in t.user_attrs
     first = sorted(trials[:4], key=lambda t: (t.value, t.number))
     factor = cfg.tune.bracket_factor
     centre = first[0].params["lr"] / factor

@@ -232,13 +232,13 @@ def test_budget_labels_name_folders_without_a_plus():
         "1.1e10", "3e9", "1e11", "6.1e13"]
 
 
-def test_the_scaling_profile_spaces_four_budgets_3x_apart_up_to_half_the_default_s():
-    """The profile stops at 1e11 FLOPs, half the default's Shakespeare budget: its four
-    budgets at the default's would double its run time."""
+def test_the_scaling_profile_spaces_four_budgets_3x_apart_up_to_the_default_s():
+    """The profile stops at 1e11 FLOPs, the default's Shakespeare budget, so its largest
+    budget is the default study's."""
     scaling = profile_config("scaling")
     default = params.load(ROOT / "params.yaml")
     budgets = scaling.budgets("shakespeare")
-    assert len(budgets) == 4 and budgets[-1] == default.headline_budget("shakespeare") / 2
+    assert len(budgets) == 4 and budgets[-1] == default.headline_budget("shakespeare") == 1e11
     assert np.allclose(np.diff(np.log10(budgets)), np.log10(3), atol=0.02)
     assert len(scaling.study_variants) == 6
     assert [label for _, label in stage_budgets(default, "shakespeare")] == [None]

@@ -8,6 +8,7 @@ import os
 import re
 import socket
 import shutil
+import signal
 import sqlite3
 import sys
 import time
@@ -180,9 +181,15 @@ def test_a_chain_runs_its_commands_while_they_succeed_and_a_failure_stops_the_ot
                              ["touch", "after-failure"]], tmp_path / "fails.log"),
         "waiting": (tmp_path, [["touch", "never"]], tmp_path / "waiting.log")}
     said: list[str] = []
-    start = time.monotonic()
-    assert run_chains(chains, 2, {"PATH": "/usr/bin:/bin"}, said.append) == "fails"
-    assert time.monotonic() - start < workspaces.STOP_GRACE_SECONDS  # stopped by SIGINT
+    # the chains' shells take SIGINT as a terminal gives it, whatever this process was started
+    # with (a background job of a shell without job control inherits it ignored)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        start = time.monotonic()
+        assert run_chains(chains, 2, {"PATH": "/usr/bin:/bin"}, said.append) == "fails"
+        assert time.monotonic() - start < workspaces.STOP_GRACE_SECONDS  # stopped by SIGINT
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert said == [f"slow started (log {tmp_path / 'slow.log'})",
                     f"fails started (log {tmp_path / 'fails.log'})"]
     assert (tmp_path / "fails.log").read_text().endswith("\nbad\n")
