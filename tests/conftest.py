@@ -225,8 +225,9 @@ def built_replicated(tmp_path_factory):
     (:data:`synthetic_study.REPLICATE_1_SHIFT`: one verdict that does not replicate)."""
     from lmablate.stages import report
     root = tmp_path_factory.mktemp("replicated")
-    write_runs(root / "runs")
-    write_runs(root / "runs", seeds=REPLICATE_1_SEEDS, replicate=1, shift=REPLICATE_1_SHIFT)
+    write_runs(root / "runs", probe=True)
+    write_runs(root / "runs", seeds=REPLICATE_1_SEEDS, replicate=1, shift=REPLICATE_1_SHIFT,
+               probe=True)
     cfg = make_cfg(replicates=2)
     out = report.build_report(cfg, root / "runs", root / "reports", environment=ENV)
     return cfg, root / "reports", out

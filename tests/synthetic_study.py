@@ -112,11 +112,19 @@ def by_operand_digits(var, i):
     return out
 
 
+def learn_step(v_idx: int, i: int, replicate: int) -> int:
+    """The step at which seed index ``i`` of variant ``v_idx`` reaches exact match 0.5 in a
+    probed synthetic history: later for later variants, and later still in replicate 1 for
+    the last variant."""
+    return 100 + 50 * v_idx + 25 * (i % 2) + (50 if replicate and v_idx == 2 else 0)
+
+
 def write_runs(root: Path, seeds=(0, 1, 2), variants=VARIANTS, grad_for=("shakespeare",),
-               replicate: int = 0, shift=None):
+               replicate: int = 0, shift=None, probe: bool = False):
     """Write runs/<ds>/<var>/{metrics.json, history.csv, trials.csv, ...} like the stages do;
     replicate r > 0's under runs/<ds>/<var>/replicate_<r>/, each loss moved by ``shift``
-    ((dataset, variant) -> nats)."""
+    ((dataset, variant) -> nats). ``probe``: arithmetic histories carry the answer probe's
+    ``val_exact_match``, reaching 0.5 at :func:`learn_step`."""
     shift = shift or {}
     for ds in DATASETS:
         for v_idx, var in enumerate(variants):
@@ -165,6 +173,9 @@ def write_runs(root: Path, seeds=(0, 1, 2), variants=VARIANTS, grad_for=("shakes
                     hist.append({"seed": seed, "step": step, "tokens": step * 12 * 48,
                                  "train_loss": val - 0.02, "val_loss": val, "lr": 0.002,
                                  "elapsed_seconds": step * 0.03})
+                    if probe and ds == "arithmetic":
+                        hist[-1]["val_exact_match"] = min(
+                            1.0, 0.5 * step / learn_step(v_idx, i, replicate))
                 for g, group in enumerate(["embed", "blocks.0.attn", "blocks.0.mlp",
                                            "blocks.1.attn", "blocks.1.mlp", "head"]):
                     grads.append({"seed": seed, "group": group,

@@ -190,6 +190,47 @@ def test_the_tuning_spread_separates_the_draw_from_the_seeds():
         "tuning_uncertainty"] == 0.05
 
 
+def speed_rows(spec: dict[str, list[tuple[float, str]]]) -> dict[int, pd.DataFrame]:
+    """Learning-speed comparisons per replicate: variant -> [(ratio, verdict) per replicate]."""
+    from lmablate.report.stats.learning_speed import COMPARISON_COLUMNS
+    reps = max(len(v) for v in spec.values())
+    return {r: pd.DataFrame([
+        {"dataset": "d", "variant": v, "threshold": 0.5, "n_pairs": 5, "variant_first": 0,
+         "baseline_first": 0, "ties": 5, "p_value": 0.5, "p_holm": 0.5, "n_both": 5,
+         "ratio": runs[r][0], "ratio_low": math.nan, "ratio_high": math.nan,
+         "mde_ratio": math.nan, "verdict": runs[r][1]} for v, runs in spec.items()],
+        columns=COMPARISON_COLUMNS) for r in range(reps)}
+
+
+def test_learning_speed_replicates_combine_as_the_losses_do_on_the_log_scale():
+    from lmablate.report.stats.learning_speed import VERDICT_FASTER, VERDICT_SLOWER
+    slow, fast = [1.60, 1.35, 1.20], [0.50, 0.52, 0.49]
+    c = rep.combine_speed(speed_rows({
+        "slow": [(slow[0], VERDICT_SLOWER), (slow[1], VERDICT_NSD), (slow[2], VERDICT_NSD)],
+        "fast": [(x, VERDICT_FASTER) for x in fast]}))
+    assert list(c.columns) == rep.SPEED_REPLICATION_COLUMNS
+    c = c.set_index("variant")
+    logs = np.log(slow)
+    low, high = stats.t.interval(0.95, 2, loc=logs.mean(), scale=stats.sem(logs))
+    row = c.loc["slow"]
+    assert row["ratio"] == pytest.approx(math.exp(logs.mean()))
+    assert (row["ratio_low"], row["ratio_high"]) == (pytest.approx(math.exp(low)),
+                                                     pytest.approx(math.exp(high)))
+    assert row["p_value"] == pytest.approx(stats.ttest_1samp(logs, 0).pvalue)
+    assert (row["agree"], row["same_direction"]) == (False, True)
+    assert row["ratios"] == "1.60 / 1.35 / 1.20" and row["n_both"] == 15
+    assert row["verdict"] == VERDICT_NSD  # slower in one replicate, not over the three
+    assert c.loc["fast", "verdict"] == VERDICT_FASTER and c.loc["fast", "agree"]
+
+
+def test_a_replicate_where_no_pair_learned_is_left_out_of_the_combined_ratio():
+    c = rep.combine_speed(speed_rows({"v": [(2.0, VERDICT_NSD), (math.nan, VERDICT_NSD),
+                                            (8.0, VERDICT_NSD)]}))
+    row = c.iloc[0]
+    assert row["ratios"] == "2.00 / - / 8.00" and row["df"] == 1
+    assert row["ratio"] == pytest.approx(4.0) and not row["same_direction"]
+
+
 # ---- the report -------------------------------------------------------------------------------
 
 def test_the_report_names_the_verdict_that_did_not_replicate(built_replicated):
@@ -223,6 +264,26 @@ def test_the_report_names_the_verdict_that_did_not_replicate(built_replicated):
                         "arithmetic": "all replicated"}
 
 
+def test_the_report_combines_each_replicates_learning_speed(built_replicated):
+    _, out_dir, out = built_replicated
+    speed = pd.read_csv(out["speed_replication"])
+    assert list(speed.columns) == rep.SPEED_REPLICATION_COLUMNS
+    assert list(speed["variant"]) == ["gelu", "rmsnorm"] and (speed["dataset"] == "arithmetic").all()
+    ratios = speed.set_index("variant")["ratios"].str.split(" / ", expand=True).astype(float)
+    # synthetic_study.learn_step: rmsnorm learns 50 steps later in replicate 1 than in 0
+    assert ratios.loc["rmsnorm", 1] > ratios.loc["rmsnorm", 0]
+    assert speed.set_index("variant").loc["rmsnorm", "ratio"] == pytest.approx(
+        math.sqrt(ratios.loc["rmsnorm", 0] * ratios.loc["rmsnorm", 1]), rel=1e-2)
+    md = out["report"].read_text()
+    section = md.split("## Replication")[1].split("### arithmetic")[1]
+    assert "| variant | ratio by replicate | verdicts by replicate | agree |" in section
+    findings = md.split("## Findings")[1].split("## Replication")[0]
+    assert findings.count("- **Learning speed over all 2 replicates**") == 1
+    doc = json.loads((out_dir / "metrics" / "arithmetic" / "rmsnorm.json").read_text())
+    assert doc["speed_verdict_combined"] == speed.set_index("variant").loc["rmsnorm", "verdict"]
+    assert doc["speed_replicated"] in ("yes", "no")
+
+
 def test_a_replicates_runs_are_its_own_seeds_and_never_replicate_zeros(built_replicated):
     _, _, out = built_replicated
     ablation = pd.read_csv(out["ablation"])
@@ -239,6 +300,8 @@ def test_one_replicate_leaves_the_report_as_it_was(built):
     assert "## Replication" not in md
     assert not any(f"- **{x}" in findings for x in ("Replicated", "Not replicated", "Over all"))
     assert pd.read_csv(out["replication"]).empty
+    assert "speed_replication" not in out
+    assert not (out_dir / "learning_speed_replication.csv").exists()
     metrics = json.loads((out_dir / "metrics" / "shakespeare" / "gelu.json").read_text())
     assert "replicated" not in metrics and "verdict_combined" not in metrics
     assert "replication" not in json.loads((out_dir / "metrics" / "shakespeare.json").read_text())

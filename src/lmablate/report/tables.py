@@ -86,6 +86,9 @@ class ReportTables:
         default_factory=lambda: pd.DataFrame(columns=rep.COMBINED_COLUMNS))
     tuning_spread: pd.DataFrame = field(
         default_factory=lambda: pd.DataFrame(columns=rep.SPREAD_COLUMNS))
+    # learning speed over the replicates (rep.combine_speed): probed datasets only
+    speed_replication: pd.DataFrame = field(
+        default_factory=lambda: pd.DataFrame(columns=rep.SPEED_REPLICATION_COLUMNS))
 
 
 def _in_study_order(table: pd.DataFrame, ablation: pd.DataFrame) -> pd.DataFrame:
@@ -159,6 +162,7 @@ def compute_tables(cfg: StudyConfig, runs: RunOutputs, tokens_dir: Path | None,
     length = arith.length_table(runs.by_operand_digits)
     length_comparisons = arith.length_comparisons(runs.by_operand_digits)
     speed = tokens_to_learn(runs.history)
+    speed_comparisons = compare_speed(speed)
     return ReportTables(
         summary=summary, comparisons=comparisons, problems=problems, detectable=detectable,
         references=references, extrapolation=extrapolation,
@@ -167,9 +171,13 @@ def compute_tables(cfg: StudyConfig, runs: RunOutputs, tokens_dir: Path | None,
         convergence=_in_study_order(convergence_table(runs.history), ablation),
         gradients=_in_study_order(gradient_table(runs.grad), ablation),
         success=success_table(ablation), speed=speed, speed_summary=speed_table(speed),
-        speed_comparisons=compare_speed(speed),
+        speed_comparisons=speed_comparisons,
         **dict(zip(("replicates", "replication", "tuning_spread"),
-                   replication_tables(runs, comparisons, replicates or {}))))
+                   replication_tables(runs, comparisons, replicates or {}))),
+        speed_replication=rep.combine_speed(
+            {0: speed_comparisons, **{r: compare_speed(tokens_to_learn(x.history))
+                                      for r, x in (replicates or {}).items()}})
+        if replicates else pd.DataFrame(columns=rep.SPEED_REPLICATION_COLUMNS))
 
 
 def csv_tables(runs: RunOutputs, tables: ReportTables
@@ -188,6 +196,10 @@ def csv_tables(runs: RunOutputs, tables: ReportTables
         "replicates": ("replicates.csv", tables.replicates, rep.REPLICATE_COLUMNS),
         "replication": ("replication.csv", tables.replication, rep.COMBINED_COLUMNS),
         "tuning_spread": ("tuning_spread.csv", tables.tuning_spread, rep.SPREAD_COLUMNS),
+        # with replicates only: a study of one replicate writes the files it always wrote
+        **({"speed_replication": ("learning_speed_replication.csv", tables.speed_replication,
+                                  rep.SPEED_REPLICATION_COLUMNS)}
+           if not tables.replication.empty else {}),
         "extrapolation": ("extrapolation.csv", tables.extrapolation, ex.TABLE_COLUMNS),
         "extrapolation_comparisons": ("extrapolation_comparisons.csv",
                                       tables.extrapolation_comparisons, None),

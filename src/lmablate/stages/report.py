@@ -132,14 +132,22 @@ def summary_record(cfg: StudyConfig, metrics_dir: Path) -> tuple[dict, dict, dic
     return params, metrics, tags
 
 
-def with_replication(docs: dict[str, dict], replication: pd.DataFrame) -> dict[str, dict]:
+def with_replication(docs: dict[str, dict], replication: pd.DataFrame,
+                     speed: pd.DataFrame | None = None) -> dict[str, dict]:
     """The DVC metrics ``docs`` with each compared variant's replication
     (:func:`lmablate.report.stats.replication.combine_replicates`) in its
     ``<dataset>/<variant>.json``: ``replicated`` ("yes" when every replicate gave the same
     verdict, else "no") and ``verdict_combined``; and in each ``<dataset>.json``
     ``replication``: "all replicated", or "not replicated: " and the variants whose verdicts
-    differ. ``dvc exp show`` and the MLflow summary run show them. Unchanged without
-    replicates."""
+    differ. ``speed`` (:func:`lmablate.report.stats.replication.combine_speed`) adds
+    ``speed_replicated`` and ``speed_verdict_combined``, the same for learning speed, to the
+    variants of a probed dataset. ``dvc exp show`` and the MLflow summary run show them.
+    Unchanged without replicates."""
+    for r in (speed if speed is not None else pd.DataFrame()).itertuples():
+        doc = docs.get(f"{r.dataset}/{r.variant}.json")
+        if doc is not None:
+            doc.update(speed_replicated="yes" if r.agree else "no",
+                       speed_verdict_combined=r.verdict)
     for r in replication.itertuples():
         doc = docs.get(f"{r.dataset}/{r.variant}.json")
         if doc is not None:
@@ -265,7 +273,7 @@ def _write_report(cfg: StudyConfig, runs: RunOutputs, notes: list[str], tables,
         scaling_metrics(scaling, runs, metrics_files(tables.summary, tables.comparisons,
                                                      tables.extrapolation,
                                                      tables.speed_summary)),
-        tables.replication))
+        tables.replication, tables.speed_replication))
 
     figures = draw_report_figures(cfg, runs, tables, out_dir / "figures", palette,
                                   extra=extra_figures)

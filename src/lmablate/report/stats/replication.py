@@ -9,6 +9,9 @@ together?
   one comparison over all of them whose interval counts the tuning draw.
 * :func:`tuning_spread`: per dataset x variant, how far the tuned and the final losses move
   between replicates, beside the tuning uncertainty a single study reports.
+* :func:`combine_speed`: the same for an arithmetic dataset's learning speed
+  (:mod:`~lmablate.report.stats.learning_speed`): each replicate's verdict, their agreement, and
+  the replicates' ratios of tokens to learn combined on the log scale.
 
 The combined comparison. Within replicate r the paired differences are
 d_rs = mu + u_r + e_rs, where u_r (variance s_b^2) is what the replicate's own draw of tuning
@@ -33,8 +36,10 @@ import pandas as pd
 from scipy import stats
 
 from lmablate.report.collect import BASELINE
-from lmablate.report.stats.statistics import (ALPHA, TUNED_METRIC, TUNED_METRICS, VERDICT_NSD,
-                                              holm_correct, mean_interval)
+from lmablate.report.stats.learning_speed import VERDICT_FASTER, VERDICT_SLOWER
+from lmablate.report.stats.statistics import (ALPHA, TUNED_METRIC, TUNED_METRICS, VERDICT_BETTER,
+                                              VERDICT_NSD, VERDICT_WORSE, holm_correct,
+                                              mean_interval)
 
 VERDICT_FEW_REPLICATES = "too few replicates"  # one replicate holds the variant: no spread
 VERDICT_SAME_IN_EVERY = "identical in every replicate"  # no spread between replicates: no test
@@ -53,6 +58,11 @@ SPREAD_COLUMNS = [
     "dataset", "variant", "replicates", "tuned_lr", "tuned_d_model", "tuned_loss",
     "tuned_loss_range", "final_mean", "final_sd_between", "seed_se", "sd_tuning_draw",
     "tuning_uncertainty", "covered",
+]
+SPEED_REPLICATION_COLUMNS = [
+    "dataset", "variant", "threshold", "replicates", "n_both", "ratios", "verdicts", "agree",
+    "same_direction", "ratio", "df", "ratio_low", "ratio_high", "p_value", "p_holm",
+    "ratio_holm_low", "ratio_holm_high", "verdict",
 ]
 # a replicate's verdicts are joined with this in the tables ("better / better / worse")
 JOIN = " / "
@@ -241,3 +251,57 @@ def not_replicated(combined: pd.DataFrame) -> pd.DataFrame:
     verdict: each is named in the report's Findings."""
     return combined[~combined["agree"]] if len(combined) else combined
 
+
+
+def combine_speed(comparisons: Mapping[int, pd.DataFrame], threshold: float = 0.5,
+                  alpha: float = ALPHA) -> pd.DataFrame:
+    """Per dataset x variant, the learning-speed comparisons with the baseline of every
+    replicate at exact match ``threshold``, and their combination.
+
+    Each replicate's ratio of tokens to learn (variant / baseline, the geometric mean over the
+    seeds on which both learned; :func:`~lmablate.report.stats.learning_speed.compare_speed`)
+    is one observation, combined as the headline losses are (:func:`combine_replicates`, the
+    module docstring's summary-measures analysis) on the log scale: the geometric mean of the
+    replicates' ratios (``ratio``), its Student-t interval with R - 1 degrees of freedom
+    (``ratio_low``/``ratio_high``), the t-test of log ratio 0, Holm-corrected over the dataset's
+    variants (``p_holm``, ``ratio_holm_*``). The verdict is faster or slower where Holm rejects.
+    The interval counts the tuning draw, as the log-rank test of one replicate cannot; a
+    replicate where no seed pair learned has no ratio and is left out of it.
+
+    Args:
+        comparisons: replicate -> its ``compare_speed`` table (``learning_speed_comparisons.csv``).
+
+    Returns:
+        Columns :data:`SPEED_REPLICATION_COLUMNS`, one row per dataset x variant in replicate
+        0's order; ``ratios`` and ``verdicts`` per replicate joined with :data:`JOIN`,
+        ``n_both`` the seed pairs that both learned, summed over replicates; ratios unitless.
+    """
+    rows = []
+    for r in sorted(comparisons):
+        c = comparisons[r]
+        for x in c[c["threshold"] == threshold].itertuples():
+            rows.append({"dataset": str(x.dataset), "metric": "log_tokens_to_learn",
+                         "variant": str(x.variant), "replicate": r, "n_pairs": int(x.n_both),
+                         "mean_diff": (math.log(x.ratio) if x.ratio > 0 else math.nan),
+                         "verdict": x.verdict, "ratio": x.ratio})
+    if not rows:
+        return pd.DataFrame(columns=SPEED_REPLICATION_COLUMNS)
+    per = pd.DataFrame(rows)
+    combined = combine_replicates(per.drop(columns="ratio"), alpha=alpha)
+    named = {VERDICT_BETTER: VERDICT_FASTER, VERDICT_WORSE: VERDICT_SLOWER}
+    out = []
+    for x in combined.itertuples():
+        g = per[(per["dataset"] == x.dataset) & (per["variant"] == x.variant)]
+        out.append({
+            "dataset": x.dataset, "variant": x.variant, "threshold": threshold,
+            "replicates": x.replicates, "n_both": x.n_pairs,
+            "ratios": JOIN.join("-" if math.isnan(v) else f"{v:.2f}" for v in g["ratio"]),
+            "verdicts": x.verdicts, "agree": x.agree, "same_direction": x.same_sign,
+            "ratio": math.exp(x.mean_diff), "df": x.df,
+            **{f"ratio{k}": math.exp(getattr(x, f"ci{k}")) for k in ("95_low", "95_high")},
+            "p_value": x.p_value, "p_holm": x.p_holm,
+            **{f"ratio_holm_{k}": math.exp(getattr(x, f"ci_holm_{k}")) for k in ("low", "high")},
+            "verdict": named.get(x.verdict, x.verdict)})
+    frame = pd.DataFrame(out).rename(columns={"ratio95_low": "ratio_low",
+                                              "ratio95_high": "ratio_high"})
+    return frame[SPEED_REPLICATION_COLUMNS]

@@ -108,7 +108,8 @@ class DatasetContent:
 class Replication:
     """A dataset's part of "Replication" (:mod:`lmablate.report.stats.replication`): the
     headline loss's label and unit, the replicates' count, each replicate's verdicts, the
-    replicates combined, the tuning spread, and the forest plot (None: not drawn)."""
+    replicates combined, the tuning spread, the forest plot (None: not drawn), and the learning
+    speed over the replicates (an arithmetic dataset's; empty otherwise)."""
 
     name: str
     metric_label: str
@@ -118,6 +119,7 @@ class Replication:
     combined: dt.Rows
     spread: dt.Rows
     figure: Figure | None
+    speed: dt.Rows
 
 
 @dataclass(frozen=True)
@@ -255,6 +257,7 @@ def report_content(cfg: StudyConfig, runs: RunOutputs, notes: Sequence[str],
     findings = [DatasetFindings(
         ds, fi.findings_section(
             tables.comparisons, datasets=[ds], replication=tables.replication,
+            speed_replication=tables.speed_replication,
             references=tables.references, convergence=tables.convergence,
             extrapolation=tables.extrapolation, length=tables.length,
             positions={v: cfg.model_config(v, vocab_size=1).position for v in order},
@@ -295,4 +298,5 @@ def replication(tables: ReportTables, figures: ReportFigures, out_dir: Path,
         per_replicate=dt.replicate_rows(tables.replicates, dataset),
         combined=dt.combined_rows(tables.replication, dataset),
         spread=dt.spread_rows(tables.tuning_spread, dataset),
-        figure=_figure(*figure, out_dir) if figure else None)
+        figure=_figure(*figure, out_dir) if figure else None,
+        speed=dt.speed_replication_rows(tables.speed_replication, dataset))

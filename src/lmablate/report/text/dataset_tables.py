@@ -176,6 +176,20 @@ def combined_rows(combined: pd.DataFrame, dataset: str) -> Rows:
     return rows
 
 
+def speed_replication_rows(speed: pd.DataFrame, dataset: str) -> Rows:
+    """The learning speed of ``dataset`` over the replicates
+    (:func:`~lmablate.report.stats.replication.combine_speed`): each replicate's ratio of tokens
+    to learn and verdict, whether they agree, and the combined ratio whose interval counts the
+    tuning draw."""
+    return [{
+        "variant": r["variant"], "ratio by replicate": r["ratios"],
+        "verdicts by replicate": r["verdicts"], "agree": "yes" if r["agree"] else "**no**",
+        "combined ratio": num(r["ratio"], 2), "df": integer(r["df"]),
+        "CI (Holm-adjusted)": interval(r, 2, "ratio_holm"), "p (Holm)": p_value(r["p_holm"]),
+        "combined verdict": r["verdict"],
+    } for _, r in speed[speed["dataset"] == dataset].iterrows()]
+
+
 def spread_rows(spread: pd.DataFrame, dataset: str) -> Rows:
     """How far tuning and the final losses moved between replicates of ``dataset``
     (:func:`~lmablate.report.stats.replication.tuning_spread`), beside the tuning uncertainty

@@ -200,6 +200,25 @@ def _replication(replication: pd.DataFrame | None, dataset: str, unit: str) -> l
     return lines
 
 
+def _speed_replication(speed: pd.DataFrame | None, dataset: str) -> list[str]:
+    """With replicates: each learning-speed verdict that did not replicate, one line each, and
+    the combined ratios of tokens to learn whose intervals count the tuning draw
+    (:func:`~lmablate.report.stats.replication.combine_speed`)."""
+    s = speed[speed["dataset"] == dataset] if speed is not None and len(speed) else None
+    if s is None or s.empty:
+        return []
+    k = int(s["replicates"].max())
+    lines = [f"- **Learning speed not replicated: {x.variant}.** Its verdicts in the {k} "
+             f"replicates: {x.verdicts} (ratios {x.ratios})." for x in s[~s["agree"]].itertuples()]
+    combined = "; ".join(
+        f"{x.variant} {x.verdict}, {x.ratio:.2f} [{x.ratio_holm_low:.2f}, "
+        f"{x.ratio_holm_high:.2f}]" if pd.notna(x.ratio_holm_low) else f"{x.variant} {x.verdict}"
+        for x in s.itertuples())
+    lines.append(f"- **Learning speed over all {k} replicates** (the ratio of tokens to learn, "
+                 f"variant / baseline, Holm-adjusted, counting the tuning draw): {combined}.")
+    return lines
+
+
 def _convergence(conv: pd.DataFrame, dataset: str) -> list[str]:
     """Still-falling curves: every seed of every variant fell over the last part of training."""
     c = conv[conv["dataset"] == dataset]
@@ -317,6 +336,7 @@ def findings_section(comparisons: pd.DataFrame, *, datasets: Sequence[str],
                      trends: pd.DataFrame | None = None,
                      success: pd.DataFrame | None = None,
                      speed: tuple[pd.DataFrame, pd.DataFrame] | None = None,
+                     speed_replication: pd.DataFrame | None = None,
                      variants: Sequence[str] = (),
                      ablation: pd.DataFrame | None = None) -> list[str]:
     """The Markdown lines of "Findings" (see the module docstring), one block per dataset; the
@@ -339,6 +359,10 @@ def findings_section(comparisons: pd.DataFrame, *, datasets: Sequence[str],
             seeds of each variant that learned an arithmetic task.
         speed: ``(learning_speed.csv, learning_speed_comparisons.csv)``
             (:mod:`lmablate.report.stats.learning_speed`): how fast each variant learned it.
+        speed_replication: ``learning_speed_replication.csv``
+            (:func:`~lmablate.report.stats.replication.combine_speed`): with replicates, a line
+            names each learning-speed verdict that did not replicate, and one gives the
+            combined ratios.
         variants: the variants with results, in study order: a dataset without comparisons
             says whether the study has one variant (:func:`_nothing_compared`).
         ablation: ``ablation.csv`` (a run per row, with ``d_model`` and ``steps``): a line
@@ -365,6 +389,7 @@ def findings_section(comparisons: pd.DataFrame, *, datasets: Sequence[str],
             lines += success_lines(success, ds, present(success["variant"]))
         if speed is not None:
             lines += speed_lines(*speed, ds)
+        lines += _speed_replication(speed_replication, ds)
         lines += _convergence(convergence if convergence is not None
                               else pd.DataFrame(columns=CONVERGENCE_COLUMNS), ds)
         lines += _extrapolation(extrapolation if extrapolation is not None else empty, ds,
