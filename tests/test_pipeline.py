@@ -230,6 +230,11 @@ def test_the_summary_run_carries_the_verdicts_and_its_artifacts_lie_beside_the_s
     assert uri == f"mlflow-artifacts:/lmablate/{run_id}/artifacts"
     files = study / "mlartifacts" / "lmablate" / run_id / "artifacts"
     assert (files / "report.md").read_bytes() == (study / "reports/report.md").read_bytes()
+    # every table the report wrote, byte for byte
+    tables = sorted(p.name for p in (study / "reports").glob("*.csv"))
+    assert sorted(p.name for p in (files / "tables").iterdir()) == tables and len(tables) > 20
+    assert all((files / "tables" / t).read_bytes() == (study / "reports" / t).read_bytes()
+               for t in tables)
     assert not (study / "mlruns").exists() or not list((study / "mlruns").rglob("*.*"))
 
 

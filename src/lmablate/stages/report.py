@@ -331,12 +331,8 @@ def run(cfg: StudyConfig, runs_dir: Path, tokens_dir: Path, out_dir: Path,
         tracker.log_params(params)
         tracker.log_metrics(metrics)
         tracker.log_artifact(out_dir / "report.md")
-        for name in ("ablation.csv", "summary.csv", "comparisons.csv", "problem_comparisons.csv",
-                     "detectable_effects.csv", "references.csv", "tuned.csv",
-                     "lr_sensitivity.csv", "replicates.csv", "replication.csv",
-                     "tuning_spread.csv",
-                     "length_generalisation.csv", "length_generalisation_comparisons.csv"):
-            tracker.log_artifact(out_dir / name, "tables")
+        for path in sorted(out_dir.glob("*.csv")):  # every table the report wrote
+            tracker.log_artifact(path, "tables")
         tracker.log_artifact(figures_dir, "figures")
     return result
 
