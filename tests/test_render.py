@@ -109,7 +109,8 @@ def _content(**changes) -> ReportContent:
         replication=[Replication("sums", "answer loss", "nats/answer char", 3,
                                  [{"variant": "rope", "replicate": 0}],
                                  [{"variant": "rope", "agree": "yes"}], [{"variant": "rope"}],
-                                 Figure("Replication caption", "figures/r.png"))])
+                                 Figure("Replication caption", "figures/r.png"),
+                                 [{"variant": "rope", "ratio by replicate": "1.60 / 1.20"}])])
     return dataclasses.replace(content, **changes)
 
 
@@ -169,6 +170,12 @@ def test_the_template_renders_the_sections_in_the_documented_order():
     assert "**baseline** (seed_0):\n\n```text\nROMEO:\n```\n" in md
     assert "**rope** (seed_0, learned):\n\n| prompt |\n|---|\n| `1+1=` |\n" in md
     assert "(truncated to 300 characters)" in md and "Up to 3 greedy-decoded" in md
+    # an arithmetic dataset's learning speed over the replicates: after the forest plot, before
+    # the tuning spread
+    assert ("![r](figures/r.png)\n\nLearning speed: the ratio of training tokens until the "
+            "probe's exact match reached 0.5") in md
+    assert ("| variant | ratio by replicate |\n|---|---|\n| rope | 1.60 / 1.20 |\n\n"
+            "How far tuning moved between replicates") in md
 
 
 def test_optional_blocks_are_left_out_without_blank_lines():

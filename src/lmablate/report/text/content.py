@@ -119,7 +119,7 @@ class Replication:
     combined: dt.Rows
     spread: dt.Rows
     figure: Figure | None
-    speed: dt.Rows
+    speed: dt.Rows = field(default_factory=list)
 
 
 @dataclass(frozen=True)
