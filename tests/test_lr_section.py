@@ -12,8 +12,10 @@ from synthetic_study import DATASETS, VARIANTS, lr_section_of
 
 def test_each_dataset_has_a_learning_rate_section_with_its_tuning_and_figure(built):
     cfg, out_dir, out = built
-    md = out["report"].read_text()
+    md = out["appendix"].read_text()  # report.md links to it (the tuning detail)
+    report = out["report"].read_text()
     for ds in DATASETS:
+        assert f"In the [appendix](appendix.md#{ds}): how each variant responds" in report
         section = lr_section_of(md, ds)
         # S is defined once, in "How the learning rate was chosen", which this section links
         assert "Wortsman et al. 2023" not in section
@@ -33,6 +35,7 @@ def test_each_dataset_has_a_learning_rate_section_with_its_tuning_and_figure(bui
         # the figure is in the section, and only there
         assert f"](figures/tuning_{ds}.png)" in section
         assert md.count(f"](figures/tuning_{ds}.png)") == 1
+        assert f"](figures/tuning_{ds}.png)" not in report
     sens = pd.read_csv(out["lr_sensitivity"])
     assert list(sens.columns) == sensitivity.SENSITIVITY_COLUMNS
     assert [tuple(r) for r in sens[["dataset", "variant"]].values] == [

@@ -10,10 +10,11 @@ import pandas as pd
 def test_report_markdown(built):
     cfg, out_dir, out = built
     md = out["report"].read_text()
-    assert out["report"] == out_dir / "report.md"
-    # every figure written is linked relatively
+    app = out["appendix"].read_text()
+    assert out["report"] == out_dir / "report.md" and out["appendix"] == out_dir / "appendix.md"
+    # every figure written is linked relatively, in the report or in its appendix
     for p in out["figures"]:
-        assert f"](figures/{p.name})" in md
+        assert f"](figures/{p.name})" in md + app
     # tables
     assert "| variant | seeds | test loss (nats/char) |" in md
     assert "Δ (variant − baseline)" in md and "p (Holm)" in md
@@ -37,11 +38,12 @@ def test_report_markdown(built):
     assert f"context of {cfg.model.context_length} characters" in md
     assert ("successive halving with Optuna: 6 configurations at 0.2 of the budget, then the "
             "full-budget bracket on tuning seed 1000 ([How the learning rate was chosen]"
-            "(#how-the-learning-rate-was-chosen))") in md
-    defined = md.split("\n## How the learning rate was chosen\n", 1)[1].split("\n## ", 1)[0]
+            "(appendix.md#how-the-learning-rate-was-chosen))") in md
+    defined = app.split("\n## How the learning rate was chosen\n", 1)[1].split("\n## ", 1)[0]
     assert ("**The full-budget bracket**: 1 learning rate 2x apart, each on tuning seed 1000 "
             "(not final seeds)") in defined
-    assert md.count("Wortsman et al. 2023") == 1 and md.count("1,000 bootstrap draws") == 1
+    assert app.count("Wortsman et al. 2023") == 1 and app.count("1,000 bootstrap draws") == 1
+    assert "Wortsman et al. 2023" not in md
     assert "every trial below the full budget on seed 1000" in md
     middle = math.sqrt(cfg.tune.tokens_per_parameter[0] * cfg.tune.tokens_per_parameter[1])
     assert ("3 learning rates evenly spaced in log over the range at the width nearest "
@@ -51,8 +53,8 @@ def test_report_markdown(built):
     # tuned lr / d_model, parameter counts, throughput
     assert "| baseline | 0.002 | 64 | 1,000 | 105,000 | 100,000 | 600,000 | 40,000 |" in md
     # samples in a code block whose fence survives the ``` inside the sample
-    assert "````text\nROMEO (gelu, seed 0):" in md
-    assert "`$(0000000782+0000000021)=`" in md and "✗" in md
+    assert "````text\nROMEO (gelu, seed 0):" in app
+    assert "`$(0000000782+0000000021)=`" in app and "✗" in app
     # the ignored stale run is mentioned
     assert "not part of the configured study" in md and "shakespeare/old" in md
 

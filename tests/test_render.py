@@ -16,7 +16,7 @@ from lmablate.report.text import dataset_tables as dt
 from lmablate.report.text import samples as sm
 from lmablate.report.text.content import (Arithmetic, DatasetContent, DatasetFindings, Figure,
                                           Replication, ReportContent)
-from lmablate.report.text.render import FILTERS, environment, render_report
+from lmablate.report.text.render import FILTERS, environment, render_appendix, render_report
 from lmablate.report.text.scaling_section import ScalingDataset, ScalingSection
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -128,9 +128,14 @@ SECTIONS = ["# Ablation study report", "## Findings", "### How to read this repo
             "rope (test loss). Significantly worse: none.",
             "### Problem by problem (a diagnostic, not a verdict)",
             "### Tuned hyper-parameters, size and throughput",
-            "### How each variant responds to the learning rate",
-            "#### At the full budget: each variant's learning rate bracketed", "### Figures",
-            "### Samples", "### Predictions", "## Other figures"]
+            "In the [appendix](appendix.md#sums): how each variant responds to the learning "
+            "rate, each variant's full-budget bracket, samples, predictions.", "### Figures",
+            "## Other figures"]
+# appendix.md: the detail report.md links to, in this order
+APPENDIX_SECTIONS = ["# Appendix to the ablation study report", "## sums",
+                     "### How each variant responds to the learning rate",
+                     "#### At the full budget: each variant's learning rate bracketed",
+                     "### Samples", "### Predictions"]
 
 
 def test_the_template_renders_the_sections_in_the_documented_order():
@@ -144,7 +149,7 @@ def test_the_template_renders_the_sections_in_the_documented_order():
     assert "- sums/old is ignored\n\n## sums\n" in md
     assert ("### Problem by problem (a diagnostic, not a verdict)\n\nWhich of the same 1,000 "
             "test problems each variant gets right on its 3 seeds, paired problem by problem") in md
-    assert "**A caption**\n\n![a](figures/a.png)\n\nNot drawn: why.\n\n### Samples" in md
+    assert "**A caption**\n\n![a](figures/a.png)\n\nNot drawn: why.\n\n## Other figures" in md
     assert ("## What this study can and cannot say\n\n**sums**\n\n- A limit.\n- Another.\n\n"
             "## How the effects change with compute\n\nScaling.\n\n![Loss against compute]"
             "(figures/c.png)\n\n*Headline loss against training FLOPs") in md
@@ -161,21 +166,35 @@ def test_the_template_renders_the_sections_in_the_documented_order():
     assert ("| rope |\n\n![IsoFLOP profiles](figures/i.png)\n\n### An extrapolation, not a "
             "measurement\n\nAt the seed scale.\n\n| variant |\n|---|\n| rope |\n\n"
             "## Methodology\n\nMethods.\n\nData notes:") in md
-    assert ("### How each variant responds to the learning rate\n\nSensitivity.\n\n"
-            "**LR caption**\n\n![lr](figures/lr.png)\n\n#### At the full budget: each "
-            "variant's learning rate bracketed\n\nBracket.\n\n### Figures\n") in md
     assert md.startswith("# Ablation study report\n\n6 runs: 1 dataset x 2 variants x 3 seeds, "
                          "of the default profile (`study.profile`).")
     assert "\n\n## Findings\n\n**sums**: verdicts.\n\n### How to read this report" in md
-    assert "**baseline** (seed_0):\n\n```text\nROMEO:\n```\n" in md
-    assert "**rope** (seed_0, learned):\n\n| prompt |\n|---|\n| `1+1=` |\n" in md
-    assert "(truncated to 300 characters)" in md and "Up to 3 greedy-decoded" in md
     # an arithmetic dataset's learning speed over the replicates: after the forest plot, before
     # the tuning spread
     assert ("![r](figures/r.png)\n\nLearning speed: the ratio of training tokens until the "
             "probe's exact match reached 0.5") in md
     assert ("| variant | ratio by replicate |\n|---|---|\n| rope | 1.60 / 1.20 |\n\n"
             "How far tuning moved between replicates") in md
+
+
+def test_the_appendix_holds_the_tuning_detail_samples_and_predictions_the_report_links_to():
+    content = _content()
+    app = render_appendix(content)
+    at = [app.index(f"\n{s}") if i else app.index(s) for i, s in enumerate(APPENDIX_SECTIONS)]
+    assert at == sorted(at) and at[0] == 0 and "\n\n\n" not in app
+    assert ("### How each variant responds to the learning rate\n\nSensitivity.\n\n"
+            "**LR caption**\n\n![lr](figures/lr.png)\n\n#### At the full budget: each "
+            "variant's learning rate bracketed\n\nBracket.\n\n### Samples\n") in app
+    assert "**baseline** (seed_0):\n\n```text\nROMEO:\n```\n" in app
+    assert "**rope** (seed_0, learned):\n\n| prompt |\n|---|\n| `1+1=` |\n" in app
+    assert "(truncated to 300 characters)" in app and "Up to 3 greedy-decoded" in app
+    md = render_report(content)
+    for moved in APPENDIX_SECTIONS[2:]:
+        assert f"\n{moved}\n" not in md
+    # the report links to the dataset's part of the appendix; with nothing there, no link
+    bare = dataclasses.replace(_dataset(), lr=[], lr_figure=None, bracket=[],
+                               bracket_figure=None, has_samples=False, has_predictions=False)
+    assert "appendix.md" not in render_report(_content(datasets=[bare]))
 
 
 def test_optional_blocks_are_left_out_without_blank_lines():

@@ -196,10 +196,8 @@ def csv_tables(runs: RunOutputs, tables: ReportTables
         "replicates": ("replicates.csv", tables.replicates, rep.REPLICATE_COLUMNS),
         "replication": ("replication.csv", tables.replication, rep.COMBINED_COLUMNS),
         "tuning_spread": ("tuning_spread.csv", tables.tuning_spread, rep.SPREAD_COLUMNS),
-        # with replicates only: a study of one replicate writes the files it always wrote
-        **({"speed_replication": ("learning_speed_replication.csv", tables.speed_replication,
-                                  rep.SPEED_REPLICATION_COLUMNS)}
-           if not tables.replication.empty else {}),
+        "speed_replication": ("learning_speed_replication.csv", tables.speed_replication,
+                              rep.SPEED_REPLICATION_COLUMNS),
         "extrapolation": ("extrapolation.csv", tables.extrapolation, ex.TABLE_COLUMNS),
         "extrapolation_comparisons": ("extrapolation_comparisons.csv",
                                       tables.extrapolation_comparisons, None),

@@ -4,7 +4,7 @@ Reads what the train/evaluate/tune stages wrote under ``runs/<dataset>/<variant>
 first-seed checkpoints and the tokenized test splits, for the model figures) and writes, under
 ``out_dir`` (normally ``reports/``), the CSV tables (:mod:`lmablate.report.tables`), the DVC
 metrics and curves (:mod:`lmablate.report.headline`, :mod:`lmablate.report.curves`), the figures
-(:mod:`lmablate.report.figures`) and ``report.md`` (rendered by
+(:mod:`lmablate.report.figures`), ``report.md`` and the ``appendix.md`` it links to (rendered by
 :mod:`lmablate.report.text.render`); then logs them to an MLflow summary run. Rows follow the
 study order (datasets as configured, baseline first), set once by
 :func:`lmablate.report.collect.restrict_to_study`. Losses are in nats/char. Every file and its
@@ -39,7 +39,7 @@ from lmablate.report.stats.pooled_uncertainty import with_pooled_uncertainty
 from lmablate.report.tables import compute_tables, csv_tables
 from lmablate.report.text import findings as fi
 from lmablate.report.text.content import report_content
-from lmablate.report.text.render import render_report
+from lmablate.report.text.render import render_appendix, render_report
 from lmablate.report.text.scaling_section import (draw_scaling_figures, scaling_csvs,
                                                scaling_metrics, scaling_section,
                                                scaling_tables)
@@ -195,8 +195,8 @@ def build_report(cfg: StudyConfig, runs_dir: Path, out_dir: Path,
             ``runs_dir`` are ignored and listed in the report) and its settings are written into
             the methodology paragraph.
         runs_dir: the ``runs/`` tree (``<dataset>/<variant>/metrics.json`` etc.).
-        out_dir: where to write (created if needed); its tables, ``report.md`` and the
-            folders ``figures/``, ``curves/`` and ``metrics/`` are replaced as a whole.
+        out_dir: where to write (created if needed); its tables, ``report.md``,
+            ``appendix.md`` and the folders ``figures/``, ``curves/`` and ``metrics/`` are replaced as a whole.
         environment: free-form facts for the methodology paragraph, e.g. ``{"hardware": "1x
             H100", "torch": "2.13.0", "python": "3.11.9", "wall_seconds": {"tune": 812.0}}``;
             the keys ``hardware``/``device`` and ``torch``/``torch_version`` are used in the
@@ -281,10 +281,13 @@ def _write_report(cfg: StudyConfig, runs: RunOutputs, notes: list[str], tables,
     paths["report"] = out_dir / "report.md"
     # "How to read this report" counts the tables as written
     written = [file for file, _, _ in (*csvs.values(), *csvs_scaling.values())]
-    fileio.write_text(paths["report"], render_report(report_content(
+    content = report_content(
         cfg, runs, notes, tables, figures, out_dir, environment,
         scaling=scaling_section(scaling, runs, scaling_figures, out_dir),
-        trends=scaling.trends, csv_files=written, environments=environments)))
+        trends=scaling.trends, csv_files=written, environments=environments)
+    fileio.write_text(paths["report"], render_report(content))
+    paths["appendix"] = out_dir / "appendix.md"
+    fileio.write_text(paths["appendix"], render_appendix(content))
     paths["figures"] = figures.written() + list(scaling_figures.values())
     return paths
 
@@ -311,7 +314,8 @@ def run(cfg: StudyConfig, runs_dir: Path, tokens_dir: Path, out_dir: Path,
     Runs :func:`build_report` with this machine's :func:`environment` and the model figures
     drawn from the checkpoints (:func:`draw_model_figures`); once every output is in place it
     logs the study's verdicts and metrics
-    (:func:`summary_record`), ``report.md``, the tables (artifact folder ``tables``) and
+    (:func:`summary_record`), ``report.md``, ``appendix.md``, the tables (artifact folder
+    ``tables``) and
     ``figures/`` to a run named ``study-summary``.
 
     Returns:
@@ -331,6 +335,7 @@ def run(cfg: StudyConfig, runs_dir: Path, tokens_dir: Path, out_dir: Path,
         tracker.log_params(params)
         tracker.log_metrics(metrics)
         tracker.log_artifact(out_dir / "report.md")
+        tracker.log_artifact(out_dir / "appendix.md")
         for path in sorted(out_dir.glob("*.csv")):  # every table the report wrote
             tracker.log_artifact(path, "tables")
         tracker.log_artifact(figures_dir, "figures")

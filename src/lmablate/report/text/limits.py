@@ -106,10 +106,12 @@ def _between_references(summary: pd.DataFrame, references: pd.DataFrame,
 
 
 def _power(comparisons: pd.DataFrame, dataset: str) -> list[str]:
-    """The minimum detectable effect of each comparison (:func:`~lmablate.report.stats.detectable.detectable_table`), per metric:
-    the range over the comparisons and each one's value, as in the comparison table."""
+    """The minimum detectable effect of each comparison in the dataset's headline loss
+    (:func:`~lmablate.report.stats.detectable.detectable_table`): the range over the
+    comparisons and each one's value, as in the comparison table; the other metrics' are in
+    ``detectable_effects.csv``."""
     d = detectable_table(comparisons)
-    d = d[d["dataset"] == dataset]
+    d = d[(d["dataset"] == dataset) & (d["metric"] == headline_loss(comparisons, dataset))]
     if d.empty:
         return []
     parts = []
@@ -126,8 +128,7 @@ def _power(comparisons: pd.DataFrame, dataset: str) -> list[str]:
     n = int(d["n_pairs"].max())
     m = int(d["n_compared"].max())
     return [f"[MDE](#how-to-read-this-report) with {n} seeds, {POWER:.0%} power at Holm's "
-            f"α/{m} (a smaller true difference likely ends as \"no significant difference\"): "
-            f"{'; '.join(parts)}."]
+            f"α/{m}: {'; '.join(parts)}; every metric's in `detectable_effects.csv`."]
 
 
 def _tuning_uncertainty(comparisons: pd.DataFrame, tuned: pd.DataFrame,
@@ -148,12 +149,12 @@ def _tuning_uncertainty(comparisons: pd.DataFrame, tuned: pd.DataFrame,
                     & (comparisons["verdict"] == VERDICT_UNDECIDED_TUNING)]
     objective = str(t["objective"].iloc[0]) if "objective" in t else "val_loss"
     if objective == "val_answer_loss_mean":
-        return [f"[Tuning uncertainty](#how-the-learning-rate-was-chosen) (in the mean answer "
+        return [f"[Tuning uncertainty](appendix.md#how-the-learning-rate-was-chosen) (in the mean answer "
                 f"loss over a run, nats per answer character; no verdict is in that unit, so "
                 f"it checks none): {values}."]
     unit, checks = (("nats per answer character", "the answer-loss verdicts")
                     if objective == "val_answer_loss" else ("nats/char", "the test-loss verdicts"))
-    text = (f"[Tuning uncertainty](#how-the-learning-rate-was-chosen) ({unit}; it checks "
+    text = (f"[Tuning uncertainty](appendix.md#how-the-learning-rate-was-chosen) ({unit}; it checks "
             f"{checks} only): {values}.")
     if len(c):
         text += (" Significant over seeds but within the larger of the two tuning "

@@ -46,7 +46,7 @@ def _rungs_text(tu) -> str:
     parts += [f"the best {n} at {f:g}" for n, f in tu.rungs[1:-1]]
     if len(tu.rungs) > 1:
         parts.append(f"the full-budget bracket on {tuning_seeds(tu)} ([How the learning rate "
-                     "was chosen](#how-the-learning-rate-was-chosen))")
+                     "was chosen](appendix.md#how-the-learning-rate-was-chosen))")
     return ", then ".join(parts)
 
 

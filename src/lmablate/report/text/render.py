@@ -20,6 +20,7 @@ from lmablate.report.text import mdtable
 from lmablate.report.text.content import ReportContent
 
 TEMPLATE = "report.md.j2"
+APPENDIX_TEMPLATE = "appendix.md.j2"  # the detail report.md links to
 
 
 def lines(items: Iterable[str]) -> str:
@@ -86,3 +87,14 @@ def render_report(content: ReportContent, template: str = TEMPLATE) -> str:
         jinja2.TemplateNotFound: no ``template`` in the package's templates.
     """
     return environment().get_template(template).render(report=content).rstrip() + "\n"
+
+
+def render_appendix(content: ReportContent) -> str:
+    """The text of ``appendix.md``, the detail ``report.md`` links to (how the learning rate
+    was chosen, each dataset's tuning detail, samples and predictions), from the report's
+    content; formatted as :func:`render_report`.
+
+    Raises:
+        jinja2.UndefinedError: the template uses a field the content does not have.
+    """
+    return render_report(content, APPENDIX_TEMPLATE)
