@@ -36,7 +36,7 @@ def test_the_learning_rate_sensitivity_uses_ln_of_the_vocabulary_size(study_root
             row = sens.loc[(ds, var)]
             assert row["lr_sensitivity"] == pytest.approx(want, abs=1e-12), (ds, var)
             assert row["uniform_loss"] == l0 and pd.isna(row["note"])
-    md = out["report"].read_text()
+    md = out["appendix"].read_text()  # the tuning detail
     section = lr_section_of(md, "arithmetic")
     s = sens.loc[("arithmetic", "rmsnorm"), "lr_sensitivity"]
     assert f"| rmsnorm | {s:.3f} | 3 (1) | 0.007 |" in section
