@@ -119,10 +119,13 @@ def ablation_frame(variants=ORDER, seeds=(0, 1, 2)):
     return categorical(pd.DataFrame(rows))
 
 
-def history_frame(variants=ORDER):
-    """Validation curves from log(vocab) ~ 4.2 down to ~2.0."""
+def history_frame(variants=ORDER, tokens_per_step=1024):
+    """Validation curves from log(vocab) ~ 4.2 down to ~2.0, and answer losses from ~1.0 down
+    to ~0.01, at ``tokens_per_step`` training tokens a step."""
     rows = [{"dataset": DS, "variant": v, "seed": s, "step": step,
-             "val_loss": 2.0 + 0.01 * i + (4.2 - 2.0) * math.exp(-step / 60)}
+             "tokens": step * tokens_per_step,
+             "val_loss": 2.0 + 0.01 * i + (4.2 - 2.0) * math.exp(-step / 60),
+             "val_answer_loss": 0.01 * (1 + i) + math.exp(-step / 50)}
             for i, v in enumerate(variants) for s in range(3) for step in range(0, 301, 50)]
     return categorical(pd.DataFrame(rows))
 
@@ -243,6 +246,54 @@ def test_val_loss_curves_draw_a_labelled_line_at_every_reference(drawn, tmp_path
     texts = legend_texts(drawn[0])
     for name, value in REFERENCES.items():
         assert f"{name}: {value:.3f}" in texts
+
+
+def test_val_loss_curves_name_a_reference_far_from_the_curves_without_stretching_the_axis(
+        drawn, tmp_path, palette):
+    refs = {"trigram (KN)": 2.20, "floor": 0.50}
+    figures.plot_val_loss_curves(history_frame(), DS, tmp_path / "v.png", palette=palette,
+                                 references=refs)
+    fig = drawn[0]
+    ax = fig.axes[0]
+    assert horizontal_lines(ax) == [2.20]
+    assert "floor: 0.500 (off the axis, below)" in legend_texts(fig)
+    renderer_of(fig)
+    assert ax.get_ylim()[0] > 1.5  # the curves end at 2.0-2.1: the far line does not set it
+
+
+def test_val_loss_curves_put_every_variant_on_the_compute_axis_where_equal_budgets_end_together(
+        drawn, tmp_path, palette):
+    # a wider variant costs twice the FLOPs per token and trains half the tokens a step
+    h = pd.concat([history_frame(["baseline"]), history_frame(["swiglu"], tokens_per_step=512)])
+    h = categorical(h.reset_index(drop=True))
+    figures.plot_val_loss_curves(h, DS, tmp_path / "v.png", palette=palette,
+                                 flops_per_token={"baseline": 1000.0, "swiglu": 2000.0})
+    ax = drawn[0].axes[0]
+    assert ax.get_xlabel() == "training compute (FLOPs)"
+    ends = sorted({float(line.get_xdata()[-1]) for line in ax.get_lines()
+                   if len(line.get_xdata()) > 1})
+    assert ends == [300 * 1024 * 1000.0]
+
+
+def test_val_loss_curves_of_an_answer_loss_falling_a_hundredfold_are_on_a_log_axis(
+        drawn, tmp_path, palette):
+    figures.plot_val_loss_curves(history_frame(["baseline", "rope"]), DS, tmp_path / "v.png",
+                                 palette=palette, metric="val_answer_loss")
+    ax = drawn[0].axes[0]
+    assert ax.get_yscale() == "log"
+    assert ax.get_ylabel() == "validation answer loss (nats/answer char)"
+    figures.plot_val_loss_curves(history_frame(["baseline", "rope"]), DS, tmp_path / "w.png",
+                                 palette=palette)
+    assert drawn[1].axes[0].get_yscale() == "linear"
+
+
+def test_the_test_loss_figure_draws_the_headline_metric_it_is_given(drawn, tmp_path):
+    a = ablation_frame()
+    a["answer_loss"] = a["test_loss"] - 2.0
+    figures.plot_test_loss(a, DS, tmp_path / "t.png", metric="answer_loss")
+    ax = drawn[0].axes[0]
+    assert ax.get_ylabel() == "answer loss (nats/answer char)"
+    assert ax.get_ylim()[1] < 1.0  # the answer losses, not the test losses around 2
 
 
 def test_test_loss_draws_a_near_reference_and_names_a_far_one_off_the_axis(drawn, tmp_path):
@@ -693,3 +744,17 @@ def test_learning_speed_draws_each_variants_share_learned_as_a_step_line(drawn, 
     assert "baseline (4 seeds)" in legend_texts(fig)
     assert arith_figs.plot_learning_speed(speed.iloc[:0], "arith", tmp_path / "x.png",
                                           palette=palette) is None
+
+
+def test_learning_speed_draws_no_panel_for_a_threshold_no_seed_reached(drawn, tmp_path,
+                                                                        palette):
+    from lmablate.report.stats.learning_speed import SPEED_COLUMNS
+    rows = [{"dataset": "arith", "variant": v, "seed": s, "threshold": t,
+             "tokens": 1e6 * (s + 1) if t == 0.5 else 5e6, "learned": t == 0.5}
+            for v in ("baseline", "gelu") for s in range(4) for t in (0.5, 0.9)]
+    speed = categorical(pd.DataFrame(rows, columns=SPEED_COLUMNS))
+    arith_figs.plot_learning_speed(speed, "arith", tmp_path / "s.png", palette=palette)
+    assert [a.get_title() for a in drawn[0].axes] == ["exact match ≥ 0.5 on the probe problems"]
+    never = speed.assign(learned=False, tokens=5e6)
+    arith_figs.plot_learning_speed(never, "arith", tmp_path / "n.png", palette=palette)
+    assert [a.get_title() for a in drawn[1].axes] == ["exact match ≥ 0.5 on the probe problems"]

@@ -29,3 +29,34 @@ def test_attention_and_embedding_hooks(tmp_path):
         model_figures.plot_embedding_pca({"x": rng.normal(size=(3, 8))}, chars, "bad",
                                   tmp_path / "bad.png")
     assert not (tmp_path / "bad.png").exists()
+
+
+def test_attention_tick_labels_are_9_points_and_never_overlap(tmp_path, monkeypatch):
+    import itertools
+    from contextlib import contextmanager
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from lmablate.report.figures import plotting
+    figs, original = [], plotting.panels
+
+    @contextmanager
+    def recording(*args, **kwargs):
+        with original(*args, **kwargs) as (fig, axes):
+            figs.append(fig)
+            yield fig, axes
+
+    monkeypatch.setattr(plotting, "panels", recording)
+    tokens = list("First Citizen:\nBefore we proceed any further, hear me speak.")[:64]
+    t = len(tokens)
+    maps = {f"variant {i}": np.tril(np.ones((t, t))) / np.arange(1, t + 1)[:, None]
+            for i in range(4)}
+    model_figures.plot_attention(maps, tokens, "test", tmp_path / "attn.png")
+    canvas = FigureCanvasAgg(figs[0])
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    ax = figs[0].axes[0]
+    for labels in (ax.get_xticklabels(), ax.get_yticklabels()):
+        shown = [lab for lab in labels if lab.get_text()]
+        assert 0 < len(shown) <= model_figures.MAX_TICKS
+        assert min(lab.get_fontsize() for lab in shown) >= 9
+        boxes = [lab.get_window_extent(renderer) for lab in shown]
+        assert not any(a.overlaps(b) for a, b in itertools.combinations(boxes, 2))

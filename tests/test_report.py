@@ -109,7 +109,7 @@ def test_the_same_runs_give_byte_identical_reports(built, tmp_path):
     assert np.array_equal(np.random.get_state()[1], before)
     written = sorted(p.relative_to(tmp_path / "again") for p in (tmp_path / "again").rglob("*")
                      if p.is_file())
-    assert Path("figures") / "test_loss_arithmetic.png" in written
+    assert Path("figures") / "answer_loss_arithmetic.png" in written
     for rel in written:
         assert (tmp_path / "again" / rel).read_bytes() == (out_dir / rel).read_bytes(), rel
 

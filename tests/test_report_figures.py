@@ -14,7 +14,7 @@ from synthetic_study import make_cfg, write_runs
 EXPECTED_FIGURES = [
     "val_loss_curves_shakespeare.png", "test_loss_shakespeare.png", "forest_shakespeare.png",
     "tuning_shakespeare.png",
-    "val_loss_curves_arithmetic.png", "test_loss_arithmetic.png", "forest_arithmetic.png",
+    "val_loss_curves_arithmetic.png", "answer_loss_arithmetic.png", "forest_arithmetic.png",
     "exact_match_by_op.png", "char_accuracy_by_op.png", "tuning_arithmetic.png",
     "length_generalisation_arithmetic.png",
 ]

@@ -25,6 +25,10 @@ from lmablate.report.stats import extrapolation as ex
 from lmablate.report.stats.statistics import (ANSWER_LOSS, TEXT_LOSS, VERDICT_BETTER,
                                               VERDICT_WORSE)
 
+# each headline loss -> the column of history.csv that measures it on the validation split
+# during training (the curves of :func:`lmablate.report.figures.losses.plot_val_loss_curves`)
+VALIDATION_TWIN = {TEXT_LOSS: "val_loss", ANSWER_LOSS: "val_answer_loss"}
+
 
 
 def headline_loss(frame: pd.DataFrame, dataset: str) -> str:

@@ -173,7 +173,8 @@ def plot_learning_speed(speed: pd.DataFrame, dataset: str, path: Path, *,
     ``palette`` colour with its pointwise 95% band
     (:func:`~lmablate.report.stats.learning_speed.share_learned_curves`) up to the tokens its runs
     trained (a wider variant trains fewer at equal FLOPs); a seed that never learned is
-    censored there, marked ``|``. Returns ``path``, or None without tokens to learn
+    censored there, marked ``|``. A threshold no seed reached gets no panel, unless none was
+    reached at all (then the lowest alone). Returns ``path``, or None without tokens to learn
     for ``dataset`` (runs without the answer probe)."""
     from lmablate.report.stats.learning_speed import THRESHOLDS, share_learned_curves
 
@@ -182,7 +183,11 @@ def plot_learning_speed(speed: pd.DataFrame, dataset: str, path: Path, *,
         return None
     order = present(s["variant"])
     colours = plots.variant_palette(order, palette)
-    thresholds = [t for t in THRESHOLDS if (s["threshold"] == t).any()]
+    # a panel per threshold some seed reached: one where none did would be empty lines at 0
+    # (the lowest threshold stays, so that a study where no seed learned still says so)
+    present_ = [t for t in THRESHOLDS if (s["threshold"] == t).any()]
+    thresholds = [t for t in present_
+                  if s.loc[s["threshold"] == t, "learned"].astype(bool).any()] or present_[:1]
     budget = float(s["tokens"].max()) / 1e6
     with plots.figure(path, figsize=(4.6 * len(thresholds) + 1.6, 4.0),
                       ncols=len(thresholds)) as (fig, axes):
@@ -214,7 +219,7 @@ def plot_learning_speed(speed: pd.DataFrame, dataset: str, path: Path, *,
             ax.set_ylabel("share of seeds learned (Kaplan-Meier)")
             ax.set_title(f"exact match ≥ {threshold:g} on the probe problems")
         axes[0][-1].legend(title="variant", loc="upper left", bbox_to_anchor=(1.02, 1.0),
-                           fontsize=8)
+                           fontsize=9)
         fig.suptitle(f"{dataset}: how fast each variant learns (bands: pointwise 95% "
                      "intervals; |: seeds not learned by the budget)", fontsize=10)
     return Path(path)

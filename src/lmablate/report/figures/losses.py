@@ -63,61 +63,112 @@ REFERENCE_WINDOW = 1.5
 # in size. Neighbouring widths the tuner picks from (24, 32, 40) differ by 1.5x or more in
 # parameters, so 1.2 keeps every figure where the variants really differ in size.
 MIN_PARAMS_RATIO = 1.2
+# plot_val_loss_curves draws a reference only within this share of the curves' range beyond
+# it: an n-gram line 1 nat above a curve's start set the axis, and the curves shared its
+# bottom tenth
+CURVE_REFERENCE_WINDOW = 0.1
+# plot_val_loss_curves puts the loss on a log axis when the means span more than this factor:
+# an answer loss falls from ~1 to ~0.02, and a linear axis hides where it ends
+LOG_SPAN = 10.0
 
 
 def plot_val_loss_curves(history: pd.DataFrame, dataset: str, path: Path, *,
                          palette: Mapping[str, Any],
-                         references: Mapping[str, float] | None = None) -> Path | None:
-    """Validation loss (nats/char) against optimizer step, one line per variant: the mean over
-    seeds with a band of +-1 SD over seeds (SD, not a bootstrap CI: 3 seeds make a poor
-    bootstrap).
+                         references: Mapping[str, float] | None = None,
+                         metric: str = "val_loss",
+                         flops_per_token: Mapping[str, float] | None = None) -> Path | None:
+    """A validation loss during training, one line per variant: the mean over seeds with a
+    band of +-1 SD over seeds (SD, not a bootstrap CI: 3 seeds make a poor bootstrap).
 
     Args:
         palette: variant -> colour (:func:`~lmablate.report.families.family_palette`).
-        references: label -> loss (nats/char), e.g. n-gram baselines; each is a grey dashed
-            horizontal line, named with its value in the legend. All are drawn, whatever their
-            value: the curves start near log(vocab size) and pass most references.
+        references: label -> loss in ``metric``'s unit, e.g. n-gram baselines. One within
+            :data:`CURVE_REFERENCE_WINDOW` of the curves' range is a grey dashed line named with
+            its value in the legend; a farther one is only named, ``"(off the axis, above)"``
+            (or below), so that it does not squash the curves.
+        metric: the column of ``history`` drawn, ``val_loss`` (nats/char) or
+            ``val_answer_loss`` (nats/answer char), the headline loss's validation twin.
+        flops_per_token: variant -> training FLOPs per token
+            (:func:`lmablate.model.gpt.flops_per_token`): the x axis is then training compute,
+            ``tokens`` x FLOPs per token, on which every variant ends at the same budget;
+            without it, training tokens.
 
-    Returns ``path``, or None if there is no history for ``dataset``."""
+    The y axis is logarithmic when the means span more than :data:`LOG_SPAN` (an answer loss
+    falling towards 0), so the end of training, where the verdicts are, stays readable.
+
+    Returns ``path``, or None if there is no history of ``metric`` for ``dataset``."""
     h = history[history["dataset"] == dataset] if len(history) else history
-    if h.empty or "val_loss" not in h:
+    if h.empty or metric not in h:
         return None
-    h = h.dropna(subset=["val_loss"])
+    h = h.dropna(subset=[metric])
+    if h.empty:
+        return None
     order = present(h["variant"])
     n_seeds = h.groupby("variant", observed=True)["seed"].nunique().max()
+    x, x_label = "tokens", "training tokens"
+    if flops_per_token is not None and all(v in flops_per_token for v in order):
+        h = h.assign(flops=h["tokens"] * h["variant"].astype(str).map(flops_per_token))
+        x, x_label = "flops", "training compute (FLOPs)"
+    name, unit, _ = (METRICS[metric] if metric in METRICS else METRICS.get(
+        metric.removeprefix("val_"), (metric, "", None)))
+    name = name if name.startswith("validation") else f"validation {name}"
+    means = h.groupby(["variant", x], observed=True)[metric].agg(["mean", "std"]).fillna(0.0)
+    low = float((means["mean"] - means["std"]).min())
+    high = float((means["mean"] + means["std"]).max())
+    log = bool(means["mean"].min() > 0 and means["mean"].max() > LOG_SPAN * means["mean"].min())
     with plotting.figure(path, figsize=(8.5, 4.8)) as (fig, axes):
         ax = axes[0, 0]
-        sns.lineplot(data=h, x="step", y="val_loss", hue="variant", hue_order=order,
+        sns.lineplot(data=h, x=x, y=metric, hue="variant", hue_order=order,
                      palette=plotting.variant_palette(order, palette), errorbar="sd", marker="o",
                      markersize=4, ax=ax)
         handles, labels = ax.get_legend_handles_labels()
-        refs = plotting.draw_references(ax, references)
-        ax.set_title(f"{dataset}: validation loss during training\n"
+        refs = plotting.draw_references(ax, references, _curve_window(low, high, log))
+        ax.set_title(f"{dataset}: {name} during training\n"
                      f"(mean over {n_seeds} seed(s), band = ±1 SD)")
-        ax.set_xlabel("optimizer step")
-        ax.set_ylabel(f"validation loss ({LOSS_UNIT})")
+        ax.set_xlabel(x_label)
+        ax.set_ylabel(f"{name} ({unit})" if unit else name)
+        if log:
+            ax.set_yscale("log")
         # outside the axes: with a dozen variants an inner legend hides the curves
         ax.legend(handles + refs, labels + [r.get_label() for r in refs],
-                  title="variant" + (f" / reference ({LOSS_UNIT})" if refs else ""),
-                  loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+                  title="variant" + (" / reference" if refs else ""),
+                  loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9)
     return Path(path)
 
 
+def _curve_window(low: float, high: float, log: bool) -> tuple[float, float]:
+    """The losses within which :func:`plot_val_loss_curves` draws references: the curves'
+    range (means +- 1 SD) widened on each side by :data:`CURVE_REFERENCE_WINDOW` of its span
+    (in log on a log axis)."""
+    if log:
+        low = max(low, high * 1e-6)
+        span = np.log(high / low) if high > low else np.log(2.0)
+        pad = np.exp(CURVE_REFERENCE_WINDOW * span)
+        return low / pad, high * pad
+    span = high - low if high > low else 0.05 * max(abs(high), 1.0)
+    return low - CURVE_REFERENCE_WINDOW * span, high + CURVE_REFERENCE_WINDOW * span
+
+
 def plot_test_loss(ablation: pd.DataFrame, dataset: str, path: Path, *,
-                   references: Mapping[str, float] | None = None) -> Path | None:
-    """Test loss (nats/char) per variant: each seed as a grey dot, the mean as a diamond with
-    its 95% Student-t interval (the same interval as summary.csv); a dotted line marks the
-    baseline mean.
+                   references: Mapping[str, float] | None = None,
+                   metric: str = "test_loss") -> Path | None:
+    """A test loss per variant: each seed as a grey dot, the mean as a diamond with its 95%
+    Student-t interval (the same interval as summary.csv); a dotted line marks the baseline
+    mean.
 
     Args:
-        references: label -> loss (nats/char), e.g. n-gram baselines. A reference within
+        references: label -> loss in ``metric``'s unit, e.g. n-gram baselines. A reference within
             :data:`REFERENCE_WINDOW` data ranges of the data (seeds and intervals) is a grey
             dashed line named with its value in the legend; a farther one is not drawn, so as
             not to squash the variants' differences, and the legend names it as
             ``"<label>: <value> (off the axis, above)"`` (or below).
+        metric: the column of ``ablation`` drawn: ``test_loss`` (nats/char) or, for the
+            arithmetic headline, ``answer_loss`` (nats/answer char).
 
-    Returns ``path``, or None without test losses for ``dataset``."""
-    d = ablation[(ablation["dataset"] == dataset)].dropna(subset=["test_loss"])
+    Returns ``path``, or None without values of ``metric`` for ``dataset``."""
+    if metric not in ablation:
+        return None
+    d = ablation[(ablation["dataset"] == dataset)].dropna(subset=[metric])
     if d.empty:
         return None
     order = present(d["variant"])
@@ -128,13 +179,13 @@ def plot_test_loss(ablation: pd.DataFrame, dataset: str, path: Path, *,
         state = np.random.get_state()
         np.random.seed(JITTER_SEED)
         try:
-            sns.stripplot(data=d, x="variant", y="test_loss", order=order, color="0.5", size=5,
+            sns.stripplot(data=d, x="variant", y=metric, order=order, color="0.5", size=5,
                           alpha=0.75, jitter=0.12, ax=ax)
         finally:
             np.random.set_state(state)
-        sns.pointplot(data=d, x="variant", y="test_loss", order=order, errorbar=t_interval,
+        sns.pointplot(data=d, x="variant", y=metric, order=order, errorbar=t_interval,
                       color="C3", markers="D", linestyle="none", capsize=0.15, ax=ax)
-        base = d.loc[d["variant"] == BASELINE, "test_loss"]
+        base = d.loc[d["variant"] == BASELINE, metric]
         handles = [
             Line2D([], [], color="0.5", marker="o", linestyle="none", label="one seed"),
             Line2D([], [], color="C3", marker="D", label="mean ± 95% t-interval"),
@@ -142,21 +193,22 @@ def plot_test_loss(ablation: pd.DataFrame, dataset: str, path: Path, *,
         if len(base):
             ax.axhline(base.mean(), color="0.3", linestyle=":", linewidth=1)
             handles.append(Line2D([], [], color="0.3", linestyle=":", label="baseline mean"))
-        handles += plotting.draw_references(ax, references, _reference_window(d))
-        ax.set_title(f"{dataset}: test loss per variant")
+        handles += plotting.draw_references(ax, references, _reference_window(d, metric))
+        name, unit, _ = METRICS.get(metric, (metric, "", None))
+        ax.set_title(f"{dataset}: {name} per variant")
         ax.set_xlabel("variant")
-        ax.set_ylabel(f"test loss ({LOSS_UNIT})")
-        ax.legend(handles=handles, loc="best", fontsize=8)
+        ax.set_ylabel(f"{name} ({unit})" if unit else name)
+        ax.legend(handles=handles, loc="best", fontsize=9)
         plotting.rotate_if_crowded(ax, len(order))
     return Path(path)
 
 
-def _reference_window(d: pd.DataFrame) -> tuple[float, float]:
-    """The test losses (nats/char) within which :func:`plot_test_loss` draws references: the
+def _reference_window(d: pd.DataFrame, metric: str = "test_loss") -> tuple[float, float]:
+    """The losses of ``metric`` within which :func:`plot_test_loss` draws references: the
     range of the seeds' losses and of the means' t-intervals, widened on each side by
     :data:`REFERENCE_WINDOW` times its width (times 5% of the loss when all are equal)."""
-    values = list(d["test_loss"].astype(float))
-    for _, losses in d.groupby("variant", observed=True)["test_loss"]:
+    values = list(d[metric].astype(float))
+    for _, losses in d.groupby("variant", observed=True)[metric]:
         values += [float(v) for v in t_interval(losses)]
     finite = [v for v in values if np.isfinite(v)]
     low, high = min(finite), max(finite)

@@ -38,6 +38,12 @@ def visible(token: str) -> str:
     return {" ": "␣", "\n": "\\n", "\t": "\\t", "\r": "\\r"}.get(token, token)
 
 
+# plot_attention's tick labels: at most MAX_TICKS characters a side, each TICK_POINTS high, so
+# that 16 x 9 pt fit along a 3.3-inch panel (24 labels of 6 pt read as about 6 px on screen)
+MAX_TICKS = 16
+TICK_POINTS = 9
+
+
 def plot_attention(maps: Mapping[str, np.ndarray], tokens: Sequence[str], title: str,
                    path: Path) -> Path:
     """Attention weights on one input, one heatmap per panel (e.g. per variant).
@@ -58,7 +64,7 @@ def plot_attention(maps: Mapping[str, np.ndarray], tokens: Sequence[str], title:
         raise ValueError(f"plot_attention: expected (T, T) maps with T = len(tokens) = {t_len}, "
                          f"got {[m.shape for m in arrays.values()]}")
     labels = [visible(t) for t in tokens]
-    step = max(1, math.ceil(t_len / 24))
+    step = max(1, math.ceil(t_len / MAX_TICKS))
     with plotting.panels(path, len(arrays), 4, (3.3, 3.3), (1.2, 0.8)) as (fig, axes):
         nrows, ncols = axes.shape
         for i, (name, m) in enumerate(arrays.items()):
@@ -67,8 +73,8 @@ def plot_attention(maps: Mapping[str, np.ndarray], tokens: Sequence[str], title:
                         xticklabels=False, yticklabels=False, ax=ax)
             ticks = np.arange(0, t_len, step) + 0.5
             ax.set_xticks(ticks, labels[::step] if i // ncols == nrows - 1 else [], rotation=90,
-                          fontsize=6)
-            ax.set_yticks(ticks, labels[::step] if i % ncols == 0 else [], fontsize=6)
+                          fontsize=TICK_POINTS)
+            ax.set_yticks(ticks, labels[::step] if i % ncols == 0 else [], fontsize=TICK_POINTS)
             ax.set_title(name, fontsize=9)
         fig.supxlabel("key position (attended to)")
         fig.supylabel("query position")

@@ -26,13 +26,16 @@ from lmablate.report.figures import losses as plots
 from lmablate.report.figures.bracket_figure import plot_bracket
 from lmablate.report.figures.replication_figure import plot_replication
 from lmablate.report.figures.tuning_figure import plot_lr_response, search_bounds
-from lmablate.report.headline import headline_loss
+from lmablate.report.headline import VALIDATION_TWIN, headline_loss
+from lmablate.report.stats.statistics import TEXT_LOSS
 from lmablate.report.stats import reference_models as refs
 from lmablate.report.stats.statistics import METRICS
 from lmablate.report.tables import ReportTables
 from lmablate.report.stats import arithmetic_tables as arith
 
-Figure = tuple[str | None, str, Path | None]  # (dataset or None, caption, path; None: a note)
+Figure = tuple[str | None, str, Path | None]
+CURVE_METRIC = {v: k for k, v in VALIDATION_TWIN.items()}  # val_loss -> test_loss, ...
+CURVE_NAME = {"val_loss": "validation loss", "val_answer_loss": "validation answer loss"}  # (dataset or None, caption, path; None: a note)
 
 
 @dataclass
@@ -74,17 +77,29 @@ def _dataset_figures(cfg: StudyConfig, runs: RunOutputs, tables: ReportTables, d
     """Draw dataset ``ds``'s figures into ``fig_dir``, adding them to ``out``."""
     ablation, references, comparisons = runs.ablation, tables.references, tables.comparisons
     variants = present(ablation["variant"])
-    r = references[(references["dataset"] == ds) & (references["metric"] == "test_loss")]
     loss = headline_loss(comparisons, ds)  # the forest plot's: its band is in this loss
-    lines = {f"{x.reference} ({refs.NGRAM_SHORT})": x.value for x in r.itertuples()}
+    lines = _references(references, ds, loss)
+    h = runs.history
+    # the headline's validation twin, or the validation loss of runs that did not record it
+    curve = VALIDATION_TWIN[loss]
+    if curve not in h or h.loc[h["dataset"] == ds, curve].isna().all():
+        curve = VALIDATION_TWIN[TEXT_LOSS]
+    a = ablation[ablation["dataset"] == ds]
+    fpt = {str(v): float(f) for v, f in a.groupby("variant", observed=True)["flops_per_token"]
+           .max().items() if pd.notna(f)} if "flops_per_token" in a else None
+    name = METRICS[loss][0]
     out.figures += drawn([
-        (ds, f"{ds}: validation loss vs step (mean ± 1 SD over seeds; grey lines: n-gram "
-             "references of the test split)",
+        (ds, f"{ds}: {CURVE_NAME[curve]} against training compute (mean ± 1 SD over seeds; "
+             "grey lines: references of the test split, those off the axis named in the "
+             "legend)",
          plots.plot_val_loss_curves(runs.history, ds, fig_dir / f"val_loss_curves_{ds}.png",
-                                    palette=palette, references=lines)),
-        (ds, f"{ds}: test loss per variant (dots: seeds; diamond: mean ± 95% t-interval; "
-             "grey lines: n-gram references)",
-         plots.plot_test_loss(ablation, ds, fig_dir / f"test_loss_{ds}.png", references=lines)),
+                                    palette=palette,
+                                    references=_references(references, ds, CURVE_METRIC[curve]),
+                                    metric=curve, flops_per_token=fpt)),
+        (ds, f"{ds}: {name} per variant (dots: seeds; diamond: mean ± 95% t-interval; "
+             "grey lines: references)",
+         plots.plot_test_loss(ablation, ds, fig_dir / f"{loss}_{ds}.png", references=lines,
+                              metric=loss)),
         (ds, f"{ds}: {METRICS[loss][0]} difference to baseline, the loss of this "
              "dataset's verdicts (paired by seed: raw 95% t-interval and Holm-adjusted "
              "interval"
@@ -176,6 +191,14 @@ def draw_report_figures(cfg: StudyConfig, runs: RunOutputs, tables: ReportTables
                 "interval counts the tuning draw)", path)
     out.figures += [(ds, cap, Path(p)) for ds, cap, p in extra]
     return out
+
+
+def _references(references: pd.DataFrame, dataset: str, metric: str) -> dict[str, float]:
+    """``label -> value`` of ``dataset``'s references in ``metric`` (``references.csv``): the
+    n-gram models' test loss, the answer loss of an answer that ignores the question."""
+    r = references[(references["dataset"] == dataset) & (references["metric"] == metric)]
+    return {(f"{x.reference} ({refs.NGRAM_SHORT})" if metric == "test_loss" else str(x.reference)):
+            float(x.value) for x in r.itertuples()}
 
 
 def _has_tuning_uncertainty(comparisons: pd.DataFrame, dataset: str, metric: str) -> bool:
