@@ -447,7 +447,7 @@ def test_every_loss_axis_is_in_nats_per_char(drawn, tmp_path, palette):
     tuning_figure.plot_lr_response(lr_trials(), lr_tuned(), DS, tmp_path / "lr.png",
                                    palette=palette)
     labels = [ax.get_ylabel() for fig in drawn for ax in fig.axes if "loss" in ax.get_ylabel()]
-    assert len(labels) == 6
+    assert len(labels) == 7
     assert all(label.endswith("(nats/char)") for label in labels), labels
 
 
@@ -493,7 +493,7 @@ def test_lr_response_joins_each_variants_design_and_marks_diverged_and_tuned_tri
     path = tuning_figure.plot_lr_response(lr_trials(), lr_tuned(), DS, tmp_path / "lr.png",
                                           palette=palette)
     assert path == tmp_path / "lr.png" and path.read_bytes()[:4] == b"\x89PNG"
-    left, right = drawn[0].axes[:2]
+    left, middle, right = drawn[0].axes[:3]
     assert left.get_xscale() == "log"
     assert "nats/char" in left.get_ylabel() and "0.125 of the budget" in left.get_title()
     assert "d_model 48" in left.get_title() and "one seed" in left.get_title()
@@ -514,15 +514,23 @@ def test_lr_response_joins_each_variants_design_and_marks_diverged_and_tuned_tri
     assert xs[1] - xs[0] == pytest.approx(tuning_figure.STAR_SPREAD * px_per_point)
     assert (xs[0] + xs[1]) / 2 == pytest.approx(true_x)
     # the isoFLOP panel: ticks at the first-rung widths, labelled with tokens per parameter
-    assert [t.get_text() for t in right.get_xticklabels()] == ["32\n40", "48\n20", "64\n11"]
-    assert "isoFLOP" in right.get_title() and "the full budget" in right.get_title()
+    assert [t.get_text() for t in middle.get_xticklabels()] == ["32\n40", "48\n20", "64\n11"]
+    assert "isoFLOP" in middle.get_title() and "0.125 of the budget" in middle.get_title()
+    # the full budget on an axis of its own: its diamonds, filled for the chosen trial
+    assert "the full budget" in right.get_title()
+    diamonds = [c for c in right.collections if len(c.get_offsets())]
+    assert sorted(y for c in diamonds for _, y in c.get_offsets()) == [2.0, 2.01, 2.1, 2.1]
+    assert not [c for c in middle.collections if c.get_paths()
+                and len(c.get_offsets()) and 2.0 in c.get_offsets()[:, 1]]
+    # the figure's legend names the variants alone; each panel's legend its own markers
+    assert [t.get_text() for t in drawn[0].legends[0].get_texts()] == ["baseline", "gelu"]
+    assert "diverged (at the top edge)" in [t.get_text() for t in left.get_legend().get_texts()]
+    assert [t.get_text() for t in right.get_legend().get_texts()] == ["chosen", "not chosen"]
     texts = legend_texts(drawn[0])
-    assert texts[:2] == ["baseline", "gelu"]
-    assert {"diverged (at the top edge)", "last rung: chosen"} <= set(texts)
     assert any(t.startswith("tuned configuration\n(overlapping ones fanned out") for t in texts)
     # the searched ranges: shaded beyond them, the union of the variants' lr ranges
     assert "outside the searched range\n(lr 0.001 to 1; d_model 32 48 64)" in texts
-    for ax, (low, high) in ((left, (1e-3, 1.0)), (right, (32, 64))):
+    for ax, (low, high) in ((left, (1e-3, 1.0)), (middle, (32, 64))):
         edges = sorted(x for line in ax.lines if line.get_linestyle() == "--"
                        for x in set(line.get_xdata()))
         assert edges == pytest.approx([low, high])

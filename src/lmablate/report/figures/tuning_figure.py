@@ -122,11 +122,13 @@ def plot_lr_response(trials: pd.DataFrame, tuned: pd.DataFrame | None, dataset: 
       would cover each other fanned out sideways, :func:`star_offsets`), a triangle at the
       bottom edge its learning rate when no first-rung trial matches. Shaded, between dashed
       lines: outside the learning rates tuning searched (:func:`search_bounds`).
-    * Right, at equal compute (isoFLOP): the lowest first-rung loss per width
+    * Middle, at equal compute (isoFLOP): the lowest first-rung loss per width
       (:func:`~lmablate.report.stats.sensitivity.width_summary`; the tick labels give each width's
-      training tokens per parameter), and the trials of the last rung (the full budget) as
-      diamonds, filled for the chosen one. Their losses are at that larger share of the
-      budget, hence lower. Shaded: outside the widths tuning chose from.
+      training tokens per parameter). Shaded: outside the widths tuning chose from.
+    * Right: the trials of the last rung (the full budget) per width, as diamonds, filled for
+      the chosen one: a panel of its own, as their losses are at another share of the budget.
+
+    The figure's legend names the variants; each panel's own legend its markers.
 
     Every point is one seed (``tune.seed``). Returns ``path``, or None without first-rung
     trials for ``dataset`` (or a ``trials.csv`` without rungs, batches, lr, width or value).
@@ -166,8 +168,8 @@ def plot_lr_response(trials: pd.DataFrame, tuned: pd.DataFrame | None, dataset: 
     loss_span = float(losses.max() - losses.min()) if len(losses) else 1.0
     stars: list[tuple[str, float, float]] = []  # (variant, lr, loss) of each tuned trial
     unmatched = False  # a tuned lr drawn as a triangle: no first-rung trial at it
-    with plotting.figure(path, figsize=(12.5, 4.8), ncols=2) as (fig, axes):
-        left, right = axes[0, 0], axes[0, 1]
+    with plotting.figure(path, figsize=(15.0, 4.8), ncols=3) as (fig, axes):
+        left, middle, right = axes[0, 0], axes[0, 1], axes[0, 2]
         for variant in order:
             colour = colours[variant]
             mine = t[t["variant"] == variant]
@@ -193,11 +195,11 @@ def plot_lr_response(trials: pd.DataFrame, tuned: pd.DataFrame | None, dataset: 
                                  edgecolors="black", linewidths=0.6, zorder=4,
                                  transform=left.get_xaxis_transform(), clip_on=False)
             w = widths[widths["variant"] == variant].dropna(subset=["best_loss"])
-            right.plot(w["d_model"], w["best_loss"], color=colour, linewidth=1.6, zorder=3)
+            middle.plot(w["d_model"], w["best_loss"], color=colour, linewidth=1.6, zorder=3)
             # dot area grows with the trials behind a width's best: one TPE trial at a poor
             # learning rate says little about the width
-            right.scatter(w["d_model"], w["best_loss"], color=colour,
-                          s=12 + 10 * w["n_trials"].astype(float), zorder=3)
+            middle.scatter(w["d_model"], w["best_loss"], color=colour,
+                           s=12 + 10 * w["n_trials"].astype(float), zorder=3)
             full = last[last["variant"] == variant]
             picked = (_same_config(full, float(chosen[variant]["lr"]),
                                    float(chosen[variant]["d_model"]))
@@ -234,53 +236,68 @@ def plot_lr_response(trials: pd.DataFrame, tuned: pd.DataFrame | None, dataset: 
         ticks = widths.drop_duplicates("d_model").set_index("d_model")["tokens_per_parameter"]
         ticks.index = ticks.index.astype(int)
         tick_at = sorted({*ticks.index.astype(int), *choices})
-        right.set_xticks(tick_at)
-        right.set_xticklabels([f"{w}\n{ticks[w]:.3g}" if w in ticks.index
-                               and pd.notna(ticks[w]) else f"{w}" for w in tick_at])
-        if tick_at:
-            span = (tick_at[-1] - tick_at[0]) or 16.0
-            right.set_xlim(tick_at[0] - 0.1 * span, tick_at[-1] + 0.1 * span)
-        searched_w = choices and _shade_outside(right, min(choices), max(choices),
+        _width_ticks(middle, ticks, tick_at)
+        searched_w = choices and _shade_outside(middle, min(choices), max(choices),
                                                 pad=dodge * (len(order) + 1) / 2)
+        middle.set_title(f"isoFLOP: best loss per width at {share}\n(dot area: trials)")
+        middle.set_xlabel("d_model (below: training tokens per parameter)")
+        middle.set_ylabel(f"validation loss ({plotting.LOSS_UNIT})")
         top = (last["budget_fraction"].dropna().unique()
                if "budget_fraction" in last and len(last) else [])
         top_share = ("no completed trial past the first rung" if len(top) != 1 else
-                     "diamonds: last rung, " + ("the full budget" if top[0] == 1 else
-                                                f"{top[0]:g} of the budget"))
-        right.set_title(f"isoFLOP: best loss per width at {share}\n({top_share})")
+                     "the full budget" if top[0] == 1 else f"{top[0]:g} of the budget")
+        full_ticks = (last.drop_duplicates("params_d_model").set_index("params_d_model")
+                      ["tokens_per_parameter"] if "tokens_per_parameter" in last
+                      else pd.Series(dtype=float))
+        full_ticks.index = full_ticks.index.astype(int)
+        _width_ticks(right, full_ticks, sorted({*full_ticks.index, *tick_at}))
+        right.set_title(f"last rung: {top_share}\n(the learning rate's bracket)")
         right.set_xlabel("d_model (below: training tokens per parameter)")
         right.set_ylabel(f"validation loss ({plotting.LOSS_UNIT})")
-        fig.legend(handles=_legend(order, colours, unmatched, stars, offsets if stars else [],
-                                   (lr_low, lr_high) if searched_lr else None,
-                                   choices if searched_w else None),
-                   title="variant / marker", loc="outside right upper", fontsize=8)
+        left.legend(handles=_lr_markers(unmatched, offsets if stars else [],
+                                        (lr_low, lr_high) if searched_lr else None,
+                                        choices if searched_w else None),
+                    loc="best", fontsize=8)
+        right.legend(handles=[
+            Line2D([], [], color="0.3", marker="D", markerfacecolor="0.3", linestyle="none",
+                   label="chosen"),
+            Line2D([], [], color="0.3", marker="D", markerfacecolor="white", linestyle="none",
+                   label="not chosen")], loc="best", fontsize=8)
+        fig.legend(handles=[Line2D([], [], color=colours[v], marker="o", markersize=5, label=v)
+                            for v in order],
+                   title="variant", loc="outside right upper", fontsize=9)
     return Path(path)
 
 
-def _legend(order: Sequence[str], colours: Mapping[str, Any], unmatched: bool,
-            stars: Sequence[tuple[str, float, float]], offsets: Sequence[float],
-            lr_range: tuple[float, float] | None, choices: Sequence[int] | None) -> list:
-    """The handles of :func:`plot_lr_response`'s legend: the variants, then the markers."""
+def _width_ticks(ax: Any, tokens_per_parameter: pd.Series, at: Sequence[int]) -> None:
+    """Ticks of ``ax`` at the widths ``at``, each labelled with its training tokens per
+    parameter (``tokens_per_parameter``: d_model -> tokens) where known, and x limits 10%
+    of their span beyond them."""
+    ticks = tokens_per_parameter
+    ax.set_xticks(list(at))
+    ax.set_xticklabels([f"{w}\n{ticks[w]:.3g}" if w in ticks.index and pd.notna(ticks[w])
+                        else f"{w}" for w in at])
+    if len(at):
+        span = (at[-1] - at[0]) or 16.0
+        ax.set_xlim(at[0] - 0.1 * span, at[-1] + 0.1 * span)
+
+
+def _lr_markers(unmatched: bool, offsets: Sequence[float],
+                lr_range: tuple[float, float] | None, choices: Sequence[int] | None) -> list:
+    """The handles of the legend of :func:`plot_lr_response`'s left panel: its markers, and
+    the shading of what lies outside the searched ranges."""
     fanned = any(o != 0 for o in offsets)
-    handles = [Line2D([], [], color=colours[v], marker="o", markersize=5, label=v)
-               for v in order]
-    handles += [
+    handles = [
         Line2D([], [], color="0.3", marker="o", markersize=5,
                label="design point (paired lr sweep)"),
         Line2D([], [], color="0.3", marker="o", markersize=4, alpha=0.35,
                linestyle="none", label="other first-rung trial"),
-        Line2D([], [], color="0.3", marker="o", markersize=8, linestyle="none",
-               label="best of a width (area: trials)"),
         Line2D([], [], color="0.3", marker="x", linestyle="none",
                label="diverged (at the top edge)"),
         Line2D([], [], color="0.5", marker="*", markersize=13, markeredgecolor="black",
                linestyle="none", label="tuned configuration" + (
                    "\n(overlapping ones fanned out\nsideways, in lr order)"
-                   if fanned else "")),
-        Line2D([], [], color="0.3", marker="D", markerfacecolor="0.3", linestyle="none",
-               label="last rung: chosen"),
-        Line2D([], [], color="0.3", marker="D", markerfacecolor="white", linestyle="none",
-               label="last rung: not chosen")]
+                   if fanned else ""))]
     if unmatched:
         handles.append(Line2D([], [], color="0.5", marker="^", markeredgecolor="black",
                               linestyle="none", label="tuned lr (no first-rung trial)"))
