@@ -231,6 +231,11 @@ def test_the_summary_run_carries_the_verdicts_and_its_artifacts_lie_beside_the_s
     assert uri == f"mlflow-artifacts:/lmablate/{run_id}/artifacts"
     files = study / "mlartifacts" / "lmablate" / run_id / "artifacts"
     assert (files / "report.md").read_bytes() == (study / "reports/report.md").read_bytes()
+    # report.html: report.md with every figure it links inline, for MLflow's viewer
+    page = (files / "report.html").read_text()
+    linked = re.findall(r"!\[[^]]*\]\((figures/[^)]+\.png)\)",
+                        (study / "reports/report.md").read_text())
+    assert linked and page.count('<img src="data:image/png;base64,') == len(linked)
     # every table the report wrote, byte for byte
     tables = sorted(p.name for p in (study / "reports").glob("*.csv"))
     assert sorted(p.name for p in (files / "tables").iterdir()) == tables and len(tables) > 20

@@ -62,6 +62,7 @@ Text (:mod:`~lmablate.report.text`):
 * :mod:`~lmablate.report.text.dataset_tables`: each dataset's tables in the report, as rows.
 * :mod:`~lmablate.report.text.samples`: the samples and decoded problems the report shows.
 * :mod:`~lmablate.report.text.render`: the Jinja2 environment and filters; ``report.md`` rendered.
+* :mod:`~lmablate.report.text.html`: ``report.md`` as one HTML page, its figures inline (MLflow).
 
 The skeleton of ``report.md`` (section order, headings, fixed paragraphs, figure blocks) is the
 Jinja2 template ``report/templates/report.md.j2`` with its partials; its cells are formatted by

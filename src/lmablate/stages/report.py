@@ -18,6 +18,7 @@ import dataclasses
 import json
 import os
 import platform
+import tempfile
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -39,6 +40,7 @@ from lmablate.report.stats.pooled_uncertainty import with_pooled_uncertainty
 from lmablate.report.tables import compute_tables, csv_tables
 from lmablate.report.text import findings as fi
 from lmablate.report.text.content import report_content
+from lmablate.report.text.html import report_html
 from lmablate.report.text.render import render_appendix, render_report
 from lmablate.report.text.scaling_section import (draw_scaling_figures, scaling_csvs,
                                                scaling_metrics, scaling_section,
@@ -314,9 +316,9 @@ def run(cfg: StudyConfig, runs_dir: Path, tokens_dir: Path, out_dir: Path,
     Runs :func:`build_report` with this machine's :func:`environment` and the model figures
     drawn from the checkpoints (:func:`draw_model_figures`); once every output is in place it
     logs the study's verdicts and metrics
-    (:func:`summary_record`), ``report.md``, ``appendix.md``, the tables (artifact folder
-    ``tables``) and
-    ``figures/`` to a run named ``study-summary``.
+    (:func:`summary_record`), ``report.md``, ``appendix.md``, ``report.html`` (report.md with
+    its figures inline, :func:`~lmablate.report.text.html.report_html`, for MLflow's viewer),
+    the tables (artifact folder ``tables``) and ``figures/`` to a run named ``study-summary``.
 
     Returns:
         :func:`build_report`'s paths.
@@ -336,6 +338,12 @@ def run(cfg: StudyConfig, runs_dir: Path, tokens_dir: Path, out_dir: Path,
         tracker.log_metrics(metrics)
         tracker.log_artifact(out_dir / "report.md")
         tracker.log_artifact(out_dir / "appendix.md")
+        # MLflow shows report.md's figures as links; report.html carries them inline
+        with tempfile.TemporaryDirectory() as tmp:
+            page = Path(tmp) / "report.html"
+            page.write_text(report_html((out_dir / "report.md").read_text(encoding="utf-8"),
+                                        out_dir, f"lmablate: {cfg.profile}"), encoding="utf-8")
+            tracker.log_artifact(page)
         for path in sorted(out_dir.glob("*.csv")):  # every table the report wrote
             tracker.log_artifact(path, "tables")
         tracker.log_artifact(figures_dir, "figures")

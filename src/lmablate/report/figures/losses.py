@@ -112,10 +112,7 @@ def plot_val_loss_curves(history: pd.DataFrame, dataset: str, path: Path, *,
     name, unit, _ = (METRICS[metric] if metric in METRICS else METRICS.get(
         metric.removeprefix("val_"), (metric, "", None)))
     name = name if name.startswith("validation") else f"validation {name}"
-    means = h.groupby(["variant", x], observed=True)[metric].agg(["mean", "std"]).fillna(0.0)
-    low = float((means["mean"] - means["std"]).min())
-    high = float((means["mean"] + means["std"]).max())
-    log = bool(means["mean"].min() > 0 and means["mean"].max() > LOG_SPAN * means["mean"].min())
+    low, high, log = _curve_range(h, x, metric)
     with plotting.figure(path, figsize=(8.5, 4.8)) as (fig, axes):
         ax = axes[0, 0]
         sns.lineplot(data=h, x=x, y=metric, hue="variant", hue_order=order,
@@ -134,6 +131,16 @@ def plot_val_loss_curves(history: pd.DataFrame, dataset: str, path: Path, *,
                   title="variant" + (" / reference" if refs else ""),
                   loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9)
     return Path(path)
+
+
+def _curve_range(h: pd.DataFrame, x: str, metric: str) -> tuple[float, float, bool]:
+    """``(low, high, log)``: the range of the curves of ``metric`` against ``x`` (the means
+    over seeds +- 1 SD), and whether their means span more than :data:`LOG_SPAN`."""
+    means = h.groupby(["variant", x], observed=True)[metric].agg(["mean", "std"]).fillna(0.0)
+    low = float((means["mean"] - means["std"]).min())
+    high = float((means["mean"] + means["std"]).max())
+    log = bool(means["mean"].min() > 0 and means["mean"].max() > LOG_SPAN * means["mean"].min())
+    return low, high, log
 
 
 def _curve_window(low: float, high: float, log: bool) -> tuple[float, float]:

@@ -75,10 +75,24 @@ def _dataset_figures(cfg: StudyConfig, runs: RunOutputs, tables: ReportTables, d
                      fig_dir: Path, palette: Mapping[str, tuple[float, float, float]],
                      out: ReportFigures) -> None:
     """Draw dataset ``ds``'s figures into ``fig_dir``, adding them to ``out``."""
+    out.figures += _loss_figures(cfg, runs, tables, ds, fig_dir, palette)
+    if cfg.datasets[ds].kind == "arithmetic":
+        _arithmetic_figures(cfg, runs, tables, ds, fig_dir, palette, out)
+    out.figures += _op_figures(runs, tables.references, ds, fig_dir, palette)
+    _tuning_figures(runs, ds, fig_dir, palette, out)
+    path = plots.plot_params_vs_loss(runs.ablation, ds, fig_dir / f"params_vs_loss_{ds}.png",
+                                     palette=palette)
+    out.figures += drawn([(ds, f"{ds}: non-embedding parameters vs test loss", path)],
+                         plots.params_too_narrow(runs.ablation, ds))
+
+
+def _loss_figures(cfg: StudyConfig, runs: RunOutputs, tables: ReportTables, ds: str,
+                  fig_dir: Path, palette: Mapping[str, tuple[float, float, float]]
+                  ) -> list[Figure]:
+    """``ds``'s figures of its headline loss: the validation curves on the compute axis, the
+    loss per variant, the forest plot; and the loss by position past the context."""
     ablation, references, comparisons = runs.ablation, tables.references, tables.comparisons
-    variants = present(ablation["variant"])
     loss = headline_loss(comparisons, ds)  # the forest plot's: its band is in this loss
-    lines = _references(references, ds, loss)
     h = runs.history
     # the headline's validation twin, or the validation loss of runs that did not record it
     curve = VALIDATION_TWIN[loss]
@@ -88,19 +102,19 @@ def _dataset_figures(cfg: StudyConfig, runs: RunOutputs, tables: ReportTables, d
     fpt = {str(v): float(f) for v, f in a.groupby("variant", observed=True)["flops_per_token"]
            .max().items() if pd.notna(f)} if "flops_per_token" in a else None
     name = METRICS[loss][0]
-    out.figures += drawn([
+    return drawn([
         (ds, f"{ds}: {CURVE_NAME[curve]} against training compute (mean ± 1 SD over seeds; "
              "grey lines: references of the test split, those off the axis named in the "
              "legend)",
-         plots.plot_val_loss_curves(runs.history, ds, fig_dir / f"val_loss_curves_{ds}.png",
+         plots.plot_val_loss_curves(h, ds, fig_dir / f"val_loss_curves_{ds}.png",
                                     palette=palette,
                                     references=_references(references, ds, CURVE_METRIC[curve]),
                                     metric=curve, flops_per_token=fpt)),
         (ds, f"{ds}: {name} per variant (dots: seeds; diamond: mean ± 95% t-interval; "
              "grey lines: references)",
-         plots.plot_test_loss(ablation, ds, fig_dir / f"{loss}_{ds}.png", references=lines,
-                              metric=loss)),
-        (ds, f"{ds}: {METRICS[loss][0]} difference to baseline, the loss of this "
+         plots.plot_test_loss(ablation, ds, fig_dir / f"{loss}_{ds}.png",
+                              references=_references(references, ds, loss), metric=loss)),
+        (ds, f"{ds}: {name} difference to baseline, the loss of this "
              "dataset's verdicts (paired by seed: raw 95% t-interval and Holm-adjusted "
              "interval"
              + ("; dotted box: the Holm interval widened by the larger tuning uncertainty of "
@@ -112,62 +126,79 @@ def _dataset_figures(cfg: StudyConfig, runs: RunOutputs, tables: ReportTables, d
          plots.plot_position_loss(
              tables.positions[ds], ds, cfg.for_dataset(ds).model.context_length,
              fig_dir / f"extrapolation_{ds}.png", palette=palette,
-             positions={v: cfg.model_config(v, vocab_size=1).position for v in variants})),
+             positions={v: cfg.model_config(v, vocab_size=1).position
+                        for v in present(ablation["variant"])})),
     ])
-    if cfg.datasets[ds].kind == "arithmetic":
-        digits = arith.training_digits(cfg.datasets[ds], runs.by_operand_digits, ds)
-        path = arith_figs.plot_length_generalisation(
-            runs.by_operand_digits, ds, digits, fig_dir / f"length_generalisation_{ds}.png",
-            palette=palette) if arith.has_length_split(runs.by_operand_digits, ds) else None
-        out.figures += drawn([(ds, f"{ds}: the share of seeds that have learned the task "
-                               "(probe exact match of 0.5 and 0.9) against training tokens, "
-                               "Kaplan-Meier with pointwise 95% bands; |: seeds that had not "
-                               "by the end of the budget",
-                               arith_figs.plot_learning_speed(
-                                   tables.speed, ds, fig_dir / f"learning_speed_{ds}.png",
-                                   palette=palette))])
-        left_out = arith.unreachable(runs.by_operand_digits, ds)
-        out.length_figures[ds] = (
-            f"{ds}: exact match by operand length (mean ± 95% t-interval over seeds; shaded: "
-            "longer than any training problem)"
-            + (f"; left out: {'; '.join(left_out)}" if left_out else ""), path)
+
+
+def _arithmetic_figures(cfg: StudyConfig, runs: RunOutputs, tables: ReportTables, ds: str,
+                        fig_dir: Path, palette: Mapping[str, tuple[float, float, float]],
+                        out: ReportFigures) -> None:
+    """An arithmetic dataset's learning speed (into ``out.figures``) and length
+    generalisation (``out.length_figures``: its caption, and the path or None)."""
+    digits = arith.training_digits(cfg.datasets[ds], runs.by_operand_digits, ds)
+    path = arith_figs.plot_length_generalisation(
+        runs.by_operand_digits, ds, digits, fig_dir / f"length_generalisation_{ds}.png",
+        palette=palette) if arith.has_length_split(runs.by_operand_digits, ds) else None
+    out.figures += drawn([(ds, f"{ds}: the share of seeds that have learned the task "
+                           "(probe exact match of 0.5 and 0.9) against training tokens, "
+                           "Kaplan-Meier with pointwise 95% bands; |: seeds that had not "
+                           "by the end of the budget",
+                           arith_figs.plot_learning_speed(
+                               tables.speed, ds, fig_dir / f"learning_speed_{ds}.png",
+                               palette=palette))])
+    left_out = arith.unreachable(runs.by_operand_digits, ds)
+    out.length_figures[ds] = (
+        f"{ds}: exact match by operand length (mean ± 95% t-interval over seeds; shaded: "
+        "longer than any training problem)"
+        + (f"; left out: {'; '.join(left_out)}" if left_out else ""), path)
+
+
+def _op_figures(runs: RunOutputs, references: pd.DataFrame, ds: str, fig_dir: Path,
+                palette: Mapping[str, tuple[float, float, float]]) -> list[Figure]:
+    """``ds``'s exact match and character accuracy per operation, where it has them."""
     op_datasets = set(present(runs.per_op["dataset"]))
-    if ds in op_datasets:
-        single = len(op_datasets) == 1  # one arithmetic dataset: no suffix in the name
-        for metric in ("exact_match", "char_accuracy"):
-            name = f"{metric}_by_op.png" if single else f"{metric}_by_op_{ds}.png"
-            path = arith_figs.plot_by_op(runs.per_op, ds, fig_dir / name, metric,
-                                         palette=palette, references=references)
-            floor = ((references["dataset"] == ds) & (references["metric"] == metric)
-                     & (references["reference"] == arith.FLOORS[metric])).any()
-            out.figures += drawn([(ds, f"{ds}: {METRICS[metric][0]} by operation and variant "
-                                   "(mean ± 95% t-interval over seeds, dots: seeds"
-                                   + ("; dashed: the floor, the best answer ignoring the "
-                                      "question, over all operations)" if floor else ")"),
-                                   path)],
-                                 arith_figs.nothing_solved(runs.per_op, ds, metric))
+    if ds not in op_datasets:
+        return []
+    single = len(op_datasets) == 1  # one arithmetic dataset: no suffix in the name
+    out: list[Figure] = []
+    for metric in ("exact_match", "char_accuracy"):
+        name = f"{metric}_by_op.png" if single else f"{metric}_by_op_{ds}.png"
+        path = arith_figs.plot_by_op(runs.per_op, ds, fig_dir / name, metric,
+                                     palette=palette, references=references)
+        floor = ((references["dataset"] == ds) & (references["metric"] == metric)
+                 & (references["reference"] == arith.FLOORS[metric])).any()
+        out += drawn([(ds, f"{ds}: {METRICS[metric][0]} by operation and variant "
+                       "(mean ± 95% t-interval over seeds, dots: seeds"
+                       + ("; dashed: the floor, the best answer ignoring the "
+                          "question, over all operations)" if floor else ")"), path)],
+                     arith_figs.nothing_solved(runs.per_op, ds, metric))
+    return out
+
+
+def _tuning_figures(runs: RunOutputs, ds: str, fig_dir: Path,
+                    palette: Mapping[str, tuple[float, float, float]],
+                    out: ReportFigures) -> None:
+    """``ds``'s response to the learning rate (``out.lr_figures``) and full-budget bracket
+    (``out.bracket_figures``), where its trials allow them."""
     path = plot_lr_response(runs.trials, runs.tuned, ds, fig_dir / f"tuning_{ds}.png",
                             palette=palette)
     if path is not None:
         out.lr_figures[ds] = (
-            f"{ds}: how each variant responds to the learning rate (one seed, first rung "
-            "of the tuning). Left: validation loss against learning rate, lines through "
-            "the shared design, faint dots the other first-rung trials, stars the tuned "
-            "configurations (equal ones fanned out sideways). Right: the best loss per "
-            "width at equal compute, diamonds the last rung's trials"
+            f"{ds}: how each variant responds to the learning rate (one seed). Left: the "
+            "first rung's validation loss against learning rate, lines through the shared "
+            "design, faint dots the other trials, stars the tuned configurations (equal ones "
+            "fanned out sideways). Middle: the first rung's best loss per width at equal "
+            "compute. Right: the last rung's trials, at the full budget"
             + (". Shaded: outside the learning rates and widths the tuner searched"
                if search_bounds(runs.tuned, ds) != (None, None, []) else ""), path)
     path = plot_bracket(runs.trials, runs.tuned, ds, fig_dir / f"lr_bracket_{ds}.png",
-                        palette=palette, order=variants)
+                        palette=palette, order=present(runs.ablation["variant"]))
     if path is not None:
         out.bracket_figures[ds] = (
             f"{ds}: each variant's learning rate at the full budget (dots: tuning seeds; "
             "large dots: their mean; line: the quadratic in ln lr fitted through them; "
             "dashed: the chosen lr)", path)
-    path = plots.plot_params_vs_loss(ablation, ds, fig_dir / f"params_vs_loss_{ds}.png",
-                                     palette=palette)
-    out.figures += drawn([(ds, f"{ds}: non-embedding parameters vs test loss", path)],
-                         plots.params_too_narrow(ablation, ds))
 
 
 def draw_report_figures(cfg: StudyConfig, runs: RunOutputs, tables: ReportTables,

@@ -10,6 +10,7 @@ learning rates per optimizer step (the schedule's peak), widths (``d_model``) in
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -146,16 +147,36 @@ def plot_lr_response(trials: pd.DataFrame, tuned: pd.DataFrame | None, dataset: 
     lr_low, lr_high, choices = search_bounds(tuned, dataset)
     last = sens.last_rung(trials)
     last = last[(last["dataset"] == dataset) & ~last["diverged"]]
-    widths = sens.width_summary(t)
-    design = t[t["batch"] == sens.DESIGN_BATCH]
     fraction = (t["budget_fraction"].dropna().unique() if "budget_fraction" in t else [])
     share = f"{fraction[0]:g} of the budget" if len(fraction) == 1 else "the first rung"
-    design_widths = sorted(int(d) for d in design["params_d_model"].dropna().unique())
     all_widths = np.unique(np.concatenate([t["params_d_model"].dropna().to_numpy(float),
                                            last["params_d_model"].to_numpy(float),
                                            np.asarray(choices, dtype=float)]))
     gaps = np.diff(all_widths)
     dodge = 0.3 * (gaps.min() if len(gaps) else 8.0) / max(1, len(order))
+    with plotting.figure(path, figsize=(15.0, 4.8), ncols=3) as (fig, axes):
+        searched_lr, marks = _lr_panel(fig, axes[0, 0], t, order, colours, chosen,
+                                       (lr_low, lr_high), share)
+        ticks = _width_panel(axes[0, 1], t, order, colours, choices, share, dodge)
+        _full_budget_panel(axes[0, 2], last, order, colours, chosen, ticks, dodge)
+        axes[0, 0].legend(handles=_lr_markers(*marks, (lr_low, lr_high) if searched_lr else None,
+                                              choices if ticks.searched else None),
+                          loc="best", fontsize=8)
+        fig.legend(handles=[Line2D([], [], color=colours[v], marker="o", markersize=5, label=v)
+                            for v in order],
+                   title="variant", loc="outside right upper", fontsize=9)
+    return Path(path)
+
+
+def _lr_panel(fig: Any, ax: Any, t: pd.DataFrame, order: Sequence[str],
+              colours: Mapping[str, Any], chosen: Mapping[str, pd.Series],
+              searched: tuple[float | None, float | None],
+              share: str) -> tuple[bool, tuple[bool, Sequence[float]]]:
+    """:func:`plot_lr_response`'s left panel on ``ax``: the first-rung trials ``t`` against
+    the learning rate. Returns whether the searched range was shaded and, for the panel's
+    legend (:func:`_lr_markers`), whether a tuned lr had no first-rung trial and the stars'
+    sideways offsets (points)."""
+    lr_low, lr_high = searched
     lrs = pd.concat([t["params_lr"], pd.Series([float(r["lr"]) for r in chosen.values()]
                                                + [b for b in (lr_low, lr_high) if b],
                                                dtype=float)]).dropna()
@@ -164,109 +185,138 @@ def plot_lr_response(trials: pd.DataFrame, tuned: pd.DataFrame | None, dataset: 
         low, high = float(lrs.min()), float(lrs.max())
         pad = (high / low) ** 0.05 if high > low else 2.0
         lr_lim = (low / pad, high * pad)
-    losses = t.loc[~t["diverged"], "value"].astype(float)
-    loss_span = float(losses.max() - losses.min()) if len(losses) else 1.0
     stars: list[tuple[str, float, float]] = []  # (variant, lr, loss) of each tuned trial
     unmatched = False  # a tuned lr drawn as a triangle: no first-rung trial at it
-    with plotting.figure(path, figsize=(15.0, 4.8), ncols=3) as (fig, axes):
-        left, middle, right = axes[0, 0], axes[0, 1], axes[0, 2]
-        for variant in order:
-            colour = colours[variant]
-            mine = t[t["variant"] == variant]
-            done = mine[~mine["diverged"]]
-            d = done[done["batch"] == sens.DESIGN_BATCH].sort_values("params_lr")
-            o = done[done["batch"] != sens.DESIGN_BATCH]
-            left.plot(d["params_lr"], d["value"], color=colour, marker="o", markersize=5,
-                      linewidth=1.6, zorder=3)
-            left.scatter(o["params_lr"], o["value"], color=colour, s=14, alpha=0.35,
-                         linewidths=0, zorder=2)
-            bad = mine[mine["diverged"]]
-            left.scatter(bad["params_lr"], [0.97] * len(bad), color=colour, marker="x", s=40,
-                         transform=left.get_xaxis_transform(), zorder=3, clip_on=False)
-            if variant in chosen:
-                r = chosen[variant]
-                hit = done[_same_config(done, float(r["lr"]), float(r["d_model"]))]
-                if len(hit):
-                    stars.append((variant, float(hit["params_lr"].iloc[0]),
-                                  float(hit["value"].iloc[0])))
-                else:
-                    unmatched = True
-                    left.scatter([float(r["lr"])], [0.03], color=colour, marker="^", s=60,
-                                 edgecolors="black", linewidths=0.6, zorder=4,
-                                 transform=left.get_xaxis_transform(), clip_on=False)
-            w = widths[widths["variant"] == variant].dropna(subset=["best_loss"])
-            middle.plot(w["d_model"], w["best_loss"], color=colour, linewidth=1.6, zorder=3)
-            # dot area grows with the trials behind a width's best: one TPE trial at a poor
-            # learning rate says little about the width
-            middle.scatter(w["d_model"], w["best_loss"], color=colour,
-                           s=12 + 10 * w["n_trials"].astype(float), zorder=3)
-            full = last[last["variant"] == variant]
-            picked = (_same_config(full, float(chosen[variant]["lr"]),
-                                   float(chosen[variant]["d_model"]))
-                      if variant in chosen else np.zeros(len(full), dtype=bool))
-            # dodged sideways by variant, so that variants at one width do not hide each other
-            shift = (order.index(variant) - (len(order) - 1) / 2) * dodge
-            for filled, part in ((True, full[picked]), (False, full[~picked])):
-                right.scatter(part["params_d_model"] + shift, part["value"], marker="D", s=45,
-                              facecolors=colour if filled else "white", edgecolors=colour,
-                              linewidths=1.4, zorder=4)
-        if stars:
-            lr_span = np.log10(lr_lim[1] / lr_lim[0]) if lr_lim else 1.0
-            offsets = star_offsets([s[1] for s in stars], [s[2] for s in stars], lr_span,
-                                   loss_span)
-            for (variant, lr, loss), dx in zip(stars, offsets):
-                # the offset is in points, not data: it fans equal stars apart by the same
-                # distance on any axis, and each stays on its own loss
-                shifted = left.transData + ScaledTranslation(dx / 72, 0, fig.dpi_scale_trans)
-                left.scatter([lr], [loss], color=colours[variant], marker="*", s=STAR_SIZE,
-                             edgecolors="black", linewidths=0.8, zorder=4, transform=shifted)
-        if lr_lim:
-            left.set_xlim(*lr_lim)
-        left.set_xscale("log")
-        # 1-2-5 labelled ticks: a range may span less than a decade once extended
-        left.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-        left.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
-        left.xaxis.set_minor_formatter(NullFormatter())
-        searched_lr = _shade_outside(left, lr_low, lr_high)
-        at = ", ".join(map(str, design_widths)) or "–"
-        left.set_title(f"{dataset}: loss vs learning rate at {share}\n"
-                       f"(lines: the shared design at d_model {at}; one seed)")
-        left.set_xlabel("peak learning rate (log scale)")
-        left.set_ylabel(f"validation loss at the trial's end ({plotting.LOSS_UNIT})")
-        ticks = widths.drop_duplicates("d_model").set_index("d_model")["tokens_per_parameter"]
-        ticks.index = ticks.index.astype(int)
-        tick_at = sorted({*ticks.index.astype(int), *choices})
-        _width_ticks(middle, ticks, tick_at)
-        searched_w = choices and _shade_outside(middle, min(choices), max(choices),
+    for variant in order:
+        colour = colours[variant]
+        mine = t[t["variant"] == variant]
+        done = mine[~mine["diverged"]]
+        d = done[done["batch"] == sens.DESIGN_BATCH].sort_values("params_lr")
+        o = done[done["batch"] != sens.DESIGN_BATCH]
+        ax.plot(d["params_lr"], d["value"], color=colour, marker="o", markersize=5,
+                linewidth=1.6, zorder=3)
+        ax.scatter(o["params_lr"], o["value"], color=colour, s=14, alpha=0.35, linewidths=0,
+                   zorder=2)
+        bad = mine[mine["diverged"]]
+        ax.scatter(bad["params_lr"], [0.97] * len(bad), color=colour, marker="x", s=40,
+                   transform=ax.get_xaxis_transform(), zorder=3, clip_on=False)
+        if variant not in chosen:
+            continue
+        r = chosen[variant]
+        hit = done[_same_config(done, float(r["lr"]), float(r["d_model"]))]
+        if len(hit):
+            stars.append((variant, float(hit["params_lr"].iloc[0]), float(hit["value"].iloc[0])))
+        else:
+            unmatched = True
+            ax.scatter([float(r["lr"])], [0.03], color=colour, marker="^", s=60,
+                       edgecolors="black", linewidths=0.6, zorder=4,
+                       transform=ax.get_xaxis_transform(), clip_on=False)
+    offsets = _draw_stars(fig, ax, stars, t, lr_lim, colours)
+    if lr_lim:
+        ax.set_xlim(*lr_lim)
+    ax.set_xscale("log")
+    # 1-2-5 labelled ticks: a range may span less than a decade once extended
+    ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    searched_lr = _shade_outside(ax, lr_low, lr_high)
+    design = t[t["batch"] == sens.DESIGN_BATCH]
+    at = ", ".join(map(str, sorted(int(d) for d in design["params_d_model"].dropna().unique())))
+    ax.set_title(f"{t['dataset'].iloc[0]}: loss vs learning rate at {share}\n"
+                 f"(lines: the shared design at d_model {at or '–'}; one seed)")
+    ax.set_xlabel("peak learning rate (log scale)")
+    ax.set_ylabel(f"validation loss at the trial's end ({plotting.LOSS_UNIT})")
+    return searched_lr, (unmatched, offsets)
+
+
+def _draw_stars(fig: Any, ax: Any, stars: Sequence[tuple[str, float, float]], t: pd.DataFrame,
+                lr_lim: tuple[float, float] | None, colours: Mapping[str, Any]) -> list[float]:
+    """Star each tuned configuration's first-rung trial (``stars``: (variant, lr, loss)) on
+    ``ax``, fanned out sideways where stars would cover each other (:func:`star_offsets`).
+    Returns the offsets (points)."""
+    if not stars:
+        return []
+    losses = t.loc[~t["diverged"], "value"].astype(float)
+    loss_span = float(losses.max() - losses.min()) if len(losses) else 1.0
+    lr_span = np.log10(lr_lim[1] / lr_lim[0]) if lr_lim else 1.0
+    offsets = star_offsets([s[1] for s in stars], [s[2] for s in stars], lr_span, loss_span)
+    for (variant, lr, loss), dx in zip(stars, offsets):
+        # the offset is in points, not data: it fans equal stars apart by the same distance
+        # on any axis, and each stays on its own loss
+        shifted = ax.transData + ScaledTranslation(dx / 72, 0, fig.dpi_scale_trans)
+        ax.scatter([lr], [loss], color=colours[variant], marker="*", s=STAR_SIZE,
+                   edgecolors="black", linewidths=0.8, zorder=4, transform=shifted)
+    return list(offsets)
+
+
+@dataclass(frozen=True)
+class _WidthTicks:
+    """The middle panel's widths: training tokens per parameter by d_model, the widths
+    ticked, and whether the searched widths were shaded."""
+
+    tokens_per_parameter: pd.Series
+    at: list[int]
+    searched: bool
+
+
+def _width_panel(ax: Any, t: pd.DataFrame, order: Sequence[str], colours: Mapping[str, Any],
+                 choices: Sequence[int], share: str, dodge: float) -> _WidthTicks:
+    """:func:`plot_lr_response`'s middle panel on ``ax``: the lowest first-rung loss per
+    width (isoFLOP), a dot's area growing with the trials behind it."""
+    widths = sens.width_summary(t)
+    for variant in order:
+        w = widths[widths["variant"] == variant].dropna(subset=["best_loss"])
+        ax.plot(w["d_model"], w["best_loss"], color=colours[variant], linewidth=1.6, zorder=3)
+        # dot area grows with the trials behind a width's best: one TPE trial at a poor
+        # learning rate says little about the width
+        ax.scatter(w["d_model"], w["best_loss"], color=colours[variant],
+                   s=12 + 10 * w["n_trials"].astype(float), zorder=3)
+    ticks = widths.drop_duplicates("d_model").set_index("d_model")["tokens_per_parameter"]
+    ticks.index = ticks.index.astype(int)
+    tick_at = sorted({*ticks.index.astype(int), *choices})
+    _width_ticks(ax, ticks, tick_at)
+    searched = bool(choices) and _shade_outside(ax, min(choices), max(choices),
                                                 pad=dodge * (len(order) + 1) / 2)
-        middle.set_title(f"isoFLOP: best loss per width at {share}\n(dot area: trials)")
-        middle.set_xlabel("d_model (below: training tokens per parameter)")
-        middle.set_ylabel(f"validation loss ({plotting.LOSS_UNIT})")
-        top = (last["budget_fraction"].dropna().unique()
-               if "budget_fraction" in last and len(last) else [])
-        top_share = ("no completed trial past the first rung" if len(top) != 1 else
-                     "the full budget" if top[0] == 1 else f"{top[0]:g} of the budget")
-        full_ticks = (last.drop_duplicates("params_d_model").set_index("params_d_model")
-                      ["tokens_per_parameter"] if "tokens_per_parameter" in last
-                      else pd.Series(dtype=float))
-        full_ticks.index = full_ticks.index.astype(int)
-        _width_ticks(right, full_ticks, sorted({*full_ticks.index, *tick_at}))
-        right.set_title(f"last rung: {top_share}\n(the learning rate's bracket)")
-        right.set_xlabel("d_model (below: training tokens per parameter)")
-        right.set_ylabel(f"validation loss ({plotting.LOSS_UNIT})")
-        left.legend(handles=_lr_markers(unmatched, offsets if stars else [],
-                                        (lr_low, lr_high) if searched_lr else None,
-                                        choices if searched_w else None),
-                    loc="best", fontsize=8)
-        right.legend(handles=[
-            Line2D([], [], color="0.3", marker="D", markerfacecolor="0.3", linestyle="none",
-                   label="chosen"),
-            Line2D([], [], color="0.3", marker="D", markerfacecolor="white", linestyle="none",
-                   label="not chosen")], loc="best", fontsize=8)
-        fig.legend(handles=[Line2D([], [], color=colours[v], marker="o", markersize=5, label=v)
-                            for v in order],
-                   title="variant", loc="outside right upper", fontsize=9)
-    return Path(path)
+    ax.set_title(f"isoFLOP: best loss per width at {share}\n(dot area: trials)")
+    ax.set_xlabel("d_model (below: training tokens per parameter)")
+    ax.set_ylabel(f"validation loss ({plotting.LOSS_UNIT})")
+    return _WidthTicks(ticks, tick_at, searched)
+
+
+def _full_budget_panel(ax: Any, last: pd.DataFrame, order: Sequence[str],
+                       colours: Mapping[str, Any], chosen: Mapping[str, pd.Series],
+                       widths: _WidthTicks, dodge: float) -> None:
+    """:func:`plot_lr_response`'s right panel on ``ax``: the last rung's trials per width as
+    diamonds, dodged sideways by variant, filled for the chosen one."""
+    for variant in order:
+        colour = colours[variant]
+        full = last[last["variant"] == variant]
+        picked = (_same_config(full, float(chosen[variant]["lr"]),
+                               float(chosen[variant]["d_model"]))
+                  if variant in chosen else np.zeros(len(full), dtype=bool))
+        # dodged sideways by variant, so that variants at one width do not hide each other
+        shift = (order.index(variant) - (len(order) - 1) / 2) * dodge
+        for filled, part in ((True, full[picked]), (False, full[~picked])):
+            ax.scatter(part["params_d_model"] + shift, part["value"], marker="D", s=45,
+                       facecolors=colour if filled else "white", edgecolors=colour,
+                       linewidths=1.4, zorder=4)
+    top = (last["budget_fraction"].dropna().unique()
+           if "budget_fraction" in last and len(last) else [])
+    top_share = ("no completed trial past the first rung" if len(top) != 1 else
+                 "the full budget" if top[0] == 1 else f"{top[0]:g} of the budget")
+    ticks = (last.drop_duplicates("params_d_model").set_index("params_d_model")
+             ["tokens_per_parameter"] if "tokens_per_parameter" in last
+             else pd.Series(dtype=float))
+    ticks.index = ticks.index.astype(int)
+    _width_ticks(ax, ticks, sorted({*ticks.index, *widths.at}))
+    ax.set_title(f"last rung: {top_share}\n(the learning rate's bracket)")
+    ax.set_xlabel("d_model (below: training tokens per parameter)")
+    ax.set_ylabel(f"validation loss ({plotting.LOSS_UNIT})")
+    ax.legend(handles=[
+        Line2D([], [], color="0.3", marker="D", markerfacecolor="0.3", linestyle="none",
+               label="chosen"),
+        Line2D([], [], color="0.3", marker="D", markerfacecolor="white", linestyle="none",
+               label="not chosen")], loc="best", fontsize=8)
 
 
 def _width_ticks(ax: Any, tokens_per_parameter: pd.Series, at: Sequence[int]) -> None:
