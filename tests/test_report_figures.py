@@ -67,3 +67,66 @@ def test_no_exact_match_figure_when_no_variant_solved_any_problem(tmp_path):
     figures_section = md.split("## arithmetic\n")[1].split("### Figures")[1]
     assert ("arithmetic: exact match by operation not drawn: no variant solved any problem "
             "(exact match 0 on every operation, variant and seed).") in figures_section
+
+
+def test_every_tick_label_of_every_report_figure_is_at_least_9_points(tmp_path, monkeypatch):
+    from contextlib import contextmanager
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from lmablate.report.figures import plotting
+    from synthetic_study import ENV
+
+    figs, original = [], plotting.figure
+
+    @contextmanager
+    def recording(*args, **kwargs):
+        with original(*args, **kwargs) as (fig, axes):
+            figs.append(fig)
+            yield fig, axes
+
+    monkeypatch.setattr(plotting, "figure", recording)
+    write_runs(tmp_path / "runs", probe=True)
+    report.build_report(make_cfg(), tmp_path / "runs", tmp_path / "reports", environment=ENV)
+    assert len(figs) >= len(EXPECTED_FIGURES)
+    small = []
+    for fig in figs:
+        FigureCanvasAgg(fig).draw()
+        for ax in fig.axes:
+            if not ax.get_visible():
+                continue
+            for label in [*ax.get_xticklabels(), *ax.get_yticklabels()]:
+                if label.get_visible() and label.get_text() and label.get_fontsize() < 9:
+                    small.append((ax.get_title()[:40], label.get_text(), label.get_fontsize()))
+    assert not small
+
+
+def test_the_tuning_figures_of_arithmetic_label_their_axes_in_its_objective(tmp_path,
+                                                                             monkeypatch):
+    from contextlib import contextmanager
+    from lmablate.report.figures import plotting, tuning_figure
+    from lmablate.report.collect import collect
+    from lmablate.report.families import variant_palette
+
+    figs, original = [], plotting.figure
+
+    @contextmanager
+    def recording(*args, **kwargs):
+        with original(*args, **kwargs) as (fig, axes):
+            figs.append(fig)
+            yield fig, axes
+
+    monkeypatch.setattr(plotting, "figure", recording)
+    write_runs(tmp_path / "runs")
+    runs = collect(tmp_path / "runs")
+    tuned = runs.tuned.assign(objective="val_answer_loss_mean")
+    palette = variant_palette(make_cfg())
+    tuning_figure.plot_lr_response(runs.trials, tuned, "arithmetic", tmp_path / "t.png",
+                                   palette=palette)
+    labels = [ax.get_ylabel() for ax in figs[0].axes if ax.get_ylabel()]
+    assert len(labels) == 3
+    assert all(lab.startswith("validation answer loss, mean over the run")
+               and lab.endswith("(nats/answer char)") for lab in labels), labels
+    # the bracket figure's axis comes from the same function
+    assert plotting.objective_label("val_answer_loss_mean", "at the full budget") == (
+        "validation answer loss, mean over the run at the full budget\n(nats/answer char)")
+    assert plotting.objective_label("val_loss", "at the full budget") == (
+        "validation loss at the full budget\n(nats/char)")

@@ -35,6 +35,23 @@ REFERENCE_STYLES = [("0.35", (0, (7, 3))), ("0.5", (0, (2, 2))), ("0.25", (0, (7
                     ("0.6", (0, (1, 1))), ("0.4", (0, (12, 3)))]
 
 
+# a tuning objective (best.json's ``objective``) -> what its value is, and its unit
+OBJECTIVES = {
+    "val_loss": ("validation loss", LOSS_UNIT),
+    "val_answer_loss": ("validation answer loss", "nats/answer char"),
+    "val_answer_loss_mean": ("validation answer loss, mean over the run", "nats/answer char"),
+}
+
+
+def objective_label(objective: str, where: str) -> str:
+    """An axis label for tuning trials' values of ``objective`` (``val_loss``,
+    ``val_answer_loss``, ``val_answer_loss_mean``; another is read as ``val_loss``), e.g.
+    ``"validation answer loss, mean over the run, at the full budget\n(nats/answer char)"``
+    for ``where`` = ``"at the full budget"``."""
+    name, unit = OBJECTIVES.get(objective, OBJECTIVES["val_loss"])
+    return f"{name} {where}\n({unit})"
+
+
 @contextmanager
 def figure(path: Path, figsize: tuple[float, float] = (7.5, 4.5), nrows: int = 1,
            ncols: int = 1, **subplot_kw: Any) -> Iterator[tuple[Figure, np.ndarray]]:

@@ -23,6 +23,7 @@ from matplotlib.transforms import ScaledTranslation
 
 from lmablate.report.collect import present
 from lmablate.report.figures import plotting
+from lmablate.report.figures.plotting import objective_label
 from lmablate.report.stats import sensitivity as sens
 
 STAR_SIZE = 260  # points^2: the tuned configurations' stars
@@ -159,6 +160,12 @@ def plot_lr_response(trials: pd.DataFrame, tuned: pd.DataFrame | None, dataset: 
                                        (lr_low, lr_high), share)
         ticks = _width_panel(axes[0, 1], t, order, colours, choices, share, dodge)
         _full_budget_panel(axes[0, 2], last, order, colours, chosen, ticks, dodge)
+        # the trials' values are the tuning objective's: on arithmetic an answer loss
+        objective = (str(next(iter(chosen.values())).get("objective", "val_loss"))
+                     if chosen else "val_loss")
+        for ax, where in zip(axes[0], ("at the trial's end", "(best of a width)",
+                                       "at the full budget")):
+            ax.set_ylabel(objective_label(objective, where))
         axes[0, 0].legend(handles=_lr_markers(*marks, (lr_low, lr_high) if searched_lr else None,
                                               choices if ticks.searched else None),
                           loc="best", fontsize=8)
@@ -225,7 +232,6 @@ def _lr_panel(fig: Any, ax: Any, t: pd.DataFrame, order: Sequence[str],
     ax.set_title(f"{t['dataset'].iloc[0]}: loss vs learning rate at {share}\n"
                  f"(lines: the shared design at d_model {at or '–'}; one seed)")
     ax.set_xlabel("peak learning rate (log scale)")
-    ax.set_ylabel(f"validation loss at the trial's end ({plotting.LOSS_UNIT})")
     return searched_lr, (unmatched, offsets)
 
 
@@ -279,7 +285,6 @@ def _width_panel(ax: Any, t: pd.DataFrame, order: Sequence[str], colours: Mappin
                                                 pad=dodge * (len(order) + 1) / 2)
     ax.set_title(f"isoFLOP: best loss per width at {share}\n(dot area: trials)")
     ax.set_xlabel("d_model (below: training tokens per parameter)")
-    ax.set_ylabel(f"validation loss ({plotting.LOSS_UNIT})")
     return _WidthTicks(ticks, tick_at, searched)
 
 
@@ -288,6 +293,7 @@ def _full_budget_panel(ax: Any, last: pd.DataFrame, order: Sequence[str],
                        widths: _WidthTicks, dodge: float) -> None:
     """:func:`plot_lr_response`'s right panel on ``ax``: the last rung's trials per width as
     diamonds, dodged sideways by variant, filled for the chosen one."""
+    any_picked = False
     for variant in order:
         colour = colours[variant]
         full = last[last["variant"] == variant]
@@ -296,6 +302,7 @@ def _full_budget_panel(ax: Any, last: pd.DataFrame, order: Sequence[str],
                   if variant in chosen else np.zeros(len(full), dtype=bool))
         # dodged sideways by variant, so that variants at one width do not hide each other
         shift = (order.index(variant) - (len(order) - 1) / 2) * dodge
+        any_picked = any_picked or bool(picked.any())
         for filled, part in ((True, full[picked]), (False, full[~picked])):
             ax.scatter(part["params_d_model"] + shift, part["value"], marker="D", s=45,
                        facecolors=colour if filled else "white", edgecolors=colour,
@@ -311,12 +318,16 @@ def _full_budget_panel(ax: Any, last: pd.DataFrame, order: Sequence[str],
     _width_ticks(ax, ticks, sorted({*ticks.index, *widths.at}))
     ax.set_title(f"last rung: {top_share}\n(the learning rate's bracket)")
     ax.set_xlabel("d_model (below: training tokens per parameter)")
-    ax.set_ylabel(f"validation loss ({plotting.LOSS_UNIT})")
+    # a fitted lr between the points is no trial: then no diamond is filled, and the
+    # legend says where the chosen lr is instead
     ax.legend(handles=[
         Line2D([], [], color="0.3", marker="D", markerfacecolor="0.3", linestyle="none",
                label="chosen"),
         Line2D([], [], color="0.3", marker="D", markerfacecolor="white", linestyle="none",
-               label="not chosen")], loc="best", fontsize=8)
+               label="not chosen")] if any_picked else [
+        Line2D([], [], color="0.3", marker="D", markerfacecolor="white", linestyle="none",
+               label="trained; the chosen lr lies\nbetween them (fitted minimum)")],
+        loc="best", fontsize=8)
 
 
 def _width_ticks(ax: Any, tokens_per_parameter: pd.Series, at: Sequence[int]) -> None:
