@@ -253,6 +253,27 @@ def test_the_numerics_fingerprint_changes_with_the_kernels():
     assert other.split()[-1] != here.split()[-1]
 
 
+def test_the_numerics_fingerprint_changes_with_numpy_s_kernels_though_torch_s_do_not():
+    """numpy's SIMD target and OpenBLAS's kernel, pinned lower where this CPU has a higher one:
+    the torch probe computes the same bits, the host's numpy does not, and the fingerprint
+    says so."""
+    from lmablate.train.numerics import host_numerics
+    here = host_numerics()
+    pins = {}
+    if "X86_V4" in here.split(";")[0].split():
+        pins["NPY_DISABLE_CPU_FEATURES"] = "X86_V4 AVX512_ICL AVX512_SPR"
+    if "openblas" in here and not here.endswith("Haswell"):
+        pins["OPENBLAS_CORETYPE"] = "Haswell"
+    if not pins:
+        pytest.skip("numpy and OpenBLAS run no kernel above AVX2 on this machine")
+    code = "from lmablate.train.numerics import host_numerics; print(host_numerics())"
+    lowered = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             check=True, env={**os.environ, **pins}).stdout.strip()
+    assert lowered != here
+    assert "X86_V4" not in lowered.split(";")[0].split()
+    assert run_numerics(pins).split()[-1] != run_numerics({}).split()[-1]
+
+
 def test_the_probe_s_adamw_step_is_torch_s_fused_adamw_and_its_formula_elsewhere():
     """The fused kernel called directly equals torch.optim.AdamW(fused=True); the formula used
     on other devices equals it to rounding."""

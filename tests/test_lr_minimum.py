@@ -34,6 +34,48 @@ def test_the_fitted_minimum_of_a_quadratic_in_log_lr_is_its_vertex():
     assert fit.curve(0.026) == pytest.approx(f(0.026), abs=1e-9)
 
 
+def test_the_exact_fit_recovers_a_parabola_with_rational_coefficients_to_the_bit():
+    from fractions import Fraction
+    x = [Fraction(k) for k in (-2, -1, 0, 1, 3)]
+    y = [3 * xi ** 2 - 2 * xi + Fraction(1, 7) for xi in x]
+    assert lb.quadratic_fit(x, y) == (3, -2, Fraction(1, 7))
+
+
+def test_the_exact_fit_is_numpy_s_least_squares_to_rounding():
+    from fractions import Fraction
+    rng = np.random.default_rng(0)
+    for n in (3, 4, 5):
+        for _ in range(50):
+            x = np.sort(rng.uniform(-6, -1, n))
+            y = rng.uniform(1.5, 3.0, n)
+            exact = lb.quadratic_fit([Fraction(v) for v in x], [Fraction(v) for v in y])
+            assert [float(c) for c in exact] == pytest.approx(np.polyfit(x, y, 2),
+                                                              rel=1e-7, abs=1e-9)
+
+
+def test_the_fit_runs_no_blas_kernel_so_every_cpu_chooses_the_same_learning_rate(
+        monkeypatch):
+    """numpy's least squares (OpenBLAS) rounds by the CPU's kernel: the fit must not call it."""
+    points = [lb.Point(lr, (loss,)) for lr, loss in
+              ((0.004, 2.31), (0.008, 2.22), (0.016, 2.19), (0.032, 2.24))]
+    before = lb.fit_minimum(points)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a BLAS-backed numpy call")
+
+    for name in ("polyfit", "polyval", "log", "mean", "var"):
+        monkeypatch.setattr(np, name, refuse)
+    monkeypatch.setattr(np.linalg, "lstsq", refuse)
+    after = lb.fit_minimum(points)
+    assert after == before and after.used == "vertex"
+
+
+def test_the_exact_fit_needs_three_distinct_learning_rates():
+    from fractions import Fraction
+    with pytest.raises(ValueError, match="three distinct x, got 2"):
+        lb.quadratic_fit([Fraction(1), Fraction(1), Fraction(2)], [Fraction(0)] * 3)
+
+
 def test_the_fit_uses_the_best_point_and_two_neighbours_on_each_side():
     f = curve(0.01)
     lrs = [0.01 * 2 ** k for k in range(-4, 4)]

@@ -12,6 +12,12 @@ bit; different fingerprints say that results will differ.
 It runs on one thread, so it does not depend on the process's thread count (results of the
 study do not either: see :mod:`lmablate.execution.parallel`), and in ~0.1 s on a CPU, once per
 process and device.
+
+The host's numpy counts too (:func:`host_numerics`): the tuner's sampler (Optuna's TPE) runs in
+numpy on the host whatever the device, and numpy picks SIMD kernels and an OpenBLAS kernel by
+CPU. Two machines whose torch probe agreed (``cpu AVX2``, one pinned by
+``ATEN_CPU_CAPABILITY=avx2`` on an AVX-512 CPU) proposed other trials from the same results, so
+the fingerprint names numpy's kernels as well.
 """
 
 from __future__ import annotations
@@ -35,14 +41,15 @@ BATCH = 16
 
 @functools.lru_cache(maxsize=None)
 def numerics_fingerprint(device: torch.device) -> str:
-    """12 hex digits of the sha256 of the torch version and the losses and final weights of
-    :data:`PROBES`, each trained :data:`STEPS` AdamW steps (the fused kernel the study's
+    """12 hex digits of the sha256 of the torch version, :func:`host_numerics` and the losses and
+    final weights of :data:`PROBES`, each trained :data:`STEPS` AdamW steps (the fused kernel the study's
     optimizer uses on a CPU and CUDA, :func:`_adamw`) on fixed random tokens on ``device``
     with one thread; the global RNG and thread count are restored. Equal on every run on one
     machine and install; it changes with the kernels (e.g. ``ATEN_CPU_CAPABILITY=avx2`` on an
     AVX512 CPU)."""
     threads = torch.get_num_threads()
     digest = hashlib.sha256(torch.__version__.encode())  # another release: other numerics
+    digest.update(host_numerics().encode())
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.set_num_threads(1)
         try:
@@ -66,6 +73,25 @@ def numerics_fingerprint(device: torch.device) -> str:
         finally:
             torch.set_num_threads(threads)
     return digest.hexdigest()[:12]
+
+
+@functools.lru_cache(maxsize=None)
+def host_numerics() -> str:
+    """What numpy computes with on this host, e.g. ``numpy 2.4.6 baseline(X86_V2) X86_V3 X86_V4;
+    openblas 0.3.31.188.0 SkylakeX``: its version, the SIMD targets its functions dispatch to
+    (``numpy.lib.introspect.opt_func_info``; ``NPY_DISABLE_CPU_FEATURES`` removes some) and
+    each BLAS that numpy and scipy load, with the kernel it chose for this CPU (threadpoolctl;
+    ``OPENBLAS_CORETYPE`` pins OpenBLAS's). scipy's is loaded here, so that the list does not
+    depend on what the process imported before."""
+    import numpy as np
+    import scipy.linalg  # noqa: F401 - loads scipy's BLAS, which Optuna's sampler may use
+    from numpy.lib.introspect import opt_func_info
+    from threadpoolctl import threadpool_info
+
+    targets = sorted({t["current"] for sigs in opt_func_info().values() for t in sigs.values()})
+    blas = sorted(f"{i['internal_api']} {i.get('version')} {i.get('architecture')}"
+                  for i in threadpool_info() if i.get("user_api") == "blas")
+    return "; ".join([f"numpy {np.__version__} {' '.join(targets)}", *blas])
 
 
 def numerics_kind(device: torch.device) -> str:

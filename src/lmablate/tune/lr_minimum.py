@@ -5,13 +5,18 @@ bootstrap of the points; nats/char).
 
 Pure functions of the full-budget results (no Optuna, no torch), so the tuner
 (:mod:`lmablate.tune.tuning`) and the report decide from the same numbers, and tests can feed
-them constructed curves. The rules and their sources: the handbook's Study design, "The learning
+them constructed curves. What ``best.json`` records is computed without a BLAS or SIMD kernel:
+numpy's least squares (OpenBLAS) and its vectorised sums round differently on AVX2 and AVX-512
+CPUs, and a last-bit change in a fitted learning rate trains other bytes on every seed of a
+variant; the fit is solved exactly in rationals and rounded once (:func:`quadratic_fit`), and
+means are correctly rounded sums (``math.fsum``). The rules and their sources: the handbook's Study design, "The learning
 rate at the full budget" and "Tuning uncertainty"."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 
@@ -39,7 +44,7 @@ class Point:
         """The mean over seeds; ``inf`` when any seed diverged or none finished."""
         if not self.losses or not all(math.isfinite(x) for x in self.losses):
             return math.inf
-        return float(np.mean(self.losses))
+        return math.fsum(self.losses) / len(self.losses)
 
 
 def best_index(points: list[Point]) -> int:
@@ -134,21 +139,48 @@ def fit_minimum(points: list[Point]) -> Fit:
     if len(near) < 3:
         return Fit(best.lr, best.loss, "best point", None, lrs,
                    f"{len(near)} finite point(s): too few for a curve")
-    x = np.log([p.lr for p in near])
-    coefficients = tuple(float(c) for c in np.polyfit(x, [p.loss for p in near], 2))
-    a, b, _ = coefficients
+    x = [Fraction(math.log(p.lr)) for p in near]
+    exact = quadratic_fit(x, [Fraction(p.loss) for p in near])
+    coefficients = tuple(float(c) for c in exact)
+    a, b, c = exact
     if a <= 0:
         return Fit(best.lr, best.loss, "best point", coefficients, lrs,
                    "the fitted curve is not convex")
     vertex = -b / (2 * a)
-    if not x.min() <= vertex <= x.max():
+    if not min(x) <= vertex <= max(x):
         return Fit(best.lr, best.loss, "best point", coefficients, lrs,
                    "the fitted minimum lies outside the points")
-    lowest = float(np.polyval(coefficients, vertex))
+    lowest = float((a * vertex + b) * vertex + c)
     if lowest < 0:
         return Fit(best.lr, best.loss, "best point", coefficients, lrs,
                    "the fitted minimum lies below 0")
-    return Fit(float(math.exp(vertex)), lowest, "vertex", coefficients, lrs)
+    return Fit(math.exp(float(vertex)), lowest, "vertex", coefficients, lrs)
+
+
+def quadratic_fit(x: list[Fraction], y: list[Fraction]) -> tuple[Fraction, Fraction, Fraction]:
+    """``(a, b, c)`` of the least-squares parabola ``y = a x^2 + b x + c`` through at least
+    three points with at least three distinct ``x``, exactly: the normal equations solved in
+    rationals by Cramer's rule (what ``numpy.polyfit(x, y, 2)`` approximates in floating
+    point). Exact arithmetic on the float inputs has one answer on every machine.
+
+    Raises:
+        ValueError: fewer than three distinct ``x``."""
+    s = [sum(xi ** k for xi in x) for k in range(5)]  # power sums s_0 .. s_4
+    t = [sum(yi * xi ** k for xi, yi in zip(x, y)) for k in range(3)]  # moments t_0 .. t_2
+    m = [[s[4], s[3], s[2]], [s[3], s[2], s[1]], [s[2], s[1], s[0]]]
+    det = _det3(m)
+    if det == 0:
+        raise ValueError(f"a parabola needs three distinct x, got {len(set(x))}")
+    rhs = [t[2], t[1], t[0]]
+    return tuple(_det3([[rhs[r] if j == col else m[r][j] for j in range(3)] for r in range(3)])
+                 / det for col in range(3))
+
+
+def _det3(m: list[list[Fraction]]) -> Fraction:
+    """The determinant of a 3 x 3 matrix (rule of Sarrus)."""
+    return (m[0][0] * (m[1][1] * m[2][2] - m[1][2] * m[2][1])
+            - m[0][1] * (m[1][0] * m[2][2] - m[1][2] * m[2][0])
+            + m[0][2] * (m[1][0] * m[2][1] - m[1][1] * m[2][0]))
 
 
 def seed_spread(points: list[Point]) -> float | None:
@@ -169,8 +201,8 @@ def pooled_spread(point_sets: list[list[Point]]) -> float | None:
     if not finite:
         return None
     dof = sum(len(p.losses) - 1 for p in finite)
-    return float(math.sqrt(sum(np.var(p.losses, ddof=1) * (len(p.losses) - 1)
-                               for p in finite) / dof))
+    squares = math.fsum((x - p.loss) ** 2 for p in finite for x in p.losses)
+    return math.sqrt(squares / dof)
 
 
 @dataclass(frozen=True)
