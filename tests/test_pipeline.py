@@ -226,6 +226,14 @@ def test_the_summary_run_carries_the_verdicts_and_its_artifacts_lie_beside_the_s
     assert metrics["arithmetic/rope/delta_answer_loss"] == pytest.approx(
         rope["delta_answer_loss"])
     assert tags["arithmetic/rope/verdict"] == rope["verdict"]
+    # and every final run of the study its verdict, which the runs view groups by
+    with sqlite3.connect(study / "mlflow.db") as db:
+        final = db.execute("select t.value, v.value from tags t join tags v on "
+                           "t.run_uuid = v.run_uuid join tags d on d.run_uuid = t.run_uuid "
+                           "where t.key = 'variant' and v.key = 'verdict' and "
+                           "d.key = 'dataset' and d.value = 'arithmetic'").fetchall()
+    assert ("rope", rope["verdict"]) in final and ("baseline", "baseline") in final
+    assert len(final) == len(VARIANTS) * len(SEEDS)
     assert params_["variants"] == str(VARIANTS) and params_["profile"] == "default"
     # a proxied location, resolved against the folder beside mlflow.db: the study can move
     assert uri == f"mlflow-artifacts:/lmablate/{run_id}/artifacts"

@@ -241,6 +241,31 @@ def test_the_study_views_open_on_validation_loss_with_groups_closed_and_runs_col
         mlflow_views.dataset_view("o'brien")
 
 
+def test_the_runs_view_groups_by_verdict_so_each_group_s_label_carries_it(tmp_path):
+    import mlflow
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    store = mlflow_store.MlflowStore(uri, "study")
+    ids = record_final_runs(store)
+    datasets, variants = ["shakespeare", "arithmetic"], list(STUDY_COLOURS)
+    verdicts = {f"{d}/{v}": ("baseline" if v == variants[0] else "no significant difference")
+                for d in datasets for v in variants}
+    verdicts["arithmetic/" + variants[-1]] = "worse"
+    store.save_views(datasets, variants, STUDY_COLOURS, verdicts)
+    client = mlflow.MlflowClient(uri)
+    view = json.loads(client.get_experiment(store.experiment_id).tags[
+        "mlflow.sharedViewState.final-runs"])
+    assert [k["groupByData"] for k in view["groupBy"]["groupByKeys"]] == [
+        "dataset", "variant", "verdict"]
+    assert view["groupsExpanded"] == {
+        f"tag.dataset.{d},tag.variant.{v},tag.verdict.{verdicts[f'{d}/{v}']}": False
+        for d in datasets for v in variants}
+    assert view["columnOrder"][2] == "tags.`seed`"  # dataset and variant: in the label
+    for (d, v, _), run_id in ids.items():
+        assert client.get_run(run_id).data.tags["verdict"] == verdicts[f"{d}/{v}"]
+    retuned, = client.search_runs([store.experiment_id], "tags.replicate = '1'")
+    assert "verdict" not in retuned.data.tags  # another replicate: not the study's verdict
+
+
 def test_the_sidecar_answers_the_runs_view_url_as_the_store_does(tmp_path, monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"

@@ -61,8 +61,9 @@ class Tracker(RunTracker, Protocol):
         ...
 
     def save_views(self, datasets: list[str], variants: list[str],
-                   colours: dict[str, str]) -> dict[str, str]:
-        """Write the study's saved views and the runs' colours
+                   colours: dict[str, str],
+                   verdicts: dict[str, str] | None = None) -> dict[str, str]:
+        """Write the study's saved views and the runs' colours and verdicts
         (:meth:`lmablate.tracking.mlflow_store.MlflowStore.save_views`); returns their URLs, none
         when nothing is recorded."""
         ...
@@ -100,7 +101,8 @@ class NullTracker(Tracker):
         return None
 
     def save_views(self, datasets: list[str], variants: list[str],
-                   colours: dict[str, str]) -> dict[str, str]:
+                   colours: dict[str, str],
+                   verdicts: dict[str, str] | None = None) -> dict[str, str]:
         return {}
 
     def find_run(self, tags: Mapping[str, Any]) -> str | None:

@@ -28,7 +28,7 @@ import torch
 from lmablate.config.study import StudyConfig
 from lmablate.core import fileio
 from lmablate.core.tracker import Tracker
-from lmablate.report.collect import (RunOutputs, check_complete, collect, present,
+from lmablate.report.collect import (BASELINE, RunOutputs, check_complete, collect, present,
                                      restrict_to_study, run_folder)
 from lmablate.report.curves import CURVE_COLUMNS, mean_curves
 from lmablate.report.families import variant_colours, variant_palette
@@ -132,6 +132,19 @@ def summary_record(cfg: StudyConfig, metrics_dir: Path) -> tuple[dict, dict, dic
             else:
                 tags[f"{name}/{key}"] = str(value)
     return params, metrics, tags
+
+
+def run_verdicts(cfg: StudyConfig, metrics_dir: Path) -> dict[str, str]:
+    """``"<dataset>/<variant>"`` -> the verdict its DVC metrics file gives in the dataset's
+    headline loss, and ``"baseline"`` for the baseline: the tag MLflow's runs view groups the
+    final runs by (:meth:`lmablate.tracking.mlflow_store.MlflowStore.save_views`)."""
+    out = {}
+    for ds in cfg.datasets:
+        for path in sorted((metrics_dir / ds).glob("*.json")):
+            doc = json.loads(path.read_text())
+            out[f"{ds}/{path.stem}"] = str(doc.get("verdict", path.stem if path.stem ==
+                                                   BASELINE else "no comparison"))
+    return out
 
 
 def with_replication(docs: dict[str, dict], replication: pd.DataFrame,
@@ -389,7 +402,8 @@ def main(cfg: StudyConfig, args: argparse.Namespace) -> None:
     tracker = make_tracker(cfg.tracking)
     paths = run(cfg, args.runs, args.tokens, args.out, tracker)
     colours = variant_colours(cfg)
-    urls = tracker.save_views(list(cfg.datasets), list(colours), colours)
+    urls = tracker.save_views(list(cfg.datasets), list(colours), colours,
+                              run_verdicts(cfg, Path(args.out) / "metrics"))
     print(where_to_look(cfg, paths, urls.pop("runs", None) or tracker.runs_view_url(), urls),
           flush=True)
     # the answer last, where a terminal's scroll stops: read back from the CSV the report wrote

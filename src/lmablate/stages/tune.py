@@ -188,7 +188,8 @@ def _summary(r: dict) -> str:
             f"diverged); ")
     if b := r.get("bracket"):
         u = ("" if b["uncertainty"] is None else
-             f", regret {b['regret']:.4f} (95%: {b['uncertainty']:.4f})")
+             f", regret {b['regret']:.4f} (95% bound {b['uncertainty']:.4f} from this "
+             "study's own seed spread; the report's tuning uncertainty pools the dataset's)")
         how = "fitted minimum" if b["fit"]["used"] == "vertex" else (
             f"best point: {b['fit']['note']}")
         return (head + f"lr {r['lr']:.3g} ({how}; {len(b['points'])} full-budget lrs, "

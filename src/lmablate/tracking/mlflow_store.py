@@ -288,11 +288,15 @@ class MlflowStore:
         return views.view_url(self.experiment_id, RUNS_VIEW_KEY)
 
     def save_views(self, datasets: list[str], variants: list[str],
-                   colours: dict[str, str]) -> dict[str, str]:
+                   colours: dict[str, str],
+                   verdicts: dict[str, str] | None = None) -> dict[str, str]:
         """Write the study's saved views (:func:`lmablate.tracking.mlflow_views.study_views`) on the
         experiment, from the metrics and budgets its final runs logged, and tag every final run
         with its variant's colour (``colours``: variant -> ``"#rrggbb"``, the run tag
-        ``mlflow.runColor`` the UI draws a run in). Tags already right are not written again.
+        ``mlflow.runColor`` the UI draws a run in) and, with ``verdicts``
+        (``"<dataset>/<variant>"`` -> the verdict in the dataset's headline loss), its verdict
+        (tag ``verdict``, by which the runs view also groups, so the verdict is on its first
+        screen). Tags already right are not written again.
 
         Returns:
             ``"runs"`` -> the URL part of the table view, and each dataset -> that of its
@@ -307,13 +311,17 @@ class MlflowStore:
             metrics.setdefault(tags.get("dataset", ""), set()).update(run.data.metrics)
             if views.BUDGET_TAG in tags:
                 budgets.setdefault(tags.get("dataset", ""), set()).add(tags[views.BUDGET_TAG])
-            colour = colours.get(tags.get("variant", ""))
-            if colour and tags.get(views.RUN_COLOR_TAG) != colour:
-                self.client.log_batch(run.info.run_id,
-                                      tags=[RunTag(views.RUN_COLOR_TAG, colour)])
+            want = {views.RUN_COLOR_TAG: colours.get(tags.get("variant", ""))}
+            if verdicts and tags.get("replicate", "0") == "0":
+                want[views.VERDICT_TAG] = verdicts.get(
+                    f"{tags.get('dataset', '')}/{tags.get('variant', '')}")
+            new = [RunTag(k, v) for k, v in want.items() if v and tags.get(k) != v]
+            if new:
+                self.client.log_batch(run.info.run_id, tags=new)
         have = self.client.get_experiment(self.experiment_id).tags
         ordered = {d: sorted(b, key=float) for d, b in budgets.items()}
-        for tag, value in views.study_views(datasets, variants, metrics, ordered).items():
+        for tag, value in views.study_views(datasets, variants, metrics, ordered,
+                                            verdicts).items():
             if have.get(tag) != value:
                 self.client.set_experiment_tag(self.experiment_id, tag, value)
         return {"runs": self.runs_view_url(),

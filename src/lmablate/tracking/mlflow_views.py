@@ -32,7 +32,13 @@ CREATED_COLUMN, CREATED_WIDTH = "runDateAndNestInfo", 116
 # pixels: the group label "dataset: arithmetic, variant: baseline" in full, after the expander
 # and the run count; a run's name "shakespeare-baseline-seed0"; a value's first digits
 GROUPED_NAME_WIDTH, RUN_NAME_WIDTH, VALUE_WIDTH = 360, 230, 96
+# the group label with its verdict: "dataset: arithmetic, variant: rope, verdict: no significant
+# difference"
+GROUPED_VERDICT_WIDTH = 590
 TAG_WIDTHS = {"dataset": 100, "variant": 80, "seed": 56}
+# a final run's verdict in its dataset's headline loss (the report stage writes it); the runs
+# view groups by it, so a group's label reads "dataset: arithmetic, variant: rope, verdict: ..."
+VERDICT_TAG = "verdict"
 BUDGET_TAG = "budget_flops"  # a final run's budget, training FLOPs (a scaling study has several)
 BUDGET_WIDTH = 110
 CHART_RUNS = 100  # runs a chart may draw: every final run of a dataset
@@ -128,7 +134,8 @@ def group_id(dataset: str, variant: str) -> str:
 
 def runs_view(datasets: Sequence[str] = (), variants: Sequence[str] = (),
               metrics: Iterable[str] = (),
-              budgets: Mapping[str, Sequence[str]] | None = None) -> dict:
+              budgets: Mapping[str, Sequence[str]] | None = None,
+              verdicts: Mapping[str, str] | None = None) -> dict:
     """The study's table: the final runs grouped by dataset x variant, one row per group (the
     seeds' average), every group of ``datasets`` x ``variants`` closed; the group label, then
     dataset, variant and seed, then the headline metrics, then the params. Its charts draw one
@@ -136,7 +143,11 @@ def runs_view(datasets: Sequence[str] = (), variants: Sequence[str] = (),
 
     ``budgets``: in a scaling study, the ``budget_flops`` tag values of each dataset with
     several; the groups are then dataset x variant x budget (a mean over budgets would mix
-    runs of different compute) and the budget is a column after the variant."""
+    runs of different compute) and the budget is a column after the variant.
+
+    ``verdicts`` (``"<dataset>/<variant>"`` -> verdict, the runs' tag :data:`VERDICT_TAG`):
+    the groups are dataset x variant x verdict, whose label then carries the verdict (one
+    verdict per dataset x variant: no mean is split)."""
     tags = dict(TAG_WIDTHS)
     keys = [{"mode": "tag", "groupByData": "dataset"}, {"mode": "tag", "groupByData": "variant"}]
     groups = {group_id(d, v): False for d in datasets for v in variants}
@@ -146,8 +157,13 @@ def runs_view(datasets: Sequence[str] = (), variants: Sequence[str] = (),
         keys.append({"mode": "tag", "groupByData": BUDGET_TAG})
         groups = {f"{group_id(d, v)},tag.{BUDGET_TAG}.{b}": False for d in datasets
                   for v in variants for b in budgets.get(d, ())}
-    first = [(RUN_NAME_COLUMN, GROUPED_NAME_WIDTH)] + [(column("tags", t), w)
-                                                       for t, w in tags.items()]
+    elif verdicts:
+        tags = {"seed": TAG_WIDTHS["seed"]}  # dataset and variant: in the group's label
+        keys.append({"mode": "tag", "groupByData": VERDICT_TAG})
+        groups = {f"{group_id(d, v)},tag.{VERDICT_TAG}.{verdicts[f'{d}/{v}']}": False
+                  for d in datasets for v in variants if f"{d}/{v}" in verdicts}
+    width = GROUPED_VERDICT_WIDTH if verdicts and not budgets else GROUPED_NAME_WIDTH
+    first = [(RUN_NAME_COLUMN, width)] + [(column("tags", t), w) for t, w in tags.items()]
     cards, sections = _charts(metrics)
     return {**_base(FINAL_FILTER), **_columns(first, metrics),
             "groupBy": {"aggregateFunction": "average", "groupByKeys": keys},
@@ -178,15 +194,17 @@ def dataset_view(dataset: str, metrics: Iterable[str] = (), budgets: bool = Fals
 
 def study_views(datasets: Sequence[str], variants: Sequence[str],
                 metrics: Mapping[str, Iterable[str]],
-                budgets: Mapping[str, Sequence[str]] | None = None) -> dict[str, str]:
+                budgets: Mapping[str, Sequence[str]] | None = None,
+                verdicts: Mapping[str, str] | None = None) -> dict[str, str]:
     """Every saved view of a study, as experiment tag -> JSON: :func:`runs_view` and one
     :func:`dataset_view` per dataset; ``metrics`` maps a dataset to the metric keys its final
     runs logged, ``budgets`` a scaling study's dataset to its ``budget_flops`` tag values
-    (only datasets with several)."""
+    (only datasets with several), ``verdicts`` each dataset x variant's verdict
+    (:func:`runs_view`)."""
     budgets = {d: list(b) for d, b in (budgets or {}).items() if len(b) > 1}
     views = {RUNS_VIEW_KEY: runs_view(datasets, variants,
                                       {m for d in datasets for m in metrics.get(d, ())},
-                                      budgets)}
+                                      budgets, verdicts)}
     views.update({dataset_view_key(d): dataset_view(d, metrics.get(d, ()), d in budgets)
                   for d in datasets})
     return {view_tag(k): json.dumps(v, sort_keys=True) for k, v in views.items()}

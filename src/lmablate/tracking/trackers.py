@@ -150,8 +150,10 @@ class MlflowTracker(Tracker):
         return self._store.runs_view_url()
 
     def save_views(self, datasets: list[str], variants: list[str],
-                   colours: dict[str, str]) -> dict[str, str]:
-        return self._store.save_views(list(datasets), list(variants), dict(colours))
+                   colours: dict[str, str],
+                   verdicts: dict[str, str] | None = None) -> dict[str, str]:
+        return self._store.save_views(list(datasets), list(variants), dict(colours),
+                                      dict(verdicts or {}))
 
     def find_run(self, tags: Mapping[str, Any]) -> str | None:
         return self._store.find_run({k: str(v) for k, v in tags.items()})
