@@ -233,6 +233,25 @@ def built_replicated(tmp_path_factory):
     return cfg, root / "reports", out
 
 
+@pytest.fixture
+def drawn(monkeypatch):
+    """The matplotlib Figures the report's figure functions draw in the test, in call order:
+    every one goes through :func:`lmablate.report.figures.plotting.figure`, which this records."""
+    from contextlib import contextmanager
+    from lmablate.report.figures import plotting
+    figs = []
+    original = plotting.figure
+
+    @contextmanager
+    def recording(*args, **kwargs):
+        with original(*args, **kwargs) as (fig, axes):
+            figs.append(fig)
+            yield fig, axes
+
+    monkeypatch.setattr(plotting, "figure", recording)
+    return figs
+
+
 def load_script(path: Path, name: str | None = None):
     """The Python file at ``path`` (a script of ``docs/`` or ``scripts/``, not a package module)
     imported as module ``name`` (default: the file's stem), registered in ``sys.modules``, where

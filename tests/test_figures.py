@@ -12,7 +12,6 @@ from __future__ import annotations
 import colorsys
 import itertools
 import math
-from contextlib import contextmanager
 
 import numpy as np
 import pandas as pd
@@ -52,22 +51,6 @@ EXPECTED_FAMILIES = {
 ORDER = list(VARIANTS)
 REFERENCES = {"unigram (KN)": 3.30, "bigram (KN)": 2.48, "trigram (KN)": 2.20}
 DS = "shakespeare"
-
-
-@pytest.fixture
-def drawn(monkeypatch):
-    """The Figures drawn by ``plot_*`` calls in the test, in call order."""
-    figs = []
-    original = plotting.figure
-
-    @contextmanager
-    def recording(*args, **kwargs):
-        with original(*args, **kwargs) as (fig, axes):
-            figs.append(fig)
-            yield fig, axes
-
-    monkeypatch.setattr(plotting, "figure", recording)
-    return figs
 
 
 def renderer_of(fig):

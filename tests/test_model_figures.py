@@ -31,20 +31,10 @@ def test_attention_and_embedding_hooks(tmp_path):
     assert not (tmp_path / "bad.png").exists()
 
 
-def test_attention_tick_labels_are_9_points_and_never_overlap(tmp_path, monkeypatch):
+def test_attention_tick_labels_are_9_points_and_never_overlap(tmp_path, drawn):
     import itertools
-    from contextlib import contextmanager
     from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from lmablate.report.figures import plotting
-    figs, original = [], plotting.panels
-
-    @contextmanager
-    def recording(*args, **kwargs):
-        with original(*args, **kwargs) as (fig, axes):
-            figs.append(fig)
-            yield fig, axes
-
-    monkeypatch.setattr(plotting, "panels", recording)
+    figs = drawn
     tokens = list("First Citizen:\nBefore we proceed any further, hear me speak.")[:64]
     t = len(tokens)
     maps = {f"variant {i}": np.tril(np.ones((t, t))) / np.arange(1, t + 1)[:, None]

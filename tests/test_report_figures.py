@@ -69,21 +69,11 @@ def test_no_exact_match_figure_when_no_variant_solved_any_problem(tmp_path):
             "(exact match 0 on every operation, variant and seed).") in figures_section
 
 
-def test_every_tick_label_of_every_report_figure_is_at_least_9_points(tmp_path, monkeypatch):
-    from contextlib import contextmanager
+def test_every_tick_label_of_every_report_figure_is_at_least_9_points(tmp_path, drawn):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from lmablate.report.figures import plotting
     from synthetic_study import ENV
 
-    figs, original = [], plotting.figure
-
-    @contextmanager
-    def recording(*args, **kwargs):
-        with original(*args, **kwargs) as (fig, axes):
-            figs.append(fig)
-            yield fig, axes
-
-    monkeypatch.setattr(plotting, "figure", recording)
+    figs = drawn
     write_runs(tmp_path / "runs", probe=True)
     report.build_report(make_cfg(), tmp_path / "runs", tmp_path / "reports", environment=ENV)
     assert len(figs) >= len(EXPECTED_FIGURES)
@@ -99,22 +89,12 @@ def test_every_tick_label_of_every_report_figure_is_at_least_9_points(tmp_path, 
     assert not small
 
 
-def test_the_tuning_figures_of_arithmetic_label_their_axes_in_its_objective(tmp_path,
-                                                                             monkeypatch):
-    from contextlib import contextmanager
+def test_the_tuning_figures_of_arithmetic_label_their_axes_in_its_objective(tmp_path, drawn):
     from lmablate.report.figures import plotting, tuning_figure
     from lmablate.report.collect import collect
     from lmablate.report.families import variant_palette
 
-    figs, original = [], plotting.figure
-
-    @contextmanager
-    def recording(*args, **kwargs):
-        with original(*args, **kwargs) as (fig, axes):
-            figs.append(fig)
-            yield fig, axes
-
-    monkeypatch.setattr(plotting, "figure", recording)
+    figs = drawn
     write_runs(tmp_path / "runs")
     runs = collect(tmp_path / "runs")
     tuned = runs.tuned.assign(objective="val_answer_loss_mean")
