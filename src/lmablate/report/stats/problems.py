@@ -65,6 +65,65 @@ def sign_flip_test(diff: np.ndarray) -> float:
     return float(min(1.0, res.pvalue))
 
 
+def _paired_outcomes(dataset: str, base: Mapping[str, Sequence[Mapping]],
+                     predictions: Mapping[tuple[str, str], Mapping[str, Sequence[Mapping]]],
+                     order: Sequence[str]) -> dict[str, tuple]:
+    """Per variant of ``order``, once: ``(seeds, n problems, answer width, baseline outcomes,
+    variant outcomes)``, its seeds paired with the baseline's ``base``, the problems both have
+    (checked to be the same ones) and both sides' :func:`problem_outcomes` per seed.
+
+    Raises:
+        ValueError: a prompt differs from the baseline's at the same position."""
+    paired = {}
+    base_out = {k: problem_outcomes(v) for k, v in base.items() if v}  # shared by variants
+    for variant in order:
+        other = predictions[(dataset, variant)]
+        seeds = [k for k in base if k in other and base[k] and other[k]]
+        if not seeds:
+            continue
+        n = min(min(len(base[k]), len(other[k])) for k in seeds)
+        for k in seeds:
+            for i, (a, b) in enumerate(zip(base[k][:n], other[k][:n])):
+                if a["prompt"] != b["prompt"]:
+                    raise ValueError(
+                        f"{dataset}: problem {i} of {variant} ({k}) is {b['prompt']!r}, "
+                        f"the baseline's is {a['prompt']!r}; evaluate both on the same "
+                        "test problems")
+        b_out = [tuple(o[:n] for o in base_out[k]) for k in seeds]
+        v_out = [problem_outcomes(other[k][:n]) for k in seeds]
+        paired[variant] = (seeds, n, len(str(base[seeds[0]][0]["target"])), b_out, v_out)
+    return paired
+
+
+def _problem_row(dataset: str, metric: str, baseline: str, variant: str, n_seeds: int,
+                 width: int, b_out: np.ndarray, v_out: np.ndarray) -> dict:
+    """One row of :func:`compare_problems` from both sides' outcomes, ``(seeds, problems)``
+    each (``width`` answer characters a problem for character accuracy, else 1): identical on
+    every problem, or the sign-flip test with the verdict "no significant difference" until
+    :func:`holm_correct` judges it."""
+    n = b_out.shape[1]
+    d = (v_out - b_out).mean(axis=0)  # (n problems,)
+    row = {
+        "dataset": dataset, "metric": metric, "baseline": baseline,
+        "variant": variant, "n_problems": n, "n_seeds": n_seeds,
+        "baseline_count": int(round(b_out.sum() * width)),
+        "variant_count": int(round(v_out.sum() * width)),
+        "total": n * n_seeds * width, "baseline_rate": float(b_out.mean()),
+        "variant_rate": float(v_out.mean()),
+        "n_differing": int(np.count_nonzero(d)), "mean_diff": float(d.mean()),
+        "ci95_low": math.nan, "ci95_high": math.nan, "ci_holm_low": math.nan,
+        "ci_holm_high": math.nan, "p_value": math.nan, "p_holm": math.nan,
+        "reject_holm": False, "verdict": VERDICT_SAME_PROBLEMS,
+    }
+    if np.count_nonzero(d):
+        sem = float(d.std(ddof=1) / math.sqrt(n)) if n > 1 else math.nan
+        row["ci95_low"], row["ci95_high"] = mean_interval(d.mean(), sem, n)
+        row.update(p_value=sign_flip_test(d), verdict=VERDICT_NSD, _sem=sem, _df=n - 1)
+    else:
+        row.update(dict.fromkeys(("ci95_low", "ci95_high", "ci_holm_low", "ci_holm_high"), 0.0))
+    return row
+
+
 def compare_problems(predictions: Mapping[tuple[str, str], Mapping[str, Sequence[Mapping]]],
                      baseline: str = BASELINE, alpha: float = ALPHA,
                      variants: Sequence[str] | None = None) -> pd.DataFrame:
@@ -109,53 +168,16 @@ def compare_problems(predictions: Mapping[tuple[str, str], Mapping[str, Sequence
         base = predictions[(dataset, baseline)]
         # per variant, once: its seeds paired with the baseline's, the common problems (checked
         # to be the same ones) and both sides' outcomes, (seeds, problems) per metric
-        paired = {}
-        base_out = {k: problem_outcomes(v) for k, v in base.items() if v}  # shared by variants
-        for variant in order:
-            other = predictions[(dataset, variant)]
-            seeds = [k for k in base if k in other and base[k] and other[k]]
-            if not seeds:
-                continue
-            n = min(min(len(base[k]), len(other[k])) for k in seeds)
-            for k in seeds:
-                for i, (a, b) in enumerate(zip(base[k][:n], other[k][:n])):
-                    if a["prompt"] != b["prompt"]:
-                        raise ValueError(
-                            f"{dataset}: problem {i} of {variant} ({k}) is {b['prompt']!r}, "
-                            f"the baseline's is {a['prompt']!r}; evaluate both on the same "
-                            "test problems")
-            b_out = [tuple(o[:n] for o in base_out[k]) for k in seeds]
-            v_out = [problem_outcomes(other[k][:n]) for k in seeds]
-            width = len(str(base[seeds[0]][0]["target"]))
-            paired[variant] = (seeds, n, width, b_out, v_out)
+        paired = _paired_outcomes(dataset, base, predictions, order)
         for metric, which in (("exact_match", 0), ("char_accuracy", 1)):
             family = []
             for variant, (seeds, n, chars, b_all, v_all) in paired.items():
-                b_out = np.stack([o[which] for o in b_all])  # (seeds, problems)
-                v_out = np.stack([o[which] for o in v_all])
-                d = (v_out - b_out).mean(axis=0)  # (n problems,)
-                width = chars if metric == "char_accuracy" else 1
-                row = {
-                    "dataset": dataset, "metric": metric, "baseline": baseline,
-                    "variant": variant, "n_problems": n, "n_seeds": len(seeds),
-                    "baseline_count": int(round(b_out.sum() * width)),
-                    "variant_count": int(round(v_out.sum() * width)),
-                    "total": n * len(seeds) * width, "baseline_rate": float(b_out.mean()),
-                    "variant_rate": float(v_out.mean()),
-                    "n_differing": int(np.count_nonzero(d)), "mean_diff": float(d.mean()),
-                    "ci95_low": math.nan, "ci95_high": math.nan, "ci_holm_low": math.nan,
-                    "ci_holm_high": math.nan, "p_value": math.nan, "p_holm": math.nan,
-                    "reject_holm": False, "verdict": VERDICT_SAME_PROBLEMS,
-                }
-                if np.count_nonzero(d):
-                    sem = float(d.std(ddof=1) / math.sqrt(n)) if n > 1 else math.nan
-                    row["ci95_low"], row["ci95_high"] = mean_interval(d.mean(), sem, n)
-                    row.update(p_value=sign_flip_test(d), verdict=VERDICT_NSD, _sem=sem,
-                               _df=n - 1)
+                row = _problem_row(dataset, metric, baseline, variant, len(seeds),
+                                   chars if metric == "char_accuracy" else 1,
+                                   np.stack([o[which] for o in b_all]),  # (seeds, problems)
+                                   np.stack([o[which] for o in v_all]))
+                if row["verdict"] == VERDICT_NSD:  # tested: one of Holm's family
                     family.append(len(rows))
-                else:
-                    row.update(dict.fromkeys(("ci95_low", "ci95_high", "ci_holm_low",
-                                              "ci_holm_high"), 0.0))
                 rows.append(row)
             holm_correct(rows, family, alpha, higher=True)
     out = pd.DataFrame(rows, columns=PROBLEM_COLUMNS)

@@ -268,6 +268,43 @@ def holm_correct(rows: list[dict], family: list[int], alpha: float, higher: bool
             r["verdict"] = VERDICT_BETTER if improved else VERDICT_WORSE
 
 
+def _paired_row(pair: pd.DataFrame, dataset: str, metric: str, higher: bool, baseline: str,
+                variant: str) -> dict:
+    """One row of :func:`compare` from ``pair`` (a seed per row, columns ``baseline`` and
+    ``variant``): "too few seeds", "identical on every seed", or the paired test with the
+    verdict "no significant difference" until :func:`holm_correct` judges it."""
+    n = len(pair)
+    diff = (pair[variant] - pair[baseline]).to_numpy(float)
+    row = {
+        "dataset": dataset, "metric": metric, "higher_is_better": higher,
+        "baseline": baseline, "variant": variant, "n_pairs": n,
+        "baseline_mean": float(pair[baseline].mean()) if n else math.nan,
+        "variant_mean": float(pair[variant].mean()) if n else math.nan,
+        "mean_diff": float(diff.mean()) if n else math.nan,
+        "sd_diff": float(diff.std(ddof=1)) if n > 1 else math.nan,
+        "ci95_low": math.nan, "ci95_high": math.nan, "ci_holm_low": math.nan,
+        "ci_holm_high": math.nan, "t_stat": math.nan, "p_value": math.nan,
+        "p_holm": math.nan, "reject_holm": False, "mde": math.nan,
+        "verdict": VERDICT_FEW,
+    }
+    if n >= MIN_SEEDS_FOR_TEST and _constant(diff):
+        row.update(verdict=VERDICT_IDENTICAL, sd_diff=0.0,
+                   **dict.fromkeys(("ci95_low", "ci95_high", "ci_holm_low", "ci_holm_high"),
+                                   float(diff.mean())))
+    elif n >= MIN_SEEDS_FOR_TEST:
+        row.update(_paired_test(pair[variant].to_numpy(float), pair[baseline].to_numpy(float)))
+        row.update(verdict=VERDICT_NSD, _sem=row["sd_diff"] / math.sqrt(n), _df=n - 1)
+    return row
+
+
+def _clip_to_fractions(rows: list[dict]) -> None:
+    """Clip the intervals of ``rows`` (differences of two fractions) to [-1, 1], where such a
+    difference lies: clipping never moves 0 in or out, so no verdict changes."""
+    for row in rows:
+        for col in ("ci95_low", "ci95_high", "ci_holm_low", "ci_holm_high"):
+            row[col] = min(1.0, max(-1.0, row[col])) if not math.isnan(row[col]) else row[col]
+
+
 def compare(df: pd.DataFrame, baseline: str = BASELINE, alpha: float = ALPHA,
             metrics: Sequence[str] = COMPARED_METRICS) -> pd.DataFrame:
     """Every variant against ``baseline``, per dataset and metric, paired by seed.
@@ -321,40 +358,14 @@ def compare(df: pd.DataFrame, baseline: str = BASELINE, alpha: float = ALPHA,
                 continue
             family = []
             for variant in variants:
-                pair = wide[[baseline, variant]].dropna()  # seeds both have: the pairing
-                n = len(pair)
-                diff = (pair[variant] - pair[baseline]).to_numpy(float)
-                row = {
-                    "dataset": dataset, "metric": metric, "higher_is_better": higher,
-                    "baseline": baseline, "variant": variant, "n_pairs": n,
-                    "baseline_mean": float(pair[baseline].mean()) if n else math.nan,
-                    "variant_mean": float(pair[variant].mean()) if n else math.nan,
-                    "mean_diff": float(diff.mean()) if n else math.nan,
-                    "sd_diff": float(diff.std(ddof=1)) if n > 1 else math.nan,
-                    "ci95_low": math.nan, "ci95_high": math.nan, "ci_holm_low": math.nan,
-                    "ci_holm_high": math.nan, "t_stat": math.nan, "p_value": math.nan,
-                    "p_holm": math.nan, "reject_holm": False, "mde": math.nan,
-                    "verdict": VERDICT_FEW,
-                }
-                if n >= MIN_SEEDS_FOR_TEST and _constant(diff):
-                    row.update(verdict=VERDICT_IDENTICAL, sd_diff=0.0,
-                               **dict.fromkeys(("ci95_low", "ci95_high", "ci_holm_low",
-                                                "ci_holm_high"), float(diff.mean())))
-                elif n >= MIN_SEEDS_FOR_TEST:
-                    row.update(_paired_test(pair[variant].to_numpy(float),
-                                            pair[baseline].to_numpy(float)))
-                    row.update(verdict=VERDICT_NSD, _sem=row["sd_diff"] / math.sqrt(n),
-                               _df=n - 1)
+                row = _paired_row(wide[[baseline, variant]].dropna(),  # the seeds both have
+                                  dataset, metric, higher, baseline, variant)
+                if row["verdict"] == VERDICT_NSD:  # tested: one of Holm's family
                     family.append(len(rows))
                 rows.append(row)
             holm_correct(rows, family, alpha, higher)
             if fraction_bounds(metric) is not None:
-                # a difference of two fractions lies in [-1, 1]: its intervals too (clipping
-                # never moves 0 in or out, so no verdict changes)
-                for row in rows[len(rows) - len(variants):]:
-                    for col in ("ci95_low", "ci95_high", "ci_holm_low", "ci_holm_high"):
-                        row[col] = min(1.0, max(-1.0, row[col])) if not math.isnan(
-                            row[col]) else row[col]
+                _clip_to_fractions(rows[len(rows) - len(variants):])
             for i in family:
                 rows[i]["mde"] = min_detectable_effect(rows[i]["sd_diff"], rows[i]["n_pairs"],
                                                        alpha / len(family))
