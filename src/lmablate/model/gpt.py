@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import threading
-from functools import partial
+from functools import lru_cache, partial
 
 import torch
 import torch.nn as nn
@@ -702,12 +702,14 @@ class GPT(nn.Module):
 # ---------------------------------------------------------------------- counts and pre-flight
 
 
+@lru_cache(maxsize=4096)
 def count_params(cfg: ModelConfig) -> tuple[int, int]:
     """(total, non_embedding) parameters of ``GPT(cfg)`` (see :meth:`GPT.num_params`).
 
     The model is built on the CPU with the global RNG state restored afterwards: milliseconds at
     the sizes studied here, where the first ``meta``-device build in a process costs ~1 s of
-    imports.
+    imports. Cached per config (a frozen dataclass): the budget rules ask for the same few
+    widths thousands of times, and a profile's larger models take 16 ms each to build.
 
     Raises:
         ValueError: ``cfg.vocab_size`` < 1.
