@@ -109,9 +109,7 @@ def plot_val_loss_curves(history: pd.DataFrame, dataset: str, path: Path, *,
     if flops_per_token is not None and all(v in flops_per_token for v in order):
         h = h.assign(flops=h["tokens"] * h["variant"].astype(str).map(flops_per_token))
         x, x_label = "flops", "training compute (FLOPs)"
-    name, unit, _ = (METRICS[metric] if metric in METRICS else METRICS.get(
-        metric.removeprefix("val_"), (metric, "", None)))
-    name = name if name.startswith("validation") else f"validation {name}"
+    name, unit = curve_label(metric)
     low, high, log = _curve_range(h, x, metric)
     with plotting.figure(path, figsize=(8.5, 4.8)) as (fig, axes):
         ax = axes[0, 0]
@@ -131,6 +129,17 @@ def plot_val_loss_curves(history: pd.DataFrame, dataset: str, path: Path, *,
                   title="variant" + (" / reference" if refs else ""),
                   loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9)
     return Path(path)
+
+
+def curve_label(metric: str) -> tuple[str, str]:
+    """``(name, unit)`` of a validation curve of ``history.csv``: ``val_loss`` is the
+    validation loss (nats/char), ``val_<m>`` the validation twin of metric ``m`` of
+    :data:`~lmablate.report.stats.statistics.METRICS` (``val_answer_loss``: validation answer
+    loss, nats/answer char)."""
+    if metric in METRICS:
+        return METRICS[metric][0], METRICS[metric][1]
+    name, unit, _ = METRICS.get(metric.removeprefix("val_"), (metric, "", None))
+    return f"validation {name}", unit
 
 
 def _curve_range(h: pd.DataFrame, x: str, metric: str) -> tuple[float, float, bool]:

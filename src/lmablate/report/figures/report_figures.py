@@ -33,9 +33,8 @@ from lmablate.report.stats.statistics import METRICS
 from lmablate.report.tables import ReportTables
 from lmablate.report.stats import arithmetic_tables as arith
 
-Figure = tuple[str | None, str, Path | None]
+Figure = tuple[str | None, str, Path | None]  # (dataset or None, caption, path; None: a note)
 CURVE_METRIC = {v: k for k, v in VALIDATION_TWIN.items()}  # val_loss -> test_loss, ...
-CURVE_NAME = {"val_loss": "validation loss", "val_answer_loss": "validation answer loss"}  # (dataset or None, caption, path; None: a note)
 
 
 @dataclass
@@ -103,7 +102,7 @@ def _loss_figures(cfg: StudyConfig, runs: RunOutputs, tables: ReportTables, ds: 
            .max().items() if pd.notna(f)} if "flops_per_token" in a else None
     name = METRICS[loss][0]
     return drawn([
-        (ds, f"{ds}: {CURVE_NAME[curve]} against training compute (mean ± 1 SD over seeds; "
+        (ds, f"{ds}: {plots.curve_label(curve)[0]} against training compute (mean ± 1 SD over seeds; "
              "grey lines: references of the test split, those off the axis named in the "
              "legend)",
          plots.plot_val_loss_curves(h, ds, fig_dir / f"val_loss_curves_{ds}.png",
