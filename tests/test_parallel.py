@@ -339,3 +339,30 @@ def test_tuning_follows_the_protocol(project):
                                f"d_model the {which} choice (of tune.d_model_choices)"]
 
 
+
+
+def test_the_brackets_first_batches_train_together_at_one_width_with_the_same_bytes(
+        project, monkeypatch):
+    """At one width the bracket's first batch trains a single learning rate and its second
+    batch does not wait for it (tuning.runs_alongside): the three trials share the cores, and
+    the trials, bracket and files are those of the batches trained one after the other."""
+    cfg, tmp = project
+    cfg = dataclasses.replace(cfg, tune=dataclasses.replace(
+        cfg.tune, d_model_choices=(16,), rungs=((4, 0.5), (3, 1.0)), bracket_points=3))
+    together = []
+    alongside = trials.runs_alongside
+
+    def spy(*args):
+        found = alongside(*args)
+        together.append(found is not None)
+        return found
+
+    monkeypatch.setattr(trials, "runs_alongside", spy)
+    best = tune_all(cfg, tmp, "together", workers=2)
+    assert together.count(True) == 1  # once: the bracket's first batch
+    monkeypatch.setattr(trials, "runs_alongside", lambda *args: None)
+    apart = tune_all(cfg, tmp, "apart", workers=2)
+    assert study_trials(tmp, "together", best) == study_trials(tmp, "apart", apart)
+    for name in ("best.json", "trials.csv"):
+        assert (tmp / "together" / name).read_bytes() == (tmp / "apart" / name).read_bytes()
+    assert len(best["bracket"]["points"]) == 3

@@ -314,3 +314,26 @@ def test_an_arithmetic_trial_is_worth_its_mean_answer_loss_over_the_run_or_its_l
             - tuning.trial_value("val_answer_loss_mean", late, 0.02)) < 0.3
     with pytest.raises(ConfigError, match=r"tune.arithmetic_objective=.*choose one of final, mean"):
         with_tune(arithmetic_objective="last")
+
+
+@pytest.mark.parametrize("choices", [(16,), (16, 32)])
+def test_the_brackets_second_batch_runs_alongside_its_first_only_at_one_width(choices):
+    """runs_alongside proposes what next_batch proposes once the first batch is done, and only
+    for the bracket's first batch when its two widths are one."""
+    cfg = with_tune(DEFAULT, d_model_choices=choices)
+    results, order = simulate(cfg, bowl(0.01, 24))
+    first, second = [b for b in order if rungs.is_bracket(cfg.tune, b.rung)][:2]
+    before = {s: t for s, t in results.items() if s < first.slots.start}
+    beside = tuning.runs_alongside(cfg, "arithmetic", before, first)
+    scaled, below = bracket.bracket_widths(cfg, "arithmetic", before, first.rung)
+    if scaled != below:
+        assert beside is None
+        return
+    assert beside is not None and beside[0] == second
+    after = {s: t for s, t in results.items() if s < second.slots.start}
+    assert beside[1] == tuning.next_batch(cfg, "arithmetic", "baseline", after, 0)[1]
+    # no other batch runs alongside another
+    for batch in order:
+        if batch != first:
+            done = {s: t for s, t in results.items() if s < batch.slots.start}
+            assert tuning.runs_alongside(cfg, "arithmetic", done, batch) is None

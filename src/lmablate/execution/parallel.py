@@ -54,8 +54,10 @@ def worker_count(cfg: RuntimeConfig, n_jobs: int, device: torch.device, *,
     :data:`JOBS_PER_CORE` jobs per core at once, so that no core idles while the last job of
     an uneven round runs alone: 5 seeds on 2 cores take 2.5 rounds of work, not 4 together and
     then 1 alone (the OS shares the cores; measured on the default study's Shakespeare baseline,
-    2 cores: 68.4 s all at once against 82.0 s four at a time, same results). Tuning does not
-    use it: its batches (4 trials, then 2 at the full budget) already fill 2 cores evenly.
+    2 cores: 68.4 s all at once against 82.0 s four at a time, same results). Tuning uses it
+    only where the bracket's first two batches train together (three trials,
+    :func:`lmablate.tune.tuning.runs_alongside`); its other batches fill 2 cores evenly or
+    hold one trial.
     """
     if device.type != "cpu":
         return 1

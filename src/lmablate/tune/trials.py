@@ -48,8 +48,8 @@ from lmablate.tune.rungs import (DIVERGED, FRACTION, OUTCOME, RUNG, SLOT, TRIAL_
 from lmablate.tune.search_space import (on_edge, space_for_batch, tokens_per_parameter,
                                    trial_distributions)
 from lmablate.tune.storage import Heartbeat, claim, load_study, make_storage
-from lmablate.tune.tuning import (chosen, next_batch, slot_results, study_objective,
-                                  trial_train_config, trial_value)
+from lmablate.tune.tuning import (chosen, next_batch, runs_alongside, slot_results,
+                                  study_objective, trial_train_config, trial_value)
 
 TRIALS_COLUMNS = ("number", "rung", "batch", "budget_flops", "budget_fraction", "seed", "state",
                   "value", "params_lr", "params_d_model", "tokens_per_parameter", "steps", "last_step",
@@ -176,30 +176,36 @@ def _train_trial(job: TuneJob, study: optuna.Study, trial: optuna.Trial, data: T
 
 
 def queue_batch(cfg: StudyConfig, dataset: str, variant: str, study: optuna.Study,
-                sampler_seed: int) -> Batch | None:
-    """Queue the proposals of the first unfinished batch (:func:`lmablate.tune.tuning.next_batch`)
-    that are neither finished, queued nor running; returns that batch, or None when the study
-    is done."""
-    found = next_batch(cfg, dataset, variant, slot_results(study), sampler_seed)
-    if found is None:
-        return None
-    batch, params = found
+                sampler_seed: int) -> list[Batch]:
+    """Queue the proposals of the first unfinished batch (:func:`lmablate.tune.tuning.next_batch`),
+    and of the batch that may train beside it (:func:`lmablate.tune.tuning.runs_alongside`), that
+    are neither finished, queued nor running; returns those batches, none when the study is
+    done."""
     results = slot_results(study)
+    found = next_batch(cfg, dataset, variant, results, sampler_seed)
+    if found is None:
+        return []
+    batches = [found]
+    if (beside := runs_alongside(cfg, dataset, results, found[0])) is not None:
+        batches.append(beside)
     live = {t.user_attrs.get(SLOT) for t in study.get_trials(
         deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING))}
-    for slot, values in params.items():
-        if slot not in results and slot not in live:
-            study.enqueue_trial(values, user_attrs={SLOT: slot, RUNG: batch.rung,
-                                                    FRACTION: batch.fraction,
-                                                    TRIAL_SEED: slot_seed(cfg.tune, slot)})
-    return batch
+    for batch, params in batches:
+        for slot, values in params.items():
+            if slot not in results and slot not in live:
+                study.enqueue_trial(values, user_attrs={SLOT: slot, RUNG: batch.rung,
+                                                        FRACTION: batch.fraction,
+                                                        TRIAL_SEED: slot_seed(cfg.tune, slot)})
+    return [batch for batch, _ in batches]
 
 
 def run_batches(job: TuneJob, study: optuna.Study, sampler_seed: int,
                 processes: bool, cluster: Cluster | None = None) -> None:
     """Queue and run the study's batches (:func:`queue_batch`) until every rung is done: each
-    batch's waiting trials on up to ``runtime.workers`` workers (:func:`tune_worker`, in
-    processes when ``processes``), or as one task per waiting trial on ``cluster``
+    batch's waiting trials (with the batch that may train beside it) on up to
+    ``runtime.workers`` workers (:func:`tune_worker`, in processes when ``processes``; all at
+    once in threads when two batches run together, so that three trials share two cores
+    instead of one training alone), or as one task per waiting trial on ``cluster``
     (:func:`lmablate.execution.executor.run_jobs`). A batch whose
     trials all run elsewhere (another machine, or a worker that died) is waited for: Optuna fails a
     trial whose heartbeat stopped, and its slot is queued again.
@@ -209,19 +215,20 @@ def run_batches(job: TuneJob, study: optuna.Study, sampler_seed: int,
     """
     cfg = job.cfg
     told = -1
-    while (batch := queue_batch(cfg, job.dataset, job.variant, study, sampler_seed)) is not None:
+    while batches := queue_batch(cfg, job.dataset, job.variant, study, sampler_seed):
         results = slot_results(study)
         if len(results) != told and results:  # a line per batch done: no silent minutes
             told = len(results)
             note(progress_line(cfg, job.dataset, job.variant, results))
-        waiting = sum(t.user_attrs.get(SLOT) in batch.slots for t in study.get_trials(
+        slots = {s for batch in batches for s in batch.slots}
+        waiting = sum(t.user_attrs.get(SLOT) in slots for t in study.get_trials(
             deepcopy=False, states=(TrialState.WAITING,)))
         if waiting:
             # a worker claims trials until none is left: as many as run at once here, one
             # task per waiting trial on a cluster
             run_jobs(tune_worker, [job] * waiting, runtime=cfg.runtime, cluster=cluster,
-                     processes=processes, drain=True,
-                     names=[f"tune-{job.dataset}-{job.variant}-batch{batch.index}-{i}"
+                     processes=processes, drain=True, all_at_once=len(batches) > 1,
+                     names=[f"tune-{job.dataset}-{job.variant}-batch{batches[0].index}-{i}"
                             for i in range(waiting)], inputs=lambda j: [j.tokens_dir])
         else:
             # The batch's trials run elsewhere (another machine), or on a worker that died:

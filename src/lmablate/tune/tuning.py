@@ -25,7 +25,7 @@ from optuna.trial import FrozenTrial, TrialState
 from lmablate.config.study import StudyConfig, TrainConfig, TuneConfig
 from lmablate.core.fingerprint import RUN_CODE, code_version, fingerprint
 from lmablate.evaluate.answer_probe import objective_name
-from lmablate.tune.bracket import bracket_proposals
+from lmablate.tune.bracket import bracket_proposals, bracket_widths
 from lmablate.tune.rungs import (DIVERGED, OUTCOME, SLOT, Batch, best_trial, is_bracket, plan,
                             promote)
 from lmablate.tune.search_space import (SearchSpace, initial_space, space_for_batch,
@@ -144,6 +144,27 @@ def next_batch(cfg: StudyConfig, dataset: str, variant: str, results: dict[int, 
         if any(s not in results for s in params):
             return batch, params
     return None
+
+
+def runs_alongside(cfg: StudyConfig, dataset: str, results: dict[int, FrozenTrial],
+                   batch: Batch) -> tuple[Batch, dict[int, dict[str, Any]]] | None:
+    """The batch that may train at the same time as ``batch``, with its proposals, or None.
+
+    That is the bracket's second batch, when ``batch`` is its first and both of its widths are
+    one (:func:`lmablate.tune.bracket.bracket_widths`): the first batch then trains a single
+    learning rate, and the second batch's learning rates and width do not depend on its result,
+    so they are the proposals :func:`next_batch` would make after it. Run together, the bracket's
+    first learning rates fill the cores instead of one trial training alone; every trial and
+    result is the same (a pure function of the results before ``batch``)."""
+    tune = cfg.tune
+    bracket = [b for b in plan(tune) if is_bracket(tune, b.rung)]
+    if len(bracket) < 2 or batch.index != bracket[0].index or tune.rungs[batch.rung][0] < 2:
+        return None
+    widths = bracket_widths(cfg, dataset, results, batch.rung)
+    if widths is None or widths[0] != widths[1]:
+        return None
+    params = bracket_proposals(cfg, dataset, results, bracket[1])
+    return (bracket[1], params) if any(s not in results for s in params) else None
 
 
 # ------------------------------------------------------------------------------------ result
