@@ -165,3 +165,18 @@ def test_the_findings_bullet_gives_medians_and_comparisons():
             "`learning_speed_comparisons.csv`): swiglu faster (p_Holm = 0.0027, tokens ratio "
             "0.50 over 3 seeds).") in text
     assert ls.speed_lines(ls.speed_table(sp), ls.compare_speed(sp), "shakespeare") == []
+
+
+def test_the_power_script_rejects_at_a_large_ratio_and_rarely_at_none(capsys):
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "scripts" / "speed_power.py"
+    spec = importlib.util.spec_from_file_location("speed_power", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    script.main(["--ratios", "1", "3", "--seeds", "5", "8", "--studies", "60"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[:2] == ["| ratio | 5 seeds | 8 seeds |", "|---|---|---|"]
+    none, large = ([float(c) for c in line.strip("|").split("|")[1:]] for line in lines[2:])
+    assert all(p <= 0.05 for p in none)  # no effect: about the level (0.05 / 3)
+    assert all(p >= 0.9 for p in large) and large[1] >= large[0]

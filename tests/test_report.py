@@ -62,8 +62,11 @@ def test_the_report_stage_ends_with_the_report_path_and_the_mlflow_ui_command(mo
         f"MLflow UI: http://10.0.0.5:5000/{view}"]
     charts = {"arithmetic": "#/experiments/3/runs?viewStateShareKey=final-runs-arithmetic"
                             "&workflowType=machine_learning&compareRunsMode=CHART"}
-    assert report.where_to_look(cfg, paths, view, charts).splitlines()[2:] == [
-        f"  validation loss, arithmetic: http://10.0.0.5:5000/{charts['arithmetic']}"]
+    tuning = {"arithmetic": "#/experiments/3/runs?viewStateShareKey=tuning-trials-arithmetic"
+                            "&workflowType=machine_learning&compareRunsMode=CHART"}
+    assert report.where_to_look(cfg, paths, view, charts, tuning).splitlines()[2:] == [
+        f"  validation loss, arithmetic: http://10.0.0.5:5000/{charts['arithmetic']}",
+        f"  tuning trials, arithmetic: http://10.0.0.5:5000/{tuning['arithmetic']}"]
     off = dataclasses.replace(cfg, tracking=dataclasses.replace(cfg.tracking, enabled=False))
     assert len(report.where_to_look(off, paths, view, charts).splitlines()) == 1
 

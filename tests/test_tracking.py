@@ -165,6 +165,44 @@ def record_final_runs(store: mlflow_store.MlflowStore) -> dict[tuple[str, str, i
     return ids
 
 
+def test_the_tuning_view_draws_a_datasets_trials_as_parallel_coordinates_of_lr_width_objective(
+        tmp_path):
+    import mlflow
+    from lmablate.tracking import mlflow_views
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    store = mlflow_store.MlflowStore(uri, "study")
+    trials = {}
+    for dataset in ("shakespeare", "arithmetic"):
+        for replicate in ("0", "1"):
+            parent = store.start_run(f"tune-{dataset}-baseline",
+                                     {"dataset": dataset, "stage": "tune", "replicate": replicate})
+            store.end_run(parent, "FINISHED")
+            for slot in (0, 8):
+                run = store.start_run(f"trial-{slot}", {"dataset": dataset, "stage": "tune",
+                                                        "replicate": replicate, "rung": "0"})
+                store.end_run(run, "FINISHED")
+                trials[dataset, replicate, slot] = run
+    urls = store.save_views(["shakespeare", "arithmetic"], ["baseline"], {"baseline": "#1a1a1a"})
+    client = mlflow.MlflowClient(uri)
+    tags = client.get_experiment(store.experiment_id).tags
+    for dataset in ("shakespeare", "arithmetic"):
+        assert urls["tuning"][dataset].endswith(
+            f"viewStateShareKey=tuning-trials-{dataset}&workflowType=machine_learning"
+            "&compareRunsMode=CHART")
+        view = json.loads(tags[f"mlflow.sharedViewState.tuning-trials-{dataset}"])
+        found = client.search_runs([store.experiment_id], filter_string=view["searchFilter"])
+        assert sorted(r.info.run_id for r in found) == sorted(
+            trials[dataset, "0", slot] for slot in (0, 8))  # no parent, no other replicate
+        (card,) = view["compareRunCharts"]
+        assert card["type"] == "PARALLEL" and card["showAllRuns"]
+        assert card["selectedParams"] == ["peak_lr", "d_model", "budget_fraction"]
+        assert card["selectedMetrics"] == [mlflow_views.OBJECTIVE_METRIC]
+        assert card["metricSectionId"] == view["compareRunSections"][0]["uuid"]
+        assert view["selectedColumns"][-1] == "metrics.`objective`"
+    with pytest.raises(ValueError, match="quote"):
+        mlflow_views.tuning_view("o'neill")
+
+
 def test_the_study_views_open_on_validation_loss_with_groups_closed_and_runs_coloured(tmp_path):
     import mlflow
     from lmablate.tracking import mlflow_views
@@ -181,7 +219,9 @@ def test_the_study_views_open_on_validation_loss_with_groups_closed_and_runs_col
         "shakespeare": f"#/experiments/{exp_id}/runs?viewStateShareKey=final-runs-shakespeare"
                        "&workflowType=machine_learning&compareRunsMode=CHART",
         "arithmetic": f"#/experiments/{exp_id}/runs?viewStateShareKey=final-runs-arithmetic"
-                      "&workflowType=machine_learning&compareRunsMode=CHART"}
+                      "&workflowType=machine_learning&compareRunsMode=CHART",
+        "tuning": {d: f"#/experiments/{exp_id}/runs?viewStateShareKey=tuning-trials-{d}"
+                      "&workflowType=machine_learning&compareRunsMode=CHART" for d in datasets}}
     client = mlflow.MlflowClient(uri)
     tags = client.get_experiment(exp_id).tags
     runs_view = json.loads(tags["mlflow.sharedViewState.final-runs"])
@@ -277,7 +317,9 @@ def test_the_sidecar_answers_the_runs_view_url_as_the_store_does(tmp_path, monke
     urls = tracker.save_views(["arithmetic"], ["baseline"], {"baseline": "#1a1a1a"})
     assert urls == mlflow_store.MlflowStore(uri, "study").save_views(
         ["arithmetic"], ["baseline"], {"baseline": "#1a1a1a"})
-    assert all("workflowType=machine_learning" in url for url in urls.values())
+    tuning = urls.pop("tuning")
+    assert all("workflowType=machine_learning" in url
+               for url in [*urls.values(), *tuning.values()])
     assert tracking.NullTracker().save_views(["arithmetic"], ["baseline"], {}) == {}
 
 

@@ -364,12 +364,14 @@ def run(cfg: StudyConfig, runs_dir: Path, tokens_dir: Path, out_dir: Path,
 
 
 def where_to_look(cfg: StudyConfig, paths: dict, runs_view_url: str | None = None,
-                  chart_urls: dict[str, str] | None = None) -> str:
+                  chart_urls: dict[str, str] | None = None,
+                  tuning_urls: dict[str, str] | None = None) -> str:
     """The lines the report stage ends with: where the report is, and the command that opens
     the MLflow UI on this study's runs (when tracking is on), with the URL of the saved runs
     view (``runs_view_url``, :meth:`lmablate.tracking.mlflow_store.MlflowStore.runs_view_url`) if
     known, then that of each dataset's chart view (``chart_urls``: dataset -> URL part,
-    :meth:`lmablate.tracking.mlflow_store.MlflowStore.save_views`)."""
+    :meth:`lmablate.tracking.mlflow_store.MlflowStore.save_views`) and of its tuning trials'
+    parallel coordinates (``tuning_urls``, the same)."""
     lines = [f"report: {paths['report']} ({len(paths['figures'])} figures, tables next to it)"]
     if cfg.tracking.enabled:
         uri = cfg.tracking.tracking_uri
@@ -391,6 +393,8 @@ def where_to_look(cfg: StudyConfig, paths: dict, runs_view_url: str | None = Non
             lines.append(f"  then open {address}/{runs_view_url or ''}")
         lines += [f"  validation loss, {ds}: {address}/{url}"
                   for ds, url in (chart_urls or {}).items()]
+        lines += [f"  tuning trials, {ds}: {address}/{url}"
+                  for ds, url in (tuning_urls or {}).items()]
     return "\n".join(lines)
 
 
@@ -404,7 +408,8 @@ def main(cfg: StudyConfig, args: argparse.Namespace) -> None:
     colours = variant_colours(cfg)
     urls = tracker.save_views(list(cfg.datasets), list(colours), colours,
                               run_verdicts(cfg, Path(args.out) / "metrics"))
-    print(where_to_look(cfg, paths, urls.pop("runs", None) or tracker.runs_view_url(), urls),
+    runs_url, tuning_urls = urls.pop("runs", None), urls.pop("tuning", None)
+    print(where_to_look(cfg, paths, runs_url or tracker.runs_view_url(), urls, tuning_urls),
           flush=True)
     # the answer last, where a terminal's scroll stops: read back from the CSV the report wrote
     comparisons = pd.read_csv(paths["comparisons"])

@@ -299,8 +299,9 @@ class MlflowStore:
         screen). Tags already right are not written again.
 
         Returns:
-            ``"runs"`` -> the URL part of the table view, and each dataset -> that of its
-            chart view (:func:`lmablate.tracking.mlflow_views.view_url`).
+            ``"runs"`` -> the URL part of the table view, each dataset -> that of its
+            chart view, and ``"tuning"`` -> dataset -> that of its trials' parallel
+            coordinates (:func:`lmablate.tracking.mlflow_views.view_url`).
         """
         from mlflow.entities import RunTag
 
@@ -326,7 +327,9 @@ class MlflowStore:
                 self.client.set_experiment_tag(self.experiment_id, tag, value)
         return {"runs": self.runs_view_url(),
                 **{d: views.view_url(self.experiment_id, views.dataset_view_key(d), charts=True)
-                   for d in datasets}}
+                   for d in datasets},
+                "tuning": {d: views.view_url(self.experiment_id, views.tuning_view_key(d),
+                                             charts=True) for d in datasets}}
 
     def end_run(self, run_id: str, status: str) -> None:
         """End run ``run_id`` with ``status`` (``FINISHED``, ``FAILED`` or ``KILLED``), at the

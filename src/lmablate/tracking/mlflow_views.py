@@ -4,8 +4,8 @@ here imports MLflow.
 
 A saved view is an experiment tag ``mlflow.sharedViewState.<key>`` holding the runs page's state
 as JSON, opened by the URL parameter ``viewStateShareKey=<key>`` (what the UI's Share button
-saves): one view of the final runs (:func:`runs_view`) and one per dataset
-(:func:`dataset_view`). What that state can and cannot do, as read in MLflow's UI source: the
+saves): one view of the final runs (:func:`runs_view`), one per dataset
+(:func:`dataset_view`) and one of each dataset's tuning trials (:func:`tuning_view`). What that state can and cannot do, as read in MLflow's UI source: the
 handbook's MLflow UI, "How the views are built"."""
 
 from __future__ import annotations
@@ -42,6 +42,12 @@ VERDICT_TAG = "verdict"
 BUDGET_TAG = "budget_flops"  # a final run's budget, training FLOPs (a scaling study has several)
 BUDGET_WIDTH = 110
 CHART_RUNS = 100  # runs a chart may draw: every final run of a dataset
+# each tuning trial's objective value, the number the tuner compared (its run's last metric
+# "objective": the final val_loss on text, the mean val answer loss over the run on arithmetic)
+OBJECTIVE_METRIC = "objective"
+TRIAL_PARAMS = ("peak_lr", "d_model", "budget_fraction")  # the axes before the objective
+TRIAL_RUNS = 1000  # runs the trials' chart may draw: every trial of a dataset's variants
+TUNING_VIEW_KEY = "tuning-trials"
 
 
 def column(kind: str, key: str) -> str:
@@ -192,12 +198,49 @@ def dataset_view(dataset: str, metrics: Iterable[str] = (), budgets: bool = Fals
             "compareRunCharts": cards, "compareRunSections": sections}
 
 
+def tuning_view_key(dataset: str) -> str:
+    """The key of the saved view of one dataset's tuning trials."""
+    return f"{TUNING_VIEW_KEY}-{dataset}"
+
+
+def tuning_view(dataset: str) -> dict:
+    """One dataset's tuning trials (replicate 0; every variant, rung and tuning seed), one
+    row each, sorted by name, with their learning rate, width, share of the budget and
+    objective value as columns; the chart tab draws them as parallel coordinates over
+    :data:`TRIAL_PARAMS` and :data:`OBJECTIVE_METRIC`, so the learning rate and width that
+    gave each objective value are read at a glance, the full-budget trials apart from the
+    first rung's by their budget share.
+
+    Raises:
+        ValueError: ``dataset`` holds a quote, which the search filter cannot hold.
+    """
+    if "'" in dataset:
+        raise ValueError(f"dataset name {dataset!r} holds a quote; MLflow's filter cannot")
+    first = [(RUN_NAME_COLUMN, RUN_NAME_WIDTH), (column("tags", "variant"), TAG_WIDTHS["variant"]),
+             (column("tags", "rung"), TAG_WIDTHS["seed"])]
+    shown = [column("params", p) for p in TRIAL_PARAMS] + [column("metrics", OBJECTIVE_METRIC)]
+    widths = dict(first[:1]) | {CREATED_COLUMN: CREATED_WIDTH} | dict(first[1:])
+    widths |= {c: VALUE_WIDTH for c in shown}
+    section = {"uuid": "lmablate-trials", "name": "Tuning trials", "display": True,
+               "isReordered": True, "deleted": False, "isGenerated": False}
+    card = {"uuid": "lmablate-parallel", "type": "PARALLEL", "metricSectionId": section["uuid"],
+            "selectedParams": list(TRIAL_PARAMS), "selectedMetrics": [OBJECTIVE_METRIC],
+            "showAllRuns": True, "runsCountToCompare": TRIAL_RUNS, "deleted": False,
+            "isGenerated": False}
+    search = (f"tags.stage = 'tune' AND tags.dataset = '{dataset}' AND tags.replicate = '0' "
+              "AND attributes.run_name LIKE 'trial-%'")
+    return {**_base(search), "selectedColumns": [c for c, _ in first[1:]] + shown,
+            "columnOrder": list(widths), "columnWidths": widths,
+            "groupBy": None, "useGroupedValuesInCharts": False,
+            "compareRunCharts": [card], "compareRunSections": [section]}
+
+
 def study_views(datasets: Sequence[str], variants: Sequence[str],
                 metrics: Mapping[str, Iterable[str]],
                 budgets: Mapping[str, Sequence[str]] | None = None,
                 verdicts: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Every saved view of a study, as experiment tag -> JSON: :func:`runs_view` and one
-    :func:`dataset_view` per dataset; ``metrics`` maps a dataset to the metric keys its final
+    """Every saved view of a study, as experiment tag -> JSON: :func:`runs_view`, and one
+    :func:`dataset_view` and one :func:`tuning_view` per dataset; ``metrics`` maps a dataset to the metric keys its final
     runs logged, ``budgets`` a scaling study's dataset to its ``budget_flops`` tag values
     (only datasets with several), ``verdicts`` each dataset x variant's verdict
     (:func:`runs_view`)."""
@@ -207,4 +250,5 @@ def study_views(datasets: Sequence[str], variants: Sequence[str],
                                       budgets, verdicts)}
     views.update({dataset_view_key(d): dataset_view(d, metrics.get(d, ()), d in budgets)
                   for d in datasets})
+    views.update({tuning_view_key(d): tuning_view(d) for d in datasets})
     return {view_tag(k): json.dumps(v, sort_keys=True) for k, v in views.items()}

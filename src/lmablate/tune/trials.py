@@ -36,6 +36,7 @@ from lmablate.execution.cluster import Cluster
 from lmablate.execution.executor import run_jobs
 from lmablate.model.variants import resolve_model_config
 from lmablate.tracking.environment import use_numerics
+from lmablate.tracking.mlflow_views import OBJECTIVE_METRIC
 from lmablate.tracking.trackers import make_tracker
 from lmablate.train.budget import training_flops, trial_steps
 from lmablate.train.device import resolve_device
@@ -172,6 +173,7 @@ def _train_trial(job: TuneJob, study: optuna.Study, trial: optuna.Trial, data: T
         value = trial_value(study_objective(cfg, job.dataset), reports, result.objective)
         if value != result.objective:
             trial.set_user_attr("final_objective", result.objective)
+        tracker.log_metrics({OBJECTIVE_METRIC: value})  # the tuning view's last axis
         study.tell(trial, value, skip_if_finished=True)
 
 
