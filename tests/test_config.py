@@ -383,7 +383,7 @@ def test_a_composed_profile_leaves_no_key_to_a_default(name):
 
 
 @pytest.mark.parametrize("key,shown", [
-    ("tune.rungs", "[[8, 0.125], [3, 1.0]]"), ("study.seeds", "[0, 1, 2, 3, 4]"),
+    ("tune.rungs", "[[8, 0.125], [3, 1.0]]"), ("study.seeds", "[0, 1, 2, 3, 4, 5]"),
     ("train.budget_flops", "{'shakespeare': 100000000000.0, 'arithmetic': 225000000000.0}"),
     ("runtime.cluster", "null"), ("datasets.arithmetic.length_digits", "[]"),
     ("datasets.shakespeare.max_chars", "null")])

@@ -39,7 +39,7 @@ def test_the_default_study_plans_30_stages_check_generate_to_report():
                          "tokenize@arithmetic", "tune@shakespeare-baseline"]
     assert names[-2:] == ["evaluate@arithmetic-rope", "report"]
     train = {s.name: s.flops for s in study_plan(cfg) if s.name.startswith("train@")}
-    assert train["train@arithmetic-rope"] == 5 * 2.25e11
+    assert train["train@arithmetic-rope"] == 6 * 2.25e11
 
 
 def test_time_left_takes_a_stage_s_last_time_or_its_flops_at_the_measured_rate():

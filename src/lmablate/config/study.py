@@ -114,7 +114,7 @@ class StudySection:
                          Rule("a name of 1 to 64 letters, digits, '-' or '_'", _check_profile),
                          result=False)
     seeds: tuple[int, ...] = param(
-        (0, 1, 2, 3, 4), "the final runs' seeds: the same seed gives every variant the same "
+        (0, 1, 2, 3, 4, 5), "the final runs' seeds: the same seed gives every variant the same "
         "init and data order", Rule("a non-empty list of distinct seeds, each "
                                     f"{integer(0, MAX_SEED).allowed}", _check_seeds))
     datasets: tuple[str, ...] = param(("shakespeare", "arithmetic"), "the datasets studied, in "
