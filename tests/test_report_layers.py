@@ -14,7 +14,7 @@ REPORT = Path(__file__).resolve().parents[1] / "src" / "lmablate" / "report"
 # lowest first; a module not named here is in the layer of its subpackage
 LAYERS = [
     {"lmablate.report.run_files", "lmablate.report.collect", "lmablate.report.families",
-     "lmablate.report.curves", "lmablate.report.staging"},
+     "lmablate.report.curves", "lmablate.report.staging", "lmablate.report.captions"},
     {"lmablate.report.stats"},
     {"lmablate.report.headline"},
     {"lmablate.report.tables"},

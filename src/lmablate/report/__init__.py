@@ -17,6 +17,7 @@ place and headings).
 * :mod:`~lmablate.report.curves`: the mean validation curves that ``dvc plots show`` draws.
 * :mod:`~lmablate.report.tables`: every table the report computes from the runs, and its CSV.
 * :mod:`~lmablate.report.staging`: the outputs replaced all at once, through a staging folder.
+* :mod:`~lmablate.report.captions`: a figure's caption as data: its template macro and fields.
 
 Statistics (:mod:`~lmablate.report.stats`):
 

@@ -33,7 +33,7 @@ from lmablate.report.collect import (BASELINE, RunOutputs, check_complete, colle
 from lmablate.report.curves import CURVE_COLUMNS, mean_curves
 from lmablate.report.families import variant_colours, variant_palette
 from lmablate.report.figures.model_figures import draw_model_figures
-from lmablate.report.figures.report_figures import draw_report_figures
+from lmablate.report.figures.report_figures import Figure, draw_report_figures
 from lmablate.report.headline import metrics_files
 from lmablate.report.staging import check_stageable, staged_folder
 from lmablate.report.stats.pooled_uncertainty import with_pooled_uncertainty
@@ -191,7 +191,7 @@ def write_metrics(metrics_dir: Path, docs: dict[str, dict]) -> Path:
 
 def build_report(cfg: StudyConfig, runs_dir: Path, out_dir: Path,
                  environment: dict | None = None,
-                 extra_figures: Callable[[Path], Sequence[tuple[str | None, str, Path]]]
+                 extra_figures: Callable[[Path], Sequence[Figure]]
                  | None = None,
                  tokens_dir: Path | None = None) -> dict:
     """Collect the runs, compute the tables, draw the figures and write the report.
@@ -266,7 +266,7 @@ def _moved(paths: dict, stage: Path, out_dir: Path) -> dict:
 
 def _write_report(cfg: StudyConfig, runs: RunOutputs, notes: list[str], tables,
                   out_dir: Path, environment: dict | None,
-                  extra_figures: Sequence[tuple[str | None, str, Path]],
+                  extra_figures: Sequence[Figure],
                   environments: Sequence[str] = ()) -> dict:
     """Write :func:`build_report`'s outputs under ``out_dir`` (the staging folder); returns
     their paths."""

@@ -20,6 +20,7 @@ from matplotlib.lines import Line2D
 
 from lmablate.config.study import StudyConfig
 from lmablate.data.tokenizer import UNK, load_split, load_tokenizer
+from lmablate.report.captions import Caption
 from lmablate.report.figures import plotting
 from lmablate.train.checkpoint import load_checkpoint
 
@@ -189,7 +190,7 @@ ATTENTION_TOKENS = 48  # length of the held-out sequence shown in attention heat
 
 @torch.no_grad()
 def draw_model_figures(cfg: StudyConfig, runs_dir: Path, tokens_dir: Path,
-                  figures_dir: Path) -> list[tuple[str, str, Path]]:
+                  figures_dir: Path) -> list[tuple[str, Caption, Path]]:
     """Per dataset, from each variant's first-seed checkpoint
     (``<runs_dir>/<dataset>/<variant>/checkpoints/seed_<seed>/checkpoint.pt``): the last
     layer's attention weights (mean over heads) on the first :data:`ATTENTION_TOKENS` tokens of
@@ -224,11 +225,10 @@ def draw_model_figures(cfg: StudyConfig, runs_dir: Path, tokens_dir: Path,
         path = figures_dir / f"attention_{dataset}.png"
         plot_attention(maps, chars, f"{dataset}: last-layer attention (mean over heads), "
                        f"held-out text, seed {seed}", path)
-        written.append((dataset, f"{dataset}: last-layer attention weights on a held-out "
-                        "sequence, per variant", path))
+        written.append((dataset, Caption.of("attention", ds=dataset), path))
         path = figures_dir / f"embeddings_{dataset}.png"
         labels = [tok.decode([i]) for i in range(tok.vocab_size)]
         plot_embedding_pca(embs, labels, f"{dataset}: token embeddings, first two principal "
                            f"components (seed {seed})", path, unknown=tok.unk)
-        written.append((dataset, f"{dataset}: token embeddings (PCA), per variant", path))
+        written.append((dataset, Caption.of("embeddings", ds=dataset), path))
     return written

@@ -7,6 +7,8 @@ generalisation, scores per operation) and :mod:`~lmablate.report.figures.tuning_
 response to the learning rate), as PNG files under one folder. A figure that cannot be drawn (too
 few points, nothing solved) is left out, or stands as the sentence saying why.
 
+Each figure comes with its :class:`~lmablate.report.captions.Caption`, the name of its sentence
+in ``report/templates/_captions.md.j2`` and the names that fill it; the text layer renders it.
 Units in the captions: losses in nats/char (the answer loss per answer character), scores as
 fractions in [0, 1].
 """
@@ -20,6 +22,7 @@ from typing import Mapping, Sequence
 import pandas as pd
 
 from lmablate.config.study import StudyConfig
+from lmablate.report.captions import Caption
 from lmablate.report.collect import RunOutputs, present
 from lmablate.report.figures import arithmetic_figures as arith_figs
 from lmablate.report.figures import losses as plots
@@ -33,7 +36,8 @@ from lmablate.report.stats.statistics import METRICS
 from lmablate.report.tables import ReportTables
 from lmablate.report.stats import arithmetic_tables as arith
 
-Figure = tuple[str | None, str, Path | None]  # (dataset or None, caption, path; None: a note)
+# (dataset or None, caption, path); path None: a figure not drawn, its caption the sentence why
+Figure = tuple[str | None, Caption | str, Path | None]
 CURVE_METRIC = {v: k for k, v in VALIDATION_TWIN.items()}  # val_loss -> test_loss, ...
 
 
@@ -45,13 +49,13 @@ class ReportFigures:
     # caption the sentence saying why
     figures: list[Figure] = field(default_factory=list)
     # dataset -> (caption, path): shown in the report's learning-rate section
-    lr_figures: dict[str, tuple[str, Path]] = field(default_factory=dict)
+    lr_figures: dict[str, tuple[Caption, Path]] = field(default_factory=dict)
     # dataset -> (caption, path): the full-budget bracket, shown in the same section
-    bracket_figures: dict[str, tuple[str, Path]] = field(default_factory=dict)
+    bracket_figures: dict[str, tuple[Caption, Path]] = field(default_factory=dict)
     # arithmetic dataset -> (caption, path or None): shown in its length-generalisation lines
-    length_figures: dict[str, tuple[str, Path | None]] = field(default_factory=dict)
+    length_figures: dict[str, tuple[Caption, Path | None]] = field(default_factory=dict)
     # dataset -> (caption, path): with replicates, shown in the Replication section
-    replication_figures: dict[str, tuple[str, Path]] = field(default_factory=dict)
+    replication_figures: dict[str, tuple[Caption, Path]] = field(default_factory=dict)
 
     def written(self) -> list[Path]:
         """The files drawn: the figures, then the learning-rate and the length figures."""
@@ -81,7 +85,7 @@ def _dataset_figures(cfg: StudyConfig, runs: RunOutputs, tables: ReportTables, d
     _tuning_figures(runs, ds, fig_dir, palette, out)
     path = plots.plot_params_vs_loss(runs.ablation, ds, fig_dir / f"params_vs_loss_{ds}.png",
                                      palette=palette)
-    out.figures += drawn([(ds, f"{ds}: non-embedding parameters vs test loss", path)],
+    out.figures += drawn([(ds, Caption.of("params_vs_loss", ds=ds), path)],
                          plots.params_too_narrow(runs.ablation, ds))
 
 
@@ -102,26 +106,18 @@ def _loss_figures(cfg: StudyConfig, runs: RunOutputs, tables: ReportTables, ds: 
            .max().items() if pd.notna(f)} if "flops_per_token" in a else None
     name = METRICS[loss][0]
     return drawn([
-        (ds, f"{ds}: {plots.curve_label(curve)[0]} against training compute (mean ± 1 SD over seeds; "
-             "grey lines: references of the test split, those off the axis named in the "
-             "legend)",
+        (ds, Caption.of("val_loss_curves", ds=ds, curve=plots.curve_label(curve)[0]),
          plots.plot_val_loss_curves(h, ds, fig_dir / f"val_loss_curves_{ds}.png",
                                     palette=palette,
                                     references=_references(references, ds, CURVE_METRIC[curve]),
                                     metric=curve, flops_per_token=fpt)),
-        (ds, f"{ds}: {name} per variant (dots: seeds; diamond: mean ± 95% t-interval; "
-             "grey lines: references)",
+        (ds, Caption.of("per_variant", ds=ds, name=name),
          plots.plot_test_loss(ablation, ds, fig_dir / f"{loss}_{ds}.png",
                               references=_references(references, ds, loss), metric=loss)),
-        (ds, f"{ds}: {name} difference to baseline, the loss of this "
-             "dataset's verdicts (paired by seed: raw 95% t-interval and Holm-adjusted "
-             "interval"
-             + ("; dotted box: the Holm interval widened by the larger tuning uncertainty of "
-                "the pair, which a better or worse verdict needs clear of 0"
-                if _has_tuning_uncertainty(comparisons, ds, loss) else "") + ")",
+        (ds, Caption.of("forest", ds=ds, name=name,
+                        tuning_box=_has_tuning_uncertainty(comparisons, ds, loss)),
          plots.plot_forest(comparisons, ds, fig_dir / f"forest_{ds}.png", loss)),
-        (ds, f"{ds}: test loss by token position, past the training context (mean over "
-             "seeds; length extrapolation)",
+        (ds, Caption.of("extrapolation", ds=ds),
          plots.plot_position_loss(
              tables.positions[ds], ds, cfg.for_dataset(ds).model.context_length,
              fig_dir / f"extrapolation_{ds}.png", palette=palette,
@@ -139,18 +135,12 @@ def _arithmetic_figures(cfg: StudyConfig, runs: RunOutputs, tables: ReportTables
     path = arith_figs.plot_length_generalisation(
         runs.by_operand_digits, ds, digits, fig_dir / f"length_generalisation_{ds}.png",
         palette=palette) if arith.has_length_split(runs.by_operand_digits, ds) else None
-    out.figures += drawn([(ds, f"{ds}: the share of seeds that have learned the task "
-                           "(probe exact match of 0.5 and 0.9) against training tokens, "
-                           "Kaplan-Meier with pointwise 95% bands; |: seeds that had not "
-                           "by the end of the budget",
+    out.figures += drawn([(ds, Caption.of("learning_speed", ds=ds),
                            arith_figs.plot_learning_speed(
                                tables.speed, ds, fig_dir / f"learning_speed_{ds}.png",
                                palette=palette))])
     left_out = arith.unreachable(runs.by_operand_digits, ds)
-    out.length_figures[ds] = (
-        f"{ds}: exact match by operand length (mean ± 95% t-interval over seeds; shaded: "
-        "longer than any training problem)"
-        + (f"; left out: {'; '.join(left_out)}" if left_out else ""), path)
+    out.length_figures[ds] = (Caption.of("length", ds=ds, left_out=tuple(left_out)), path)
 
 
 def _op_figures(runs: RunOutputs, references: pd.DataFrame, ds: str, fig_dir: Path,
@@ -167,10 +157,8 @@ def _op_figures(runs: RunOutputs, references: pd.DataFrame, ds: str, fig_dir: Pa
                                      palette=palette, references=references)
         floor = ((references["dataset"] == ds) & (references["metric"] == metric)
                  & (references["reference"] == arith.FLOORS[metric])).any()
-        out += drawn([(ds, f"{ds}: {METRICS[metric][0]} by operation and variant "
-                       "(mean ± 95% t-interval over seeds, dots: seeds"
-                       + ("; dashed: the floor, the best answer ignoring the "
-                          "question, over all operations)" if floor else ")"), path)],
+        out += drawn([(ds, Caption.of("by_op", ds=ds, name=METRICS[metric][0],
+                                      floor=bool(floor)), path)],
                      arith_figs.nothing_solved(runs.per_op, ds, metric))
     return out
 
@@ -183,26 +171,18 @@ def _tuning_figures(runs: RunOutputs, ds: str, fig_dir: Path,
     path = plot_lr_response(runs.trials, runs.tuned, ds, fig_dir / f"tuning_{ds}.png",
                             palette=palette)
     if path is not None:
-        out.lr_figures[ds] = (
-            f"{ds}: how each variant responds to the learning rate (one seed). Left: the "
-            "first rung's validation loss against learning rate, lines through the shared "
-            "design, faint dots the other trials, stars the tuned configurations (equal ones "
-            "fanned out sideways). Middle: the first rung's best loss per width at equal "
-            "compute. Right: the last rung's trials, at the full budget"
-            + (". Shaded: outside the learning rates and widths the tuner searched"
-               if search_bounds(runs.tuned, ds) != (None, None, []) else ""), path)
+        out.lr_figures[ds] = (Caption.of(
+            "lr_response", ds=ds, shaded=search_bounds(runs.tuned, ds) != (None, None, [])),
+            path)
     path = plot_bracket(runs.trials, runs.tuned, ds, fig_dir / f"lr_bracket_{ds}.png",
                         palette=palette, order=present(runs.ablation["variant"]))
     if path is not None:
-        out.bracket_figures[ds] = (
-            f"{ds}: each variant's learning rate at the full budget (dots: tuning seeds; "
-            "large dots: their mean; line: the quadratic in ln lr fitted through them; "
-            "dashed: the chosen lr)", path)
+        out.bracket_figures[ds] = (Caption.of("bracket", ds=ds), path)
 
 
 def draw_report_figures(cfg: StudyConfig, runs: RunOutputs, tables: ReportTables,
                         fig_dir: Path, palette: Mapping[str, tuple[float, float, float]],
-                        extra: Sequence[tuple[str | None, str, Path]] = ()) -> ReportFigures:
+                        extra: Sequence[Figure] = ()) -> ReportFigures:
     """Draw every dataset's figures as PNG files under ``fig_dir`` (replaced atomically), in
     the study's colours (``palette``: variant -> RGB in [0, 1],
     :func:`~lmablate.report.families.variant_palette`), then add ``extra``: ``(dataset or
@@ -214,11 +194,9 @@ def draw_report_figures(cfg: StudyConfig, runs: RunOutputs, tables: ReportTables
         path = plot_replication(tables.replicates, tables.replication, ds,
                                 fig_dir / f"replication_{ds}.png")
         if path is not None:
-            out.replication_figures[ds] = (
-                f"{ds}: each replicate's difference to the baseline in "
-                f"{METRICS[headline_loss(tables.comparisons, ds)][0]} (Holm-adjusted interval, "
-                "coloured by that replicate's verdict) and the replicates combined (bold: its "
-                "interval counts the tuning draw)", path)
+            out.replication_figures[ds] = (Caption.of(
+                "replication", ds=ds, name=METRICS[headline_loss(tables.comparisons, ds)][0]),
+                path)
     out.figures += [(ds, cap, Path(p)) for ds, cap, p in extra]
     return out
 

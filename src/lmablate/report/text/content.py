@@ -18,6 +18,7 @@ import pandas as pd
 
 from lmablate.config.study import StudyConfig
 from lmablate.config.tune_config import TuneConfig
+from lmablate.report.captions import Caption
 from lmablate.report.collect import RunOutputs, present
 from lmablate.report.text.bracket_section import bracket_lines
 from lmablate.report.figures.report_figures import ReportFigures
@@ -33,6 +34,7 @@ from lmablate.report.text import samples as sm
 from lmablate.report.text.limits import limits_bullets
 from lmablate.report.text.lr_section import lr_section
 from lmablate.report.text.methods import methods_section
+from lmablate.report.text.render import caption_text
 from lmablate.report.text.scaling_section import ScalingSection
 
 
@@ -215,8 +217,9 @@ def dataset_content(cfg: StudyConfig, runs: RunOutputs, tables: ReportTables,
         predictions=sm.predictions(runs, dataset, order, cfg.seeds))
 
 
-def _figure(caption: str, path: Path | None, out_dir: Path) -> Figure:
-    return Figure(caption, path.relative_to(out_dir).as_posix() if path is not None else None)
+def _figure(caption: Caption | str, path: Path | None, out_dir: Path) -> Figure:
+    return Figure(caption_text(caption),
+                  path.relative_to(out_dir).as_posix() if path is not None else None)
 
 
 def report_content(cfg: StudyConfig, runs: RunOutputs, notes: Sequence[str],

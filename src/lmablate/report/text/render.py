@@ -10,17 +10,21 @@ section.
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 import jinja2
 import pandas as pd
 
+from lmablate.report.captions import Caption
 from lmablate.report.stats.scaling import SCALING_TITLE
 from lmablate.report.text import mdtable
-from lmablate.report.text.content import ReportContent
+
+if TYPE_CHECKING:  # content renders captions through this module: no import cycle at run time
+    from lmablate.report.text.content import ReportContent
 
 TEMPLATE = "report.md.j2"
 APPENDIX_TEMPLATE = "appendix.md.j2"  # the detail report.md links to
+CAPTIONS = "_captions.md.j2"  # every figure's caption, a macro each
 
 
 def lines(items: Iterable[str]) -> str:
@@ -76,6 +80,20 @@ def environment() -> jinja2.Environment:
     env.filters.update(FILTERS)
     env.globals["SCALING_TITLE"] = SCALING_TITLE
     return env
+
+
+def caption_text(caption: Caption | str) -> str:
+    """A figure's caption as the report prints it: :data:`CAPTIONS`' macro
+    ``caption.name`` called with its fields; a string (a figure not drawn, and the sentence
+    saying why) as it is.
+
+    Raises:
+        jinja2.UndefinedError: the template has no such macro, or it misses a field.
+    """
+    if isinstance(caption, str):
+        return caption
+    macros = environment().get_template(CAPTIONS).module
+    return str(getattr(macros, caption.name)(**dict(caption.fields)))
 
 
 def render_report(content: ReportContent, template: str = TEMPLATE) -> str:

@@ -1,0 +1,23 @@
+"""A figure's caption as data: the name of its sentence in the template
+``report/templates/_captions.md.j2`` and the fields it fills in (dataset and metric names,
+switches), never the sentence itself. The figures name their captions; the text layer renders
+them (:func:`lmablate.report.text.render.caption_text`), so that the words live in the
+template beside the report's other sentences."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Caption:
+    """Macro ``name`` of ``_captions.md.j2`` with keyword ``fields``, as (key, value) pairs."""
+
+    name: str
+    fields: tuple[tuple[str, Any], ...] = ()
+
+    @classmethod
+    def of(cls, macro: str, /, **fields: Any) -> Caption:
+        """``Caption.of("bracket", ds="arithmetic")``: macro ``macro`` with ``fields``."""
+        return cls(macro, tuple(fields.items()))
