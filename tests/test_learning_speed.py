@@ -10,6 +10,7 @@ import pytest
 from scipy import stats
 
 from lmablate.report.stats import learning_speed as ls
+from lmablate.report.text import findings
 from lmablate.report.stats.statistics import VERDICT_FEW, VERDICT_NSD
 
 
@@ -154,7 +155,7 @@ def test_the_findings_bullet_gives_medians_and_comparisons():
     for s in range(5):
         rows += [("baseline", s, 2e6 if s < 3 else 4e6, s < 3), ("swiglu", s, 1e6, True)]
     sp = speed(rows)
-    lines = ls.speed_lines(ls.speed_table(sp), ls.compare_speed(sp), "arithmetic")
+    lines = findings.speed_lines((ls.speed_table(sp), ls.compare_speed(sp)), "arithmetic")
     assert len(lines) == 1
     text = lines[0]
     assert text.startswith("- **Learning speed** (training tokens until the probe's exact "
@@ -164,7 +165,7 @@ def test_the_findings_bullet_gives_medians_and_comparisons():
     assert ("Against the baseline (log-rank test, Holm-corrected; per seed in "
             "`learning_speed_comparisons.csv`): swiglu faster (p_Holm = 0.0027, tokens ratio "
             "0.50 over 3 seeds).") in text
-    assert ls.speed_lines(ls.speed_table(sp), ls.compare_speed(sp), "shakespeare") == []
+    assert findings.speed_lines((ls.speed_table(sp), ls.compare_speed(sp)), "shakespeare") == []
 
 
 def test_the_power_script_rejects_at_a_large_ratio_and_rarely_at_none(capsys):

@@ -8,6 +8,7 @@ import pytest
 from scipy import stats
 
 from lmablate.report.stats import success
+from lmablate.report.text import findings
 
 
 def test_the_share_interval_is_clopper_pearson_and_closed_at_zero_and_all():
@@ -40,13 +41,13 @@ def test_the_table_counts_the_seeds_that_learned_and_names_those_that_did_not():
     assert t.loc["swiglu", "not_learned"] == "0 (0.018)"
     assert t.loc["rope", "not_learned"] == "" and t.loc["rope", "ci95_high"] == 1.0
     assert success.learned(success.LEARNED_EXACT_MATCH) and not success.learned(0.4999)
-    line = success.success_lines(t.reset_index(), "arithmetic", ["baseline", "swiglu", "rope"])
+    line = findings.success_lines(t.reset_index(), "arithmetic")
     assert line == [
         "- **Seeds that learned the task** (test exact match ≥ 0.5; share with its 95% "
         "Clopper-Pearson interval): baseline 3/5 (0.60 [0.15, 0.95]), swiglu 4/5 (0.80 "
         "[0.28, 0.99]), rope 5/5 (1.00 [0.48, 1.00]). Did not learn (seed, exact match): "
         "baseline seeds 0 (0.477), 3 (0.020); swiglu seed 0 (0.018)."]
-    assert success.success_lines(t.reset_index(), "shakespeare", ["baseline"]) == []
+    assert findings.success_lines(t.reset_index(), "shakespeare") == []
     assert success.success_table(a.drop(columns="exact_match")).empty
 
 

@@ -75,27 +75,3 @@ def seed_status(ablation: pd.DataFrame, dataset: str, variant: str, seed: int) -
         return None
     x = float(a["exact_match"].iloc[0])
     return f"exact match {x:.3f}: " + ("learned" if learned(x) else "did not learn")
-
-
-def success_lines(table: pd.DataFrame, dataset: str, order: Sequence[str]) -> list[str]:
-    """The findings' bullet of ``dataset``: each variant's seeds that learned, their share with
-    its interval, and the seeds that did not; no lines without rows."""
-    t = table[table["dataset"] == dataset] if len(table) else table
-    if t.empty:
-        return []
-    parts, failed = [], []
-    for v in order:
-        r = t[t["variant"] == v]
-        if r.empty:
-            continue
-        r = r.iloc[0]
-        parts.append(f"{v} {int(r['n_learned'])}/{int(r['n_seeds'])} "
-                     f"({r['share']:.2f} [{r['ci95_low']:.2f}, {r['ci95_high']:.2f}])")
-        if r["not_learned"]:
-            failed.append(f"{v} seed{'s' if ';' in r['not_learned'] else ''} "
-                          + r["not_learned"].replace("; ", ", "))
-    text = (f"- **Seeds that learned the task** (test exact match ≥ {LEARNED_EXACT_MATCH:g}; "
-            f"share with its {CONFIDENCE:.0%} Clopper-Pearson interval): " + ", ".join(parts)
-            + ". " + ("Did not learn (seed, exact match): " + "; ".join(failed) + "."
-                      if failed else "Every seed learned."))
-    return [text]

@@ -1,5 +1,9 @@
 """The report's opening section, "Findings": the study's answer, then what it could not decide.
 
+This module picks the rows and numbers; every sentence is a macro of
+``report/templates/_findings.md.j2`` (:func:`say`), its numbers formatted there by the filters
+of :mod:`lmablate.report.text.render`.
+
 Per dataset, in the dataset's headline loss (:func:`lmablate.report.headline.headline_loss`):
 
 * one sentence per variant: its verdict against the baseline (paired by seed, Holm-corrected,
@@ -35,24 +39,28 @@ fractions.
 from __future__ import annotations
 
 import math
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 
 from lmablate.report.collect import BASELINE, present
 from lmablate.report.headline import headline_loss
-from lmablate.report.stats.learning_speed import speed_lines
+from lmablate.report.stats.learning_speed import THRESHOLDS
 from lmablate.report.stats.scaling import (SCALING_TITLE, TREND_FEW, TREND_GROWS, TREND_NONE,
                                       TREND_SHRINKS)
-from lmablate.report.stats.statistics import (ALPHA, METRICS, POWER, VERDICT_BETTER, VERDICT_FEW,
+from lmablate.report.stats.statistics import (ALPHA, CONFIDENCE, METRICS, POWER, VERDICT_BETTER,
+                                          VERDICT_FEW,
                                           VERDICT_IDENTICAL, VERDICT_NSD,
                                           VERDICT_UNDECIDED_TUNING, VERDICT_WORSE)
-from lmablate.report.stats.success import success_lines
+from lmablate.report.stats.success import LEARNED_EXACT_MATCH
 from lmablate.report.stats.replication import JOIN
 from lmablate.report.stats.convergence import CONVERGENCE_COLUMNS, TAIL
 from lmablate.report.text.limits import TRIGRAM, trigram_reference
 from lmablate.report.text.mdtable import join_names as _names
+from lmablate.report.text.render import macro_text
+
+FINDINGS = "_findings.md.j2"  # the sentences of "Findings", one macro each
 
 MAX_SEEDS = 1000  # past this, "more than 1,000 seeds": the difference is lost in the spread
 
@@ -97,6 +105,29 @@ def seeds_needed(mean_diff: float, sd_diff: float, n_compared: int, alpha: float
     return n if n <= cap else None
 
 
+def _value(x: Any, finite: bool = False) -> Any:
+    """A table cell for a template: None for a missing number (or, ``finite``, an infinite
+    one), a Python int for a numpy integer, otherwise as it is."""
+    if x is None or (isinstance(x, (float, np.floating))
+                     and (math.isnan(x) or (finite and math.isinf(x)))):
+        return None
+    if isinstance(x, (np.integer,)):
+        return int(x)
+    return x
+
+
+def _record(row: Any, keys: Sequence[str], finite: bool = False) -> dict[str, Any]:
+    """``keys`` of a table row (a Series or a namedtuple) as a template's dict (:func:`_value`
+    of each cell)."""
+    get = row.get if isinstance(row, pd.Series) else (lambda k: getattr(row, k, None))
+    return {k: _value(get(k), finite) for k in keys}
+
+
+def say(macro: str, /, **fields: Any) -> str:
+    """The sentence of :data:`FINDINGS`' macro ``macro`` with ``fields``."""
+    return macro_text(FINDINGS, macro, **fields)
+
+
 def reference_caveat(variant: str, variant_mean: float, baseline_mean: float,
                      trigram: float | None, unit: str, short: bool = False) -> str:
     """Which side of a comparison is not below the trigram reference ``trigram`` (same unit as
@@ -109,46 +140,28 @@ def reference_caveat(variant: str, variant_mean: float, baseline_mean: float,
              if pd.notna(x) and float(x) >= trigram]
     if not above:
         return ""
-    if short:
-        who = "neither" if len(above) == 2 else f"{above[0]} not"
-        return f"{who} past the {TRIGRAM} {trigram:.3f}"
-    ref = f"the {TRIGRAM} reference, {trigram:.3f} {unit}"
-    if len(above) == 2:
-        return (f"neither model is past {ref}: the comparison is between models that have "
-                f"learned little more than {TRIGRAM} counts")
     other = BASELINE if above[0] == variant else variant
-    return (f"{above[0]} is not past {ref}, {other} is: one side of the comparison has learned "
-            f"little more than {TRIGRAM} counts")
+    return say("caveat", above=above, other=other, trigram=trigram, unit=unit, short=short,
+               name=TRIGRAM)
+
+
+EFFECT_KEYS = ("variant", "verdict", "mean_diff", "variant_mean", "baseline_mean", "ci95_low",
+               "ci95_high", "ci_holm_low", "ci_holm_high", "tuning_uncertainty", "n_pairs")
 
 
 def _effect(row: pd.Series, unit: str, trigram: float | None = None) -> str:
-    """One variant's verdict against the baseline as a sentence; a verdict string this module
+    """One variant's verdict against the baseline as a bullet; a verdict string this module
     does not know is stated as it is, never as better or worse."""
-    v, d, verdict = row["variant"], float(row["mean_diff"]), str(row["verdict"])
-    caveat = reference_caveat(v, row["variant_mean"], row["baseline_mean"], trigram, unit)
-    caveat = f" ({caveat})" if caveat else ""
-    base = float(row["baseline_mean"])
-    share = f"{d / abs(base):+.1%} of the baseline's; " if base and math.isfinite(base) else ""
-    means = f"{share}{row['variant_mean']:.3f} against {row['baseline_mean']:.3f}"
-    raw = f"95% CI [{row['ci95_low']:.3f}, {row['ci95_high']:.3f}]"
-    if verdict in (VERDICT_BETTER, VERDICT_WORSE):
-        text = (f"**{v}: {verdict}**{caveat}, {_signed(d)} {unit} ({means}; {raw}, "
-                f"Holm-adjusted [{row['ci_holm_low']:.3f}, {row['ci_holm_high']:.3f}]).")
-        return text
-    if verdict == VERDICT_UNDECIDED_TUNING:
-        u = row.get("tuning_uncertainty")
-        inside = ("its tuning uncertainty was not measured" if u is None or pd.isna(u) else
-                  f"it is within the larger of the two variants' tuning uncertainties, "
-                  f"{float(u):.3f} {unit}, so a missed learning rate could explain it")
-        return (f"{v}: undecided (tuning){caveat}, {_signed(d)} {unit} ({means}; {raw}, "
-                f"Holm-adjusted [{row['ci_holm_low']:.3f}, {row['ci_holm_high']:.3f}]): "
-                f"significant over seeds, but {inside}.")
-    if verdict == VERDICT_IDENTICAL:
-        return f"{v}: identical on every seed{caveat} ({_signed(d)} {unit})."
-    if verdict == VERDICT_FEW:
-        return (f"{v}: not tested{caveat}, only {int(row['n_pairs'])} seed(s) pair with the "
-                f"baseline ({_signed(d)} {unit}).")
-    return f"{v}: {verdict}{caveat}, {_signed(d)} {unit} ({means}; {raw})."
+    r = _record(row, EFFECT_KEYS)
+    base = r["baseline_mean"]
+    r["share"] = r["mean_diff"] / abs(base) if base else None
+    verdict = str(r["verdict"])
+    return say("effect", r=r, unit=unit,
+               caveat=reference_caveat(r["variant"], row["variant_mean"],
+                                       row["baseline_mean"], trigram, unit),
+               decided=verdict in (VERDICT_BETTER, VERDICT_WORSE),
+               undecided_tuning=verdict == VERDICT_UNDECIDED_TUNING,
+               identical=verdict == VERDICT_IDENTICAL, few=verdict == VERDICT_FEW)
 
 
 def _undecided(c: pd.DataFrame, unit: str) -> list[str]:
@@ -158,65 +171,83 @@ def _undecided(c: pd.DataFrame, unit: str) -> list[str]:
     if nsd.empty:
         return []
     m = int(c["p_value"].notna().sum())  # the Holm family: every comparison with a test
-    n = int(nsd["n_pairs"].max())
-    parts = []
-    for r in nsd.itertuples():
-        need = seeds_needed(r.mean_diff, r.sd_diff, m)
-        parts.append(f"{r.variant} about {need:,}" if need is not None else
-                     f"{r.variant} more than {MAX_SEEDS:,}")
-        parts[-1] += (f" (Δ {_signed(r.mean_diff)}, SD of the per-seed differences "
-                      f"{r.sd_diff:.3f}, MDE {r.mde:.3f} {unit})")
-    return [f"- **Too few seeds to decide: {_names(list(nsd['variant']))}.** Paired seeds "
-            f"that would detect a true difference as large as the observed one ({POWER:.0%} "
-            f"power, Holm's α/{m}, at the observed spread): {'; '.join(parts)}; the study has "
-            f"{n} ([MDE](#how-to-read-this-report))."]
+    rows = [dict(_record(r, ("variant", "mean_diff", "sd_diff", "mde")),
+                 need=seeds_needed(r.mean_diff, r.sd_diff, m)) for r in nsd.itertuples()]
+    return [say("undecided", rows=rows, unit=unit, power=POWER, m=m,
+                n=int(nsd["n_pairs"].max()), max_seeds=MAX_SEEDS)]
 
 
 def _replication(replication: pd.DataFrame | None, dataset: str, unit: str) -> list[str]:
     """With replicates: the verdicts every replicate gave alike, one line for each that did not
     replicate, and the combined verdicts whose intervals count the tuning draw
     (:func:`~lmablate.report.stats.replication.combine_replicates`)."""
-    if replication is None or replication.empty:
-        return []
-    r = replication[replication["dataset"] == dataset]
+    r = _rows_of(replication, dataset)
     if r.empty:
         return []
     k = int(r["replicates"].max())
-    lines = []
-    same = r[r["agree"]]
-    if len(same):
-        lines.append(f"- **Replicated in all {k} replicates:** " + "; ".join(
-            f"{x.variant} ({x.verdicts.split(JOIN)[0]})" for x in same.itertuples()) + ".")
-    for x in r[~r["agree"]].itertuples():
-        lines.append(f"- **Not replicated: {x.variant}.** Its verdicts in the {k} replicates: "
-                     f"{x.verdicts}.")
-    combined = "; ".join(
-        f"{x.variant} {x.verdict}, {_signed(x.mean_diff)} [{x.ci_holm_low:.3f}, "
-        f"{x.ci_holm_high:.3f}]" if pd.notna(x.ci_holm_low) else f"{x.variant} {x.verdict}"
-        for x in r.itertuples())
-    lines.append(f"- **Over all {k} replicates** (each replicate's mean Δ, a t-interval with "
-                 f"{k - 1} degree{'s' * (k != 2)} of freedom that counts the tuning draw, "
-                 f"Holm-adjusted; {unit}): {combined}.")
-    return lines
+    same = [{"variant": x.variant, "verdict": x.verdicts.split(JOIN)[0]}
+            for x in r[r["agree"]].itertuples()]
+    lines = [say("replicated", k=k, rows=same)] if same else []
+    lines += [say("not_replicated", k=k, variant=x.variant, verdicts=x.verdicts)
+              for x in r[~r["agree"]].itertuples()]
+    rows = [_record(x, ("variant", "verdict", "mean_diff", "ci_holm_low", "ci_holm_high"))
+            for x in r.itertuples()]
+    return lines + [say("combined", k=k, rows=rows, unit=unit)]
 
 
 def _speed_replication(speed: pd.DataFrame | None, dataset: str) -> list[str]:
     """With replicates: each learning-speed verdict that did not replicate, one line each, and
     the combined ratios of tokens to learn whose intervals count the tuning draw
     (:func:`~lmablate.report.stats.replication.combine_speed`)."""
-    s = speed[speed["dataset"] == dataset] if speed is not None and len(speed) else None
-    if s is None or s.empty:
+    s = _rows_of(speed, dataset)
+    if s.empty:
         return []
     k = int(s["replicates"].max())
-    lines = [f"- **Learning speed not replicated: {x.variant}.** Its verdicts in the {k} "
-             f"replicates: {x.verdicts} (ratios {x.ratios})." for x in s[~s["agree"]].itertuples()]
-    combined = "; ".join(
-        f"{x.variant} {x.verdict}, {x.ratio:.2f} [{x.ratio_holm_low:.2f}, "
-        f"{x.ratio_holm_high:.2f}]" if pd.notna(x.ratio_holm_low) else f"{x.variant} {x.verdict}"
-        for x in s.itertuples())
-    lines.append(f"- **Learning speed over all {k} replicates** (the ratio of tokens to learn, "
-                 f"variant / baseline, Holm-adjusted, counting the tuning draw): {combined}.")
-    return lines
+    lines = [say("not_replicated", k=k, variant=x.variant, verdicts=x.verdicts, ratios=x.ratios)
+             for x in s[~s["agree"]].itertuples()]
+    rows = [_record(x, ("variant", "verdict", "ratio", "ratio_holm_low", "ratio_holm_high"))
+            for x in s.itertuples()]
+    return lines + [say("combined_speed", k=k, rows=rows)]
+
+
+def _rows_of(table: pd.DataFrame | None, dataset: str) -> pd.DataFrame:
+    """``table``'s rows of ``dataset``; an empty frame for no table."""
+    if table is None or table.empty:
+        return pd.DataFrame(columns=["dataset"])
+    return table[table["dataset"] == dataset]
+
+
+def success_lines(table: pd.DataFrame | None, dataset: str) -> list[str]:
+    """The bullet of each variant's seeds that learned the task, their share with its interval,
+    and the seeds that did not (:func:`lmablate.report.stats.success.success_table`)."""
+    t = _rows_of(table, dataset)
+    if t.empty:
+        return []
+    keys = ("variant", "n_learned", "n_seeds", "share", "ci95_low", "ci95_high", "not_learned")
+    rows = [_record(t[t["variant"] == v].iloc[0], keys) for v in present(t["variant"])]
+    for r in rows:
+        r["n_learned"], r["n_seeds"] = int(r["n_learned"]), int(r["n_seeds"])
+    return [say("success", rows=rows, threshold=LEARNED_EXACT_MATCH, confidence=CONFIDENCE)]
+
+
+def speed_lines(speed: tuple[pd.DataFrame, pd.DataFrame] | None, dataset: str,
+           threshold: float = THRESHOLDS[0]) -> list[str]:
+    """The learning-speed bullet at ``threshold``: each variant's Kaplan-Meier median tokens to
+    learn with its interval and seeds learned, then each log-rank comparison with the
+    baseline (:mod:`lmablate.report.stats.learning_speed`)."""
+    if speed is None:
+        return []
+    table, comparisons = (_rows_of(t, dataset) for t in speed)
+    t = table[table["threshold"] == threshold] if len(table) else table
+    if t.empty:
+        return []
+    c = comparisons[comparisons["threshold"] == threshold] if len(comparisons) else comparisons
+    rows = [_record(r, ("variant", "median_tokens", "median_low", "median_high", "n_learned",
+                        "n_seeds")) for r in t.itertuples()]
+    tests = [_record(r, ("variant", "verdict", "p_holm", "ratio", "ratio_low", "ratio_high",
+                         "n_both"), finite=True) for r in c.itertuples()]
+    return [say("speed", rows=rows, comparisons=tests, threshold=threshold,
+                confidence=CONFIDENCE, budget=t["budget_tokens"].max(), baseline=BASELINE)]
 
 
 def _convergence(conv: pd.DataFrame, dataset: str) -> list[str]:
@@ -226,15 +257,11 @@ def _convergence(conv: pd.DataFrame, dataset: str) -> list[str]:
         return []
     falling = c[c["seeds_falling"] == c["seeds"]]
     if falling.empty:
-        return [f"- Validation loss had levelled off: over the last {TAIL:.0%} of training no "
-                "variant fell on every seed."]
+        return [say("levelled", tail=TAIL)]
     who = ("every variant" if len(falling) == len(c)
            else _names(list(map(str, falling["variant"]))))
-    return [f"- **Validation loss was still falling when training stopped** for {who}: over "
-            f"the last {TAIL:.0%} of training (from step {int(falling['from_step'].min()):,}) "
-            f"it fell on every seed, by {falling['drop'].min():.3f} to "
-            f"{falling['drop'].max():.3f} nats/char. More compute would lower these losses; "
-            "whether the ranking holds at a larger budget is not measured here."]
+    return [say("falling", who=who, tail=TAIL, from_step=falling["from_step"].min(),
+                low=falling["drop"].min(), high=falling["drop"].max())]
 
 
 def _extrapolation(table: pd.DataFrame, dataset: str, positions: Mapping[str, str]) -> list[str]:
@@ -248,17 +275,12 @@ def _extrapolation(table: pd.DataFrame, dataset: str, positions: Mapping[str, st
         if len(d) < 2:
             fixed.append(str(variant))
             continue
-        a, b = d.iloc[0], d.iloc[-1]
         scheme = positions.get(str(variant), "")
-        named = f"{variant} ({scheme})" if scheme and scheme != str(variant) else str(variant)
-        parts.append(f"{named} "
-                     f"{'rises' if b['mean'] > a['mean'] else 'falls'} from {a['mean']:.3f} at "
-                     f"{int(a['factor'])}x to {b['mean']:.3f} at {int(b['factor'])}x")
-    if not parts:
-        return []
-    tail = (f"; {_names(fixed)} cannot run past the context (a learned table of positions)"
-            if fixed else "")
-    return [f"- **Past the training context** the test loss of {'; '.join(parts)}{tail}."]
+        parts.append({"name": f"{variant} ({scheme})" if scheme and scheme != str(variant)
+                      else str(variant),
+                      "first": d["mean"].iloc[0], "first_factor": int(d["factor"].iloc[0]),
+                      "last": d["mean"].iloc[-1], "last_factor": int(d["factor"].iloc[-1])})
+    return [say("extrapolation", parts=parts, fixed_names=fixed)] if parts else []
 
 
 def _length(length: pd.DataFrame, dataset: str) -> list[str]:
@@ -268,31 +290,23 @@ def _length(length: pd.DataFrame, dataset: str) -> list[str]:
     if trained.empty or longer.empty:
         return []
     top = int(trained["digits"].max())
-    at = trained[trained["digits"] == top]
-    past = longer.groupby("digits")["mean"].max()
+    at = trained[trained["digits"] == top]["mean"]
     by_value: dict[str, list[str]] = {}  # "0.00" -> ["3", "4"]: one clause per value
-    for k, v in past.items():
+    for k, v in longer.groupby("digits")["mean"].max().items():
         by_value.setdefault(f"{v:.2f}", []).append(str(int(k)))
-    return [f"- **Past the trained operand length** exact match goes from "
-            f"{at['mean'].min():.2f}–{at['mean'].max():.2f} at {top} digits (trained) to at most "
-            + ", ".join(f"{v} at {_names(ks)} digits" for v, ks in by_value.items())
-            + ", over every variant."]
+    return [say("length", low=at.min(), high=at.max(), top=top, past=list(by_value.items()))]
 
 
 def _trends(trends: pd.DataFrame | None, dataset: str) -> list[str]:
     """One bullet on how the effects change with compute, where ``dataset`` has a scaling
     study's trends: the variants whose gain grows, shrinks, or shows no detectable trend."""
-    if trends is None or trends.empty:
-        return []
-    t = trends[trends["dataset"] == dataset]
+    t = _rows_of(trends, dataset)
     if t.empty:
         return []
-    parts = [f"{label}: {', '.join(map(str, t[t['trend'] == label]['variant']))}"
-             for label in (TREND_GROWS, TREND_SHRINKS, TREND_NONE, TREND_FEW)
-             if (t["trend"] == label).any()]
-    return [f"- **Across {int(t['n_budgets'].max())} budgets**, the slope of each difference "
-            f"per decade of compute (Holm-corrected; \"{SCALING_TITLE}\" below): "
-            f"{'; '.join(parts)}."]
+    groups = [(label, list(map(str, t[t["trend"] == label]["variant"])))
+              for label in (TREND_GROWS, TREND_SHRINKS, TREND_NONE, TREND_FEW)
+              if (t["trend"] == label).any()]
+    return [say("trends", n_budgets=int(t["n_budgets"].max()), groups=groups)]
 
 
 def _widths(ablation: pd.DataFrame | None, dataset: str) -> list[str]:
@@ -306,98 +320,77 @@ def _widths(ablation: pd.DataFrame | None, dataset: str) -> list[str]:
     if BASELINE not in first.index:
         return []
     base = first.loc[BASELINE]
-    other = [f"{v} at d_model {int(r.d_model)} ({int(r.steps):,} steps)"
+    other = [{"variant": v, "d_model": int(r.d_model), "steps": int(r.steps)}
              for v, r in first.iterrows() if v != BASELINE and r.d_model != base.d_model]
     if not other:
         return []
-    return [f"- **Compared at another width**: {'; '.join(other)}, against the {BASELINE}'s "
-            f"d_model {int(base.d_model)} ({int(base.steps):,} steps). Each variant runs at "
-            "its tuned width on the same budget, so such a difference is the variant's at its "
-            "best width, not the feature's at one width."]
+    return [say("widths", other=other, baseline=BASELINE,
+                base={"d_model": int(base.d_model), "steps": int(base.steps)})]
 
 
-def _nothing_compared(variants: Sequence[str]) -> str:
-    """The Findings opener of a dataset without comparisons: a one-variant study, or runs
-    missing for a comparison."""
-    if len(variants) == 1:
-        return (f"the study has one variant, {variants[0]}: nothing is compared, so the "
-                "report describes it and draws no verdict.")
-    return (f"no variant is compared with the {BASELINE}: a comparison needs results of the "
-            f"{BASELINE} and of another variant on the same seeds.")
+def _dataset_lines(ds: str, comparisons: pd.DataFrame, tables: Mapping[str, Any],
+                   variants: Sequence[str]) -> list[str]:
+    """One dataset's block of "Findings", ending with an empty line."""
+    metric = headline_loss(comparisons, ds)
+    label, unit, _ = METRICS[metric]
+    c = comparisons[(comparisons["dataset"] == ds) & (comparisons["metric"] == metric)]
+    if c.empty:
+        lines = [say("nothing_compared", ds=ds, variants=list(variants), baseline=BASELINE), ""]
+    else:
+        lines = [say("opener", ds=ds, label=label, unit=unit, n_pairs=int(c["n_pairs"].max()),
+                     baseline=BASELINE, alpha=ALPHA), ""]
+    trigram = trigram_reference(tables["references"], ds, metric)
+    lines += [_effect(r, unit, trigram) for _, r in c.iterrows()]
+    lines += _widths(tables["ablation"], ds) if not c.empty else []
+    lines += _undecided(c, unit)
+    lines += _replication(tables["replication"], ds, unit)
+    lines += success_lines(tables["success"], ds)
+    lines += speed_lines(tables["speed"], ds)
+    lines += _speed_replication(tables["speed_replication"], ds)
+    lines += _convergence(tables["convergence"], ds)
+    lines += _extrapolation(tables["extrapolation"], ds, tables["positions"])
+    lines += _length(tables["length"], ds)
+    return lines + _trends(tables["trends"], ds) + [""]
 
 
 def findings_section(comparisons: pd.DataFrame, *, datasets: Sequence[str],
-                     replication: pd.DataFrame | None = None,
-                     references: pd.DataFrame | None = None,
-                     convergence: pd.DataFrame | None = None,
-                     extrapolation: pd.DataFrame | None = None,
-                     length: pd.DataFrame | None = None,
-                     positions: Mapping[str, str] | None = None,
-                     trends: pd.DataFrame | None = None,
-                     success: pd.DataFrame | None = None,
-                     speed: tuple[pd.DataFrame, pd.DataFrame] | None = None,
-                     speed_replication: pd.DataFrame | None = None,
-                     variants: Sequence[str] = (),
-                     ablation: pd.DataFrame | None = None) -> list[str]:
+                     variants: Sequence[str] = (), **tables: Any) -> list[str]:
     """The Markdown lines of "Findings" (see the module docstring), one block per dataset; the
-    heading is the template's (``report/templates/report.md.j2``).
+    heading is the template's (``report/templates/report.md.j2``), the sentences
+    :data:`FINDINGS`'.
 
     Args:
         comparisons: :func:`~lmablate.report.stats.statistics.compare` (``comparisons.csv``).
         datasets: the datasets in study order.
-        replication: ``replication.csv``
-            (:func:`~lmablate.report.stats.replication.combine_replicates`): with replicates,
-            a line names each verdict that did not replicate.
-        references: ``references.csv`` (nats/char): its trigram row of a dataset's headline
-            loss adds the caveat of :func:`reference_caveat` to each verdict.
-        convergence: :func:`lmablate.report.stats.convergence.convergence_table`.
-        extrapolation: ``extrapolation.csv``; length: ``length_generalisation.csv``.
-        positions: variant -> its position scheme, for the extrapolation sentence.
-        trends: a scaling study's :func:`lmablate.report.stats.scaling.effect_trends`
-            (``scaling_trends.csv``): how each effect changes with compute.
-        success: :func:`lmablate.report.stats.success.success_table` (``success.csv``): the
-            seeds of each variant that learned an arithmetic task.
-        speed: ``(learning_speed.csv, learning_speed_comparisons.csv)``
-            (:mod:`lmablate.report.stats.learning_speed`): how fast each variant learned it.
-        speed_replication: ``learning_speed_replication.csv``
-            (:func:`~lmablate.report.stats.replication.combine_speed`): with replicates, a line
-            names each learning-speed verdict that did not replicate, and one gives the
-            combined ratios.
         variants: the variants with results, in study order: a dataset without comparisons
-            says whether the study has one variant (:func:`_nothing_compared`).
-        ablation: ``ablation.csv`` (a run per row, with ``d_model`` and ``steps``): a line
-            names each variant compared at another tuned width than the baseline's.
+            says whether the study has one variant.
+        tables: any of ``replication`` (``replication.csv``: with replicates, which verdicts
+            replicated), ``references`` (``references.csv``, nats/char: the trigram caveat of
+            :func:`reference_caveat`), ``convergence``
+            (:func:`lmablate.report.stats.convergence.convergence_table`), ``extrapolation``
+            (``extrapolation.csv``), ``length`` (``length_generalisation.csv``), ``positions``
+            (variant -> position scheme), ``trends`` (``scaling_trends.csv``), ``success``
+            (``success.csv``), ``speed`` (``(learning_speed.csv,
+            learning_speed_comparisons.csv)``), ``speed_replication``
+            (``learning_speed_replication.csv``) and ``ablation`` (``ablation.csv``: a line
+            names each variant compared at another tuned width); a missing one adds no line.
+
+    Raises:
+        TypeError: a table this function does not know.
     """
+    known = {"replication", "references", "convergence", "extrapolation", "length",
+             "positions", "trends", "success", "speed", "speed_replication", "ablation"}
+    if set(tables) - known:
+        raise TypeError(f"findings_section: unknown tables {sorted(set(tables) - known)}")
     empty = pd.DataFrame(columns=["dataset", "variant", "factor", "mean", "split", "digits"])
-    lines: list[str] = []
-    for ds in datasets:
-        metric = headline_loss(comparisons, ds)
-        label, unit, _ = METRICS[metric]
-        c = comparisons[(comparisons["dataset"] == ds) & (comparisons["metric"] == metric)]
-        if c.empty:
-            lines += [f"**{ds}**: {_nothing_compared(variants)}", ""]
-        else:
-            lines += [f"**{ds}**: {label} ({unit}, lower is better) of every variant against "
-                      f"the {BASELINE}, paired over {int(c['n_pairs'].max())} seeds, "
-                      f"Holm-corrected at α = {ALPHA}.", ""]
-        trigram = trigram_reference(references, ds, metric)
-        lines += [f"- {_effect(r, unit, trigram)}" for _, r in c.iterrows()]
-        lines += _widths(ablation, ds) if not c.empty else []
-        lines += _undecided(c, unit)
-        lines += _replication(replication, ds, unit)
-        if success is not None and len(success):
-            lines += success_lines(success, ds, present(success["variant"]))
-        if speed is not None:
-            lines += speed_lines(*speed, ds)
-        lines += _speed_replication(speed_replication, ds)
-        lines += _convergence(convergence if convergence is not None
-                              else pd.DataFrame(columns=CONVERGENCE_COLUMNS), ds)
-        lines += _extrapolation(extrapolation if extrapolation is not None else empty, ds,
-                                positions or {})
-        lines += _length(length if length is not None else empty, ds)
-        lines += _trends(trends, ds)
-        lines.append("")
-    return lines
+    given = {k: tables.get(k) for k in known}
+    given["convergence"] = (given["convergence"] if given["convergence"] is not None
+                            else pd.DataFrame(columns=CONVERGENCE_COLUMNS))
+    for k in ("extrapolation", "length"):
+        given[k] = given[k] if given[k] is not None else empty
+    given["positions"] = given["positions"] or {}
+    return [line for ds in datasets
+            for line in _dataset_lines(ds, comparisons, given, variants)]
 
 
 def verdict_lines(comparisons: pd.DataFrame, datasets: Sequence[str],

@@ -9,6 +9,7 @@ section.
 
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
@@ -48,6 +49,23 @@ def percent(x: float) -> str:
     return f"{x:.0%}"
 
 
+def fixed(x: float, digits: int = 3) -> str:
+    """Fixed-point with ``digits`` decimals, as Python writes it (``nan``, ``inf`` too)."""
+    return f"{float(x):.{digits}f}"
+
+
+def signed(x: float, digits: int = 3) -> str:
+    """``+0.062`` / ``-0.126``: an effect with its sign always shown."""
+    return f"{float(x):+.{digits}f}"
+
+
+def million_tokens(x: float) -> str:
+    """Tokens in millions (``1.13M``), ``∞`` for an infinite bound, ``n/a`` for none."""
+    if x is None or math.isnan(x):
+        return "n/a"
+    return "∞" if math.isinf(x) else f"{x / 1e6:.2f}M"
+
+
 # name -> function: every filter of the template, each formatting in one place
 FILTERS = {
     "num": mdtable.num,  # fixed-point, "–" for None/NaN/inf
@@ -65,6 +83,11 @@ FILTERS = {
     "g": lambda x: f"{x:g}",  # shortest float: 0.125, 1e-05
     "tuning_seeds": mdtable.tuning_seeds,
     "percent": percent,
+    "fixed": fixed,
+    "signed": signed,
+    "share": lambda x: f"{x:+.1%}",  # a difference as a share of the baseline: +4.9%
+    "tokens": million_tokens,
+    "g2": lambda x: f"{x:.2g}",  # two significant digits: 0.0015, 0.11
 }
 
 
@@ -92,8 +115,19 @@ def caption_text(caption: Caption | str) -> str:
     """
     if isinstance(caption, str):
         return caption
-    macros = environment().get_template(CAPTIONS).module
-    return str(getattr(macros, caption.name)(**dict(caption.fields)))
+    return macro_text(CAPTIONS, caption.name, **dict(caption.fields))
+
+
+def macro_text(template: str, macro: str, /, **fields: Any) -> str:
+    """The text of macro ``macro`` of ``template`` (one of the package's templates) called with
+    ``fields``: a sentence whose words live in the template, its numbers formatted by
+    :data:`FILTERS`.
+
+    Raises:
+        jinja2.UndefinedError: the template has no such macro, or it misses a field.
+    """
+    macros = environment().get_template(template).module
+    return str(getattr(macros, macro)(**fields))
 
 
 def render_report(content: ReportContent, template: str = TEMPLATE) -> str:
