@@ -55,17 +55,26 @@ def _history(dataset: str, falling: bool) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _row(lines: list[str], variant: str) -> list[str]:
+    """The cells of ``variant``'s row of a verdict table."""
+    return next(x for x in lines if f"| {variant} |" in x).strip("|").split(" | ")
+
+
 def test_a_clear_winner_gets_its_verdict_effect_and_intervals_from_the_comparisons_row(
         comparisons):
-    lines = fi.findings_section(comparisons, datasets=["text"])
+    lines = fi.verdict_table(comparisons, ["text"])
     r = comparisons[comparisons["variant"] == "winner"].iloc[0]
     assert r["verdict"] == "better"
     share = r["mean_diff"] / r["baseline_mean"]  # Δ as a share of the baseline, its sign kept
-    expected = (f"- **winner: better**, {r['mean_diff']:+.3f} nats/char ({share:+.1%} of the "
-                f"baseline's; {r['variant_mean']:.3f} against {r['baseline_mean']:.3f}; 95% CI [{r['ci95_low']:.3f}, "
-                f"{r['ci95_high']:.3f}], Holm-adjusted [{r['ci_holm_low']:.3f}, "
-                f"{r['ci_holm_high']:.3f}]).")
-    assert expected in lines
+    assert lines[0].startswith("| dataset: headline metric | variant | verdict | Δ (% of ")
+    assert len(lines) == 2 + 2 + 1  # header, rule, winner and noisy, the closing blank line
+    cells = [c.strip() for c in _row(lines, "winner")]
+    assert cells[1:] == ["winner", "**▲ better**", f"{r['mean_diff']:+.3f} ({share:+.1%})",
+                         f"[{r['ci_holm_low']:.3f}, {r['ci_holm_high']:.3f}]",
+                         f"{r['mde']:.3f}", "not checked (another unit)", "–"]
+    assert fi.verdict_table(comparisons.iloc[:0], ["text"]) == []
+    lines = fi.findings_section(comparisons, datasets=["text"])
+    assert not any("winner" in x for x in lines)  # the verdict is the table's, said once
     # the heading "## Findings" is the template's (test_render.py); the lines open with the
     # dataset's own sentence
     assert lines[0].startswith("**text**: test loss (nats/char, lower is better) of every variant")
@@ -92,9 +101,7 @@ def test_an_undecided_pair_names_the_seeds_that_would_decide_it(comparisons):
     need = fi.seeds_needed(r["mean_diff"], r["sd_diff"], 2)
     assert need is not None and need > 5
     assert undecided.startswith("- **Too few seeds to decide: noisy.**")
-    assert (f"noisy about {need:,} (Δ {r['mean_diff']:+.3f}, SD of the per-seed differences "
-            f"{r['sd_diff']:.3f}, MDE {r['mde']:.3f} nats/char); the study has 5 ([MDE]"
-            "(#how-to-read-this-report)).") in undecided
+    assert undecided.endswith(f"noisy about {need:,} (SD {r['sd_diff']:.3f}); the study has 5.")
     assert not any(x.startswith("- **Too few seeds") for x in fi.findings_section(
         comparisons[comparisons["variant"] != "noisy"], datasets=["text"]))
 
@@ -187,28 +194,19 @@ def _references(trigram: float) -> pd.DataFrame:
 def test_a_verdict_between_models_above_the_trigram_says_so_in_its_own_sentence(comparisons):
     # every mean is 2.1 to 2.3: a trigram at 2.5 is beaten by all, at 2.0 by none
     assert comparisons[["variant_mean", "baseline_mean"]].stack().between(2.0, 2.5).all()
-    lines = fi.findings_section(comparisons, datasets=["text"], references=_references(2.0))
-    winner = next(x for x in lines if x.startswith("- **winner: better**"))
-    assert winner.startswith("- **winner: better** (neither model is past the trigram "
-                             "reference, 2.000 nats/char: the comparison is between models "
-                             "that have learned little more than trigram counts), ")
-    assert winner.endswith("]).")  # one sentence: the caveat comes before its full stop
-    noisy = next(x for x in lines if x.startswith("- noisy:"))
-    assert "neither model is past the trigram reference, 2.000 nats/char" in noisy
-    lines = fi.findings_section(comparisons, datasets=["text"], references=_references(2.5))
+    lines = fi.verdict_table(comparisons, ["text"], references=_references(2.0))
+    assert _row(lines, "winner")[-1].strip() == "neither past the trigram 2.000"
+    assert _row(lines, "noisy")[-1].strip() == "neither past the trigram 2.000"
+    lines = fi.verdict_table(comparisons, ["text"], references=_references(2.5))
     assert not any("trigram" in x for x in lines)
-    assert not any("trigram" in x for x in fi.findings_section(comparisons, datasets=["text"]))
+    assert not any("trigram" in x for x in fi.verdict_table(comparisons, ["text"]))
 
 
 def test_the_caveat_names_the_one_side_that_is_not_past_the_trigram(comparisons):
     r = comparisons[comparisons["variant"] == "winner"].iloc[0]
     between = (r["variant_mean"] + r["baseline_mean"]) / 2  # winner below it, baseline not
-    lines = fi.findings_section(comparisons, datasets=["text"],
-                                references=_references(between))
-    winner = next(x for x in lines if x.startswith("- **winner: better**"))
-    assert (f"(baseline is not past the trigram reference, {between:.3f} nats/char, winner "
-            "is: one side of the comparison has learned little more than trigram counts)"
-            ) in winner
+    lines = fi.verdict_table(comparisons, ["text"], references=_references(between))
+    assert _row(lines, "winner")[-1].strip() == f"baseline not past the trigram {between:.3f}"
     assert fi.reference_caveat("v", 2.2, 2.1, 2.15, "nats/char") == (
         "v is not past the trigram reference, 2.150 nats/char, baseline is: one side of the "
         "comparison has learned little more than trigram counts")
@@ -221,8 +219,8 @@ def test_arithmetic_answer_loss_verdicts_get_no_trigram_caveat(comparisons):
     """The trigram is a test-loss reference: it does not speak to the answer loss."""
     answer = comparisons.assign(metric="answer_loss")
     refs = _references(9.0)
-    lines = fi.findings_section(answer, datasets=["text"], references=refs)
-    assert any(x.startswith("- **winner: better**, ") for x in lines)
+    lines = fi.verdict_table(answer, ["text"], references=refs)
+    assert _row(lines, "winner")[2] == "**▲ better**"
     assert not any("trigram" in x for x in lines)
     assert "trigram" not in fi.verdict_lines(answer, ["text"], refs)[0]
 
@@ -230,22 +228,16 @@ def test_arithmetic_answer_loss_verdicts_get_no_trigram_caveat(comparisons):
 def test_an_unknown_verdict_is_stated_as_written_never_as_better_or_worse(comparisons):
     c = comparisons.copy()
     c.loc[c["variant"] == "winner", "verdict"] = "not judged"
-    lines = fi.findings_section(c, datasets=["text"])
-    r = c[c["variant"] == "winner"].iloc[0]
-    assert (f"- winner: not judged, {r['mean_diff']:+.3f} nats/char ("
-            f"{r['mean_diff'] / r['baseline_mean']:+.1%} of the baseline's; "
-            f"{r['variant_mean']:.3f} against {r['baseline_mean']:.3f}; 95% CI "
-            f"[{r['ci95_low']:.3f}, {r['ci95_high']:.3f}]).") in lines
-    assert not any("**winner" in x for x in lines)
+    lines = fi.verdict_table(c, ["text"])
+    assert _row(lines, "winner")[2] == "not judged"
+    assert not any("▲" in x or "▼" in x for x in lines)
     assert fi.verdict_lines(c, ["text"]) == [
         "text, test loss (nats/char): not judged: winner; "
         "no significant difference: noisy"]
     c.loc[c["variant"] == "winner", "verdict"] = "undecided (tuning)"
     c["tuning_uncertainty"] = 0.2
-    lines = fi.findings_section(c, datasets=["text"])
-    assert any(x.startswith("- winner: undecided (tuning), ") and "0.200 nats/char" in x
-               for x in lines)
-    assert not any("**winner" in x for x in lines)
+    cells = _row(fi.verdict_table(c, ["text"]), "winner")
+    assert cells[2] == "undecided (tuning)" and cells[6] == "0.200"
 
 
 def test_the_console_lines_carry_the_trigram_caveat_per_comparison(comparisons):

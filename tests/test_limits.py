@@ -19,6 +19,18 @@ from lmablate.stages import report
 from synthetic_study import DATASETS, EXPECTED_VERDICTS, make_cfg, write_runs
 
 
+def _verdict_rows(md: str) -> dict[tuple[str, str], list[str]]:
+    """(dataset, variant) -> the cells of its row in the Findings' verdict table."""
+    findings = md.split("## Findings\n", 1)[1].split("### How to read", 1)[0]
+    rows, dataset = {}, None
+    for line in findings.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")] if line.startswith("| ") else []
+        if len(cells) == 8 and cells[1] != "variant":
+            dataset = cells[0].split(":")[0] or dataset
+            rows[(dataset, cells[1])] = cells
+    return rows
+
+
 def test_limits_section_is_written_from_the_report_tables(built):
     cfg, out_dir, out = built
     md = out["report"].read_text()
@@ -26,13 +38,20 @@ def test_limits_section_is_written_from_the_report_tables(built):
     section = md.split("## What this study can and cannot say")[1].split("## Methodology")[0]
     parts = dict(zip(*[iter(re.split(r"\*\*(shakespeare|arithmetic)\*\*", section)[1:])] * 2))
     assert set(parts) == {"shakespeare", "arithmetic"}
+    comparisons = pd.read_csv(out["comparisons"])
     detectable = pd.read_csv(out["detectable_effects"])
-    for r in detectable.itertuples():  # each comparison's minimum detectable effect
-        assert f"{r.variant} {r.mde:.3f}" in parts[r.dataset]
-        assert f"[MDE](#how-to-read-this-report) with {r.n_pairs} seeds" in parts[r.dataset]
-    # the better/worse verdicts, and nothing else, are what the study can say
+    rows = _verdict_rows(md)
+    for r in detectable.itertuples():  # each verdict's minimum detectable effect, in its row
+        if r.metric == headline_loss(comparisons, r.dataset):
+            assert rows[(r.dataset, r.variant)][5] == f"{r.mde:.3f}"
+    assert "[MDE]" not in section  # defined once, in the verdict table's heading
+    # the better/worse verdicts, and nothing else, are what the study can say; those in a
+    # metric no tuning uncertainty checks are labelled so
+    checked = {(r.dataset, r.metric, r.variant): pd.notna(r.tuning_uncertainty)
+               for r in comparisons.itertuples()}
     for ds in DATASETS:
         called = [f"{v} {verdict} in {statistics.METRICS[m][0]}"
+                  + ("" if checked[(d, m, v)] else " (not checked against tuning)")
                   for (d, m, v), verdict in EXPECTED_VERDICTS.items()
                   if d == ds and verdict in ("better", "worse")]
         listing = called[0] if len(called) == 1 else ", ".join(called[:-1]) + " and " + called[-1]
@@ -74,8 +93,8 @@ def test_limits_section_flags_edges_identical_seeds_and_other_widths(tmp_path):
 
 
 def test_one_mde_per_comparison_is_the_same_number_wherever_the_report_states_it(built):
-    """comparisons.csv's mde is detectable_effects.csv's, the comparison table's MDE column,
-    the limits' per-comparison value and the findings' value for an undecided comparison."""
+    """comparisons.csv's mde is detectable_effects.csv's, the comparison table's MDE column
+    and, in the headline loss, the Findings' verdict table's."""
     cfg, out_dir, out = built
     md = out["report"].read_text()
     comparisons = pd.read_csv(out["comparisons"])
@@ -86,24 +105,18 @@ def test_one_mde_per_comparison_is_the_same_number_wherever_the_report_states_it
     assert len(merged) == len(tested) == len(detectable)
     assert np.array_equal(merged["mde"], merged["mde_csv"])
     assert list(detectable.columns) == DETECTABLE_COLUMNS
-    findings = md.split("## Findings\n", 1)[1].split("### How to read", 1)[0]
     section = md.split("## What this study can and cannot say")[1].split("## Methodology")[0]
+    verdicts = _verdict_rows(md)
     for r in tested.itertuples():
         mde = f"{r.mde:.3f}"
-        part = section.split(f"**{r.dataset}**")[1].split("\n**")[0]
-        assert f"{r.variant} {mde}" in part
         table = md.split(f"## {r.dataset}\n", 1)[1].split("### Comparison with the baseline",
                                                           1)[1].split("\n### ", 1)[0]
         label = statistics.METRICS[r.metric][0]
         row = next(x for x in table.splitlines()
                    if x.startswith(f"| {label} (") and f"| {r.variant} |" in x)
         assert row.split(" | ")[-2] == mde  # the MDE column, before the verdict
-        if r.verdict == statistics.VERDICT_NSD and r.metric == headline_loss(comparisons,
-                                                                             r.dataset):
-            block = findings.split(f"**{r.dataset}**", 1)[1].split("\n**", 1)[0]
-            undecided = next(x for x in block.splitlines()
-                             if x.startswith("- **Too few seeds"))
-            assert f", MDE {mde} " in undecided
+        if r.metric == headline_loss(comparisons, r.dataset):
+            assert verdicts[(r.dataset, r.variant)][5] == mde
     assert "for one planned comparison" not in section  # no second MDE per comparison
 
 def test_the_problem_level_caveat_is_stated_once_in_its_own_section(built):

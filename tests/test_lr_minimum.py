@@ -275,15 +275,15 @@ def test_an_unmeasured_tuning_uncertainty_leaves_no_verdict_and_no_bracket_leave
     assert tuning_check(c, plain)["verdict"].iloc[0] == VERDICT_BETTER
 
 
-def test_the_findings_give_an_undecided_verdict_its_tuning_uncertainty():
-    from lmablate.report.text.findings import _effect
+def test_the_verdict_table_gives_an_undecided_verdict_its_tuning_uncertainty():
+    from lmablate.report.text.findings import verdict_table
 
-    row = pd.Series({**_comparison("rmsnorm", 0.035, 0.089, VERDICT_UNDECIDED_TUNING),
-                     "variant_mean": 2.26, "baseline_mean": 2.20, "ci95_low": 0.04,
-                     "ci95_high": 0.085, "tuning_uncertainty": 0.041})
-    text = _effect(row, "nats/char", None)
-    assert text.startswith("rmsnorm: undecided (tuning), +0.062 nats/char")
-    assert "tuning uncertainties, 0.041 nats/char" in text and "**" not in text
+    row = {**_comparison("rmsnorm", 0.035, 0.089, VERDICT_UNDECIDED_TUNING),
+           "variant_mean": 2.26, "baseline_mean": 2.20, "ci95_low": 0.04, "ci95_high": 0.085,
+           "tuning_uncertainty": 0.041, "metric": "test_loss", "mde": 0.05}
+    line = verdict_table(pd.DataFrame([row]), ["shakespeare"])[2]
+    assert "| rmsnorm | undecided (tuning) | +0.062 (+2.8%) |" in line
+    assert "| 0.041 |" in line and "**" not in line
 
 
 def test_the_pooled_spread_weights_each_point_by_its_degrees_of_freedom():

@@ -29,7 +29,7 @@ def test_report_markdown(built):
     comparisons = pd.read_csv(out["comparisons"])
     for r in comparisons[comparisons["metric"] == "test_loss"].itertuples():
         if r.dataset == "shakespeare":  # the dataset's headline loss
-            assert f"{r.variant}: " in findings and f"{r.mean_diff:+.3f} nats/char" in findings
+            assert f"| {r.variant} | " in findings and f"| {r.mean_diff:+.3f} (" in findings
     assert "![shakespeare: test loss, difference to the baseline" in findings
     # methodology from the config and the environment, not typed by hand
     assert "| shakespeare | baseline | 64 | 1,000 | 576,000 | 3.46e+11 | 144.0% |" in md

@@ -24,7 +24,7 @@ from lmablate.report.text.bracket_section import bracket_lines
 from lmablate.report.figures.report_figures import ReportFigures
 from lmablate.report.headline import headline_loss
 from lmablate.report.stats.statistics import (ALPHA, CONFIDENCE, METRICS, MIN_SEEDS_FOR_TEST,
-                                              VERDICT_BETTER, VERDICT_FEW, VERDICT_WORSE)
+                                              POWER, VERDICT_BETTER, VERDICT_FEW, VERDICT_WORSE)
 from lmablate.report.tables import ReportTables
 from lmablate.report.stats import arithmetic_tables
 from lmablate.report.text import arithmetic_section as arith
@@ -146,11 +146,14 @@ class ReportContent:
     # with study.mixed_environments and results of more than one environment: each described
     # with the runs computed in it, else empty
     environments: list[str] = field(default_factory=list)
+    # every verdict in its dataset's headline loss, one table (text.findings.verdict_table)
+    verdicts: list[str] = field(default_factory=list)
     # the tuning's settings, for "How the learning rate was chosen"; None: no dataset has a
     # learning-rate or bracket sub-section to define
     tune: TuneConfig | None = None
     confidence: float = CONFIDENCE
     alpha: float = ALPHA
+    power: float = POWER  # of the minimum detectable effect
     min_seeds_for_test: int = MIN_SEEDS_FOR_TEST
     max_sample_chars: int = sm.MAX_CHARS
     n_predictions: int = sm.N_PREDICTIONS
@@ -275,6 +278,7 @@ def report_content(cfg: StudyConfig, runs: RunOutputs, notes: Sequence[str],
         n_runs=len(ablation), n_datasets=len(datasets),
         n_variants=ablation["variant"].nunique(), n_seeds=ablation["seed"].nunique(),
         profile=cfg.profile, findings=findings, csv_files=list(csv_files),
+        verdicts=fi.verdict_table(tables.comparisons, datasets, tables.references),
         limits=limits_bullets({d: cfg.budgets(d) for d in cfg.datasets}, ablation,
                               tables.summary, tables.comparisons, tables.problems,
                               tables.references, runs.tuned),

@@ -50,9 +50,7 @@ from lmablate.report.stats.learning_speed import THRESHOLDS
 from lmablate.report.stats.scaling import (SCALING_TITLE, TREND_FEW, TREND_GROWS, TREND_NONE,
                                       TREND_SHRINKS)
 from lmablate.report.stats.statistics import (ALPHA, CONFIDENCE, METRICS, POWER, VERDICT_BETTER,
-                                          VERDICT_FEW,
-                                          VERDICT_IDENTICAL, VERDICT_NSD,
-                                          VERDICT_UNDECIDED_TUNING, VERDICT_WORSE)
+                                          VERDICT_NSD, VERDICT_WORSE)
 from lmablate.report.stats.success import LEARNED_EXACT_MATCH
 from lmablate.report.stats.replication import JOIN
 from lmablate.report.stats.convergence import CONVERGENCE_COLUMNS, TAIL
@@ -149,19 +147,28 @@ EFFECT_KEYS = ("variant", "verdict", "mean_diff", "variant_mean", "baseline_mean
                "ci95_high", "ci_holm_low", "ci_holm_high", "tuning_uncertainty", "n_pairs")
 
 
-def _effect(row: pd.Series, unit: str, trigram: float | None = None) -> str:
-    """One variant's verdict against the baseline as a bullet; a verdict string this module
-    does not know is stated as it is, never as better or worse."""
-    r = _record(row, EFFECT_KEYS)
-    base = r["baseline_mean"]
-    r["share"] = r["mean_diff"] / abs(base) if base else None
-    verdict = str(r["verdict"])
-    return say("effect", r=r, unit=unit,
-               caveat=reference_caveat(r["variant"], row["variant_mean"],
-                                       row["baseline_mean"], trigram, unit),
-               decided=verdict in (VERDICT_BETTER, VERDICT_WORSE),
-               undecided_tuning=verdict == VERDICT_UNDECIDED_TUNING,
-               identical=verdict == VERDICT_IDENTICAL, few=verdict == VERDICT_FEW)
+def verdict_table(comparisons: pd.DataFrame, datasets: Sequence[str],
+                  references: pd.DataFrame | None = None) -> list[str]:
+    """The study's verdicts as one Markdown table, a row per dataset x variant in its headline
+    loss (:func:`lmablate.report.headline.headline_loss`): verdict, Δ and its share of the
+    baseline, the Holm-adjusted interval, MDE, the tuning uncertainty that checks the verdict
+    (or that none does) and the trigram caveat (:func:`reference_caveat`, short form); no
+    lines without comparisons."""
+    rows = []
+    for ds in datasets:
+        metric = headline_loss(comparisons, ds)
+        label, unit, _ = METRICS[metric]
+        c = comparisons[(comparisons["dataset"] == ds) & (comparisons["metric"] == metric)]
+        trigram = trigram_reference(references, ds, metric)
+        for i, (_, row) in enumerate(c.iterrows()):
+            r = _record(row, EFFECT_KEYS + ("mde",))
+            base = r["baseline_mean"]
+            rows.append(dict(r, dataset=ds, label=label, unit=unit, first=i == 0,
+                             share=r["mean_diff"] / abs(base) if base else None,
+                             caveat=reference_caveat(r["variant"], row["variant_mean"],
+                                                     row["baseline_mean"], trigram, unit,
+                                                     short=True)))
+    return say("verdict_table", rows=rows).splitlines() + [""] if rows else []
 
 
 def _undecided(c: pd.DataFrame, unit: str) -> list[str]:
@@ -339,8 +346,6 @@ def _dataset_lines(ds: str, comparisons: pd.DataFrame, tables: Mapping[str, Any]
     else:
         lines = [say("opener", ds=ds, label=label, unit=unit, n_pairs=int(c["n_pairs"].max()),
                      baseline=BASELINE, alpha=ALPHA), ""]
-    trigram = trigram_reference(tables["references"], ds, metric)
-    lines += [_effect(r, unit, trigram) for _, r in c.iterrows()]
     lines += _widths(tables["ablation"], ds) if not c.empty else []
     lines += _undecided(c, unit)
     lines += _replication(tables["replication"], ds, unit)

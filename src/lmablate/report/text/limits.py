@@ -4,9 +4,8 @@ Every sentence is computed from the frames the report stage writes as CSVs (``ab
 ``summary``, ``comparisons``, ``problem_comparisons``, ``references``,
 ``tuned``); nothing is typed by hand, so the section follows the results of any profile. It
 states, per dataset: the training each model got, where the variants sit between the data's
-reference points (the answer floors are the headline's), the seed count and the smallest
-difference each comparison could detect (its ``mde``, :func:`lmablate.report.stats.detectable.detectable_table`), how much the tuning itself
-varies, and every flag raised (a tuned value on the edge of its range, a difference identical
+reference points (the answer floors are the headline's), how much the tuning itself varies
+(the minimum detectable effects are the Findings' verdict table's), and every flag raised (a tuned value on the edge of its range, a difference identical
 on every seed, a variant trained at another width than the baseline).
 
 Units: losses in nats/char (one token is one character), accuracies as fractions.
@@ -20,12 +19,10 @@ from typing import Mapping, Sequence
 import pandas as pd
 
 from lmablate.report.collect import BASELINE, present
-from lmablate.report.headline import headline_loss
 from lmablate.report.stats.scaling import SCALING_TITLE
-from lmablate.report.stats.statistics import (ALPHA, METRICS, POWER, VERDICT_BETTER,
+from lmablate.report.stats.statistics import (ALPHA, METRICS, VERDICT_BETTER,
                                           VERDICT_IDENTICAL, VERDICT_UNDECIDED_TUNING,
                                           VERDICT_WORSE)
-from lmablate.report.stats.detectable import detectable_table
 from lmablate.report.text.mdtable import join_names as _names
 
 # the name of the order-3 reference in references.csv
@@ -105,32 +102,6 @@ def _between_references(summary: pd.DataFrame, references: pd.DataFrame,
     return [text]
 
 
-def _power(comparisons: pd.DataFrame, dataset: str) -> list[str]:
-    """The minimum detectable effect of each comparison in the dataset's headline loss
-    (:func:`~lmablate.report.stats.detectable.detectable_table`): the range over the
-    comparisons and each one's value, as in the comparison table; the other metrics' are in
-    ``detectable_effects.csv``."""
-    d = detectable_table(comparisons)
-    d = d[(d["dataset"] == dataset) & (d["metric"] == headline_loss(comparisons, dataset))]
-    if d.empty:
-        return []
-    parts = []
-    for metric, m in d.groupby("metric", sort=False):
-        label, unit, _ = METRICS[metric]
-        finite = m[m["mde"].map(math.isfinite)]
-        if finite.empty:
-            parts.append(f"{label}: not estimable")
-            continue
-        lo, hi = f"{finite['mde'].min():.3f}", f"{finite['mde'].max():.3f}"
-        span = lo if lo == hi else f"{lo} to {hi}"
-        each = ", ".join(f"{r.variant} {r.mde:.3f}" for r in finite.itertuples())
-        parts.append(f"{label} {span} {unit} ({each})")
-    n = int(d["n_pairs"].max())
-    m = int(d["n_compared"].max())
-    return [f"[MDE](#how-to-read-this-report) with {n} seeds, {POWER:.0%} power at Holm's "
-            f"α/{m}: {'; '.join(parts)}; every metric's in `detectable_effects.csv`."]
-
-
 def _tuning_uncertainty(comparisons: pd.DataFrame, tuned: pd.DataFrame,
                         dataset: str) -> list[str]:
     """Each variant's tuning uncertainty (best.json's full-budget bracket, in the unit of the
@@ -203,7 +174,9 @@ def _flags(comparisons: pd.DataFrame, problems: pd.DataFrame, tuned: pd.DataFram
                      f"{_names([str(w) for w in sorted(base_w)])}).")
     called = comparisons[(comparisons["dataset"] == dataset)
                          & comparisons["verdict"].isin([VERDICT_BETTER, VERDICT_WORSE])]
-    verdicts = [f"{r.variant} {r.verdict} in {METRICS[r.metric][0]}" for r in called.itertuples()]
+    verdicts = [f"{r.variant} {r.verdict} in {METRICS[r.metric][0]}"
+                + ("" if pd.notna(getattr(r, "tuning_uncertainty", math.nan))
+                   else " (not checked against tuning)") for r in called.itertuples()]
     if not (comparisons["dataset"] == dataset).any():
         lines.append("What it can say: nothing about a feature, since no variant was compared "
                      "with the baseline.")
@@ -246,7 +219,6 @@ def limits_bullets(cfg_budgets: Mapping[str, Sequence[float]], ablation: pd.Data
     for ds in present(ablation["dataset"]):
         bullets = [_training(ablation, ds, cfg_budgets.get(ds, ()))]
         bullets += _between_references(summary, references, ds)
-        bullets += _power(comparisons, ds)
         bullets += _tuning_uncertainty(comparisons, tuned, ds)
         bullets += _flags(comparisons, problems, tuned, ablation, summary, references, ds)
         out[ds] = bullets
