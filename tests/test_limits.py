@@ -133,7 +133,7 @@ def test_the_methods_name_each_kind_of_dataset_s_tuning_objective(built):
     loss" for all."""
     import dataclasses
 
-    from lmablate.report.text.methods import _objective_text
+    from lmablate.report.text.methods import methods_section
 
     cfg, _, out = built
     methods = out["report"].read_text().split("## Methodology")[1]
@@ -142,6 +142,7 @@ def test_the_methods_name_each_kind_of_dataset_s_tuning_objective(built):
             "per answer character; the area under its curve)") in methods
     final = dataclasses.replace(cfg, tune=dataclasses.replace(cfg.tune,
                                                               arithmetic_objective="final"))
-    assert _objective_text(final).endswith(
-        "the answer loss of the validation problems at the end of the trial (arithmetic: nats "
-        "per answer character, the metric of its verdicts)")
+    lines = methods_section(final, pd.DataFrame({"train_seconds": []}), None, [], [])
+    assert ("objective the validation loss at the end of the trial (text) and the answer loss "
+            "of the validation problems at the end of the trial (arithmetic: nats per answer "
+            "character, the metric of its verdicts);") in "\n".join(lines)

@@ -110,9 +110,14 @@ def test_gradient_shares_are_a_csv_not_a_finding_or_a_figure(built):
 
 def test_the_methods_text_names_one_tuning_seed_or_several():
     from lmablate.config.study import TuneConfig
-    from lmablate.report.text.methods import _rungs_text
-    assert "bracket on tuning seed 1000 (" in _rungs_text(TuneConfig(bracket_seeds=1))
-    assert "bracket on tuning seeds 1000, 1001 (" in _rungs_text(TuneConfig(bracket_seeds=2))
+    from lmablate.report.text.methods import METHODS
+    from lmablate.report.text.mdtable import tuning_seeds
+    from lmablate.report.text.render import macro_text
+
+    def rungs(tune: TuneConfig) -> str:
+        return macro_text(METHODS, "rungs", tu=tune, seeds=tuning_seeds(tune))
+    assert "bracket on tuning seed 1000 (" in rungs(TuneConfig(bracket_seeds=1))
+    assert "bracket on tuning seeds 1000, 1001 (" in rungs(TuneConfig(bracket_seeds=2))
 
 
 def test_the_comparison_table_gives_each_number_once_the_means_being_the_summary_s(built):
