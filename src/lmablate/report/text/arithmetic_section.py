@@ -29,6 +29,9 @@ from lmablate.report.stats.arithmetic_tables import FLOORS, MIN_BUCKET_PROBLEMS,
 from lmablate.report.stats.statistics import CONFIDENCE, METRICS, fraction_bounds
 from lmablate.report.text.mdtable import (delta_cell as _delta_cell, md_table as _md_table,
                                           num as _num)
+from lmablate.report.text.render import macro_text
+
+ARITHMETIC = "_arithmetic.md.j2"  # the sentences of an arithmetic dataset's sections
 
 
 # ---------------------------------------------------------------------------------------------
@@ -155,13 +158,38 @@ def breakdown_lines(per_op: pd.DataFrame, by_answer: pd.DataFrame, dataset: str,
             + "):", "", _md_table(pd.DataFrame(rows)), ""]
 
 
+def _length_cells(tv: pd.DataFrame, cv: pd.DataFrame, lengths: Sequence[int],
+                  heading) -> dict[str, str]:
+    """One variant's cells of the length table: exact match at each length (``tv``'s rows),
+    then its difference to the baseline there (``cv``'s), keyed by column heading."""
+    row = {}
+    for n in lengths:
+        r = tv[tv["digits"] == n]
+        if r.empty:
+            row[heading(n)] = "–"
+        elif r.iloc[0]["note"]:
+            row[heading(n)] = str(r.iloc[0]["note"])
+        elif pd.notna(r.iloc[0]["ci95_low"]):
+            r = r.iloc[0]
+            row[heading(n)] = _interval_cell(r["mean"], r["ci95_low"], r["ci95_high"],
+                                             "exact_match")
+        else:
+            row[heading(n)] = _num(r.iloc[0]["mean"])
+    for n in lengths:
+        d = cv[cv["digits"] == n] if len(cv) else cv
+        row[f"Δ vs {BASELINE} at {n}"] = _delta_cell(d.iloc[0]) if len(d) else "–"
+    return row
+
+
 def length_lines(table: pd.DataFrame, comparisons: pd.DataFrame, dataset: str,
                  digits: int | None, order: Sequence[str]) -> list[str]:
     """"Length generalisation", below its heading and above its figure (both the report
     template's): what the split is, the exact match per variant x operand length
-    (:func:`~lmablate.report.stats.arithmetic_tables.length_table`: mean ± CI half-width, or the reason there is none) and the
-    difference to the baseline at each length with its Holm verdict
-    (:func:`~lmablate.report.stats.arithmetic_tables.length_comparisons`). No lines without a length table for ``dataset``."""
+    (:func:`~lmablate.report.stats.arithmetic_tables.length_table`: mean ± CI half-width, or
+    the reason there is none) and the difference to the baseline at each length with its Holm
+    verdict (:func:`~lmablate.report.stats.arithmetic_tables.length_comparisons`); the
+    sentences are ``report/templates/_arithmetic.md.j2``'s. No lines without a length table
+    for ``dataset``."""
     t = table[table["dataset"] == dataset] if len(table) else table
     if t.empty:
         return []
@@ -177,47 +205,13 @@ def length_lines(table: pd.DataFrame, comparisons: pd.DataFrame, dataset: str,
             what.append(f"{int(problems[n])} problems" + (" †" if n in few else ""))
         return digits_label(n) + (f" ({', '.join(what)})" if what else "")
 
-    rows = []
-    for v in order:
-        tv = t[t["variant"] == v]
-        if tv.empty:
-            continue
-        row = {"variant": v}
-        for n in lengths:
-            r = tv[tv["digits"] == n]
-            head = heading(n)
-            if r.empty:
-                row[head] = "–"
-            elif r.iloc[0]["note"]:
-                row[head] = str(r.iloc[0]["note"])
-            elif pd.notna(r.iloc[0]["ci95_low"]):
-                r = r.iloc[0]
-                row[head] = _interval_cell(r["mean"], r["ci95_low"], r["ci95_high"],
-                                           "exact_match")
-            else:
-                row[head] = _num(r.iloc[0]["mean"])
-        for n in lengths:
-            cv = c[(c["variant"] == v) & (c["digits"] == n)] if len(c) else c
-            head = f"Δ vs {BASELINE} at {n}"
-            if cv.empty:
-                row[head] = "–"
-                continue
-            row[head] = _delta_cell(cv.iloc[0])
-        rows.append(row)
-    trained = (f"Trained on operands of up to {digits} digits; tested on longer ones"
-               if digits is not None else "Tested on operands longer than in training")
-    lines = [f"{trained} (the length split: problems longer than any seen in training, "
-             "marked \"length\"; up to the training length, the in-distribution test problems, "
-             "marked \"test\"); n/a where a learned position table cannot reach that length. "
-             f"Exact match (fraction) by the digits of the longer operand: mean "
-             f"[{CONFIDENCE:.0%} CI over seeds, clipped to 0 and 1]; Δ is paired by seed "
-             "against the "
-             f"{BASELINE}, with its raw {CONFIDENCE:.0%} interval, Holm-corrected over the "
-             "variants at each length (▲ better / ▼ worse).", "",
-             _md_table(pd.DataFrame(rows)), ""]
+    rows = [{"variant": v, **_length_cells(t[t["variant"] == v],
+                                           c[c["variant"] == v] if len(c) else c, lengths,
+                                           heading)}
+            for v in order if (t["variant"] == v).any()]
+    lines = [macro_text(ARITHMETIC, "length_intro", digits=digits, baseline=BASELINE,
+                        confidence=CONFIDENCE), "", _md_table(pd.DataFrame(rows)), ""]
     if few:
-        lines += [f"† Fewer than {MIN_BUCKET_PROBLEMS} test problems per seed at "
-                  + ", ".join(digits_label(n) for n in few)
-                  + ": one problem moves that exact match by more than "
-                  f"{1 / MIN_BUCKET_PROBLEMS:.0%}; read it as a rough indication only.", ""]
+        lines += [macro_text(ARITHMETIC, "few_problems", minimum=MIN_BUCKET_PROBLEMS,
+                             labels=[digits_label(n) for n in few]), ""]
     return lines

@@ -225,6 +225,28 @@ def _figure(caption: Caption | str, path: Path | None, out_dir: Path) -> Figure:
                   path.relative_to(out_dir).as_posix() if path is not None else None)
 
 
+def dataset_findings(cfg: StudyConfig, runs: RunOutputs, tables: ReportTables,
+                     figures: ReportFigures, out_dir: Path, dataset: str,
+                     trends: pd.DataFrame | None) -> DatasetFindings:
+    """``dataset``'s block of "Findings" (:func:`~lmablate.report.text.findings.
+    findings_section`), its headline metric's name and its forest plot where one was drawn
+    under ``out_dir``."""
+    order = present(runs.ablation["variant"])
+    written = {p for _, _, p in figures.figures if p is not None}
+    lines = fi.findings_section(
+        tables.comparisons, datasets=[dataset], replication=tables.replication,
+        speed_replication=tables.speed_replication, references=tables.references,
+        convergence=tables.convergence, extrapolation=tables.extrapolation,
+        length=tables.length,
+        positions={v: cfg.model_config(v, vocab_size=1).position for v in order},
+        trends=trends, success=tables.success,
+        speed=(tables.speed_summary, tables.speed_comparisons), variants=order,
+        ablation=runs.ablation)
+    forest = out_dir / "figures" / f"forest_{dataset}.png"
+    return DatasetFindings(dataset, lines, METRICS[headline_loss(tables.comparisons, dataset)][0],
+                           f"figures/forest_{dataset}.png" if forest in written else None)
+
+
 def report_content(cfg: StudyConfig, runs: RunOutputs, notes: Sequence[str],
                    tables: ReportTables, figures: ReportFigures, out_dir: Path,
                    environment: Mapping[str, Any] | None = None,
@@ -259,20 +281,8 @@ def report_content(cfg: StudyConfig, runs: RunOutputs, notes: Sequence[str],
     ablation = runs.ablation
     datasets = present(ablation["dataset"])
     order = present(ablation["variant"])
-    written = {p for _, _, p in figures.figures if p is not None}
-    findings = [DatasetFindings(
-        ds, fi.findings_section(
-            tables.comparisons, datasets=[ds], replication=tables.replication,
-            speed_replication=tables.speed_replication,
-            references=tables.references, convergence=tables.convergence,
-            extrapolation=tables.extrapolation, length=tables.length,
-            positions={v: cfg.model_config(v, vocab_size=1).position for v in order},
-            trends=trends, success=tables.success,
-            speed=(tables.speed_summary, tables.speed_comparisons), variants=order,
-            ablation=ablation),
-        METRICS[headline_loss(tables.comparisons, ds)][0],
-        f"figures/forest_{ds}.png" if out_dir / "figures" / f"forest_{ds}.png" in written
-        else None) for ds in datasets]
+    findings = [dataset_findings(cfg, runs, tables, figures, out_dir, ds, trends)
+                for ds in datasets]
     sections = [dataset_content(cfg, runs, tables, figures, out_dir, ds) for ds in datasets]
     return ReportContent(
         n_runs=len(ablation), n_datasets=len(datasets),

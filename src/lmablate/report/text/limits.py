@@ -172,19 +172,7 @@ def _flags(comparisons: pd.DataFrame, problems: pd.DataFrame, tuned: pd.DataFram
     elif base_w and d["variant"].nunique() > 1:
         lines.append(f"Every variant trained at the baseline's width (d_model "
                      f"{_names([str(w) for w in sorted(base_w)])}).")
-    called = comparisons[(comparisons["dataset"] == dataset)
-                         & comparisons["verdict"].isin([VERDICT_BETTER, VERDICT_WORSE])]
-    verdicts = [f"{r.variant} {r.verdict} in {METRICS[r.metric][0]}"
-                + ("" if pd.notna(getattr(r, "tuning_uncertainty", math.nan))
-                   else " (not checked against tuning)") for r in called.itertuples()]
-    if not (comparisons["dataset"] == dataset).any():
-        lines.append("What it can say: nothing about a feature, since no variant was compared "
-                     "with the baseline.")
-    else:
-        lines.append("What it can say, over training seeds (paired by seed, Holm at "
-                     f"family-wise α = {ALPHA}): " + (
-                         _names(verdicts) + " than the baseline." if verdicts else
-                         "no variant differs from the baseline beyond chance."))
+    lines.append(_can_say(comparisons, dataset))
     unbeaten = []
     for metric in ("answer_loss", "exact_match", "char_accuracy"):
         refs = references[(references["dataset"] == dataset) & (references["metric"] == metric)]
@@ -197,6 +185,22 @@ def _flags(comparisons: pd.DataFrame, problems: pd.DataFrame, tuned: pd.DataFram
                      f"{_names(unbeaten)}: every verdict in these metrics compares ways of "
                      "guessing, not of computing the answer.")
     return lines
+
+
+def _can_say(comparisons: pd.DataFrame, dataset: str) -> str:
+    """"What it can say": the better and worse verdicts of ``dataset`` in any metric, each not
+    checked by a tuning uncertainty labelled so."""
+    if not (comparisons["dataset"] == dataset).any():
+        return ("What it can say: nothing about a feature, since no variant was compared with "
+                "the baseline.")
+    called = comparisons[(comparisons["dataset"] == dataset)
+                         & comparisons["verdict"].isin([VERDICT_BETTER, VERDICT_WORSE])]
+    verdicts = [f"{r.variant} {r.verdict} in {METRICS[r.metric][0]}"
+                + ("" if pd.notna(getattr(r, "tuning_uncertainty", math.nan))
+                   else " (not checked against tuning)") for r in called.itertuples()]
+    return ("What it can say, over training seeds (paired by seed, Holm at family-wise "
+            f"α = {ALPHA}): " + (_names(verdicts) + " than the baseline." if verdicts else
+                                 "no variant differs from the baseline beyond chance."))
 
 
 def limits_bullets(cfg_budgets: Mapping[str, Sequence[float]], ablation: pd.DataFrame,
