@@ -88,6 +88,7 @@ FILTERS = {
     "share": lambda x: f"{x:+.1%}",  # a difference as a share of the baseline: +4.9%
     "tokens": million_tokens,
     "g2": lambda x: f"{x:.2g}",  # two significant digits: 0.0015, 0.11
+    "fmt": format,  # any format spec: x|fmt(",.0f")
 }
 
 
