@@ -15,6 +15,7 @@ absent from a frame (a variant with no runs yet): :func:`present` lists the ones
 from __future__ import annotations
 
 import dataclasses
+from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -194,6 +195,79 @@ def replicate_folder(replicate: int) -> str:
     return f"replicate_{replicate}"
 
 
+def _read_stage_csvs(run_dir: Path, dataset: str, variant: str, headline: float | None,
+                     parts: dict[str, list]) -> None:
+    """Append the run's ``history.csv``, ``trials.csv`` and ``grad_stats.csv`` (the headline
+    budget's rows) to ``parts``, and every budget's trials to ``parts["scaling_trials"]``."""
+    for file, name in (("history.csv", "history"), ("trials.csv", "trials"),
+                       ("grad_stats.csv", "grad")):
+        df = read_csv_tagged(run_dir / file, dataset, variant)
+        if name == "trials" and df is not None:
+            parts["scaling_trials"].append(df)
+        df = at_headline(df, headline)
+        if df is not None:
+            parts[name].append(df)
+
+
+def _read_tuned(run_dir: Path, named: Path, dataset: str, variant: str) -> list[dict]:
+    """Every tuned budget of the run's ``best.json`` as a :func:`tuned_row`; none without it.
+
+    Raises:
+        ValueError: the file was tuned for another folder's run (its Optuna study name).
+    """
+    path = run_dir / "best.json"
+    if not path.is_file():
+        return []
+    best = fileio.read_json(path)
+    entries = best.get("budgets", [best])
+    for entry in entries:  # tuned for this folder's run
+        name = str(entry.get("study_name") or f"{dataset}-{variant}-")
+        if not name.startswith(f"{named.parent.name}-{named.name}-"):
+            raise ValueError(f"{path}: tuned as Optuna study {name}, "
+                             f"not for {named.parent.name} {named.name} (its "
+                             "folder); run lmablate tune (or dvc repro) again")
+    return [tuned_row(dataset, variant, b) for b in entries]
+
+
+def _read_examples(run_dir: Path, headline: float | None) -> dict[str, list] | None:
+    """The run's ``examples.json`` by ``seed_<n>``: per seed, text samples (strings) or
+    arithmetic predictions (dicts); None without the file."""
+    path = run_dir / "examples.json"
+    if not path.is_file():
+        return None
+    # a scaling study's keyed "<budget label>/seed_<s>", of which the headline budget's are kept
+    keep = ("",) if headline is None else ("", budget_label(headline))
+    return {k.rpartition("/")[2]: v for k, v in fileio.read_json(path).items()
+            if k.rpartition("/")[0] in keep}
+
+
+# The frames built from collected row dicts: their columns and how their numbers are typed
+_ROW_FRAMES = {
+    "ablation": (ABLATION_COLUMNS, typed_columns), "scaling": (ABLATION_COLUMNS, typed_columns),
+    "per_op": (PER_OP_COLUMNS, typed_numbers),
+    "extrapolation": (EXTRAPOLATION_COLUMNS, typed_numbers),
+    "position_loss": (POSITION_LOSS_COLUMNS, typed_numbers),
+    "by_operand_digits": (OPERAND_DIGITS_COLUMNS, typed_numbers),
+    "by_answer_digits": (ANSWER_DIGITS_COLUMNS, typed_numbers),
+    "tuned": (TUNED_COLUMNS, None), "scaling_tuned": (["budget_flops", *TUNED_COLUMNS], None)}
+# The frames stacked from the runs' stage CSVs
+_STACKED_FRAMES = ("history", "trials", "grad", "scaling_trials")
+
+
+def _run_outputs(parts: dict[str, list], samples: dict, predictions: dict) -> RunOutputs:
+    """The :class:`RunOutputs` of the collected ``parts``, datasets ordered alphabetically and
+    variants by :func:`variant_order`."""
+    frames = {name: _stack(parts[name]) for name in _STACKED_FRAMES}
+    for name, (columns, typed) in _ROW_FRAMES.items():
+        df = pd.DataFrame(parts[name], columns=columns)
+        frames[name] = typed(df) if typed else df
+    runs = RunOutputs(samples=samples, predictions=predictions, **frames)
+    found = [runs.ablation, runs.history, runs.trials, runs.grad, runs.per_op, runs.tuned]
+    datasets = sorted({str(d) for f in found if "dataset" in f for d in f["dataset"]})
+    variants = variant_order(str(v) for f in found if "variant" in f for v in f["variant"])
+    return _ordered(runs, datasets, variants)
+
+
 def collect(runs_dir: Path, replicate: int = 0) -> RunOutputs:
     """Read every ``<runs_dir>/<dataset>/<variant>/`` that holds a ``metrics.json``; for
     replicate r > 0 of the study (``study.replicates``) every
@@ -212,76 +286,28 @@ def collect(runs_dir: Path, replicate: int = 0) -> RunOutputs:
     Raises:
         ValueError: a ``metrics.json`` or ``examples.json`` is not valid JSON.
     """
-    runs_dir = Path(runs_dir)
-    rows: list[dict] = []
-    more: dict[str, list[dict]] = {}
-    histories, trials, grads, tuned_rows = [], [], [], []
+    parts: dict[str, list] = defaultdict(list)  # frame name -> its rows or stacked frames
     samples: dict[tuple[str, str], dict] = {}
     predictions: dict[tuple[str, str], dict] = {}
-    scaling_rows, scaling_trials, scaling_tuned = [], [], []
     pattern = f"*/*/{replicate_folder(replicate)}/metrics.json" if replicate else "*/*/metrics.json"
-    for metrics_path in sorted(runs_dir.glob(pattern)):
+    for metrics_path in sorted(Path(runs_dir).glob(pattern)):
         run_dir = metrics_path.parent
         # the <dataset>/<variant>/ folder that names the run
         named = run_dir if not replicate else run_dir.parent
-        dataset, variant, seed_rows, parts, headline = read_metrics(metrics_path, named)
-        rows += seed_rows
-        scaling_rows += parts.pop("scaling")
-        for name, part in parts.items():
-            more.setdefault(name, []).extend(part)
-        for name, sink in (("history.csv", histories), ("trials.csv", trials),
-                           ("grad_stats.csv", grads)):
-            df = read_csv_tagged(run_dir / name, dataset, variant)
-            if name == "trials.csv" and df is not None:
-                scaling_trials.append(df)
-            df = at_headline(df, headline)
-            if df is not None:
-                sink.append(df)
-        if (run_dir / "best.json").is_file():
-            best = fileio.read_json(run_dir / "best.json")
-            for entry in best.get("budgets", [best]):  # tuned for this folder's run
-                name = str(entry.get("study_name") or f"{dataset}-{variant}-")
-                if not name.startswith(f"{named.parent.name}-{named.name}-"):
-                    raise ValueError(f"{run_dir / 'best.json'}: tuned as Optuna study {name}, "
-                                     f"not for {named.parent.name} {named.name} (its "
-                                     "folder); run lmablate tune (or dvc repro) again")
-            entries = [tuned_row(dataset, variant, b) for b in best.get("budgets", [best])]
-            scaling_tuned += entries
-            tuned_rows += [e for e in entries if e["budget_flops"] in (None, headline)][-1:]
-        if (run_dir / "examples.json").is_file():
-            # Per seed: text samples (strings) or arithmetic predictions (dicts); a scaling
-            # study's keyed "<budget label>/seed_<s>", of which the headline budget's are kept
-            examples = fileio.read_json(run_dir / "examples.json")
-            keep = ("",) if headline is None else ("", budget_label(headline))
-            examples = {k.rpartition("/")[2]: v for k, v in examples.items()
-                        if k.rpartition("/")[0] in keep}
+        dataset, variant, seed_rows, more, headline = read_metrics(metrics_path, named)
+        parts["ablation"] += seed_rows
+        for name, rows in more.items():
+            parts[name] += rows
+        _read_stage_csvs(run_dir, dataset, variant, headline, parts)
+        entries = _read_tuned(run_dir, named, dataset, variant)
+        parts["scaling_tuned"] += entries
+        parts["tuned"] += [e for e in entries if e["budget_flops"] in (None, headline)][-1:]
+        examples = _read_examples(run_dir, headline)
+        if examples is not None:
             first = next((v[0] for v in examples.values() if v), None)
             sink = predictions if isinstance(first, dict) else samples
             sink[(dataset, variant)] = examples
-
-    ablation = typed_columns(pd.DataFrame(rows, columns=ABLATION_COLUMNS))
-    per_op = typed_numbers(pd.DataFrame(more.get("per_op", []), columns=PER_OP_COLUMNS))
-    digit_frames = {name: typed_numbers(pd.DataFrame(more.get(name, []), columns=columns))
-                    for name, columns in (("by_operand_digits", OPERAND_DIGITS_COLUMNS),
-                                          ("by_answer_digits", ANSWER_DIGITS_COLUMNS))}
-
-    runs = RunOutputs(ablation=ablation, history=_stack(histories), trials=_stack(trials),
-                      grad=_stack(grads), per_op=per_op, samples=samples,
-                      predictions=predictions,
-                      tuned=pd.DataFrame(tuned_rows, columns=TUNED_COLUMNS),
-                      scaling=typed_columns(pd.DataFrame(scaling_rows, columns=ABLATION_COLUMNS)),
-                      scaling_trials=_stack(scaling_trials),
-                      scaling_tuned=pd.DataFrame(scaling_tuned,
-                                                 columns=["budget_flops", *TUNED_COLUMNS]),
-                      extrapolation=typed_numbers(pd.DataFrame(more.get("extrapolation", []),
-                                                          columns=EXTRAPOLATION_COLUMNS)),
-                      position_loss=typed_numbers(pd.DataFrame(more.get("position_loss", []),
-                                                          columns=POSITION_LOSS_COLUMNS)),
-                      **digit_frames)
-    frames = [runs.ablation, runs.history, runs.trials, runs.grad, runs.per_op, runs.tuned]
-    datasets = sorted({str(d) for f in frames if "dataset" in f for d in f["dataset"]})
-    variants = variant_order(str(v) for f in frames if "variant" in f for v in f["variant"])
-    return _ordered(runs, datasets, variants)
+    return _run_outputs(parts, samples, predictions)
 
 
 # --------------------------------------------------------------------------------------------
