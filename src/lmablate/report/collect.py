@@ -127,6 +127,11 @@ def present(values: pd.Series) -> list[str]:
     return [str(v) for v in pd.unique(values.dropna())]
 
 
+def rows_of(frame: pd.DataFrame, dataset: str, variant: str) -> pd.DataFrame:
+    """The rows of ``frame`` of one dataset x variant."""
+    return frame[(frame["dataset"] == dataset) & (frame["variant"] == variant)]
+
+
 def _categorical(values: pd.Series, order: Sequence[str]) -> pd.Series:
     return pd.Series(pd.Categorical(values.astype(str), categories=list(order), ordered=True),
                      index=values.index, name=values.name)
