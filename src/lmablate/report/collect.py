@@ -31,6 +31,11 @@ from lmablate.report.run_files import (
 
 BASELINE = "baseline"  # the variant every other is compared with; first in every table
 
+def _empty(columns: Sequence[str] | None = None) -> Any:
+    """A dataclass field whose default is an empty frame of ``columns``."""
+    return dataclasses.field(default_factory=lambda: pd.DataFrame(columns=columns))
+
+
 @dataclass(frozen=True, eq=False)
 class RunOutputs:
     """Everything the stages wrote under ``runs/``, one frame per kind of file.
@@ -89,21 +94,20 @@ class RunOutputs:
     per_op: pd.DataFrame
     samples: dict[tuple[str, str], dict[str, list[str]]]
     predictions: dict[tuple[str, str], dict[str, list[dict[str, str]]]]
-    tuned: pd.DataFrame = dataclasses.field(
-        default_factory=lambda: pd.DataFrame(columns=TUNED_COLUMNS))
-    extrapolation: pd.DataFrame = dataclasses.field(
-        default_factory=lambda: pd.DataFrame(columns=EXTRAPOLATION_COLUMNS))
-    position_loss: pd.DataFrame = dataclasses.field(
-        default_factory=lambda: pd.DataFrame(columns=POSITION_LOSS_COLUMNS))
-    by_operand_digits: pd.DataFrame = dataclasses.field(
-        default_factory=lambda: pd.DataFrame(columns=OPERAND_DIGITS_COLUMNS))
-    by_answer_digits: pd.DataFrame = dataclasses.field(
-        default_factory=lambda: pd.DataFrame(columns=ANSWER_DIGITS_COLUMNS))
-    scaling: pd.DataFrame = dataclasses.field(
-        default_factory=lambda: pd.DataFrame(columns=ABLATION_COLUMNS))
-    scaling_trials: pd.DataFrame = dataclasses.field(default_factory=pd.DataFrame)
-    scaling_tuned: pd.DataFrame = dataclasses.field(
-        default_factory=lambda: pd.DataFrame(columns=["budget_flops", *TUNED_COLUMNS]))
+    tuned: pd.DataFrame = _empty(TUNED_COLUMNS)
+    extrapolation: pd.DataFrame = _empty(EXTRAPOLATION_COLUMNS)
+    position_loss: pd.DataFrame = _empty(POSITION_LOSS_COLUMNS)
+    by_operand_digits: pd.DataFrame = _empty(OPERAND_DIGITS_COLUMNS)
+    by_answer_digits: pd.DataFrame = _empty(ANSWER_DIGITS_COLUMNS)
+    scaling: pd.DataFrame = _empty(ABLATION_COLUMNS)
+    scaling_trials: pd.DataFrame = _empty()
+    scaling_tuned: pd.DataFrame = _empty(["budget_flops", *TUNED_COLUMNS])
+
+
+# The frames of RunOutputs (every field but samples and predictions), in field order
+FRAMES = ("ablation", "history", "trials", "grad", "per_op", "tuned", "extrapolation",
+          "position_loss", "by_operand_digits", "by_answer_digits", "scaling", "scaling_trials",
+          "scaling_tuned")
 
 
 # --------------------------------------------------------------------------------------------
@@ -174,23 +178,18 @@ def _stack(frames: list[pd.DataFrame]) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
-_DIGIT_FRAMES = ("by_operand_digits", "by_answer_digits")
+# The frames sorted in the study order, and the columns they are sorted by
+_SORT_KEYS = {"ablation": ["dataset", "variant", "seed"], "tuned": ["dataset", "variant"],
+              "scaling": ["dataset", "variant", "budget_flops", "seed"],
+              **dict.fromkeys(("by_operand_digits", "by_answer_digits"),
+                              ["dataset", "variant", "seed", "digits"])}
 
 
 def _ordered(runs: RunOutputs, datasets: Sequence[str], variants: Sequence[str]) -> RunOutputs:
     """``runs`` with the study order set on every frame; the ablation table sorted by it."""
-    frames = {f: with_order(getattr(runs, f), datasets, variants)
-              for f in ("ablation", "history", "trials", "grad", "per_op", "tuned", "extrapolation", "position_loss", *_DIGIT_FRAMES, "scaling",
-                        "scaling_trials", "scaling_tuned")}
-    frames["ablation"] = frames["ablation"].sort_values(
-        ["dataset", "variant", "seed"], kind="stable", ignore_index=True)
-    frames["tuned"] = frames["tuned"].sort_values(["dataset", "variant"], kind="stable",
-                                                  ignore_index=True)
-    frames["scaling"] = frames["scaling"].sort_values(
-        ["dataset", "variant", "budget_flops", "seed"], kind="stable", ignore_index=True)
-    for f in _DIGIT_FRAMES:
-        frames[f] = frames[f].sort_values(["dataset", "variant", "seed", "digits"],
-                                          kind="stable", ignore_index=True)
+    frames = {f: with_order(getattr(runs, f), datasets, variants) for f in FRAMES}
+    for f, keys in _SORT_KEYS.items():
+        frames[f] = frames[f].sort_values(keys, kind="stable", ignore_index=True)
     return dataclasses.replace(runs, **frames)
 
 
@@ -427,17 +426,11 @@ def restrict_to_study(cfg: StudyConfig, runs: RunOutputs) -> tuple[RunOutputs, l
         return {(d, v): x for (d, v), x in by_run.items()
                 if d in cfg.datasets and v in cfg.study_variants}
 
+    # tuning trials are not filtered by seed (_filter)
     kept = dataclasses.replace(
-        runs, ablation=ablation,
-        history=_filter(runs.history, cfg), tuned=_filter(runs.tuned, cfg),
-        trials=_filter(runs.trials, cfg, by_seed=False), grad=_filter(runs.grad, cfg),
-        extrapolation=_filter(runs.extrapolation, cfg),
-        position_loss=_filter(runs.position_loss, cfg),
-        **{f: _filter(getattr(runs, f), cfg) for f in _DIGIT_FRAMES},
-        per_op=_filter(runs.per_op, cfg), samples=configured(runs.samples),
-        scaling=_filter(runs.scaling, cfg),
-        scaling_trials=_filter(runs.scaling_trials, cfg, by_seed=False),
-        scaling_tuned=_filter(runs.scaling_tuned, cfg),
-        predictions=configured(runs.predictions))
+        runs, ablation=ablation, samples=configured(runs.samples),
+        predictions=configured(runs.predictions),
+        **{f: _filter(getattr(runs, f), cfg, by_seed=f not in ("trials", "scaling_trials"))
+           for f in FRAMES if f != "ablation"})
     variants = variant_order(cfg.study_variants, cfg.study_variants)
     return _ordered(kept, list(cfg.datasets), variants), notes
