@@ -36,7 +36,7 @@ import numpy as np
 import pandas as pd
 from scipy import optimize, stats
 
-from lmablate.report.collect import BASELINE, present
+from lmablate.report.collect import BASELINE, present, rows_of
 from lmablate.report.stats.statistics import (ALPHA, COMPARISON_COLUMNS, CONFIDENCE, compare,
                                          holm_interval, holm_p)
 
@@ -44,6 +44,8 @@ SCALING_TITLE = "How the effects change with compute"  # the report's section
 MIN_BUDGETS_SATURATING = 4  # E, A, alpha and at least one residual degree of freedom
 N_BOOTSTRAP = 1000  # bootstrap resamples of the seeds per fitted curve
 BOOTSTRAP_SEED = 0  # the resampling's random seed: the report is the same bytes on every run
+# the percentiles that bound a CONFIDENCE percentile interval
+_TAILS = [(1 - CONFIDENCE) / 2 * 100, 100 - (1 - CONFIDENCE) / 2 * 100]
 SATURATING = "E + A C^-alpha"
 LOG_LINEAR = "A C^-alpha (log-log line)"
 TREND_GROWS = "gain grows"
@@ -220,10 +222,9 @@ def _bootstrap_interval(boot: np.ndarray) -> dict:
     :data:`CONFIDENCE` percentile interval over them."""
     ok = boot[np.isfinite(boot).all(axis=1)]
     out = {"n_bootstrap": len(ok)}
-    q = (1 - CONFIDENCE) / 2 * 100
     for i, name in enumerate(("E", "A", "alpha")):
         if len(ok):
-            out[f"{name}_low"], out[f"{name}_high"] = np.percentile(ok[:, i], [q, 100 - q])
+            out[f"{name}_low"], out[f"{name}_high"] = np.percentile(ok[:, i], _TAILS)
     return out
 
 
@@ -238,8 +239,7 @@ def predict(fit: pd.Series, boot: np.ndarray | None, flops: np.ndarray
         nan = np.full_like(mid, np.nan)
         return mid, nan, nan
     curves = np.stack([power_law(flops, *p) for p in boot])
-    q = (1 - CONFIDENCE) / 2 * 100
-    low, high = np.nanpercentile(curves, [q, 100 - q], axis=0)
+    low, high = np.nanpercentile(curves, _TAILS, axis=0)
     return mid, low, high
 
 
@@ -251,7 +251,6 @@ def extrapolate(fits: pd.DataFrame, resamples: dict[tuple[str, str], np.ndarray]
     bootstrap (the same resampled seeds for both curves), in the unit of the curve's metric.
     Curves without a fit, and datasets without a target, give no row."""
     rows = []
-    q = (1 - CONFIDENCE) / 2 * 100
     for _, fit in fits.iterrows():
         dataset, variant = str(fit["dataset"]), str(fit["variant"])
         target = target_flops.get(dataset)
@@ -264,8 +263,7 @@ def extrapolate(fits: pd.DataFrame, resamples: dict[tuple[str, str], np.ndarray]
                "form": fit["form"], "target_flops": target, "predicted": float(mid[0]),
                "predicted_low": float(low[0]), "predicted_high": float(high[0]),
                "delta": math.nan, "delta_low": math.nan, "delta_high": math.nan}
-        base = fits[(fits["dataset"].astype(str) == dataset)
-                    & (fits["variant"].astype(str) == baseline)]
+        base = rows_of(fits, dataset, baseline)
         base_boot = resamples.get((dataset, baseline))
         if variant != baseline and len(base) and base.iloc[0]["form"] == fit["form"]:
             b = base.iloc[0]
@@ -276,7 +274,7 @@ def extrapolate(fits: pd.DataFrame, resamples: dict[tuple[str, str], np.ndarray]
                      - np.array([power_law(x, *p)[0] for p in base_boot]))
                 if np.isfinite(d).any():
                     row["delta_low"], row["delta_high"] = (float(v) for v in
-                                                           np.nanpercentile(d, [q, 100 - q]))
+                                                           np.nanpercentile(d, _TAILS))
         rows.append(row)
     return pd.DataFrame(rows, columns=EXTRAPOLATION_COLUMNS)
 

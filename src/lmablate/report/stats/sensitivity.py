@@ -71,12 +71,9 @@ def _usable(trials: pd.DataFrame) -> pd.DataFrame:
     if trials is None or trials.empty or any(c not in trials for c in REQUIRED):
         return pd.DataFrame(columns=[*REQUIRED, "diverged"])
     t = with_order(trials[trials["state"].isin([COMPLETE, FAIL])])
-    t = t.assign(**{c: pd.to_numeric(t[c], errors="coerce")
-                    for c in ("rung", "batch", "value", "params_lr", "params_d_model")})
-    if "tokens_per_parameter" in t:
-        t["tokens_per_parameter"] = pd.to_numeric(t["tokens_per_parameter"], errors="coerce")
-    if "budget_fraction" in t:
-        t["budget_fraction"] = pd.to_numeric(t["budget_fraction"], errors="coerce")
+    t = t.assign(**{c: pd.to_numeric(t[c], errors="coerce") for c in (
+        "rung", "batch", "value", "params_lr", "params_d_model", "tokens_per_parameter",
+        "budget_fraction") if c in t})  # the last two optional
     value = t["value"].to_numpy(dtype=float)
     t["diverged"] = (t["state"] == FAIL).to_numpy() | ~np.isfinite(value)
     return t
