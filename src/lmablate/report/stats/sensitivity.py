@@ -42,7 +42,7 @@ from typing import Mapping
 import numpy as np
 import pandas as pd
 
-from lmablate.report.collect import with_order
+from lmablate.report.collect import rows_of, with_order
 
 COMPLETE, FAIL = "COMPLETE", "FAIL"  # trial states in trials.csv (FAIL: the run diverged)
 DESIGN_RUNG, DESIGN_BATCH = 0, 0  # where the shared design sits in a study
@@ -188,7 +188,7 @@ def lr_sensitivity(trials: pd.DataFrame, uniform_loss: Mapping[str, float]) -> p
     rows = []
     for (dataset, variant), _ in studies.groupby(["dataset", "variant"], observed=True,
                                                  sort=True):
-        d = design[(design["dataset"] == dataset) & (design["variant"] == variant)]
+        d = rows_of(design, dataset, variant)
         rows.append({"dataset": dataset, "variant": variant,
                      **_design_row(d, float(uniform_loss.get(str(dataset), math.nan)))})
     out = pd.DataFrame(rows, columns=SENSITIVITY_COLUMNS)
