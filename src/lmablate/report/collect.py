@@ -15,6 +15,7 @@ absent from a frame (a variant with no runs yet): :func:`present` lists the ones
 from __future__ import annotations
 
 import dataclasses
+from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -29,6 +30,11 @@ from lmablate.report.run_files import (
     read_csv_tagged, read_metrics, tuned_row, typed_columns, typed_numbers)
 
 BASELINE = "baseline"  # the variant every other is compared with; first in every table
+
+def _empty(columns: Sequence[str] | None = None) -> Any:
+    """A dataclass field whose default is an empty frame of ``columns``."""
+    return dataclasses.field(default_factory=lambda: pd.DataFrame(columns=columns))
+
 
 @dataclass(frozen=True, eq=False)
 class RunOutputs:
@@ -88,21 +94,20 @@ class RunOutputs:
     per_op: pd.DataFrame
     samples: dict[tuple[str, str], dict[str, list[str]]]
     predictions: dict[tuple[str, str], dict[str, list[dict[str, str]]]]
-    tuned: pd.DataFrame = dataclasses.field(
-        default_factory=lambda: pd.DataFrame(columns=TUNED_COLUMNS))
-    extrapolation: pd.DataFrame = dataclasses.field(
-        default_factory=lambda: pd.DataFrame(columns=EXTRAPOLATION_COLUMNS))
-    position_loss: pd.DataFrame = dataclasses.field(
-        default_factory=lambda: pd.DataFrame(columns=POSITION_LOSS_COLUMNS))
-    by_operand_digits: pd.DataFrame = dataclasses.field(
-        default_factory=lambda: pd.DataFrame(columns=OPERAND_DIGITS_COLUMNS))
-    by_answer_digits: pd.DataFrame = dataclasses.field(
-        default_factory=lambda: pd.DataFrame(columns=ANSWER_DIGITS_COLUMNS))
-    scaling: pd.DataFrame = dataclasses.field(
-        default_factory=lambda: pd.DataFrame(columns=ABLATION_COLUMNS))
-    scaling_trials: pd.DataFrame = dataclasses.field(default_factory=pd.DataFrame)
-    scaling_tuned: pd.DataFrame = dataclasses.field(
-        default_factory=lambda: pd.DataFrame(columns=["budget_flops", *TUNED_COLUMNS]))
+    tuned: pd.DataFrame = _empty(TUNED_COLUMNS)
+    extrapolation: pd.DataFrame = _empty(EXTRAPOLATION_COLUMNS)
+    position_loss: pd.DataFrame = _empty(POSITION_LOSS_COLUMNS)
+    by_operand_digits: pd.DataFrame = _empty(OPERAND_DIGITS_COLUMNS)
+    by_answer_digits: pd.DataFrame = _empty(ANSWER_DIGITS_COLUMNS)
+    scaling: pd.DataFrame = _empty(ABLATION_COLUMNS)
+    scaling_trials: pd.DataFrame = _empty()
+    scaling_tuned: pd.DataFrame = _empty(["budget_flops", *TUNED_COLUMNS])
+
+
+# The frames of RunOutputs (every field but samples and predictions), in field order
+FRAMES = ("ablation", "history", "trials", "grad", "per_op", "tuned", "extrapolation",
+          "position_loss", "by_operand_digits", "by_answer_digits", "scaling", "scaling_trials",
+          "scaling_tuned")
 
 
 # --------------------------------------------------------------------------------------------
@@ -124,6 +129,11 @@ def present(values: pd.Series) -> list[str]:
         seen = set(values.dropna())
         return [str(c) for c in values.cat.categories if c in seen]
     return [str(v) for v in pd.unique(values.dropna())]
+
+
+def rows_of(frame: pd.DataFrame, dataset: str, variant: str) -> pd.DataFrame:
+    """The rows of ``frame`` of one dataset x variant."""
+    return frame[(frame["dataset"] == dataset) & (frame["variant"] == variant)]
 
 
 def _categorical(values: pd.Series, order: Sequence[str]) -> pd.Series:
@@ -168,23 +178,18 @@ def _stack(frames: list[pd.DataFrame]) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
-_DIGIT_FRAMES = ("by_operand_digits", "by_answer_digits")
+# The frames sorted in the study order, and the columns they are sorted by
+_SORT_KEYS = {"ablation": ["dataset", "variant", "seed"], "tuned": ["dataset", "variant"],
+              "scaling": ["dataset", "variant", "budget_flops", "seed"],
+              **dict.fromkeys(("by_operand_digits", "by_answer_digits"),
+                              ["dataset", "variant", "seed", "digits"])}
 
 
 def _ordered(runs: RunOutputs, datasets: Sequence[str], variants: Sequence[str]) -> RunOutputs:
     """``runs`` with the study order set on every frame; the ablation table sorted by it."""
-    frames = {f: with_order(getattr(runs, f), datasets, variants)
-              for f in ("ablation", "history", "trials", "grad", "per_op", "tuned", "extrapolation", "position_loss", *_DIGIT_FRAMES, "scaling",
-                        "scaling_trials", "scaling_tuned")}
-    frames["ablation"] = frames["ablation"].sort_values(
-        ["dataset", "variant", "seed"], kind="stable", ignore_index=True)
-    frames["tuned"] = frames["tuned"].sort_values(["dataset", "variant"], kind="stable",
-                                                  ignore_index=True)
-    frames["scaling"] = frames["scaling"].sort_values(
-        ["dataset", "variant", "budget_flops", "seed"], kind="stable", ignore_index=True)
-    for f in _DIGIT_FRAMES:
-        frames[f] = frames[f].sort_values(["dataset", "variant", "seed", "digits"],
-                                          kind="stable", ignore_index=True)
+    frames = {f: with_order(getattr(runs, f), datasets, variants) for f in FRAMES}
+    for f, keys in _SORT_KEYS.items():
+        frames[f] = frames[f].sort_values(keys, kind="stable", ignore_index=True)
     return dataclasses.replace(runs, **frames)
 
 
@@ -192,6 +197,79 @@ def replicate_folder(replicate: int) -> str:
     """The folder of replicate r > 0 inside ``<runs>/<dataset>/<variant>/`` (dvc.yaml's
     replicate stages write there); replicate 0's files lie in that folder itself."""
     return f"replicate_{replicate}"
+
+
+def _read_stage_csvs(run_dir: Path, dataset: str, variant: str, headline: float | None,
+                     parts: dict[str, list]) -> None:
+    """Append the run's ``history.csv``, ``trials.csv`` and ``grad_stats.csv`` (the headline
+    budget's rows) to ``parts``, and every budget's trials to ``parts["scaling_trials"]``."""
+    for file, name in (("history.csv", "history"), ("trials.csv", "trials"),
+                       ("grad_stats.csv", "grad")):
+        df = read_csv_tagged(run_dir / file, dataset, variant)
+        if name == "trials" and df is not None:
+            parts["scaling_trials"].append(df)
+        df = at_headline(df, headline)
+        if df is not None:
+            parts[name].append(df)
+
+
+def _read_tuned(run_dir: Path, named: Path, dataset: str, variant: str) -> list[dict]:
+    """Every tuned budget of the run's ``best.json`` as a :func:`tuned_row`; none without it.
+
+    Raises:
+        ValueError: the file was tuned for another folder's run (its Optuna study name).
+    """
+    path = run_dir / "best.json"
+    if not path.is_file():
+        return []
+    best = fileio.read_json(path)
+    entries = best.get("budgets", [best])
+    for entry in entries:  # tuned for this folder's run
+        name = str(entry.get("study_name") or f"{dataset}-{variant}-")
+        if not name.startswith(f"{named.parent.name}-{named.name}-"):
+            raise ValueError(f"{path}: tuned as Optuna study {name}, "
+                             f"not for {named.parent.name} {named.name} (its "
+                             "folder); run lmablate tune (or dvc repro) again")
+    return [tuned_row(dataset, variant, b) for b in entries]
+
+
+def _read_examples(run_dir: Path, headline: float | None) -> dict[str, list] | None:
+    """The run's ``examples.json`` by ``seed_<n>``: per seed, text samples (strings) or
+    arithmetic predictions (dicts); None without the file."""
+    path = run_dir / "examples.json"
+    if not path.is_file():
+        return None
+    # a scaling study's keyed "<budget label>/seed_<s>", of which the headline budget's are kept
+    keep = ("",) if headline is None else ("", budget_label(headline))
+    return {k.rpartition("/")[2]: v for k, v in fileio.read_json(path).items()
+            if k.rpartition("/")[0] in keep}
+
+
+# The frames built from collected row dicts: their columns and how their numbers are typed
+_ROW_FRAMES = {
+    "ablation": (ABLATION_COLUMNS, typed_columns), "scaling": (ABLATION_COLUMNS, typed_columns),
+    "per_op": (PER_OP_COLUMNS, typed_numbers),
+    "extrapolation": (EXTRAPOLATION_COLUMNS, typed_numbers),
+    "position_loss": (POSITION_LOSS_COLUMNS, typed_numbers),
+    "by_operand_digits": (OPERAND_DIGITS_COLUMNS, typed_numbers),
+    "by_answer_digits": (ANSWER_DIGITS_COLUMNS, typed_numbers),
+    "tuned": (TUNED_COLUMNS, None), "scaling_tuned": (["budget_flops", *TUNED_COLUMNS], None)}
+# The frames stacked from the runs' stage CSVs
+_STACKED_FRAMES = ("history", "trials", "grad", "scaling_trials")
+
+
+def _run_outputs(parts: dict[str, list], samples: dict, predictions: dict) -> RunOutputs:
+    """The :class:`RunOutputs` of the collected ``parts``, datasets ordered alphabetically and
+    variants by :func:`variant_order`."""
+    frames = {name: _stack(parts[name]) for name in _STACKED_FRAMES}
+    for name, (columns, typed) in _ROW_FRAMES.items():
+        df = pd.DataFrame(parts[name], columns=columns)
+        frames[name] = typed(df) if typed else df
+    runs = RunOutputs(samples=samples, predictions=predictions, **frames)
+    found = [runs.ablation, runs.history, runs.trials, runs.grad, runs.per_op, runs.tuned]
+    datasets = sorted({str(d) for f in found if "dataset" in f for d in f["dataset"]})
+    variants = variant_order(str(v) for f in found if "variant" in f for v in f["variant"])
+    return _ordered(runs, datasets, variants)
 
 
 def collect(runs_dir: Path, replicate: int = 0) -> RunOutputs:
@@ -212,76 +290,28 @@ def collect(runs_dir: Path, replicate: int = 0) -> RunOutputs:
     Raises:
         ValueError: a ``metrics.json`` or ``examples.json`` is not valid JSON.
     """
-    runs_dir = Path(runs_dir)
-    rows: list[dict] = []
-    more: dict[str, list[dict]] = {}
-    histories, trials, grads, tuned_rows = [], [], [], []
+    parts: dict[str, list] = defaultdict(list)  # frame name -> its rows or stacked frames
     samples: dict[tuple[str, str], dict] = {}
     predictions: dict[tuple[str, str], dict] = {}
-    scaling_rows, scaling_trials, scaling_tuned = [], [], []
     pattern = f"*/*/{replicate_folder(replicate)}/metrics.json" if replicate else "*/*/metrics.json"
-    for metrics_path in sorted(runs_dir.glob(pattern)):
+    for metrics_path in sorted(Path(runs_dir).glob(pattern)):
         run_dir = metrics_path.parent
         # the <dataset>/<variant>/ folder that names the run
         named = run_dir if not replicate else run_dir.parent
-        dataset, variant, seed_rows, parts, headline = read_metrics(metrics_path, named)
-        rows += seed_rows
-        scaling_rows += parts.pop("scaling")
-        for name, part in parts.items():
-            more.setdefault(name, []).extend(part)
-        for name, sink in (("history.csv", histories), ("trials.csv", trials),
-                           ("grad_stats.csv", grads)):
-            df = read_csv_tagged(run_dir / name, dataset, variant)
-            if name == "trials.csv" and df is not None:
-                scaling_trials.append(df)
-            df = at_headline(df, headline)
-            if df is not None:
-                sink.append(df)
-        if (run_dir / "best.json").is_file():
-            best = fileio.read_json(run_dir / "best.json")
-            for entry in best.get("budgets", [best]):  # tuned for this folder's run
-                name = str(entry.get("study_name") or f"{dataset}-{variant}-")
-                if not name.startswith(f"{named.parent.name}-{named.name}-"):
-                    raise ValueError(f"{run_dir / 'best.json'}: tuned as Optuna study {name}, "
-                                     f"not for {named.parent.name} {named.name} (its "
-                                     "folder); run lmablate tune (or dvc repro) again")
-            entries = [tuned_row(dataset, variant, b) for b in best.get("budgets", [best])]
-            scaling_tuned += entries
-            tuned_rows += [e for e in entries if e["budget_flops"] in (None, headline)][-1:]
-        if (run_dir / "examples.json").is_file():
-            # Per seed: text samples (strings) or arithmetic predictions (dicts); a scaling
-            # study's keyed "<budget label>/seed_<s>", of which the headline budget's are kept
-            examples = fileio.read_json(run_dir / "examples.json")
-            keep = ("",) if headline is None else ("", budget_label(headline))
-            examples = {k.rpartition("/")[2]: v for k, v in examples.items()
-                        if k.rpartition("/")[0] in keep}
+        dataset, variant, seed_rows, more, headline = read_metrics(metrics_path, named)
+        parts["ablation"] += seed_rows
+        for name, rows in more.items():
+            parts[name] += rows
+        _read_stage_csvs(run_dir, dataset, variant, headline, parts)
+        entries = _read_tuned(run_dir, named, dataset, variant)
+        parts["scaling_tuned"] += entries
+        parts["tuned"] += [e for e in entries if e["budget_flops"] in (None, headline)][-1:]
+        examples = _read_examples(run_dir, headline)
+        if examples is not None:
             first = next((v[0] for v in examples.values() if v), None)
             sink = predictions if isinstance(first, dict) else samples
             sink[(dataset, variant)] = examples
-
-    ablation = typed_columns(pd.DataFrame(rows, columns=ABLATION_COLUMNS))
-    per_op = typed_numbers(pd.DataFrame(more.get("per_op", []), columns=PER_OP_COLUMNS))
-    digit_frames = {name: typed_numbers(pd.DataFrame(more.get(name, []), columns=columns))
-                    for name, columns in (("by_operand_digits", OPERAND_DIGITS_COLUMNS),
-                                          ("by_answer_digits", ANSWER_DIGITS_COLUMNS))}
-
-    runs = RunOutputs(ablation=ablation, history=_stack(histories), trials=_stack(trials),
-                      grad=_stack(grads), per_op=per_op, samples=samples,
-                      predictions=predictions,
-                      tuned=pd.DataFrame(tuned_rows, columns=TUNED_COLUMNS),
-                      scaling=typed_columns(pd.DataFrame(scaling_rows, columns=ABLATION_COLUMNS)),
-                      scaling_trials=_stack(scaling_trials),
-                      scaling_tuned=pd.DataFrame(scaling_tuned,
-                                                 columns=["budget_flops", *TUNED_COLUMNS]),
-                      extrapolation=typed_numbers(pd.DataFrame(more.get("extrapolation", []),
-                                                          columns=EXTRAPOLATION_COLUMNS)),
-                      position_loss=typed_numbers(pd.DataFrame(more.get("position_loss", []),
-                                                          columns=POSITION_LOSS_COLUMNS)),
-                      **digit_frames)
-    frames = [runs.ablation, runs.history, runs.trials, runs.grad, runs.per_op, runs.tuned]
-    datasets = sorted({str(d) for f in frames if "dataset" in f for d in f["dataset"]})
-    variants = variant_order(str(v) for f in frames if "variant" in f for v in f["variant"])
-    return _ordered(runs, datasets, variants)
+    return _run_outputs(parts, samples, predictions)
 
 
 # --------------------------------------------------------------------------------------------
@@ -396,17 +426,11 @@ def restrict_to_study(cfg: StudyConfig, runs: RunOutputs) -> tuple[RunOutputs, l
         return {(d, v): x for (d, v), x in by_run.items()
                 if d in cfg.datasets and v in cfg.study_variants}
 
+    # tuning trials are not filtered by seed (_filter)
     kept = dataclasses.replace(
-        runs, ablation=ablation,
-        history=_filter(runs.history, cfg), tuned=_filter(runs.tuned, cfg),
-        trials=_filter(runs.trials, cfg, by_seed=False), grad=_filter(runs.grad, cfg),
-        extrapolation=_filter(runs.extrapolation, cfg),
-        position_loss=_filter(runs.position_loss, cfg),
-        **{f: _filter(getattr(runs, f), cfg) for f in _DIGIT_FRAMES},
-        per_op=_filter(runs.per_op, cfg), samples=configured(runs.samples),
-        scaling=_filter(runs.scaling, cfg),
-        scaling_trials=_filter(runs.scaling_trials, cfg, by_seed=False),
-        scaling_tuned=_filter(runs.scaling_tuned, cfg),
-        predictions=configured(runs.predictions))
+        runs, ablation=ablation, samples=configured(runs.samples),
+        predictions=configured(runs.predictions),
+        **{f: _filter(getattr(runs, f), cfg, by_seed=f not in ("trials", "scaling_trials"))
+           for f in FRAMES if f != "ablation"})
     variants = variant_order(cfg.study_variants, cfg.study_variants)
     return _ordered(kept, list(cfg.datasets), variants), notes

@@ -13,7 +13,7 @@ Units: accuracies as fractions in [0, 1], lengths in digits.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -59,39 +59,53 @@ def plot_length_generalisation(by_digits: pd.DataFrame, dataset: str, digits: in
     n_seeds = int(d.groupby(["variant", "digits"], observed=True)["seed"].nunique().max())
     with plots.figure(path, figsize=(8.5, 4.6)) as (fig, axes):
         ax = axes[0, 0]
-        extra = []
-        if digits is not None:
-            if lengths[-1] > digits:
-                ax.axvspan(digits + 0.5, lengths[-1] + 0.5, color="0.92", zorder=0)
-                extra.append(Patch(facecolor="0.92", label="longer than any training problem"))
-            ax.axvline(digits, color="0.4", linestyle="--", linewidth=1.2, zorder=1)
-            extra.append(Line2D([], [], color="0.4", linestyle="--",
-                                label=f"longest training length ({digits} digits)"))
+        extra = _mark_training_length(ax, digits, lengths)
         sns.lineplot(data=d, x="x", y="exact_match", hue="variant", hue_order=order,
                      palette=plots.variant_palette(order, palette), errorbar=fraction_interval,
                      err_style="bars", err_kws={"capsize": 4}, marker="o", markersize=6,
                      ax=ax)
         handles, labels = ax.get_legend_handles_labels()
-        # each length's problems per seed under its tick: a bucket of a few problems reads
-        # 0 or 1 by chance (MIN_BUCKET_PROBLEMS, marked †)
-        counts = (pd.to_numeric(d["n"], errors="coerce").groupby(d["digits"].astype(int)).min()
-                  if "n" in d else pd.Series(dtype=float))
-        ax.set_xticks(lengths, [f"{n}" + ("" if pd.isna(counts.get(n)) else
-                                          f"\n{int(counts[n])} problems"
-                                          + (" †" if counts[n] < MIN_BUCKET_PROBLEMS else ""))
-                                for n in lengths])
-        ax.set_xlim(lengths[0] - 0.5, lengths[-1] + 0.5)
+        rough = _length_ticks(ax, d, lengths)
         ax.set_ylim(-0.02, 1.02)
         ax.set_title(f"{dataset}: exact match by operand length\n(mean over {n_seeds} "
                      "seed(s); bars: 95% t-interval within [0, 1];\npoints of a length "
                      "dodged by variant)")
         ax.set_xlabel("operand digits (the longer operand); under each: problems per seed"
                       + (f"\n(†: fewer than {MIN_BUCKET_PROBLEMS}, a rough indication)"
-                         if (counts < MIN_BUCKET_PROBLEMS).any() else ""))
+                         if rough else ""))
         ax.set_ylabel("exact match (fraction)")
         ax.legend(handles + extra, labels + [h.get_label() for h in extra],
                   title="variant", loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
     return Path(path)
+
+
+def _mark_training_length(ax: Any, digits: int | None, lengths: Sequence[int]) -> list:
+    """A dashed line on ``ax`` at the longest training length ``digits``, the lengths past it
+    shaded; returns their legend handles (none where ``digits`` is unknown)."""
+    extra = []
+    if digits is not None:
+        if lengths[-1] > digits:
+            ax.axvspan(digits + 0.5, lengths[-1] + 0.5, color="0.92", zorder=0)
+            extra.append(Patch(facecolor="0.92", label="longer than any training problem"))
+        ax.axvline(digits, color="0.4", linestyle="--", linewidth=1.2, zorder=1)
+        extra.append(Line2D([], [], color="0.4", linestyle="--",
+                            label=f"longest training length ({digits} digits)"))
+    return extra
+
+
+def _length_ticks(ax: Any, d: pd.DataFrame, lengths: Sequence[int]) -> bool:
+    """A tick of ``ax`` at each of ``lengths``, with its problems per seed under it, and the x
+    limits around them. Returns whether a length has fewer than
+    :data:`~lmablate.report.stats.arithmetic_tables.MIN_BUCKET_PROBLEMS` (marked †)."""
+    # a bucket of a few problems reads 0 or 1 by chance
+    counts = (pd.to_numeric(d["n"], errors="coerce").groupby(d["digits"].astype(int)).min()
+              if "n" in d else pd.Series(dtype=float))
+    ax.set_xticks(lengths, [f"{n}" + ("" if pd.isna(counts.get(n)) else
+                                      f"\n{int(counts[n])} problems"
+                                      + (" †" if counts[n] < MIN_BUCKET_PROBLEMS else ""))
+                            for n in lengths])
+    ax.set_xlim(lengths[0] - 0.5, lengths[-1] + 0.5)
+    return bool((counts < MIN_BUCKET_PROBLEMS).any())
 
 
 def nothing_solved(per_op: pd.DataFrame, dataset: str, metric: str = "exact_match") -> str | None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -146,34 +146,16 @@ def plot_embedding_pca(embs: Mapping[str, np.ndarray], chars: Sequence[str], tit
                          f"{len(chars)}, d >= 2), got {[e.shape for e in arrays.values()]}")
     classes = [char_class(c, unknown) for c in chars]
     present = [c for c in CHAR_CLASSES if c in classes]
-    colours = CHAR_CLASS_COLOURS
     # two panels a row, each large: with ~70 characters a panel, smaller ones leave most
     # labels overlapping
     with plotting.panels(path, len(arrays), 2, (6.4, 5.2), (1.6, 0.7)) as (fig, axes):
         labels, priority = [], []
-        for i, (name, emb) in enumerate(arrays.items()):
-            ax = axes.ravel()[i]
-            centred = emb - emb.mean(axis=0)
-            _, s, vt = np.linalg.svd(centred, full_matrices=False)
-            pcs = centred @ vt[:2].T
-            explained = s**2 / max(float(np.sum(s**2)), np.finfo(float).tiny)
-            d = pd.DataFrame({"pc1": pcs[:, 0], "pc2": pcs[:, 1], "class": classes})
-            sns.scatterplot(data=d, x="pc1", y="pc2", hue="class", hue_order=present,
-                            palette=colours, s=30, alpha=0.75, ax=ax, legend=False)
-            scale = np.maximum(np.abs(pcs[:, :2]).max(axis=0), np.finfo(float).tiny)
-            for (x, y), ch in zip(pcs[:, :2], chars):
-                labels.append(ax.annotate(visible(ch), (x, y), xytext=(3, 3),
-                                          textcoords="offset points", fontsize=PCA_LABEL_SIZE,
-                                          in_layout=False))
-                # the unknown symbol's label first: its class has one dot
-                priority.append(np.inf if char_class(ch, unknown) == "unknown symbol"
-                                else float(np.hypot(x / scale[0], y / scale[1])))
-            ax.set_title(name, fontsize=10)
-            ax.set_xlabel(f"PC1 ({explained[0]:.0%} of variance)")
-            ax.set_ylabel(f"PC2 ({explained[1]:.0%} of variance)")
-            ax.margins(0.08)
-        handles = [Line2D([], [], color=colours[c], marker="o", linestyle="none",
-                                   label=c) for c in present]
+        for ax, (name, emb) in zip(axes.ravel(), arrays.items()):
+            texts, ranks = _pca_panel(ax, name, emb, chars, classes, present, unknown)
+            labels += texts
+            priority += ranks
+        handles = [Line2D([], [], color=CHAR_CLASS_COLOURS[c], marker="o", linestyle="none",
+                          label=c) for c in present]
         fig.legend(handles=handles, title="character class", loc="outside right upper",
                    fontsize=9)
         # the second line is there before the layout pass, so that filling it in moves nothing
@@ -183,6 +165,39 @@ def plot_embedding_pca(embs: Mapping[str, np.ndarray], chars: Sequence[str], tit
                                   "label would overlap another)" if hidden else
                                   "\n(every dot labelled)"))
     return Path(path)
+
+
+def _pca(emb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``emb`` projected on its first two principal components (SVD of the column-centred
+    matrix), and each component's share of the variance."""
+    centred = emb - emb.mean(axis=0)
+    _, s, vt = np.linalg.svd(centred, full_matrices=False)
+    return centred @ vt[:2].T, s**2 / max(float(np.sum(s**2)), np.finfo(float).tiny)
+
+
+def _pca_panel(ax: Any, name: str, emb: np.ndarray, chars: Sequence[str],
+               classes: Sequence[str], present: Sequence[str], unknown: str | None
+               ) -> tuple[list, list[float]]:
+    """One panel of :func:`plot_embedding_pca` on ``ax``. Returns its character labels and
+    their priorities for :func:`_hide_overlapping_labels`."""
+    pcs, explained = _pca(emb)
+    labels, priority = [], []
+    d = pd.DataFrame({"pc1": pcs[:, 0], "pc2": pcs[:, 1], "class": classes})
+    sns.scatterplot(data=d, x="pc1", y="pc2", hue="class", hue_order=present,
+                    palette=CHAR_CLASS_COLOURS, s=30, alpha=0.75, ax=ax, legend=False)
+    scale = np.maximum(np.abs(pcs[:, :2]).max(axis=0), np.finfo(float).tiny)
+    for (x, y), ch in zip(pcs[:, :2], chars):
+        labels.append(ax.annotate(visible(ch), (x, y), xytext=(3, 3),
+                                  textcoords="offset points", fontsize=PCA_LABEL_SIZE,
+                                  in_layout=False))
+        # the unknown symbol's label first: its class has one dot
+        priority.append(np.inf if char_class(ch, unknown) == "unknown symbol"
+                        else float(np.hypot(x / scale[0], y / scale[1])))
+    ax.set_title(name, fontsize=10)
+    ax.set_xlabel(f"PC1 ({explained[0]:.0%} of variance)")
+    ax.set_ylabel(f"PC2 ({explained[1]:.0%} of variance)")
+    ax.margins(0.08)
+    return labels, priority
 
 
 ATTENTION_TOKENS = 48  # length of the held-out sequence shown in attention heatmaps (tokens)

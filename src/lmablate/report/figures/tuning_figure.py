@@ -148,31 +148,48 @@ def plot_lr_response(trials: pd.DataFrame, tuned: pd.DataFrame | None, dataset: 
     lr_low, lr_high, choices = search_bounds(tuned, dataset)
     last = sens.last_rung(trials)
     last = last[(last["dataset"] == dataset) & ~last["diverged"]]
-    fraction = (t["budget_fraction"].dropna().unique() if "budget_fraction" in t else [])
-    share = f"{fraction[0]:g} of the budget" if len(fraction) == 1 else "the first rung"
-    all_widths = np.unique(np.concatenate([t["params_d_model"].dropna().to_numpy(float),
-                                           last["params_d_model"].to_numpy(float),
-                                           np.asarray(choices, dtype=float)]))
-    gaps = np.diff(all_widths)
-    dodge = 0.3 * (gaps.min() if len(gaps) else 8.0) / max(1, len(order))
+    share = _first_rung_share(t)
+    dodge = _width_dodge(t, last, choices, len(order))
     with plotting.figure(path, figsize=(15.0, 4.8), ncols=3) as (fig, axes):
         searched_lr, marks = _lr_panel(fig, axes[0, 0], t, order, colours, chosen,
                                        (lr_low, lr_high), share)
         ticks = _width_panel(axes[0, 1], t, order, colours, choices, share, dodge)
         _full_budget_panel(axes[0, 2], last, order, colours, chosen, ticks, dodge)
-        # the trials' values are the tuning objective's: on arithmetic an answer loss
-        objective = (str(next(iter(chosen.values())).get("objective", "val_loss"))
-                     if chosen else "val_loss")
-        for ax, where in zip(axes[0], ("at the trial's end", "(best of a width)",
-                                       "at the full budget")):
-            ax.set_ylabel(objective_label(objective, where))
+        _loss_labels(axes[0], chosen)
         axes[0, 0].legend(handles=_lr_markers(*marks, (lr_low, lr_high) if searched_lr else None,
                                               choices if ticks.searched else None),
                           loc="best", fontsize=8)
-        fig.legend(handles=[Line2D([], [], color=colours[v], marker="o", markersize=5, label=v)
-                            for v in order],
+        fig.legend(handles=[Line2D([], [], color=c, marker="o", markersize=5, label=v)
+                            for v, c in colours.items()],
                    title="variant", loc="outside right upper", fontsize=9)
     return Path(path)
+
+
+def _first_rung_share(t: pd.DataFrame) -> str:
+    """The share of the budget the first-rung trials ``t`` trained, for the panels' titles."""
+    fraction = (t["budget_fraction"].dropna().unique() if "budget_fraction" in t else [])
+    return f"{fraction[0]:g} of the budget" if len(fraction) == 1 else "the first rung"
+
+
+def _width_dodge(t: pd.DataFrame, last: pd.DataFrame, choices: Sequence[int],
+                 n_variants: int) -> float:
+    """How far apart (in d_model) the variants' points at one width are drawn: 0.3 of the
+    smallest gap between the widths tried or searched, shared among the variants."""
+    all_widths = np.unique(np.concatenate([t["params_d_model"].dropna().to_numpy(float),
+                                           last["params_d_model"].to_numpy(float),
+                                           np.asarray(choices, dtype=float)]))
+    gaps = np.diff(all_widths)
+    return 0.3 * (gaps.min() if len(gaps) else 8.0) / max(1, n_variants)
+
+
+def _loss_labels(axes: Sequence[Any], chosen: Mapping[str, pd.Series]) -> None:
+    """The three panels' y labels: the trials' values are the tuning objective's (on
+    arithmetic an answer loss)."""
+    objective = (str(next(iter(chosen.values())).get("objective", "val_loss"))
+                 if chosen else "val_loss")
+    for ax, where in zip(axes, ("at the trial's end", "(best of a width)",
+                                "at the full budget")):
+        ax.set_ylabel(objective_label(objective, where))
 
 
 def _lr_panel(fig: Any, ax: Any, t: pd.DataFrame, order: Sequence[str],

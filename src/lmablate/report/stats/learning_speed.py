@@ -212,39 +212,58 @@ def compare_speed(speed: pd.DataFrame, baseline: str = BASELINE,
             base = s[s["variant"] == baseline].set_index("seed")
             if base.empty:
                 continue
-            family = []
-            for variant in [v for v in present(s["variant"]) if v != baseline]:
-                var = s[s["variant"] == variant].set_index("seed")
-                seeds = sorted(set(base.index) & set(var.index))
-                signs = [_first(base.loc[k], var.loc[k]) for k in seeds]
-                both = [k for k in seeds if base.loc[k, "learned"] and var.loc[k, "learned"]]
-                logs = np.log([var.loc[k, "tokens"] / base.loc[k, "tokens"] for k in both])
-                row = {"dataset": ds, "variant": variant, "threshold": threshold,
-                       "n_pairs": len(seeds), "variant_first": signs.count(1),
-                       "baseline_first": signs.count(-1), "ties": signs.count(0),
-                       "p_value": math.nan, "p_holm": math.nan, "n_both": len(both),
-                       "ratio": float(np.exp(logs.mean())) if len(logs) else math.nan,
-                       "ratio_low": math.nan, "ratio_high": math.nan, "mde_ratio": math.nan,
-                       "verdict": VERDICT_FEW}
-                if len(logs) > 1 and np.ptp(logs) > 0:
-                    low, high = stats.t.interval(CONFIDENCE, len(logs) - 1, loc=logs.mean(),
-                                                 scale=stats.sem(logs))
-                    row.update(ratio_low=float(np.exp(low)), ratio_high=float(np.exp(high)))
-                    row["_sd"] = float(np.std(logs, ddof=1))
-                if len(seeds) >= MIN_SEEDS_FOR_TEST:
-                    row["verdict"] = VERDICT_NSD
-                    row["p_value"], row["_o_minus_e"] = log_rank(base.loc[seeds],
-                                                                 var.loc[seeds])
-                    family.append(len(rows))
-                rows.append(row)
-            for i, rej in zip(family, holm_p(rows, family, alpha)):
-                r = rows[i]
-                if rej:
-                    r["verdict"] = VERDICT_FASTER if r["_o_minus_e"] > 0 else VERDICT_SLOWER
-                if "_sd" in r:
-                    r["mde_ratio"] = float(np.exp(min_detectable_effect(
-                        r["_sd"], r["n_both"], alpha / len(family))))
-            for r in rows:
-                r.pop("_sd", None)
-                r.pop("_o_minus_e", None)
+            found = [_speed_row(ds, variant, threshold, base,
+                                s[s["variant"] == variant].set_index("seed"))
+                     for variant in present(s["variant"]) if variant != baseline]
+            _judge_speed(found, alpha)
+            rows += found
     return pd.DataFrame(rows, columns=COMPARISON_COLUMNS)
+
+
+def _speed_row(ds: str, variant: str, threshold: float, base: pd.DataFrame,
+               var: pd.DataFrame) -> dict:
+    """One variant's row of :data:`COMPARISON_COLUMNS` before Holm's correction, from its and
+    the baseline's speed rows (indexed by seed); ``_o_minus_e`` where tested."""
+    seeds = sorted(set(base.index) & set(var.index))
+    signs = [_first(base.loc[k], var.loc[k]) for k in seeds]
+    both = [k for k in seeds if base.loc[k, "learned"] and var.loc[k, "learned"]]
+    logs = np.log([var.loc[k, "tokens"] / base.loc[k, "tokens"] for k in both])
+    row = {"dataset": ds, "variant": variant, "threshold": threshold,
+           "n_pairs": len(seeds), "variant_first": signs.count(1),
+           "baseline_first": signs.count(-1), "ties": signs.count(0),
+           "p_value": math.nan, "p_holm": math.nan, "n_both": len(both),
+           "ratio_low": math.nan, "ratio_high": math.nan, "mde_ratio": math.nan,
+           "verdict": VERDICT_FEW, **_ratio_interval(logs)}
+    if len(seeds) >= MIN_SEEDS_FOR_TEST:
+        row["verdict"] = VERDICT_NSD
+        row["p_value"], row["_o_minus_e"] = log_rank(base.loc[seeds], var.loc[seeds])
+    return row
+
+
+def _ratio_interval(logs: np.ndarray) -> dict:
+    """The geometric mean ``ratio`` of the log ratios ``logs``; where they vary, its
+    t-interval and their SD (``_sd``, for the detectable ratio)."""
+    out = {"ratio": float(np.exp(logs.mean())) if len(logs) else math.nan}
+    if len(logs) > 1 and np.ptp(logs) > 0:
+        low, high = stats.t.interval(CONFIDENCE, len(logs) - 1, loc=logs.mean(),
+                                     scale=stats.sem(logs))
+        out.update(ratio_low=float(np.exp(low)), ratio_high=float(np.exp(high)),
+                   _sd=float(np.std(logs, ddof=1)))
+    return out
+
+
+def _judge_speed(rows: list[dict], alpha: float) -> None:
+    """Holm's correction over the tested ``rows`` of one dataset and threshold, in place: the
+    verdict of each rejected row and ``mde_ratio``; the working ``_sd``/``_o_minus_e`` dropped."""
+    family = [i for i, r in enumerate(rows) if "_o_minus_e" in r]
+    for i, rej in zip(family, holm_p(rows, family, alpha)):
+        r = rows[i]
+        if rej:
+            r["verdict"] = VERDICT_FASTER if r["_o_minus_e"] > 0 else VERDICT_SLOWER
+        if "_sd" in r:
+            r["mde_ratio"] = float(np.exp(min_detectable_effect(
+                r["_sd"], r["n_both"], alpha / len(family))))
+    for r in rows:
+        r.pop("_sd", None)
+        r.pop("_o_minus_e", None)
+

@@ -159,29 +159,33 @@ def compare_problems(predictions: Mapping[tuple[str, str], Mapping[str, Sequence
             position): they were not decoded on the same test set.
     """
     rows = []
-    datasets = list(dict.fromkeys(d for d, _ in predictions))
-    for dataset in datasets:
+    for dataset in dict.fromkeys(d for d, _ in predictions):
         if (dataset, baseline) not in predictions:
             continue
         order = [v for v in (variants or [v for d, v in predictions if d == dataset])
                  if (dataset, v) in predictions and v != baseline]
-        base = predictions[(dataset, baseline)]
         # per variant, once: its seeds paired with the baseline's, the common problems (checked
         # to be the same ones) and both sides' outcomes, (seeds, problems) per metric
-        paired = _paired_outcomes(dataset, base, predictions, order)
+        paired = _paired_outcomes(dataset, predictions[(dataset, baseline)], predictions, order)
         for metric, which in (("exact_match", 0), ("char_accuracy", 1)):
-            family = []
-            for variant, (seeds, n, chars, b_all, v_all) in paired.items():
-                row = _problem_row(dataset, metric, baseline, variant, len(seeds),
-                                   chars if metric == "char_accuracy" else 1,
-                                   np.stack([o[which] for o in b_all]),  # (seeds, problems)
-                                   np.stack([o[which] for o in v_all]))
-                if row["verdict"] == VERDICT_NSD:  # tested: one of Holm's family
-                    family.append(len(rows))
-                rows.append(row)
-            holm_correct(rows, family, alpha, higher=True)
+            rows += _metric_rows(dataset, metric, which, baseline, paired, alpha)
     out = pd.DataFrame(rows, columns=PROBLEM_COLUMNS)
     for col in ("ci95_low", "ci95_high"):
         out[col] = out[col].astype(float)
     out["reject_holm"] = out["reject_holm"].astype(bool)
     return out
+
+
+def _metric_rows(dataset: str, metric: str, which: int, baseline: str, paired: dict,
+                 alpha: float) -> list[dict]:
+    """One dataset's rows of ``metric`` (outcome ``which`` of :func:`problem_outcomes`) from
+    the ``paired`` outcomes of :func:`_paired_outcomes`, the tested ones one Holm family."""
+    rows = [_problem_row(dataset, metric, baseline, variant, len(seeds),
+                         chars if metric == "char_accuracy" else 1,
+                         np.stack([o[which] for o in b_all]),  # (seeds, problems)
+                         np.stack([o[which] for o in v_all]))
+            for variant, (seeds, n, chars, b_all, v_all) in paired.items()]
+    # the tested rows: Holm's family
+    holm_correct(rows, [i for i, r in enumerate(rows) if r["verdict"] == VERDICT_NSD], alpha,
+                 higher=True)
+    return rows

@@ -29,13 +29,13 @@ method then runs over a dataset's variants, as within one replicate
 from __future__ import annotations
 
 import math
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 from scipy import stats
 
-from lmablate.report.collect import BASELINE
+from lmablate.report.collect import BASELINE, rows_of
 from lmablate.report.stats.learning_speed import VERDICT_FASTER, VERDICT_SLOWER
 from lmablate.report.stats.statistics import (ALPHA, TUNED_METRIC, TUNED_METRICS, VERDICT_BETTER,
                                               VERDICT_NSD, VERDICT_WORSE, holm_correct,
@@ -69,7 +69,10 @@ JOIN = " / "
 
 
 def _tuned(tuned: pd.DataFrame, dataset: str, variant: str, column: str) -> float:
-    row = tuned[(tuned["dataset"] == dataset) & (tuned["variant"] == variant)]
+    """The tuned ``column`` of one dataset x variant (NaN where it has none)."""
+    if column not in tuned:
+        return math.nan
+    row = rows_of(tuned, dataset, variant)
     return float(row[column].iloc[0]) if len(row) and pd.notna(row[column].iloc[0]) else math.nan
 
 
@@ -153,7 +156,7 @@ def combine_replicates(verdicts: pd.DataFrame, sd_within: pd.DataFrame | None = 
                                 "ci_holm_high"), math.nan),
                "verdict": VERDICT_FEW_REPLICATES}
         if sd_within is not None and k > 1:
-            w = sd_within[(sd_within["dataset"] == dataset) & (sd_within["variant"] == variant)]
+            w = rows_of(sd_within, dataset, variant)
             n = g["n_pairs"].to_numpy(float)
             if len(w) == len(g) and np.all(n > 0):
                 within = float(np.mean(w["sd_diff"].to_numpy(float) ** 2 / n))
@@ -199,39 +202,21 @@ def tuning_spread(tuned: Mapping[int, pd.DataFrame], ablation: Mapping[int, pd.D
     """
     rows = []
     first = ablation[min(ablation)]
+    t0 = tuned.get(min(ablation), _NO_TUNED)
     for (dataset, variant), _ in first.groupby(["dataset", "variant"], observed=True,
                                                sort=False):
-        metric = headline[str(dataset)]
-        reps = sorted(r for r in ablation if len(ablation[r][
-            (ablation[r]["dataset"] == dataset) & (ablation[r]["variant"] == variant)]))
-        finals, ses, lrs, widths, losses = [], [], [], [], []
-        for r in reps:
-            a = ablation[r]
-            x = a[(a["dataset"] == dataset) & (a["variant"] == variant)][metric].to_numpy(float)
-            x = x[np.isfinite(x)]
-            finals.append(float(x.mean()) if len(x) else math.nan)
-            ses.append(float(x.std(ddof=1) / math.sqrt(len(x))) if len(x) > 1 else math.nan)
-            t = tuned.get(r, pd.DataFrame(columns=["dataset", "variant"]))
-            lrs.append(_tuned(t, str(dataset), str(variant), "lr") if "lr" in t else math.nan)
-            widths.append(_tuned(t, str(dataset), str(variant), "d_model")
-                          if "d_model" in t else math.nan)
-            losses.append(_tuned(t, str(dataset), str(variant), "val_loss")
-                          if "val_loss" in t else math.nan)
-        f = np.asarray(finals, float)
-        sd_between = float(np.nanstd(f, ddof=1)) if np.isfinite(f).sum() > 1 else math.nan
-        se = math.sqrt(float(np.nanmean(np.square(ses)))) if np.isfinite(ses).any() else math.nan
-        draw = (math.sqrt(max(0.0, sd_between ** 2 - se ** 2))
-                if math.isfinite(sd_between) and math.isfinite(se) else math.nan)
-        t0 = tuned.get(min(ablation), pd.DataFrame(columns=["dataset", "variant"]))
-        u = (_tuned(t0, str(dataset), str(variant), "tuning_uncertainty")
-             if "tuning_uncertainty" in t0 else math.nan)
-        objective = (t0[(t0["dataset"] == dataset) & (t0["variant"] == variant)]["objective"]
-                     if "objective" in t0 else pd.Series(dtype=object))
-        if len(objective) and TUNED_METRICS.get(str(objective.iloc[0]), TUNED_METRIC) != metric:
-            u = math.nan  # another unit (the mean answer loss over a run): it covers nothing
+        dataset, variant = str(dataset), str(variant)
+        metric = headline[dataset]
+        reps = sorted(r for r in ablation if len(rows_of(ablation[r], dataset, variant)))
+        finals, ses = zip(*(_final_mean_se(rows_of(ablation[r], dataset, variant)[metric])
+                            for r in reps))
+        sd_between, se, draw = _tuning_draw(finals, ses)
+        lrs, widths, losses = ([_tuned(tuned.get(r, _NO_TUNED), dataset, variant, column)
+                                for r in reps] for column in ("lr", "d_model", "val_loss"))
+        u = _reported_uncertainty(t0, dataset, variant, metric)
         tl = np.asarray(losses, float)
         rows.append({
-            "dataset": str(dataset), "variant": str(variant), "replicates": len(reps),
+            "dataset": dataset, "variant": variant, "replicates": len(reps),
             "tuned_lr": JOIN.join(f"{v:.3g}" for v in lrs),
             "tuned_d_model": JOIN.join("-" if math.isnan(v) else str(int(v)) for v in widths),
             "tuned_loss": JOIN.join(f"{v:.4f}" for v in losses),
@@ -244,6 +229,39 @@ def tuning_spread(tuned: Mapping[int, pd.DataFrame], ablation: Mapping[int, pd.D
                         else None),
         })
     return pd.DataFrame(rows, columns=SPREAD_COLUMNS)
+
+
+_NO_TUNED = pd.DataFrame(columns=["dataset", "variant"])  # a replicate without tuned values
+
+
+def _final_mean_se(final: pd.Series) -> tuple[float, float]:
+    """The mean of one replicate's ``final`` losses (its seeds') and its standard error (NaN
+    where too few are finite)."""
+    x = final.to_numpy(float)
+    x = x[np.isfinite(x)]
+    return (float(x.mean()) if len(x) else math.nan,
+            float(x.std(ddof=1) / math.sqrt(len(x))) if len(x) > 1 else math.nan)
+
+
+def _tuning_draw(finals: Sequence[float], ses: Sequence[float]) -> tuple[float, float, float]:
+    """The SD of the replicates' ``finals``, the root mean square of their seed standard errors
+    ``ses`` and what the tuning draw adds beyond those, sqrt(max(0, SD^2 - SE^2))."""
+    f = np.asarray(finals, float)
+    sd_between = float(np.nanstd(f, ddof=1)) if np.isfinite(f).sum() > 1 else math.nan
+    se = math.sqrt(float(np.nanmean(np.square(ses)))) if np.isfinite(ses).any() else math.nan
+    draw = (math.sqrt(max(0.0, sd_between ** 2 - se ** 2))
+            if math.isfinite(sd_between) and math.isfinite(se) else math.nan)
+    return sd_between, se, draw
+
+
+def _reported_uncertainty(t0: pd.DataFrame, dataset: str, variant: str, metric: str) -> float:
+    """Replicate 0's reported ``tuning_uncertainty`` of one dataset x variant; NaN where its
+    tuning objective is not the headline ``metric``."""
+    objective = (rows_of(t0, dataset, variant)["objective"] if "objective" in t0
+                 else pd.Series(dtype=object))
+    if len(objective) and TUNED_METRICS.get(str(objective.iloc[0]), TUNED_METRIC) != metric:
+        return math.nan  # another unit (the mean answer loss over a run): it covers nothing
+    return _tuned(t0, dataset, variant, "tuning_uncertainty")
 
 
 def not_replicated(combined: pd.DataFrame) -> pd.DataFrame:

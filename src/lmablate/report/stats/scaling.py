@@ -36,7 +36,7 @@ import numpy as np
 import pandas as pd
 from scipy import optimize, stats
 
-from lmablate.report.collect import BASELINE, present
+from lmablate.report.collect import BASELINE, present, rows_of
 from lmablate.report.stats.statistics import (ALPHA, COMPARISON_COLUMNS, CONFIDENCE, compare,
                                          holm_interval, holm_p)
 
@@ -44,6 +44,8 @@ SCALING_TITLE = "How the effects change with compute"  # the report's section
 MIN_BUDGETS_SATURATING = 4  # E, A, alpha and at least one residual degree of freedom
 N_BOOTSTRAP = 1000  # bootstrap resamples of the seeds per fitted curve
 BOOTSTRAP_SEED = 0  # the resampling's random seed: the report is the same bytes on every run
+# the percentiles that bound a CONFIDENCE percentile interval
+_TAILS = [(1 - CONFIDENCE) / 2 * 100, 100 - (1 - CONFIDENCE) / 2 * 100]
 SATURATING = "E + A C^-alpha"
 LOG_LINEAR = "A C^-alpha (log-log line)"
 TREND_GROWS = "gain grows"
@@ -165,48 +167,65 @@ def fit_curves(scaling: pd.DataFrame, metric_of: dict[str, str]
         ``scaling``.
     """
     rows, resamples = [], {}
-    q = (1 - CONFIDENCE) / 2 * 100
     draws: dict[tuple[str, tuple], np.ndarray] = {}
     for (dataset, variant), frame in scaling.groupby(["dataset", "variant"], observed=True,
                                                      sort=True):
         metric = metric_of[str(dataset)]
         budgets, matrix, seeds = _seed_matrix(frame, metric)
-        n_b, n_s = len(budgets), len(matrix)
         row = {"dataset": dataset, "variant": variant, "metric": metric, "form": "",
-               "n_budgets": n_b, "n_seeds": n_s, "n_bootstrap": 0, "note": ""}
-        row.update(dict.fromkeys(FIT_COLUMNS[6:15], math.nan))
-        if n_b < 2 or n_s < 1:
-            row["note"] = f"{n_b} budget(s) with every seed: nothing to fit"
-            rows.append(row)
-            continue
-        form = SATURATING if n_b >= MIN_BUDGETS_SATURATING else LOG_LINEAR
-        if form == LOG_LINEAR:
-            row["note"] = (f"{n_b} budgets: a log-log line only (E = 0); a saturating law "
-                           f"needs {MIN_BUDGETS_SATURATING}")
-        try:
-            e, a, alpha = _fit(form, budgets, matrix.mean(axis=0))
-        except (RuntimeError, ValueError) as exc:
-            row.update(form=form, note=f"the fit failed: {exc}")
-            rows.append(row)
-            continue
-        # the same resamples of the same seeds for every variant of a dataset: the bootstrap
-        # is paired, so differences between curves have intervals too
-        key = (str(dataset), tuple(seeds))
-        if key not in draws:
-            rng = np.random.default_rng(BOOTSTRAP_SEED)
-            draws[key] = rng.integers(0, n_s, (N_BOOTSTRAP if n_s > 1 else 0, n_s))
-        boot = _bootstrap(form, budgets, matrix, draws[key])
-        resamples[(str(dataset), str(variant))] = boot
-        ok = boot[np.isfinite(boot).all(axis=1)]
-        row.update(form=form, E=e, A=a, alpha=alpha, n_bootstrap=len(ok))
-        if form == SATURATING and e_at_bound(e, matrix):
-            row["note"] = ("E at its lower bound 0: the losses show no floor within the "
-                           "budgets, and the law is a pure power law there")
-        for i, name in enumerate(("E", "A", "alpha")):
-            if len(ok):
-                row[f"{name}_low"], row[f"{name}_high"] = np.percentile(ok[:, i], [q, 100 - q])
+               "n_budgets": len(budgets), "n_seeds": len(matrix), "n_bootstrap": 0,
+               "note": f"{len(budgets)} budget(s) with every seed: nothing to fit",
+               **dict.fromkeys(FIT_COLUMNS[6:15], math.nan)}
+        fitted = _fit_mean(budgets, matrix) if len(budgets) >= 2 and len(matrix) else {}
+        row.update(fitted)
+        if "E" in fitted:
+            boot = _bootstrap(row["form"], budgets, matrix,
+                              _paired_draws(draws, str(dataset), seeds))
+            resamples[(str(dataset), str(variant))] = boot
+            row.update(_bootstrap_interval(boot))
         rows.append(row)
     return pd.DataFrame(rows, columns=FIT_COLUMNS), resamples
+
+
+def _fit_mean(budgets: np.ndarray, matrix: np.ndarray) -> dict:
+    """The curve through the mean over seeds (rows of ``matrix``) as columns of
+    :data:`FIT_COLUMNS`: ``form``, ``E``, ``A``, ``alpha`` and ``note``, or why the fit failed."""
+    n_b = len(budgets)
+    form = SATURATING if n_b >= MIN_BUDGETS_SATURATING else LOG_LINEAR
+    note = "" if form == SATURATING else (f"{n_b} budgets: a log-log line only (E = 0); a "
+                                          f"saturating law needs {MIN_BUDGETS_SATURATING}")
+    try:
+        e, a, alpha = _fit(form, budgets, matrix.mean(axis=0))
+    except (RuntimeError, ValueError) as exc:
+        return {"form": form, "note": f"the fit failed: {exc}"}
+    if form == SATURATING and e_at_bound(e, matrix):
+        note = ("E at its lower bound 0: the losses show no floor within the "
+                "budgets, and the law is a pure power law there")
+    return {"form": form, "E": e, "A": a, "alpha": alpha, "note": note}
+
+
+def _paired_draws(cache: dict[tuple[str, tuple], np.ndarray], dataset: str,
+                  seeds: list) -> np.ndarray:
+    """The bootstrap's resamples of ``seeds`` (a row of seed indices each), the same for every
+    variant of ``dataset``: the bootstrap is paired, so differences between curves have
+    intervals too."""
+    key = (dataset, tuple(seeds))
+    if key not in cache:
+        rng = np.random.default_rng(BOOTSTRAP_SEED)
+        n_s = len(seeds)
+        cache[key] = rng.integers(0, n_s, (N_BOOTSTRAP if n_s > 1 else 0, n_s))
+    return cache[key]
+
+
+def _bootstrap_interval(boot: np.ndarray) -> dict:
+    """``n_bootstrap`` (the resamples whose fit converged) and each parameter's
+    :data:`CONFIDENCE` percentile interval over them."""
+    ok = boot[np.isfinite(boot).all(axis=1)]
+    out = {"n_bootstrap": len(ok)}
+    for i, name in enumerate(("E", "A", "alpha")):
+        if len(ok):
+            out[f"{name}_low"], out[f"{name}_high"] = np.percentile(ok[:, i], _TAILS)
+    return out
 
 
 def predict(fit: pd.Series, boot: np.ndarray | None, flops: np.ndarray
@@ -220,8 +239,7 @@ def predict(fit: pd.Series, boot: np.ndarray | None, flops: np.ndarray
         nan = np.full_like(mid, np.nan)
         return mid, nan, nan
     curves = np.stack([power_law(flops, *p) for p in boot])
-    q = (1 - CONFIDENCE) / 2 * 100
-    low, high = np.nanpercentile(curves, [q, 100 - q], axis=0)
+    low, high = np.nanpercentile(curves, _TAILS, axis=0)
     return mid, low, high
 
 
@@ -233,7 +251,6 @@ def extrapolate(fits: pd.DataFrame, resamples: dict[tuple[str, str], np.ndarray]
     bootstrap (the same resampled seeds for both curves), in the unit of the curve's metric.
     Curves without a fit, and datasets without a target, give no row."""
     rows = []
-    q = (1 - CONFIDENCE) / 2 * 100
     for _, fit in fits.iterrows():
         dataset, variant = str(fit["dataset"]), str(fit["variant"])
         target = target_flops.get(dataset)
@@ -246,8 +263,7 @@ def extrapolate(fits: pd.DataFrame, resamples: dict[tuple[str, str], np.ndarray]
                "form": fit["form"], "target_flops": target, "predicted": float(mid[0]),
                "predicted_low": float(low[0]), "predicted_high": float(high[0]),
                "delta": math.nan, "delta_low": math.nan, "delta_high": math.nan}
-        base = fits[(fits["dataset"].astype(str) == dataset)
-                    & (fits["variant"].astype(str) == baseline)]
+        base = rows_of(fits, dataset, baseline)
         base_boot = resamples.get((dataset, baseline))
         if variant != baseline and len(base) and base.iloc[0]["form"] == fit["form"]:
             b = base.iloc[0]
@@ -258,7 +274,7 @@ def extrapolate(fits: pd.DataFrame, resamples: dict[tuple[str, str], np.ndarray]
                      - np.array([power_law(x, *p)[0] for p in base_boot]))
                 if np.isfinite(d).any():
                     row["delta_low"], row["delta_high"] = (float(v) for v in
-                                                           np.nanpercentile(d, [q, 100 - q]))
+                                                           np.nanpercentile(d, _TAILS))
         rows.append(row)
     return pd.DataFrame(rows, columns=EXTRAPOLATION_COLUMNS)
 
@@ -302,48 +318,67 @@ def effect_trends(scaling: pd.DataFrame, metric_of: dict[str, str],
         metric = metric_of[str(dataset)]
         if baseline not in set(d["variant"].astype(str)):
             continue
-        base = d[d["variant"].astype(str) == baseline].pivot_table(
-            index="seed", columns="budget_flops", values=metric, aggfunc="mean")
-        family = []
-        for variant in [v for v in present(d["variant"]) if v != baseline]:
-            var = d[d["variant"].astype(str) == variant].pivot_table(
-                index="seed", columns="budget_flops", values=metric, aggfunc="mean")
-            budgets = sorted(set(base.columns) & set(var.columns))
-            diff = (var[budgets] - base[budgets]).dropna()
-            x = np.log10(np.asarray(budgets, dtype=float))
-            row = {"dataset": dataset, "variant": variant, "metric": metric,
-                   "n_budgets": len(budgets), "n_seeds": len(diff), "trend": TREND_FEW,
-                   "crossing_flops": crossing(np.asarray(budgets, dtype=float),
-                                              diff.mean().to_numpy(float)) if len(diff)
-                   else math.nan}  # kept below only where the trend is detectable
-            row.update(dict.fromkeys(TREND_COLUMNS[5:12], math.nan))
-            if len(budgets) >= 2 and len(diff) >= 3:
-                slopes = np.array([np.polyfit(x, r, 1)[0] for r in diff.to_numpy(float)])
-                sem = float(slopes.std(ddof=1) / math.sqrt(len(slopes)))
-                mean = float(slopes.mean())
-                row["slope"] = mean
-                if sem == 0:
-                    row.update(slope_low=mean, slope_high=mean, slope_holm_low=mean,
-                               slope_holm_high=mean, trend=TREND_NONE if mean == 0
-                               else (TREND_GROWS if mean < 0 else TREND_SHRINKS))
-                else:
-                    res = stats.ttest_1samp(slopes, 0.0)
-                    row["slope_low"], row["slope_high"] = stats.t.interval(
-                        CONFIDENCE, len(slopes) - 1, loc=mean, scale=sem)
-                    row.update(p_value=float(res.pvalue), _sem=sem, _df=len(slopes) - 1,
-                               trend=TREND_NONE)
-                    family.append(len(rows))
-            rows.append(row)
-        for i, rej in zip(family, holm_p(rows, family, alpha)):
-            r = rows[i]
-            r["slope_holm_low"], r["slope_holm_high"] = holm_interval(
-                r["slope"], r.pop("_sem"), r.pop("_df"), r["p_value"], r["p_holm"], alpha)
-            if rej:
-                r["trend"] = TREND_GROWS if r["slope"] < 0 else TREND_SHRINKS
-        for r in rows:
-            if r["dataset"] == dataset and r["trend"] not in (TREND_GROWS, TREND_SHRINKS):
-                r["crossing_flops"] = math.nan  # a sign change without a trend is noise
+        base = _seed_by_budget(d, baseline, metric)
+        found = [_trend_row(dataset, variant, metric, base, _seed_by_budget(d, variant, metric))
+                 for variant in present(d["variant"]) if variant != baseline]
+        _judge_trends(found, alpha)
+        rows += found
     return pd.DataFrame(rows, columns=TREND_COLUMNS)
+
+
+def _seed_by_budget(d: pd.DataFrame, variant: str, metric: str) -> pd.DataFrame:
+    """One variant's ``metric``, a row per seed and a column per budget."""
+    return d[d["variant"].astype(str) == variant].pivot_table(
+        index="seed", columns="budget_flops", values=metric, aggfunc="mean")
+
+
+def _trend_row(dataset: str, variant: str, metric: str, base: pd.DataFrame,
+               var: pd.DataFrame) -> dict:
+    """One variant's row of :data:`TREND_COLUMNS` before Holm's correction, from its and the
+    baseline's losses by seed and budget (:func:`_seed_by_budget`)."""
+    budgets = sorted(set(base.columns) & set(var.columns))
+    diff = (var[budgets] - base[budgets]).dropna()
+    row = {"dataset": dataset, "variant": variant, "metric": metric,
+           "n_budgets": len(budgets), "n_seeds": len(diff), "trend": TREND_FEW,
+           "crossing_flops": crossing(np.asarray(budgets, dtype=float),
+                                      diff.mean().to_numpy(float)) if len(diff)
+           else math.nan,  # kept by _judge_trends only where the trend is detectable
+           **dict.fromkeys(TREND_COLUMNS[5:12], math.nan)}
+    if len(budgets) >= 2 and len(diff) >= 3:
+        x = np.log10(np.asarray(budgets, dtype=float))
+        row.update(_slope_test(np.array([np.polyfit(x, r, 1)[0] for r in diff.to_numpy(float)])))
+    return row
+
+
+def _slope_test(slopes: np.ndarray) -> dict:
+    """The mean of the seeds' ``slopes``, its interval and its one-sample t-test against 0
+    (``_sem`` and ``_df`` for Holm's correction); equal slopes get no test, the point as
+    interval."""
+    mean = float(slopes.mean())
+    sem = float(slopes.std(ddof=1) / math.sqrt(len(slopes)))
+    if sem == 0:
+        return dict(slope=mean, slope_low=mean, slope_high=mean, slope_holm_low=mean,
+                    slope_holm_high=mean, trend=TREND_NONE if mean == 0
+                    else (TREND_GROWS if mean < 0 else TREND_SHRINKS))
+    low, high = stats.t.interval(CONFIDENCE, len(slopes) - 1, loc=mean, scale=sem)
+    return dict(slope=mean, slope_low=low, slope_high=high,
+                p_value=float(stats.ttest_1samp(slopes, 0.0).pvalue), _sem=sem,
+                _df=len(slopes) - 1, trend=TREND_NONE)
+
+
+def _judge_trends(rows: list[dict], alpha: float) -> None:
+    """Holm's correction over one dataset's tested ``rows``, in place: the corrected interval,
+    the trend of each rejected row, and no ``crossing_flops`` without a trend."""
+    family = [i for i, r in enumerate(rows) if "_sem" in r]
+    for i, rej in zip(family, holm_p(rows, family, alpha)):
+        r = rows[i]
+        r["slope_holm_low"], r["slope_holm_high"] = holm_interval(
+            r["slope"], r.pop("_sem"), r.pop("_df"), r["p_value"], r["p_holm"], alpha)
+        if rej:
+            r["trend"] = TREND_GROWS if r["slope"] < 0 else TREND_SHRINKS
+    for r in rows:
+        if r["trend"] not in (TREND_GROWS, TREND_SHRINKS):
+            r["crossing_flops"] = math.nan  # a sign change without a trend is noise
 
 
 def effects_by_budget(scaling: pd.DataFrame, metric_of: dict[str, str]) -> pd.DataFrame:

@@ -42,7 +42,7 @@ from typing import Mapping
 import numpy as np
 import pandas as pd
 
-from lmablate.report.collect import with_order
+from lmablate.report.collect import rows_of, with_order
 
 COMPLETE, FAIL = "COMPLETE", "FAIL"  # trial states in trials.csv (FAIL: the run diverged)
 DESIGN_RUNG, DESIGN_BATCH = 0, 0  # where the shared design sits in a study
@@ -71,12 +71,9 @@ def _usable(trials: pd.DataFrame) -> pd.DataFrame:
     if trials is None or trials.empty or any(c not in trials for c in REQUIRED):
         return pd.DataFrame(columns=[*REQUIRED, "diverged"])
     t = with_order(trials[trials["state"].isin([COMPLETE, FAIL])])
-    t = t.assign(**{c: pd.to_numeric(t[c], errors="coerce")
-                    for c in ("rung", "batch", "value", "params_lr", "params_d_model")})
-    if "tokens_per_parameter" in t:
-        t["tokens_per_parameter"] = pd.to_numeric(t["tokens_per_parameter"], errors="coerce")
-    if "budget_fraction" in t:
-        t["budget_fraction"] = pd.to_numeric(t["budget_fraction"], errors="coerce")
+    t = t.assign(**{c: pd.to_numeric(t[c], errors="coerce") for c in (
+        "rung", "batch", "value", "params_lr", "params_d_model", "tokens_per_parameter",
+        "budget_fraction") if c in t})  # the last two optional
     value = t["value"].to_numpy(dtype=float)
     t["diverged"] = (t["state"] == FAIL).to_numpy() | ~np.isfinite(value)
     return t
@@ -110,10 +107,45 @@ def design_points(trials: pd.DataFrame) -> pd.DataFrame:
     return t[t["batch"] == DESIGN_BATCH]
 
 
-def _one(values: pd.Series) -> float:
-    """The one value of ``values`` (NaN if none or several)."""
-    distinct = values.dropna().unique()
+def _one(frame: pd.DataFrame, column: str) -> float:
+    """The one value of ``frame[column]`` (NaN if the column is absent, or has none or
+    several)."""
+    distinct = frame[column].dropna().unique() if column in frame else ()
     return float(distinct[0]) if len(distinct) == 1 else math.nan
+
+
+def _best(trials: pd.DataFrame) -> tuple[float, float]:
+    """The learning rate and the loss of the lowest-loss trial that did not diverge (NaN, NaN
+    if every one did)."""
+    done = trials[~trials["diverged"]]
+    if done.empty:
+        return math.nan, math.nan
+    best = done.loc[done["value"].idxmin()]
+    return float(best["params_lr"]), float(best["value"])
+
+
+def _sensitivity(design: pd.DataFrame, l0: float, best_loss: float) -> float:
+    """``S = mean_i [min(L_i, L0) - L*]`` over the ``design`` points, a diverged one counting
+    as ``L0``."""
+    losses = np.where(design["diverged"].to_numpy(), l0, design["value"].to_numpy(dtype=float))
+    return float(np.mean(np.minimum(losses, l0) - best_loss))
+
+
+def _design_row(d: pd.DataFrame, l0: float) -> dict:
+    """One study's row of :data:`SENSITIVITY_COLUMNS` (less dataset and variant) from its
+    design points ``d`` and its loss at initialisation ``l0``."""
+    best_lr, best_loss = _best(d)
+    note = (NO_DESIGN if d.empty else SEVERAL_WIDTHS if d["params_d_model"].nunique() > 1
+            else ALL_DIVERGED if math.isnan(best_loss) else NO_UNIFORM if not math.isfinite(l0)
+            else "")
+    return {"n_design": len(d), "n_design_diverged": int(d["diverged"].sum()),
+            "design_d_model": _one(d, "params_d_model"),
+            "design_tokens_per_parameter": _one(d, "tokens_per_parameter"),
+            "design_lr_low": d["params_lr"].min(), "design_lr_high": d["params_lr"].max(),
+            "budget_fraction": _one(d, "budget_fraction"),
+            "best_design_lr": best_lr, "best_design_loss": best_loss, "uniform_loss": l0,
+            "lr_sensitivity": math.nan if note else _sensitivity(d, l0, best_loss),
+            "note": note}
 
 
 def lr_sensitivity(trials: pd.DataFrame, uniform_loss: Mapping[str, float]) -> pd.DataFrame:
@@ -154,35 +186,11 @@ def lr_sensitivity(trials: pd.DataFrame, uniform_loss: Mapping[str, float]) -> p
     studies = _usable(trials)
     design = design_points(trials)
     rows = []
-    for (dataset, variant), study in studies.groupby(["dataset", "variant"], observed=True,
-                                                     sort=True):
-        d = design[(design["dataset"] == dataset) & (design["variant"] == variant)]
-        row = {"dataset": dataset, "variant": variant, "n_design": len(d),
-               "n_design_diverged": int(d["diverged"].sum())}
-        widths = d["params_d_model"].dropna().unique()
-        row["design_d_model"] = float(widths[0]) if len(widths) == 1 else math.nan
-        row["design_tokens_per_parameter"] = (_one(d["tokens_per_parameter"])
-                                              if "tokens_per_parameter" in d else math.nan)
-        row["design_lr_low"] = d["params_lr"].min() if len(d) else math.nan
-        row["design_lr_high"] = d["params_lr"].max() if len(d) else math.nan
-        row["budget_fraction"] = _one(d["budget_fraction"]) if "budget_fraction" in d \
-            else math.nan
-        done = d[~d["diverged"]]
-        best = done.loc[done["value"].idxmin()] if len(done) else None
-        row["best_design_lr"] = float(best["params_lr"]) if best is not None else math.nan
-        row["best_design_loss"] = float(best["value"]) if best is not None else math.nan
-        l0 = float(uniform_loss.get(str(dataset), math.nan))
-        row["uniform_loss"] = l0
-        note = (NO_DESIGN if d.empty else SEVERAL_WIDTHS if len(widths) > 1
-                else ALL_DIVERGED if best is None else NO_UNIFORM if not math.isfinite(l0)
-                else "")
-        if note:
-            s = math.nan
-        else:
-            losses = np.where(d["diverged"].to_numpy(), l0, d["value"].to_numpy(dtype=float))
-            s = float(np.mean(np.minimum(losses, l0) - row["best_design_loss"]))
-        row.update(lr_sensitivity=s, note=note)
-        rows.append(row)
+    for (dataset, variant), _ in studies.groupby(["dataset", "variant"], observed=True,
+                                                 sort=True):
+        d = rows_of(design, dataset, variant)
+        rows.append({"dataset": dataset, "variant": variant,
+                     **_design_row(d, float(uniform_loss.get(str(dataset), math.nan)))})
     out = pd.DataFrame(rows, columns=SENSITIVITY_COLUMNS)
     out["design_d_model"] = out["design_d_model"].astype("Int64")  # a width, or <NA>
     return _study_order(out, studies)
@@ -205,17 +213,13 @@ def width_summary(trials: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for (dataset, variant, d_model), g in t.groupby(
             ["dataset", "variant", "params_d_model"], observed=True, sort=True):
-        done = g[~g["diverged"]]
-        best = done.loc[done["value"].idxmin()] if len(done) else None
+        best_lr, best_loss = _best(g)
         rows.append({
             "dataset": dataset, "variant": variant, "d_model": int(d_model),
-            "tokens_per_parameter": (_one(g["tokens_per_parameter"])
-                                     if "tokens_per_parameter" in g else math.nan),
-            "budget_fraction": (_one(g["budget_fraction"]) if "budget_fraction" in g
-                                else math.nan),
+            "tokens_per_parameter": _one(g, "tokens_per_parameter"),
+            "budget_fraction": _one(g, "budget_fraction"),
             "n_trials": len(g), "n_diverged": int(g["diverged"].sum()),
-            "best_loss": float(best["value"]) if best is not None else math.nan,
-            "best_lr": float(best["params_lr"]) if best is not None else math.nan})
+            "best_loss": best_loss, "best_lr": best_lr})
     out = pd.DataFrame(rows, columns=WIDTH_COLUMNS)
     return _study_order(out, t)
 

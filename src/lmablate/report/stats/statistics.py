@@ -347,34 +347,37 @@ def compare(df: pd.DataFrame, baseline: str = BASELINE, alpha: float = ALPHA,
         if baseline not in set(d["variant"]):
             continue
         variants = [v for v in present(d["variant"]) if v != baseline]
-        for metric in metrics:
-            if metric not in d.columns:
-                continue
-            higher = bool(METRICS[metric][2])
-            wide = (d.pivot_table(index="seed", columns="variant", values=metric,
-                                  aggfunc="mean", observed=True)
-                    .reindex(columns=[baseline, *variants]))  # all-NaN columns come back as NaN
-            if wide[baseline].notna().sum() == 0:
-                continue
-            family = []
-            for variant in variants:
-                row = _paired_row(wide[[baseline, variant]].dropna(),  # the seeds both have
-                                  dataset, metric, higher, baseline, variant)
-                if row["verdict"] == VERDICT_NSD:  # tested: one of Holm's family
-                    family.append(len(rows))
-                rows.append(row)
-            holm_correct(rows, family, alpha, higher)
-            if fraction_bounds(metric) is not None:
-                _clip_to_fractions(rows[len(rows) - len(variants):])
-            for i in family:
-                rows[i]["mde"] = min_detectable_effect(rows[i]["sd_diff"], rows[i]["n_pairs"],
-                                                       alpha / len(family))
+        for metric in (m for m in metrics if m in d.columns):
+            rows += _metric_comparisons(d, dataset, metric, baseline, variants, alpha)
     out = pd.DataFrame(rows, columns=COMPARISON_COLUMNS)
     out["reject_holm"] = out["reject_holm"].astype(bool)
     out["higher_is_better"] = out["higher_is_better"].astype(bool)
     for col in ("dataset", "variant"):
         out[col] = out[col].astype(str).astype(df[col].dtype)
     return out
+
+
+def _metric_comparisons(d: pd.DataFrame, dataset: str, metric: str, baseline: str,
+                        variants: list[str], alpha: float) -> list[dict]:
+    """The rows of :func:`compare` for one dataset's ``d`` and ``metric``: each of ``variants``
+    against ``baseline``, the tested ones one Holm family; none where the baseline has no value."""
+    higher = bool(METRICS[metric][2])
+    wide = (d.pivot_table(index="seed", columns="variant", values=metric,
+                          aggfunc="mean", observed=True)
+            .reindex(columns=[baseline, *variants]))  # all-NaN columns come back as NaN
+    if wide[baseline].notna().sum() == 0:
+        return []
+    rows = [_paired_row(wide[[baseline, variant]].dropna(),  # the seeds both have
+                        dataset, metric, higher, baseline, variant) for variant in variants]
+    # the tested rows: Holm's family
+    family = [i for i, row in enumerate(rows) if row["verdict"] == VERDICT_NSD]
+    holm_correct(rows, family, alpha, higher)
+    if fraction_bounds(metric) is not None:
+        _clip_to_fractions(rows)
+    for i in family:
+        rows[i]["mde"] = min_detectable_effect(rows[i]["sd_diff"], rows[i]["n_pairs"],
+                                               alpha / len(family))
+    return rows
 
 
 DETECTABLE_COLUMNS = ["dataset", "metric", "n_seeds", "n_compared", "alpha", "power",
