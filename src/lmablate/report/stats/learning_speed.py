@@ -266,4 +266,3 @@ def _judge_speed(rows: list[dict], alpha: float) -> None:
     for r in rows:
         r.pop("_sd", None)
         r.pop("_o_minus_e", None)
-
