@@ -63,11 +63,6 @@ FINDINGS = "_findings.md.j2"  # the sentences of "Findings", one macro each
 MAX_SEEDS = 1000  # past this, "more than 1,000 seeds": the difference is lost in the spread
 
 
-def _signed(x: float, digits: int = 3) -> str:
-    """``+0.062`` / ``-0.126``: an effect with its sign always shown."""
-    return f"{x:+.{digits}f}"
-
-
 def seeds_needed(mean_diff: float, sd_diff: float, n_compared: int, alpha: float = ALPHA,
                  power: float = POWER, cap: int = MAX_SEEDS) -> int | None:
     """Paired seeds a two-sided paired t-test needs to detect a true difference of
@@ -147,6 +142,16 @@ EFFECT_KEYS = ("variant", "verdict", "mean_diff", "variant_mean", "baseline_mean
                "ci95_high", "ci_holm_low", "ci_holm_high", "tuning_uncertainty", "n_pairs")
 
 
+def _headline(comparisons: pd.DataFrame, dataset: str,
+              references: pd.DataFrame | None = None) -> tuple[str, str, pd.DataFrame, Any]:
+    """``dataset``'s headline loss (:func:`lmablate.report.headline.headline_loss`): its label,
+    unit, comparison rows and trigram reference (None where it has none)."""
+    metric = headline_loss(comparisons, dataset)
+    label, unit, _ = METRICS[metric]
+    c = comparisons[(comparisons["dataset"] == dataset) & (comparisons["metric"] == metric)]
+    return label, unit, c, trigram_reference(references, dataset, metric)
+
+
 def verdict_table(comparisons: pd.DataFrame, datasets: Sequence[str],
                   references: pd.DataFrame | None = None) -> list[str]:
     """The study's verdicts as one Markdown table, a row per dataset x variant in its headline
@@ -156,10 +161,7 @@ def verdict_table(comparisons: pd.DataFrame, datasets: Sequence[str],
     lines without comparisons."""
     rows = []
     for ds in datasets:
-        metric = headline_loss(comparisons, ds)
-        label, unit, _ = METRICS[metric]
-        c = comparisons[(comparisons["dataset"] == ds) & (comparisons["metric"] == metric)]
-        trigram = trigram_reference(references, ds, metric)
+        label, unit, c, trigram = _headline(comparisons, ds, references)
         for i, (_, row) in enumerate(c.iterrows()):
             r = _record(row, EFFECT_KEYS + ("mde",))
             base = r["baseline_mean"]
@@ -338,9 +340,7 @@ def _widths(ablation: pd.DataFrame | None, dataset: str) -> list[str]:
 def _dataset_lines(ds: str, comparisons: pd.DataFrame, tables: Mapping[str, Any],
                    variants: Sequence[str]) -> list[str]:
     """One dataset's block of "Findings", ending with an empty line."""
-    metric = headline_loss(comparisons, ds)
-    label, unit, _ = METRICS[metric]
-    c = comparisons[(comparisons["dataset"] == ds) & (comparisons["metric"] == metric)]
+    label, unit, c, _ = _headline(comparisons, ds)
     if c.empty:
         lines = [say("nothing_compared", ds=ds, variants=list(variants), baseline=BASELINE), ""]
     else:
@@ -407,22 +407,16 @@ def verdict_lines(comparisons: pd.DataFrame, datasets: Sequence[str],
     is not below the trigram (:func:`reference_caveat`, short form, nats/char)."""
     out = []
     for ds in datasets:
-        metric = headline_loss(comparisons, ds)
-        label, unit, _ = METRICS[metric]
-        c = comparisons[(comparisons["dataset"] == ds) & (comparisons["metric"] == metric)]
-        trigram = trigram_reference(references, ds, metric)
-
-        def caveat(r) -> str:
-            text = reference_caveat(str(r.variant), r.variant_mean, r.baseline_mean, trigram,
-                                    unit, short=True)
-            return f" ({text})" if text else ""
-        decided = c[c["verdict"].isin([VERDICT_BETTER, VERDICT_WORSE])]
-        parts = [f"{r.variant} {r.verdict} {_signed(r.mean_diff)} "
-                 f"[{r.ci_holm_low:.3f}, {r.ci_holm_high:.3f}]{caveat(r)}"
-                 for r in decided.itertuples()]
+        label, unit, c, trigram = _headline(comparisons, ds, references)
+        rows = [dict(_record(r, EFFECT_KEYS), caveat=reference_caveat(
+            str(r.variant), r.variant_mean, r.baseline_mean, trigram, unit, short=True))
+            for _, r in c.iterrows()]
+        decided = [r for r in rows if r["verdict"] in (VERDICT_BETTER, VERDICT_WORSE)]
         rest: dict[str, list[str]] = {}  # verdict as written -> variants, in row order
-        for r in c.loc[~c.index.isin(decided.index)].itertuples():
-            rest.setdefault(str(r.verdict), []).append(f"{r.variant}{caveat(r)}")
-        parts += [f"{verdict}: {', '.join(names)}" for verdict, names in rest.items()]
-        out.append(f"{ds}, {label} ({unit}): {'; '.join(parts) or 'no variant compared'}")
+        for r in rows:
+            if r not in decided:
+                rest.setdefault(str(r["verdict"]), []).append(
+                    r["variant"] + (f" ({r['caveat']})" if r["caveat"] else ""))
+        out.append(say("console", ds=ds, label=label, unit=unit, decided=decided,
+                       rest=list(rest.items())))
     return out
