@@ -20,7 +20,7 @@ import os
 import platform
 import tempfile
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import pandas as pd
 import torch
@@ -134,17 +134,28 @@ def summary_record(cfg: StudyConfig, metrics_dir: Path) -> tuple[dict, dict, dic
     return params, metrics, tags
 
 
+def verdict_label(doc: Mapping[str, Any], variant: str) -> str:
+    """A final run's verdict tag from its DVC metrics ``doc``: the verdict in the dataset's
+    headline loss with Δ and its share of the baseline's mean, rounded, e.g. ``better: Δ
+    -0.108 (-4.9%)``; the baseline's its mean, e.g. ``baseline: 2.190`` (nats/char, nats per
+    answer character on arithmetic); the verdict alone where the file has no Δ."""
+    delta = next((k for k in doc if k.startswith("delta_")), None)
+    verdict = str(doc.get("verdict", BASELINE if variant == BASELINE else "no comparison"))
+    if delta is None or not isinstance(doc.get(delta), (int, float)):
+        return verdict
+    mean = doc.get(delta.removeprefix("delta_"))
+    if variant == BASELINE:
+        return f"{verdict}: {mean:.3f}" if isinstance(mean, (int, float)) else verdict
+    d, base = float(doc[delta]), (mean - doc[delta] if isinstance(mean, (int, float)) else 0)
+    return f"{verdict}: Δ {d:+.3f}" + (f" ({d / abs(base):+.1%})" if base else "")
+
+
 def run_verdicts(cfg: StudyConfig, metrics_dir: Path) -> dict[str, str]:
-    """``"<dataset>/<variant>"`` -> the verdict its DVC metrics file gives in the dataset's
-    headline loss, and ``"baseline"`` for the baseline: the tag MLflow's runs view groups the
-    final runs by (:meth:`lmablate.tracking.mlflow_store.MlflowStore.save_views`)."""
-    out = {}
-    for ds in cfg.datasets:
-        for path in sorted((metrics_dir / ds).glob("*.json")):
-            doc = json.loads(path.read_text())
-            out[f"{ds}/{path.stem}"] = str(doc.get("verdict", path.stem if path.stem ==
-                                                   BASELINE else "no comparison"))
-    return out
+    """``"<dataset>/<variant>"`` -> the verdict label (:func:`verdict_label`) its DVC metrics
+    file gives in the dataset's headline loss: the tag MLflow's runs view groups the final
+    runs by (:meth:`lmablate.tracking.mlflow_store.MlflowStore.save_views`)."""
+    return {f"{ds}/{path.stem}": verdict_label(json.loads(path.read_text()), path.stem)
+            for ds in cfg.datasets for path in sorted((metrics_dir / ds).glob("*.json"))}
 
 
 def with_replication(docs: dict[str, dict], replication: pd.DataFrame,

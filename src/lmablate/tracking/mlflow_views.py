@@ -32,9 +32,9 @@ CREATED_COLUMN, CREATED_WIDTH = "runDateAndNestInfo", 116
 # pixels: the group label "dataset: arithmetic, variant: baseline" in full, after the expander
 # and the run count; a run's name "shakespeare-baseline-seed0"; a value's first digits
 GROUPED_NAME_WIDTH, RUN_NAME_WIDTH, VALUE_WIDTH = 360, 230, 96
-# the group label with its verdict: "dataset: arithmetic, variant: rope, verdict: no significant
-# difference"
-GROUPED_VERDICT_WIDTH = 590
+# the group label with its verdict label: "dataset: arithmetic, variant: rmsnorm, verdict: no
+# significant difference: Δ +0.047 (+86.1%)"
+GROUPED_VERDICT_WIDTH = 700
 TAG_WIDTHS = {"dataset": 100, "variant": 80, "seed": 56}
 # a final run's verdict in its dataset's headline loss (the report stage writes it); the runs
 # view groups by it, so a group's label reads "dataset: arithmetic, variant: rope, verdict: ..."
