@@ -178,6 +178,12 @@ def runs_view(datasets: Sequence[str] = (), variants: Sequence[str] = (),
             "compareRunCharts": cards, "compareRunSections": sections}
 
 
+def _check_quotes(dataset: str) -> None:
+    """Raises ValueError: ``dataset`` holds a quote, which a search filter cannot hold."""
+    if "'" in dataset:
+        raise ValueError(f"dataset name {dataset!r} holds a quote; MLflow's filter cannot")
+
+
 def dataset_view(dataset: str, metrics: Iterable[str] = (), budgets: bool = False) -> dict:
     """One dataset's final runs, one row and one line per seed, sorted by name (so by variant,
     then budget in a scaling study, whose ``budgets`` are then a column): each run drawn in its
@@ -187,8 +193,7 @@ def dataset_view(dataset: str, metrics: Iterable[str] = (), budgets: bool = Fals
     Raises:
         ValueError: ``dataset`` holds a quote, which the search filter cannot hold.
     """
-    if "'" in dataset:
-        raise ValueError(f"dataset name {dataset!r} holds a quote; MLflow's filter cannot")
+    _check_quotes(dataset)
     first = [(RUN_NAME_COLUMN, RUN_NAME_WIDTH), (column("tags", "variant"), TAG_WIDTHS["variant"]),
              *([(column("tags", BUDGET_TAG), BUDGET_WIDTH)] if budgets else []),
              (column("tags", "seed"), TAG_WIDTHS["seed"])]
@@ -215,8 +220,7 @@ def tuning_view(dataset: str, metrics: Iterable[str] = ()) -> dict:
     Raises:
         ValueError: ``dataset`` holds a quote, which the search filter cannot hold.
     """
-    if "'" in dataset:
-        raise ValueError(f"dataset name {dataset!r} holds a quote; MLflow's filter cannot")
+    _check_quotes(dataset)
     first = [(RUN_NAME_COLUMN, RUN_NAME_WIDTH), (column("tags", "variant"), TAG_WIDTHS["variant"]),
              (column("tags", "rung"), TAG_WIDTHS["seed"])]
     shown = [column("params", p) for p in TRIAL_PARAMS] + [column("metrics", OBJECTIVE_METRIC)]
