@@ -180,6 +180,8 @@ def test_the_tuning_view_draws_a_datasets_trials_as_parallel_coordinates_of_lr_w
             for slot in (0, 8):
                 run = store.start_run(f"trial-{slot}", {"dataset": dataset, "stage": "tune",
                                                         "replicate": replicate, "rung": "0"})
+                store.log_batch(run, metrics=[("val_loss", 2.0, 0, 10), ("objective", 2.0, 0, 10),
+                                              (f"only_{dataset}", 1.0, 0, 10)])
                 store.end_run(run, "FINISHED")
                 trials[dataset, replicate, slot] = run
     urls = store.save_views(["shakespeare", "arithmetic"], ["baseline"], {"baseline": "#1a1a1a"})
@@ -193,11 +195,17 @@ def test_the_tuning_view_draws_a_datasets_trials_as_parallel_coordinates_of_lr_w
         found = client.search_runs([store.experiment_id], filter_string=view["searchFilter"])
         assert sorted(r.info.run_id for r in found) == sorted(
             trials[dataset, "0", slot] for slot in (0, 8))  # no parent, no other replicate
-        (card,) = view["compareRunCharts"]
+        card, *rest = view["compareRunCharts"]
         assert card["type"] == "PARALLEL" and card["showAllRuns"]
         assert card["selectedParams"] == ["peak_lr", "d_model", "budget_fraction"]
         assert card["selectedMetrics"] == [mlflow_views.OBJECTIVE_METRIC]
-        assert card["metricSectionId"] == view["compareRunSections"][0]["uuid"]
+        shown, more = view["compareRunSections"]
+        assert card["metricSectionId"] == shown["uuid"] and shown["display"]
+        # every metric the dataset's trials logged has its card, in a closed section, so the
+        # UI adds none of its own above the fold
+        assert {(c["metricKey"], c["type"]) for c in rest} == {
+            ("objective", "BAR"), ("val_loss", "LINE"), (f"only_{dataset}", "BAR")}
+        assert {c["metricSectionId"] for c in rest} == {more["uuid"]} and not more["display"]
         assert view["selectedColumns"][-1] == "metrics.`objective`"
     with pytest.raises(ValueError, match="quote"):
         mlflow_views.tuning_view("o'neill")

@@ -319,10 +319,14 @@ class MlflowStore:
             new = [RunTag(k, v) for k, v in want.items() if v and tags.get(k) != v]
             if new:
                 self.client.log_batch(run.info.run_id, tags=new)
+        trial_metrics: dict[str, set[str]] = {d: set() for d in datasets}
+        for run in self._search("tags.stage = 'tune' AND attributes.run_name LIKE 'trial-%'"):
+            trial_metrics.setdefault(run.data.tags.get("dataset", ""), set()).update(
+                run.data.metrics)
         have = self.client.get_experiment(self.experiment_id).tags
         ordered = {d: sorted(b, key=float) for d, b in budgets.items()}
         for tag, value in views.study_views(datasets, variants, metrics, ordered,
-                                            verdicts).items():
+                                            verdicts, trial_metrics).items():
             if have.get(tag) != value:
                 self.client.set_experiment_tag(self.experiment_id, tag, value)
         return {"runs": self.runs_view_url(),

@@ -178,6 +178,12 @@ def runs_view(datasets: Sequence[str] = (), variants: Sequence[str] = (),
             "compareRunCharts": cards, "compareRunSections": sections}
 
 
+def _check_quotes(dataset: str) -> None:
+    """Raises ValueError: ``dataset`` holds a quote, which a search filter cannot hold."""
+    if "'" in dataset:
+        raise ValueError(f"dataset name {dataset!r} holds a quote; MLflow's filter cannot")
+
+
 def dataset_view(dataset: str, metrics: Iterable[str] = (), budgets: bool = False) -> dict:
     """One dataset's final runs, one row and one line per seed, sorted by name (so by variant,
     then budget in a scaling study, whose ``budgets`` are then a column): each run drawn in its
@@ -187,8 +193,7 @@ def dataset_view(dataset: str, metrics: Iterable[str] = (), budgets: bool = Fals
     Raises:
         ValueError: ``dataset`` holds a quote, which the search filter cannot hold.
     """
-    if "'" in dataset:
-        raise ValueError(f"dataset name {dataset!r} holds a quote; MLflow's filter cannot")
+    _check_quotes(dataset)
     first = [(RUN_NAME_COLUMN, RUN_NAME_WIDTH), (column("tags", "variant"), TAG_WIDTHS["variant"]),
              *([(column("tags", BUDGET_TAG), BUDGET_WIDTH)] if budgets else []),
              (column("tags", "seed"), TAG_WIDTHS["seed"])]
@@ -203,52 +208,60 @@ def tuning_view_key(dataset: str) -> str:
     return f"{TUNING_VIEW_KEY}-{dataset}"
 
 
-def tuning_view(dataset: str) -> dict:
+def tuning_view(dataset: str, metrics: Iterable[str] = ()) -> dict:
     """One dataset's tuning trials (replicate 0; every variant, rung and tuning seed), one
     row each, sorted by name, with their learning rate, width, share of the budget and
     objective value as columns; the chart tab draws them as parallel coordinates over
     :data:`TRIAL_PARAMS` and :data:`OBJECTIVE_METRIC`, so the learning rate and width that
     gave each objective value are read at a glance, the full-budget trials apart from the
-    first rung's by their budget share.
+    first rung's by their budget share. The trials' other ``metrics`` get a card each in the
+    closed section "Trial metrics" (the UI adds a chart for a metric without one).
 
     Raises:
         ValueError: ``dataset`` holds a quote, which the search filter cannot hold.
     """
-    if "'" in dataset:
-        raise ValueError(f"dataset name {dataset!r} holds a quote; MLflow's filter cannot")
+    _check_quotes(dataset)
     first = [(RUN_NAME_COLUMN, RUN_NAME_WIDTH), (column("tags", "variant"), TAG_WIDTHS["variant"]),
              (column("tags", "rung"), TAG_WIDTHS["seed"])]
     shown = [column("params", p) for p in TRIAL_PARAMS] + [column("metrics", OBJECTIVE_METRIC)]
     widths = dict(first[:1]) | {CREATED_COLUMN: CREATED_WIDTH} | dict(first[1:])
     widths |= {c: VALUE_WIDTH for c in shown}
-    section = {"uuid": "lmablate-trials", "name": "Tuning trials", "display": True,
-               "isReordered": True, "deleted": False, "isGenerated": False}
-    card = {"uuid": "lmablate-parallel", "type": "PARALLEL", "metricSectionId": section["uuid"],
-            "selectedParams": list(TRIAL_PARAMS), "selectedMetrics": [OBJECTIVE_METRIC],
-            "showAllRuns": True, "runsCountToCompare": TRIAL_RUNS, "deleted": False,
-            "isGenerated": False}
+    sections = [{"uuid": uuid, "name": name, "display": shown, "isReordered": True,
+                 "deleted": False, "isGenerated": False}
+                for uuid, name, shown in (("lmablate-trials", "Tuning trials", True),
+                                          ("lmablate-trial-metrics", "Trial metrics", False))]
+    cards = [{"uuid": "lmablate-parallel", "type": "PARALLEL",
+              "metricSectionId": sections[0]["uuid"], "selectedParams": list(TRIAL_PARAMS),
+              "selectedMetrics": [OBJECTIVE_METRIC], "showAllRuns": True,
+              "runsCountToCompare": TRIAL_RUNS, "deleted": False, "isGenerated": False}]
+    for m in sorted(set(metrics) | {OBJECTIVE_METRIC}):
+        card = (_line if m in CURVES else _bar)(f"lmablate-trial-{m}", m, sections[1]["uuid"])
+        cards.append({**card, "runsCountToCompare": TRIAL_RUNS})
     search = (f"tags.stage = 'tune' AND tags.dataset = '{dataset}' AND tags.replicate = '0' "
               "AND attributes.run_name LIKE 'trial-%'")
     return {**_base(search), "selectedColumns": [c for c, _ in first[1:]] + shown,
             "columnOrder": list(widths), "columnWidths": widths,
             "groupBy": None, "useGroupedValuesInCharts": False,
-            "compareRunCharts": [card], "compareRunSections": [section]}
+            "compareRunCharts": cards, "compareRunSections": sections}
 
 
 def study_views(datasets: Sequence[str], variants: Sequence[str],
                 metrics: Mapping[str, Iterable[str]],
                 budgets: Mapping[str, Sequence[str]] | None = None,
-                verdicts: Mapping[str, str] | None = None) -> dict[str, str]:
+                verdicts: Mapping[str, str] | None = None,
+                trial_metrics: Mapping[str, Iterable[str]] | None = None) -> dict[str, str]:
     """Every saved view of a study, as experiment tag -> JSON: :func:`runs_view`, and one
     :func:`dataset_view` and one :func:`tuning_view` per dataset; ``metrics`` maps a dataset to the metric keys its final
     runs logged, ``budgets`` a scaling study's dataset to its ``budget_flops`` tag values
     (only datasets with several), ``verdicts`` each dataset x variant's verdict
-    (:func:`runs_view`)."""
+    (:func:`runs_view`), ``trial_metrics`` a dataset to the metric keys its tuning trials
+    logged (:func:`tuning_view`)."""
     budgets = {d: list(b) for d, b in (budgets or {}).items() if len(b) > 1}
     views = {RUNS_VIEW_KEY: runs_view(datasets, variants,
                                       {m for d in datasets for m in metrics.get(d, ())},
                                       budgets, verdicts)}
     views.update({dataset_view_key(d): dataset_view(d, metrics.get(d, ()), d in budgets)
                   for d in datasets})
-    views.update({tuning_view_key(d): tuning_view(d) for d in datasets})
+    views.update({tuning_view_key(d): tuning_view(d, (trial_metrics or {}).get(d, ()))
+                  for d in datasets})
     return {view_tag(k): json.dumps(v, sort_keys=True) for k, v in views.items()}
