@@ -8,7 +8,6 @@ the trials. Losses in nats/char.
 
 from __future__ import annotations
 
-import math
 from typing import Any, Sequence
 
 import pandas as pd
@@ -16,6 +15,9 @@ import pandas as pd
 from lmablate.config.study import StudyConfig
 from lmablate.report.stats.sensitivity import design_is_shared, width_summary
 from lmablate.report.text.mdtable import md_table, num
+from lmablate.report.text.render import macro_text
+
+LR = "_lr.md.j2"  # the section's sentences
 
 def _missing(x: Any) -> bool:
     """None, NaN or an empty string."""
@@ -76,21 +78,13 @@ def lr_section(cfg: StudyConfig, sensitivity: pd.DataFrame, tuned: pd.DataFrame,
     fraction = ", ".join(f"{x:g}" for x in pd.unique(design["budget_fraction"].dropna())) \
         or f"{tu.rungs[0][1]:g}"
     l0 = sens["uniform_loss"].dropna()
-    floor = (f"L0 = ln V = {l0.iloc[0]:.3f} nats (V = {round(math.exp(l0.iloc[0]))} tokens)"
-             if len(l0) else "L0 unknown without the tokenized data, so S is not computed")
-    text = (
-        f"S ([defined once](#how-the-learning-rate-was-chosen)) over {n} learning rates in "
-        f"[{tu.lr_low:g}, {tu.lr_high:g}] at d_model {width}"
-        + (f" ({ratio} training tokens per parameter)" if ratio else "")
-        + f", {fraction} of the budget, tuning seed {tu.seed}; {floor}."
-        + ("" if design_is_shared(trials, dataset) else
-           " The variants were NOT tried at the same points: their curves are not paired."))
-    missing = [f"{r.variant}: {r.note}" for r in sens.itertuples()
-               if isinstance(r.note, str) and r.note]
-    lines = [text, "",
+    missing = [(r.variant, r.note) for r in sens.itertuples() if isinstance(r.note, str) and r.note]
+    lines = [macro_text(LR, "design", n=n, tu=tu, width=width, ratio=ratio, fraction=fraction,
+                        l0=float(l0.iloc[0]) if len(l0) else None,
+                        shared=design_is_shared(trials, dataset)), "",
              _lr_table(sens, tuned[tuned["dataset"] == dataset] if len(tuned) else tuned,
                        width_summary(trials[trials["dataset"] == dataset]
                                      if len(trials) else trials), order), ""]
     if missing:
-        lines += ["No sensitivity for " + "; ".join(missing) + ".", ""]
+        lines += [macro_text(LR, "no_sensitivity", missing=missing), ""]
     return lines

@@ -89,6 +89,7 @@ FILTERS = {
     "tokens": million_tokens,
     "g2": lambda x: f"{x:.2g}",  # two significant digits: 0.0015, 0.11
     "fmt": format,  # any format spec: x|fmt(",.0f")
+    "exp": math.exp,
 }
 
 
