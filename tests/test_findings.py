@@ -246,3 +246,13 @@ def test_the_console_lines_carry_the_trigram_caveat_per_comparison(comparisons):
         f"text, test loss (nats/char): winner better {r['mean_diff']:+.3f} "
         f"[{r['ci_holm_low']:.3f}, {r['ci_holm_high']:.3f}] (neither past the trigram 2.000); "
         "no significant difference: noisy (neither past the trigram 2.000)"]
+
+
+def test_a_side_that_did_not_learn_on_every_seed_limits_its_verdicts(comparisons):
+    success = pd.DataFrame([{"dataset": "text", "variant": v, "n_learned": k, "n_seeds": 5}
+                            for v, k in (("baseline", 4), ("winner", 5), ("noisy", 2))])
+    lines = fi.verdict_table(comparisons, ["text"], success=success)
+    assert _row(lines, "winner")[-1].strip() == "baseline learned on 4/5 seeds"
+    assert _row(lines, "noisy")[-1].strip() == \
+        "baseline learned on 4/5 seeds; noisy learned on 2/5 seeds"
+    assert _row(fi.verdict_table(comparisons, ["text"]), "noisy")[-1].strip() == "–"

@@ -153,24 +153,37 @@ def _headline(comparisons: pd.DataFrame, dataset: str,
 
 
 def verdict_table(comparisons: pd.DataFrame, datasets: Sequence[str],
-                  references: pd.DataFrame | None = None) -> list[str]:
+                  references: pd.DataFrame | None = None,
+                  success: pd.DataFrame | None = None) -> list[str]:
     """The study's verdicts as one Markdown table, a row per dataset x variant in its headline
     loss (:func:`lmablate.report.headline.headline_loss`): verdict, Δ and its share of the
     baseline, the Holm-adjusted interval, MDE, the tuning uncertainty that checks the verdict
-    (or that none does) and the trigram caveat (:func:`reference_caveat`, short form); no
-    lines without comparisons."""
+    (or that none does) and what limits it: the trigram caveat (:func:`reference_caveat`,
+    short form) and, from ``success`` (``success.csv``), a side of the pair that learned the
+    task on fewer than all its seeds; no lines without comparisons."""
     rows = []
     for ds in datasets:
         label, unit, c, trigram = _headline(comparisons, ds, references)
+        learned = _learned(success, ds)
         for i, (_, row) in enumerate(c.iterrows()):
             r = _record(row, EFFECT_KEYS + ("mde",))
             base = r["baseline_mean"]
+            limits = [reference_caveat(r["variant"], row["variant_mean"], row["baseline_mean"],
+                                       trigram, unit, short=True)]
+            limits += [learned[v] for v in (BASELINE, r["variant"]) if v in learned]
             rows.append(dict(r, dataset=ds, label=label, unit=unit, first=i == 0,
                              share=r["mean_diff"] / abs(base) if base else None,
-                             caveat=reference_caveat(r["variant"], row["variant_mean"],
-                                                     row["baseline_mean"], trigram, unit,
-                                                     short=True)))
+                             limits=[x for x in limits if x]))
     return say("verdict_table", rows=rows).splitlines() + [""] if rows else []
+
+
+def _learned(success: pd.DataFrame | None, dataset: str) -> dict[str, str]:
+    """variant -> "<variant> learned on k/n seeds" for each variant of ``dataset`` whose
+    seeds did not all learn the task (``success.csv``)."""
+    t = _rows_of(success, dataset)
+    return {str(r.variant): say("learned_on", variant=r.variant, k=int(r.n_learned),
+                                n=int(r.n_seeds))
+            for r in t.itertuples() if int(r.n_learned) < int(r.n_seeds)}
 
 
 def _undecided(c: pd.DataFrame, unit: str) -> list[str]:
