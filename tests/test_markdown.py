@@ -76,7 +76,7 @@ def test_a_problem_level_rejection_still_gets_no_mark_or_verdict_word():
     """A frame whose Holm test rejects (a ``better`` row of problem_comparisons.csv) is drawn
     with its p-values only."""
     from lmablate.report.text.dataset_tables import problem_diagnostic
-    from lmablate.report.text.render import environment
+    from lmablate.report.text.templating import environment
     row = {"dataset": "sums", "metric": "exact_match", "baseline": "baseline",
            "variant": "swiglu", "n_problems": 1000, "n_seeds": 5, "baseline_count": 2000,
            "variant_count": 2600, "total": 5000, "baseline_rate": 0.4, "variant_rate": 0.52,
@@ -112,7 +112,7 @@ def test_the_methods_text_names_one_tuning_seed_or_several():
     from lmablate.config.study import TuneConfig
     from lmablate.report.text.methods import METHODS
     from lmablate.report.text.mdtable import tuning_seeds
-    from lmablate.report.text.render import macro_text
+    from lmablate.report.text.templating import macro_text
 
     def rungs(tune: TuneConfig) -> str:
         return macro_text(METHODS, "rungs", tu=tune, seeds=tuning_seeds(tune))

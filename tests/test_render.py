@@ -16,7 +16,8 @@ from lmablate.report.text import dataset_tables as dt
 from lmablate.report.text import samples as sm
 from lmablate.report.text.content import (Arithmetic, DatasetContent, DatasetFindings, Figure,
                                           Replication, ReportContent)
-from lmablate.report.text.render import FILTERS, environment, render_appendix, render_report
+from lmablate.report.text.render import render_appendix, render_report
+from lmablate.report.text.templating import FILTERS, environment
 from lmablate.report.text.scaling_section import ScalingDataset, ScalingSection
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -62,11 +62,12 @@ Text (:mod:`~lmablate.report.text`):
 * :mod:`~lmablate.report.text.content`: what ``report.md`` says, as data: the content model.
 * :mod:`~lmablate.report.text.dataset_tables`: each dataset's tables in the report, as rows.
 * :mod:`~lmablate.report.text.samples`: the samples and decoded problems the report shows.
-* :mod:`~lmablate.report.text.render`: the Jinja2 environment and filters; ``report.md`` rendered.
+* :mod:`~lmablate.report.text.templating`: the Jinja2 environment, its filters and the call of one sentence macro.
+* :mod:`~lmablate.report.text.render`: ``report.md`` and ``appendix.md`` rendered.
 * :mod:`~lmablate.report.text.html`: ``report.md`` as one HTML page, its figures inline (MLflow).
 
 The skeleton of ``report.md`` (section order, headings, fixed paragraphs, figure blocks) is the
 Jinja2 template ``report/templates/report.md.j2`` with its partials; its cells are formatted by
-the filters of :mod:`~lmablate.report.text.render`, which are :mod:`~lmablate.report.text.mdtable`'s
+the filters of :mod:`~lmablate.report.text.templating`, which are :mod:`~lmablate.report.text.mdtable`'s
 functions.
 """

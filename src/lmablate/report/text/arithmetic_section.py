@@ -29,7 +29,7 @@ from lmablate.report.stats.arithmetic_tables import FLOORS, MIN_BUCKET_PROBLEMS,
 from lmablate.report.stats.statistics import CONFIDENCE, METRICS, fraction_bounds
 from lmablate.report.text.mdtable import (delta_cell as _delta_cell, md_table as _md_table,
                                           num as _num)
-from lmablate.report.text.render import macro_text
+from lmablate.report.text.templating import macro_text
 
 ARITHMETIC = "_arithmetic.md.j2"  # the sentences of an arithmetic dataset's sections
 

@@ -34,7 +34,7 @@ from lmablate.report.text import samples as sm
 from lmablate.report.text.limits import limits_bullets
 from lmablate.report.text.lr_section import lr_section
 from lmablate.report.text.methods import methods_section
-from lmablate.report.text.render import caption_text
+from lmablate.report.text.templating import caption_text
 from lmablate.report.text.scaling_section import ScalingSection
 
 

@@ -2,7 +2,7 @@
 
 This module picks the rows and numbers; every sentence is a macro of
 ``report/templates/_findings.md.j2`` (:func:`say`), its numbers formatted there by the filters
-of :mod:`lmablate.report.text.render`.
+of :mod:`lmablate.report.text.templating`.
 
 Per dataset, in the dataset's headline loss (:func:`lmablate.report.headline.headline_loss`):
 
@@ -56,7 +56,7 @@ from lmablate.report.stats.replication import JOIN
 from lmablate.report.stats.convergence import CONVERGENCE_COLUMNS, TAIL
 from lmablate.report.text.limits import TRIGRAM, trigram_reference
 from lmablate.report.text.mdtable import join_names as _names
-from lmablate.report.text.render import macro_text
+from lmablate.report.text.templating import macro_text
 
 FINDINGS = "_findings.md.j2"  # the sentences of "Findings", one macro each
 

@@ -22,7 +22,7 @@ from lmablate.report.collect import BASELINE, present
 from lmablate.report.stats.statistics import (ALPHA, METRICS, VERDICT_BETTER,
                                           VERDICT_IDENTICAL, VERDICT_UNDECIDED_TUNING,
                                           VERDICT_WORSE)
-from lmablate.report.text.render import macro_text
+from lmablate.report.text.templating import macro_text
 
 LIMITS = "_limits.md.j2"  # the section's sentences, one macro each
 

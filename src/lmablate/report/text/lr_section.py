@@ -15,7 +15,7 @@ import pandas as pd
 from lmablate.config.study import StudyConfig
 from lmablate.report.stats.sensitivity import design_is_shared, width_summary
 from lmablate.report.text.mdtable import md_table, num
-from lmablate.report.text.render import macro_text
+from lmablate.report.text.templating import macro_text
 
 LR = "_lr.md.j2"  # the section's sentences
 

@@ -14,7 +14,7 @@ from lmablate.config.study import StudyConfig
 from lmablate.report.stats.statistics import (ALPHA, CONFIDENCE, MIN_SEEDS_FOR_TEST, POWER,
                                           VERDICT_IDENTICAL)
 from lmablate.report.text.mdtable import integer, md_table
-from lmablate.report.text.render import macro_text
+from lmablate.report.text.templating import macro_text
 
 METHODS = "_methods.md.j2"  # the sentences of "Methodology"
 
