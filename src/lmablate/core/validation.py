@@ -312,6 +312,21 @@ def choice(choices: tuple[str, ...]) -> Rule:
                 lambda key, value: _check_choice(key, value, choices))
 
 
+# A user's own component: class <Class> of the project's components/<module>.py
+# (lmablate.model.components), as a variant's ffn, norm or position.
+COMPONENT_NAME = re.compile(r"components\.[A-Za-z_][A-Za-z0-9_]*:[A-Za-z_][A-Za-z0-9_]*")
+COMPONENT_TEXT = "components.<module>:<Class> (a class of the project's components/<module>.py)"
+
+
+def choice_or_component(choices: tuple[str, ...]) -> Rule:
+    """One of ``choices``, or a component's name (:data:`COMPONENT_NAME`)."""
+    def check(key: str, value: Any) -> None:
+        if not (isinstance(value, str) and (value in choices
+                                            or COMPONENT_NAME.fullmatch(value))):
+            fail(key, value, f"choose one of {', '.join(choices)}, or {COMPONENT_TEXT}")
+    return Rule(f"one of {', '.join(choices)}, or {COMPONENT_TEXT}", check)
+
+
 def low_high(maximum: float) -> Rule:
     """[low, high] with 0 < low < high <= ``maximum``, kept as floats (see :func:`number`)."""
     def check(key: str, value: Any) -> tuple[float, float]:

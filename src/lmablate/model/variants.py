@@ -4,6 +4,7 @@ every stage runs before its first step."""
 from __future__ import annotations
 
 from lmablate.config.study import ConfigError, ModelConfig, StudyConfig
+from lmablate.model.components import ComponentError, check_component, component_names
 from lmablate.model.gpt import check_causality, match_ffn_hidden
 
 
@@ -30,12 +31,20 @@ def resolve_model_config(cfg: StudyConfig, variant: str, vocab_size: int, d_mode
 
 
 def preflight(model_cfg: ModelConfig, what: str) -> None:
-    """Refuse to train a model that can see future tokens (the seeds' leaked-mask bug).
+    """Refuse to train a model whose components break their contract
+    (:func:`lmablate.model.components.check_component`, a user's own only) or that can see
+    future tokens (the seeds' leaked-mask bug).
 
     Raises:
-        ValueError: the model fails :func:`lmablate.model.gpt.check_causality` (message names
-            ``what`` and the leaking position).
+        ValueError: a component fails its check, or the model fails
+            :func:`lmablate.model.gpt.check_causality` (the message names ``what``, and the
+            component and file or the leaking position).
     """
+    for kind, name in component_names(model_cfg).items():
+        try:
+            check_component(kind, name, model_cfg)
+        except ComponentError as exc:
+            raise ValueError(f"{what}: {kind} {exc}") from None
     try:
         check_causality(model_cfg)
     except ValueError as exc:
