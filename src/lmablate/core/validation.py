@@ -15,6 +15,8 @@ from dataclasses import MISSING, Field, dataclass, field, fields, is_dataclass
 from typing import Any, Callable, Mapping, NoReturn
 
 from lmablate.core.fingerprint import NOT_A_RESULT
+# a user's own component's name (re-exported: the config's rule below names it)
+from lmablate.core.component_files import COMPONENT_NAME, COMPONENT_TEXT
 
 MAX_SEED = 2**31 - 1  # every generator here (torch, numpy, random) takes it
 # Variant and dataset names name DVC stages (tune@<dataset>-<variant>), folders and MLflow runs.
@@ -310,12 +312,6 @@ def number(maximum: float | None = None, *, allow_zero: bool = False) -> Rule:
 def choice(choices: tuple[str, ...]) -> Rule:
     return Rule(f"one of {', '.join(choices)}",
                 lambda key, value: _check_choice(key, value, choices))
-
-
-# A user's own component: class <Class> of the project's components/<module>.py
-# (lmablate.model.components), as a variant's ffn, norm or position.
-COMPONENT_NAME = re.compile(r"components\.[A-Za-z_][A-Za-z0-9_]*:[A-Za-z_][A-Za-z0-9_]*")
-COMPONENT_TEXT = "components.<module>:<Class> (a class of the project's components/<module>.py)"
 
 
 def choice_or_component(choices: tuple[str, ...]) -> Rule:

@@ -1,7 +1,7 @@
 """A user's own feed-forward, norm or position scheme, from the project's ``components/`` folder.
 
 A variant names one as ``components.<module>:<Class>`` in place of a built-in name (``ffn``,
-``norm`` or ``position``; :data:`lmablate.core.validation.COMPONENT_NAME`): class ``<Class>`` of
+``norm`` or ``position``; :data:`lmablate.core.component_files.COMPONENT_NAME`): class ``<Class>`` of
 ``components/<module>.py`` beside ``params.yaml``. The model's registries resolve such a name
 here (:func:`load_component`), so a component shares every path of a built-in: the same blocks,
 attention, parameter counts and causality pre-flight.
@@ -25,30 +25,23 @@ import torch
 import torch.nn as nn
 
 from lmablate.config.study import ModelConfig
-from lmablate.core.validation import COMPONENT_NAME
-
-COMPONENTS_DIR = "components"  # beside params.yaml
-KINDS = ("ffn", "norm", "position")  # the ModelConfig fields a component may fill
+# the files and their hashes (no torch): shared with the check stage, fingerprints and workers
+from lmablate.core.component_files import (component_file, is_component,
+                                           named_components)
 
 
 class ComponentError(ValueError):
     """A component that cannot be used: its message names the name, the file and what failed."""
 
 
-def is_component(name: str) -> bool:
-    """Whether ``name`` names a user's component rather than a built-in."""
-    return bool(COMPONENT_NAME.fullmatch(name))
-
-
 def component_path(name: str, root: Path | None = None) -> Path:
     """``components/<module>.py`` under ``root`` (the working directory when None)."""
-    module = name.split(".", 1)[1].split(":", 1)[0]
-    return (root if root is not None else Path.cwd()) / COMPONENTS_DIR / f"{module}.py"
+    return (root if root is not None else Path.cwd()) / component_file(name)
 
 
 def component_names(cfg: ModelConfig) -> dict[str, str]:
     """``field -> name`` of the components ``cfg`` uses (none for a built-in model)."""
-    return {kind: getattr(cfg, kind) for kind in KINDS if is_component(getattr(cfg, kind))}
+    return named_components(cfg)
 
 
 def load_component(name: str, root: Path | None = None) -> type[nn.Module]:
