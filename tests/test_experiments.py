@@ -31,6 +31,8 @@ def project(tmp_path_factory, run_command) -> Path:
     for name in ("dvc.yaml", "pyproject.toml", "requirements.lock", ".gitignore"):
         shutil.copy(ROOT / name, work / name)
     shutil.copytree(ROOT / "src", work / "src", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "components", work / "components",  # a dep of the check stage
+                    ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(ROOT / "conf", work / "conf")
     tiny = {**TINY, "study": {**TINY["study"], "profile": "tiny"},
             "tracking": {"enabled": True}}
