@@ -3,7 +3,10 @@ variant, checked before any work, and built like a built-in (lmablate.model.comp
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import re
 import textwrap
 from pathlib import Path
 
@@ -137,3 +140,115 @@ def test_an_edited_component_is_imported_again(tmp_path, monkeypatch):
     path.write_text(path.read_text().replace("K = 1", "K = 2"))
     os.utime(path)
     assert components.load_component("components.edit:A").K == 2
+
+
+def test_a_component_s_file_enters_its_variant_s_fingerprints_and_no_built_in_s(tmp_path,
+                                                                              monkeypatch):
+    """Study names and seed fingerprints add the sha256 of a variant's component files; a
+    built-in variant's are the fingerprint of exactly the parts they had before components."""
+    import dataclasses
+    from lmablate.core.fingerprint import code_version, component_code, fingerprint
+    from lmablate.tune import tuning
+    monkeypatch.chdir(project(tmp_path, sq=(ROOT / "components" / "squared_relu.py").read_text()))
+    raw = tiny_params({"variants": {"sq": {"ffn": "components.sq:SquaredReLU"}},
+                       "study": {"variants": ["baseline", "rope", "sq"]}})
+    cfg = params.parse(raw)
+
+    def name(variant: str) -> str:
+        return tuning.study_name(cfg, "arithmetic", variant, "data0", 7, "cpu X")
+
+    before = {v: name(v) for v in cfg.study_variants}
+    train = dataclasses.replace(cfg.train.for_dataset("arithmetic"), eval_interval=1)
+    for variant in ("baseline", "rope"):  # the formula without components, part for part
+        assert component_code(cfg.model, cfg.variants[variant]) == []
+        assert before[variant] == "arithmetic-{}-{}".format(variant, fingerprint(
+            cfg.dataset("arithmetic"), cfg.model, cfg.variants[variant], train,
+            dataclasses.replace(cfg.tune, sampler_seed=7), cfg.match_params,
+            code_version(tuning.TUNE_CODE), "data0", "cpu X"))
+    path = tmp_path / "components" / "sq.py"
+    assert component_code(cfg.model, cfg.variants["sq"]) == [
+        {"components": {"components/sq.py": hashlib.sha256(path.read_bytes()).hexdigest()}}]
+    path.write_text(path.read_text() + "# an edit\n")
+    after = {v: name(v) for v in cfg.study_variants}
+    assert [v for v in before if before[v] != after[v]] == ["sq"]
+
+
+def test_match_params_sizes_a_component_ffn_like_a_built_in_and_refuses_one_it_cannot(
+        tmp_path, monkeypatch):
+    """The squared ReLU FFN sizes its hidden layer by cfg.ffn_hidden_size, so match_params
+    matches it as a built-in; an FFN whose count ignores ffn_hidden is refused in one line."""
+    from lmablate.model.variants import resolve_model_config
+    monkeypatch.chdir(project(tmp_path, sq=(ROOT / "components" / "squared_relu.py").read_text(),
+                              fixed="""
+        import torch.nn as nn
+
+        class Fixed(nn.Module):
+            def __init__(self, cfg):
+                super().__init__()
+                self.up = nn.Linear(cfg.d_model, 2 * cfg.d_model)
+                self.down = nn.Linear(2 * cfg.d_model, cfg.d_model)
+
+            def forward(self, x):
+                return self.down(self.up(x).relu())
+        """))
+    raw = tiny_params({"variants": {"sq": {"ffn": "components.sq:SquaredReLU"},
+                                    "big": {"ffn": "components.sq:SquaredReLU", "ffn_hidden": 99},
+                                    "fixed": {"ffn": "components.fixed:Fixed"}},
+                       "study": {"variants": ["baseline", "sq", "big", "fixed"],
+                                 "match_params": True}})
+    cfg = params.parse(raw)
+    base = gpt.count_params(resolve_model_config(cfg, "baseline", 12, 16))[1]
+    for variant in ("sq", "big"):
+        matched = resolve_model_config(cfg, variant, 12, 16)
+        assert abs(gpt.count_params(matched)[1] - base) <= 0.02 * base
+    with pytest.raises(ValueError) as err:
+        resolve_model_config(cfg, "fixed", 12, 16)
+    assert str(err.value) == (
+        "variant 'fixed': study.match_params: ffn components.fixed:Fixed's parameter count does "
+        "not grow with ffn_hidden, so it cannot be matched to the baseline's; size its hidden "
+        "layer by cfg.ffn_hidden_size, or set match_params: false")
+
+
+# ---- end to end -------------------------------------------------------------------------------
+
+def _stage_names(status: str) -> set[str]:
+    """The stages ``dvc status --json`` names."""
+    return set(json.loads(status))
+
+
+@pytest.mark.slow
+def test_a_tiny_study_with_a_user_component_runs_through_dvc_and_an_edit_reruns_only_it(
+        tmp_path, tiny_params, run_command):
+    """``dvc repro`` of a tiny arithmetic study (baseline and ``sq``, the squared ReLU FFN of
+    components/, two seeds, MLflow off) reports ``sq`` against the baseline; an edit of its
+    file then changes the check stage alone, and once that has run, exactly ``sq``'s stages."""
+    from test_pipeline import new_study  # the tiny project as a fresh folder, components/ too
+    raw = tiny_params({"study": {"seeds": [0, 1], "variants": ["baseline", "sq"]},
+                       "variants": {"sq": {"ffn": "components.squared_relu:SquaredReLU"}}})
+    raw["tracking"]["enabled"] = False
+    study = new_study(tmp_path / "study", raw, run_command)
+    first = run_command(["dvc", "repro"], study, timeout=1200)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    rows = (study / "reports" / "comparisons.csv").read_text().splitlines()
+    assert any(",sq," in row for row in rows[1:]), rows
+    record = (study / "data" / "components" / "sq.txt").read_text()
+    assert record.startswith("ffn components.squared_relu:SquaredReLU components/squared_relu.py "
+                             "sha256 ")
+    assert (study / "data" / "components" / "baseline.txt").read_text() == (
+        "no component of components/\n")
+    assert _stage_names(run_command(["dvc", "status", "--json"], study).stdout) == set()
+
+    source = study / "components" / "squared_relu.py"
+    source.write_text(source.read_text() + "# an edit\n")
+    status = json.loads(run_command(["dvc", "status", "--json"], study).stdout)
+    assert status == {"check": [{"changed deps": {"components": "modified"}}]}
+    checked = run_command(["dvc", "repro", "check"], study, timeout=600)
+    assert checked.returncode == 0, checked.stderr[-3000:]
+    assert _stage_names(run_command(["dvc", "status", "--json"], study).stdout) == {
+        f"{stage}@arithmetic-sq" for stage in ("tune", "train", "evaluate")}
+    # dvc repro runs those, and the report that reads their results: the baseline's are kept
+    again = run_command(["dvc", "repro"], study, timeout=1200)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    ran = set(re.findall(r"Running stage '([^']+)'", again.stdout))
+    assert ran == {"tune@arithmetic-sq", "train@arithmetic-sq", "evaluate@arithmetic-sq",
+                   "report"}, again.stdout[-3000:]

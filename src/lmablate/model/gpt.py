@@ -583,7 +583,10 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.apply(self._init_weights)
         for b in self.blocks:  # residual outputs: keep the stream's variance O(1) in depth
-            for proj in (b.attn.proj, b.ffn.down):
+            # every built-in FFN's output matrix is ``down``; a user's component gets the same
+            # init where it names its output matrix so (docs/components.md)
+            down = getattr(b.ffn, "down", None)
+            for proj in (b.attn.proj, *([down] if isinstance(down, nn.Linear) else [])):
                 nn.init.normal_(proj.weight, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layers))
         if cfg.tie_weights:  # Press & Wolf 2017
             self.lm_head.weight = self.wte.weight
@@ -755,11 +758,16 @@ def match_ffn_hidden(cfg: ModelConfig, reference: ModelConfig,
     integer >= 1.
 
     Raises:
-        ValueError: no width >= 1 gets within tolerance (e.g. the rest of ``cfg`` alone is larger).
+        ValueError: no width >= 1 gets within tolerance (e.g. the rest of ``cfg`` alone is larger),
+            or the count does not grow with ``ffn_hidden`` (a user's FFN that ignores it).
     """
     target = _non_embedding(reference)
     n1, n2 = _non_embedding(cfg.replace(ffn_hidden=1)), _non_embedding(cfg.replace(ffn_hidden=2))
     per_unit, base = n2 - n1, n1 - (n2 - n1)  # count(h) = base + h * per_unit
+    if per_unit <= 0:  # a user's FFN that does not size its hidden layer by cfg.ffn_hidden_size
+        raise ValueError(f"study.match_params: ffn {cfg.ffn}'s parameter count does not grow "
+                         "with ffn_hidden, so it cannot be matched to the baseline's; size its "
+                         "hidden layer by cfg.ffn_hidden_size, or set match_params: false")
     ideal = (target - base) / per_unit
     m = cfg.ffn_multiple_of
     multiples = [m * math.floor(ideal / m), m * math.ceil(ideal / m)]

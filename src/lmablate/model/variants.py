@@ -17,7 +17,8 @@ def resolve_model_config(cfg: StudyConfig, variant: str, vocab_size: int, d_mode
 
     Raises:
         ConfigError: unknown variant, or an invalid result (e.g. width vs heads).
-        ValueError: ``match_params`` cannot reach the baseline's count.
+        ValueError: ``match_params`` cannot reach the baseline's count, or a user's component
+            cannot be loaded to count it (the message names the variant).
     """
     model_cfg = cfg.model_config(variant, vocab_size, line_length, d_model=d_model)
     if model_cfg.position == "coupled" and not line_length:
@@ -26,7 +27,10 @@ def resolve_model_config(cfg: StudyConfig, variant: str, vocab_size: int, d_mode
                           "has none: drop the variant from study.variants or the dataset")
     if cfg.match_params:
         reference = cfg.model.replace(vocab_size=vocab_size, d_model=d_model)
-        model_cfg = match_ffn_hidden(model_cfg, reference)
+        try:  # counts the parameters of a built model: a user's component is imported here
+            model_cfg = match_ffn_hidden(model_cfg, reference)
+        except ValueError as exc:  # ComponentError included: one line naming the variant
+            raise ValueError(f"variant {variant!r}: {exc}") from None
     return model_cfg
 
 
