@@ -209,6 +209,52 @@ def test_match_params_sizes_a_component_ffn_like_a_built_in_and_refuses_one_it_c
         "layer by cfg.ffn_hidden_size, or set match_params: false")
 
 
+PEEK = """
+from lmablate.model.gpt import Position
+
+class Peek(Position):
+    def embed(self, x, pos):  # every position gets the mean over the sequence: the future too
+        return x + x.mean(dim=1, keepdim=True)
+"""
+HALF = """
+import torch.nn as nn
+
+class Half(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.w = nn.Linear(cfg.d_model, cfg.d_model // 2)
+
+    def forward(self, x):
+        return self.w(x)
+"""
+
+
+@pytest.mark.parametrize("variant,overrides,line", [
+    ("peek", {"position": "components.peek:Peek"},
+     r"lmablate: error: variant 'peek': pre-flight causality check failed: .*"
+     r"position=components\.peek:Peek.* leaks the future.*"),
+    ("half", {"ffn": "components.half:Half"},
+     r"lmablate: error: variant 'half': ffn components\.half:Half \(.*components/half\.py\): "
+     r"maps \(2, 5, \d+\) to \(2, 5, \d+\); an ffn keeps \(B, T, C\)"),
+])
+def test_the_tune_stage_refuses_a_broken_component_in_one_line_with_nothing_written(
+        project, monkeypatch, capsys, variant, overrides, line):
+    from lmablate import cli
+    (project.path / "components").mkdir()
+    (project.path / "components" / "peek.py").write_text(PEEK)
+    (project.path / "components" / "half.py").write_text(HALF)
+    project.write_params(lambda raw: (raw["variants"].update({variant: overrides}),
+                                      raw["study"].update(variants=["baseline", variant])))
+    monkeypatch.chdir(project.path)
+    before = sorted(p for p in project.path.rglob("*") if "__pycache__" not in p.parts)
+    assert cli.main(["tune", "arithmetic", variant, "--tokens", "tokens", "--best", "best.json",
+                     "--trials", "trials.csv"]) == 2
+    err = capsys.readouterr().err
+    assert re.fullmatch(line + "\n", err), err
+    after = sorted(p for p in project.path.rglob("*") if "__pycache__" not in p.parts)
+    assert after == before  # no best.json, trials.csv, Optuna storage or MLflow store
+
+
 # ---- end to end -------------------------------------------------------------------------------
 
 def _stage_names(status: str) -> set[str]:
