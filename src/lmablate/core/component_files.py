@@ -9,8 +9,8 @@ classes is :mod:`lmablate.model.components`' job.
 from __future__ import annotations
 
 import hashlib
-from pathlib import Path
 import re
+from pathlib import Path
 from typing import Any, Mapping
 
 # A user's own component: class <Class> of the project's components/<module>.py
