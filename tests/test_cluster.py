@@ -348,7 +348,8 @@ def test_a_remote_worker_with_sqlite_stores_is_refused_before_any_task(loopback,
                                                                        tmp_path):
     ours = cluster.machine_kind()
     # this process plays a driver on another host: every worker is then remote
-    monkeypatch.setattr(cluster, "machine_kind", lambda: dataclasses.replace(ours, host="driver"))
+    monkeypatch.setattr(cluster, "machine_kind",
+                        lambda component_files=(): dataclasses.replace(ours, host="driver"))
     monkeypatch.setenv("LMABLATE_CLUSTER", loopback.address)
     monkeypatch.chdir(tmp_path)
     cfg = params.parse(tiny_params())
