@@ -103,8 +103,10 @@ def test_a_killed_temp_run_s_copy_is_removed_by_the_next_check(project, run_comm
         os.killpg(run.pid, signal.SIGKILL)
         run.wait()
     (killed,) = copies.glob("tmp*")
-    done = run_command(["lmablate", "check", "--out", str(project / "checked.txt")], project)
+    done = run_command(["lmablate", "check", "--out", str(project / "checked.txt"),
+                        "--components", str(project / "records")], project)
     assert done.returncode == 0, done.stderr
     assert f"removed 1 killed dvc exp run --temp copy ({killed.name})" in done.stdout + done.stderr
     assert not killed.exists()
     (project / "checked.txt").unlink()
+    shutil.rmtree(project / "records")
