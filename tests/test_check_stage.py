@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import fcntl
+import hashlib
 import json
 import os
 import subprocess
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from lmablate.config import params
-from lmablate.core.validation import OutputError
+from lmablate.core.validation import ConfigError, OutputError
 from lmablate.stages import check
 
 from conftest import tiny_params
@@ -109,3 +110,55 @@ def test_the_check_stage_removes_killed_temp_copies_and_keeps_the_rest(tmp_path,
     assert check.run(_cfg(tmp_path), tmp_path / "checked.txt", root=tmp_path) == [dead]
     assert not dead.exists() and live.is_dir()
     assert check.stale_temp_runs(tmp_path) == []
+
+
+def _component_cfg(tmp_path: Path):
+    """The tiny study with variants ``sq`` (ffn components.sq:Sq) and ``both`` (ffn and norm
+    from components/), beside the built-in baseline and swiglu; ``tmp_path/components`` holds
+    their files."""
+    raw = tiny_params({"variants": {"sq": {"ffn": "components.sq:Sq"},
+                                    "both": {"ffn": "components.sq:Sq", "norm": "components.n:N"}},
+                       "study": {"variants": ["baseline", "swiglu", "sq", "both"]}})
+    (tmp_path / "components").mkdir()
+    (tmp_path / "components" / "sq.py").write_text("# Sq\n")
+    (tmp_path / "components" / "n.py").write_text("# N\n")
+    return _cfg_of(raw, tmp_path)
+
+
+def _cfg_of(raw: dict, tmp_path: Path):
+    cfg = params.parse(raw)
+    return dataclasses.replace(cfg, tracking=dataclasses.replace(cfg.tracking, enabled=False))
+
+
+def test_each_variant_s_record_changes_exactly_when_a_component_file_it_names_changes(tmp_path):
+    cfg = _component_cfg(tmp_path)
+    records = tmp_path / "data" / "components"
+    check.run(cfg, tmp_path / "checked.txt", root=tmp_path, components=records)
+    before = {p.name: p.read_text() for p in records.iterdir()}
+    assert sorted(before) == ["baseline.txt", "both.txt", "sq.txt", "swiglu.txt"]
+    assert before["baseline.txt"] == before["swiglu.txt"] == "no component of components/\n"
+    sq = hashlib.sha256(b"# Sq\n").hexdigest()
+    assert before["sq.txt"] == f"ffn components.sq:Sq components/sq.py sha256 {sq}\n"
+    assert before["both.txt"].splitlines()[1].startswith("norm components.n:N components/n.py ")
+    (tmp_path / "components" / "n.py").write_text("# N, edited\n")
+    check.run(cfg, tmp_path / "checked.txt", root=tmp_path, components=records)
+    after = {p.name: p.read_text() for p in records.iterdir()}
+    assert [name for name in before if before[name] != after[name]] == ["both.txt"]
+    # a variant the study no longer runs loses its record (its stages are gone from dvc.yaml)
+    fewer = dataclasses.replace(cfg, study_variants=("baseline", "sq"))
+    check.run(fewer, tmp_path / "checked.txt", root=tmp_path, components=records)
+    assert sorted(p.name for p in records.iterdir()) == ["baseline.txt", "sq.txt"]
+
+
+def test_a_variant_naming_a_missing_component_file_stops_the_check_with_nothing_written(
+        tmp_path):
+    cfg = _component_cfg(tmp_path)
+    (tmp_path / "components" / "n.py").unlink()
+    with pytest.raises(ConfigError) as err:
+        check.run(cfg, tmp_path / "checked.txt", root=tmp_path,
+                  components=tmp_path / "data" / "components")
+    assert str(err.value) == (f"params: variants.both: norm components.n:N: "
+                              f"{tmp_path / 'components' / 'n.py'} does not exist; write the "
+                              "file or name a built-in")
+    assert not (tmp_path / "checked.txt").exists()
+    assert not (tmp_path / "data" / "components").exists()

@@ -2,6 +2,7 @@
 the embedded run; a worker of another kind is refused; a worker killed mid-task is survived."""
 
 import dataclasses
+import hashlib
 import json
 import os
 import re
@@ -105,6 +106,8 @@ def make_study(work: Path, overrides: dict | None = None) -> Path:
                        **(overrides or {})})
     (work / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     shutil.copytree(ROOT / "src", work / "src", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "components", work / "components",  # a dep of the check stage
+                    ignore=shutil.ignore_patterns("__pycache__"))
     for cmd in (["git", "init", "-q"], [str(BIN / "dvc"), "init", "-q"]):
         subprocess.run(cmd, cwd=work, check=True)
     shutil.copytree(ROOT / ".dvc" / "plots", work / ".dvc" / "plots")  # the plot templates
@@ -191,6 +194,43 @@ def test_a_worker_of_another_kind_is_refused_in_one_line_naming_both():
         dataclasses.replace(gpu, gpu="cuda NVIDIA H200 numerics 2"), "cuda")
     # on CUDA the CPU kernels compute nothing that is kept
     assert mismatch("tcp://w:1", dataclasses.replace(gpu, cpu="cpu AVX2"), gpu, "cuda") is None
+
+
+def test_a_worker_without_a_component_file_or_with_another_version_is_refused(tmp_path,
+                                                                            monkeypatch):
+    """The files of components/ that the study's variants name are part of a machine's kind, as
+    its working directory holds them: a task imports them from there."""
+    cfg = params.parse(tiny_params({
+        "variants": {"sq": {"ffn": "components.sq:Sq"}, "unused": {"norm": "components.n:N"}},
+        "study": {"variants": ["baseline", "sq"]}}))
+    assert cluster.study_component_files(cfg) == ("components/sq.py",)
+    driver, worker = tmp_path / "driver", tmp_path / "worker"
+    for folder in (driver, worker):
+        (folder / "components").mkdir(parents=True)
+    (driver / "components" / "sq.py").write_text("# the driver's\n")
+    monkeypatch.chdir(driver)
+    ours = cluster.machine_kind(cluster.study_component_files(cfg))
+    digest = hashlib.sha256(b"# the driver's\n").hexdigest()
+    assert ours.components == (("components/sq.py", digest),)
+    monkeypatch.chdir(worker)
+    missing = cluster.machine_kind(["components/sq.py"])
+    assert missing.components == (("components/sq.py", None),)
+    assert mismatch("tcp://w:1", missing, ours, "cpu") == (
+        "runtime.cluster: worker tcp://w:1 computes with components/sq.py none (missing), this "
+        f"machine with sha256 {digest[:12]}; its results would differ, so it is refused (start "
+        "every worker in a checkout with this machine's components/)")
+    (worker / "components" / "sq.py").write_text("# another version\n")
+    other = cluster.machine_kind(["components/sq.py"])
+    other_digest = hashlib.sha256(b"# another version\n").hexdigest()
+    assert (f"computes with components/sq.py sha256 {other_digest[:12]}, this machine with "
+            f"sha256 {digest[:12]}") in mismatch("tcp://w:1", other, ours, "cpu")
+    (worker / "components" / "sq.py").write_text("# the driver's\n")
+    assert mismatch("tcp://w:1", cluster.machine_kind(["components/sq.py"]), ours, "cpu") is None
+    # a built-in study asks for no file: a worker's components/ is none of its business
+    builtin = MachineKind("2.13.0+cpu", "c0de", "cpu AVX2", None, "driver")
+    assert mismatch("tcp://w:1", dataclasses.replace(builtin, components=(("components/x.py",
+                                                                            "ab"),)),
+                    builtin, "cpu") is None
 
 
 def test_a_jobs_paths_move_to_a_scratch_folder_and_relative_ones_become_absolute(tmp_path):
@@ -308,7 +348,8 @@ def test_a_remote_worker_with_sqlite_stores_is_refused_before_any_task(loopback,
                                                                        tmp_path):
     ours = cluster.machine_kind()
     # this process plays a driver on another host: every worker is then remote
-    monkeypatch.setattr(cluster, "machine_kind", lambda: dataclasses.replace(ours, host="driver"))
+    monkeypatch.setattr(cluster, "machine_kind",
+                        lambda component_files=(): dataclasses.replace(ours, host="driver"))
     monkeypatch.setenv("LMABLATE_CLUSTER", loopback.address)
     monkeypatch.chdir(tmp_path)
     cfg = params.parse(tiny_params())
@@ -424,6 +465,41 @@ def test_a_worker_with_other_cpu_kernels_is_refused_with_one_line(loopback, tmp_
         f"{run_numerics({}).removeprefix('cpu ')}; its results would differ, so it "
         "is refused (start every worker with the same ATEN_CPU_CAPABILITY, or none, "
         "as this machine, from an install of requirements.lock)"))
+    assert not (study / "best.json").exists() and not (study / "optuna.db").exists()
+
+
+def test_workers_without_the_study_s_component_file_are_refused_before_any_task(loopback,
+                                                                              tmp_path):
+    """The loopback workers run in their own folder (Loopback._start), which holds no
+    components/: a study whose variant names one is refused in one line, nothing written; with
+    another version of the file there, likewise."""
+    study = make_study(tmp_path / "study", {
+        "study": {"seeds": SEEDS, "variants": ["baseline", "sq"]},
+        "variants": {"sq": {"ffn": "components.squared_relu:SquaredReLU"}}})
+    assert run([str(BIN / "dvc"), "repro", "tokenize"], study).returncode == 0
+    tune = [str(BIN / "lmablate"), "tune", "arithmetic", "sq", "--tokens",
+            "data/tokens/arithmetic", "--best", "best.json", "--trials", "trials.csv"]
+    ours = hashlib.sha256((study / "components" / "squared_relu.py").read_bytes()).hexdigest()
+    done = run(tune, study, loopback.address, timeout=300)
+    assert done.returncode == 2
+    line = done.stderr.strip().splitlines()[-1]
+    assert re.fullmatch(
+        r"lmablate: error: runtime\.cluster: worker tcp://127\.0\.0\.1:\d+ computes with "
+        rf"components/squared_relu\.py none \(missing\), this machine with sha256 {ours[:12]}; "
+        r"its results would differ, so it is refused \(start every worker in a checkout with "
+        r"this machine's components/\)", line), line
+    edited = (study / "components" / "squared_relu.py").read_bytes() + b"# edited\n"
+    theirs = loopback.folder / "components" / "squared_relu.py"
+    theirs.parent.mkdir()
+    try:
+        theirs.write_bytes(edited)
+        done = run(tune, study, loopback.address, timeout=300)
+    finally:
+        shutil.rmtree(theirs.parent)
+    assert done.returncode == 2
+    other = hashlib.sha256(edited).hexdigest()
+    assert (f"computes with components/squared_relu.py sha256 {other[:12]}, this machine with "
+            f"sha256 {ours[:12]}; its results would differ") in done.stderr.strip().splitlines()[-1]
     assert not (study / "best.json").exists() and not (study / "optuna.db").exists()
 
 

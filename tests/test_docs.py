@@ -101,9 +101,10 @@ def _record(gen, root: Path) -> None:
     from dvc.repo import Repo
     lock = yaml.safe_load((root / "dvc.lock").read_text())
     params = yaml.safe_load((root / "params.yaml").read_text())
-    saved = {}
+    saved, stage_deps = {}, {}
     with Repo(str(root)) as repo:
         for stage in repo.index.stages:
+            stage_deps[stage.name] = [dep.def_path for dep in stage.deps]
             for dep in stage.deps:
                 path = dep.def_path
                 if (path in saved or path == "params.yaml" or not (root / path).exists()
@@ -111,10 +112,14 @@ def _record(gen, root: Path) -> None:
                     continue
                 dep.save()
                 saved[path] = dep.dumpd()
-    for body in lock["stages"].values():
+    for name, body in lock["stages"].items():
         body["deps"] = [saved.get(dep["path"], dep) for dep in body.get("deps", [])
                         if (root / dep["path"]).exists()  # a study records what exists
                         or dep["path"].split("/")[0] in gen.DATA_FOLDERS]
+        # and a dep dvc.yaml gained since (a study records every dep of its stage)
+        had = {dep["path"] for dep in body["deps"]}
+        body["deps"] += [saved[path] for path in stage_deps.get(name, [])
+                         if path in saved and path not in had]
         recorded = body.get("params", {}).get("params.yaml", {})
         for key in recorded:
             node = params
@@ -131,6 +136,8 @@ def test_a_changed_module_or_param_makes_the_lock_stale_until_a_study_records_th
     for name in ("dvc.yaml", "dvc.lock", "params.yaml", "requirements.lock"):
         (tmp_path / name).write_bytes((ROOT / name).read_bytes())
     shutil.copytree(ROOT / "src", tmp_path / "src", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "components", tmp_path / "components",
+                    ignore=shutil.ignore_patterns("__pycache__"))
     Repo.init(str(tmp_path), no_scm=True).close()  # DVC's status is what reads it
     _record(gen, tmp_path)
     assert gen.changed_since_lock(tmp_path) == []

@@ -195,3 +195,33 @@ def test_every_stage_depends_on_the_lock(name):
     study."""
     stage = dvc_stages()[name]
     assert "requirements.lock" in entries(stage.get("do", stage), "deps")
+
+
+VARIANT_STAGES = ["tune", "train", "evaluate", "tune-replicate", "train-replicate",
+                  "evaluate-replicate"]
+
+
+def test_a_variant_s_stages_depend_on_its_component_record_and_nothing_else_on_components():
+    """The check stage reads components/ and writes one record per variant
+    (data/components/<variant>.txt); each stage that builds a variant's model depends on that
+    variant's record alone, so an edit of a component file re-runs the variants that name it.
+    No other stage sees components/: generate, tokenize and the report stay as they are (the
+    report follows through the runs it reads)."""
+    stages = dvc_stages()
+    check = stages["check"]
+    assert "components" in entries(check, "deps")
+    assert "data/components" in entries(check, "outs")
+    assert option_values(check["cmd"])["components"] == "data/components"
+    assert next(o["data/components"] for o in check["outs"]
+                if isinstance(o, dict) and "data/components" in o) == {"cache": False}
+    for name, stage in stages.items():
+        body = stage.get("do", stage)
+        deps = entries(body, "deps")
+        records = {d for d in deps if d.startswith("data/components")}
+        if name in VARIANT_STAGES:
+            assert records == {"data/components/${item.variant}.txt"}, name
+        else:
+            assert not records, name
+        if name != "check":
+            assert "components" not in deps, name
+    assert set(VARIANT_STAGES) <= set(stages)

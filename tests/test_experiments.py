@@ -31,6 +31,8 @@ def project(tmp_path_factory, run_command) -> Path:
     for name in ("dvc.yaml", "pyproject.toml", "requirements.lock", ".gitignore"):
         shutil.copy(ROOT / name, work / name)
     shutil.copytree(ROOT / "src", work / "src", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "components", work / "components",  # a dep of the check stage
+                    ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(ROOT / "conf", work / "conf")
     tiny = {**TINY, "study": {**TINY["study"], "profile": "tiny"},
             "tracking": {"enabled": True}}
@@ -101,8 +103,10 @@ def test_a_killed_temp_run_s_copy_is_removed_by_the_next_check(project, run_comm
         os.killpg(run.pid, signal.SIGKILL)
         run.wait()
     (killed,) = copies.glob("tmp*")
-    done = run_command(["lmablate", "check", "--out", str(project / "checked.txt")], project)
+    done = run_command(["lmablate", "check", "--out", str(project / "checked.txt"),
+                        "--components", str(project / "records")], project)
     assert done.returncode == 0, done.stderr
     assert f"removed 1 killed dvc exp run --temp copy ({killed.name})" in done.stdout + done.stderr
     assert not killed.exists()
     (project / "checked.txt").unlink()
+    shutil.rmtree(project / "records")

@@ -47,6 +47,9 @@ def new_study(work: Path, params: dict, run_command) -> Path:
     for name in ("dvc.yaml", "pyproject.toml", "requirements.lock"):
         shutil.copy(ROOT / name, work / name)
     shutil.copytree(ROOT / "src", work / "src", ignore=shutil.ignore_patterns("__pycache__"))
+    # the check stage depends on components/ (a user's own components; the worked examples)
+    shutil.copytree(ROOT / "components", work / "components",
+                    ignore=shutil.ignore_patterns("__pycache__"))
     (work / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     assert run_command(["git", "init", "-q"], work).returncode == 0
     assert run_command(["dvc", "init", "-q"], work).returncode == 0

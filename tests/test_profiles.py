@@ -31,7 +31,8 @@ def test_dvc_composes_params_with_hydra_from_conf():
                            cwd=ROOT, capture_output=True, text=True)
     assert shown.stdout.strip() == "true"
     assert (ROOT / profiles.CONFIG_DIR / f"{profiles.CONFIG_NAME}.yaml").is_file()
-    assert NAMES == ["full", "length", "replicate", "scaling", "seed-scale", "speed"]
+    assert NAMES == ["components", "full", "length", "replicate", "scaling", "seed-scale",
+                     "speed"]
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -74,8 +75,8 @@ def test_an_override_changes_one_key_of_a_profile():
 
 
 @pytest.mark.parametrize("profile,overrides,message", [
-    ("nope", [], "profile: unknown profile 'nope'; choose one of full, length, replicate, scaling, "
-                 "seed-scale, speed (files of conf/profile/)"),
+    ("nope", [], "profile: unknown profile 'nope'; choose one of components, full, length, "
+                 "replicate, scaling, seed-scale, speed (files of conf/profile/)"),
     (None, ["train.lrr=1"], "override: Could not override 'train.lrr'. To append to your config "
                             "use +train.lrr=1"),
     (None, ["train.lr=["], "override: no viable alternative at input '['"),
@@ -119,8 +120,10 @@ def test_lmablate_compose_writes_what_dvc_exp_run_would(tmp_path, run_command):
     assert shown.stdout == (ROOT / "params.yaml").read_text()
 
 
-# The last commit with the profiles as full copies of params.yaml (profiles/<name>.yaml).
+# The last commit with the profiles as full copies of params.yaml (profiles/<name>.yaml), and
+# the profiles it had (those written since were files of conf/profile/ from the start).
 COPIES = "80e2263"
+COPIED = ["full", "length", "replicate", "scaling", "seed-scale", "speed"]
 
 
 # Deliberate changes since COPIES: merged into what a profile's copy changed. The default
@@ -165,7 +168,7 @@ def _changes(base: dict, full: dict) -> dict:
     return out
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", COPIED)
 def test_a_profile_makes_the_changes_its_old_full_copy_made(name, run_command):
     """The conversion from full copies kept each profile's meaning: what the composed profile
     changes against today's defaults is what its copy at COPIES changed against that day's
@@ -292,3 +295,19 @@ def test_lmablate_compose_refuses_a_folder_as_out_and_a_long_value_in_one_short_
         "lmablate: error: params: tune.seed=1000 is not allowed; must not be one of study.seeds "
         "[0, 1, 2, 3, 4, 5, 6, 7, ...], ")
     assert (project / "params.yaml").read_text() == "kept\n"
+
+
+def test_the_components_profile_runs_the_worked_examples_against_the_baseline(monkeypatch):
+    """Shakespeare alone, the default's seeds and budget: the baseline, the squared ReLU FFN
+    (Primer) and DyT from components/, each passing the pre-flight a stage runs first."""
+    from lmablate.model.variants import preflight
+    cfg = params.parse(profile_raw("components"))
+    default = params.parse(profile_raw("default"))
+    assert cfg.study_variants == ("baseline", "squared_relu", "dyt")
+    assert list(cfg.datasets) == ["shakespeare"]
+    assert cfg.seeds == default.seeds and cfg.train == default.train
+    assert cfg.variants["squared_relu"] == {"ffn": "components.squared_relu:SquaredReLU"}
+    assert cfg.variants["dyt"] == {"norm": "components.dyt:DyT"}
+    monkeypatch.chdir(ROOT)
+    for variant in cfg.study_variants:
+        preflight(cfg.model_config(variant, vocab_size=65), f"variant {variant!r}")

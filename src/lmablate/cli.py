@@ -61,7 +61,7 @@ class Stage:
 STAGES: dict[str, Stage] = {
     "check": Stage("lmablate.stages.check", "params, stores and output folders checked before "
                    "any other stage runs (dvc.yaml: every stage depends on its file)",
-                   writes=("out",), dataset=False),
+                   writes=("out", "components"), folders=("components",), dataset=False),
     "generate": Stage("lmablate.stages.generate",
                       "write a dataset's raw text (corpus.txt, test.txt)", writes=("out",),
                       folders=("out",)),

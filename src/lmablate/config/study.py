@@ -24,7 +24,8 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
 from lmablate.core.validation import (BOOLEAN, FRACTION, STRING, Rule, check_fields, choice,
-                                      fail, integer, number, optional, param)
+                                      choice_or_component, fail, integer, number, optional,
+                                      param)
 # re-exported (the errors for the data modules and tests)
 from lmablate.core.validation import (ConfigError, DataError, MAX_SEED, NAME_PATTERN, NAME_RULE,
                                       from_mapping)
@@ -180,18 +181,18 @@ class ModelConfig:
     d_model: int = param(64, "the width: every run replaces it with its tuned width",
                          integer(maximum=MAX_WIDTH))
     ffn: str = param("relu", "feed-forward activation; swiglu, geglu, reglu and glu are gated "
-                     "(three matrices)", choice(FFN_CHOICES))
+                     "(three matrices)", choice_or_component(FFN_CHOICES))
     ffn_hidden: int | None = param(None, "feed-forward hidden width; null: 4 x d_model, or "
                                    "8/3 x d_model when gated",
                                    optional(integer(maximum=4 * MAX_WIDTH)))
     ffn_multiple_of: int = param(1, "a gated FFN's standard hidden width is rounded up to a "
                                  "multiple of this", integer(maximum=MAX_WIDTH))
-    norm: str = param("layernorm", "normalisation layer", choice(NORM_CHOICES))
+    norm: str = param("layernorm", "normalisation layer", choice_or_component(NORM_CHOICES))
     norm_eps: float = param(1e-5, "epsilon of every norm layer", number())
     norm_placement: str = param("pre", "norm before each sublayer (pre) or after its residual "
                                 "sum (post)", choice(NORM_PLACEMENT_CHOICES))
     position: str = param("learned", "position encoding (none: causal attention alone)",
-                          choice(POSITION_CHOICES))
+                          choice_or_component(POSITION_CHOICES))
     rope_base: float = param(10000.0, "RoPE's frequency base (position: rope only)", number())
     bias: bool = param(True, "bias vectors in the linear layers and LayerNorm", BOOLEAN)
     dropout: float = param(0.0, "dropout probability (0: none)", FRACTION)

@@ -10,6 +10,8 @@ import json
 from pathlib import Path
 from typing import Any, Mapping
 
+from lmablate.core.component_files import component_hashes, named_components
+
 # Field metadata for settings that cannot change a result (where results are stored, how often a
 # heartbeat is sent, how many threads compute them): :func:`fingerprint` skips these fields.
 # Every other init field of a config dataclass is part of the fingerprint it is passed to.
@@ -101,3 +103,13 @@ def code_version(parts: tuple[str, ...] = RUN_CODE) -> str:
             h.update(module.relative_to(root).as_posix().encode())
             h.update(module.read_bytes())
     return h.hexdigest()[:16]
+
+
+def component_code(model: Any, overrides: Mapping[str, Any] | None = None) -> list[dict]:
+    """The part a user's components add to a fingerprint beside :func:`code_version`:
+    ``[{"components": {file: sha256}}]`` for the files of ``components/`` that ``model`` with a
+    variant's ``overrides`` names (:func:`lmablate.core.component_files.component_hashes`, in
+    the working directory), and ``[]`` for a built-in model, so that a built-in variant's
+    fingerprints are the bytes they were before components existed."""
+    names = named_components(model, overrides)
+    return [{"components": component_hashes(names)}] if names else []

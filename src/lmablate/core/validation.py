@@ -15,6 +15,8 @@ from dataclasses import MISSING, Field, dataclass, field, fields, is_dataclass
 from typing import Any, Callable, Mapping, NoReturn
 
 from lmablate.core.fingerprint import NOT_A_RESULT
+# a user's own component's name (re-exported: the config's rule below names it)
+from lmablate.core.component_files import COMPONENT_NAME, COMPONENT_TEXT
 
 MAX_SEED = 2**31 - 1  # every generator here (torch, numpy, random) takes it
 # Variant and dataset names name DVC stages (tune@<dataset>-<variant>), folders and MLflow runs.
@@ -310,6 +312,15 @@ def number(maximum: float | None = None, *, allow_zero: bool = False) -> Rule:
 def choice(choices: tuple[str, ...]) -> Rule:
     return Rule(f"one of {', '.join(choices)}",
                 lambda key, value: _check_choice(key, value, choices))
+
+
+def choice_or_component(choices: tuple[str, ...]) -> Rule:
+    """One of ``choices``, or a component's name (:data:`COMPONENT_NAME`)."""
+    def check(key: str, value: Any) -> None:
+        if not (isinstance(value, str) and (value in choices
+                                            or COMPONENT_NAME.fullmatch(value))):
+            fail(key, value, f"choose one of {', '.join(choices)}, or {COMPONENT_TEXT}")
+    return Rule(f"one of {', '.join(choices)}, or {COMPONENT_TEXT}", check)
 
 
 def low_high(maximum: float) -> Rule:

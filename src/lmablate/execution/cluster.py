@@ -8,9 +8,10 @@ DVC stays the unit of caching; a cluster never changes a byte (``tests/test_clus
 Before any task, :func:`connect` asks every worker what it computes with
 (:class:`MachineKind`: torch version, lmablate's code, the CPU kernels or GPU) and refuses a
 worker that differs from this machine in one line naming both: the same torch wheel and seed
-give other weights with AVX512, AVX2 or default kernels. Each task checks again on its worker
-(a worker may join later). A worker on another host must reach the same Optuna storage and
-MLflow tracking server: SQLite and file stores are refused then. Workers that see this
+give other weights with AVX512, AVX2 or default kernels; a variant's own component is imported
+from the worker's ``components/``, so the worker must hold the driver's file (its sha256). Each
+task checks again on its worker (a worker may join later). A worker on another host must reach
+the same Optuna storage and MLflow tracking server: SQLite and file stores are refused then. Workers that see this
 workspace's files (a shared filesystem, always so on one machine) read and write them there;
 others get their inputs with the task and send their outputs back with its result.
 """
@@ -34,6 +35,7 @@ import torch
 
 from lmablate.config.study import ConfigError, StudyConfig
 from lmablate.core import fileio, interrupt
+from lmablate.core.component_files import component_file, file_hashes, named_components
 from lmablate.execution.scheduler_probe import probe_scheduler
 from lmablate.tracking.environment import use_numerics
 from lmablate.train.device import resolve_device
@@ -56,6 +58,9 @@ class MachineKind:
     cpu: str  # numerics_kind of the CPU, e.g. "cpu AVX512 numerics 6f1286420fc4"
     gpu: str | None  # numerics_kind of the first CUDA device, e.g. "cuda NVIDIA H200 numerics ..."
     host: str  # socket.gethostname(): a worker on another host needs server stores
+    # (components/<module>.py, sha256 or None where missing) of the user's components the study
+    # names, as the process's working directory holds them: a task imports them from there
+    components: tuple[tuple[str, str | None], ...] = ()
 
 
 def package_code() -> str:
@@ -69,11 +74,19 @@ def package_code() -> str:
     return h.hexdigest()[:16]
 
 
-def machine_kind() -> MachineKind:
-    """This process's :class:`MachineKind`."""
+def machine_kind(component_files: Sequence[str] = ()) -> MachineKind:
+    """This process's :class:`MachineKind`, with the sha256 of ``component_files``
+    (``components/<module>.py``) as its working directory holds them."""
     gpu = numerics_kind(torch.device("cuda", 0)) if torch.cuda.is_available() else None
     return MachineKind(torch.__version__, package_code(), numerics_kind(torch.device("cpu")), gpu,
-                       socket.gethostname())
+                       socket.gethostname(), tuple(file_hashes(component_files).items()))
+
+
+def study_component_files(cfg: StudyConfig) -> tuple[str, ...]:
+    """The files (``components/<module>.py``) of the user's components the study's variants
+    name, sorted: every worker must hold them as this machine does."""
+    return tuple(sorted({component_file(name) for variant in cfg.study_variants
+                         for name in named_components(cfg.model, cfg.variants[variant]).values()}))
 
 
 def mismatch(worker: str, theirs: MachineKind, ours: MachineKind,
@@ -86,11 +99,18 @@ def mismatch(worker: str, theirs: MachineKind, ours: MachineKind,
     else:
         checks.append(("GPU", (theirs.gpu or "none").removeprefix("cuda "),
                        (ours.gpu or "none").removeprefix("cuda ")))
+    theirs_files = dict(theirs.components)
+    for rel, digest in ours.components:  # a file the driver lacks fails its own pre-flight
+        theirs_digest = theirs_files.get(rel)
+        checks.append((rel, f"sha256 {theirs_digest[:12]}" if theirs_digest else "none (missing)",
+                       f"sha256 {digest[:12]}" if digest else "none (missing)"))
     for what, a, b in checks:
         if a != b:
             hint = {"CPU": " (start every worker with the same ATEN_CPU_CAPABILITY, or none, as "
                            "this machine, from an install of requirements.lock)",
-                    "GPU": " (every GPU worker must have the same GPU)"}.get(what, "")
+                    "GPU": " (every GPU worker must have the same GPU)"}.get(
+                what, " (start every worker in a checkout with this machine's components/)"
+                if what.startswith("components/") else "")
             return (f"runtime.cluster: worker {worker} computes with {what} {a}, this machine "
                     f"with {b}; its results would differ, so it is refused{hint}")
     return None
@@ -124,7 +144,8 @@ def _run_task(task: _Task) -> tuple[Any, dict[str, bytes]]:
         ConfigError: this worker is not of the driver's kind (:func:`mismatch`).
     """
     from distributed import get_worker  # only ever called on a worker
-    problem = mismatch(get_worker().address, machine_kind(), task.kind, task.device_type)
+    files = [rel for rel, _ in task.kind.components]
+    problem = mismatch(get_worker().address, machine_kind(files), task.kind, task.device_type)
     if problem:
         raise ConfigError(problem)
     from lmablate.execution.parallel import INTRA_OP_THREADS
@@ -317,9 +338,9 @@ def close_clients() -> None:
         _CLIENTS.popitem()[1].close()
 
 
-def _identify() -> MachineKind:
+def _identify(component_files: Sequence[str] = ()) -> MachineKind:
     # sent to the workers by name, so each answers with its own machine_kind()
-    return machine_kind()
+    return machine_kind(component_files)
 
 
 def _sees(path: str, token: str) -> bool:
@@ -338,7 +359,8 @@ def connect(cfg: StudyConfig) -> Cluster | None:
 
     Raises:
         ConfigError: no scheduler answers, no worker joins, a worker is not of this machine's
-            kind (torch, lmablate code, CPU capability; GPU workers of different GPUs), or a
+            kind (torch, lmablate code, CPU capability; GPU workers of different GPUs; a file of
+            components/ that a variant of the study names missing or other), or a
             worker on another host while the Optuna storage or MLflow store is a local file.
             All before any task.
     """
@@ -352,8 +374,9 @@ def connect(cfg: StudyConfig) -> Cluster | None:
         raise ConfigError(f"params: {cfg.runtime.cluster_key}={address!r}: no worker joined its "
                           f"scheduler in {WORKER_WAIT_SECONDS} s; start one with dask worker "
                           f"{address}") from None
-    ours = machine_kind()
-    kinds = client.run(_identify)
+    files = study_component_files(cfg)
+    ours = machine_kind(files)
+    kinds = client.run(_identify, files)
     info = client.scheduler_info(n_workers=-1)["workers"]
     gpus = [w for w, i in info.items() if i.get("resources", {}).get("GPU", 0) >= 1]
     device = torch.device("cuda" if gpus and cfg.runtime.device in ("auto", "cuda") else "cpu")

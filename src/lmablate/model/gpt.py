@@ -4,7 +4,8 @@ Read top to bottom: norms, feed-forwards, position schemes, attention (with a KV
 then :class:`GPT` and the helpers the pipeline calls (parameter/FLOP counts, parameter matching,
 a causality pre-flight check). The strings in :class:`~lmablate.config.study.ModelConfig` are
 resolved through the explicit registries ``NORMS``, ``FFNS``, ``POSITIONS`` and ``PLACEMENTS``,
-keyed by exactly ``config.py``'s choice tuples.
+keyed by exactly ``config.py``'s choice tuples, or to a user's own class of the project's
+``components/`` folder (:func:`resolve`, :mod:`lmablate.model.components`).
 
 Shapes: B batch, T tokens in this call, C = d_model, nh query heads, nkv key/value heads
 (``cfg.n_query_groups``), hs = head_dim = C / nh. Losses are in nats.
@@ -22,6 +23,17 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from lmablate.config.study import ModelConfig
+from lmablate.model.components import load_component
+
+def resolve(registry: dict, name: str):
+    """The class (or factory) ``name`` stands for: a built-in of ``registry``, else a user's
+    component, ``components.<module>:<Class>`` (:func:`lmablate.model.components.load_component`).
+
+    Raises:
+        ComponentError: a component that cannot be loaded.
+    """
+    return registry[name] if name in registry else load_component(name)
+
 
 # PyTorch's default RNG is process-wide. Code that seeds it and draws from it (initial weights,
 # the causality check) holds this lock, so that runs trained in threads of one process
@@ -514,10 +526,10 @@ class Block(nn.Module):
 
     def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__()
-        self.norm_1 = NORMS[cfg.norm](cfg)
+        self.norm_1 = resolve(NORMS, cfg.norm)(cfg)
         self.attn = CausalSelfAttention(cfg, layer_idx)
-        self.norm_2 = NORMS[cfg.norm](cfg)
-        self.ffn = FFNS[cfg.ffn](cfg)
+        self.norm_2 = resolve(NORMS, cfg.norm)(cfg)
+        self.ffn = resolve(FFNS, cfg.ffn)(cfg)
 
 
 class PreNormBlock(Block):
@@ -564,14 +576,17 @@ class GPT(nn.Module):
         self.cfg = cfg
         block = PLACEMENTS[cfg.norm_placement]
         self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.position = POSITIONS[cfg.position](cfg)
+        self.position = resolve(POSITIONS, cfg.position)(cfg)
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList([block(cfg, i) for i in range(cfg.n_layers)])
-        self.norm_f = NORMS[cfg.norm](cfg) if block.final_norm else nn.Identity()
+        self.norm_f = resolve(NORMS, cfg.norm)(cfg) if block.final_norm else nn.Identity()
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.apply(self._init_weights)
         for b in self.blocks:  # residual outputs: keep the stream's variance O(1) in depth
-            for proj in (b.attn.proj, b.ffn.down):
+            # every built-in FFN's output matrix is ``down``; a user's component gets the same
+            # init where it names its output matrix so (docs/components.md)
+            down = getattr(b.ffn, "down", None)
+            for proj in (b.attn.proj, *([down] if isinstance(down, nn.Linear) else [])):
                 nn.init.normal_(proj.weight, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layers))
         if cfg.tie_weights:  # Press & Wolf 2017
             self.lm_head.weight = self.wte.weight
@@ -743,11 +758,16 @@ def match_ffn_hidden(cfg: ModelConfig, reference: ModelConfig,
     integer >= 1.
 
     Raises:
-        ValueError: no width >= 1 gets within tolerance (e.g. the rest of ``cfg`` alone is larger).
+        ValueError: no width >= 1 gets within tolerance (e.g. the rest of ``cfg`` alone is larger),
+            or the count does not grow with ``ffn_hidden`` (a user's FFN that ignores it).
     """
     target = _non_embedding(reference)
     n1, n2 = _non_embedding(cfg.replace(ffn_hidden=1)), _non_embedding(cfg.replace(ffn_hidden=2))
     per_unit, base = n2 - n1, n1 - (n2 - n1)  # count(h) = base + h * per_unit
+    if per_unit <= 0:  # a user's FFN that does not size its hidden layer by cfg.ffn_hidden_size
+        raise ValueError(f"study.match_params: ffn {cfg.ffn}'s parameter count does not grow "
+                         "with ffn_hidden, so it cannot be matched to the baseline's; size its "
+                         "hidden layer by cfg.ffn_hidden_size, or set match_params: false")
     ideal = (target - base) / per_unit
     m = cfg.ffn_multiple_of
     multiples = [m * math.floor(ideal / m), m * math.ceil(ideal / m)]

@@ -4,6 +4,7 @@ every stage runs before its first step."""
 from __future__ import annotations
 
 from lmablate.config.study import ConfigError, ModelConfig, StudyConfig
+from lmablate.model.components import ComponentError, check_component, component_names
 from lmablate.model.gpt import check_causality, match_ffn_hidden
 
 
@@ -16,7 +17,8 @@ def resolve_model_config(cfg: StudyConfig, variant: str, vocab_size: int, d_mode
 
     Raises:
         ConfigError: unknown variant, or an invalid result (e.g. width vs heads).
-        ValueError: ``match_params`` cannot reach the baseline's count.
+        ValueError: ``match_params`` cannot reach the baseline's count, or a user's component
+            cannot be loaded to count it (the message names the variant).
     """
     model_cfg = cfg.model_config(variant, vocab_size, line_length, d_model=d_model)
     if model_cfg.position == "coupled" and not line_length:
@@ -25,17 +27,28 @@ def resolve_model_config(cfg: StudyConfig, variant: str, vocab_size: int, d_mode
                           "has none: drop the variant from study.variants or the dataset")
     if cfg.match_params:
         reference = cfg.model.replace(vocab_size=vocab_size, d_model=d_model)
-        model_cfg = match_ffn_hidden(model_cfg, reference)
+        try:  # counts the parameters of a built model: a user's component is imported here
+            model_cfg = match_ffn_hidden(model_cfg, reference)
+        except ValueError as exc:  # ComponentError included: one line naming the variant
+            raise ValueError(f"variant {variant!r}: {exc}") from None
     return model_cfg
 
 
 def preflight(model_cfg: ModelConfig, what: str) -> None:
-    """Refuse to train a model that can see future tokens (the seeds' leaked-mask bug).
+    """Refuse to train a model whose components break their contract
+    (:func:`lmablate.model.components.check_component`, a user's own only) or that can see
+    future tokens (the seeds' leaked-mask bug).
 
     Raises:
-        ValueError: the model fails :func:`lmablate.model.gpt.check_causality` (message names
-            ``what`` and the leaking position).
+        ValueError: a component fails its check, or the model fails
+            :func:`lmablate.model.gpt.check_causality` (the message names ``what``, and the
+            component and file or the leaking position).
     """
+    for kind, name in component_names(model_cfg).items():
+        try:
+            check_component(kind, name, model_cfg)
+        except ComponentError as exc:
+            raise ValueError(f"{what}: {kind} {exc}") from None
     try:
         check_causality(model_cfg)
     except ValueError as exc:

@@ -4,7 +4,9 @@ A variant is a dict of overrides of the baseline model config (``params.yaml``, 
 e.g. ``swiglu: {ffn: swiglu}``). Its family is the part of the model those keys belong to
 (:data:`KEY_FAMILY`): the FFN, the normalisation, the position encoding, or the attention
 heads; ``"combined"`` when it changes more than one part (``llama``), ``"baseline"`` when it
-changes nothing, ``"other"`` for keys outside every family.
+changes nothing, ``"other"`` for keys outside every family. The family is the key's, whatever its
+value: a user's own component (``ffn: components.squared_relu:SquaredReLU``, ``norm:
+components.dyt:DyT``) is coloured as the built-ins of its part of the model.
 
 :func:`family_palette` gives every variant a shade of its family's hue, so figures (through
 their ``palette`` argument) group the variants of a family by colour. :func:`variant_palette`

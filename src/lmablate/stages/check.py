@@ -1,11 +1,17 @@
 """Stage ``check``: the whole study checked before any other stage runs (``lmablate check
---out data/checked.txt``).
+--out data/checked.txt --components data/components``).
 
 Every other stage of ``dvc.yaml`` depends on the file it writes, and it depends on every
 section of params.yaml that a stage reads, so DVC runs it first whenever a param changes. A
 bad param, a broken store or an unwritable output folder then stops ``dvc repro`` here,
 before DVC removes any other stage's finished outputs. The file's text does not depend on the
 params: while they are valid it is the same bytes, so no other stage re-runs because of it.
+
+It also writes one record per variant of the study, ``data/components/<variant>.txt``
+(:func:`lmablate.core.component_files.variant_record`): the sha256 of each file of
+``components/`` the variant names, or a fixed line for a variant that names none. A variant's
+tune, train and evaluate stages depend on its record alone, so an edit of a component file
+re-runs the stages of the variants that name it and no others.
 """
 
 from __future__ import annotations
@@ -16,8 +22,9 @@ import os
 import shutil
 from pathlib import Path
 
-from lmablate.config.study import StudyConfig
+from lmablate.config.study import ConfigError, StudyConfig
 from lmablate.core import fileio
+from lmablate.core.component_files import named_components, variant_record
 from lmablate.core.validation import OutputError
 
 CHECKED = ("params.yaml, the stores and the output folders passed lmablate check; every other "
@@ -93,18 +100,46 @@ def check_tracking_store(cfg: StudyConfig, runs_dir: Path) -> None:
             "backup, or move it away and run dvc repro -f to record every run again")
 
 
-def run(cfg: StudyConfig, out: Path, root: Path = Path(".")) -> list[Path]:
+def write_component_records(cfg: StudyConfig, folder: Path, root: Path = Path(".")) -> None:
+    """Write ``<variant>.txt`` under ``folder`` for every variant of ``cfg.study_variants``
+    (:func:`~lmablate.core.component_files.variant_record`, files under ``root``), and remove
+    the records of variants the study no longer has. Every file is checked before any is written.
+
+    Raises:
+        ConfigError: a variant names a component whose file is missing (naming the variant,
+            the kind, the name and the file).
+    """
+    records = {}
+    for variant in cfg.study_variants:
+        try:
+            records[variant] = variant_record(
+                named_components(cfg.model, cfg.variants[variant]), root)
+        except FileNotFoundError as exc:
+            raise ConfigError(f"params: variants.{variant}: {exc}; write the file or name a "
+                              "built-in") from None
+    folder = Path(folder)
+    for old in folder.glob("*.txt") if folder.is_dir() else []:
+        if old.stem not in records:
+            old.unlink()
+    for variant, text in records.items():
+        fileio.write_text(folder / f"{variant}.txt", text)
+
+
+def run(cfg: StudyConfig, out: Path, root: Path = Path("."),
+        components: Path | None = None) -> list[Path]:
     """Check the stores (:func:`lmablate.core.fileio.check_sqlite_store`,
     :func:`check_tracking_store`) and the output folders (:data:`OUTPUT_FOLDERS` under
     ``root``, :func:`lmablate.core.fileio.check_writable`), then write :data:`CHECKED` to
     ``out`` and remove the copies of killed ``--temp`` runs (:func:`stale_temp_runs`). The
-    params were checked as they were read.
+    params were checked as they were read. With ``components``, each variant's record is
+    written there first (:func:`write_component_records`).
 
     Returns:
         The copies removed.
 
     Raises:
         OutputError: a store or folder that fails, naming it.
+        ConfigError: a variant names a component whose file is missing.
     """
     fileio.check_sqlite_store(cfg.tune.storage_url, "tune.storage (LMABLATE_OPTUNA_STORAGE)")
     if cfg.tracking.enabled:
@@ -113,6 +148,8 @@ def run(cfg: StudyConfig, out: Path, root: Path = Path(".")) -> list[Path]:
     check_tracking_store(cfg, root / "runs")
     for folder in OUTPUT_FOLDERS:
         fileio.check_writable(root / folder)
+    if components is not None:
+        write_component_records(cfg, components, root)
     fileio.write_text(out, CHECKED)
     stale = stale_temp_runs(root)
     for copy in stale:
@@ -121,8 +158,8 @@ def run(cfg: StudyConfig, out: Path, root: Path = Path(".")) -> list[Path]:
 
 
 def main(cfg: StudyConfig, args: argparse.Namespace) -> str:
-    """``lmablate check --out FILE``; returns the summary line's ending."""
-    removed = run(cfg, args.out)
+    """``lmablate check --out FILE --components FOLDER``; returns the summary line's ending."""
+    removed = run(cfg, args.out, components=args.components)
     gone = (f"; removed {len(removed)} killed dvc exp run --temp cop"
             f"{'y' if len(removed) == 1 else 'ies'} ({', '.join(p.name for p in removed)})"
             if removed else "")

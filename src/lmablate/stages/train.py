@@ -19,7 +19,8 @@ from typing import Sequence
 
 from lmablate.config.study import ModelConfig, StudyConfig
 from lmablate.core import fileio, interrupt
-from lmablate.core.fingerprint import code_version, fingerprint, run_params, tuned_settings
+from lmablate.core.fingerprint import (code_version, component_code, fingerprint, run_params,
+                                       tuned_settings)
 from lmablate.core.tracker import RunTracker
 from lmablate.data.token_data import TokenData
 from lmablate.evaluate.answer_probe import answer_probe
@@ -73,10 +74,12 @@ def seed_fingerprint(job: SeedJob, data: TokenData) -> str:
     computes on (:func:`lmablate.train.numerics.numerics_kind`: the device type with its CPU kernels
     or GPU, and the measured fingerprint of its kernels); never the runtime settings that only
     change speed: ``runtime.workers``, ``threads``,
-    ``parallel``, ``cluster``)."""
+    ``parallel``, ``cluster``). A variant with a user's component adds its files' sha256
+    (:func:`lmablate.core.fingerprint.component_code`; nothing for a built-in)."""
     device = resolve_device(job.cfg.runtime.device)
     return fingerprint(job.model_cfg, job.cfg.train.for_dataset(job.dataset), job.steps, job.lr,
-                       job.seed, code_version(), data.fingerprint(), numerics_kind(device))
+                       job.seed, code_version(), data.fingerprint(), numerics_kind(device),
+                       *component_code(job.model_cfg))
 
 
 def _finished(job: SeedJob, fp: str) -> dict | None:

@@ -23,7 +23,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from lmablate.config.study import StudyConfig, TrainConfig, TuneConfig
-from lmablate.core.fingerprint import RUN_CODE, code_version, fingerprint
+from lmablate.core.fingerprint import RUN_CODE, code_version, component_code, fingerprint
 from lmablate.evaluate.answer_probe import objective_name
 from lmablate.tune.bracket import bracket_proposals, bracket_widths
 from lmablate.tune.rungs import (DIVERGED, OUTCOME, SLOT, Batch, best_trial, is_bracket, plan,
@@ -220,12 +220,15 @@ def study_name(cfg: StudyConfig, dataset: str, variant: str, data_fingerprint: s
     :data:`TUNE_CODE`, the training data and the numerics the trials compute with
     (:func:`lmablate.train.numerics.numerics_kind`, e.g. ``cpu AVX512 numerics 6f1286420fc4``). So
     an edit of ``model.py`` starts a new study instead of returning trials trained by the old code,
-    and machines with other kernels sharing one storage never mix their trials."""
+    and machines with other kernels sharing one storage never mix their trials. A variant with a
+    user's component adds its files' sha256 (:func:`lmablate.core.fingerprint.component_code`;
+    nothing for a built-in), so an edited component starts a new study too."""
     # a trial validates tune.reports times, whatever train.eval_interval says
     train = dataclasses.replace(cfg.train.for_dataset(dataset), eval_interval=1)
     fp = fingerprint(cfg.dataset(dataset), cfg.model, cfg.variants[variant], train,
                      dataclasses.replace(cfg.tune, sampler_seed=sampler_seed), cfg.match_params,
-                     code_version(TUNE_CODE), data_fingerprint, numerics)
+                     code_version(TUNE_CODE), data_fingerprint, numerics,
+                     *component_code(cfg.model, cfg.variants[variant]))
     return f"{dataset}-{variant}-{fp}"
 
 
