@@ -238,7 +238,11 @@ def test_the_summary_run_carries_the_verdicts_and_its_artifacts_lie_beside_the_s
                            "t.run_uuid = v.run_uuid join tags d on d.run_uuid = t.run_uuid "
                            "where t.key = 'variant' and v.key = 'verdict' and "
                            "d.key = 'dataset' and d.value = 'arithmetic'").fetchall()
-    assert ("rope", rope["verdict"]) in final and ("baseline", "baseline") in final
+    base = json.loads((study / "reports/metrics/arithmetic/baseline.json").read_text())
+    share = rope["delta_answer_loss"] / (rope["answer_loss"] - rope["delta_answer_loss"])
+    assert ("rope", f"{rope['verdict']}: Δ {rope['delta_answer_loss']:+.3f} ({share:+.1%})") \
+        in final  # the verdict with its rounded difference, the label of the runs view's group
+    assert ("baseline", f"baseline: {base['answer_loss']:.3f}") in final
     assert len(final) == len(VARIANTS) * len(SEEDS)
     assert params_["variants"] == str(VARIANTS) and params_["profile"] == "default"
     # a proxied location, resolved against the folder beside mlflow.db: the study can move
