@@ -93,34 +93,28 @@ def headline_lines(summary: pd.DataFrame, comparisons: pd.DataFrame,
             floors[m] = float(f["value"].iloc[0])
             rows.append({"variant": f"_floor: {FLOORS[m]}_", "seeds": "–",
                          **{heads[k]: _num(floors[m]) if k == m else "–" for k in metrics}})
-    what = ("teacher-forced, on the answer characters given the question, closing `$` "
-            "included" if loss == ANSWER_LOSS else "on whole problems: these runs have no "
-            "answer loss")
-    lines = [f"{METRICS[loss][0].capitalize()} ({METRICS[loss][1]}; the loss this dataset's "
-             f"verdicts are stated in: {what}), exact match and character accuracy of the "
-             f"greedy-decoded answers: mean ± {CONFIDENCE:.0%} CI half-width over seeds "
-             "(for the fractions, mean [the interval, clipped to 0 and 1]). "
-             "Italic rows are floors: answers that ignore the question.", "",
-             _md_table(pd.DataFrame(rows)), ""]
-    if floors:
-        means = s.set_index(["variant", "metric"])["mean"]
-        beaten = {v: [m for m in floors if (v, m) in means.index
-                      and _beats(float(means.loc[(v, m)]), floors[m], m)]
-                  for v in (x["variant"] for x in rows if x["seeds"] != "–")}
-        groups = {"every floor": [v for v, b in beaten.items() if len(b) == len(floors)],
-                  "some": [f"{v} ({', '.join(METRICS[m][0] for m in b)})"
-                           for v, b in beaten.items() if 0 < len(b) < len(floors)],
-                  "none": [v for v, b in beaten.items() if not b]}
-        parts = [f"beat {k}: {', '.join(g)}" for k, g in groups.items() if g]
-        lines += ["Against the floors (" + ", ".join(
-            f"{METRICS[m][0]} {'below' if not METRICS[m][2] else 'above'} {_num(x)}"
-            for m, x in floors.items()) + "), on the mean over seeds: "
-            + "; ".join(parts) + ".", ""]
-    else:
-        lines += ["No floors: they need the tokenized data, not given to this report.", ""]
-    lines += [f"In {METRICS[loss][0]} against the baseline (paired by seed, Holm-corrected): "
-              f"{verdict_text(comparisons, dataset, loss)}.", ""]
-    return lines
+    return [macro_text(ARITHMETIC, "headline_intro", label=METRICS[loss][0],
+                       unit=METRICS[loss][1], answer_loss=loss == ANSWER_LOSS,
+                       confidence=CONFIDENCE), "", _md_table(pd.DataFrame(rows)), "",
+            macro_text(ARITHMETIC, "floors", groups=_beaten(s, rows, floors),
+                       floors=[(METRICS[m][0], not METRICS[m][2], x) for m, x in floors.items()]),
+            "", macro_text(ARITHMETIC, "headline_verdicts", label=METRICS[loss][0],
+                           verdicts=verdict_text(comparisons, dataset, loss)), ""]
+
+
+def _beaten(summary: pd.DataFrame, rows: Sequence[dict],
+            floors: dict[str, float]) -> list[tuple[str, list[str]]]:
+    """Which variants of the headline table's ``rows`` beat every floor, some (named with
+    them) or none, on the mean over seeds of one dataset's ``summary``."""
+    means = summary.set_index(["variant", "metric"])["mean"]
+    beaten = {v: [m for m in floors if (v, m) in means.index
+                  and _beats(float(means.loc[(v, m)]), floors[m], m)]
+              for v in (x["variant"] for x in rows if x["seeds"] != "–")}
+    groups = {"every floor": [v for v, b in beaten.items() if len(b) == len(floors)],
+              "some": [f"{v} ({', '.join(METRICS[m][0] for m in b)})"
+                       for v, b in beaten.items() if 0 < len(b) < len(floors)],
+              "none": [v for v, b in beaten.items() if not b]}
+    return [(k, g) for k, g in groups.items() if g]
 
 
 def breakdown_lines(per_op: pd.DataFrame, by_answer: pd.DataFrame, dataset: str,
@@ -152,10 +146,8 @@ def breakdown_lines(per_op: pd.DataFrame, by_answer: pd.DataFrame, dataset: str,
     rows = [{"variant": v, **{c: _num(table.loc[v, c]) for c in table.columns}}
             for v in order if v in table.index]
     few = any("†" in str(c) for c in table.columns)
-    return [f"Answer loss ({METRICS[ANSWER_LOSS][1]}, mean over seeds) by operation and by "
-            "answer length (in brackets: test problems per seed"
-            + (f"; † fewer than {MIN_BUCKET_PROBLEMS}, a rough indication only" if few else "")
-            + "):", "", _md_table(pd.DataFrame(rows)), ""]
+    return [macro_text(ARITHMETIC, "breakdown_intro", unit=METRICS[ANSWER_LOSS][1], few=few,
+                       minimum=MIN_BUCKET_PROBLEMS), "", _md_table(pd.DataFrame(rows)), ""]
 
 
 def _length_cells(tv: pd.DataFrame, cv: pd.DataFrame, lengths: Sequence[int],
