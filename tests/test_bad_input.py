@@ -320,7 +320,8 @@ CASES = [
      "evaluate, tracking, runtime"),
     ("unknown component", setting("variants.rope", {"position": "spiral"}), tune_args(),
      "params: model.position='spiral' is not allowed; choose one of learned, sinusoidal, rope, "
-     "alibi, none, coupled (in variants.rope)"),
+     "alibi, none, coupled, or components.<module>:<Class> (a class of the project's "
+     "components/<module>.py) (in variants.rope)"),
     ("unknown variant in the study", setting("study.variants", ["baseline", "mamba"]),
      tune_args(), "params: study.variants='mamba' is not allowed; choose from alibi, baseline, coupled, "
      "geglu, gelu, gqa, llama, mqa, nope, post_norm, rmsnorm, rope, sinusoidal, swiglu"),
