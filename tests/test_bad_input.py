@@ -798,3 +798,37 @@ def test_every_params_message_in_the_handbook_is_one_of_the_tested_cases():
         assert any(shown.fullmatch(case) or re.fullmatch(
             re.sub(r"\\\{\w+\\\}", ".+", re.escape(case)), message)
             for case in [c[3] for c in CASES] + [DEVICE_MESSAGE]), message
+
+
+def test_a_store_a_writer_left_mid_transaction_is_rolled_back_not_refused(tmp_path):
+    """kill -9 during a write leaves a hot rollback journal; a read-only connection cannot roll
+    it back ("attempt to write a readonly database"), so the check rolls it back as the next
+    writer would, and the store passes with the killed transaction undone."""
+    import sqlite3
+
+    from lmablate.core.fileio import check_sqlite_store
+
+    path = tmp_path / "optuna.db"
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        db.execute("create table t (x)")
+        db.execute("insert into t values (1)")
+        db.commit()
+    writer = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sqlite3, sys, time\n"
+         f"db = sqlite3.connect({str(path)!r}, isolation_level=None)\n"
+         "db.execute('pragma cache_size = 1')\n"  # spill to the file, so the journal is hot
+         "db.execute('begin immediate')\n"
+         "db.executemany('insert into t values (?)', ((b'x' * 4000,) for _ in range(500)))\n"
+         "print('writing', flush=True)\n"
+         "time.sleep(60)\n"], stdout=subprocess.PIPE, text=True)
+    assert writer.stdout.readline() == "writing\n"
+    writer.kill()
+    writer.wait()
+    assert (tmp_path / "optuna.db-journal").exists()
+    with pytest.raises(sqlite3.OperationalError, match="readonly"):
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+            db.execute("pragma quick_check").fetchall()
+    check_sqlite_store(f"sqlite:///{path}", "tune.storage (LMABLATE_OPTUNA_STORAGE)")
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        assert db.execute("select x from t").fetchall() == [(1,)]

@@ -120,8 +120,9 @@ def check_room(path: str | os.PathLike, need: int, what: str) -> None:
 
 def check_sqlite_store(url: str, key: str) -> None:
     """Refuse a SQLite store (``sqlite:///path``) that exists but is no sound database or cannot
-    be written, before any work: SQLite's ``PRAGMA quick_check`` on a read-only connection, then
-    the file opened for writing (nothing written). Other URLs and a file not yet made pass (the
+    be written, before any work: SQLite's ``PRAGMA quick_check`` on a read-only connection (on a
+    writable one where a killed writer's hot journal must first be rolled back), then the file
+    opened for writing (nothing written). Other URLs and a file not yet made pass (the
     folder's writability is :func:`check_writable`'s).
 
     Raises:
@@ -135,10 +136,20 @@ def check_sqlite_store(url: str, key: str) -> None:
         return
     import sqlite3  # the standard library's; only stages with a store need it
 
-    try:
-        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True,
+    def quick_check(mode: str) -> list[str]:
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode={mode}", uri=True,
                                                 timeout=30)) as db:
-            result = [row[0] for row in db.execute("PRAGMA quick_check")]
+            return [row[0] for row in db.execute("PRAGMA quick_check")]
+    try:
+        try:
+            result = quick_check("ro")
+        except sqlite3.OperationalError as exc:
+            if "readonly" not in str(exc):
+                raise
+            # a hot journal, left by a writer killed mid-transaction: SQLite rolls it back on
+            # the first read, which a read-only connection cannot do; a writable one does, as
+            # the store's next user would
+            result = quick_check("rw")
     except sqlite3.OperationalError as exc:
         if "locked" in str(exc):  # another process is writing it: busy, not broken
             return
