@@ -1,14 +1,8 @@
 """The report stage's library: the runs collected into tables, statistics, figures and text; the
 ``report`` stage (:mod:`lmablate.stages.report`) runs it.
 
-Every module, one line each (``tests/test_docstrings.py`` checks that none is left out).
-Data flows one way: the collected runs, then statistics, the headline, the tables, the
-figures and last the text; a module imports only from its own layer or one below
-(``tests/test_report_layers.py``).
-A new metric is computed in :mod:`~lmablate.report.stats` and tabled in
-:mod:`~lmablate.report.tables`; a new figure goes to :mod:`~lmablate.report.figures`; a new
-section of ``report.md`` to :mod:`~lmablate.report.text` (its data) and to the template (its
-place and headings).
+Data flows one way: collected runs, statistics, headline, tables, figures, text; a module
+imports only from its own layer or one below (``tests/test_report_layers.py``). Its modules:
 
 * :mod:`~lmablate.report.collect`: read ``runs/`` into ``RunOutputs``, in the study order.
 * :mod:`~lmablate.report.run_files`: one stage file (metrics, CSV, best.json) read into rows.
@@ -66,8 +60,5 @@ Text (:mod:`~lmablate.report.text`):
 * :mod:`~lmablate.report.text.render`: ``report.md`` and ``appendix.md`` rendered.
 * :mod:`~lmablate.report.text.html`: ``report.md`` as one HTML page, its figures inline (MLflow).
 
-The skeleton of ``report.md`` (section order, headings, fixed paragraphs, figure blocks) is the
-Jinja2 template ``report/templates/report.md.j2`` with its partials; its cells are formatted by
-the filters of :mod:`~lmablate.report.text.templating`, which are :mod:`~lmablate.report.text.mdtable`'s
-functions.
+The sentences are Jinja2 templates, ``report/templates/``.
 """

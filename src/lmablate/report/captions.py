@@ -1,8 +1,5 @@
-"""A figure's caption as data: the name of its sentence in the template
-``report/templates/_captions.md.j2`` and the fields it fills in (dataset and metric names,
-switches), never the sentence itself. The figures name their captions; the text layer renders
-them (:func:`lmablate.report.text.templating.caption_text`), so that the words live in the
-template beside the report's other sentences."""
+"""A figure's caption as data: its macro in ``report/templates/_captions.md.j2`` and the fields
+it fills in; the text layer renders it (:func:`lmablate.report.text.templating.caption_text`)."""
 
 from __future__ import annotations
 

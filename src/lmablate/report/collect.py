@@ -1,15 +1,7 @@
-"""Reading what the train/evaluate/tune stages wrote under ``runs/<dataset>/<variant>/`` (and
-replicate r's under ``runs/<dataset>/<variant>/replicate_<r>/``).
-
-:func:`collect` gathers every run of one replicate into one :class:`RunOutputs`;
-:func:`restrict_to_study` keeps the runs the config asks for and lists the missing and ignored
-ones.
-
-The order of datasets and variants is set here, once: every frame's ``dataset`` and ``variant``
-columns are ordered :class:`pandas.Categorical` (datasets in config order; variants with
-``baseline`` first, then in config order, then any others alphabetically), and every table,
-figure and section of the report follows that order instead of sorting again. A category may be
-absent from a frame (a variant with no runs yet): :func:`present` lists the ones that occur.
+"""``runs/<dataset>/<variant>/`` (replicate r's: ``.../replicate_<r>/``) read into one
+:class:`RunOutputs`, in the study order, set here once: every frame's ``dataset`` and ``variant``
+are ordered categoricals (datasets in config order; ``baseline`` first, then the configured
+variants), and every table, figure and section follows them without sorting again.
 """
 
 from __future__ import annotations
@@ -38,53 +30,23 @@ def _empty(columns: Sequence[str] | None = None) -> Any:
 
 @dataclass(frozen=True, eq=False)
 class RunOutputs:
-    """Everything the stages wrote under ``runs/``, one frame per kind of file.
-
-    Every frame has ``dataset`` and ``variant`` columns as ordered categoricals (the study order,
-    see the module docstring); an optional file that no run wrote gives an empty frame.
-    ``eq=False``: frames have no single truth value, so instances compare by identity.
+    """Everything the stages wrote under ``runs/``, one frame per kind of file, each with
+    categorical ``dataset``/``variant`` columns; a file no run wrote gives an empty frame.
+    ``eq=False``: frames have no truth value. Units: losses nats/char (``answer_loss`` nats per
+    answer character), accuracies fractions, seconds, tokens, FLOPs; NaN where not applicable.
 
     Attributes:
-        ablation: one row per dataset x variant x seed, columns :data:`ABLATION_COLUMNS`, sorted
-            by dataset, variant, seed. Units: losses in nats/char, accuracies as fractions in
-            [0, 1], ``train_seconds`` in s, ``tokens_per_second`` in tokens/s, ``lr`` per step;
-            ``answer_loss`` (arithmetic) in nats per answer character. NaN where a metric does
-            not apply (``exact_match`` of a text corpus).
-        history: the ``history.csv`` files stacked (``seed, step, tokens, train_loss, val_loss,
-            lr, elapsed_seconds``), in file order.
-        trials: Optuna's ``trials_dataframe()`` CSVs (``trials.csv``) stacked, in file order.
-        grad: the ``grad_stats.csv`` files stacked (``seed, group, frac_near_zero, ...``).
-        per_op: arithmetic results per operation, columns :data:`PER_OP_COLUMNS`
-            (``answer_loss`` in nats per answer character, ``n`` problems).
-        samples: ``{(dataset, variant): {"seed_<n>": [generated text, ...]}}`` (text corpora).
-        predictions: ``{(dataset, variant): {"seed_<n>": [{"prompt", "target",
-            "prediction"}, ...]}}`` (arithmetic: greedy-decoded test problems).
-        tuned: the tuned values of each dataset x variant (``best.json``), columns
-            :data:`TUNED_COLUMNS`: ``lr`` per step, ``d_model``, the best trial's ``val_loss``
-            (nats/char, at its share of the budget) and the range-edge flags.
-        extrapolation: length extrapolation per dataset x variant x seed x factor, columns
-            :data:`EXTRAPOLATION_COLUMNS` (``length`` in tokens, ``test_loss`` in nats/char;
-            NaN with the reason in ``note`` where the scheme cannot run that long).
-        position_loss: the loss by position bucket at each factor, columns
-            :data:`POSITION_LOSS_COLUMNS` (``position``: the bucket's first position, 0-based).
-        by_operand_digits: arithmetic results per seed by operand length (``digits`` of the
-            longer operand), columns :data:`OPERAND_DIGITS_COLUMNS`: fractions, answer loss in
-            nats per answer character, ``n`` problems; NaN with the reason in ``note`` where
-            the model cannot run that long. Sorted by dataset, variant, seed, digits.
-        by_answer_digits: the same by the digits of the answer's integer part, columns
-            :data:`ANSWER_DIGITS_COLUMNS`, sorted alike.
-        scaling: every budget's runs of a scaling study (``train.budget_flops`` lists), the
-            columns of ``ablation`` (``budget_flops``: the run's budget in training FLOPs),
-            sorted by dataset, variant, budget, seed. Every other frame holds the headline
-            budget's runs only: each ``metrics.json``'s largest budget, where the verdicts are
-            drawn.
-        scaling_trials: the tuning trials of every budget (``trials.csv`` with its
-            ``budget_flops`` column), in file order.
-        scaling_tuned: what tuning chose at every budget, ``budget_flops`` and
-            :data:`TUNED_COLUMNS`.
-
-    The raw frames (history, trials, grad, per_op) keep the row order of the files: the figures
-    draw their points in row order, and overlapping markers are stacked in that order.
+        ablation: per dataset x variant x seed, :data:`ABLATION_COLUMNS`, sorted.
+        history, trials, grad: ``history.csv``, ``trials.csv`` (Optuna's) and
+            ``grad_stats.csv`` stacked, in file order (figures draw in row order).
+        per_op, by_operand_digits, by_answer_digits: arithmetic results per operation, operand
+            and answer length (``note`` says why a length has none).
+        samples, predictions: ``{(dataset, variant): {"seed_<n>": [...]}}``, generated text or
+            ``{"prompt", "target", "prediction"}`` dicts.
+        tuned: ``best.json`` per dataset x variant, :data:`TUNED_COLUMNS`.
+        extrapolation, position_loss: test loss at multiples of the context, and by position.
+        scaling, scaling_trials, scaling_tuned: every budget's runs, trials and tuning (a
+            scaling study); every other frame holds the headline (largest) budget only.
     """
 
     ablation: pd.DataFrame
@@ -104,15 +66,10 @@ class RunOutputs:
     scaling_tuned: pd.DataFrame = _empty(["budget_flops", *TUNED_COLUMNS])
 
 
-# The frames of RunOutputs (every field but samples and predictions), in field order
 FRAMES = ("ablation", "history", "trials", "grad", "per_op", "tuned", "extrapolation",
           "position_loss", "by_operand_digits", "by_answer_digits", "scaling", "scaling_trials",
           "scaling_tuned")
 
-
-# --------------------------------------------------------------------------------------------
-# The study order
-# --------------------------------------------------------------------------------------------
 
 def variant_order(variants: Iterable[str], configured: Sequence[str] = ()) -> list[str]:
     """``variants`` (duplicates dropped) with ``baseline`` first, then those in ``configured``
@@ -143,14 +100,8 @@ def _categorical(values: pd.Series, order: Sequence[str]) -> pd.Series:
 
 def with_order(df: pd.DataFrame, datasets: Sequence[str] | None = None,
                variants: Sequence[str] | None = None) -> pd.DataFrame:
-    """``df`` with its ``dataset``/``variant`` columns as ordered categoricals.
-
-    Args:
-        datasets, variants: the categories in order. ``None`` keeps a column that is categorical
-            already and orders a plain one by first appearance (so a hand-made frame keeps the
-            order of its rows). Values outside the given categories raise.
-
-    Rows are not moved. An empty frame without these columns is returned unchanged.
+    """``df`` with ``dataset``/``variant`` as ordered categoricals of ``datasets``/``variants``
+    (None: keep a categorical, order a plain column by first appearance). Rows are not moved.
 
     Raises:
         ValueError: a value of ``df`` is not among the given categories.
@@ -169,10 +120,6 @@ def with_order(df: pd.DataFrame, datasets: Sequence[str] | None = None,
         out[col] = _categorical(out[col], order)
     return out
 
-
-# --------------------------------------------------------------------------------------------
-# Collecting the stage outputs
-# --------------------------------------------------------------------------------------------
 
 def _stack(frames: list[pd.DataFrame]) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
@@ -194,15 +141,13 @@ def _ordered(runs: RunOutputs, datasets: Sequence[str], variants: Sequence[str])
 
 
 def replicate_folder(replicate: int) -> str:
-    """The folder of replicate r > 0 inside ``<runs>/<dataset>/<variant>/`` (dvc.yaml's
-    replicate stages write there); replicate 0's files lie in that folder itself."""
+    """The folder of replicate r > 0 inside ``<runs>/<dataset>/<variant>/``."""
     return f"replicate_{replicate}"
 
 
 def _read_stage_csvs(run_dir: Path, dataset: str, variant: str, headline: float | None,
                      parts: dict[str, list]) -> None:
-    """Append the run's ``history.csv``, ``trials.csv`` and ``grad_stats.csv`` (the headline
-    budget's rows) to ``parts``, and every budget's trials to ``parts["scaling_trials"]``."""
+    """Append the run's stage CSVs (headline budget) to ``parts``, every budget's trials too."""
     for file, name in (("history.csv", "history"), ("trials.csv", "trials"),
                        ("grad_stats.csv", "grad")):
         df = read_csv_tagged(run_dir / file, dataset, variant)
@@ -234,8 +179,7 @@ def _read_tuned(run_dir: Path, named: Path, dataset: str, variant: str) -> list[
 
 
 def _read_examples(run_dir: Path, headline: float | None) -> dict[str, list] | None:
-    """The run's ``examples.json`` by ``seed_<n>``: per seed, text samples (strings) or
-    arithmetic predictions (dicts); None without the file."""
+    """The run's ``examples.json`` by ``seed_<n>`` (headline budget); None without it."""
     path = run_dir / "examples.json"
     if not path.is_file():
         return None
@@ -245,7 +189,7 @@ def _read_examples(run_dir: Path, headline: float | None) -> dict[str, list] | N
             if k.rpartition("/")[0] in keep}
 
 
-# The frames built from collected row dicts: their columns and how their numbers are typed
+# frames built from row dicts: their columns and typing
 _ROW_FRAMES = {
     "ablation": (ABLATION_COLUMNS, typed_columns), "scaling": (ABLATION_COLUMNS, typed_columns),
     "per_op": (PER_OP_COLUMNS, typed_numbers),
@@ -254,13 +198,11 @@ _ROW_FRAMES = {
     "by_operand_digits": (OPERAND_DIGITS_COLUMNS, typed_numbers),
     "by_answer_digits": (ANSWER_DIGITS_COLUMNS, typed_numbers),
     "tuned": (TUNED_COLUMNS, None), "scaling_tuned": (["budget_flops", *TUNED_COLUMNS], None)}
-# The frames stacked from the runs' stage CSVs
 _STACKED_FRAMES = ("history", "trials", "grad", "scaling_trials")
 
 
 def _run_outputs(parts: dict[str, list], samples: dict, predictions: dict) -> RunOutputs:
-    """The :class:`RunOutputs` of the collected ``parts``, datasets ordered alphabetically and
-    variants by :func:`variant_order`."""
+    """The :class:`RunOutputs` of ``parts``: datasets alphabetical, :func:`variant_order`."""
     frames = {name: _stack(parts[name]) for name in _STACKED_FRAMES}
     for name, (columns, typed) in _ROW_FRAMES.items():
         df = pd.DataFrame(parts[name], columns=columns)
@@ -273,19 +215,9 @@ def _run_outputs(parts: dict[str, list], samples: dict, predictions: dict) -> Ru
 
 
 def collect(runs_dir: Path, replicate: int = 0) -> RunOutputs:
-    """Read every ``<runs_dir>/<dataset>/<variant>/`` that holds a ``metrics.json``; for
-    replicate r > 0 of the study (``study.replicates``) every
-    ``<runs_dir>/<dataset>/<variant>/replicate_<r>/`` instead, read alike.
-
-    Reads ``metrics.json`` (per seed: sizes, tuned ``lr``/``d_model``, losses, accuracies,
-    ``per_op`` results and, for arithmetic, ``by_operand_digits`` and ``by_answer_digits``),
-    and where present ``history.csv``, ``trials.csv``, ``grad_stats.csv``, ``best.json`` and
-    ``examples.json``. Datasets are ordered alphabetically and variants by
-    :func:`variant_order` (baseline first); :func:`restrict_to_study` sets the config's order.
-
-    Missing optional files give empty frames / absent keys, never errors; a folder without
-    ``metrics.json`` is skipped. A run without a ``seed`` field takes it from its ``seed_<n>``
-    key.
+    """Every ``<runs_dir>/<dataset>/<variant>/`` (replicate r > 0: its ``replicate_<r>/``)
+    with a ``metrics.json``, with its optional ``history.csv``, ``trials.csv``,
+    ``grad_stats.csv``, ``best.json`` and ``examples.json`` (missing: empty frames).
 
     Raises:
         ValueError: a ``metrics.json`` or ``examples.json`` is not valid JSON.
@@ -314,13 +246,7 @@ def collect(runs_dir: Path, replicate: int = 0) -> RunOutputs:
     return _run_outputs(parts, samples, predictions)
 
 
-# --------------------------------------------------------------------------------------------
-# What the sections need
-# --------------------------------------------------------------------------------------------
-
-# A seed's results that some section reads (the verdicts, success, the summary tables): where
-# one seed of a dataset has one, every seed of it must, or that section would quietly leave
-# out the runs without it.
+# results a section reads: where one seed of a dataset has one, every seed must
 _NEEDED_RESULTS = ("val_loss", "test_loss", "answer_loss", "exact_match", "char_accuracy")
 
 
@@ -331,10 +257,9 @@ def run_folder(runs_dir: Path, dataset: str, variant: str, replicate: int = 0) -
 
 
 def check_complete(runs: RunOutputs, runs_dir: Path, replicate: int = 0) -> None:
-    """Refuse runs that lack what the others of their dataset have: a result of
-    :data:`_NEEDED_RESULTS` in ``metrics.json``, the rows of a seed in ``history.csv`` (the
-    curves, convergence, learning speed), or its ``val_exact_match`` (learning speed), so that
-    no section silently leaves a variant or a seed out.
+    """Refuse a run lacking what the others of its dataset have (a result of
+    :data:`_NEEDED_RESULTS`, ``history.csv`` rows, ``val_exact_match``), so no section silently
+    leaves a seed out.
 
     Raises:
         ValueError: one line naming the file, the seed and the field that is missing.
@@ -371,10 +296,6 @@ def check_complete(runs: RunOutputs, runs_dir: Path, replicate: int = 0) -> None
                     "this dataset and variant again")
 
 
-# --------------------------------------------------------------------------------------------
-# Restricting to the configured study
-# --------------------------------------------------------------------------------------------
-
 def _restrict_to_study(cfg: StudyConfig, ablation: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     """Keep the runs the config asks for; describe missing and ignored (stale) runs."""
     notes = []
@@ -398,9 +319,7 @@ def _restrict_to_study(cfg: StudyConfig, ablation: pd.DataFrame) -> tuple[pd.Dat
 
 
 def _filter(df: pd.DataFrame, cfg: StudyConfig, by_seed: bool = True) -> pd.DataFrame:
-    """The rows of ``df`` that belong to the configured datasets, variants and (``by_seed``)
-    seeds. Tuning trials are not filtered by seed: their ``seed`` is a tuning seed
-    (``tune.seed`` and after), never one of ``study.seeds``."""
+    """The rows of ``df`` of the configured datasets, variants and (``by_seed``) seeds."""
     if df.empty:
         return df
     keep = df["dataset"].isin(list(cfg.datasets)) & df["variant"].isin(list(cfg.study_variants))
@@ -410,23 +329,15 @@ def _filter(df: pd.DataFrame, cfg: StudyConfig, by_seed: bool = True) -> pd.Data
 
 
 def restrict_to_study(cfg: StudyConfig, runs: RunOutputs) -> tuple[RunOutputs, list[str]]:
-    """The runs of the configured datasets x variants x seeds, in the study order.
-
-    Returns:
-        ``(runs, notes)``: the kept runs with every frame's categories set to the config's
-        datasets (in config order) and variants (:func:`variant_order` of
-        ``cfg.study_variants``: baseline first, then config order), the ablation table sorted by
-        them; ``notes`` are sentences for the report naming the ignored runs (present under
-        ``runs/`` but not configured: stale results) and the missing ones (configured, no
-        results).
-    """
+    """``(runs, notes)``: the runs of the configured datasets x variants x seeds in the
+    config's order, and sentences naming the ignored (stale) and the missing runs."""
     ablation, notes = _restrict_to_study(cfg, runs.ablation)
 
     def configured(by_run: dict[tuple[str, str], Any]) -> dict[tuple[str, str], Any]:
         return {(d, v): x for (d, v), x in by_run.items()
                 if d in cfg.datasets and v in cfg.study_variants}
 
-    # tuning trials are not filtered by seed (_filter)
+    # a trial's seed is a tuning seed, never one of study.seeds
     kept = dataclasses.replace(
         runs, ablation=ablation, samples=configured(runs.samples),
         predictions=configured(runs.predictions),

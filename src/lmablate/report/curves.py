@@ -1,15 +1,7 @@
-"""The validation curves ``dvc plots show`` draws: per dataset, each variant's mean over seeds.
-
-One table per dataset (``reports/curves/<dataset>.csv``, written by the report stage), one row
-per variant x evaluation step. Beside the mean it carries what the DVC template
-``.dvc/plots/variants.json`` needs to draw the same picture as the report's figure
-(:func:`lmablate.report.figures.losses.plot_val_loss_curves`): the band of mean +- 1 SD over seeds,
-and each variant's colour from :func:`lmablate.report.families.family_palette`, written as a
-hex string so the palette stays defined once, in Python, and the template only reads it.
-
-Units: losses in nats/char (natural-log cross-entropy per character token; every dataset of
-the study is tokenized by character).
-"""
+"""The validation curves ``dvc plots show`` draws (``reports/curves/<dataset>.csv``): each
+variant's mean over seeds with a +-1 SD band and its colour as hex, so that the DVC template
+``.dvc/plots/variants.json`` draws the report's figure with the palette defined once, here.
+Losses in nats/char."""
 
 from __future__ import annotations
 
@@ -24,15 +16,12 @@ CURVE_COLUMNS = ["variant", "step", "val_loss", "val_loss_sd", "val_loss_low", "
 
 
 def variant_key(position: int, variant: str) -> str:
-    """The variant prefixed by its 0-based position in the study, zero-padded to two digits
-    (``variant_key(0, "baseline") == "00 baseline"``).
+    """``"00 baseline"``: the variant after its 2-digit position in the study. Vega-Lite sorts
+    the colour domain and its data-read range by this key, so the legend follows the study
+    order (it hides the prefix).
 
-    Why: the template's colour scale takes its range from the ``colour`` column, and Vega-Lite
-    sorts a range read from data by the colour field (``sort: {op: min}``), its domain
-    ascending; colouring by this key makes both follow the study order, so the legend lists
-    the baseline first, as the report's figures do. The legend shows the key without its
-    3-character prefix. Raises ValueError for a position outside 0..99 (the prefix would no
-    longer sort as a number)."""
+    Raises:
+        ValueError: a position outside 0..99."""
     if not 0 <= position < 100:
         raise ValueError(f"variant_key: position {position} outside 0..99")
     return f"{position:02d} {variant}"
@@ -40,16 +29,9 @@ def variant_key(position: int, variant: str) -> str:
 
 def mean_curves(history: pd.DataFrame, dataset: str,
                 palette: Mapping[str, Any] | None = None) -> pd.DataFrame:
-    """The validation curve of each variant of ``dataset``, columns :data:`CURVE_COLUMNS`.
-
-    ``val_loss`` is the mean over seeds (nats/char) at each evaluation step, ``val_loss_sd``
-    the sample SD over seeds (empty with one seed), ``val_loss_low`` / ``val_loss_high`` the
-    band mean -+ 1 SD (both the mean with one seed: no band), as in the report's validation
-    loss figure; ``seeds`` the number of seeds averaged. ``colour`` is the variant's colour in
-    ``palette`` (variant -> any matplotlib colour, normally
-    :func:`~lmablate.report.families.family_palette`) as ``#rrggbb``, empty without a
-    palette; ``variant_key`` is :func:`variant_key`. Variants in the order of ``history``
-    (the study order, :func:`lmablate.report.collect.restrict_to_study`), steps ascending.
+    """Each variant's validation curve of ``dataset``, :data:`CURVE_COLUMNS`: the mean over
+    seeds (nats/char) per step, the sample SD and the band mean -+ 1 SD (no band with one seed),
+    ``colour`` as ``#rrggbb`` from ``palette`` ("" without one); variants in ``history``'s order.
 
     Raises:
         ValueError: ``palette`` has no colour for a variant of ``dataset``.

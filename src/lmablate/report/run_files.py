@@ -1,8 +1,6 @@
-"""The files the tune, train and evaluate stages write under ``runs/<dataset>/<variant>/``, read
-into rows: the column sets of every frame of :class:`lmablate.report.collect.RunOutputs`, and
-one ``metrics.json`` (every budget's seed rows, the headline budget's details), one CSV or one
-``best.json`` at a time. :mod:`lmablate.report.collect` stacks them into frames.
-"""
+"""The stage files under ``runs/<dataset>/<variant>/`` read into rows: the columns of every frame
+of :class:`lmablate.report.collect.RunOutputs`, one ``metrics.json``, CSV or ``best.json`` at a
+time; impossible values are refused where they are read."""
 
 from __future__ import annotations
 
@@ -21,58 +19,38 @@ ABLATION_COLUMNS = [
     "answer_loss", "perplexity", "bits_per_char", "char_accuracy", "exact_match",
     "train_seconds", "tokens_per_second",
 ]
-# Stored as integers when every present value is integral (pandas' nullable Int64, so NaN stays
-# possible and the CSV shows 104321 rather than 104321.0).
+# nullable Int64 when integral, so the CSV shows 104321, not 104321.0
 _INTEGER_COLUMNS = ("seed", "n_params", "n_params_non_embedding", "flops_per_token", "d_model",
                     "steps", "tokens", "train_flops", "budget_flops")
-# Timings are not in metrics.json (they differ from run to run); they come from each seed's
-# training result, runs/<dataset>/<variant>/checkpoints/seed_<s>/result.json.
+# not in metrics.json (they differ between runs): from checkpoints/seed_<s>/result.json
 TIMING_COLUMNS = ("train_seconds", "tokens_per_second")
 PER_OP_COLUMNS = ["dataset", "variant", "seed", "op", "char_accuracy", "exact_match",
                   "answer_loss", "n"]
-# Arithmetic results by operand length (evaluate's "by_operand_digits": ``split`` "test" up to
-# the training digits, "length" past them; NaN with the reason in ``note`` where the model
-# cannot run that long) and by answer length ("by_answer_digits"), per seed.
+# split: "test" up to the training digits, "length" past them; note: why a length has none
 OPERAND_DIGITS_COLUMNS = ["dataset", "variant", "seed", "digits", "split", "exact_match",
                           "char_accuracy", "answer_loss", "n", "note"]
 ANSWER_DIGITS_COLUMNS = ["dataset", "variant", "seed", "digits", "exact_match",
                          "char_accuracy", "answer_loss", "n"]
-# Length extrapolation (evaluate's "extrapolation"): per seed and factor the test loss on windows
-# of factor x context_length tokens, or the reason there is none ("n/a (learned table of N
-# positions)"); and per position bucket its mean loss.
+# test loss on windows of factor x context_length tokens (note: why none); loss per position
 EXTRAPOLATION_COLUMNS = ["dataset", "variant", "seed", "factor", "length", "test_loss", "note"]
 POSITION_LOSS_COLUMNS = ["dataset", "variant", "seed", "factor", "position", "loss"]
-# What tuning chose per dataset x variant (``best.json``); ``on_edge`` and ``extended`` join
-# their notes with "; ", ``d_model_choices`` the widths searched with " ".
-# The full-budget bracket (best.json's ``bracket``): how it ended, its points, how the lr was
-# taken (``fit_used``: vertex or best point; ``fit_a/b/c`` the quadratic in ln lr), the seed
-# spread of one trial (the study's own, and ``seed_spread_pooled`` over the dataset's brackets,
-# which the report's regret and tuning uncertainty are drawn with: analysis/pooled_uncertainty.py),
-# the regret at the chosen lr (bootstrap median), the tuning uncertainty
-# of the tuned loss (its 95th percentile) and the fitted curve's excess loss at 2x or 1/2 the
-# chosen lr (``lr_sensitivity_full``); nats/char; ``widths_compared`` the mean loss of each
-# width the first batch compared ("16: 2.1410; 24: 2.0970"). Empty without a bracket.
+# best.json's full-budget bracket (tune/bracket.py); empty without one
 BRACKET_COLUMNS = ["bracket_state", "n_points", "fit_used", "fit_a", "fit_b", "fit_c",
                    "seed_spread", "seed_spread_pooled", "regret", "tuning_uncertainty",
                    "lr_sensitivity_full", "widths_compared"]
-# ``val_loss``: the chosen trial's value of the tuning ``objective`` (val_loss, or an arithmetic
-# dataset's val_answer_loss: lmablate.evaluate.answer_probe); a best.json without one tuned val_loss
+# best.json per dataset x variant; val_loss: the chosen trial's value of its ``objective``
 TUNED_COLUMNS = ["dataset", "variant", "lr", "d_model", "val_loss", "objective", "full_budget",
                  "on_edge", "extended", "lr_low", "lr_high", "d_model_choices", "n_trials",
                  "n_complete", "n_diverged", *BRACKET_COLUMNS]
 
 
-# What a seed's results can be: a loss is a cross-entropy (>= 0, nats), a perplexity its exp
-# (>= 1), an accuracy a fraction; anything else (NaN, Infinity, a negative loss, text) is a
-# damaged file, refused where it is read.
+# a loss is a cross-entropy (>= 0), a perplexity its exp (>= 1), an accuracy a fraction
 LOSS_FIELDS = ("val_loss", "test_loss", "answer_loss", "bits_per_char")
 FRACTION_FIELDS = ("char_accuracy", "exact_match")
 
 
 def impossible(field: str, value: Any) -> str | None:
-    """Why ``value`` cannot be a seed's ``field`` (:data:`LOSS_FIELDS`, ``perplexity``,
-    :data:`FRACTION_FIELDS`), or None when it can (a missing value can: not every metric
-    applies to every dataset)."""
+    """Why ``value`` cannot be a seed's ``field``, or None when it can (None can)."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -89,8 +67,7 @@ def impossible(field: str, value: Any) -> str | None:
 
 
 def check_run(path: Path, key: str, run: Mapping[str, Any]) -> None:
-    """Refuse a seed's results (``runs.<key>`` of the ``metrics.json`` at ``path``) with a
-    value it cannot have (:func:`impossible`).
+    """Refuse ``runs.<key>`` of the ``metrics.json`` at ``path`` if :func:`impossible`.
 
     Raises:
         ValueError: one line naming the file, the field and the value.
@@ -111,8 +88,7 @@ def _seed_of(key: str, run: Mapping[str, Any]) -> int:
 
 
 def maybe_int(series: pd.Series) -> pd.Series:
-    """``series`` as nullable ``Int64`` when every non-missing value is integral (to within
-    ``np.isclose``), else as float; non-numbers become NaN."""
+    """``series`` as nullable ``Int64`` when every value is integral, else float."""
     values = pd.to_numeric(series, errors="coerce")
     finite = values.dropna()
     if len(finite) and np.all(np.isclose(finite, np.round(finite))):
@@ -132,8 +108,7 @@ def read_csv_tagged(path: Path, dataset: str, variant: str) -> pd.DataFrame | No
 
 def _extrapolation_rows(dataset: str, variant: str, seed: int, run: Mapping[str, Any]
                         ) -> tuple[list[dict], list[dict]]:
-    """A seed's ``extrapolation`` results as rows of :data:`EXTRAPOLATION_COLUMNS` and
-    :data:`POSITION_LOSS_COLUMNS`."""
+    """A seed's ``extrapolation`` as rows of both extrapolation frames."""
     rows, buckets = [], []
     for key, r in (run.get("extrapolation") or {}).items():
         factor = int(key.removeprefix("x"))
@@ -148,8 +123,7 @@ def _extrapolation_rows(dataset: str, variant: str, seed: int, run: Mapping[str,
 
 
 def typed_numbers(df: pd.DataFrame) -> pd.DataFrame:
-    """An extrapolation, per-op or by-digits frame with integer seed/factor/length/position/
-    digits/n and float losses and accuracies."""
+    """A row frame with integer counts and float losses and accuracies."""
     for col in df.columns:
         if col in ("seed", "factor", "length", "position", "digits", "n"):
             df[col] = maybe_int(df[col])
@@ -160,8 +134,7 @@ def typed_numbers(df: pd.DataFrame) -> pd.DataFrame:
 
 def _digit_rows(base: dict, entries: Mapping[str, Any] | None,
                 columns: Sequence[str]) -> list[dict]:
-    """A seed's ``by_operand_digits`` or ``by_answer_digits`` (digits as strings -> a dict of
-    results, or a string saying why there is none) as rows of ``columns``."""
+    """A seed's ``by_*_digits`` (digits -> results, or why none) as rows of ``columns``."""
     rows = []
     for key, r in (entries or {}).items():
         row = {**base, "digits": int(key)}
@@ -174,15 +147,14 @@ def _digit_rows(base: dict, entries: Mapping[str, Any] | None,
 
 
 def _budget_of(run: Mapping[str, Any]) -> float | None:
-    """A run's budget (training FLOPs), or None where its summary predates budgets."""
+    """A run's budget (training FLOPs), or None."""
     value = run.get("budget_flops")
     return None if value is None else float(value)
 
 
 def check_made_for(path: Path, made: str, labels: tuple[str, str], run_dir: Path) -> None:
-    """Refuse a file of ``run_dir`` (``<dataset>/<variant>/``) whose own ``labels`` (dataset,
-    variant) name another run: a file copied or moved into another variant's folder would be
-    reported as that variant's.
+    """Refuse a file of ``run_dir`` (``<dataset>/<variant>/``) whose ``labels`` (dataset,
+    variant) name another run (a file copied into another variant's folder).
 
     Raises:
         ValueError: the labels differ from the folders' names (the message names both).
@@ -196,14 +168,12 @@ def check_made_for(path: Path, made: str, labels: tuple[str, str], run_dir: Path
 
 def read_metrics(metrics_path: Path, run_dir: Path | None = None
                   ) -> tuple[str, str, list[dict], dict[str, list[dict]], float | None]:
-    """One ``metrics.json``: ``(dataset, variant, seed rows, {"per_op", "extrapolation",
-    "position_loss", "by_operand_digits", "by_answer_digits", "scaling": rows}, headline)``
-    (:func:`_extrapolation_rows`, :func:`_digit_rows`). A seed row has
-    :data:`ABLATION_COLUMNS`, its timings from ``checkpoints/[<budget label>/]seed_<s>/
-    result.json`` next to the metrics file. The seed rows and the other parts are the
-    ``headline`` budget's (the file's largest); ``"scaling"`` has every budget's seed rows.
-    Dataset and variant come from the file, else from the folders ``<dataset>/<variant>/``
-    (``run_dir``, default the file's folder)."""
+    """One ``metrics.json``: ``(dataset, variant, seed rows, {frame name: rows}, headline)``,
+    the rows of the ``headline`` (largest) budget but ``"scaling"``'s, of every budget. Seed rows
+    have :data:`ABLATION_COLUMNS`, timings from ``checkpoints/[<budget>/]seed_<s>/result.json``.
+
+    Raises:
+        ValueError: a seed listed twice, an impossible value, or another run's file."""
     run_dir = run_dir or metrics_path.parent
     doc = fileio.read_json(metrics_path)
     dataset = str(doc.get("dataset") or run_dir.parent.name)
@@ -259,8 +229,7 @@ def at_headline(df: pd.DataFrame | None, headline: float | None) -> pd.DataFrame
 
 
 def tuned_row(dataset: str, variant: str, best: Mapping[str, Any]) -> dict:
-    """One tuned budget of ``best.json`` as a row of ``budget_flops`` and
-    :data:`TUNED_COLUMNS`."""
+    """One tuned budget of ``best.json`` as a row of ``budget_flops`` + :data:`TUNED_COLUMNS`."""
     lr_range = best.get("lr_range") or [None, None]
     return {"budget_flops": best.get("budget_flops"), "dataset": dataset, "variant": variant,
             **{c: best.get(c) for c in TUNED_COLUMNS[2:]},
@@ -290,8 +259,7 @@ def bracket_columns(bracket: Mapping[str, Any] | None) -> dict:
 
 
 def typed_columns(df: pd.DataFrame) -> pd.DataFrame:
-    """``df`` (ablation columns) with its numbers typed: integer columns as
-    nullable Int64 where integral (:func:`maybe_int`), the others as float."""
+    """``df`` (ablation columns) with integer columns :func:`maybe_int`, the others float."""
     for col in df.columns:
         if col in _INTEGER_COLUMNS:
             df[col] = maybe_int(df[col])

@@ -19,9 +19,7 @@ def staging_prefix(path: Path) -> str:
 
 
 def check_stageable(path: str | os.PathLike) -> None:
-    """Raise unless :func:`staged_folder` can work for folder ``path``: ``path`` and every
-    folder below it take new files (:func:`lmablate.core.fileio.check_writable`), and so does
-    the folder beside it, where the staging folder goes.
+    """Raise unless ``path``, the folders below it and the one beside it take new files.
 
     Raises:
         OutputError: a folder that cannot be written (the message names it and the reason).
@@ -33,15 +31,9 @@ def check_stageable(path: str | os.PathLike) -> None:
 
 @contextlib.contextmanager
 def staged_folder(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield an empty staging folder beside folder ``path`` to write a stage's outputs into;
-    when the block succeeds, each entry written there replaces the entry of the same name in
-    ``path`` (a folder as a whole, so a file it no longer holds goes with it) and the staging
-    folder is removed. Entries of ``path`` the block did not write are left alone.
-
-    A failure anywhere in the block removes the staging folder and leaves ``path`` exactly as
-    it was: the stage replaces all of its outputs or none (one rename per entry, on one file
-    system). A staging folder of ``path`` left by a killed run is removed first.
-    """
+    """Yield an empty folder beside ``path``; when the block succeeds each entry written there
+    replaces its namesake in ``path`` (a folder as a whole), others are left alone. A failure
+    leaves ``path`` as it was; a killed run's staging folder is removed first."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     for left in path.parent.glob(staging_prefix(path) + "*"):

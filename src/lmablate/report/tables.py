@@ -1,18 +1,5 @@
-"""The report's tables: every frame computed from the collected runs, and the CSV each is
-written to.
-
-:func:`compute_tables` runs the statistics of :mod:`~lmablate.report.stats.statistics`,
-:mod:`~lmablate.report.stats.problems`, :mod:`~lmablate.report.stats.extrapolation`,
-:mod:`~lmablate.report.stats.arithmetic_tables`, :mod:`~lmablate.report.stats.sensitivity`,
-:mod:`~lmablate.report.text.limits` and :mod:`~lmablate.report.text.findings` over one
-:class:`~lmablate.report.collect.RunOutputs`, and the one-batch gradient diagnostic
-(:func:`gradient_table`);
-:func:`csv_tables` says which file of ``reports/`` each frame goes to, with its columns. Nothing
-here writes: the report stage does (:mod:`lmablate.stages.report`).
-
-Units as in the tables they come from: losses in nats/char (the answer loss per answer
-character), accuracies as fractions in [0, 1].
-"""
+"""The report's tables: :func:`compute_tables` runs the statistics over the collected runs,
+:func:`csv_tables` names the CSV of ``reports/`` each frame goes to. Nothing here writes."""
 
 from __future__ import annotations
 
@@ -44,11 +31,8 @@ GRAD_COLUMNS = ["dataset", "variant", "group", "seeds", "frac_near_zero"]
 
 
 def gradient_table(grad: pd.DataFrame) -> pd.DataFrame:
-    """``grad_flow.csv``, a one-batch diagnostic, not a finding: per dataset x variant x
-    parameter group, the share of gradient entries with |g| < 1e-8 in the last training
-    batch's backward pass (``grad_stats.csv``'s ``frac_near_zero``, a fraction), mean over
-    seeds. It counts exact zeros from activations (a ReLU's, not a SiLU gate's) and embedding
-    rows of tokens absent from that batch. Columns :data:`GRAD_COLUMNS`."""
+    """``grad_flow.csv``, a one-batch diagnostic: per dataset x variant x parameter group, the
+    mean over seeds of the share of gradient entries with |g| < 1e-8 in the last batch."""
     if grad.empty or "frac_near_zero" not in grad:
         return pd.DataFrame(columns=GRAD_COLUMNS)
     out = (grad.groupby(["dataset", "variant", "group"], observed=True, sort=False)
@@ -58,8 +42,7 @@ def gradient_table(grad: pd.DataFrame) -> pd.DataFrame:
 
 @dataclass(frozen=True)
 class ReportTables:
-    """The frames of one report, each in the study order (datasets as configured, baseline
-    first, then the configured variants)."""
+    """The frames of one report, in the study order; columns as the ``*_COLUMNS`` named."""
 
     summary: pd.DataFrame  # statistics.SUMMARY_COLUMNS, one row per dataset x variant x metric
     comparisons: pd.DataFrame  # statistics.COMPARISON_COLUMNS, every variant against baseline
@@ -78,38 +61,33 @@ class ReportTables:
     speed: pd.DataFrame  # learning_speed.SPEED_COLUMNS, tokens to learn per seed
     speed_summary: pd.DataFrame  # learning_speed.TABLE_COLUMNS, Kaplan-Meier per variant
     speed_comparisons: pd.DataFrame  # learning_speed.COMPARISON_COLUMNS, paired by seed
-    # study.replicates > 1 (replication.py), else empty: each replicate's verdicts, their
-    # agreement and combination, and how far tuning moved between replicates
+    # study.replicates > 1, else empty
     replicates: pd.DataFrame = field(
         default_factory=lambda: pd.DataFrame(columns=rep.REPLICATE_COLUMNS))
     replication: pd.DataFrame = field(
         default_factory=lambda: pd.DataFrame(columns=rep.COMBINED_COLUMNS))
     tuning_spread: pd.DataFrame = field(
         default_factory=lambda: pd.DataFrame(columns=rep.SPREAD_COLUMNS))
-    # learning speed over the replicates (rep.combine_speed): probed datasets only
     speed_replication: pd.DataFrame = field(
         default_factory=lambda: pd.DataFrame(columns=rep.SPEED_REPLICATION_COLUMNS))
 
 
 def _in_study_order(table: pd.DataFrame, ablation: pd.DataFrame) -> pd.DataFrame:
-    """``table`` sorted (stably) by dataset and variant in the order of ``ablation``'s
-    categorical columns, as every other table: the stacked files come in path order."""
+    """``table`` sorted stably into ``ablation``'s dataset and variant order."""
     return table.sort_values(["dataset", "variant"], kind="stable", key=lambda c: c.map(
         {v: i for i, v in enumerate(present(ablation[c.name]))}))
 
 
 def replicate_comparisons(runs: RunOutputs) -> pd.DataFrame:
-    """One replicate's comparisons with the baseline, checked against its tuning uncertainty,
-    as the report draws its verdicts."""
+    """One replicate's comparisons with the baseline, checked against its tuning."""
     return tuning_check(compare(runs.ablation, baseline=BASELINE), runs.tuned)
 
 
 def replication_tables(runs: RunOutputs, comparisons: pd.DataFrame,
                        replicates: dict[int, RunOutputs]
                        ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """The tables of :mod:`~lmablate.report.stats.replication` over replicate 0 (``runs`` and its
-    ``comparisons``) and ``replicates`` (r > 0 -> its runs): each replicate's verdicts, their
-    combination, the tuning spread. Empty frames without replicates."""
+    """Each replicate's verdicts, their combination and the tuning spread
+    (:mod:`~lmablate.report.stats.replication`) over replicate 0 and ``replicates``."""
     if not replicates:
         return (pd.DataFrame(columns=rep.REPLICATE_COLUMNS),
                 pd.DataFrame(columns=rep.COMBINED_COLUMNS),
@@ -134,14 +112,8 @@ def replication_tables(runs: RunOutputs, comparisons: pd.DataFrame,
 
 def compute_tables(cfg: StudyConfig, runs: RunOutputs, tokens_dir: Path | None,
                    replicates: dict[int, RunOutputs] | None = None) -> ReportTables:
-    """Every table of the report from the study's runs
-    (:func:`~lmablate.report.collect.restrict_to_study`; ``runs.ablation`` not empty), and
-    from those of its ``replicates`` r > 0 (r -> runs) where ``study.replicates`` > 1.
-
-    ``tokens_dir`` (``<tokens_dir>/<dataset>/``) gives the reference points and the loss at
-    initialisation of the learning-rate sensitivity
-    (:mod:`~lmablate.report.stats.reference_points`); None leaves them out (no references, no
-    sensitivity).
+    """Every table of the report from the study's runs (not empty) and its ``replicates``
+    (r > 0 -> runs); ``tokens_dir`` gives the reference points (None: none).
 
     Raises:
         FileNotFoundError / TokenizerError: a dataset's tokens are missing under ``tokens_dir``.
@@ -182,8 +154,7 @@ def compute_tables(cfg: StudyConfig, runs: RunOutputs, tokens_dir: Path | None,
 
 def csv_tables(runs: RunOutputs, tables: ReportTables
                ) -> dict[str, tuple[str, pd.DataFrame, Sequence[str] | None]]:
-    """name -> ``(file name under reports/, frame, columns)`` of every CSV table of the report,
-    in the order they are written; columns None writes the frame's own."""
+    """name -> ``(file under reports/, frame, columns or None for its own)``, in write order."""
     return {
         "ablation": ("ablation.csv", runs.ablation, ABLATION_COLUMNS),
         "summary": ("summary.csv", tables.summary, None),
@@ -201,7 +172,6 @@ def csv_tables(runs: RunOutputs, tables: ReportTables
         "extrapolation": ("extrapolation.csv", tables.extrapolation, ex.TABLE_COLUMNS),
         "extrapolation_comparisons": ("extrapolation_comparisons.csv",
                                       tables.extrapolation_comparisons, None),
-        # the numbers behind the loss-by-position figures, every dataset in one table
         "extrapolation_positions": (
             "extrapolation_positions.csv",
             pd.concat([c.assign(dataset=ds) for ds, c in tables.positions.items()],
