@@ -15,6 +15,7 @@ import torch
 
 from lmablate.config import params
 from lmablate.config.study import ConfigError, ModelConfig
+from lmablate.core.component_files import named_components
 from lmablate.model import components, gpt
 from lmablate.model.variants import preflight
 
@@ -41,7 +42,7 @@ def examples(monkeypatch):
 def test_the_worked_examples_pass_their_checks_and_build_a_causal_model(examples):
     cfg = ModelConfig(**TINY, ffn="components.squared_relu:SquaredReLU",
                       norm="components.dyt:DyT")
-    assert components.component_names(cfg) == {"ffn": "components.squared_relu:SquaredReLU",
+    assert named_components(cfg) == {"ffn": "components.squared_relu:SquaredReLU",
                                                 "norm": "components.dyt:DyT"}
     preflight(cfg, "variant 'mine'")  # the contract and check_causality
     model = gpt.GPT(cfg)

@@ -16,7 +16,7 @@ from typing import Any, Callable, Mapping, NoReturn
 
 from lmablate.core.fingerprint import NOT_A_RESULT
 # a user's own component's name (re-exported: the config's rule below names it)
-from lmablate.core.component_files import COMPONENT_NAME, COMPONENT_TEXT
+from lmablate.core.component_files import COMPONENT_TEXT, is_component
 
 MAX_SEED = 2**31 - 1  # every generator here (torch, numpy, random) takes it
 # Variant and dataset names name DVC stages (tune@<dataset>-<variant>), folders and MLflow runs.
@@ -317,8 +317,7 @@ def choice(choices: tuple[str, ...]) -> Rule:
 def choice_or_component(choices: tuple[str, ...]) -> Rule:
     """One of ``choices``, or a component's name (:data:`COMPONENT_NAME`)."""
     def check(key: str, value: Any) -> None:
-        if not (isinstance(value, str) and (value in choices
-                                            or COMPONENT_NAME.fullmatch(value))):
+        if not (value in choices or is_component(value)):
             fail(key, value, f"choose one of {', '.join(choices)}, or {COMPONENT_TEXT}")
     return Rule(f"one of {', '.join(choices)}, or {COMPONENT_TEXT}", check)
 

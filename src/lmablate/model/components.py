@@ -26,8 +26,7 @@ import torch.nn as nn
 
 from lmablate.config.study import ModelConfig
 # the files and their hashes (no torch): shared with the check stage, fingerprints and workers
-from lmablate.core.component_files import (component_file, is_component,
-                                           named_components)
+from lmablate.core.component_files import component_file, is_component
 
 
 class ComponentError(ValueError):
@@ -37,11 +36,6 @@ class ComponentError(ValueError):
 def component_path(name: str, root: Path | None = None) -> Path:
     """``components/<module>.py`` under ``root`` (the working directory when None)."""
     return (root if root is not None else Path.cwd()) / component_file(name)
-
-
-def component_names(cfg: ModelConfig) -> dict[str, str]:
-    """``field -> name`` of the components ``cfg`` uses (none for a built-in model)."""
-    return named_components(cfg)
 
 
 def load_component(name: str, root: Path | None = None) -> type[nn.Module]:

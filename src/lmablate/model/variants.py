@@ -4,7 +4,8 @@ every stage runs before its first step."""
 from __future__ import annotations
 
 from lmablate.config.study import ConfigError, ModelConfig, StudyConfig
-from lmablate.model.components import ComponentError, check_component, component_names
+from lmablate.core.component_files import named_components
+from lmablate.model.components import ComponentError, check_component
 from lmablate.model.gpt import check_causality, match_ffn_hidden
 
 
@@ -44,7 +45,7 @@ def preflight(model_cfg: ModelConfig, what: str) -> None:
             :func:`lmablate.model.gpt.check_causality` (the message names ``what``, and the
             component and file or the leaking position).
     """
-    for kind, name in component_names(model_cfg).items():
+    for kind, name in named_components(model_cfg).items():
         try:
             check_component(kind, name, model_cfg)
         except ComponentError as exc:
