@@ -9,22 +9,19 @@ attention, parameter counts and causality pre-flight.
 The contract, as for a built-in (``docs/components.md``): the class is built with the model's
 :class:`~lmablate.config.study.ModelConfig`; an FFN or a norm maps (B, T, C) to (B, T, C), C =
 ``d_model``; a position scheme subclasses :class:`lmablate.model.gpt.Position` and overrides its
-hooks. :func:`check_component` tries that before any work.
+hooks. :func:`lmablate.model.variants.check_component` tries that before any work.
 """
 
 from __future__ import annotations
 
 import hashlib
 import importlib.util
-import math
 import sys
 from functools import lru_cache
 from pathlib import Path
 
-import torch
 import torch.nn as nn
 
-from lmablate.config.study import ModelConfig
 # the files and their hashes (no torch): shared with the check stage, fingerprints and workers
 from lmablate.core.component_files import component_file, is_component
 
@@ -77,45 +74,3 @@ def _import(path: str, digest: str):
         raise ComponentError(f"{path} fails to import: {type(exc).__name__}: {exc}") from None
     sys.modules.setdefault(spec.name, module)  # pickling (processes, Dask) finds its classes
     return module
-
-
-def check_component(kind: str, name: str, cfg: ModelConfig, root: Path | None = None) -> None:
-    """Try component ``name`` as ``cfg``'s ``kind`` (ffn, norm or position) before any work: it
-    imports and builds with ``cfg``; an FFN or a norm keeps the shape of a (2, 5, C) input,
-    gives finite outputs and passes a gradient to every parameter; a position scheme subclasses
-    :class:`~lmablate.model.gpt.Position`. Whether the model then sees the future is
-    :func:`~lmablate.model.gpt.check_causality`'s to say.
-
-    Raises:
-        ComponentError: what failed, with the name and file.
-    """
-    from lmablate.model.gpt import Position  # the model imports this module
-
-    cls = load_component(name, root)
-    where = f"{name} ({component_path(name, root)})"
-    if kind == "position" and not issubclass(cls, Position):
-        raise ComponentError(f"{where}: a position scheme must subclass "
-                             "lmablate.model.gpt.Position")
-    try:
-        module = cls(cfg)
-    except Exception as exc:
-        raise ComponentError(f"{where}: {cls.__name__}(cfg) fails: "
-                             f"{type(exc).__name__}: {exc}") from None
-    if kind == "position":
-        return
-    x = torch.randn(2, 5, cfg.d_model, requires_grad=True)
-    try:
-        y = module(x)
-    except Exception as exc:
-        raise ComponentError(f"{where}: its forward on (2, 5, {cfg.d_model}) fails: "
-                             f"{type(exc).__name__}: {exc}") from None
-    if not isinstance(y, torch.Tensor) or tuple(y.shape) != tuple(x.shape):
-        shape = tuple(y.shape) if isinstance(y, torch.Tensor) else type(y).__name__
-        raise ComponentError(f"{where}: maps (2, 5, {cfg.d_model}) to {shape}; an {kind} keeps "
-                             "(B, T, C)")
-    if not torch.isfinite(y).all():
-        raise ComponentError(f"{where}: gives non-finite outputs on a standard normal input")
-    y.square().sum().backward()
-    for pname, p in module.named_parameters():
-        if p.requires_grad and (p.grad is None or not math.isfinite(float(p.grad.abs().sum()))):
-            raise ComponentError(f"{where}: parameter {pname} gets no finite gradient")
