@@ -1,8 +1,6 @@
-"""The figures of losses and comparisons, one PNG per ``plot_*`` function, which returns its
-path or None when there is nothing (worth) drawing. Variants keep the study order of the frames'
-categorical ``variant`` column; colours come from ``palette`` (variant -> colour,
-:func:`lmablate.report.families.family_palette`). Losses in nats/char, accuracies as fractions.
-"""
+"""The figures of losses and comparisons: each ``plot_*`` writes a PNG and returns its path, or
+None when there is nothing (worth) drawing. Variants in study order (the frames' categorical
+``variant``), coloured by ``palette`` (:func:`lmablate.report.families.family_palette`)."""
 
 from __future__ import annotations
 
@@ -25,27 +23,19 @@ from lmablate.report.stats.statistics import (ALPHA, METRICS, VERDICT_BETTER, VE
                                           VERDICT_IDENTICAL, VERDICT_NSD,
                                           VERDICT_UNDECIDED_TUNING, VERDICT_WORSE, t_interval)
 
-VERDICT_COLORS = {
-    VERDICT_BETTER: "#1a9850",
-    VERDICT_WORSE: "#d73027",
-    VERDICT_NSD: "#4d4d4d",
-    VERDICT_FEW: "#b0b0b0",
-    VERDICT_IDENTICAL: "#5b7a99",  # blue-grey: a result, but not a tested one
-    VERDICT_UNDECIDED_TUNING: "#e08214",  # orange: significant, but inside the tuning's reach
-}
+# blue-grey: a result but not a tested one; orange: significant, but within the tuning's reach
+VERDICT_COLORS = {VERDICT_BETTER: "#1a9850", VERDICT_WORSE: "#d73027", VERDICT_NSD: "#4d4d4d",
+                  VERDICT_FEW: "#b0b0b0", VERDICT_IDENTICAL: "#5b7a99",
+                  VERDICT_UNDECIDED_TUNING: "#e08214"}
 JITTER_SEED = 0  # the strip plot's horizontal jitter (plot_test_loss)
-# plot_test_loss draws a reference only within this many data ranges of the data: a unigram
-# model ~1.3 nats above the variants would squash their differences into a few pixels
+# references drawn within this many data ranges of the data (plot_test_loss), or this share of
+# the curves' range (plot_val_loss_curves): a far unigram line would squash the variants
 REFERENCE_WINDOW = 1.5
-# plot_params_vs_loss draws nothing when the largest parameter count is less than this many
-# times the smallest: at one width variants differ by a few percent, and seed noise would read
-# as a trend in size (neighbouring tuned widths differ by 1.5x or more)
-MIN_PARAMS_RATIO = 1.2
-# plot_val_loss_curves draws a reference only within this share of the curves' range beyond it
 CURVE_REFERENCE_WINDOW = 0.1
-# plot_val_loss_curves uses a log y axis when the means span more than this factor (an answer
-# loss falling from ~1 to ~0.02)
-LOG_SPAN = 10.0
+# no plot_params_vs_loss below this max/min parameter ratio: variants at one width differ by a
+# few percent and seed noise would read as a trend in size (tuned widths differ by >= 1.5x)
+MIN_PARAMS_RATIO = 1.2
+LOG_SPAN = 10.0  # plot_val_loss_curves' y axis is log when the means span more (answer loss)
 
 
 def plot_val_loss_curves(history: pd.DataFrame, dataset: str, path: Path, *,
@@ -53,13 +43,10 @@ def plot_val_loss_curves(history: pd.DataFrame, dataset: str, path: Path, *,
                          references: Mapping[str, float] | None = None,
                          metric: str = "val_loss",
                          flops_per_token: Mapping[str, float] | None = None) -> Path | None:
-    """A validation loss during training (``metric``: ``val_loss`` in nats/char or
-    ``val_answer_loss`` in nats/answer char), one line per variant: the mean over seeds, band
-    +-1 SD (3 seeds make a poor bootstrap). ``references`` (label -> loss): drawn as
-    :func:`~lmablate.report.figures.plotting.draw_references` within
-    :data:`CURVE_REFERENCE_WINDOW` of the curves' range. x: training compute (tokens x
-    ``flops_per_token``, variant -> FLOPs per token) when given, else tokens. y: log when the
-    means span more than :data:`LOG_SPAN`. None without a history of ``metric``."""
+    """``metric`` (``val_loss``, nats/char, or ``val_answer_loss``, nats/answer char) during
+    training, a line per variant: mean over seeds, band +-1 SD; ``references`` (label -> loss)
+    within :data:`CURVE_REFERENCE_WINDOW`. x: FLOPs (tokens x ``flops_per_token[variant]``)
+    when given, else tokens; y log past :data:`LOG_SPAN`. None without ``metric``."""
     h = history[history["dataset"] == dataset] if len(history) else history
     if h.empty or metric not in h or (h := h.dropna(subset=[metric])).empty:
         return None
@@ -91,8 +78,7 @@ def plot_val_loss_curves(history: pd.DataFrame, dataset: str, path: Path, *,
 
 
 def curve_label(metric: str) -> tuple[str, str]:
-    """``(name, unit)`` of a curve of ``history.csv``: ``val_<m>`` is the validation twin of
-    :data:`~lmablate.report.stats.statistics.METRICS`' ``m`` (``val_loss``: nats/char)."""
+    """``(name, unit)`` of a ``history.csv`` curve (``val_<m>``: the validation twin of ``m``)."""
     if metric in METRICS:
         return METRICS[metric][0], METRICS[metric][1]
     name, unit, _ = METRICS.get(metric.removeprefix("val_"), (metric, "", None))
@@ -100,14 +86,12 @@ def curve_label(metric: str) -> tuple[str, str]:
 
 
 def _widen(low: float, high: float, k: float) -> tuple[float, float]:
-    """``low..high`` widened by ``k`` times its span (5% of ``high`` when empty) a side."""
     span = high - low if high > low else 0.05 * max(abs(high), 1.0)
     return low - k * span, high + k * span
 
 
 def _curve_window(h: pd.DataFrame, x: str, metric: str) -> tuple[tuple[float, float], bool]:
-    """The curves' range (means +- 1 SD) widened by :data:`CURVE_REFERENCE_WINDOW` (in log on
-    a log axis), and whether the means span more than :data:`LOG_SPAN` (a log axis)."""
+    """The curves' range (mean +- SD) widened for references, and whether the axis is log."""
     means = h.groupby(["variant", x], observed=True)[metric].agg(["mean", "std"]).fillna(0.0)
     low = float((means["mean"] - means["std"]).min())
     high = float((means["mean"] + means["std"]).max())
@@ -123,14 +107,10 @@ def plot_test_loss(ablation: pd.DataFrame, dataset: str, path: Path, *,
                    references: Mapping[str, float] | None = None,
                    metric: str = "test_loss") -> Path | None:
     """``metric`` (``test_loss``, nats/char, or ``answer_loss``, nats/answer char) per variant:
-    each seed a grey dot, the mean a diamond with its 95% Student-t interval (as summary.csv),
-    a dotted line at the baseline mean. ``references`` (label -> loss) are drawn within
-    :data:`REFERENCE_WINDOW` data ranges of the seeds and intervals, else only named
-    (:func:`~lmablate.report.figures.plotting.draw_references`). None without values."""
-    if metric not in ablation:
-        return None
-    d = ablation[(ablation["dataset"] == dataset)].dropna(subset=[metric])
-    if d.empty:
+    seeds as grey dots, the mean a diamond with its 95% t-interval, a dotted baseline mean;
+    ``references`` (label -> loss) within :data:`REFERENCE_WINDOW`. None without values."""
+    if metric not in ablation or (d := ablation[ablation["dataset"] == dataset].dropna(
+            subset=[metric])).empty:
         return None
     order = present(d["variant"])
     with plotting.figure(path, figsize=(max(6.0, 1.1 * len(order) + 2.5), 4.5)) as (fig, axes):
@@ -161,11 +141,8 @@ def plot_test_loss(ablation: pd.DataFrame, dataset: str, path: Path, *,
 
 
 def _reference_window(d: pd.DataFrame, metric: str) -> tuple[float, float]:
-    """The range of the seeds' values and the means' t-intervals, widened by
-    :data:`REFERENCE_WINDOW`."""
-    values = list(d[metric].astype(float))
-    for _, losses in d.groupby("variant", observed=True)[metric]:
-        values += [float(v) for v in t_interval(losses)]
+    values = [*d[metric].astype(float), *(float(v) for _, losses in d.groupby(
+        "variant", observed=True)[metric] for v in t_interval(losses))]
     finite = [v for v in values if np.isfinite(v)]
     return _widen(min(finite), max(finite), REFERENCE_WINDOW)
 
@@ -173,23 +150,57 @@ def _reference_window(d: pd.DataFrame, metric: str) -> tuple[float, float]:
 def plot_forest(comparisons: pd.DataFrame, dataset: str, path: Path,
                 metric: str = "test_loss") -> Path | None:
     """Forest plot of ``variant - baseline`` in ``metric`` (its unit), paired by seed: the mean
-    difference a diamond coloured by the Holm-corrected verdict, the raw 95% t-interval a thin
-    line with caps, the Holm-adjusted interval (``ci_holm_low``..``ci_holm_high``) a thick
-    translucent bar, and that interval widened by ``tuning_uncertainty``
-    (:func:`~lmablate.report.stats.statistics.tuning_check`) a dotted box; a line at 0. A text
-    column right of the axes gives each Holm p-value (``*``: significant) or why there is none;
-    the legend is below the figure. None without comparisons in ``metric``."""
+    a diamond coloured by verdict, the raw 95% t-interval a line with caps, the Holm interval
+    a bar, widened by ``tuning_uncertainty`` a dotted box; the Holm p-values in a column at the
+    right. None without comparisons in ``metric``."""
     c = _forest_rows(comparisons, dataset, metric)
     if c.empty:
         return None
+    label, _, higher = METRICS[metric]
+    unit = plotting.metric_unit(metric)
     with plotting.figure(path, figsize=(8.0, 2.4 + 0.45 * len(c))) as (fig, axes):
-        _draw_forest(fig, axes[0, 0], c, dataset, metric)
+        ax = axes[0, 0]
+        ax.axvline(0, color="black", linewidth=1, linestyle="--")
+        for _, r in c.iterrows():
+            colour = VERDICT_COLORS[r["verdict"]]
+            if np.isfinite(r["ci_holm_low"]) and np.isfinite(r["ci_holm_high"]):
+                ax.barh(r["y"], r["ci_holm_high"] - r["ci_holm_low"], left=r["ci_holm_low"],
+                        height=0.5, color=colour, alpha=0.3, linewidth=0, zorder=1)
+            if np.isfinite(r["tuned_low"]) and np.isfinite(r["tuned_high"]):
+                ax.barh(r["y"], r["tuned_high"] - r["tuned_low"], left=r["tuned_low"],
+                        height=0.66, fill=False, edgecolor=colour, linestyle=":", linewidth=1.1,
+                        zorder=1)
+            if np.isfinite(r["ci95_low"]) and np.isfinite(r["ci95_high"]):
+                # caps keep a narrow interval visible behind its marker
+                ax.errorbar(r["mean_diff"], r["y"], fmt="none", ecolor=colour, elinewidth=1.3,
+                            capsize=5, capthick=1.3, zorder=2,
+                            xerr=[[r["mean_diff"] - r["ci95_low"]],
+                                  [r["ci95_high"] - r["mean_diff"]]])
+        verdicts = [v for v in VERDICT_COLORS if v in set(c["verdict"])]
+        sns.scatterplot(data=c, x="mean_diff", y="y", hue="verdict", hue_order=verdicts,
+                        palette=VERDICT_COLORS, s=70, marker="D", edgecolor="white", zorder=3,
+                        legend=False, ax=ax)
+        for _, r in c.iterrows():  # a column right of the axes: no label hides a marker
+            ax.annotate(_forest_note(r), xy=(1.02, r["y"]), xycoords=("axes fraction", "data"),
+                        va="center", ha="left", fontsize=8, annotation_clip=False)
+        ax.set_yticks(c["y"], c["variant"])
+        ax.set_ylim(len(c) - 0.5, -0.5)  # first variant on top, as in the tables
+        ax.set_xlim(*forest_limits(c))
+        ax.set_xlabel(f"Δ {label} (variant − baseline){', ' + unit if unit else ''}; "
+                      f"{'> 0' if higher else '< 0'} = better")
+        ax.set_ylabel("variant")
+        tuned = bool(np.isfinite(c["tuned_low"]).any())
+        ax.set_title(f"{dataset}: difference to baseline in {label}, paired by seed\n"
+                     "thin line with caps: 95% t-interval; thick bar: Holm-adjusted interval"
+                     + ("; dotted: ± tuning uncertainty" if tuned else "") + "\n"
+                     f"p_Holm: Holm-corrected p-value, * = significant (α={ALPHA})")
+        _forest_legend(fig, verdicts, tuned)
     return Path(path)
 
 
 def _forest_rows(comparisons: pd.DataFrame, dataset: str, metric: str) -> pd.DataFrame:
-    """The forest plot's rows in variant order, ``y`` = 0, 1, ..., missing intervals NaN, and
-    ``tuned_low``/``tuned_high`` (the Holm interval widened by the tuning uncertainty)."""
+    """The rows in variant order, ``y`` = 0, 1, ..., with the Holm interval ± tuning
+    uncertainty (``tuned_low``, ``tuned_high``)."""
     c = comparisons[(comparisons["dataset"] == dataset) & (comparisons["metric"] == metric)]
     c = c.dropna(subset=["mean_diff"])
     c = c[c["variant"] != BASELINE].reset_index(drop=True)
@@ -214,49 +225,9 @@ def _forest_note(r: pd.Series) -> str:
     return f"p_Holm={r['p_holm']:.2g}{star}"
 
 
-def _draw_forest(fig: Figure, ax: Any, c: pd.DataFrame, dataset: str, metric: str) -> None:
-    label, _, higher = METRICS[metric]
-    unit = plotting.metric_unit(metric)
-    ax.axvline(0, color="black", linewidth=1, linestyle="--")
-    for _, r in c.iterrows():
-        colour = VERDICT_COLORS[r["verdict"]]
-        if np.isfinite(r["ci_holm_low"]) and np.isfinite(r["ci_holm_high"]):
-            ax.barh(r["y"], r["ci_holm_high"] - r["ci_holm_low"], left=r["ci_holm_low"],
-                    height=0.5, color=colour, alpha=0.3, linewidth=0, zorder=1)
-        if np.isfinite(r["tuned_low"]) and np.isfinite(r["tuned_high"]):
-            ax.barh(r["y"], r["tuned_high"] - r["tuned_low"], left=r["tuned_low"],
-                    height=0.66, fill=False, edgecolor=colour, linestyle=":", linewidth=1.1,
-                    zorder=1)
-        if np.isfinite(r["ci95_low"]) and np.isfinite(r["ci95_high"]):
-            # caps keep a narrow interval visible behind its marker
-            ax.errorbar(r["mean_diff"], r["y"], fmt="none", ecolor=colour, elinewidth=1.3,
-                        capsize=5, capthick=1.3, zorder=2,
-                        xerr=[[r["mean_diff"] - r["ci95_low"]],
-                              [r["ci95_high"] - r["mean_diff"]]])
-    verdicts = [v for v in VERDICT_COLORS if v in set(c["verdict"])]
-    sns.scatterplot(data=c, x="mean_diff", y="y", hue="verdict", hue_order=verdicts,
-                    palette=VERDICT_COLORS, s=70, marker="D", edgecolor="white", zorder=3,
-                    legend=False, ax=ax)
-    for _, r in c.iterrows():  # a column right of the axes: no label hides a marker
-        ax.annotate(_forest_note(r), xy=(1.02, r["y"]), xycoords=("axes fraction", "data"),
-                    va="center", ha="left", fontsize=8, annotation_clip=False)
-    ax.set_yticks(c["y"], c["variant"])
-    ax.set_ylim(len(c) - 0.5, -0.5)  # first variant on top, as in the tables
-    ax.set_xlim(*forest_limits(c))
-    ax.set_xlabel(f"Δ {label} (variant − baseline){', ' + unit if unit else ''}; "
-                  f"{'> 0' if higher else '< 0'} = better")
-    ax.set_ylabel("variant")
-    tuned = bool(np.isfinite(c["tuned_low"]).any())
-    ax.set_title(f"{dataset}: difference to baseline in {label}, paired by seed\n"
-                 "thin line with caps: 95% t-interval; thick bar: Holm-adjusted interval"
-                 + ("; dotted: ± tuning uncertainty" if tuned else "") + "\n"
-                 f"p_Holm: Holm-corrected p-value, * = significant (α={ALPHA})")
-    _forest_legend(fig, verdicts, tuned)
-
-
 def forest_limits(c: pd.DataFrame, margin: float = 0.06) -> tuple[float, float]:
-    """The x range of a forest plot of rows ``c``: every mean, interval end (raw, Holm, Holm
-    widened by the tuning uncertainty) and 0, widened by ``margin`` of the span a side."""
+    """The x range of a forest plot of rows ``c``: every mean, interval end and 0, widened by
+    ``margin`` of the span a side."""
     cols = [x for x in ("mean_diff", "ci95_low", "ci95_high", "ci_holm_low", "ci_holm_high",
                         "tuned_low", "tuned_high") if x in c]
     values = np.concatenate([c[cols].to_numpy(float).ravel(), [0.0]])
@@ -267,7 +238,6 @@ def forest_limits(c: pd.DataFrame, margin: float = 0.06) -> tuple[float, float]:
 
 
 def _forest_legend(fig: Figure, verdicts: Sequence[str], tuned: bool) -> None:
-    """The legend below the figure, where it covers neither the data nor the p-values."""
     raw = Line2D([], [], color="0.3", linewidth=1.3, marker="|", markersize=9,
                  markeredgewidth=1.3)
     handles = [Line2D([], [], color=VERDICT_COLORS[v], marker="D", markeredgecolor="white",
@@ -287,21 +257,13 @@ def _with_params(ablation: pd.DataFrame, dataset: str) -> pd.DataFrame:
         subset=["test_loss", "n_params_non_embedding"])
 
 
-def params_range(ablation: pd.DataFrame, dataset: str) -> tuple[float, float] | None:
-    """The smallest and largest non-embedding parameter count (counts) of ``dataset``'s runs
-    with a test loss; None without any."""
-    n = _with_params(ablation, dataset)["n_params_non_embedding"].astype(float)
-    return (float(n.min()), float(n.max())) if len(n) else None
-
-
 def params_too_narrow(ablation: pd.DataFrame, dataset: str) -> str | None:
-    """A sentence saying why :func:`plot_params_vs_loss` draws no figure although there are
-    parameter counts (the largest less than :data:`MIN_PARAMS_RATIO` times the smallest);
-    None otherwise."""
-    span = params_range(ablation, dataset)
-    if span is None or span[1] >= MIN_PARAMS_RATIO * span[0]:
+    """Why :func:`plot_params_vs_loss` draws nothing although there are parameter counts (they
+    differ by less than :data:`MIN_PARAMS_RATIO`), as a sentence; else None."""
+    n = _with_params(ablation, dataset)["n_params_non_embedding"].astype(float)
+    if n.empty or n.max() >= MIN_PARAMS_RATIO * n.min():
         return None
-    low, high = span
+    low, high = float(n.min()), float(n.max())
     return (f"{dataset}: non-embedding parameters vs test loss not drawn: the parameter counts "
             f"span {low:,.0f} to {high:,.0f} ({high / low - 1:.1%} apart), too narrow a range "
             "to show a trend in size (the figure needs the largest at least "
@@ -310,17 +272,15 @@ def params_too_narrow(ablation: pd.DataFrame, dataset: str) -> str | None:
 
 def plot_params_vs_loss(ablation: pd.DataFrame, dataset: str, path: Path, *,
                         palette: Mapping[str, Any]) -> Path | None:
-    """Non-embedding parameter count against test loss (nats/char), a point per seed, colour
-    and marker by variant: is a gain just capacity? None without counts, or when they span too
-    narrow a range (:func:`params_too_narrow`).
+    """Non-embedding parameters (count) against test loss (nats/char), a point per seed: is a
+    gain just capacity? None without counts or when :func:`params_too_narrow`.
 
     Raises:
         ValueError: ``palette`` has no colour for a variant.
     """
-    span = params_range(ablation, dataset)
-    if span is None or span[1] < MIN_PARAMS_RATIO * span[0]:
-        return None
     d = _with_params(ablation, dataset).copy()
+    if d.empty or params_too_narrow(ablation, dataset):
+        return None
     d["n_params_non_embedding"] = d["n_params_non_embedding"].astype(float)
     order = present(d["variant"])
     with plotting.figure(path, figsize=(7.5, 4.5)) as (fig, axes):
@@ -339,11 +299,9 @@ def plot_params_vs_loss(ablation: pd.DataFrame, dataset: str, path: Path, *,
 def plot_position_loss(curves: pd.DataFrame, dataset: str, context_length: int, path: Path, *,
                        palette: Mapping[str, Any],
                        positions: Mapping[str, str] | None = None) -> Path | None:
-    """Test loss (nats/char) against token position, a line per variant (Press et al. 2022,
-    fig. 1): ``curves`` (:func:`lmablate.report.stats.extrapolation.position_curves`) gives
-    the mean over seeds per position bucket, each variant at the longest length it runs; a
-    dashed line where the training context (``context_length``) ends; ``positions``: variant
-    -> its position scheme, for the legend. None if ``curves`` is empty."""
+    """Test loss (nats/char) against token position as in Press et al. 2022, fig. 1: a line
+    per variant of ``curves`` (:func:`lmablate.report.stats.extrapolation.position_curves`), a
+    line at ``context_length``; ``positions``: variant -> scheme. None if ``curves`` is empty."""
     if curves.empty:
         return None
     order = present(curves["variant"])
