@@ -94,23 +94,6 @@ def _loss_figures(cfg: StudyConfig, runs: RunOutputs, tables: ReportTables, ds: 
     ])
 
 
-def _arithmetic_figures(cfg: StudyConfig, runs: RunOutputs, tables: ReportTables, ds: str,
-                        fig_dir: Path, palette: Palette, out: ReportFigures) -> None:
-    """The learning speed (into ``out.figures``) and length generalisation
-    (``out.length_figures``)."""
-    by_digits = runs.by_operand_digits
-    digits = arith.training_digits(cfg.datasets[ds], by_digits, ds)
-    path = arith_figs.plot_length_generalisation(
-        by_digits, ds, digits, fig_dir / f"length_generalisation_{ds}.png",
-        palette=palette) if arith.has_length_split(by_digits, ds) else None
-    out.figures += drawn([(ds, Caption.of("learning_speed", ds=ds),
-                           arith_figs.plot_learning_speed(
-                               tables.speed, ds, fig_dir / f"learning_speed_{ds}.png",
-                               palette=palette))])
-    left_out = tuple(arith.unreachable(by_digits, ds))
-    out.length_figures[ds] = (Caption.of("length", ds=ds, left_out=left_out), path)
-
-
 def _op_figures(runs: RunOutputs, references: pd.DataFrame, ds: str, fig_dir: Path,
                 palette: Palette) -> list[Figure]:
     """Exact match and character accuracy per operation, where ``ds`` has them."""
@@ -131,20 +114,6 @@ def _op_figures(runs: RunOutputs, references: pd.DataFrame, ds: str, fig_dir: Pa
     return out
 
 
-def _tuning_figures(runs: RunOutputs, ds: str, fig_dir: Path, palette: Palette,
-                    out: ReportFigures) -> None:
-    """The response to the learning rate and the full-budget bracket, where drawn."""
-    path = plot_lr_response(runs.trials, runs.tuned, ds, fig_dir / f"tuning_{ds}.png",
-                            palette=palette)
-    if path is not None:
-        shaded = search_bounds(runs.tuned, ds) != (None, None, [])
-        out.lr_figures[ds] = (Caption.of("lr_response", ds=ds, shaded=shaded), path)
-    path = plot_bracket(runs.trials, runs.tuned, ds, fig_dir / f"lr_bracket_{ds}.png",
-                        palette=palette, order=present(runs.ablation["variant"]))
-    if path is not None:
-        out.bracket_figures[ds] = (Caption.of("bracket", ds=ds), path)
-
-
 def draw_report_figures(cfg: StudyConfig, runs: RunOutputs, tables: ReportTables,
                         fig_dir: Path, palette: Palette,
                         extra: Sequence[Figure] = ()) -> ReportFigures:
@@ -156,16 +125,31 @@ def draw_report_figures(cfg: StudyConfig, runs: RunOutputs, tables: ReportTables
     for ds in present(runs.ablation["dataset"]):
         out.figures += _loss_figures(cfg, runs, tables, ds, fig_dir, palette)
         if cfg.datasets[ds].kind == "arithmetic":
-            _arithmetic_figures(cfg, runs, tables, ds, fig_dir, palette, out)
+            by_digits = runs.by_operand_digits
+            digits = arith.training_digits(cfg.datasets[ds], by_digits, ds)
+            path = arith_figs.plot_length_generalisation(
+                by_digits, ds, digits, fig_dir / f"length_generalisation_{ds}.png",
+                palette=palette) if arith.has_length_split(by_digits, ds) else None
+            out.figures += drawn([(ds, Caption.of("learning_speed", ds=ds),
+                                   arith_figs.plot_learning_speed(
+                                       tables.speed, ds, fig_dir / f"learning_speed_{ds}.png",
+                                       palette=palette))])
+            left_out = tuple(arith.unreachable(by_digits, ds))
+            out.length_figures[ds] = (Caption.of("length", ds=ds, left_out=left_out), path)
         out.figures += _op_figures(runs, tables.references, ds, fig_dir, palette)
-        _tuning_figures(runs, ds, fig_dir, palette, out)
+        if (path := plot_lr_response(runs.trials, runs.tuned, ds, fig_dir / f"tuning_{ds}.png",
+                                     palette=palette)) is not None:
+            shaded = search_bounds(runs.tuned, ds) != (None, None, [])
+            out.lr_figures[ds] = (Caption.of("lr_response", ds=ds, shaded=shaded), path)
+        if (path := plot_bracket(runs.trials, runs.tuned, ds, fig_dir / f"lr_bracket_{ds}.png",
+                                 palette=palette, order=present(runs.ablation["variant"]))):
+            out.bracket_figures[ds] = (Caption.of("bracket", ds=ds), path)
         path = plots.plot_params_vs_loss(runs.ablation, ds, fig_dir / f"params_vs_loss_{ds}.png",
                                          palette=palette)
         out.figures += drawn([(ds, Caption.of("params_vs_loss", ds=ds), path)],
                              plots.params_too_narrow(runs.ablation, ds))
-        path = plot_replication(tables.replicates, tables.replication, ds,
-                                fig_dir / f"replication_{ds}.png")
-        if path is not None:
+        if (path := plot_replication(tables.replicates, tables.replication, ds,
+                                     fig_dir / f"replication_{ds}.png")) is not None:
             name = METRICS[headline_loss(tables.comparisons, ds)][0]
             out.replication_figures[ds] = (Caption.of("replication", ds=ds, name=name), path)
     out.figures += [(ds, cap, Path(p)) for ds, cap, p in extra]

@@ -30,7 +30,6 @@ _DIAMOND = dict(color="0.3", marker="D", linestyle="none")
 
 
 def _tuned_rows(tuned: pd.DataFrame | None, dataset: str) -> dict[str, pd.Series]:
-    """variant -> its row of ``tuned`` (best.json) for ``dataset``."""
     if tuned is None or tuned.empty or not {"lr", "d_model", "variant"} <= set(tuned):
         return {}
     rows = tuned[tuned["dataset"] == dataset].dropna(subset=["lr", "d_model"])
@@ -45,9 +44,8 @@ def _same_config(t: pd.DataFrame, r: pd.Series) -> np.ndarray:
 
 def search_bounds(tuned: pd.DataFrame | None, dataset: str
                   ) -> tuple[float | None, float | None, list[int]]:
-    """``(lowest lr, highest lr, widths)`` tuning searched on ``dataset`` over its variants,
-    from ``tuned``'s ``lr_low``, ``lr_high`` and ``d_model_choices`` (widths joined with
-    spaces); ``None`` / ``[]`` where unknown."""
+    """``(lowest lr, highest lr, widths)`` searched on ``dataset`` by any variant, from
+    ``tuned``'s ``lr_low``, ``lr_high``, ``d_model_choices`` (space-separated); None/[] unknown."""
     if tuned is None or tuned.empty or "dataset" not in tuned:
         return None, None, []
     rows = tuned[tuned["dataset"] == dataset]
@@ -63,10 +61,9 @@ def search_bounds(tuned: pd.DataFrame | None, dataset: str
 
 def star_offsets(lr: Sequence[float], loss: Sequence[float], lr_span: float,
                  loss_span: float) -> np.ndarray:
-    """Sideways offsets (points) of stars at ``(lr, loss)``: 0 for a star alone; a group
-    within :data:`STAR_NEAR` of each other (in log10 lr as a fraction of ``lr_span`` decades,
-    in loss of ``loss_span``) fanned out by :data:`STAR_SPREAD` around their places, in lr
-    order (equal ones in the given order)."""
+    """Sideways offsets (points) of stars at ``(lr, loss)``: a group within :data:`STAR_NEAR`
+    of each other (fractions of ``lr_span`` decades and of ``loss_span``) fanned out by
+    :data:`STAR_SPREAD` in lr order (equal ones in the given order); 0 for a star alone."""
     x = np.log10(np.asarray(lr, dtype=float))
     y = np.asarray(loss, dtype=float)
     offsets = np.zeros(len(x))
@@ -82,8 +79,8 @@ def star_offsets(lr: Sequence[float], loss: Sequence[float], lr_span: float,
 
 
 def _shade_outside(ax: Any, low: float | None, high: float | None, pad: float = 0.0) -> bool:
-    """Dashed lines at ``low`` and ``high`` on the x axis, shaded beyond them from ``pad`` on
-    (room for markers dodged sideways). True when both are known (and drawn)."""
+    """Dashed lines at ``low`` and ``high``, shaded beyond them from ``pad`` (room for dodged
+    markers) on; whether both are known (and drawn)."""
     if low is None or high is None:
         return False
     left, right = ax.get_xlim()
@@ -97,21 +94,12 @@ def _shade_outside(ax: Any, low: float | None, high: float | None, pad: float = 
 
 def plot_lr_response(trials: pd.DataFrame, tuned: pd.DataFrame | None, dataset: str,
                      path: Path, *, palette: Mapping[str, Any]) -> Path | None:
-    """How each variant of ``dataset`` responds to the learning rate, in three panels, colour
-    = variant; every point is one seed (``tune.seed``).
-
-    * Left: the first-rung trials' final loss against the lr (log axis): a line through the
-      shared design points (rung 0, batch 0: the same lrs at one width for every variant),
-      other trials faint dots, a diverged one an ``x`` at the top; a star at the configuration
-      tuning chose (``tuned``; fanned out by :func:`star_offsets`), or a triangle at the bottom
-      when no first-rung trial matches it. Shaded: outside the searched lrs
-      (:func:`search_bounds`).
-    * Middle (isoFLOP): the lowest first-rung loss per width
-      (:func:`~lmablate.report.stats.sensitivity.width_summary`), ticks giving training tokens
-      per parameter. Shaded: outside the widths searched.
-    * Right: the last rung's trials (the full budget) per width, filled for the chosen one.
-
-    None without first-rung trials for ``dataset``.
+    """How each variant responds to the learning rate, one seed a point: left, the first-rung
+    trials' loss against the lr (log axis; a line through the shared design points, a star at
+    the configuration ``tuned`` chose, an ``x`` at the top if diverged); middle (isoFLOP), the
+    best first-rung loss per width (:func:`~lmablate.report.stats.sensitivity.width_summary`);
+    right, the last rung's trials per width, filled if chosen. Shaded: outside the ranges
+    searched (:func:`search_bounds`). None without first-rung trials for ``dataset``.
 
     Raises:
         ValueError: ``palette`` has no colour for a variant.
@@ -157,8 +145,8 @@ def _lr_panel(fig: Any, ax: Any, t: pd.DataFrame, order: Sequence[str],
               colours: Mapping[str, Any], chosen: Mapping[str, pd.Series],
               searched: tuple[float | None, float | None],
               share: str) -> tuple[bool, tuple[bool, Sequence[float]]]:
-    """The left panel. Returns whether the searched range was shaded, and whether a tuned lr
-    had no first-rung trial and the stars' offsets (for :func:`_lr_markers`)."""
+    """The left panel: whether the lrs searched were shaded, and :func:`_lr_markers`' first
+    two arguments."""
     lr_low, lr_high = searched
     lrs = pd.concat([t["params_lr"], pd.Series([float(r["lr"]) for r in chosen.values()]
                                                + [b for b in (lr_low, lr_high) if b],
@@ -212,8 +200,6 @@ def _lr_panel(fig: Any, ax: Any, t: pd.DataFrame, order: Sequence[str],
 
 def _draw_stars(fig: Any, ax: Any, stars: Sequence[tuple[str, float, float]], t: pd.DataFrame,
                 lr_lim: tuple[float, float] | None, colours: Mapping[str, Any]) -> list[float]:
-    """Star each ``(variant, lr, loss)`` of ``stars``, fanned out by :func:`star_offsets`;
-    returns the offsets (points)."""
     if not stars:
         return []
     losses = t.loc[~t["diverged"], "value"].astype(float)
@@ -230,9 +216,8 @@ def _draw_stars(fig: Any, ax: Any, stars: Sequence[tuple[str, float, float]], t:
 
 def _width_panel(ax: Any, t: pd.DataFrame, order: Sequence[str], colours: Mapping[str, Any],
                  choices: Sequence[int], share: str, dodge: float) -> tuple[list[int], bool]:
-    """The middle panel: the lowest first-rung loss per width, a dot's area growing with the
-    trials behind it (one poor TPE trial says little). Returns the widths ticked and whether
-    the searched widths were shaded."""
+    """The middle panel (dot area: trials; one poor trial says little): returns the widths
+    ticked and whether the widths searched were shaded."""
     widths = sens.width_summary(t)
     for variant in order:
         w = widths[widths["variant"] == variant].dropna(subset=["best_loss"])
@@ -253,8 +238,6 @@ def _width_panel(ax: Any, t: pd.DataFrame, order: Sequence[str], colours: Mappin
 def _full_budget_panel(ax: Any, last: pd.DataFrame, order: Sequence[str],
                        colours: Mapping[str, Any], chosen: Mapping[str, pd.Series],
                        tick_at: Sequence[int], dodge: float) -> None:
-    """The right panel: the last rung's trials per width as diamonds dodged by variant,
-    filled for the chosen one."""
     any_picked = False
     for variant in order:
         colour = colours[variant]
@@ -288,8 +271,7 @@ def _full_budget_panel(ax: Any, last: pd.DataFrame, order: Sequence[str],
 
 
 def _width_ticks(ax: Any, tokens_per_parameter: pd.Series, at: Sequence[int]) -> None:
-    """Ticks at the widths ``at``, each with its training tokens per parameter where known,
-    and x limits 10% of their span beyond them."""
+    """Ticks at widths ``at``, labelled with tokens per parameter where known."""
     ticks = tokens_per_parameter
     ax.set_xticks(list(at))
     ax.set_xticklabels([f"{w}\n{ticks[w]:.3g}" if w in ticks.index and pd.notna(ticks[w])
@@ -301,13 +283,12 @@ def _width_ticks(ax: Any, tokens_per_parameter: pd.Series, at: Sequence[int]) ->
 
 def _lr_markers(unmatched: bool, offsets: Sequence[float],
                 lr_range: tuple[float, float] | None, choices: Sequence[int] | None) -> list:
-    """The left panel's legend: its markers and the shading outside the searched ranges."""
     fanned = any(o != 0 for o in offsets)
+    grey = dict(color="0.3", marker="o")
     handles = [
-        Line2D([], [], color="0.3", marker="o", markersize=5,
-               label="design point (paired lr sweep)"),
-        Line2D([], [], color="0.3", marker="o", markersize=4, alpha=0.35,
-               linestyle="none", label="other first-rung trial"),
+        Line2D([], [], **grey, markersize=5, label="design point (paired lr sweep)"),
+        Line2D([], [], **grey, markersize=4, alpha=0.35, linestyle="none",
+               label="other first-rung trial"),
         Line2D([], [], color="0.3", marker="x", linestyle="none",
                label="diverged (at the top edge)"),
         Line2D([], [], color="0.5", marker="*", markersize=13, markeredgecolor="black",
