@@ -1,7 +1,5 @@
-"""The arithmetic figures: results per operation and per operand length beside the floors
-(:mod:`lmablate.report.stats.arithmetic_tables`), and the learning speed. Accuracies as
-fractions in [0, 1], lengths in digits, tokens in millions.
-"""
+"""The arithmetic figures: results per operation and operand length
+(:mod:`lmablate.report.stats.arithmetic_tables`), and the learning speed."""
 
 from __future__ import annotations
 
@@ -31,13 +29,10 @@ def _of(frame: pd.DataFrame, dataset: str) -> pd.DataFrame:
 def plot_length_generalisation(by_digits: pd.DataFrame, dataset: str, digits: int | None,
                                path: Path, *, palette: Mapping[str, Any]
                                ) -> Path | None:
-    """Exact match (fraction) against operand length in digits, a line per variant (dodged
-    sideways by a few hundredths of a digit): the mean over seeds with its 95% t-interval
-    clipped to [0, 1] (:func:`~lmablate.report.stats.statistics.fraction_interval`). A dashed
-    line at the longest training length ``digits``, the lengths past it shaded; each tick gives
-    its problems per seed, † below :data:`~lmablate.report.stats.arithmetic_tables.
-    MIN_BUCKET_PROBLEMS`. ``by_digits``:
-    :attr:`~lmablate.report.collect.RunOutputs.by_operand_digits`. None without values."""
+    """Exact match (fraction) against operand length (digits) of ``by_digits``
+    (:attr:`~lmablate.report.collect.RunOutputs.by_operand_digits`), a line per variant: mean
+    over seeds, 95% t-interval within [0, 1]; a line at the longest training length
+    ``digits``; problems per seed under each tick. None without values."""
     d = _of(by_digits, dataset)
     lengths = sorted(int(x) for x in d["digits"].dropna().unique()) if len(d) else []
     d = d.dropna(subset=["exact_match"])
@@ -98,14 +93,10 @@ def nothing_solved(per_op: pd.DataFrame, dataset: str, metric: str = "exact_matc
 
 def plot_by_op(per_op: pd.DataFrame, dataset: str, path: Path, metric: str = "exact_match", *,
                palette: Mapping[str, Any], references: pd.DataFrame | None = None) -> Path | None:
-    """``metric`` (fraction) per operation and variant (dodged): the mean over seeds with its
-    95% t-interval clipped to [0, 1], each seed a faint dot, and the floor of :data:`FLOORS`
-    from ``references`` (references.csv rows, scored on all operations) a grey dashed line.
-    None without values, or when all are 0 (:func:`nothing_solved`).
-
-    Raises:
-        ValueError: ``palette`` has no colour for a variant.
-    """
+    """``metric`` (fraction) per operation and variant: mean over seeds, 95% t-interval within
+    [0, 1], seeds as faint dots, the floor of :data:`FLOORS` from ``references``
+    (references.csv) a dashed line. None without values, or all 0 (:func:`nothing_solved`).
+    Raises ValueError if ``palette`` has no colour for a variant."""
     p = _of(per_op, dataset).dropna(subset=[metric]) if len(per_op) else per_op
     if p.empty or nothing_solved(p, dataset, metric):
         return None
@@ -147,13 +138,10 @@ def plot_by_op(per_op: pd.DataFrame, dataset: str, path: Path, metric: str = "ex
 
 def plot_learning_speed(speed: pd.DataFrame, dataset: str, path: Path, *,
                         palette: Mapping[str, Any]) -> Path | None:
-    """The share of seeds that have learned (Kaplan-Meier, fraction) against training tokens
-    (millions), a panel per threshold of
-    :data:`~lmablate.report.stats.learning_speed.THRESHOLDS` some seed reached (else the
-    lowest alone), a step line per variant with its pointwise 95% band
-    (:func:`~lmablate.report.stats.learning_speed.share_learned_curves`) up to the tokens its
-    runs trained; a seed never learned is censored there, marked ``|``. None without runs of
-    the answer probe."""
+    """The share of seeds learned (Kaplan-Meier, fraction) against training tokens (millions),
+    a panel per threshold reached, a step line per variant with its pointwise 95% band
+    (:func:`~lmablate.report.stats.learning_speed.share_learned_curves`); ``|``: censored.
+    None without answer-probe runs."""
     from lmablate.report.stats.learning_speed import THRESHOLDS, share_learned_curves
 
     s = _of(speed, dataset)

@@ -274,10 +274,7 @@ def plot_params_vs_loss(ablation: pd.DataFrame, dataset: str, path: Path, *,
                         palette: Mapping[str, Any]) -> Path | None:
     """Non-embedding parameters (count) against test loss (nats/char), a point per seed: is a
     gain just capacity? None without counts or when :func:`params_too_narrow`.
-
-    Raises:
-        ValueError: ``palette`` has no colour for a variant.
-    """
+    Raises ValueError if ``palette`` has no colour for a variant."""
     d = _with_params(ablation, dataset).copy()
     if d.empty or params_too_narrow(ablation, dataset):
         return None

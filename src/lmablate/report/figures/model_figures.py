@@ -1,5 +1,4 @@
-"""Figures of a trained model's insides: attention maps and token embeddings, drawn from plain
-arrays; :func:`draw_model_figures` loads each variant's first-seed checkpoint for them."""
+"""Figures of a trained model's insides: attention maps and token embeddings."""
 
 from __future__ import annotations
 
@@ -40,13 +39,9 @@ def visible(token: str) -> str:
 
 def plot_attention(maps: Mapping[str, np.ndarray], tokens: Sequence[str], title: str,
                    path: Path) -> Path:
-    """One attention heatmap per panel: ``maps`` is panel label -> ``(T, T)`` weights,
-    ``m[i, j]`` the weight query i gives key j (rows sum to 1), for the T characters
-    ``tokens``.
-
-    Raises:
-        ValueError: ``maps`` is empty, or a map is not T x T with T = ``len(tokens)``.
-    """
+    """An attention heatmap per panel: ``maps`` is label -> ``(T, T)`` weights (``m[i, j]``:
+    query i to key j; rows sum to 1) on the T characters ``tokens``. Raises ValueError if
+    ``maps`` is empty or a map is not T x T."""
     arrays = {k: np.asarray(v, dtype=float) for k, v in maps.items()}
     t_len = len(tokens)
     if not arrays or any(m.shape != (t_len, t_len) for m in arrays.values()):
@@ -74,9 +69,8 @@ def plot_attention(maps: Mapping[str, np.ndarray], tokens: Sequence[str], title:
 
 
 def char_class(ch: str, unknown: str | None = UNK) -> str:
-    """The class (of :data:`CHAR_CLASSES`) of a vocabulary entry: ``"unknown symbol"`` for
-    ``unknown`` (:data:`lmablate.data.tokenizer.UNK`, which ``isupper`` would call upper case)
-    and any entry that is not one character, else by Unicode category."""
+    """A vocabulary entry's class (:data:`CHAR_CLASSES`): ``unknown`` (which ``isupper`` may call
+    upper case) and any entry not one character are ``"unknown symbol"``."""
     if ch == unknown or len(ch) != 1:
         return "unknown symbol"
     return ("whitespace" if ch.isspace() else "digit" if ch.isdigit() else
@@ -86,16 +80,10 @@ def char_class(ch: str, unknown: str | None = UNK) -> str:
 
 def plot_embedding_pca(embs: Mapping[str, np.ndarray], chars: Sequence[str], title: str,
                        path: Path, *, unknown: str | None = UNK) -> Path:
-    """Token embeddings (``embs``: panel label -> ``(vocab_size, d_model)``, a row per
-    character of ``chars``) on their first two principal components (SVD of the centred
-    matrix), a panel each, two a row; dots coloured by :func:`char_class` (``unknown``: the
-    tokenizer's unknown symbol) and labelled where no label overlaps another (the unknown
-    symbol's first, then the outlying points'); the title counts those left unlabelled.
-
-    Raises:
-        ValueError: ``embs`` is empty, or an array is not 2-D with ``len(chars)`` rows and
-            2 or more columns.
-    """
+    """Token embeddings (``embs``: label -> ``(vocab_size, d_model)``, a row per character of
+    ``chars``) on their first two principal components (SVD of the centred matrix), a panel
+    each; dots coloured by :func:`char_class` and labelled where no label overlaps another.
+    Raises ValueError if ``embs`` is empty or an array is not ``(len(chars), d >= 2)``."""
     arrays = {k: np.asarray(v, dtype=float) for k, v in embs.items()}
     if not arrays or any(e.ndim != 2 or e.shape[0] != len(chars) or e.shape[1] < 2
                          for e in arrays.values()):
@@ -159,15 +147,10 @@ def _pca_panel(ax: Any, name: str, emb: np.ndarray, chars: Sequence[str],
 @torch.no_grad()
 def draw_model_figures(cfg: StudyConfig, runs_dir: Path, tokens_dir: Path,
                   figures_dir: Path) -> list[tuple[str, Caption, Path]]:
-    """Per dataset, from each variant's first-seed checkpoint
-    (``<runs_dir>/<dataset>/<variant>/checkpoints/seed_<seed>/checkpoint.pt``; variants without
-    one left out): the last layer's attention (mean over heads) on the first
-    :data:`ATTENTION_TOKENS` test tokens, and a PCA of the token embeddings. Returns
-    ``(dataset, caption, path)`` per figure written under ``figures_dir``.
-
-    Raises:
-        FileNotFoundError: a dataset's tokenizer or test split is missing under ``tokens_dir``.
-    """
+    """Per dataset, from each variant's first-seed checkpoint (if any): the last layer's
+    attention (mean over heads) on the first :data:`ATTENTION_TOKENS` test tokens, and a PCA
+    of the token embeddings; returns ``(dataset, caption, path)`` per figure written. Raises
+    FileNotFoundError if a tokenizer or test split is missing under ``tokens_dir``."""
     written = []
     seed = cfg.seeds[0]
     for dataset in cfg.datasets:

@@ -1,7 +1,4 @@
-"""What every figure shares: the figure itself, variant colours, units and reference lines.
-
-Losses on character data are nats/char (:data:`LOSS_UNIT`: one token is one character).
-"""
+"""What every figure shares: the figure itself, variant colours, units and reference lines."""
 
 from __future__ import annotations
 
@@ -69,12 +66,8 @@ def panels(path: Path, n: int, max_cols: int, panel: tuple[float, float],
 
 
 def variant_palette(order: Sequence[str], palette: Mapping[str, Any]) -> dict[str, Any]:
-    """Variant -> colour for the variants of ``order``, from ``palette``
-    (:func:`lmablate.report.families.family_palette`, the one source of variant colours).
-
-    Raises:
-        ValueError: ``palette`` has no colour for a variant of ``order``.
-    """
+    """Variant -> colour of ``order`` from ``palette``
+    (:func:`lmablate.report.families.family_palette`). Raises ValueError if one is missing."""
     missing = [v for v in order if v not in palette]
     if missing:
         raise ValueError(f"palette has no colour for the variants {missing}")
@@ -82,12 +75,7 @@ def variant_palette(order: Sequence[str], palette: Mapping[str, Any]) -> dict[st
 
 
 def metric_unit(metric: str) -> str:
-    """The unit of ``metric`` on an axis, from
-    :data:`lmablate.report.stats.statistics.METRICS` (a loss per character: :data:`LOSS_UNIT`).
-
-    Raises:
-        KeyError: ``metric`` is not in ``METRICS``.
-    """
+    """``metric``'s unit (:data:`lmablate.report.stats.statistics.METRICS`); KeyError if none."""
     unit = METRICS[metric][1]
     return LOSS_UNIT if unit == "nats/char" else unit
 

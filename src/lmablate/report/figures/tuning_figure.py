@@ -100,10 +100,7 @@ def plot_lr_response(trials: pd.DataFrame, tuned: pd.DataFrame | None, dataset: 
     best first-rung loss per width (:func:`~lmablate.report.stats.sensitivity.width_summary`);
     right, the last rung's trials per width, filled if chosen. Shaded: outside the ranges
     searched (:func:`search_bounds`). None without first-rung trials for ``dataset``.
-
-    Raises:
-        ValueError: ``palette`` has no colour for a variant.
-    """
+    Raises ValueError if ``palette`` has no colour for a variant."""
     t = sens.first_rung(trials)
     t = t[t["dataset"] == dataset]
     if t.empty:
