@@ -26,7 +26,6 @@ STAR_SIZE = 260  # points^2: the tuned configurations' stars
 STAR_NEAR = (0.035, 0.04)
 STAR_SPREAD = 17.0
 OUTSIDE = "0.9"  # the shade of what lies outside the searched ranges
-_DIAMOND = dict(color="0.3", marker="D", linestyle="none")
 
 
 def _tuned_rows(tuned: pd.DataFrame | None, dataset: str) -> dict[str, pd.Series]:
@@ -221,10 +220,7 @@ def _width_panel(ax: Any, t: pd.DataFrame, order: Sequence[str], colours: Mappin
         ax.plot(w["d_model"], w["best_loss"], color=colours[variant], linewidth=1.6, zorder=3)
         ax.scatter(w["d_model"], w["best_loss"], color=colours[variant],
                    s=12 + 10 * w["n_trials"].astype(float), zorder=3)
-    ticks = widths.drop_duplicates("d_model").set_index("d_model")["tokens_per_parameter"]
-    ticks.index = ticks.index.astype(int)
-    tick_at = sorted({*ticks.index.astype(int), *choices})
-    _width_ticks(ax, ticks, tick_at)
+    tick_at = _width_ticks(ax, widths, "d_model", choices)
     searched = bool(choices) and _shade_outside(ax, min(choices), max(choices),
                                                 pad=dodge * (len(order) + 1) / 2)
     ax.set_title(f"isoFLOP: best loss per width at {share}\n(dot area: trials)")
@@ -251,31 +247,31 @@ def _full_budget_panel(ax: Any, last: pd.DataFrame, order: Sequence[str],
            if "budget_fraction" in last and len(last) else [])
     top_share = ("no completed trial past the first rung" if len(top) != 1 else
                  "the full budget" if top[0] == 1 else f"{top[0]:g} of the budget")
-    ticks = (last.drop_duplicates("params_d_model").set_index("params_d_model")
-             ["tokens_per_parameter"] if "tokens_per_parameter" in last
-             else pd.Series(dtype=float))
-    ticks.index = ticks.index.astype(int)
-    _width_ticks(ax, ticks, sorted({*ticks.index, *tick_at}))
+    _width_ticks(ax, last, "params_d_model", tick_at)
     ax.set_title(f"last rung: {top_share}\n(the learning rate's bracket)")
     ax.set_xlabel("d_model (below: training tokens per parameter)")
     # a fitted lr between the points is no trial: then no diamond is filled
-    ax.legend(handles=[Line2D([], [], markerfacecolor="0.3", label="chosen", **_DIAMOND),
-                       Line2D([], [], markerfacecolor="white", label="not chosen", **_DIAMOND)]
-              if any_picked else [
-        Line2D([], [], markerfacecolor="white", **_DIAMOND,
-               label="trained; the chosen lr lies\nbetween them (fitted minimum)")],
-        loc="best", fontsize=8)
+    marks = ([("0.3", "chosen"), ("white", "not chosen")] if any_picked else
+             [("white", "trained; the chosen lr lies\nbetween them (fitted minimum)")])
+    ax.legend(handles=[Line2D([], [], color="0.3", marker="D", linestyle="none",
+                              markerfacecolor=face, label=label) for face, label in marks],
+              loc="best", fontsize=8)
 
 
-def _width_ticks(ax: Any, tokens_per_parameter: pd.Series, at: Sequence[int]) -> None:
-    """Ticks at widths ``at``, labelled with tokens per parameter where known."""
-    ticks = tokens_per_parameter
+def _width_ticks(ax: Any, frame: pd.DataFrame, col: str, extra: Sequence[int]) -> list[int]:
+    """Ticks at the widths ``frame[col]`` and ``extra``, labelled with their tokens per
+    parameter where known; returns them."""
+    ticks = (frame.drop_duplicates(col).set_index(col)["tokens_per_parameter"]
+             if "tokens_per_parameter" in frame else pd.Series(dtype=float))
+    ticks.index = ticks.index.astype(int)
+    at = sorted({*ticks.index, *extra})
     ax.set_xticks(list(at))
     ax.set_xticklabels([f"{w}\n{ticks[w]:.3g}" if w in ticks.index and pd.notna(ticks[w])
                         else f"{w}" for w in at])
     if len(at):
         span = (at[-1] - at[0]) or 16.0
         ax.set_xlim(at[0] - 0.1 * span, at[-1] + 0.1 * span)
+    return at
 
 
 def _lr_markers(unmatched: bool, offsets: Sequence[float],
