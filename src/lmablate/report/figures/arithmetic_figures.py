@@ -27,8 +27,7 @@ def _of(frame: pd.DataFrame, dataset: str) -> pd.DataFrame:
 
 
 def plot_length_generalisation(by_digits: pd.DataFrame, dataset: str, digits: int | None,
-                               path: Path, *, palette: Mapping[str, Any]
-                               ) -> Path | None:
+                               path: Path, *, palette: Mapping[str, Any]) -> Path | None:
     """Exact match (fraction) against operand length (digits) of ``by_digits``
     (:attr:`~lmablate.report.collect.RunOutputs.by_operand_digits`), a line per variant: mean
     over seeds, 95% t-interval within [0, 1]; a line at the longest training length

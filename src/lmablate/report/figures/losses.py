@@ -39,8 +39,7 @@ LOG_SPAN = 10.0  # plot_val_loss_curves' y axis is log when the means span more 
 
 
 def plot_val_loss_curves(history: pd.DataFrame, dataset: str, path: Path, *,
-                         palette: Mapping[str, Any],
-                         references: Mapping[str, float] | None = None,
+                         palette: Mapping[str, Any], references: Mapping[str, float] | None = None,
                          metric: str = "val_loss",
                          flops_per_token: Mapping[str, float] | None = None) -> Path | None:
     """``metric`` (``val_loss``, nats/char, or ``val_answer_loss``, nats/answer char) during

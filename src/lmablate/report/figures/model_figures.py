@@ -118,9 +118,8 @@ def plot_embedding_pca(embs: Mapping[str, np.ndarray], chars: Sequence[str], tit
     return Path(path)
 
 
-def _pca_panel(ax: Any, name: str, emb: np.ndarray, chars: Sequence[str],
-               classes: Sequence[str], present: Sequence[str], unknown: str | None
-               ) -> tuple[list, list[float]]:
+def _pca_panel(ax: Any, name: str, emb: np.ndarray, chars: Sequence[str], classes: Sequence[str],
+               present: Sequence[str], unknown: str | None) -> tuple[list, list[float]]:
     """One PCA panel; returns its labels and their priorities (outliers first)."""
     centred = emb - emb.mean(axis=0)
     _, s, vt = np.linalg.svd(centred, full_matrices=False)
@@ -169,13 +168,11 @@ def draw_model_figures(cfg: StudyConfig, runs_dir: Path, tokens_dir: Path,
             embs[variant] = model.wte.weight.numpy()  # (vocab_size, d_model)
         if not maps:
             continue
-        path = figures_dir / f"attention_{dataset}.png"
-        plot_attention(maps, chars, f"{dataset}: last-layer attention (mean over heads), "
-                       f"held-out text, seed {seed}", path)
-        written.append((dataset, Caption.of("attention", ds=dataset), path))
-        path = figures_dir / f"embeddings_{dataset}.png"
+        written.append((dataset, Caption.of("attention", ds=dataset), plot_attention(
+            maps, chars, f"{dataset}: last-layer attention (mean over heads), held-out text, "
+            f"seed {seed}", figures_dir / f"attention_{dataset}.png")))
         labels = [tok.decode([i]) for i in range(tok.vocab_size)]
-        plot_embedding_pca(embs, labels, f"{dataset}: token embeddings, first two principal "
-                           f"components (seed {seed})", path, unknown=tok.unk)
-        written.append((dataset, Caption.of("embeddings", ds=dataset), path))
+        written.append((dataset, Caption.of("embeddings", ds=dataset), plot_embedding_pca(
+            embs, labels, f"{dataset}: token embeddings, first two principal components "
+            f"(seed {seed})", figures_dir / f"embeddings_{dataset}.png", unknown=tok.unk)))
     return written

@@ -114,9 +114,8 @@ def _op_figures(runs: RunOutputs, references: pd.DataFrame, ds: str, fig_dir: Pa
     return out
 
 
-def draw_report_figures(cfg: StudyConfig, runs: RunOutputs, tables: ReportTables,
-                        fig_dir: Path, palette: Palette,
-                        extra: Sequence[Figure] = ()) -> ReportFigures:
+def draw_report_figures(cfg: StudyConfig, runs: RunOutputs, tables: ReportTables, fig_dir: Path,
+                        palette: Palette, extra: Sequence[Figure] = ()) -> ReportFigures:
     """Draw every dataset's figures as PNG files under ``fig_dir`` in the study's colours
     (``palette``: variant -> RGB in [0, 1], :func:`~lmablate.report.families.variant_palette`),
     then add ``extra``, the ``(dataset or None, caption, path)`` of figures drawn elsewhere

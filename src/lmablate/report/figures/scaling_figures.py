@@ -5,7 +5,7 @@ axis), and the isoFLOP profiles; losses in nats/char (answer loss per answer cha
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -22,56 +22,57 @@ from lmablate.report.stats.statistics import METRICS
 _PLAIN = FuncFormatter(lambda y, _: f"{y:.3g}")
 
 
-def _by_budget_panels(frame: pd.DataFrame, path: Path):
-    """The datasets of ``frame`` with two or more budgets, and :func:`panels` for them (None
-    without any)."""
+def _per_dataset(path: Path, frame: pd.DataFrame, palette: Mapping[str, Any], suptitle: str,
+                 draw: Callable[..., None]) -> Path | None:
+    """A panel per dataset of ``frame`` with two or more budgets (None without any), drawn by
+    ``draw(ax, rows, order, colours)``; x: training FLOPs."""
     datasets = [d for d in present(frame["dataset"])
                 if frame[frame["dataset"] == d]["budget_flops"].nunique() >= 2]
-    return datasets, datasets and panels(path, len(datasets), 2, (6.0, 4.4), (1.6, 0.6))
+    if not datasets:
+        return None
+    with panels(path, len(datasets), 2, (6.0, 4.4), (1.6, 0.6)) as (fig, axes):
+        for ax, ds in zip(axes.ravel(), datasets):
+            rows = frame[frame["dataset"] == ds]
+            order = present(rows["variant"])
+            draw(ax, rows, order, variant_palette(order, palette))
+            ax.set(title=ds, xlabel="training compute (FLOPs)")
+        _legend(fig, axes, "variant", suptitle)
+    return path
 
 
 def plot_scaling_curves(path: Path, scaling: pd.DataFrame, fits: pd.DataFrame,
                         resamples: Mapping[tuple[str, str], np.ndarray],
-                        metric_of: Mapping[str, str], palette: Mapping[str, Any]
-                        ) -> Path | None:
+                        metric_of: Mapping[str, str], palette: Mapping[str, Any]) -> Path | None:
     """A panel per dataset: each seed's headline loss (``metric_of[dataset]``; small dots) and
     the mean over seeds (large) at each budget against training FLOPs (log-log), each variant's
     fitted curve (``fits``, dashed where only a log-log line) with its bootstrap band
     (``resamples``). None without a dataset of two or more budgets."""
-    datasets, grid_of_panels = _by_budget_panels(scaling, path)
-    if not datasets:
-        return None
-    with grid_of_panels as (fig, axes):
-        for ax, ds in zip(axes.ravel(), datasets):
-            frame = scaling[scaling["dataset"] == ds]
-            metric = metric_of[ds]
-            order = present(frame["variant"])
-            colours = variant_palette(order, palette)
-            grid = np.geomspace(frame["budget_flops"].min(), frame["budget_flops"].max(), 60)
-            for variant in order:
-                v = frame[frame["variant"] == variant]
-                ax.scatter(v["budget_flops"], v[metric], s=8, alpha=0.35,
-                           color=colours[variant], linewidths=0)
-                means = v.groupby("budget_flops")[metric].mean()
-                ax.scatter(means.index, means.to_numpy(), s=30, color=colours[variant],
-                           label=variant, zorder=3)
-                fit = fits[(fits["dataset"] == ds) & (fits["variant"] == variant)]
-                if fit.empty or not fit.iloc[0]["form"] or not np.isfinite(fit.iloc[0]["E"]):
-                    continue
-                mid, low, high = predict(fit.iloc[0], resamples.get((ds, variant)), grid)
-                style = "--" if fit.iloc[0]["form"] == LOG_LINEAR else "-"
-                ax.plot(grid, mid, style, color=colours[variant], linewidth=1.3)
-                if np.isfinite(low).any():
-                    ax.fill_between(grid, low, high, color=colours[variant], alpha=0.12,
-                                    linewidth=0)
-            ax.set_xscale("log")
-            ax.set_yscale("log")
-            ax.yaxis.set_major_formatter(_PLAIN)
-            ax.yaxis.set_minor_formatter(_PLAIN)
-            ax.set(title=ds, xlabel="training compute (FLOPs)",
-                   ylabel=f"{METRICS[metric][0]} ({metric_unit(metric)})")
-        _legend(fig, axes, "variant", "Loss against compute, with fitted curves")
-    return path
+    def draw(ax: Any, frame: pd.DataFrame, order: list, colours: dict) -> None:
+        ds = frame["dataset"].iloc[0]
+        metric = metric_of[ds]
+        grid = np.geomspace(frame["budget_flops"].min(), frame["budget_flops"].max(), 60)
+        for variant in order:
+            v = frame[frame["variant"] == variant]
+            ax.scatter(v["budget_flops"], v[metric], s=8, alpha=0.35, color=colours[variant],
+                       linewidths=0)
+            means = v.groupby("budget_flops")[metric].mean()
+            ax.scatter(means.index, means.to_numpy(), s=30, color=colours[variant],
+                       label=variant, zorder=3)
+            fit = fits[(fits["dataset"] == ds) & (fits["variant"] == variant)]
+            if fit.empty or not fit.iloc[0]["form"] or not np.isfinite(fit.iloc[0]["E"]):
+                continue
+            mid, low, high = predict(fit.iloc[0], resamples.get((ds, variant)), grid)
+            style = "--" if fit.iloc[0]["form"] == LOG_LINEAR else "-"
+            ax.plot(grid, mid, style, color=colours[variant], linewidth=1.3)
+            if np.isfinite(low).any():
+                ax.fill_between(grid, low, high, color=colours[variant], alpha=0.12,
+                                linewidth=0)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(_PLAIN)
+        ax.yaxis.set_minor_formatter(_PLAIN)
+        ax.set_ylabel(f"{METRICS[metric][0]} ({metric_unit(metric)})")
+    return _per_dataset(path, scaling, palette, "Loss against compute, with fitted curves", draw)
 
 
 def plot_effect_trends(path: Path, effects: pd.DataFrame, palette: Mapping[str, Any]
@@ -80,34 +81,25 @@ def plot_effect_trends(path: Path, effects: pd.DataFrame, palette: Mapping[str, 
     over seeds, Holm-adjusted interval of :func:`lmablate.report.stats.scaling.
     effects_by_budget`) against training FLOPs (log axis); below 0: better. None without a
     dataset of two or more budgets."""
-    datasets, grid_of_panels = _by_budget_panels(effects, path)
-    if not datasets:
-        return None
-    with grid_of_panels as (fig, axes):
-        for ax, ds in zip(axes.ravel(), datasets):
-            frame = effects[effects["dataset"] == ds]
-            order = present(frame["variant"])
-            colours = variant_palette(order, palette)
-            budgets = sorted(frame["budget_flops"].unique())
-            # a small sideways offset per variant (log space): intervals do not hide each other
-            offsets = np.linspace(-0.04, 0.04, len(order)) if len(order) > 1 else [0.0]
-            for variant, off in zip(order, offsets):
-                v = frame[frame["variant"] == variant].sort_values("budget_flops")
-                y = v["mean_diff"].to_numpy(float)
-                err = np.vstack([y - v["ci_holm_low"].to_numpy(float),
-                                 v["ci_holm_high"].to_numpy(float) - y])
-                ax.errorbar(v["budget_flops"].to_numpy(float) * 10 ** off, y,
-                            yerr=np.where(np.isfinite(err), err, 0), marker="o",
-                            markersize=4, capsize=2, color=colours[variant], label=variant)
-            ax.axhline(0, color="0.3", linewidth=0.8)
-            ax.set_xscale("log")
-            ax.set_xticks(budgets, [f"{b:.2g}" for b in budgets])
-            metric = str(frame["metric"].iloc[0])
-            ax.set(title=ds, xlabel="training compute (FLOPs)",
-                   ylabel=f"{METRICS[metric][0]} - {BASELINE} ({metric_unit(metric)})")
-        _legend(fig, axes, "variant",
-                "Each effect against compute (below 0: better than the baseline)")
-    return path
+    def draw(ax: Any, frame: pd.DataFrame, order: list, colours: dict) -> None:
+        budgets = sorted(frame["budget_flops"].unique())
+        # a small sideways offset per variant (log space): intervals do not hide each other
+        offsets = np.linspace(-0.04, 0.04, len(order)) if len(order) > 1 else [0.0]
+        for variant, off in zip(order, offsets):
+            v = frame[frame["variant"] == variant].sort_values("budget_flops")
+            y = v["mean_diff"].to_numpy(float)
+            err = np.vstack([y - v["ci_holm_low"].to_numpy(float),
+                             v["ci_holm_high"].to_numpy(float) - y])
+            ax.errorbar(v["budget_flops"].to_numpy(float) * 10 ** off, y,
+                        yerr=np.where(np.isfinite(err), err, 0), marker="o", markersize=4,
+                        capsize=2, color=colours[variant], label=variant)
+        ax.axhline(0, color="0.3", linewidth=0.8)
+        ax.set_xscale("log")
+        ax.set_xticks(budgets, [f"{b:.2g}" for b in budgets])
+        metric = str(frame["metric"].iloc[0])
+        ax.set_ylabel(f"{METRICS[metric][0]} - {BASELINE} ({metric_unit(metric)})")
+    return _per_dataset(path, effects, palette,
+                        "Each effect against compute (below 0: better than the baseline)", draw)
 
 
 def _legend(fig: Any, axes: Any, title: str, suptitle: str) -> None:

@@ -137,9 +137,8 @@ def plot_lr_response(trials: pd.DataFrame, tuned: pd.DataFrame | None, dataset: 
     return Path(path)
 
 
-def _lr_panel(fig: Any, ax: Any, t: pd.DataFrame, order: Sequence[str],
-              colours: Mapping[str, Any], chosen: Mapping[str, pd.Series],
-              searched: tuple[float | None, float | None],
+def _lr_panel(fig: Any, ax: Any, t: pd.DataFrame, order: Sequence[str], colours: Mapping[str, Any],
+              chosen: Mapping[str, pd.Series], searched: tuple[float | None, float | None],
               share: str) -> tuple[bool, tuple[bool, Sequence[float]]]:
     """The left panel: whether the lrs searched were shaded, and :func:`_lr_markers`' first
     two arguments."""
