@@ -1,6 +1,5 @@
-"""Each variant's full-budget learning-rate bracket as a figure: its trials, the quadratic in
-ln lr fitted through them (:mod:`lmablate.tune.lr_minimum`) and the chosen lr; losses in the
-tuning objective's unit (nats/char, or nats per answer character)."""
+"""Each variant's full-budget learning-rate bracket: its trials, the quadratic in ln lr fitted
+(:mod:`lmablate.tune.lr_minimum`) and the chosen lr; losses in the tuning objective's unit."""
 
 from __future__ import annotations
 
@@ -18,11 +17,9 @@ from lmablate.report.stats.pooled_uncertainty import full_budget_trials
 
 def plot_bracket(trials: pd.DataFrame, tuned: pd.DataFrame, dataset: str, path: Path, *,
                  palette: Mapping[str, Any], order: Sequence[str]) -> Path | None:
-    """A panel per variant of ``dataset`` (in ``order``): the loss of its full-budget trials
-    against the lr (log axis; small dots: one tuning seed each, large: their mean, ``x`` at the
-    top: a diverged seed, hollow: the other width the first batch set aside), the quadratic
-    ``tuned``'s ``fit_a/b/c`` over them, a line at the chosen lr; the title gives the regret and
-    tuning uncertainty. None when no variant has a bracket."""
+    """A panel per variant (in ``order``): the loss of its full-budget trials against the lr
+    (log; small dots: tuning seeds, large: their mean, ``x``: diverged), the quadratic of
+    ``tuned``'s ``fit_a/b/c`` and the chosen lr. None when no variant has a bracket."""
     t = full_budget_trials(trials, dataset)
     tu = tuned[tuned["dataset"] == dataset] if len(tuned) else tuned
     variants = [v for v in order if (t["variant"] == v).any() and (

@@ -1,6 +1,5 @@
 """The figures of losses and comparisons: each ``plot_*`` writes a PNG and returns its path, or
-None when there is nothing (worth) drawing. Variants in study order (the frames' categorical
-``variant``), coloured by ``palette`` (:func:`lmablate.report.families.family_palette`)."""
+None when there is nothing (worth) drawing; variants in study order, coloured by ``palette``."""
 
 from __future__ import annotations
 

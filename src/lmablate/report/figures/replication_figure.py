@@ -1,6 +1,5 @@
-"""The replication forest plot: per variant, a row per replicate of the study (its Δ against
-the baseline, Holm-adjusted interval, coloured by verdict) and a row for the replicates combined
-(:func:`lmablate.report.stats.replication.combine_replicates`); Δ in the headline loss's unit."""
+"""The replication forest plot: per variant, each replicate's Δ to the baseline and the
+replicates combined (:func:`lmablate.report.stats.replication.combine_replicates`)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""Every figure of the report, per dataset in study order, each with the
-:class:`~lmablate.report.captions.Caption` report.md gives it (a sentence of
-``report/templates/_captions.md.j2``); a figure that cannot be drawn is left out or stands as
-the sentence saying why."""
+"""Every figure of the report, each with its :class:`~lmablate.report.captions.Caption`; a
+figure that cannot be drawn is left out or stands as the sentence saying why."""
 
 from __future__ import annotations
 

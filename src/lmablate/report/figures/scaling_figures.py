@@ -1,6 +1,5 @@
-"""The figures of a scaling study (:mod:`lmablate.report.stats.scaling`,
-:mod:`lmablate.report.stats.isoflop`): loss and each effect against compute (training FLOPs, log
-axis), and the isoFLOP profiles; losses in nats/char (answer loss per answer character)."""
+"""The figures of a scaling study: loss and effects against compute
+(:mod:`lmablate.report.stats.scaling`), isoFLOP profiles (:mod:`lmablate.report.stats.isoflop`)."""
 
 from __future__ import annotations
 
@@ -112,10 +111,8 @@ def _legend(fig: Any, axes: Any, title: str, suptitle: str) -> None:
 def plot_isoflop(path: Path, points: pd.DataFrame, optimal: pd.DataFrame,
                  order: Sequence[str]) -> Path | None:
     """A panel per dataset x variant: validation loss (nats/char) of each width's best
-    lowest-rung trial against ``d_model`` (log axis), a line per budget (darker: more compute;
-    hollow: a width tried at one lr only), each budget's compute-optimal width from ``optimal``
-    marked (a star at a parabola's vertex, a ring at the best width measured). None without
-    ``points``."""
+    lowest-rung trial against ``d_model`` (log), a line per budget (hollow: tried at one lr),
+    ``optimal`` width marked (star: parabola vertex, ring: best measured). None without points."""
     if points.empty:
         return None
     keys = [(d, v) for d in present(points["dataset"]) for v in order

@@ -1,7 +1,5 @@
 """The tuning figure: how each variant responds to the learning rate and to the width, from the
-tuning trials (``trials.csv``, :mod:`lmablate.report.stats.sensitivity`) and what tuning chose
-(``best.json``). Losses in the objective's unit, learning rates per step (the peak).
-"""
+trials (:mod:`lmablate.report.stats.sensitivity`); losses in the objective's unit."""
 
 from __future__ import annotations
 
