@@ -1,10 +1,5 @@
-"""The full-budget bracket of each variant's learning rate as a figure: the points trained at
-the full budget (one dot per tuning seed, their mean), the quadratic in ln lr fitted through
-them (:mod:`lmablate.tune.lr_minimum`) and the chosen learning rate; its text and table are
-:mod:`lmablate.report.text.bracket_section`'s. Losses in the tuning objective's unit: the
-validation loss in nats/char, or an arithmetic dataset's answer loss in nats per answer
-character.
-"""
+"""Each variant's full-budget learning-rate bracket: its trials, the quadratic in ln lr fitted
+(:mod:`lmablate.tune.lr_minimum`) and the chosen lr; losses in the tuning objective's unit."""
 
 from __future__ import annotations
 
@@ -13,7 +8,6 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
-
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
 from lmablate.report.figures import plotting
@@ -23,13 +17,9 @@ from lmablate.report.stats.pooled_uncertainty import full_budget_trials
 
 def plot_bracket(trials: pd.DataFrame, tuned: pd.DataFrame, dataset: str, path: Path, *,
                  palette: Mapping[str, Any], order: Sequence[str]) -> Path | None:
-    """One panel per variant of ``dataset`` (in ``order``): validation loss against the
-    learning rate (log axis) of its full-budget trials (small dots: one tuning seed each; large
-    dots: their mean; an ``x`` at the top for a point with a diverged seed; hollow: the other
-    width its first batch compared, not kept), the fitted
-    quadratic (``tuned``'s ``fit_a/b/c``) over the points fitted, and a vertical line at the
-    chosen lr; the title gives the regret and the tuning uncertainty. Returns ``path``, or None
-    when no variant has a bracket."""
+    """A panel per variant (in ``order``): the loss of its full-budget trials against the lr
+    (log; small dots: tuning seeds, large: their mean, ``x``: diverged), the quadratic of
+    ``tuned``'s ``fit_a/b/c`` and the chosen lr. None when no variant has a bracket."""
     t = full_budget_trials(trials, dataset)
     tu = tuned[tuned["dataset"] == dataset] if len(tuned) else tuned
     variants = [v for v in order if (t["variant"] == v).any() and (
@@ -54,15 +44,13 @@ def plot_bracket(trials: pd.DataFrame, tuned: pd.DataFrame, dataset: str, path: 
 
 def _draw_variant(ax: Any, t: pd.DataFrame, r: pd.Series, variant: str, colour: Any,
                   top: float) -> None:
-    """One panel of :func:`plot_bracket`: ``variant``'s full-budget trials ``t`` and its
-    fitted curve and chosen lr (``r``, its row of ``tuned``); a point with a diverged seed is
-    an ``x`` at ``top``."""
+    """``variant``'s panel: its trials ``t``, and its fit and chosen lr (``r``, from best.json)."""
     other = t[(t["variant"] == variant) & (t["params_d_model"] != r["d_model"])]
     v = t[(t["variant"] == variant) & (t["params_d_model"] == r["d_model"])]
     for d, o in other.groupby("params_d_model"):  # the width the first batch set aside
-        loss = pd.to_numeric(o["value"], errors="coerce")
-        ax.scatter(o["params_lr"], loss, s=30, facecolors="none", edgecolors=colour,
-                   zorder=3, label=f"d_model {int(d)} (not kept)")
+        ax.scatter(o["params_lr"], pd.to_numeric(o["value"], errors="coerce"), s=30,
+                   facecolors="none", edgecolors=colour, zorder=3,
+                   label=f"d_model {int(d)} (not kept)")
         ax.legend(fontsize=8, loc="best")
     loss = pd.to_numeric(v["value"], errors="coerce")
     ax.scatter(v["params_lr"][loss.notna()], loss[loss.notna()], s=10, color=colour,
@@ -78,7 +66,7 @@ def _draw_variant(ax: Any, t: pd.DataFrame, r: pd.Series, variant: str, colour: 
                 color=colour, linewidth=1.2)
     ax.axvline(float(r["lr"]), color="0.3", linestyle="--", linewidth=0.9)
     ax.set_xscale("log")
-    # a tick at each learning rate trained: log axes' own labels collide over one octave
+    # a tick at each lr trained: log axes' own labels collide over one octave
     ax.xaxis.set_major_locator(FixedLocator(sorted(set(v["params_lr"]))))
     ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:.2g}"))
     ax.xaxis.set_minor_locator(NullLocator())
@@ -86,6 +74,5 @@ def _draw_variant(ax: Any, t: pd.DataFrame, r: pd.Series, variant: str, colour: 
     u = r.get("tuning_uncertainty")
     ax.set_title(f"{variant}: lr {float(r['lr']):.3g}, d_model {int(r['d_model'])}\n"
                  + ("tuning uncertainty not measured" if pd.isna(u) else
-                    f"regret {float(r['regret']):.4f}, 95% bound {float(u):.4f}"),
-                 fontsize=9)
+                    f"regret {float(r['regret']):.4f}, 95% bound {float(u):.4f}"), fontsize=9)
     ax.set_xlabel("learning rate (peak)")

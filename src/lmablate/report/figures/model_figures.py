@@ -1,10 +1,4 @@
-"""Figures of a trained model's insides: attention maps and token embeddings.
-
-Both take plain arrays, so the caller decides which model and which input to visualise
-(:func:`draw_model_figures`, called by the report stage, loads the first seed's checkpoint of each
-variant). Drawn with :func:`lmablate.report.figures.plotting.figure`; each function writes one PNG
-and returns its path.
-"""
+"""Figures of a trained model's insides: attention maps and token embeddings."""
 
 from __future__ import annotations
 
@@ -24,41 +18,30 @@ from lmablate.report.captions import Caption
 from lmablate.report.figures import plotting
 from lmablate.train.checkpoint import load_checkpoint
 
-# the character classes of the embedding PCA, in legend order, and their colours (seaborn's
-# colorblind palette; the unknown symbol black, apart from every character)
+# the embedding PCA's character classes in legend order, in seaborn's colorblind colours (the
+# unknown symbol black, apart from every character)
 CHAR_CLASS_COLOURS = {"lower case": "#0173b2", "upper case": "#de8f05", "digit": "#029e73",
                       "whitespace": "#56b4e9", "punctuation/other": "#cc78bc",
                       "unknown symbol": "#000000"}
 CHAR_CLASSES = tuple(CHAR_CLASS_COLOURS)
 PCA_LABEL_SIZE = 9  # points: the characters labelling the embedding PCA's dots
+# plot_attention's ticks: at most MAX_TICKS characters a side, TICK_POINTS high (16 x 9 pt fit
+# along a 3.3-inch panel)
+MAX_TICKS = 16
+TICK_POINTS = 9
+ATTENTION_TOKENS = 48  # length of the held-out sequence shown in attention heatmaps (tokens)
 
 
 def visible(token: str) -> str:
-    """A printable stand-in for a whitespace/control character in a label (␣, \\n, \\t, \\r);
-    other characters unchanged."""
+    """A printable stand-in for a whitespace/control character (␣, \\n, \\t, \\r)."""
     return {" ": "␣", "\n": "\\n", "\t": "\\t", "\r": "\\r"}.get(token, token)
-
-
-# plot_attention's tick labels: at most MAX_TICKS characters a side, each TICK_POINTS high, so
-# that 16 x 9 pt fit along a 3.3-inch panel (24 labels of 6 pt read as about 6 px on screen)
-MAX_TICKS = 16
-TICK_POINTS = 9
 
 
 def plot_attention(maps: Mapping[str, np.ndarray], tokens: Sequence[str], title: str,
                    path: Path) -> Path:
-    """Attention weights on one input, one heatmap per panel (e.g. per variant).
-
-    Args:
-        maps: panel label -> array ``(T, T)``; ``m[i, j]`` is the weight query position i gives
-            to key position j (rows sum to 1; causal maps are lower-triangular), e.g. the last
-            layer's weights averaged over heads.
-        tokens: the T input characters (ticks; whitespace shown as ␣ / \\n).
-        title: figure title; path: PNG to write.
-
-    Raises:
-        ValueError: a map is not square T x T with T = ``len(tokens)``, or ``maps`` is empty.
-    """
+    """An attention heatmap per panel: ``maps`` is label -> ``(T, T)`` weights (``m[i, j]``:
+    query i to key j; rows sum to 1) on the T characters ``tokens``. Raises ValueError if
+    ``maps`` is empty or a map is not T x T."""
     arrays = {k: np.asarray(v, dtype=float) for k, v in maps.items()}
     t_len = len(tokens)
     if not arrays or any(m.shape != (t_len, t_len) for m in arrays.values()):
@@ -86,59 +69,21 @@ def plot_attention(maps: Mapping[str, np.ndarray], tokens: Sequence[str], title:
 
 
 def char_class(ch: str, unknown: str | None = UNK) -> str:
-    """The class of a vocabulary entry (one of :data:`CHAR_CLASSES`): ``"unknown symbol"`` for
-    the tokenizer's unknown symbol ``unknown`` (:data:`lmablate.data.tokenizer.UNK`, "Ø", which
-    ``str.isupper`` would call upper case) and for any entry that is not one character (a
-    special token's name), else by the character's Unicode category."""
+    """A vocabulary entry's class (:data:`CHAR_CLASSES`): ``unknown`` (which ``isupper`` may call
+    upper case) and any entry not one character are ``"unknown symbol"``."""
     if ch == unknown or len(ch) != 1:
         return "unknown symbol"
-    if ch.isspace():
-        return "whitespace"
-    if ch.isdigit():
-        return "digit"
-    if ch.isalpha():
-        return "upper case" if ch.isupper() else "lower case"
-    return "punctuation/other"
-
-
-def _hide_overlapping_labels(fig, texts: Sequence, priority: Sequence[float]) -> int:
-    """Hide each label of ``texts`` that would overlap one already kept, keeping them in
-    decreasing ``priority`` (e.g. the outlying points first: in a dense cluster no label is
-    readable anyway, while an outlier's is the one a reader looks for). Measured after a layout
-    pass, in display units. Returns how many were hidden."""
-    fig.draw_without_rendering()  # the final (constrained) layout, so extents are final
-    kept: list = []
-    hidden = 0
-    for i in np.argsort(-np.asarray(priority, dtype=float), kind="stable"):
-        box = texts[i].get_window_extent().padded(1.0)
-        if any(box.overlaps(k) for k in kept):
-            texts[i].set_visible(False)
-            hidden += 1
-        else:
-            kept.append(box)
-    return hidden
+    return ("whitespace" if ch.isspace() else "digit" if ch.isdigit() else
+            ("upper case" if ch.isupper() else "lower case") if ch.isalpha()
+            else "punctuation/other")
 
 
 def plot_embedding_pca(embs: Mapping[str, np.ndarray], chars: Sequence[str], title: str,
                        path: Path, *, unknown: str | None = UNK) -> Path:
-    """Token embeddings projected on their first two principal components, one panel per entry
-    of ``embs`` (e.g. per variant, two panels a row); dots coloured by character class
-    (:func:`char_class`), labelled with their character where the label overlaps no other (the
-    unknown symbol's first, then the outlying points'; the title counts those left unlabelled).
-
-    PCA: SVD of the column-centred matrix; each panel's axes give the share of variance.
-
-    Args:
-        embs: panel label -> ``(vocab_size, d_model)`` embedding weights.
-        chars: the character of each row (len == vocab_size).
-        title: figure title; path: PNG to write.
-        unknown: the tokenizer's unknown symbol (``CharTokenizer.unk``), classed
-            ``"unknown symbol"``.
-
-    Raises:
-        ValueError: an array is not 2-D, has fewer than 2 columns, or rows != ``len(chars)``;
-            or ``embs`` is empty.
-    """
+    """Token embeddings (``embs``: label -> ``(vocab_size, d_model)``, a row per character of
+    ``chars``) on their first two principal components (SVD of the centred matrix), a panel
+    each; dots coloured by :func:`char_class` and labelled where no label overlaps another.
+    Raises ValueError if ``embs`` is empty or an array is not ``(len(chars), d >= 2)``."""
     arrays = {k: np.asarray(v, dtype=float) for k, v in embs.items()}
     if not arrays or any(e.ndim != 2 or e.shape[0] != len(chars) or e.shape[1] < 2
                          for e in arrays.values()):
@@ -146,53 +91,51 @@ def plot_embedding_pca(embs: Mapping[str, np.ndarray], chars: Sequence[str], tit
                          f"{len(chars)}, d >= 2), got {[e.shape for e in arrays.values()]}")
     classes = [char_class(c, unknown) for c in chars]
     present = [c for c in CHAR_CLASSES if c in classes]
-    # two panels a row, each large: with ~70 characters a panel, smaller ones leave most
-    # labels overlapping
+    # large panels: with ~70 characters a panel, smaller ones leave most labels overlapping
     with plotting.panels(path, len(arrays), 2, (6.4, 5.2), (1.6, 0.7)) as (fig, axes):
         labels, priority = [], []
         for ax, (name, emb) in zip(axes.ravel(), arrays.items()):
             texts, ranks = _pca_panel(ax, name, emb, chars, classes, present, unknown)
             labels += texts
             priority += ranks
-        handles = [Line2D([], [], color=CHAR_CLASS_COLOURS[c], marker="o", linestyle="none",
-                          label=c) for c in present]
-        fig.legend(handles=handles, title="character class", loc="outside right upper",
-                   fontsize=9)
+        fig.legend(handles=[Line2D([], [], color=CHAR_CLASS_COLOURS[c], marker="o",
+                                   linestyle="none", label=c) for c in present],
+                   title="character class", loc="outside right upper", fontsize=9)
         # the second line is there before the layout pass, so that filling it in moves nothing
         heading = fig.suptitle(title + "\n(labels)")
-        hidden = _hide_overlapping_labels(fig, labels, priority)
+        fig.draw_without_rendering()  # the final (constrained) layout, so extents are final
+        kept: list = []
+        for i in np.argsort(-np.asarray(priority, dtype=float), kind="stable"):
+            box = labels[i].get_window_extent().padded(1.0)
+            if any(box.overlaps(k) for k in kept):
+                labels[i].set_visible(False)
+            else:
+                kept.append(box)
+        hidden = len(labels) - len(kept)
         heading.set_text(title + (f"\n(dots without a label: {hidden} of {len(labels)}, whose "
                                   "label would overlap another)" if hidden else
                                   "\n(every dot labelled)"))
     return Path(path)
 
 
-def _pca(emb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``emb`` projected on its first two principal components (SVD of the column-centred
-    matrix), and each component's share of the variance."""
+def _pca_panel(ax: Any, name: str, emb: np.ndarray, chars: Sequence[str], classes: Sequence[str],
+               present: Sequence[str], unknown: str | None) -> tuple[list, list[float]]:
+    """One PCA panel; returns its labels and their priorities (outliers first)."""
     centred = emb - emb.mean(axis=0)
     _, s, vt = np.linalg.svd(centred, full_matrices=False)
-    return centred @ vt[:2].T, s**2 / max(float(np.sum(s**2)), np.finfo(float).tiny)
-
-
-def _pca_panel(ax: Any, name: str, emb: np.ndarray, chars: Sequence[str],
-               classes: Sequence[str], present: Sequence[str], unknown: str | None
-               ) -> tuple[list, list[float]]:
-    """One panel of :func:`plot_embedding_pca` on ``ax``. Returns its character labels and
-    their priorities for :func:`_hide_overlapping_labels`."""
-    pcs, explained = _pca(emb)
-    labels, priority = [], []
+    pcs = centred @ vt[:2].T
+    explained = s**2 / max(float(np.sum(s**2)), np.finfo(float).tiny)
     d = pd.DataFrame({"pc1": pcs[:, 0], "pc2": pcs[:, 1], "class": classes})
     sns.scatterplot(data=d, x="pc1", y="pc2", hue="class", hue_order=present,
                     palette=CHAR_CLASS_COLOURS, s=30, alpha=0.75, ax=ax, legend=False)
     scale = np.maximum(np.abs(pcs[:, :2]).max(axis=0), np.finfo(float).tiny)
-    for (x, y), ch in zip(pcs[:, :2], chars):
-        labels.append(ax.annotate(visible(ch), (x, y), xytext=(3, 3),
-                                  textcoords="offset points", fontsize=PCA_LABEL_SIZE,
-                                  in_layout=False))
-        # the unknown symbol's label first: its class has one dot
-        priority.append(np.inf if char_class(ch, unknown) == "unknown symbol"
-                        else float(np.hypot(x / scale[0], y / scale[1])))
+    labels = [ax.annotate(visible(ch), (x, y), xytext=(3, 3), textcoords="offset points",
+                          fontsize=PCA_LABEL_SIZE, in_layout=False)
+              for (x, y), ch in zip(pcs[:, :2], chars)]
+    # the unknown symbol's label first (its class has one dot), then the outliers'
+    priority = [np.inf if char_class(ch, unknown) == "unknown symbol"
+                else float(np.hypot(x / scale[0], y / scale[1]))
+                for (x, y), ch in zip(pcs[:, :2], chars)]
     ax.set_title(name, fontsize=10)
     ax.set_xlabel(f"PC1 ({explained[0]:.0%} of variance)")
     ax.set_ylabel(f"PC2 ({explained[1]:.0%} of variance)")
@@ -200,25 +143,13 @@ def _pca_panel(ax: Any, name: str, emb: np.ndarray, chars: Sequence[str],
     return labels, priority
 
 
-ATTENTION_TOKENS = 48  # length of the held-out sequence shown in attention heatmaps (tokens)
-
-
 @torch.no_grad()
 def draw_model_figures(cfg: StudyConfig, runs_dir: Path, tokens_dir: Path,
                   figures_dir: Path) -> list[tuple[str, Caption, Path]]:
-    """Per dataset, from each variant's first-seed checkpoint
-    (``<runs_dir>/<dataset>/<variant>/checkpoints/seed_<seed>/checkpoint.pt``): the last
-    layer's attention weights (mean over heads) on the first :data:`ATTENTION_TOKENS` tokens of
-    the held-out test split, and a 2-D PCA of the token embeddings. Variants without a
-    checkpoint are left out; a dataset with none gets no figure.
-
-    Returns:
-        ``(dataset, caption, path)`` per figure written under ``figures_dir``.
-
-    Raises:
-        FileNotFoundError: the tokenizer or test split of a configured dataset is missing
-            under ``tokens_dir``.
-    """
+    """Per dataset, from each variant's first-seed checkpoint (if any): the last layer's
+    attention (mean over heads) on the first :data:`ATTENTION_TOKENS` test tokens, and a PCA
+    of the token embeddings; returns ``(dataset, caption, path)`` per figure written. Raises
+    FileNotFoundError if a tokenizer or test split is missing under ``tokens_dir``."""
     written = []
     seed = cfg.seeds[0]
     for dataset in cfg.datasets:
@@ -237,13 +168,11 @@ def draw_model_figures(cfg: StudyConfig, runs_dir: Path, tokens_dir: Path,
             embs[variant] = model.wte.weight.numpy()  # (vocab_size, d_model)
         if not maps:
             continue
-        path = figures_dir / f"attention_{dataset}.png"
-        plot_attention(maps, chars, f"{dataset}: last-layer attention (mean over heads), "
-                       f"held-out text, seed {seed}", path)
-        written.append((dataset, Caption.of("attention", ds=dataset), path))
-        path = figures_dir / f"embeddings_{dataset}.png"
+        written.append((dataset, Caption.of("attention", ds=dataset), plot_attention(
+            maps, chars, f"{dataset}: last-layer attention (mean over heads), held-out text, "
+            f"seed {seed}", figures_dir / f"attention_{dataset}.png")))
         labels = [tok.decode([i]) for i in range(tok.vocab_size)]
-        plot_embedding_pca(embs, labels, f"{dataset}: token embeddings, first two principal "
-                           f"components (seed {seed})", path, unknown=tok.unk)
-        written.append((dataset, Caption.of("embeddings", ds=dataset), path))
+        written.append((dataset, Caption.of("embeddings", ds=dataset), plot_embedding_pca(
+            embs, labels, f"{dataset}: token embeddings, first two principal components "
+            f"(seed {seed})", figures_dir / f"embeddings_{dataset}.png", unknown=tok.unk)))
     return written

@@ -1,16 +1,8 @@
-"""The tuning figure: how each variant responds to the learning rate and to the width.
-
-Drawn from the tuning trials (``trials.csv``, :mod:`lmablate.report.stats.sensitivity`) and what
-tuning chose (``best.json``, :attr:`lmablate.report.collect.RunOutputs.tuned`), with
-:func:`lmablate.report.figures.plotting.figure`.
-
-Units: validation losses in nats/char (:data:`~lmablate.report.figures.plotting.LOSS_UNIT`),
-learning rates per optimizer step (the schedule's peak), widths (``d_model``) in units.
-"""
+"""The tuning figure: how each variant responds to the learning rate and to the width, from the
+trials (:mod:`lmablate.report.stats.sensitivity`); losses in the objective's unit."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -27,77 +19,65 @@ from lmablate.report.figures.plotting import objective_label
 from lmablate.report.stats import sensitivity as sens
 
 STAR_SIZE = 260  # points^2: the tuned configurations' stars
-# Two stars closer than these (fractions of the panel's log-lr and loss ranges) would cover
-# each other: they are fanned out sideways by STAR_SPREAD points each, around their point
+# stars closer than these (fractions of the panel's log-lr and loss ranges) would cover each
+# other: they are fanned out sideways by STAR_SPREAD points each (a little over a star's width)
 STAR_NEAR = (0.035, 0.04)
-STAR_SPREAD = 17.0  # a little more than a star's width (sqrt(STAR_SIZE) points)
+STAR_SPREAD = 17.0
 OUTSIDE = "0.9"  # the shade of what lies outside the searched ranges
 
 
 def _tuned_rows(tuned: pd.DataFrame | None, dataset: str) -> dict[str, pd.Series]:
-    """variant -> its row of ``tuned`` (best.json) for ``dataset``; empty without lr and
-    d_model columns."""
     if tuned is None or tuned.empty or not {"lr", "d_model", "variant"} <= set(tuned):
         return {}
     rows = tuned[tuned["dataset"] == dataset].dropna(subset=["lr", "d_model"])
     return {str(r["variant"]): r for _, r in rows.iterrows()}
 
 
-def _same_config(t: pd.DataFrame, lr: float, d_model: float) -> np.ndarray:
-    """Rows of ``t`` trained at ``lr`` (to 1e-9 relative) and ``d_model``."""
-    return (np.isclose(t["params_lr"].to_numpy(float), lr, rtol=1e-9, atol=0)
-            & (t["params_d_model"].to_numpy(float) == float(d_model)))
+def _same_config(t: pd.DataFrame, r: pd.Series) -> np.ndarray:
+    """Rows of ``t`` trained at ``r``'s lr (to 1e-9 relative) and d_model."""
+    return (np.isclose(t["params_lr"].to_numpy(float), float(r["lr"]), rtol=1e-9, atol=0)
+            & (t["params_d_model"].to_numpy(float) == float(r["d_model"])))
 
 
 def search_bounds(tuned: pd.DataFrame | None, dataset: str
                   ) -> tuple[float | None, float | None, list[int]]:
-    """What tuning searched on ``dataset``, from ``tuned`` (best.json rows, columns
-    ``lr_low``, ``lr_high``, ``d_model_choices``: widths joined with spaces): ``(lowest lr,
-    highest lr, widths)`` over its variants (a range an edge extended is wider for that
-    variant; the union is what any variant searched). ``None`` / ``[]`` where unknown."""
+    """``(lowest lr, highest lr, widths)`` searched on ``dataset`` by any variant, from
+    ``tuned``'s ``lr_low``, ``lr_high``, ``d_model_choices`` (space-separated); None/[] unknown."""
     if tuned is None or tuned.empty or "dataset" not in tuned:
         return None, None, []
     rows = tuned[tuned["dataset"] == dataset]
-    low = pd.to_numeric(rows.get("lr_low"), errors="coerce") if "lr_low" in rows else None
-    high = pd.to_numeric(rows.get("lr_high"), errors="coerce") if "lr_high" in rows else None
+
+    def bound(col: str, how: str) -> float | None:
+        v = pd.to_numeric(rows[col], errors="coerce") if col in rows else pd.Series(dtype=float)
+        return float(getattr(v, how)()) if v.notna().any() else None
+
     widths = sorted({int(w) for text in rows.get("d_model_choices", pd.Series(dtype=str))
                      .dropna().astype(str) for w in text.split()})
-    return (float(low.min()) if low is not None and low.notna().any() else None,
-            float(high.max()) if high is not None and high.notna().any() else None, widths)
+    return bound("lr_low", "min"), bound("lr_high", "max"), widths
 
 
 def star_offsets(lr: Sequence[float], loss: Sequence[float], lr_span: float,
                  loss_span: float) -> np.ndarray:
-    """Sideways offsets (points) of the stars at ``(lr, loss)`` so that none covers another:
-    0 for a star alone; a group of stars within :data:`STAR_NEAR` of each other (in log10 lr,
-    as a fraction of ``lr_span`` decades, and in loss, of ``loss_span``) fanned out by
-    :data:`STAR_SPREAD` points around their places, in the order of their learning rates
-    (equal ones in the given, study, order)."""
+    """Sideways offsets (points) of stars at ``(lr, loss)``: a group within :data:`STAR_NEAR`
+    of each other (fractions of ``lr_span`` decades and of ``loss_span``) fanned out by
+    :data:`STAR_SPREAD` in lr order (equal ones in the given order); 0 for a star alone."""
     x = np.log10(np.asarray(lr, dtype=float))
     y = np.asarray(loss, dtype=float)
     offsets = np.zeros(len(x))
-    group_of = -np.ones(len(x), dtype=int)
+    group_of = np.arange(len(x))
     for i in range(len(x)):  # a star joins the first earlier group it lies near
-        for j in range(i):
-            if (abs(x[i] - x[j]) <= STAR_NEAR[0] * max(lr_span, 1e-12)
-                    and abs(y[i] - y[j]) <= STAR_NEAR[1] * max(loss_span, 1e-12)):
-                group_of[i] = group_of[j]
-                break
-        else:
-            group_of[i] = i
+        near = [j for j in range(i) if abs(x[i] - x[j]) <= STAR_NEAR[0] * max(lr_span, 1e-12)
+                and abs(y[i] - y[j]) <= STAR_NEAR[1] * max(loss_span, 1e-12)]
+        group_of[i] = group_of[near[0]] if near else i
     for g in np.unique(group_of):
-        # left to right as their learning rates are (fanning must not swap two stars), equal
-        # ones in the given order
         members = sorted(np.flatnonzero(group_of == g), key=lambda i: (x[i], i))
         offsets[members] = (np.arange(len(members)) - (len(members) - 1) / 2) * STAR_SPREAD
     return offsets
 
 
 def _shade_outside(ax: Any, low: float | None, high: float | None, pad: float = 0.0) -> bool:
-    """Mark a searched range on ``ax``'s x axis: dashed lines at ``low`` and ``high``, shaded
-    beyond them from ``pad`` (x units) on (the room of markers dodged sideways from a bound,
-    which would otherwise seem to lie outside it). True when ``low`` and ``high`` are known
-    (and the range was drawn)."""
+    """Dashed lines at ``low`` and ``high``, shaded beyond them from ``pad`` (room for dodged
+    markers) on; whether both are known (and drawn)."""
     if low is None or high is None:
         return False
     left, right = ax.get_xlim()
@@ -111,33 +91,13 @@ def _shade_outside(ax: Any, low: float | None, high: float | None, pad: float = 
 
 def plot_lr_response(trials: pd.DataFrame, tuned: pd.DataFrame | None, dataset: str,
                      path: Path, *, palette: Mapping[str, Any]) -> Path | None:
-    """How each variant of ``dataset`` responds to the learning rate, from its tuning trials
-    (:mod:`lmablate.report.stats.sensitivity`); two panels, colour = variant (``palette``:
-    variant -> colour, :func:`~lmablate.report.families.family_palette`).
-
-    * Left: the final validation loss (nats/char) of the first-rung trials against the
-      learning rate (log axis). A line per variant joins its shared design points (rung 0,
-      batch 0: the same learning rates at one width for every variant, so the lines are
-      paired point by point); its other first-rung trials (TPE proposals, any width) are small
-      faint dots; a diverged trial is an ``x`` at the top edge (it has no loss); a star marks
-      the first-rung trial of the configuration tuning chose (``tuned``: best.json; stars that
-      would cover each other fanned out sideways, :func:`star_offsets`), a triangle at the
-      bottom edge its learning rate when no first-rung trial matches. Shaded, between dashed
-      lines: outside the learning rates tuning searched (:func:`search_bounds`).
-    * Middle, at equal compute (isoFLOP): the lowest first-rung loss per width
-      (:func:`~lmablate.report.stats.sensitivity.width_summary`; the tick labels give each width's
-      training tokens per parameter). Shaded: outside the widths tuning chose from.
-    * Right: the trials of the last rung (the full budget) per width, as diamonds, filled for
-      the chosen one: a panel of its own, as their losses are at another share of the budget.
-
-    The figure's legend names the variants; each panel's own legend its markers.
-
-    Every point is one seed (``tune.seed``). Returns ``path``, or None without first-rung
-    trials for ``dataset`` (or a ``trials.csv`` without rungs, batches, lr, width or value).
-
-    Raises:
-        ValueError: ``palette`` has no colour for a variant.
-    """
+    """How each variant responds to the learning rate, one seed a point: left, the first-rung
+    trials' loss against the lr (log axis; a line through the shared design points, a star at
+    the configuration ``tuned`` chose, an ``x`` at the top if diverged); middle (isoFLOP), the
+    best first-rung loss per width (:func:`~lmablate.report.stats.sensitivity.width_summary`);
+    right, the last rung's trials per width, filled if chosen. Shaded: outside the ranges
+    searched (:func:`search_bounds`). None without first-rung trials for ``dataset``.
+    Raises ValueError if ``palette`` has no colour for a variant."""
     t = sens.first_rung(trials)
     t = t[t["dataset"] == dataset]
     if t.empty:
@@ -148,16 +108,26 @@ def plot_lr_response(trials: pd.DataFrame, tuned: pd.DataFrame | None, dataset: 
     lr_low, lr_high, choices = search_bounds(tuned, dataset)
     last = sens.last_rung(trials)
     last = last[(last["dataset"] == dataset) & ~last["diverged"]]
-    share = _first_rung_share(t)
-    dodge = _width_dodge(t, last, choices, len(order))
+    fraction = t["budget_fraction"].dropna().unique() if "budget_fraction" in t else []
+    share = f"{fraction[0]:g} of the budget" if len(fraction) == 1 else "the first rung"
+    # the variants' points at one width: 0.3 of the smallest gap between widths, shared
+    widths = np.unique(np.concatenate([t["params_d_model"].dropna().to_numpy(float),
+                                       last["params_d_model"].to_numpy(float),
+                                       np.asarray(choices, dtype=float)]))
+    gaps = np.diff(widths)
+    dodge = 0.3 * (gaps.min() if len(gaps) else 8.0) / max(1, len(order))
     with plotting.figure(path, figsize=(15.0, 4.8), ncols=3) as (fig, axes):
         searched_lr, marks = _lr_panel(fig, axes[0, 0], t, order, colours, chosen,
                                        (lr_low, lr_high), share)
-        ticks = _width_panel(axes[0, 1], t, order, colours, choices, share, dodge)
-        _full_budget_panel(axes[0, 2], last, order, colours, chosen, ticks, dodge)
-        _loss_labels(axes[0], chosen)
+        tick_at, searched_d = _width_panel(axes[0, 1], t, order, colours, choices, share, dodge)
+        _full_budget_panel(axes[0, 2], last, order, colours, chosen, tick_at, dodge)
+        objective = (str(next(iter(chosen.values())).get("objective", "val_loss"))
+                     if chosen else "val_loss")
+        for ax, where in zip(axes[0], ("at the trial's end", "(best of a width)",
+                                       "at the full budget")):
+            ax.set_ylabel(objective_label(objective, where))
         axes[0, 0].legend(handles=_lr_markers(*marks, (lr_low, lr_high) if searched_lr else None,
-                                              choices if ticks.searched else None),
+                                              choices if searched_d else None),
                           loc="best", fontsize=8)
         fig.legend(handles=[Line2D([], [], color=c, marker="o", markersize=5, label=v)
                             for v, c in colours.items()],
@@ -165,41 +135,11 @@ def plot_lr_response(trials: pd.DataFrame, tuned: pd.DataFrame | None, dataset: 
     return Path(path)
 
 
-def _first_rung_share(t: pd.DataFrame) -> str:
-    """The share of the budget the first-rung trials ``t`` trained, for the panels' titles."""
-    fraction = (t["budget_fraction"].dropna().unique() if "budget_fraction" in t else [])
-    return f"{fraction[0]:g} of the budget" if len(fraction) == 1 else "the first rung"
-
-
-def _width_dodge(t: pd.DataFrame, last: pd.DataFrame, choices: Sequence[int],
-                 n_variants: int) -> float:
-    """How far apart (in d_model) the variants' points at one width are drawn: 0.3 of the
-    smallest gap between the widths tried or searched, shared among the variants."""
-    all_widths = np.unique(np.concatenate([t["params_d_model"].dropna().to_numpy(float),
-                                           last["params_d_model"].to_numpy(float),
-                                           np.asarray(choices, dtype=float)]))
-    gaps = np.diff(all_widths)
-    return 0.3 * (gaps.min() if len(gaps) else 8.0) / max(1, n_variants)
-
-
-def _loss_labels(axes: Sequence[Any], chosen: Mapping[str, pd.Series]) -> None:
-    """The three panels' y labels: the trials' values are the tuning objective's (on
-    arithmetic an answer loss)."""
-    objective = (str(next(iter(chosen.values())).get("objective", "val_loss"))
-                 if chosen else "val_loss")
-    for ax, where in zip(axes, ("at the trial's end", "(best of a width)",
-                                "at the full budget")):
-        ax.set_ylabel(objective_label(objective, where))
-
-
-def _lr_panel(fig: Any, ax: Any, t: pd.DataFrame, order: Sequence[str],
-              colours: Mapping[str, Any], chosen: Mapping[str, pd.Series],
-              searched: tuple[float | None, float | None],
+def _lr_panel(fig: Any, ax: Any, t: pd.DataFrame, order: Sequence[str], colours: Mapping[str, Any],
+              chosen: Mapping[str, pd.Series], searched: tuple[float | None, float | None],
               share: str) -> tuple[bool, tuple[bool, Sequence[float]]]:
-    """:func:`plot_lr_response`'s left panel on ``ax``: the first-rung trials ``t`` against
-    the learning rate. Returns whether the searched range was shaded and, for the panel's
-    legend (:func:`_lr_markers`), whether a tuned lr had no first-rung trial and the stars'
-    sideways offsets (points)."""
+    """The left panel: whether the lrs searched were shaded, and :func:`_lr_markers`' first
+    two arguments."""
     lr_low, lr_high = searched
     lrs = pd.concat([t["params_lr"], pd.Series([float(r["lr"]) for r in chosen.values()]
                                                + [b for b in (lr_low, lr_high) if b],
@@ -210,7 +150,7 @@ def _lr_panel(fig: Any, ax: Any, t: pd.DataFrame, order: Sequence[str],
         pad = (high / low) ** 0.05 if high > low else 2.0
         lr_lim = (low / pad, high * pad)
     stars: list[tuple[str, float, float]] = []  # (variant, lr, loss) of each tuned trial
-    unmatched = False  # a tuned lr drawn as a triangle: no first-rung trial at it
+    unmatched = False
     for variant in order:
         colour = colours[variant]
         mine = t[t["variant"] == variant]
@@ -226,13 +166,12 @@ def _lr_panel(fig: Any, ax: Any, t: pd.DataFrame, order: Sequence[str],
                    transform=ax.get_xaxis_transform(), zorder=3, clip_on=False)
         if variant not in chosen:
             continue
-        r = chosen[variant]
-        hit = done[_same_config(done, float(r["lr"]), float(r["d_model"]))]
+        hit = done[_same_config(done, chosen[variant])]
         if len(hit):
             stars.append((variant, float(hit["params_lr"].iloc[0]), float(hit["value"].iloc[0])))
         else:
             unmatched = True
-            ax.scatter([float(r["lr"])], [0.03], color=colour, marker="^", s=60,
+            ax.scatter([float(chosen[variant]["lr"])], [0.03], color=colour, marker="^", s=60,
                        edgecolors="black", linewidths=0.6, zorder=4,
                        transform=ax.get_xaxis_transform(), clip_on=False)
     offsets = _draw_stars(fig, ax, stars, t, lr_lim, colours)
@@ -254,9 +193,6 @@ def _lr_panel(fig: Any, ax: Any, t: pd.DataFrame, order: Sequence[str],
 
 def _draw_stars(fig: Any, ax: Any, stars: Sequence[tuple[str, float, float]], t: pd.DataFrame,
                 lr_lim: tuple[float, float] | None, colours: Mapping[str, Any]) -> list[float]:
-    """Star each tuned configuration's first-rung trial (``stars``: (variant, lr, loss)) on
-    ``ax``, fanned out sideways where stars would cover each other (:func:`star_offsets`).
-    Returns the offsets (points)."""
     if not stars:
         return []
     losses = t.loc[~t["diverged"], "value"].astype(float)
@@ -264,60 +200,40 @@ def _draw_stars(fig: Any, ax: Any, stars: Sequence[tuple[str, float, float]], t:
     lr_span = np.log10(lr_lim[1] / lr_lim[0]) if lr_lim else 1.0
     offsets = star_offsets([s[1] for s in stars], [s[2] for s in stars], lr_span, loss_span)
     for (variant, lr, loss), dx in zip(stars, offsets):
-        # the offset is in points, not data: it fans equal stars apart by the same distance
-        # on any axis, and each stays on its own loss
+        # an offset in points, not data: equal stars fan apart alike on any axis
         shifted = ax.transData + ScaledTranslation(dx / 72, 0, fig.dpi_scale_trans)
         ax.scatter([lr], [loss], color=colours[variant], marker="*", s=STAR_SIZE,
                    edgecolors="black", linewidths=0.8, zorder=4, transform=shifted)
     return list(offsets)
 
 
-@dataclass(frozen=True)
-class _WidthTicks:
-    """The middle panel's widths: training tokens per parameter by d_model, the widths
-    ticked, and whether the searched widths were shaded."""
-
-    tokens_per_parameter: pd.Series
-    at: list[int]
-    searched: bool
-
-
 def _width_panel(ax: Any, t: pd.DataFrame, order: Sequence[str], colours: Mapping[str, Any],
-                 choices: Sequence[int], share: str, dodge: float) -> _WidthTicks:
-    """:func:`plot_lr_response`'s middle panel on ``ax``: the lowest first-rung loss per
-    width (isoFLOP), a dot's area growing with the trials behind it."""
+                 choices: Sequence[int], share: str, dodge: float) -> tuple[list[int], bool]:
+    """The middle panel (dot area: trials; one poor trial says little): returns the widths
+    ticked and whether the widths searched were shaded."""
     widths = sens.width_summary(t)
     for variant in order:
         w = widths[widths["variant"] == variant].dropna(subset=["best_loss"])
         ax.plot(w["d_model"], w["best_loss"], color=colours[variant], linewidth=1.6, zorder=3)
-        # dot area grows with the trials behind a width's best: one TPE trial at a poor
-        # learning rate says little about the width
         ax.scatter(w["d_model"], w["best_loss"], color=colours[variant],
                    s=12 + 10 * w["n_trials"].astype(float), zorder=3)
-    ticks = widths.drop_duplicates("d_model").set_index("d_model")["tokens_per_parameter"]
-    ticks.index = ticks.index.astype(int)
-    tick_at = sorted({*ticks.index.astype(int), *choices})
-    _width_ticks(ax, ticks, tick_at)
+    tick_at = _width_ticks(ax, widths, "d_model", choices)
     searched = bool(choices) and _shade_outside(ax, min(choices), max(choices),
                                                 pad=dodge * (len(order) + 1) / 2)
     ax.set_title(f"isoFLOP: best loss per width at {share}\n(dot area: trials)")
     ax.set_xlabel("d_model (below: training tokens per parameter)")
-    return _WidthTicks(ticks, tick_at, searched)
+    return tick_at, searched
 
 
 def _full_budget_panel(ax: Any, last: pd.DataFrame, order: Sequence[str],
                        colours: Mapping[str, Any], chosen: Mapping[str, pd.Series],
-                       widths: _WidthTicks, dodge: float) -> None:
-    """:func:`plot_lr_response`'s right panel on ``ax``: the last rung's trials per width as
-    diamonds, dodged sideways by variant, filled for the chosen one."""
+                       tick_at: Sequence[int], dodge: float) -> None:
     any_picked = False
     for variant in order:
         colour = colours[variant]
         full = last[last["variant"] == variant]
-        picked = (_same_config(full, float(chosen[variant]["lr"]),
-                               float(chosen[variant]["d_model"]))
-                  if variant in chosen else np.zeros(len(full), dtype=bool))
-        # dodged sideways by variant, so that variants at one width do not hide each other
+        picked = (_same_config(full, chosen[variant]) if variant in chosen
+                  else np.zeros(len(full), dtype=bool))
         shift = (order.index(variant) - (len(order) - 1) / 2) * dodge
         any_picked = any_picked or bool(picked.any())
         for filled, part in ((True, full[picked]), (False, full[~picked])):
@@ -328,61 +244,52 @@ def _full_budget_panel(ax: Any, last: pd.DataFrame, order: Sequence[str],
            if "budget_fraction" in last and len(last) else [])
     top_share = ("no completed trial past the first rung" if len(top) != 1 else
                  "the full budget" if top[0] == 1 else f"{top[0]:g} of the budget")
-    ticks = (last.drop_duplicates("params_d_model").set_index("params_d_model")
-             ["tokens_per_parameter"] if "tokens_per_parameter" in last
-             else pd.Series(dtype=float))
-    ticks.index = ticks.index.astype(int)
-    _width_ticks(ax, ticks, sorted({*ticks.index, *widths.at}))
+    _width_ticks(ax, last, "params_d_model", tick_at)
     ax.set_title(f"last rung: {top_share}\n(the learning rate's bracket)")
     ax.set_xlabel("d_model (below: training tokens per parameter)")
-    # a fitted lr between the points is no trial: then no diamond is filled, and the
-    # legend says where the chosen lr is instead
-    ax.legend(handles=[
-        Line2D([], [], color="0.3", marker="D", markerfacecolor="0.3", linestyle="none",
-               label="chosen"),
-        Line2D([], [], color="0.3", marker="D", markerfacecolor="white", linestyle="none",
-               label="not chosen")] if any_picked else [
-        Line2D([], [], color="0.3", marker="D", markerfacecolor="white", linestyle="none",
-               label="trained; the chosen lr lies\nbetween them (fitted minimum)")],
-        loc="best", fontsize=8)
+    # a fitted lr between the points is no trial: then no diamond is filled
+    marks = ([("0.3", "chosen"), ("white", "not chosen")] if any_picked else
+             [("white", "trained; the chosen lr lies\nbetween them (fitted minimum)")])
+    ax.legend(handles=[Line2D([], [], color="0.3", marker="D", linestyle="none",
+                              markerfacecolor=face, label=label) for face, label in marks],
+              loc="best", fontsize=8)
 
 
-def _width_ticks(ax: Any, tokens_per_parameter: pd.Series, at: Sequence[int]) -> None:
-    """Ticks of ``ax`` at the widths ``at``, each labelled with its training tokens per
-    parameter (``tokens_per_parameter``: d_model -> tokens) where known, and x limits 10%
-    of their span beyond them."""
-    ticks = tokens_per_parameter
+def _width_ticks(ax: Any, frame: pd.DataFrame, col: str, extra: Sequence[int]) -> list[int]:
+    """Ticks at the widths ``frame[col]`` and ``extra``, labelled with their tokens per
+    parameter where known; returns them."""
+    ticks = (frame.drop_duplicates(col).set_index(col)["tokens_per_parameter"]
+             if "tokens_per_parameter" in frame else pd.Series(dtype=float))
+    ticks.index = ticks.index.astype(int)
+    at = sorted({*ticks.index, *extra})
     ax.set_xticks(list(at))
     ax.set_xticklabels([f"{w}\n{ticks[w]:.3g}" if w in ticks.index and pd.notna(ticks[w])
                         else f"{w}" for w in at])
     if len(at):
         span = (at[-1] - at[0]) or 16.0
         ax.set_xlim(at[0] - 0.1 * span, at[-1] + 0.1 * span)
+    return at
 
 
 def _lr_markers(unmatched: bool, offsets: Sequence[float],
                 lr_range: tuple[float, float] | None, choices: Sequence[int] | None) -> list:
-    """The handles of the legend of :func:`plot_lr_response`'s left panel: its markers, and
-    the shading of what lies outside the searched ranges."""
     fanned = any(o != 0 for o in offsets)
+    grey = dict(color="0.3", marker="o")
     handles = [
-        Line2D([], [], color="0.3", marker="o", markersize=5,
-               label="design point (paired lr sweep)"),
-        Line2D([], [], color="0.3", marker="o", markersize=4, alpha=0.35,
-               linestyle="none", label="other first-rung trial"),
+        Line2D([], [], **grey, markersize=5, label="design point (paired lr sweep)"),
+        Line2D([], [], **grey, markersize=4, alpha=0.35, linestyle="none",
+               label="other first-rung trial"),
         Line2D([], [], color="0.3", marker="x", linestyle="none",
                label="diverged (at the top edge)"),
         Line2D([], [], color="0.5", marker="*", markersize=13, markeredgecolor="black",
                linestyle="none", label="tuned configuration" + (
-                   "\n(overlapping ones fanned out\nsideways, in lr order)"
-                   if fanned else ""))]
+                   "\n(overlapping ones fanned out\nsideways, in lr order)" if fanned else ""))]
     if unmatched:
         handles.append(Line2D([], [], color="0.5", marker="^", markeredgecolor="black",
                               linestyle="none", label="tuned lr (no first-rung trial)"))
     if lr_range or choices:
-        searched = "; ".join(
-            ([f"lr {lr_range[0]:g} to {lr_range[1]:g}"] if lr_range else [])
-            + ([f"d_model {' '.join(map(str, choices))}"] if choices else []))
+        searched = "; ".join(([f"lr {lr_range[0]:g} to {lr_range[1]:g}"] if lr_range else [])
+                             + ([f"d_model {' '.join(map(str, choices))}"] if choices else []))
         handles.append(Patch(facecolor=OUTSIDE, edgecolor="0.55", linestyle="--",
                              label=f"outside the searched range\n({searched})"))
     return handles
