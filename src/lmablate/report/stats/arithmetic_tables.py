@@ -1,8 +1,6 @@
-"""Arithmetic results as tables: the floors (answers that ignore the question, on the evaluated
-test problems) and exact match by operand length (digits of the longer operand), each variant
-against the baseline at each length. Answer loss in nats per answer character (``$`` included),
-accuracies fractions in [0, 1], lengths in digits.
-"""
+"""Arithmetic tables: floors (answers that ignore the question) and exact match by operand
+length (digits of the longer operand) against the baseline. Answer loss in nats per answer
+character (``$`` included), accuracies fractions, lengths in digits."""
 
 from __future__ import annotations
 
@@ -16,6 +14,7 @@ from lmablate.data.tokenizer import split_lines
 from lmablate.report.collect import BASELINE, present
 from lmablate.report.run_files import maybe_int
 from lmablate.report.stats import reference_models as refs
+from lmablate.report.stats.extrapolation import by_seed
 from lmablate.report.stats.statistics import ANSWER_LOSS, COMPARISON_COLUMNS, compare, summarise
 
 ANSWER_FLOOR = "answer ignoring the question"  # the reference name of the answer-loss floor
@@ -31,29 +30,17 @@ LENGTH_COMPARISON_COLUMNS = [*COMPARISON_COLUMNS[:2], "digits", "split",
 
 
 def train_answers(tokens_dir: Path) -> list[str]:
-    """The answers (:func:`lmablate.data.arithmetic.split_problem`) of the train split's
-    problems under ``tokens_dir`` (``data/tokens/<dataset>/``), cut by
-    :func:`lmablate.data.tokenizer.split_lines`; empty without ``line_length`` in meta.json.
-
-    Raises:
-        FileNotFoundError / TokenizerError: the tokenizer or train split is missing or bad.
-        DataError: a piece is not a problem, or the split not a whole number of problems.
-    """
+    """The answers of the train split's problems under ``tokens_dir`` (one dataset's), cut by
+    :func:`lmablate.data.tokenizer.split_lines` (empty without ``line_length``). Raises
+    FileNotFoundError / TokenizerError (tokenizer or split missing or bad), DataError."""
     return [split_problem(line)[1] for line in split_lines(tokens_dir, "train")]
 
 
 def answer_references(dataset: str, tokens_dir: Path, targets: Sequence[str]) -> list[dict]:
-    """The reference rows (``dataset, reference, metric, value, detail``) of an arithmetic
-    dataset on the evaluated test answers ``targets`` (reversed, ``$`` included): all zeros
-    (char accuracy, exact match), the best constant answer (char accuracy), the most frequent
-    answer (exact match), ``detail`` the answer; and :data:`ANSWER_FLOOR` (``answer_loss``,
-    :func:`lmablate.report.stats.reference_models.answer_position_floor` of
-    :func:`train_answers`) unless those are empty.
-
-    Raises:
-        ValueError: ``targets`` empty or of unequal lengths, or of another length than the
-            train answers; and those of :func:`train_answers`.
-    """
+    """Reference rows (``dataset, reference, metric, value, detail``) on the test answers
+    ``targets``: all zeros, the best constant and the most frequent answer, and
+    :data:`ANSWER_FLOOR` from :func:`train_answers` if any. Raises ValueError for ``targets``
+    empty or not all of the train answers' length, and as :func:`train_answers`."""
     targets = [str(t) for t in targets]
     zeros = refs.constant_answer_scores(targets, refs.all_zeros_answer(len(targets[0])))
     rows = [{"dataset": dataset, "reference": name, "metric": metric,
@@ -71,34 +58,20 @@ def answer_references(dataset: str, tokens_dir: Path, targets: Sequence[str]) ->
     return rows
 
 
-def _wide(by_digits: pd.DataFrame) -> tuple[pd.DataFrame, dict[int, str]]:
-    """Seeds as rows (dataset, variant, seed), one ``exact_match_d<n>`` column per length."""
-    lengths = sorted(int(d) for d in by_digits["digits"].dropna().unique())
-    metrics = {d: f"exact_match_d{d}" for d in lengths}
-    wide = by_digits.pivot_table(index=["dataset", "variant", "seed"], columns="digits",
-                                 values="exact_match", aggfunc="first", observed=True,
-                                 dropna=False).reindex(columns=lengths).reset_index()
-    wide.columns = ["dataset", "variant", "seed", *metrics.values()]
-    return wide, metrics
-
-
 def _splits(by_digits: pd.DataFrame) -> dict[tuple[str, int], str]:
-    """(dataset, digits) -> the split its results come from ("test" or "length")."""
     s = by_digits.dropna(subset=["split"])
     return {(str(r.dataset), int(r.digits)): str(r.split)
             for r in s[s["split"].astype(str) != ""].itertuples()}
 
 
 def length_table(by_digits: pd.DataFrame) -> pd.DataFrame:
-    """Exact match by operand length (:attr:`~lmablate.report.collect.RunOutputs.
-    by_operand_digits`) per dataset x variant x digits: the mean over seeds and its Student-t
-    interval (:func:`~lmablate.report.stats.statistics.summarise`), ``n_seeds``, ``n_problems``
-    per seed (the fewest), the ``split`` ("test" up to the training digits, "length" past
-    them), and NaNs with the reason in ``note`` where the model cannot run that long.
-    Columns :data:`LENGTH_COLUMNS`, by dataset and variant (study order), then digits."""
+    """:data:`LENGTH_COLUMNS`: exact match per dataset x variant x digits (study order), mean
+    and Student-t interval over seeds (:func:`~lmablate.report.stats.statistics.summarise`),
+    ``n_problems`` per seed (the fewest), ``split`` ("test", or "length" past the training
+    digits), and NaNs with the reason in ``note`` where the model cannot run that long."""
     if by_digits.empty:
         return pd.DataFrame(columns=LENGTH_COLUMNS)
-    wide, metrics = _wide(by_digits)
+    wide, metrics = by_seed(by_digits, "digits", "exact_match", "exact_match_d{}".format)
     summary = summarise(wide, list(metrics.values())).set_index(
         ["dataset", "variant", "metric"])
     splits = _splits(by_digits)
@@ -123,15 +96,15 @@ def length_table(by_digits: pd.DataFrame) -> pd.DataFrame:
 
 
 def length_comparisons(by_digits: pd.DataFrame, baseline: str = BASELINE) -> pd.DataFrame:
-    """Every variant against ``baseline`` in exact match at each operand length, paired by seed,
-    Holm within each dataset x length (:func:`~lmablate.report.stats.statistics.compare`,
-    ``metric`` = ``exact_match_d<n>``, differences as fractions), with ``digits`` and
-    ``split``; no row where either has no values. Columns :data:`LENGTH_COMPARISON_COLUMNS`,
-    by dataset, then digits, then variant."""
-    frames = []
-    wide, metrics = _wide(by_digits) if len(by_digits) else (by_digits, {})
-    for ds in present(wide["dataset"]) if metrics else ():
-        splits, d = _splits(by_digits), wide[wide["dataset"] == ds]
+    """:data:`LENGTH_COMPARISON_COLUMNS`: :func:`~lmablate.report.stats.statistics.compare`
+    against ``baseline`` per operand length (``exact_match_d<n>``, one Holm family each), where
+    both have values; by dataset, digits, variant."""
+    if by_digits.empty:
+        return pd.DataFrame(columns=LENGTH_COMPARISON_COLUMNS)
+    wide, metrics = by_seed(by_digits, "digits", "exact_match", "exact_match_d{}".format)
+    splits, frames = _splits(by_digits), []
+    for ds in present(wide["dataset"]):
+        d = wide[wide["dataset"] == ds]
         for digits, metric in metrics.items():  # each length one Holm family
             c = compare(d[["dataset", "variant", "seed", metric]].rename(
                 columns={metric: "exact_match"}), baseline=baseline, metrics=["exact_match"])
@@ -144,8 +117,7 @@ def length_comparisons(by_digits: pd.DataFrame, baseline: str = BASELINE) -> pd.
 
 
 def training_digits(dataset_cfg: Any, by_digits: pd.DataFrame, dataset: str) -> int | None:
-    """The most operand digits of ``dataset``'s training problems: the config's ``digits``, else
-    the longest length with results from the test split; None when neither is known."""
+    """The most operand digits in training: the config's, else the longest of the test split."""
     digits = getattr(dataset_cfg, "digits", None)
     if digits is not None:
         return int(digits)
@@ -155,15 +127,13 @@ def training_digits(dataset_cfg: Any, by_digits: pd.DataFrame, dataset: str) -> 
 
 
 def has_length_split(by_digits: pd.DataFrame, dataset: str) -> bool:
-    """Whether ``dataset`` has results from the split ``"length"`` (problems longer than any in
-    training)."""
+    """Whether ``dataset`` has results from the split ``"length"``."""
     return bool(len(by_digits)) and bool((by_digits[by_digits["dataset"] == dataset]["split"]
                                           .astype(str) == "length").any())
 
 
 def unreachable(by_digits: pd.DataFrame, dataset: str) -> list[str]:
-    """``"<variant> at <n> digits, <note>"`` for each variant x length of ``dataset`` without
-    results, in study order: what the length figure leaves out."""
+    """``"<variant> at <n> digits, <note>"`` per variant x length of ``dataset`` without results."""
     d = by_digits[by_digits["dataset"] == dataset] if len(by_digits) else by_digits
     d = d[d["exact_match"].isna() & (d["note"].fillna("").astype(str) != "")]
     seen = d.drop_duplicates(["variant", "digits"]).sort_values(["variant", "digits"],

@@ -6,7 +6,7 @@ each variant's test loss on windows longer than its training context
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import pandas as pd
 
@@ -31,25 +31,27 @@ def reference_variant(variants: Sequence[str]) -> str:
     return REFERENCE if REFERENCE in variants else BASELINE
 
 
-def _wide(extrapolation: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
-    """Seeds as rows (dataset, variant, seed) and one ``test_loss_x<f>`` column per factor."""
-    factors = sorted(int(f) for f in extrapolation["factor"].dropna().unique())
-    wide = extrapolation.pivot_table(index=["dataset", "variant", "seed"], columns="factor",
-                                     values="test_loss", aggfunc="first", observed=True,
-                                     dropna=False).reset_index()
-    wide.columns = ["dataset", "variant", "seed", *(metric_name(f) for f in wide.columns[3:])]
-    return wide, [metric_name(f) for f in factors]
+def by_seed(frame: pd.DataFrame, column: str = "factor", values: str = "test_loss",
+            name: Callable[[int], str] = metric_name) -> tuple[pd.DataFrame, dict[int, str]]:
+    """Seeds as rows (``dataset``, ``variant``, ``seed``), a column ``name(level)`` of
+    ``values`` per (whole-number) level of ``column``; and level -> that name."""
+    levels = sorted(int(f) for f in frame[column].dropna().unique())
+    wide = frame.pivot_table(index=["dataset", "variant", "seed"], columns=column, values=values,
+                             aggfunc="first", observed=True, dropna=False)
+    names = {f: name(f) for f in levels}
+    wide = wide.reindex(columns=levels).reset_index()
+    wide.columns = ["dataset", "variant", "seed", *names.values()]
+    return wide, names
 
 
 def extrapolation_table(extrapolation: pd.DataFrame) -> pd.DataFrame:
-    """The test loss (nats/char) at each factor per dataset x variant: mean and 95% Student-t
-    interval over seeds (:func:`~lmablate.report.stats.statistics.summarise`), window ``length``
-    in tokens, NaNs with the reason in ``note`` where the scheme cannot run that long.
-    Columns :data:`TABLE_COLUMNS`, in study order."""
+    """:data:`TABLE_COLUMNS`: test loss (nats/char) per dataset x variant x factor, mean and
+    interval over seeds (:func:`~lmablate.report.stats.statistics.summarise`), ``length`` in
+    tokens, NaNs with the reason in ``note`` where the scheme cannot run that long."""
     if extrapolation.empty:
         return pd.DataFrame(columns=TABLE_COLUMNS)
-    wide, metrics = _wide(extrapolation)
-    summary = summarise(wide, metrics)
+    wide, metrics = by_seed(extrapolation)
+    summary = summarise(wide, list(metrics.values()))
     rows = []
     for (ds, var, factor), g in extrapolation.groupby(["dataset", "variant", "factor"],
                                                       observed=True, sort=True):
@@ -68,18 +70,17 @@ def extrapolation_table(extrapolation: pd.DataFrame) -> pd.DataFrame:
 
 
 def extrapolation_comparisons(extrapolation: pd.DataFrame) -> pd.DataFrame:
-    """Every variant against :func:`reference_variant` at each factor, paired by seed, Holm
-    within each dataset x factor: the columns of :func:`~lmablate.report.stats.statistics.
-    compare` (``metric`` = ``test_loss_x<f>``) with ``reference`` and ``reference_mean`` for
-    ``baseline`` and ``baseline_mean``; variants without values at a factor left out there."""
+    """:func:`~lmablate.report.stats.statistics.compare` against :func:`reference_variant` per
+    factor (``test_loss_x<f>``, one Holm family each) where both have values, ``reference`` and
+    ``reference_mean`` for ``baseline`` and ``baseline_mean``."""
     if extrapolation.empty:
         return pd.DataFrame()
-    wide, metrics = _wide(extrapolation)
+    wide, metrics = by_seed(extrapolation)
     frames = []
     for ds in present(wide["dataset"]):
         d = wide[wide["dataset"] == ds]
         reference = reference_variant(present(d["variant"]))
-        for metric in metrics:  # each length as the test loss it is, one Holm family each
+        for metric in metrics.values():  # each length as the test loss it is, one Holm family each
             c = compare(d[["dataset", "variant", "seed", metric]].rename(
                 columns={metric: "test_loss"}), baseline=reference, metrics=["test_loss"])
             c = c[c["n_pairs"] > 0]  # no values at this length: a table that cannot run it

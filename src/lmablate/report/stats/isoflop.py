@@ -1,7 +1,6 @@
-"""The isoFLOP view of a scaling study: at each budget, validation loss (nats/char) against
-``d_model`` from the lowest rung's tuning trials (same compute whatever the width), and the
-compute-optimal width (Hoffmann et al. 2022, approach 2, fig. 3) next to the one tuning chose.
-"""
+"""The isoFLOP view of a scaling study: per budget, validation loss (nats/char) against
+``d_model`` from the lowest rung's tuning trials (equal compute at every width), and the
+compute-optimal width (Hoffmann et al. 2022, approach 2, fig. 3)."""
 
 from __future__ import annotations
 
@@ -14,20 +13,13 @@ ISOFLOP_COLUMNS = ["dataset", "variant", "budget_flops", "trial_flops", "d_model
                    "lr", "n_trials"]
 OPTIMAL_COLUMNS = ["dataset", "variant", "budget_flops", "trial_flops", "n_widths",
                    "optimal_d_model", "method", "tuned_d_model"]
-PARABOLA = "parabola vertex"
-BEST = "best measured"
+PARABOLA, BEST = "parabola vertex", "best measured"
 
 
 def isoflop_points(trials: pd.DataFrame) -> pd.DataFrame:
-    """Per dataset x variant x budget, the best completed trial at each width of the lowest rung
-    (the one that spans the width ladder), from the tuning trials of every budget
-    (``RunOutputs.scaling_trials`` of :mod:`lmablate.report.collect`).
-
-    Returns:
-        :data:`ISOFLOP_COLUMNS`: ``trial_flops`` the rung's compute (budget x its share, FLOPs),
-        ``val_loss`` in nats/char, ``lr`` of that trial, ``n_trials`` completed at that width;
-        sorted by dataset, variant, budget, width.
-    """
+    """:data:`ISOFLOP_COLUMNS`: per dataset x variant x budget of ``trials``
+    (``RunOutputs.scaling_trials``), the best completed trial of the lowest rung (the one that
+    spans the widths) at each width, ``trial_flops`` its compute (FLOPs), ``n_trials`` there."""
     need = {"budget_flops", "rung", "state", "value", "params_d_model", "params_lr",
             "budget_fraction"}
     if trials.empty or not need <= set(trials.columns):
@@ -47,9 +39,8 @@ def isoflop_points(trials: pd.DataFrame) -> pd.DataFrame:
 
 
 def optimal_width(d_model: np.ndarray, loss: np.ndarray) -> tuple[float, str]:
-    """``(width, method)``: the vertex of the parabola loss = a (log d)^2 + b log d + c
-    (``numpy.polyfit``) where there are 3+ widths, a > 0 and the vertex lies within the
-    widths; else the width of the lowest loss (:data:`BEST`)."""
+    """``(width, method)``: the vertex of the parabola in log d fitted to 3+ widths if it opens
+    upwards and lies within them (:data:`PARABOLA`), else the width of the lowest loss."""
     d_model, loss = np.asarray(d_model, dtype=float), np.asarray(loss, dtype=float)
     if not len(d_model):
         return math.nan, ""
@@ -62,9 +53,8 @@ def optimal_width(d_model: np.ndarray, loss: np.ndarray) -> tuple[float, str]:
 
 
 def optimal_widths(points: pd.DataFrame, tuned: pd.DataFrame) -> pd.DataFrame:
-    """The compute-optimal width (:func:`optimal_width`) of each dataset x variant x budget of
-    :func:`isoflop_points`, with the width tuning chose (``tuned``: ``budget_flops`` and
-    :data:`~lmablate.report.collect.TUNED_COLUMNS`). Columns :data:`OPTIMAL_COLUMNS`."""
+    """:data:`OPTIMAL_COLUMNS`: :func:`optimal_width` per dataset x variant x budget of
+    ``points``, with the width tuning chose (``tuned``, one row per budget)."""
     rows = []
     for (dataset, variant, budget), group in points.groupby(
             ["dataset", "variant", "budget_flops"], observed=True, sort=True):

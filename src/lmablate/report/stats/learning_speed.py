@@ -1,8 +1,6 @@
-"""How fast each variant learns arithmetic: training tokens until a seed's probe exact match
-(``history.csv``'s ``val_exact_match``) reaches a threshold, as a time-to-event outcome (a seed
-that never does is censored at its last evaluation). Tokens are training tokens (steps x batch x
-context); ratios unitless; exact match a fraction.
-"""
+"""How fast each variant learns arithmetic: training tokens (steps x batch x context) until a
+seed's probe exact match reaches a threshold, a time-to-event outcome (censored at the last
+evaluation). Ratios unitless, exact match a fraction."""
 
 from __future__ import annotations
 
@@ -12,7 +10,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 from scipy import stats
-from statsmodels.duration.survfunc import survdiff
+from statsmodels.duration.survfunc import SurvfuncRight, survdiff
 
 from lmablate.report.collect import BASELINE, present
 from lmablate.report.stats.statistics import (ALPHA, CONFIDENCE, MIN_SEEDS_FOR_TEST, VERDICT_FEW,
@@ -25,21 +23,14 @@ TABLE_COLUMNS = ["dataset", "variant", "threshold", "n_seeds", "n_learned", "med
 COMPARISON_COLUMNS = ["dataset", "variant", "threshold", "n_pairs", "variant_first",
                       "baseline_first", "ties", "p_value", "p_holm", "n_both", "ratio",
                       "ratio_low", "ratio_high", "mde_ratio", "verdict"]
-VERDICT_FASTER = "faster"
-VERDICT_SLOWER = "slower"
+VERDICT_FASTER, VERDICT_SLOWER = "faster", "slower"
 
 
 def tokens_to_learn(history: pd.DataFrame, thresholds: Sequence[float] = THRESHOLDS
                     ) -> pd.DataFrame:
-    """One row per dataset x variant x seed x threshold of the probed runs in ``history``
-    (:attr:`~lmablate.report.collect.RunOutputs.history`, the headline budget): ``tokens`` at
-    the first evaluation whose ``val_exact_match`` reaches the threshold (``learned`` True), or
-    at the last one (``learned`` False: censored). Runs without ``val_exact_match`` give none.
-
-    Returns:
-        Columns :data:`SPEED_COLUMNS`, in the study order of ``history``'s categorical
-        ``dataset``/``variant`` (kept), then seed.
-    """
+    """:data:`SPEED_COLUMNS` per probed run of ``history`` and threshold, in study order:
+    ``tokens`` at the first evaluation whose ``val_exact_match`` reaches it (``learned``), or at
+    the last one (censored)."""
     if history.empty or "val_exact_match" not in history:
         return pd.DataFrame(columns=SPEED_COLUMNS)
     rows = []
@@ -50,35 +41,25 @@ def tokens_to_learn(history: pd.DataFrame, thresholds: Sequence[float] = THRESHO
         for threshold in thresholds:
             hit = np.flatnonzero(em >= threshold)
             rows.append({"dataset": ds, "variant": variant, "seed": int(seed),
-                         "threshold": threshold,
-                         "tokens": float(tokens[hit[0]] if len(hit) else tokens[-1]),
-                         "learned": bool(len(hit))})
+                         "threshold": threshold, "learned": bool(len(hit)),
+                         "tokens": float(tokens[hit[0]] if len(hit) else tokens[-1])})
     out = pd.DataFrame(rows, columns=SPEED_COLUMNS)
-    for col in ("dataset", "variant"):
+    for col in ("dataset", "variant"):  # the study order
         out[col] = out[col].astype(str).astype(history[col].dtype)
     return out
 
 
 def _fitter(g: pd.DataFrame):
-    """The Kaplan-Meier estimate of the share of ``g``'s seeds not yet learned, or None when
-    none learned."""
-    from statsmodels.duration.survfunc import SurvfuncRight  # only the report needs it
-
-    if not g["learned"].any():
-        return None
-    return SurvfuncRight(g["tokens"].to_numpy(float), g["learned"].to_numpy(int))
+    """The Kaplan-Meier estimate of the share not yet learned, or None if none learned."""
+    return SurvfuncRight(g["tokens"].to_numpy(float), g["learned"].to_numpy(int)) \
+        if g["learned"].any() else None
 
 
 def speed_table(speed: pd.DataFrame) -> pd.DataFrame:
-    """Per dataset x variant x threshold: its seeds, how many learned, the Kaplan-Meier
-    (Kaplan & Meier 1958; statsmodels' ``SurvfuncRight``, as lifelines computes it) median
-    tokens to learn and its :data:`~lmablate.report.stats.statistics.CONFIDENCE` interval
-    (Brookmeyer & Crowley 1982 on the log-log scale; ``inf`` where the share learned, or its
-    bound, does not pass one half), and ``budget_tokens``, the most tokens any seed trained.
-
-    Returns:
-        Columns :data:`TABLE_COLUMNS`, in the order of ``speed``.
-    """
+    """Columns :data:`TABLE_COLUMNS` per dataset x variant x threshold, in the order of
+    ``speed``: seeds, seeds learned, the Kaplan-Meier (1958) median tokens to learn and its
+    interval (Brookmeyer & Crowley 1982, log-log; ``inf`` where it does not pass one half),
+    and the most tokens any seed trained."""
     if speed.empty:
         return pd.DataFrame(columns=TABLE_COLUMNS)
     rows = []
@@ -100,11 +81,9 @@ def speed_table(speed: pd.DataFrame) -> pd.DataFrame:
 
 def share_learned_curves(speed: pd.DataFrame, dataset: str, threshold: float
                          ) -> dict[str, pd.DataFrame]:
-    """variant -> the Kaplan-Meier share of seeds that have learned (1 - survival) against
-    training tokens, with its pointwise :data:`~lmablate.report.stats.statistics.CONFIDENCE`
-    interval (Greenwood's standard error on the log-log scale, Kalbfleisch & Prentice 2002,
-    eq. 1.13, as lifelines draws it): columns ``tokens``, ``share``, ``low``, ``high``
-    (fractions), a step function that starts at 0 tokens with a share of 0."""
+    """variant -> the Kaplan-Meier share of seeds learned against tokens with its pointwise
+    interval (Greenwood's SE, log-log: Kalbfleisch & Prentice 2002, eq. 1.13): a step function
+    from (0, 0), columns ``tokens``, ``share``, ``low``, ``high`` (fractions)."""
     s = speed[(speed["dataset"] == dataset) & (speed["threshold"] == threshold)]
     z = stats.norm.ppf(0.5 + CONFIDENCE / 2)
     out = {}
@@ -125,27 +104,23 @@ def share_learned_curves(speed: pd.DataFrame, dataset: str, threshold: float
 
 
 def _first(b: pd.Series, v: pd.Series) -> int:
-    """+1 when the variant's seed learned first, -1 when the baseline's did, 0 for a tie."""
+    """+1 when the variant learned first, -1 when the baseline did, 0 for a tie."""
     if v["learned"] != b["learned"]:
         return 1 if v["learned"] else -1
     return int(v["tokens"] < b["tokens"]) - int(b["tokens"] < v["tokens"]) if v["learned"] else 0
 
 
 def log_rank(base: pd.DataFrame, var: pd.DataFrame) -> tuple[float, float]:
-    """The log-rank test (Mantel 1966; statsmodels' ``survdiff``) of two variants' tokens to
-    learn (rows of :data:`SPEED_COLUMNS`, censored where not ``learned``): ``(p, o_minus_e)``,
-    the two-sided p-value and the variant's observed minus expected seeds learned (> 0: it
-    learned sooner). p is 1 where there is nothing to compare (no seed learned, or every event
-    at one time)."""
+    """The log-rank test (Mantel 1966) of two variants' rows of :data:`SPEED_COLUMNS`:
+    ``(p, o_minus_e)``, the two-sided p-value (1 with nothing to compare) and the variant's
+    observed minus expected seeds learned (> 0: sooner)."""
     time = np.concatenate([base["tokens"].to_numpy(float), var["tokens"].to_numpy(float)])
     status = np.concatenate([base["learned"].to_numpy(bool), var["learned"].to_numpy(bool)])
     group = np.repeat([0, 1], [len(base), len(var)])
-    o_minus_e = 0.0
+    o_minus_e, ours = 0.0, group == 1
     for t in np.unique(time[status]):
-        at_risk = time >= t
-        events = status & (time == t)
-        o_minus_e += events[group == 1].sum() - events.sum() * (
-            at_risk[group == 1].sum() / at_risk.sum())
+        events, at_risk = status & (time == t), time >= t
+        o_minus_e += events[ours].sum() - events.sum() * (at_risk[ours].sum() / at_risk.sum())
     try:
         _, p = survdiff(time, status.astype(int), group)
     except np.linalg.LinAlgError:  # no variance: nothing learned, or all at one evaluation
@@ -155,21 +130,10 @@ def log_rank(base: pd.DataFrame, var: pd.DataFrame) -> tuple[float, float]:
 
 def compare_speed(speed: pd.DataFrame, baseline: str = BASELINE,
                   alpha: float = ALPHA) -> pd.DataFrame:
-    """Every variant against ``baseline`` in tokens to learn, per dataset and threshold: the
-    seeds won by each and the ties, the p-value of :func:`log_rank` (not stratified by seed: a
-    seed's two runs learn at unrelated times, and a sign test on 5 seeds cannot go below
-    p = 0.0625) and its Holm correction over the dataset's variants, the geometric mean ratio
-    of tokens to learn (variant / baseline) where both learned with its t-interval, and
-    ``mde_ratio``, the smallest ratio above 1 a paired t-test of the log ratios would detect
-    with 80% power at Holm's strictest level
-    (:func:`~lmablate.report.stats.statistics.min_detectable_effect`). Verdict: faster or
-    slower (the sign of observed minus expected) where Holm rejects, too few seeds below
-    :data:`~lmablate.report.stats.statistics.MIN_SEEDS_FOR_TEST` pairs, else no significant
-    difference.
-
-    Returns:
-        Columns :data:`COMPARISON_COLUMNS`; rows by dataset, threshold, then variant.
-    """
+    """:data:`COMPARISON_COLUMNS` of each variant against ``baseline`` per dataset and threshold:
+    seeds won, :func:`log_rank` (unstratified: a seed's two runs learn at unrelated times) with
+    Holm over the variants, the geometric mean ratio of tokens where both learned with its
+    t-interval and :func:`~lmablate.report.stats.statistics.min_detectable_effect` (80%)."""
     if speed.empty:
         return pd.DataFrame(columns=COMPARISON_COLUMNS)
     rows: list[dict] = []
@@ -182,14 +146,20 @@ def compare_speed(speed: pd.DataFrame, baseline: str = BASELINE,
             found = [_speed_row(ds, variant, threshold, base,
                                 s[s["variant"] == variant].set_index("seed"))
                      for variant in present(s["variant"]) if variant != baseline]
-            _judge_speed(found, alpha)
+            family = [i for i, r in enumerate(found) if "_o_minus_e" in r]
+            for i, rej in zip(family, holm_p(found, family, alpha)):
+                r = found[i]  # its working _sd and _o_minus_e are no column
+                if rej:
+                    r["verdict"] = VERDICT_FASTER if r["_o_minus_e"] > 0 else VERDICT_SLOWER
+                if "_sd" in r:
+                    r["mde_ratio"] = float(np.exp(min_detectable_effect(
+                        r["_sd"], r["n_both"], alpha / len(family))))
             rows += found
     return pd.DataFrame(rows, columns=COMPARISON_COLUMNS)
 
 
 def _speed_row(ds: str, variant: str, threshold: float, base: pd.DataFrame,
                var: pd.DataFrame) -> dict:
-    """One variant's row before Holm's correction (``_sd``, ``_o_minus_e`` for it)."""
     seeds = sorted(set(base.index) & set(var.index))
     signs = [_first(base.loc[k], var.loc[k]) for k in seeds]
     both = [k for k in seeds if base.loc[k, "learned"] and var.loc[k, "learned"]]
@@ -211,17 +181,3 @@ def _speed_row(ds: str, variant: str, threshold: float, base: pd.DataFrame,
         row["p_value"], row["_o_minus_e"] = log_rank(base.loc[seeds], var.loc[seeds])
     return row
 
-
-def _judge_speed(rows: list[dict], alpha: float) -> None:
-    """Holm's correction over one dataset and threshold's tested ``rows``, in place."""
-    family = [i for i, r in enumerate(rows) if "_o_minus_e" in r]
-    for i, rej in zip(family, holm_p(rows, family, alpha)):
-        r = rows[i]
-        if rej:
-            r["verdict"] = VERDICT_FASTER if r["_o_minus_e"] > 0 else VERDICT_SLOWER
-        if "_sd" in r:
-            r["mde_ratio"] = float(np.exp(min_detectable_effect(
-                r["_sd"], r["n_both"], alpha / len(family))))
-    for r in rows:
-        r.pop("_sd", None)
-        r.pop("_o_minus_e", None)

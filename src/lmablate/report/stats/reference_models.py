@@ -1,8 +1,6 @@
-"""What a model gets for free, from the data alone, printed next to its results: n-gram and
-uniform cross-entropies of a character corpus (nats/char), and answers to the arithmetic task
-that ignore the question. Numpy and the standard library only (a stage start-up pays for every
-import).
-"""
+"""What a model gets for free, from the data alone: n-gram and uniform cross-entropies of a
+character corpus (nats/char), and arithmetic answers that ignore the question. Numpy and the
+standard library only (a stage start-up pays for every import)."""
 
 from __future__ import annotations
 
@@ -11,11 +9,10 @@ from typing import Sequence
 
 import numpy as np
 
-__all__ = [
-    "DISCOUNT", "MAX_ORDER", "NGRAM_SMOOTHING", "ngram_cross_entropy", "ngram_probabilities",
-    "ngram_references", "uniform_cross_entropy", "constant_answer_scores", "best_constant_answer",
-    "most_frequent_answer", "all_zeros_answer", "ANSWER_SMOOTHING", "answer_position_floor",
-]
+__all__ = ["DISCOUNT", "MAX_ORDER", "NGRAM_SMOOTHING", "ngram_cross_entropy", "ngram_probabilities",
+           "ngram_references", "uniform_cross_entropy", "constant_answer_scores",
+           "best_constant_answer", "most_frequent_answer", "all_zeros_answer", "ANSWER_SMOOTHING",
+           "answer_position_floor"]
 
 DISCOUNT = 0.75  # D, the one absolute discount of every order >= 2
 MAX_ORDER = 3  # trigram; every order scores test tokens from index MAX_ORDER - 1 on
@@ -69,8 +66,7 @@ def _lookup(keys: np.ndarray, values: np.ndarray, queries: np.ndarray) -> np.nda
 
 def _interpolate(grams: np.ndarray, counts: np.ndarray, queries: np.ndarray,
                  lower: np.ndarray, vocab_size: int) -> np.ndarray:
-    """P_k(w | h) at ``queries`` (codes of h w) from the counts a_k at the sorted codes
-    ``grams`` and P_{k-1} at the queries (``lower``)."""
+    """P_k at ``queries`` (codes h w), from a_k at the sorted ``grams`` and P_{k-1} (``lower``)."""
     contexts, start, types = np.unique(grams // vocab_size, return_index=True,
                                        return_counts=True)  # h, and T(h)
     totals = np.add.reduceat(counts, start) if counts.size else counts  # S(h)
@@ -85,28 +81,21 @@ def _interpolate(grams: np.ndarray, counts: np.ndarray, queries: np.ndarray,
 
 def ngram_cross_entropy(train: np.ndarray, test: np.ndarray, order: int,
                         vocab_size: int) -> float:
-    """Cross-entropy (nats/char) on ``test`` of an interpolated Kneser-Ney n-gram model of
-    ``order`` 1, 2 or 3 counted on ``train`` (1-D integer arrays of ids in [0, vocab_size)):
-    ``-mean_i log P_order(test[i] | test[i-order+1:i])`` over every test token from index
-    ``MAX_ORDER - 1`` = 2 on, so that the orders are comparable.
+    """Cross-entropy (nats/char) on ``test`` of an interpolated Kneser-Ney model of ``order``
+    1-3 counted on ``train`` (1-D integer ids in [0, vocab_size)): ``-mean_i log P_order(test[i]
+    | test[i-order+1:i])`` over the test tokens from index 2 on, the same for every order.
 
-    With V = ``vocab_size``, N = ``len(train)``, D = :data:`DISCOUNT`, c(x) the count of the
-    n-gram x in ``train`` (Kneser & Ney, ICASSP 1995; Chen & Goodman, TR-10-98, 1998, the
-    interpolated form; the add-one unigram at the bottom keeps unseen characters finite)::
+    V = ``vocab_size``, N = ``len(train)``, D = :data:`DISCOUNT`, c(x) the count of the n-gram x
+    in ``train`` (Kneser & Ney, ICASSP 1995; Chen & Goodman, TR-10-98, 1998, interpolated; the
+    add-one unigram is ours), h' = h without its first token::
 
-        P_1(w) = (c(w) + 1) / (N + V)
-        S(h) = sum_w a_k(h, w);  T(h) = |{w : a_k(h, w) > 0}|
+        P_1(w) = (c(w) + 1) / (N + V);  S(h) = sum_w a_k(h, w);  T(h) = |{w : a_k(h, w) > 0}|
         P_k(w | h) = (max(a_k(h, w) - D, 0) + D * T(h) * P_{k-1}(w | h')) / S(h)   if S(h) > 0
         P_k(w | h) = P_{k-1}(w | h')                                               if S(h) = 0
 
-    h' is h without its first token; the highest order uses a_k(h, w) = c(h w), a lower one
-    the continuation count N1+(. h w) = |{u : c(u h w) > 0}|. Vectorised over integer n-gram
-    codes (``np.unique``).
-
-    Raises ValueError (naming the argument) for ``order`` not in {1, 2, 3}, ``vocab_size`` < 1,
-    a split not 1-D or not of integers, ids outside [0, vocab_size), an empty ``train``, or a
-    ``test`` of fewer than 3 tokens.
-    """
+    with a_k(h, w) = c(h w) at the highest order, else N1+(. h w) = |{u : c(u h w) > 0}|.
+    Raises ValueError (naming the argument) for a bad ``order``, ``vocab_size`` or id, an empty
+    ``train``, or a ``test`` of fewer than 3 tokens."""
     train, test = _checked(order, vocab_size, train=train, test=test)
     if len(test) < MAX_ORDER:
         raise ValueError(f"test has {len(test)} tokens; scoring starts at index {MAX_ORDER - 1}, "
@@ -124,7 +113,6 @@ def ngram_cross_entropy(train: np.ndarray, test: np.ndarray, order: int,
 
 
 def _interpolate_dense(counts: np.ndarray, lower: np.ndarray) -> np.ndarray:
-    """Dense P_k from the counts a_k (shape (V,) * k) and P_{k-1} broadcast to them."""
     total = counts.sum(-1, keepdims=True)
     types = (counts > 0).sum(-1, keepdims=True)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -133,9 +121,8 @@ def _interpolate_dense(counts: np.ndarray, lower: np.ndarray) -> np.ndarray:
 
 
 def ngram_probabilities(train: np.ndarray, order: int, vocab_size: int) -> np.ndarray:
-    """The whole table of :func:`ngram_cross_entropy`'s model, shape ``(vocab_size,) * order``:
-    ``table[..., w]`` = P_order(w | the leading indices), each row summing to 1; a dense second
-    implementation (for checks). Raises ValueError as :func:`ngram_cross_entropy` does."""
+    """:func:`ngram_cross_entropy`'s model as a dense table (for checks), shape
+    ``(vocab_size,) * order``, ``table[..., w]`` = P(w | the leading indices). Raises as it."""
     train, = _checked(order, vocab_size, train=train)
     V = vocab_size
     p = (np.bincount(train, minlength=V) + 1) / (len(train) + V)
@@ -148,21 +135,19 @@ def ngram_probabilities(train: np.ndarray, order: int, vocab_size: int) -> np.nd
 
 
 def ngram_references(train: np.ndarray, test: np.ndarray, vocab_size: int) -> dict[str, float]:
-    """``{"unigram", "bigram", "trigram"}``: :func:`ngram_cross_entropy` of each order."""
+    """``{"unigram", "bigram", "trigram"}`` -> :func:`ngram_cross_entropy`."""
     return {name: ngram_cross_entropy(train, test, order, vocab_size)
             for order, name in _ORDER_NAMES.items()}
 
 
 def uniform_cross_entropy(vocab_size: int) -> float:
-    """``ln(vocab_size)``, nats/char: the loss of the uniform prediction, a model's at
-    initialisation. Raises ValueError unless ``vocab_size`` is an integer >= 1."""
+    """``ln(vocab_size)`` (nats/char), a model's loss at initialisation; ValueError if < 1."""
     _checked(1, vocab_size)
     return float(np.log(vocab_size))
 
 
 def _check_lengths(targets: Sequence[str], what: str = "targets[0]", length: int | None = None,
                    name: str = "targets", least: int = 1) -> int:
-    """The one length of ``targets``, that of ``what``; ValueError unless there is one."""
     if not len(targets):
         raise ValueError(f"{name} is empty: there is no answer to count or score")
     length = len(targets[0]) if length is None else length
@@ -177,9 +162,8 @@ def _check_lengths(targets: Sequence[str], what: str = "targets[0]", length: int
 
 def constant_answer_scores(targets: Sequence[str], answer: str) -> dict:
     """``{"answer", "char_accuracy", "exact_match", "n_problems", "solved"}`` of answering
-    ``answer`` to every problem, as the model is scored: the share of all answer positions
-    (``$`` included) and of whole answers that equal the target, in [0, 1]. Raises ValueError
-    for empty ``targets`` or ``answer``, or a target of another length (its index)."""
+    ``answer`` to every problem (shares of positions, ``$`` included, and of answers). Raises
+    ValueError for empty ``targets`` or ``answer``, or a target of another length."""
     _check_lengths(targets, "answer", len(answer))
     matches = sum(a == b for target in targets for a, b in zip(target, answer))
     solved = sum(target == answer for target in targets)
@@ -188,21 +172,18 @@ def constant_answer_scores(targets: Sequence[str], answer: str) -> dict:
 
 
 def _mode(counts: Counter):
-    """The most common key; ties go to the smallest, so the choice is deterministic."""
     return min(counts.items(), key=lambda kv: (-kv[1], kv[0]))[0]
 
 
 def best_constant_answer(targets: Sequence[str]) -> dict:
-    """:func:`constant_answer_scores` of the most frequent target character at each position
-    (ties to the smallest): the best character accuracy of any constant answer, chosen on the
-    targets it is scored on (an oracle floor). Raises ValueError as that function does."""
+    """:func:`constant_answer_scores` of the most frequent character (ties: the smallest) at
+    each position, chosen on the targets scored: an oracle floor. Raises as that function."""
     _check_lengths(targets)
     return constant_answer_scores(targets, "".join(_mode(Counter(c)) for c in zip(*targets)))
 
 
 def most_frequent_answer(targets: Sequence[str]) -> dict:
-    """:func:`constant_answer_scores` of the most frequent whole target (ties to the smallest
-    string): the best exact match of any constant answer. Raises ValueError as it does."""
+    """:func:`constant_answer_scores` of the most frequent target (ties: the smallest)."""
     _check_lengths(targets)
     return constant_answer_scores(targets, _mode(Counter(targets)))
 
@@ -215,18 +196,11 @@ def all_zeros_answer(length: int) -> str:
 
 
 def answer_position_floor(train_targets: Sequence[str], test_targets: Sequence[str]) -> float:
-    """Cross-entropy, nats per answer character, on ``test_targets`` of the best predictor that
-    ignores the question: per answer position j, the character frequencies of
-    ``train_targets`` there (:data:`ANSWER_SMOOTHING`). Targets as the model writes them
-    (reversed, ``$`` included), all of one length L. With A the characters of either set,
-    N = ``len(train_targets)``, c_j(x) the count of x at position j of the train answers::
-
-        P_j(x) = (c_j(x) + 1) / (N + |A|);  floor = -mean over t, j of ln P_j(t[j])
-
-    Raises:
-        ValueError: a set empty or its targets of unequal length (naming the set and index),
-            the two sets' lengths differ, or the targets are empty strings.
-    """
+    """Cross-entropy (nats per answer character) on ``test_targets`` of the best predictor
+    that ignores the question, :data:`ANSWER_SMOOTHING`: with A the characters of either set,
+    N = ``len(train_targets)``, c_j(x) the count of x at position j of the train answers,
+    ``P_j(x) = (c_j(x) + 1) / (N + |A|)``; floor = -mean over t, j of ln P_j(t[j]). Raises
+    ValueError for an empty set, or answers not all of one non-zero length."""
     width, test_width = (_check_lengths(t, f"{n}[0]", None, n, 0) for n, t in (
         ("train_targets", train_targets), ("test_targets", test_targets)))
     if width != test_width:
@@ -234,11 +208,10 @@ def answer_position_floor(train_targets: Sequence[str], test_targets: Sequence[s
                          f"{test_width}; the floor needs one answer width")
     if width < 1:
         raise ValueError("the answers are empty strings; they need at least the closing '$'")
-    alphabet = set("".join(train_targets)) | set("".join(test_targets))
+    denominator = len(train_targets) + len(set("".join(train_targets) + "".join(test_targets)))
     total = 0.0
     for j, column in enumerate(zip(*test_targets)):
         counts = Counter(target[j] for target in train_targets)
-        denominator = len(train_targets) + len(alphabet)
         total -= sum(k * np.log((counts[x] + 1) / denominator)
                      for x, k in Counter(column).items())
     return float(total / (len(test_targets) * width))

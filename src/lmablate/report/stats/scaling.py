@@ -1,8 +1,6 @@
-"""How each variant's loss, and each effect, changes with training compute C (a scaling study:
-several ``train.budget_flops`` per dataset): fitted curves, trends of the effects, extrapolation.
-Losses in nats/char (the answer loss per answer character), compute in training FLOPs
-(:func:`lmablate.model.gpt.flops_per_token`).
-"""
+"""How each variant's loss, and each effect, changes with training compute C (several
+``train.budget_flops`` per dataset). Losses in nats/char (answer loss: per answer character),
+compute in training FLOPs (:func:`lmablate.model.gpt.flops_per_token`)."""
 
 from __future__ import annotations
 
@@ -23,15 +21,10 @@ SCALING_TITLE = "How the effects change with compute"  # the report's section
 MIN_BUDGETS_SATURATING = 4  # E, A, alpha and at least one residual degree of freedom
 N_BOOTSTRAP = 1000  # bootstrap resamples of the seeds per fitted curve
 BOOTSTRAP_SEED = 0  # the resampling's random seed: the report is the same bytes on every run
-# the percentiles that bound a CONFIDENCE percentile interval
 _TAILS = [(1 - CONFIDENCE) / 2 * 100, 100 - (1 - CONFIDENCE) / 2 * 100]
-SATURATING = "E + A C^-alpha"
-LOG_LINEAR = "A C^-alpha (log-log line)"
-TREND_GROWS = "gain grows"
-TREND_SHRINKS = "gain shrinks"
-TREND_NONE = "no detectable trend"
-TREND_FEW = "too few budgets or seeds"
-
+SATURATING, LOG_LINEAR = "E + A C^-alpha", "A C^-alpha (log-log line)"
+TREND_GROWS, TREND_SHRINKS = "gain grows", "gain shrinks"
+TREND_NONE, TREND_FEW = "no detectable trend", "too few budgets or seeds"
 FIT_COLUMNS = ["dataset", "variant", "metric", "form", "n_budgets", "n_seeds", "E", "E_low",
                "E_high", "A", "A_low", "A_high", "alpha", "alpha_low", "alpha_high",
                "n_bootstrap", "note"]
@@ -43,20 +36,14 @@ EXTRAPOLATION_COLUMNS = ["dataset", "variant", "metric", "form", "target_flops",
 
 
 def power_law(flops: np.ndarray, e: float, a: float, alpha: float) -> np.ndarray:
-    """L(C) = E + A C^-alpha (Kaplan et al. 2020, eq. 1.3; Hoffmann et al. 2022, eq. 2 with the
-    data term folded into E): ``flops`` C in training FLOPs, L in the unit of E and A."""
+    """L(C) = E + A C^-alpha (Kaplan et al. 2020, eq. 1.3; Hoffmann et al. 2022, eq. 2)."""
     return e + a * np.power(np.asarray(flops, dtype=float), -alpha)
 
 
 def fit_power_law(flops: Sequence[float], loss: Sequence[float]) -> tuple[float, float, float]:
     """``(E, A, alpha)`` of :func:`power_law` by least squares (``scipy.optimize.curve_fit``,
-    trust-region reflective, E >= 0, A > 0, 0 < alpha <= 2), compute scaled by its geometric
-    mean while fitting; A is returned for C in FLOPs.
-
-    Raises:
-        ValueError: fewer than :data:`MIN_BUDGETS_SATURATING` distinct budgets.
-        RuntimeError: the least-squares fit did not converge.
-    """
+    E >= 0, A > 0, 0 < alpha <= 2). Raises ValueError for fewer than
+    :data:`MIN_BUDGETS_SATURATING` budgets, RuntimeError if the fit does not converge."""
     c, y = np.asarray(flops, dtype=float), np.asarray(loss, dtype=float)
     if len(np.unique(c)) < MIN_BUDGETS_SATURATING:
         raise ValueError(f"a saturating power law needs at least {MIN_BUDGETS_SATURATING} "
@@ -74,12 +61,8 @@ def fit_power_law(flops: Sequence[float], loss: Sequence[float]) -> tuple[float,
 
 
 def fit_log_linear(flops: Sequence[float], loss: Sequence[float]) -> tuple[float, float]:
-    """``(A, alpha)`` of the least-squares line log L = log A - alpha log C (a pure power law,
-    E = 0, for two or three budgets).
-
-    Raises:
-        ValueError: fewer than 2 distinct budgets, or a loss <= 0.
-    """
+    """``(A, alpha)`` of the least-squares line log L = log A - alpha log C (E = 0). Raises
+    ValueError for fewer than 2 budgets or a loss <= 0."""
     c, y = np.asarray(flops, dtype=float), np.asarray(loss, dtype=float)
     if len(np.unique(c)) < 2 or np.any(y <= 0):
         raise ValueError("a log-log line needs 2 or more budgets and positive losses")
@@ -88,7 +71,6 @@ def fit_log_linear(flops: Sequence[float], loss: Sequence[float]) -> tuple[float
 
 
 def _fit(form: str, flops: np.ndarray, means: np.ndarray) -> tuple[float, float, float]:
-    """``(E, A, alpha)`` of ``form`` (E = 0 for the log-log line)."""
     if form == SATURATING:
         return fit_power_law(flops, means)
     return (0.0, *fit_log_linear(flops, means))
@@ -96,21 +78,10 @@ def _fit(form: str, flops: np.ndarray, means: np.ndarray) -> tuple[float, float,
 
 def fit_curves(scaling: pd.DataFrame, metric_of: dict[str, str]
                ) -> tuple[pd.DataFrame, dict[tuple[str, str], np.ndarray]]:
-    """Each dataset x variant's ``metric_of[dataset]`` against compute, fitted to the mean over
-    the seeds that have every budget: :func:`power_law` with :data:`MIN_BUDGETS_SATURATING`
-    budgets or more, the log-log line with two or three, nothing with one. A bootstrap over
-    seeds (whole rows across budgets, :data:`N_BOOTSTRAP` resamples, the same for every variant
-    of a dataset: paired) refits the law for its interval.
-
-    Args:
-        scaling: every budget's runs (``RunOutputs.scaling`` of :mod:`lmablate.report.collect`).
-
-    Returns:
-        ``(fits, resamples)``: ``fits`` with :data:`FIT_COLUMNS` (``*_low``/``*_high`` the
-        :data:`CONFIDENCE` percentile interval of the bootstrap, ``note`` why a curve has no
-        fit or only the line), in the study order; ``resamples`` (dataset, variant) -> the
-        bootstrap's ``(E, A, alpha)`` rows (NaN where a fit did not converge).
-    """
+    """``(fits, resamples)``: :data:`FIT_COLUMNS` of each dataset x variant's
+    ``metric_of[dataset]`` against compute, :func:`power_law` (from
+    :data:`MIN_BUDGETS_SATURATING` budgets, else the log-log line) through the mean over seeds,
+    intervals from a paired bootstrap over seeds; (dataset, variant) -> its (E, A, alpha) rows."""
     rows, resamples = [], {}
     for (dataset, variant), frame in scaling.groupby(["dataset", "variant"], observed=True,
                                                      sort=True):
@@ -119,49 +90,43 @@ def fit_curves(scaling: pd.DataFrame, metric_of: dict[str, str]
                                  aggfunc="mean").dropna()  # the seeds with every budget
         wide = wide.reindex(columns=sorted(wide.columns))
         budgets, matrix = wide.columns.to_numpy(float), wide.to_numpy(float)
+        n_b, n = len(budgets), len(matrix)
         row = {"dataset": dataset, "variant": variant, "metric": metric, "form": "",
-               "n_budgets": len(budgets), "n_seeds": len(matrix), "n_bootstrap": 0,
-               "note": f"{len(budgets)} budget(s) with every seed: nothing to fit",
+               "n_budgets": n_b, "n_seeds": n, "n_bootstrap": 0,
+               "note": f"{n_b} budget(s) with every seed: nothing to fit",
                **dict.fromkeys(FIT_COLUMNS[6:15], math.nan)}
-        fitted = _fit_mean(budgets, matrix) if len(budgets) >= 2 and len(matrix) else {}
-        row.update(fitted)
-        if "E" in fitted:
-            n = len(matrix)  # the draws depend on n only: the same for every variant
-            draws = np.random.default_rng(BOOTSTRAP_SEED).integers(
-                0, n, (N_BOOTSTRAP if n > 1 else 0, n))
-            boot = np.full((len(draws), 3), np.nan)
-            for i, picked in enumerate(draws):
-                with contextlib.suppress(RuntimeError, ValueError):
-                    boot[i] = _fit(row["form"], budgets, matrix[picked].mean(axis=0))
-            resamples[(str(dataset), str(variant))] = boot
-            ok = boot[np.isfinite(boot).all(axis=1)]
-            row["n_bootstrap"] = len(ok)
-            for i, name in enumerate(("E", "A", "alpha") if len(ok) else ()):
-                row[f"{name}_low"], row[f"{name}_high"] = np.percentile(ok[:, i], _TAILS)
         rows.append(row)
+        if n_b < 2 or not n:
+            continue
+        row["form"] = form = SATURATING if n_b >= MIN_BUDGETS_SATURATING else LOG_LINEAR
+        row["note"] = "" if form == SATURATING else (
+            f"{n_b} budgets: a log-log line only (E = 0); a saturating law needs "
+            f"{MIN_BUDGETS_SATURATING}")
+        try:
+            row["E"], row["A"], row["alpha"] = _fit(form, budgets, matrix.mean(axis=0))
+        except (RuntimeError, ValueError) as exc:
+            row["note"] = f"the fit failed: {exc}"
+            continue
+        if form == SATURATING and row["E"] < 1e-6 * float(np.nanmin(matrix)):
+            row["note"] = ("E at its lower bound 0: the losses show no floor within the "
+                           "budgets, and the law is a pure power law there")
+        # the draws depend on n only: the same for every variant of a dataset (paired)
+        draws = np.random.default_rng(BOOTSTRAP_SEED).integers(
+            0, n, (N_BOOTSTRAP if n > 1 else 0, n))
+        boot = np.full((len(draws), 3), np.nan)
+        for i, picked in enumerate(draws):
+            with contextlib.suppress(RuntimeError, ValueError):
+                boot[i] = _fit(form, budgets, matrix[picked].mean(axis=0))
+        resamples[(str(dataset), str(variant))] = boot
+        ok = boot[np.isfinite(boot).all(axis=1)]
+        row["n_bootstrap"] = len(ok)
+        for i, name in enumerate(("E", "A", "alpha") if len(ok) else ()):
+            row[f"{name}_low"], row[f"{name}_high"] = np.percentile(ok[:, i], _TAILS)
     return pd.DataFrame(rows, columns=FIT_COLUMNS), resamples
-
-
-def _fit_mean(budgets: np.ndarray, matrix: np.ndarray) -> dict:
-    """``form``, ``E``, ``A``, ``alpha`` and ``note`` of the curve through the seeds' mean."""
-    n_b = len(budgets)
-    form = SATURATING if n_b >= MIN_BUDGETS_SATURATING else LOG_LINEAR
-    note = "" if form == SATURATING else (f"{n_b} budgets: a log-log line only (E = 0); a "
-                                          f"saturating law needs {MIN_BUDGETS_SATURATING}")
-    try:
-        e, a, alpha = _fit(form, budgets, matrix.mean(axis=0))
-    except (RuntimeError, ValueError) as exc:
-        return {"form": form, "note": f"the fit failed: {exc}"}
-    if form == SATURATING and e < 1e-6 * float(np.nanmin(matrix)):
-        note = ("E at its lower bound 0: the losses show no floor within the "
-                "budgets, and the law is a pure power law there")
-    return {"form": form, "E": e, "A": a, "alpha": alpha, "note": note}
-
 
 def predict(fit: pd.Series, boot: np.ndarray | None, flops: np.ndarray
             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """A fitted curve at ``flops``: ``(L, low, high)``, the band the :data:`CONFIDENCE`
-    percentile interval of the bootstrap's curves (failed fits left out; NaN without any)."""
+    """``(L, low, high)`` of a fitted curve at ``flops``, the band from the bootstrap's curves."""
     flops = np.asarray(flops, dtype=float)
     mid = power_law(flops, fit["E"], fit["A"], fit["alpha"])
     if boot is None or not len(boot):
@@ -173,10 +138,8 @@ def predict(fit: pd.Series, boot: np.ndarray | None, flops: np.ndarray
 
 def extrapolate(fits: pd.DataFrame, resamples: dict[tuple[str, str], np.ndarray],
                 target_flops: dict[str, float], baseline: str = BASELINE) -> pd.DataFrame:
-    """Each fitted curve at its dataset's ``target_flops`` (beyond every measured budget: an
-    extrapolation): :data:`EXTRAPOLATION_COLUMNS`, ``predicted`` with its bootstrap interval,
-    ``delta`` = predicted minus the baseline's prediction with the paired bootstrap's interval,
-    in the metric's unit. Curves without a fit, and datasets without a target, give no row."""
+    """:data:`EXTRAPOLATION_COLUMNS`: each fitted curve at its dataset's ``target_flops``, with
+    its bootstrap interval, and ``delta`` = minus the baseline's, with the paired interval."""
     rows = []
     for _, fit in fits.iterrows():
         dataset, variant = str(fit["dataset"]), str(fit["variant"])
@@ -196,8 +159,8 @@ def extrapolate(fits: pd.DataFrame, resamples: dict[tuple[str, str], np.ndarray]
             row["delta"] = float(mid[0] - power_law(x, b["E"], b["A"], b["alpha"])[0])
             if boot is not None and base_boot is not None and len(boot) == len(base_boot) \
                     and len(boot):
-                d = (np.array([power_law(x, *p)[0] for p in boot])
-                     - np.array([power_law(x, *p)[0] for p in base_boot]))
+                d = np.array([power_law(x, *p)[0] - power_law(x, *q)[0]
+                              for p, q in zip(boot, base_boot)])
                 if np.isfinite(d).any():
                     row["delta_low"], row["delta_high"] = map(float, np.nanpercentile(d, _TAILS))
         rows.append(row)
@@ -205,9 +168,8 @@ def extrapolate(fits: pd.DataFrame, resamples: dict[tuple[str, str], np.ndarray]
 
 
 def crossing(budgets: np.ndarray, deltas: np.ndarray) -> float:
-    """The compute (FLOPs) at which the mean difference ``deltas`` (one per increasing budget)
-    changes sign, interpolated linearly in log10 C; NaN where it keeps its sign, or changes it
-    more than once (noise, not a crossing)."""
+    """The FLOPs where ``deltas`` (one per increasing budget) changes sign, linear in log10 C;
+    NaN unless it changes sign exactly once."""
     ok = np.isfinite(deltas)
     changes = [i for i in range(len(deltas) - 1)
                if ok[i] and ok[i + 1] and deltas[i] * deltas[i + 1] < 0]
@@ -221,20 +183,10 @@ def crossing(budgets: np.ndarray, deltas: np.ndarray) -> float:
 
 def effect_trends(scaling: pd.DataFrame, metric_of: dict[str, str],
                   baseline: str = BASELINE, alpha: float = ALPHA) -> pd.DataFrame:
-    """The trend with compute of each variant's difference to the baseline, Delta(C) =
-    L_variant - L_baseline: per seed with every budget of both, Delta regressed on log10 C
-    (``numpy.polyfit``); the mean of the seeds' slopes with its Student-t interval and a
-    one-sample t-test against 0, Holm-corrected over the dataset's variants, the interval at
-    the level the adjusted p-value is judged at
-    (:func:`lmablate.report.stats.statistics.holm_interval`).
-
-    Returns:
-        :data:`TREND_COLUMNS`, one row per dataset x variant other than ``baseline``:
-        ``slope`` and its intervals in the metric's unit per decade of compute, ``trend`` one
-        of :data:`TREND_GROWS` (a slope below 0 that Holm rejects), :data:`TREND_SHRINKS`,
-        :data:`TREND_NONE`, :data:`TREND_FEW` (fewer than 2 budgets or 3 seeds), and
-        ``crossing_flops`` (:func:`crossing` of the mean Delta) only where there is a trend.
-    """
+    """:data:`TREND_COLUMNS` per variant: the mean over seeds of the slope of
+    L_variant - L_baseline on log10 C (per decade), its t-interval and one-sample t-test,
+    Holm-corrected over the variants (:func:`lmablate.report.stats.statistics.holm_interval`);
+    ``trend`` (:data:`TREND_FEW` below 2 budgets or 3 seeds), and :func:`crossing` if one."""
     rows = []
     for dataset, d in scaling.groupby("dataset", observed=True, sort=True):
         metric = metric_of[str(dataset)]
@@ -245,14 +197,22 @@ def effect_trends(scaling: pd.DataFrame, metric_of: dict[str, str],
             for v in present(d["variant"])}
         found = [_trend_row(dataset, v, metric, by_seed[baseline], by_seed[v])
                  for v in by_seed if v != baseline]
-        _judge_trends(found, alpha)
+        family = [i for i, r in enumerate(found) if "_sem" in r]  # _sem, _df: no columns
+        for i, rej in zip(family, holm_p(found, family, alpha)):
+            r = found[i]
+            r["slope_holm_low"], r["slope_holm_high"] = holm_interval(
+                r["slope"], r["_sem"], r["_df"], r["p_value"], r["p_holm"], alpha)
+            if rej:
+                r["trend"] = TREND_GROWS if r["slope"] < 0 else TREND_SHRINKS
         rows += found
+    for r in rows:
+        if r["trend"] not in (TREND_GROWS, TREND_SHRINKS):
+            r["crossing_flops"] = math.nan  # a sign change without a trend is noise
     return pd.DataFrame(rows, columns=TREND_COLUMNS)
 
 
 def _trend_row(dataset: str, variant: str, metric: str, base: pd.DataFrame,
                var: pd.DataFrame) -> dict:
-    """One variant's row before Holm's correction, from the losses by seed and budget."""
     budgets = sorted(set(base.columns) & set(var.columns))
     diff = (var[budgets] - base[budgets]).dropna()
     row = {"dataset": dataset, "variant": variant, "metric": metric,
@@ -276,26 +236,9 @@ def _trend_row(dataset: str, variant: str, metric: str, base: pd.DataFrame,
     return row
 
 
-def _judge_trends(rows: list[dict], alpha: float) -> None:
-    """Holm's correction over one dataset's tested ``rows``, in place: the corrected interval,
-    the trend of each rejected row, and no ``crossing_flops`` without a trend."""
-    family = [i for i, r in enumerate(rows) if "_sem" in r]
-    for i, rej in zip(family, holm_p(rows, family, alpha)):
-        r = rows[i]
-        r["slope_holm_low"], r["slope_holm_high"] = holm_interval(
-            r["slope"], r.pop("_sem"), r.pop("_df"), r["p_value"], r["p_holm"], alpha)
-        if rej:
-            r["trend"] = TREND_GROWS if r["slope"] < 0 else TREND_SHRINKS
-    for r in rows:
-        if r["trend"] not in (TREND_GROWS, TREND_SHRINKS):
-            r["crossing_flops"] = math.nan  # a sign change without a trend is noise
-
-
 def effects_by_budget(scaling: pd.DataFrame, metric_of: dict[str, str]) -> pd.DataFrame:
-    """Every variant against the baseline at each budget, as the report compares them at one
-    (:func:`lmablate.report.stats.statistics.compare`), on each dataset's headline loss.
-    Columns ``budget_flops`` and :data:`~lmablate.report.stats.statistics.COMPARISON_COLUMNS`,
-    by dataset, budget, variant."""
+    """:func:`lmablate.report.stats.statistics.compare` at each budget, on each dataset's
+    headline loss: columns ``budget_flops`` and its, by dataset, budget, variant."""
     frames = [compare(frame, metrics=(metric_of[str(dataset)],)).assign(budget_flops=budget)
               for (dataset, budget), frame in scaling.groupby(
                   ["dataset", "budget_flops"], observed=True, sort=True)]
