@@ -1,24 +1,6 @@
-"""Arithmetic results as tables: the floors (answers that ignore the question) and exact match by
-operand length, each variant against the baseline at each length; the report's arithmetic text
-(:mod:`lmablate.report.text.arithmetic_section`) and figures
-(:mod:`lmablate.report.figures.arithmetic_figures`) read them.
-
-* **Floors** (:func:`answer_references`): what answers that ignore the question score on the
-  evaluated test problems: the constant answers of :mod:`lmablate.report.stats.reference_models`
-  (character accuracy, exact match) and the answer-position floor
-  (:func:`lmablate.report.stats.reference_models.answer_position_floor`, answer loss) from the
-  answers of the train split (:func:`train_answers`).
-* **Length generalisation** (:func:`length_table`, :func:`length_comparisons`): exact match by
-  operand length (digits of the longer operand), up to the training ``digits`` on the
-  in-distribution test problems and past them on the length split (problems longer than any
-  seen in training; Kazemnejad et al. 2023, "The impact of positional encoding on length
-  generalization in transformers"), each variant against the baseline at each length, paired
-  by seed (:func:`lmablate.report.stats.statistics.compare`: paired t-test, Holm over the
-  variants of a dataset x length).
-
-Units: answer loss in nats per answer character (closing ``$`` included), accuracies as
-fractions in [0, 1], lengths in digits.
-"""
+"""Arithmetic tables: floors (answers that ignore the question) and exact match by operand
+length (digits of the longer operand) against the baseline. Answer loss in nats per answer
+character (``$`` included), accuracies fractions, lengths in digits."""
 
 from __future__ import annotations
 
@@ -32,6 +14,7 @@ from lmablate.data.tokenizer import split_lines
 from lmablate.report.collect import BASELINE, present
 from lmablate.report.run_files import maybe_int
 from lmablate.report.stats import reference_models as refs
+from lmablate.report.stats.extrapolation import by_seed
 from lmablate.report.stats.statistics import ANSWER_LOSS, COMPARISON_COLUMNS, compare, summarise
 
 ANSWER_FLOOR = "answer ignoring the question"  # the reference name of the answer-loss floor
@@ -46,46 +29,27 @@ LENGTH_COMPARISON_COLUMNS = [*COMPARISON_COLUMNS[:2], "digits", "split",
                              *COMPARISON_COLUMNS[2:]]
 
 
-# ---------------------------------------------------------------------------------------------
-# Floors
-# ---------------------------------------------------------------------------------------------
-
 def train_answers(tokens_dir: Path) -> list[str]:
-    """The answers (targets, :func:`lmablate.data.arithmetic.split_problem`) of the train split's
-    problems under ``tokens_dir`` (one dataset's ``data/tokens/<dataset>/``), cut by
-    :func:`lmablate.data.tokenizer.split_lines`. Empty when meta.json has no ``line_length``
-    (tokens written before it was recorded).
-
-    Raises:
-        FileNotFoundError / TokenizerError: the tokenizer or train split is missing or bad.
-        DataError: a cut piece is not a problem, or the split is not a whole number of
-            ``line_length`` problems (``line_length`` does not describe this split).
-    """
+    """The answers of the train split's problems under ``tokens_dir`` (one dataset's), cut by
+    :func:`lmablate.data.tokenizer.split_lines` (empty without ``line_length``). Raises
+    FileNotFoundError / TokenizerError (tokenizer or split missing or bad), DataError."""
     return [split_problem(line)[1] for line in split_lines(tokens_dir, "train")]
 
 
 def answer_references(dataset: str, tokens_dir: Path, targets: Sequence[str]) -> list[dict]:
-    """The reference rows (``dataset, reference, metric, value, detail``) of an arithmetic
-    dataset, scored on the evaluated test answers ``targets`` (reversed, closing ``$``
-    included): all zeros (char accuracy, exact match), the best constant answer (char
-    accuracy), the most frequent answer (exact match), ``detail`` the answer as written; and
-    :data:`ANSWER_FLOOR` (``answer_loss``, nats per answer character,
-    :func:`lmablate.report.stats.reference_models.answer_position_floor` of :func:`train_answers`),
-    left out when the train split's problems cannot be cut (no ``line_length``).
-
-    Raises:
-        ValueError: ``targets`` empty or of unequal lengths, or of another length than the
-            train answers. Also those of :func:`train_answers`.
-    """
+    """Reference rows (``dataset, reference, metric, value, detail``) on the test answers
+    ``targets``: all zeros, the best constant and the most frequent answer, and
+    :data:`ANSWER_FLOOR` from :func:`train_answers` if any. Raises ValueError for ``targets``
+    empty or not all of the train answers' length, and as :func:`train_answers`."""
     targets = [str(t) for t in targets]
-    answers = [("all zeros", refs.constant_answer_scores(
-                    targets, refs.all_zeros_answer(len(targets[0]))),
-                ("char_accuracy", "exact_match")),
-               ("best constant answer", refs.best_constant_answer(targets), ("char_accuracy",)),
-               ("most frequent answer", refs.most_frequent_answer(targets), ("exact_match",))]
+    zeros = refs.constant_answer_scores(targets, refs.all_zeros_answer(len(targets[0])))
     rows = [{"dataset": dataset, "reference": name, "metric": metric,
              "value": score[metric], "detail": f"`{score['answer']}`"}
-            for name, score, metrics in answers for metric in metrics]
+            for name, score, metrics in (
+                ("all zeros", zeros, ("char_accuracy", "exact_match")),
+                ("best constant answer", refs.best_constant_answer(targets), ("char_accuracy",)),
+                ("most frequent answer", refs.most_frequent_answer(targets), ("exact_match",)))
+            for metric in metrics]
     train = train_answers(Path(tokens_dir))
     if train:
         rows.append({"dataset": dataset, "reference": ANSWER_FLOOR, "metric": ANSWER_LOSS,
@@ -94,61 +58,31 @@ def answer_references(dataset: str, tokens_dir: Path, targets: Sequence[str]) ->
     return rows
 
 
-# ---------------------------------------------------------------------------------------------
-# Length generalisation
-# ---------------------------------------------------------------------------------------------
-
-def _metric(digits: int) -> str:
-    return f"exact_match_d{digits}"
-
-
-def _wide(by_digits: pd.DataFrame) -> tuple[pd.DataFrame, dict[int, str]]:
-    """Seeds as rows (dataset, variant, seed), one ``exact_match_d<n>`` column per length."""
-    lengths = sorted(int(d) for d in by_digits["digits"].dropna().unique())
-    wide = by_digits.pivot_table(index=["dataset", "variant", "seed"], columns="digits",
-                                 values="exact_match", aggfunc="first", observed=True,
-                                 dropna=False).reindex(columns=lengths).reset_index()
-    wide.columns = ["dataset", "variant", "seed", *(_metric(int(d)) for d in lengths)]
-    return wide, {d: _metric(d) for d in lengths}
-
-
 def _splits(by_digits: pd.DataFrame) -> dict[tuple[str, int], str]:
-    """(dataset, digits) -> the split its results come from ("test" or "length")."""
     s = by_digits.dropna(subset=["split"])
-    s = s[s["split"].astype(str) != ""]
-    return {(str(r.dataset), int(r.digits)): str(r.split) for r in s.itertuples()}
+    return {(str(r.dataset), int(r.digits)): str(r.split)
+            for r in s[s["split"].astype(str) != ""].itertuples()}
 
 
 def length_table(by_digits: pd.DataFrame) -> pd.DataFrame:
-    """Exact match by operand length per dataset x variant x digits: the mean over seeds and
-    its :data:`~lmablate.report.stats.statistics.CONFIDENCE` Student-t interval
-    (:func:`~lmablate.report.stats.statistics.summarise`, fractions), ``n_seeds`` with a value,
-    ``n_problems`` each seed was scored on (the fewest of its seeds), the ``split`` the problems
-    come from ("test" up to the training digits, "length" past
-    them), and where the model cannot run that long, NaNs with the reason in ``note`` ("n/a
-    (learned table of 64 positions)").
-
-    Args:
-        by_digits: :attr:`~lmablate.report.collect.RunOutputs.by_operand_digits`.
-
-    Returns:
-        Columns :data:`LENGTH_COLUMNS`, rows by dataset and variant (study order), then digits.
-    """
+    """:data:`LENGTH_COLUMNS`: exact match per dataset x variant x digits (study order), mean
+    and Student-t interval over seeds (:func:`~lmablate.report.stats.statistics.summarise`),
+    ``n_problems`` per seed (the fewest), ``split`` ("test", or "length" past the training
+    digits), and NaNs with the reason in ``note`` where the model cannot run that long."""
     if by_digits.empty:
         return pd.DataFrame(columns=LENGTH_COLUMNS)
-    wide, metrics = _wide(by_digits)
+    wide, metrics = by_seed(by_digits, "digits", "exact_match", "exact_match_d{}".format)
     summary = summarise(wide, list(metrics.values())).set_index(
         ["dataset", "variant", "metric"])
     splits = _splits(by_digits)
     rows = []
     for (ds, var, digits), g in by_digits.groupby(["dataset", "variant", "digits"],
                                                   observed=True, sort=True):
-        notes = sorted(set(g["note"].dropna().astype(str)) - {""})
         counts = pd.to_numeric(g["n"], errors="coerce").dropna() if "n" in g else []
         row = {"dataset": ds, "variant": var, "digits": int(digits),
                "split": splits.get((str(ds), int(digits)), ""), "n_seeds": 0,
                "n_problems": int(counts.min()) if len(counts) else None,
-               "note": "; ".join(notes)}
+               "note": "; ".join(sorted(set(g["note"].dropna().astype(str)) - {""}))}
         key = (ds, var, metrics[int(digits)])
         if key in summary.index:
             s = summary.loc[key]
@@ -162,28 +96,20 @@ def length_table(by_digits: pd.DataFrame) -> pd.DataFrame:
 
 
 def length_comparisons(by_digits: pd.DataFrame, baseline: str = BASELINE) -> pd.DataFrame:
-    """Every variant against ``baseline`` in exact match at each operand length, paired by seed,
-    Holm within each dataset x length: the columns of
-    :func:`~lmablate.report.stats.statistics.compare` (``metric`` = ``exact_match_d<n>``,
-    differences as fractions) with ``digits`` and ``split``. A length where the baseline or a
-    variant has no values (a learned table that cannot reach it) has no row for it.
-
-    Returns:
-        Columns :data:`LENGTH_COMPARISON_COLUMNS`, by dataset, then digits, then variant.
-    """
+    """:data:`LENGTH_COMPARISON_COLUMNS`: :func:`~lmablate.report.stats.statistics.compare`
+    against ``baseline`` per operand length (``exact_match_d<n>``, one Holm family each), where
+    both have values; by dataset, digits, variant."""
     if by_digits.empty:
         return pd.DataFrame(columns=LENGTH_COMPARISON_COLUMNS)
-    wide, metrics = _wide(by_digits)
-    splits = _splits(by_digits)
-    frames = []
+    wide, metrics = by_seed(by_digits, "digits", "exact_match", "exact_match_d{}".format)
+    splits, frames = _splits(by_digits), []
     for ds in present(wide["dataset"]):
         d = wide[wide["dataset"] == ds]
         for digits, metric in metrics.items():  # each length one Holm family
             c = compare(d[["dataset", "variant", "seed", metric]].rename(
                 columns={metric: "exact_match"}), baseline=baseline, metrics=["exact_match"])
-            c = c[c["n_pairs"] > 0]
-            frames.append(c.assign(metric=metric, digits=digits,
-                                   split=splits.get((ds, digits), "")))
+            frames.append(c[c["n_pairs"] > 0].assign(metric=metric, digits=digits,
+                                                     split=splits.get((ds, digits), "")))
     frames = [f for f in frames if len(f)]
     if not frames:
         return pd.DataFrame(columns=LENGTH_COMPARISON_COLUMNS)
@@ -191,9 +117,7 @@ def length_comparisons(by_digits: pd.DataFrame, baseline: str = BASELINE) -> pd.
 
 
 def training_digits(dataset_cfg: Any, by_digits: pd.DataFrame, dataset: str) -> int | None:
-    """The most operand digits of ``dataset``'s training problems: the config's ``digits``
-    when it has one, else the longest length whose results come from the test split; None
-    when neither is known."""
+    """The most operand digits in training: the config's, else the longest of the test split."""
     digits = getattr(dataset_cfg, "digits", None)
     if digits is not None:
         return int(digits)
@@ -203,17 +127,13 @@ def training_digits(dataset_cfg: Any, by_digits: pd.DataFrame, dataset: str) -> 
 
 
 def has_length_split(by_digits: pd.DataFrame, dataset: str) -> bool:
-    """Whether ``dataset`` was tested on problems longer than any in training (results from
-    the split ``"length"``): without them there is no length generalisation to report."""
-    if not len(by_digits):
-        return False
-    d = by_digits[by_digits["dataset"] == dataset]
-    return bool((d["split"].astype(str) == "length").any())
+    """Whether ``dataset`` has results from the split ``"length"``."""
+    return bool(len(by_digits)) and bool((by_digits[by_digits["dataset"] == dataset]["split"]
+                                          .astype(str) == "length").any())
 
 
 def unreachable(by_digits: pd.DataFrame, dataset: str) -> list[str]:
-    """``"<variant> at <n> digits, <note>"`` for each variant x length of ``dataset`` without
-    results, in study order: what the length figure leaves out."""
+    """``"<variant> at <n> digits, <note>"`` per variant x length of ``dataset`` without results."""
     d = by_digits[by_digits["dataset"] == dataset] if len(by_digits) else by_digits
     d = d[d["exact_match"].isna() & (d["note"].fillna("").astype(str) != "")]
     seen = d.drop_duplicates(["variant", "digits"]).sort_values(["variant", "digits"],

@@ -1,17 +1,12 @@
-"""Length extrapolation: how each position scheme's test loss behaves on sequences longer than
-the context it was trained on (Press et al. 2022, "Train Short, Test Long"; Kazemnejad et al.
-2023), from the ``extrapolation`` results of the evaluate stage
-(:func:`lmablate.evaluate.metrics.extrapolation`).
-
-Every variant is compared with a reference variant, seed by seed, at each factor, with the
-study's statistics (:func:`lmablate.report.stats.statistics.compare`: paired t-test, Holm over the
-variants of a dataset x factor). The reference is ``rope`` when the study has it, since the
-baseline's learned table cannot run past its context; else the baseline (factor 1 only).
+"""Length extrapolation (Press et al. 2022, "Train Short, Test Long"; Kazemnejad et al. 2023):
+each variant's test loss on windows longer than its training context
+(:func:`lmablate.evaluate.metrics.extrapolation`), compared seed by seed with
+:func:`reference_variant` (:func:`lmablate.report.stats.statistics.compare`).
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import pandas as pd
 
@@ -26,44 +21,45 @@ CURVE_COLUMNS = ["variant", "factor", "position", "loss", "seeds"]
 
 
 def metric_name(factor: int) -> str:
-    """The metric of test loss at ``factor`` x context_length: ``test_loss_x<factor>`` (as in
-    MLflow)."""
+    """``test_loss_x<factor>``, the test loss at ``factor`` x context_length (as in MLflow)."""
     return f"test_loss_x{factor}"
 
 
 def reference_variant(variants: Sequence[str]) -> str:
-    """:data:`REFERENCE` if it is among ``variants``, else the baseline."""
+    """:data:`REFERENCE` if it is among ``variants``, else the baseline (whose learned table
+    cannot run past its context: factor 1 only)."""
     return REFERENCE if REFERENCE in variants else BASELINE
 
 
-def _wide(extrapolation: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
-    """Seeds as rows (dataset, variant, seed) and one ``test_loss_x<f>`` column per factor."""
-    factors = sorted(int(f) for f in extrapolation["factor"].dropna().unique())
-    wide = extrapolation.pivot_table(index=["dataset", "variant", "seed"], columns="factor",
-                                     values="test_loss", aggfunc="first", observed=True,
-                                     dropna=False).reset_index()
-    wide.columns = ["dataset", "variant", "seed", *(metric_name(f) for f in wide.columns[3:])]
-    return wide, [metric_name(f) for f in factors]
+def by_seed(frame: pd.DataFrame, column: str = "factor", values: str = "test_loss",
+            name: Callable[[int], str] = metric_name) -> tuple[pd.DataFrame, dict[int, str]]:
+    """Seeds as rows (``dataset``, ``variant``, ``seed``), a column ``name(level)`` of
+    ``values`` per (whole-number) level of ``column``; and level -> that name."""
+    levels = sorted(int(f) for f in frame[column].dropna().unique())
+    wide = frame.pivot_table(index=["dataset", "variant", "seed"], columns=column, values=values,
+                             aggfunc="first", observed=True, dropna=False)
+    names = {f: name(f) for f in levels}
+    wide = wide.reindex(columns=levels).reset_index()
+    wide.columns = ["dataset", "variant", "seed", *names.values()]
+    return wide, names
 
 
 def extrapolation_table(extrapolation: pd.DataFrame) -> pd.DataFrame:
-    """The test loss at each factor per dataset x variant: mean and 95% Student-t interval over
-    seeds (:func:`~lmablate.report.stats.statistics.summarise`), the window ``length`` in tokens,
-    and where the scheme cannot run that long, NaNs with the reason in ``note``
-    ("n/a (learned table of 64 positions)"). Columns :data:`TABLE_COLUMNS`, in study order."""
+    """:data:`TABLE_COLUMNS`: test loss (nats/char) per dataset x variant x factor, mean and
+    interval over seeds (:func:`~lmablate.report.stats.statistics.summarise`), ``length`` in
+    tokens, NaNs with the reason in ``note`` where the scheme cannot run that long."""
     if extrapolation.empty:
         return pd.DataFrame(columns=TABLE_COLUMNS)
-    wide, metrics = _wide(extrapolation)
-    summary = summarise(wide, metrics)
+    wide, metrics = by_seed(extrapolation)
+    summary = summarise(wide, list(metrics.values()))
     rows = []
     for (ds, var, factor), g in extrapolation.groupby(["dataset", "variant", "factor"],
                                                       observed=True, sort=True):
         s = summary[(summary["dataset"] == ds) & (summary["variant"] == var)
                     & (summary["metric"] == metric_name(int(factor)))]
-        notes = sorted(set(g["note"].dropna()) - {""})
         row = {"dataset": ds, "variant": var, "factor": int(factor),
                "length": g["length"].dropna().iloc[0] if g["length"].notna().any() else None,
-               "note": "; ".join(notes)}
+               "note": "; ".join(sorted(set(g["note"].dropna()) - {""}))}
         if len(s):
             row.update({k: s.iloc[0][k] for k in ("n", "mean", "ci95_low", "ci95_high")})
         rows.append(row)
@@ -74,20 +70,17 @@ def extrapolation_table(extrapolation: pd.DataFrame) -> pd.DataFrame:
 
 
 def extrapolation_comparisons(extrapolation: pd.DataFrame) -> pd.DataFrame:
-    """Every variant against the reference (:func:`reference_variant`) at each factor, paired
-    by seed, Holm within each dataset x factor: the columns of
-    :func:`~lmablate.report.stats.statistics.compare` (``metric`` = ``test_loss_x<f>``), with
-    ``reference`` (the variant compared with) and ``reference_mean`` in place of ``baseline``
-    and ``baseline_mean``. Variants without values at a factor (a learned table past its
-    context) are not compared there."""
+    """:func:`~lmablate.report.stats.statistics.compare` against :func:`reference_variant` per
+    factor (``test_loss_x<f>``, one Holm family each) where both have values, ``reference`` and
+    ``reference_mean`` for ``baseline`` and ``baseline_mean``."""
     if extrapolation.empty:
         return pd.DataFrame()
-    wide, metrics = _wide(extrapolation)
+    wide, metrics = by_seed(extrapolation)
     frames = []
     for ds in present(wide["dataset"]):
         d = wide[wide["dataset"] == ds]
         reference = reference_variant(present(d["variant"]))
-        for metric in metrics:  # each length as the test loss it is, one Holm family each
+        for metric in metrics.values():  # each length as the test loss it is, one Holm family each
             c = compare(d[["dataset", "variant", "seed", metric]].rename(
                 columns={metric: "test_loss"}), baseline=reference, metrics=["test_loss"])
             c = c[c["n_pairs"] > 0]  # no values at this length: a table that cannot run it
@@ -97,14 +90,11 @@ def extrapolation_comparisons(extrapolation: pd.DataFrame) -> pd.DataFrame:
 
 
 def position_curves(position_loss: pd.DataFrame, dataset: str) -> pd.DataFrame:
-    """The loss by position of each variant of ``dataset``, at the longest factor it was run
-    at: the mean over seeds per position bucket (``position``: the bucket's first position,
-    0-based; ``loss`` in nats/char). Columns :data:`CURVE_COLUMNS`, variants in study order."""
+    """Each variant of ``dataset``'s mean loss (nats/char) over seeds per position bucket
+    (``position``: its first, 0-based) at its longest factor. Columns :data:`CURVE_COLUMNS`."""
     p = position_loss[position_loss["dataset"] == dataset]
     if p.empty:
         return pd.DataFrame(columns=CURVE_COLUMNS)
-    longest = p.groupby("variant", observed=True)["factor"].transform("max")
-    p = p[p["factor"] == longest]
+    p = p[p["factor"] == p.groupby("variant", observed=True)["factor"].transform("max")]
     return (p.groupby(["variant", "factor", "position"], observed=True, sort=True)["loss"]
             .agg(loss="mean", seeds="count").reset_index())
-

@@ -1,17 +1,6 @@
-"""The isoFLOP view of a scaling study: at each budget, validation loss against ``d_model`` from
-the tuning trials, and the compute-optimal width (Hoffmann et al. 2022, approach 2, fig. 3).
-
-Every trial of a rung spends the same compute (its share of the budget) whatever its width, so a
-rung's trials are an isoFLOP profile. The lowest rung is used: it is the one that spans the
-width ladder (a higher rung holds the few promoted trials, often of one width). Each width is
-represented by its best trial over learning rates (the loss at that width's tuned lr; a width
-tried at one learning rate only may sit well above it, so such widths are left out of the fit
-wherever three widths were tried at two or more). The compute-optimal width is the vertex of a
-parabola in log ``d_model`` fitted to those points (``numpy.polyfit``) where there are three or
-more widths, the parabola opens upwards and its vertex lies among them; otherwise it is the best
-measured width, and ``method`` says which.
-The width tuning chose at the full budget is listed next to it.
-"""
+"""The isoFLOP view of a scaling study: per budget, validation loss (nats/char) against
+``d_model`` from the lowest rung's tuning trials (equal compute at every width), and the
+compute-optimal width (Hoffmann et al. 2022, approach 2, fig. 3)."""
 
 from __future__ import annotations
 
@@ -24,23 +13,13 @@ ISOFLOP_COLUMNS = ["dataset", "variant", "budget_flops", "trial_flops", "d_model
                    "lr", "n_trials"]
 OPTIMAL_COLUMNS = ["dataset", "variant", "budget_flops", "trial_flops", "n_widths",
                    "optimal_d_model", "method", "tuned_d_model"]
-PARABOLA = "parabola vertex"
-BEST = "best measured"
+PARABOLA, BEST = "parabola vertex", "best measured"
 
 
 def isoflop_points(trials: pd.DataFrame) -> pd.DataFrame:
-    """Per dataset x variant x budget, the lowest rung's best completed trial at each width.
-
-    Args:
-        trials: the tuning trials of every budget
-            (``RunOutputs.scaling_trials`` of :mod:`lmablate.report.collect`: ``trials.csv``
-            columns with ``dataset``, ``variant``, ``budget_flops``).
-
-    Returns:
-        :data:`ISOFLOP_COLUMNS`: ``trial_flops`` the rung's compute (budget x its share, FLOPs),
-        ``val_loss`` in nats/char, ``lr`` of that trial, ``n_trials`` completed at that width;
-        sorted by dataset, variant, budget, width.
-    """
+    """:data:`ISOFLOP_COLUMNS`: per dataset x variant x budget of ``trials``
+    (``RunOutputs.scaling_trials``), the best completed trial of the lowest rung (the one that
+    spans the widths) at each width, ``trial_flops`` its compute (FLOPs), ``n_trials`` there."""
     need = {"budget_flops", "rung", "state", "value", "params_d_model", "params_lr",
             "budget_fraction"}
     if trials.empty or not need <= set(trials.columns):
@@ -60,27 +39,22 @@ def isoflop_points(trials: pd.DataFrame) -> pd.DataFrame:
 
 
 def optimal_width(d_model: np.ndarray, loss: np.ndarray) -> tuple[float, str]:
-    """``(width, method)``: the vertex of the parabola loss = a (log d)^2 + b log d + c where
-    there are 3+ widths, a > 0 and the vertex lies within the widths; else the width of the
-    lowest loss (:data:`BEST`)."""
+    """``(width, method)``: the vertex of the parabola in log d fitted to 3+ widths if it opens
+    upwards and lies within them (:data:`PARABOLA`), else the width of the lowest loss."""
     d_model, loss = np.asarray(d_model, dtype=float), np.asarray(loss, dtype=float)
     if not len(d_model):
         return math.nan, ""
     if len(d_model) >= 3:
         a, b, _ = np.polyfit(np.log(d_model), loss, 2)
-        if a > 0:
-            vertex = math.exp(-b / (2 * a))
-            if d_model.min() <= vertex <= d_model.max():
-                return float(vertex), PARABOLA
+        vertex = math.exp(-b / (2 * a)) if a > 0 else math.nan
+        if d_model.min() <= vertex <= d_model.max():
+            return float(vertex), PARABOLA
     return float(d_model[int(np.argmin(loss))]), BEST
 
 
 def optimal_widths(points: pd.DataFrame, tuned: pd.DataFrame) -> pd.DataFrame:
-    """The compute-optimal width of each dataset x variant x budget from
-    :func:`isoflop_points` (:func:`optimal_width` of the widths tried at two or more learning
-    rates where there are three such, else of every width), with the width tuning chose
-    (``tuned``: ``budget_flops`` and :data:`~lmablate.report.collect.TUNED_COLUMNS`, one row
-    per budget). Columns :data:`OPTIMAL_COLUMNS`."""
+    """:data:`OPTIMAL_COLUMNS`: :func:`optimal_width` per dataset x variant x budget of
+    ``points``, with the width tuning chose (``tuned``, one row per budget)."""
     rows = []
     for (dataset, variant, budget), group in points.groupby(
             ["dataset", "variant", "budget_flops"], observed=True, sort=True):

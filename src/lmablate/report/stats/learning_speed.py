@@ -1,43 +1,16 @@
-"""How fast each variant learns arithmetic: training tokens until a seed's answers reach an
-exact match, as a time-to-event outcome.
-
-- **Tokens to learn** (:func:`tokens_to_learn`): per seed and threshold of
-  :data:`THRESHOLDS`, the training tokens at the first evaluation whose probe exact match
-  (``history.csv``'s ``val_exact_match``, :mod:`lmablate.evaluate.answer_probe`) reaches the
-  threshold; a seed that never does is censored at its last evaluation (it had not learned by the
-  end of its budget).
-- **Per variant** (:func:`speed_table`): the Kaplan-Meier estimate of the share of seeds that
-  have learned against training tokens (Kaplan & Meier 1958;
-  ``statsmodels.duration.survfunc.SurvfuncRight``), its median tokens to learn with the 95%
-  interval of the median (``SurvfuncRight.quantile_ci``, Brookmeyer & Crowley 1982 on the
-  log-log scale; infinite where the share learned never passes one half), and the seeds that
-  learned. lifelines, the usual library for this, requires pandas < 3, which would take this
-  project's pandas back a major version; statsmodels computes the same estimator.
-- **Against the baseline** (:func:`compare_speed`): the log-rank test (Mantel 1966;
-  ``statsmodels.duration.survfunc.survdiff``) of the two variants' seeds, the seeds that never
-  learned censored at the end of their budget, two-sided, Holm-corrected over a dataset's
-  variants; faster or slower by which of the two learned more often than the null expects.
-  It is not stratified by seed: with one run per variant and seed the stratified test is a
-  sign test on which of a pair learned first, which on 5 seeds cannot go below p = 0.0625,
-  and a seed's two runs learn at unrelated times (a brute-force grid of the baseline and rope,
-  4 seeds: no correlation), so pairing buys nothing. Who learned first per seed is still
-  counted. The effect is the geometric mean over seeds of the ratio of tokens to learn
-  (variant / baseline) where both learned, with its 95% t-interval, and its minimum detectable
-  ratio.
-
-Tokens are training tokens (``history.csv``'s ``tokens``: steps x batch x context); ratios are
-unitless; exact match a fraction.
-"""
+"""How fast each variant learns arithmetic: training tokens (steps x batch x context) until a
+seed's probe exact match reaches a threshold, a time-to-event outcome (censored at the last
+evaluation). Ratios unitless, exact match a fraction."""
 
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Sequence
+from typing import Sequence
 
 import numpy as np
 import pandas as pd
 from scipy import stats
-from statsmodels.duration.survfunc import survdiff
+from statsmodels.duration.survfunc import SurvfuncRight, survdiff
 
 from lmablate.report.collect import BASELINE, present
 from lmablate.report.stats.statistics import (ALPHA, CONFIDENCE, MIN_SEEDS_FOR_TEST, VERDICT_FEW,
@@ -50,62 +23,43 @@ TABLE_COLUMNS = ["dataset", "variant", "threshold", "n_seeds", "n_learned", "med
 COMPARISON_COLUMNS = ["dataset", "variant", "threshold", "n_pairs", "variant_first",
                       "baseline_first", "ties", "p_value", "p_holm", "n_both", "ratio",
                       "ratio_low", "ratio_high", "mde_ratio", "verdict"]
-VERDICT_FASTER = "faster"
-VERDICT_SLOWER = "slower"
+VERDICT_FASTER, VERDICT_SLOWER = "faster", "slower"
 
 
 def tokens_to_learn(history: pd.DataFrame, thresholds: Sequence[float] = THRESHOLDS
                     ) -> pd.DataFrame:
-    """One row per dataset x variant x seed x threshold of the probed runs in ``history``
-    (:attr:`~lmablate.report.collect.RunOutputs.history`: the headline budget's rows):
-    ``tokens`` at the first evaluation whose ``val_exact_match`` reaches the threshold
-    (``learned`` True), or at the last evaluation (``learned`` False: censored). Runs without
-    a probe (no ``val_exact_match``) give no rows.
-
-    Returns:
-        Columns :data:`SPEED_COLUMNS`, by dataset and variant in the order of ``history``'s
-        categorical columns (the study order), then seed; those columns keep their dtype.
-    """
+    """:data:`SPEED_COLUMNS` per probed run of ``history`` and threshold, in study order:
+    ``tokens`` at the first evaluation whose ``val_exact_match`` reaches it (``learned``), or at
+    the last one (censored)."""
     if history.empty or "val_exact_match" not in history:
         return pd.DataFrame(columns=SPEED_COLUMNS)
-    h = history.dropna(subset=["val_exact_match"])
     rows = []
-    # sorted: categorical datasets and variants in the study order, then seeds
-    for (ds, variant, seed), g in h.groupby(["dataset", "variant", "seed"], observed=True,
-                                           sort=True):
+    for (ds, variant, seed), g in history.dropna(subset=["val_exact_match"]).groupby(
+            ["dataset", "variant", "seed"], observed=True, sort=True):
         g = g.sort_values("step")
         em, tokens = g["val_exact_match"].to_numpy(float), g["tokens"].to_numpy(float)
         for threshold in thresholds:
             hit = np.flatnonzero(em >= threshold)
             rows.append({"dataset": ds, "variant": variant, "seed": int(seed),
-                         "threshold": threshold,
-                         "tokens": float(tokens[hit[0]] if len(hit) else tokens[-1]),
-                         "learned": bool(len(hit))})
+                         "threshold": threshold, "learned": bool(len(hit)),
+                         "tokens": float(tokens[hit[0]] if len(hit) else tokens[-1])})
     out = pd.DataFrame(rows, columns=SPEED_COLUMNS)
-    for col in ("dataset", "variant"):  # keep the study order for the tables built on it
+    for col in ("dataset", "variant"):  # the study order
         out[col] = out[col].astype(str).astype(history[col].dtype)
     return out
 
 
 def _fitter(g: pd.DataFrame):
-    """The Kaplan-Meier estimate of the share of ``g``'s seeds not yet learned (the event is
-    "learned"), or None when no seed learned (the estimate is 1 throughout)."""
-    from statsmodels.duration.survfunc import SurvfuncRight  # only the report needs it
-
-    if not g["learned"].any():
-        return None
-    return SurvfuncRight(g["tokens"].to_numpy(float), g["learned"].to_numpy(int))
+    """The Kaplan-Meier estimate of the share not yet learned, or None if none learned."""
+    return SurvfuncRight(g["tokens"].to_numpy(float), g["learned"].to_numpy(int)) \
+        if g["learned"].any() else None
 
 
 def speed_table(speed: pd.DataFrame) -> pd.DataFrame:
-    """Per dataset x variant x threshold: its seeds, how many learned, the Kaplan-Meier median
-    tokens to learn and its :data:`~lmablate.report.stats.statistics.CONFIDENCE` interval
-    (``inf`` where the share learned does not pass one half, or its bound does not), and
-    ``budget_tokens``, the most tokens any of its seeds trained.
-
-    Returns:
-        Columns :data:`TABLE_COLUMNS`, in the order of ``speed``.
-    """
+    """Columns :data:`TABLE_COLUMNS` per dataset x variant x threshold, in the order of
+    ``speed``: seeds, seeds learned, the Kaplan-Meier (1958) median tokens to learn and its
+    interval (Brookmeyer & Crowley 1982, log-log; ``inf`` where it does not pass one half),
+    and the most tokens any seed trained."""
     if speed.empty:
         return pd.DataFrame(columns=TABLE_COLUMNS)
     rows = []
@@ -127,57 +81,46 @@ def speed_table(speed: pd.DataFrame) -> pd.DataFrame:
 
 def share_learned_curves(speed: pd.DataFrame, dataset: str, threshold: float
                          ) -> dict[str, pd.DataFrame]:
-    """variant -> the Kaplan-Meier share of seeds that have learned (1 - survival) against
-    training tokens, with its pointwise :data:`~lmablate.report.stats.statistics.CONFIDENCE`
-    interval (Greenwood's standard error on the log-log scale, Kalbfleisch & Prentice 2002,
-    eq. 1.13, as lifelines draws it): columns ``tokens``, ``share``, ``low``, ``high``
-    (fractions), a step function that starts at 0 tokens with a share of 0."""
+    """variant -> the Kaplan-Meier share of seeds learned against tokens with its pointwise
+    interval (Greenwood's SE, log-log: Kalbfleisch & Prentice 2002, eq. 1.13): a step function
+    from (0, 0), columns ``tokens``, ``share``, ``low``, ``high`` (fractions)."""
     s = speed[(speed["dataset"] == dataset) & (speed["threshold"] == threshold)]
     z = stats.norm.ppf(0.5 + CONFIDENCE / 2)
     out = {}
     for variant in present(s["variant"]):
         km = _fitter(s[s["variant"] == variant])
-        times = km.surv_times if km is not None else np.array([])
-        surv = km.surv_prob if km is not None else np.array([])
-        se = km.surv_prob_se if km is not None else np.array([])
+        times, surv, se = ((km.surv_times, km.surv_prob, km.surv_prob_se) if km is not None
+                           else (np.array([]),) * 3)
         with np.errstate(all="ignore"):  # S = 0 or 1: no spread on the log-log scale
             v = z * se / np.abs(surv * np.log(surv))
             low_s, high_s = surv ** np.exp(v), surv ** np.exp(-v)
         inner = (surv > 0) & (surv < 1) & np.isfinite(v)
-        low_s, high_s = np.where(inner, low_s, surv), np.where(inner, high_s, surv)
         out[str(variant)] = pd.DataFrame({
-            "tokens": np.concatenate([[0.0], times]),
-            "share": np.concatenate([[0.0], 1 - surv]),
-            "low": np.concatenate([[0.0], 1 - high_s]),
-            "high": np.concatenate([[0.0], 1 - low_s])})
+            k: np.concatenate([[0.0], x]) for k, x in (
+                ("tokens", times), ("share", 1 - surv),
+                ("low", 1 - np.where(inner, high_s, surv)),
+                ("high", 1 - np.where(inner, low_s, surv)))})
     return out
 
 
-def _first(b: Mapping[str, Any], v: Mapping[str, Any]) -> int:
-    """+1 when the variant's seed learned first, -1 when the baseline's did, 0 for a tie."""
-    if not (b["learned"] or v["learned"]):
-        return 0
-    if v["learned"] and (not b["learned"] or v["tokens"] < b["tokens"]):
-        return 1
-    if b["learned"] and (not v["learned"] or b["tokens"] < v["tokens"]):
-        return -1
-    return 0
+def _first(b: pd.Series, v: pd.Series) -> int:
+    """+1 when the variant learned first, -1 when the baseline did, 0 for a tie."""
+    if v["learned"] != b["learned"]:
+        return 1 if v["learned"] else -1
+    return int(v["tokens"] < b["tokens"]) - int(b["tokens"] < v["tokens"]) if v["learned"] else 0
 
 
 def log_rank(base: pd.DataFrame, var: pd.DataFrame) -> tuple[float, float]:
-    """The log-rank test of two variants' tokens to learn (rows of :data:`SPEED_COLUMNS`,
-    censored where not ``learned``): ``(p, o_minus_e)``, the two-sided p-value and the
-    variant's observed minus expected seeds learned (> 0: it learned sooner). p is 1 where
-    the test has nothing to compare (no seed learned, or every event at one time)."""
+    """The log-rank test (Mantel 1966) of two variants' rows of :data:`SPEED_COLUMNS`:
+    ``(p, o_minus_e)``, the two-sided p-value (1 with nothing to compare) and the variant's
+    observed minus expected seeds learned (> 0: sooner)."""
     time = np.concatenate([base["tokens"].to_numpy(float), var["tokens"].to_numpy(float)])
     status = np.concatenate([base["learned"].to_numpy(bool), var["learned"].to_numpy(bool)])
     group = np.repeat([0, 1], [len(base), len(var)])
-    o_minus_e = 0.0
+    o_minus_e, ours = 0.0, group == 1
     for t in np.unique(time[status]):
-        at_risk = time >= t
-        events = status & (time == t)
-        o_minus_e += events[group == 1].sum() - events.sum() * (
-            at_risk[group == 1].sum() / at_risk.sum())
+        events, at_risk = status & (time == t), time >= t
+        o_minus_e += events[ours].sum() - events.sum() * (at_risk[ours].sum() / at_risk.sum())
     try:
         _, p = survdiff(time, status.astype(int), group)
     except np.linalg.LinAlgError:  # no variance: nothing learned, or all at one evaluation
@@ -187,22 +130,10 @@ def log_rank(base: pd.DataFrame, var: pd.DataFrame) -> tuple[float, float]:
 
 def compare_speed(speed: pd.DataFrame, baseline: str = BASELINE,
                   alpha: float = ALPHA) -> pd.DataFrame:
-    """Every variant against ``baseline`` in tokens to learn, per dataset and threshold (see
-    the module docstring): the pairs of a seed won by each and the ties, the log-rank test's
-    p-value (:func:`log_rank`) and its Holm correction over the dataset's variants at the
-    threshold, the
-    geometric mean ratio of tokens to learn (variant / baseline) over the pairs where both
-    learned with its t-interval, and the smallest ratio above 1 that a paired t-test of the log
-    ratios would detect with 80% power at Holm's strictest level (``mde_ratio``, from their
-    spread: :func:`~lmablate.report.stats.statistics.min_detectable_effect`). The verdict is
-    faster or slower (the sign of the variant's observed minus expected) when Holm rejects,
-    too few seeds below
-    :data:`~lmablate.report.stats.statistics.MIN_SEEDS_FOR_TEST` pairs, else no significant
-    difference.
-
-    Returns:
-        Columns :data:`COMPARISON_COLUMNS`; rows by dataset, threshold, then variant.
-    """
+    """:data:`COMPARISON_COLUMNS` of each variant against ``baseline`` per dataset and threshold:
+    seeds won, :func:`log_rank` (unstratified: a seed's two runs learn at unrelated times) with
+    Holm over the variants, the geometric mean ratio of tokens where both learned with its
+    t-interval and :func:`~lmablate.report.stats.statistics.min_detectable_effect` (80%)."""
     if speed.empty:
         return pd.DataFrame(columns=COMPARISON_COLUMNS)
     rows: list[dict] = []
@@ -215,15 +146,20 @@ def compare_speed(speed: pd.DataFrame, baseline: str = BASELINE,
             found = [_speed_row(ds, variant, threshold, base,
                                 s[s["variant"] == variant].set_index("seed"))
                      for variant in present(s["variant"]) if variant != baseline]
-            _judge_speed(found, alpha)
+            family = [i for i, r in enumerate(found) if "_o_minus_e" in r]
+            for i, rej in zip(family, holm_p(found, family, alpha)):
+                r = found[i]  # its working _sd and _o_minus_e are no column
+                if rej:
+                    r["verdict"] = VERDICT_FASTER if r["_o_minus_e"] > 0 else VERDICT_SLOWER
+                if "_sd" in r:
+                    r["mde_ratio"] = float(np.exp(min_detectable_effect(
+                        r["_sd"], r["n_both"], alpha / len(family))))
             rows += found
     return pd.DataFrame(rows, columns=COMPARISON_COLUMNS)
 
 
 def _speed_row(ds: str, variant: str, threshold: float, base: pd.DataFrame,
                var: pd.DataFrame) -> dict:
-    """One variant's row of :data:`COMPARISON_COLUMNS` before Holm's correction, from its and
-    the baseline's speed rows (indexed by seed); ``_o_minus_e`` where tested."""
     seeds = sorted(set(base.index) & set(var.index))
     signs = [_first(base.loc[k], var.loc[k]) for k in seeds]
     both = [k for k in seeds if base.loc[k, "learned"] and var.loc[k, "learned"]]
@@ -232,37 +168,16 @@ def _speed_row(ds: str, variant: str, threshold: float, base: pd.DataFrame,
            "n_pairs": len(seeds), "variant_first": signs.count(1),
            "baseline_first": signs.count(-1), "ties": signs.count(0),
            "p_value": math.nan, "p_holm": math.nan, "n_both": len(both),
+           "ratio": float(np.exp(logs.mean())) if len(logs) else math.nan,
            "ratio_low": math.nan, "ratio_high": math.nan, "mde_ratio": math.nan,
-           "verdict": VERDICT_FEW, **_ratio_interval(logs)}
+           "verdict": VERDICT_FEW}
+    if len(logs) > 1 and np.ptp(logs) > 0:
+        low, high = stats.t.interval(CONFIDENCE, len(logs) - 1, loc=logs.mean(),
+                                     scale=stats.sem(logs))
+        row.update(ratio_low=float(np.exp(low)), ratio_high=float(np.exp(high)),
+                   _sd=float(np.std(logs, ddof=1)))
     if len(seeds) >= MIN_SEEDS_FOR_TEST:
         row["verdict"] = VERDICT_NSD
         row["p_value"], row["_o_minus_e"] = log_rank(base.loc[seeds], var.loc[seeds])
     return row
 
-
-def _ratio_interval(logs: np.ndarray) -> dict:
-    """The geometric mean ``ratio`` of the log ratios ``logs``; where they vary, its
-    t-interval and their SD (``_sd``, for the detectable ratio)."""
-    out = {"ratio": float(np.exp(logs.mean())) if len(logs) else math.nan}
-    if len(logs) > 1 and np.ptp(logs) > 0:
-        low, high = stats.t.interval(CONFIDENCE, len(logs) - 1, loc=logs.mean(),
-                                     scale=stats.sem(logs))
-        out.update(ratio_low=float(np.exp(low)), ratio_high=float(np.exp(high)),
-                   _sd=float(np.std(logs, ddof=1)))
-    return out
-
-
-def _judge_speed(rows: list[dict], alpha: float) -> None:
-    """Holm's correction over the tested ``rows`` of one dataset and threshold, in place: the
-    verdict of each rejected row and ``mde_ratio``; the working ``_sd``/``_o_minus_e`` dropped."""
-    family = [i for i, r in enumerate(rows) if "_o_minus_e" in r]
-    for i, rej in zip(family, holm_p(rows, family, alpha)):
-        r = rows[i]
-        if rej:
-            r["verdict"] = VERDICT_FASTER if r["_o_minus_e"] > 0 else VERDICT_SLOWER
-        if "_sd" in r:
-            r["mde_ratio"] = float(np.exp(min_detectable_effect(
-                r["_sd"], r["n_both"], alpha / len(family))))
-    for r in rows:
-        r.pop("_sd", None)
-        r.pop("_o_minus_e", None)

@@ -1,31 +1,6 @@
-"""Reference points computed from the data alone, printed next to model results in a report.
-
-A test loss or an exact-match score means little on its own: these say what a model gets for
-free. Two kinds:
-
-* **n-gram cross-entropies** of a character corpus (:func:`ngram_cross_entropy`,
-  :func:`ngram_references`): what counting unigrams, bigrams and trigrams in the train split
-  achieves on the test split, in nats/char. A transformer that cannot beat the trigram has
-  learned little beyond local character statistics. Worse than them all, the uniform prediction
-  (:func:`uniform_cross_entropy`, ``ln(vocab_size)``): the loss a model starts from.
-* **constant answers** for the arithmetic task (:func:`constant_answer_scores`,
-  :func:`best_constant_answer`, :func:`most_frequent_answer`, :func:`all_zeros_answer`): the
-  character accuracy and exact match of an answer that ignores the question. Leading zero
-  padding and the closing ``$`` make character accuracy far from 0 for such answers.
-* **the answer-position floor** (:func:`answer_position_floor`): the answer loss, in nats per
-  answer character, of the best predictor that ignores the question, the character
-  frequencies of the training answers at each answer position (:data:`ANSWER_SMOOTHING`).
-
-Smoothing (:data:`NGRAM_SMOOTHING`) is interpolated Kneser-Ney with one absolute discount
-``D = 0.75`` over an add-one unigram, vectorised with numpy (no loop over tokens). Sources:
-R. Kneser and H. Ney, "Improved backing-off for m-gram language modeling", ICASSP 1995; S. F.
-Chen and J. Goodman, "An empirical study of smoothing techniques for language modeling",
-Harvard TR-10-98 (1998) / Computer Speech and Language 13:359-394 (1999), the interpolated form
-of Kneser-Ney smoothing. The formulas are in :func:`ngram_cross_entropy`.
-
-Numpy and the standard library only: the report stage imports this, and a stage start-up pays
-for every import.
-"""
+"""What a model gets for free, from the data alone: n-gram and uniform cross-entropies of a
+character corpus (nats/char), and arithmetic answers that ignore the question. Numpy and the
+standard library only (a stage start-up pays for every import)."""
 
 from __future__ import annotations
 
@@ -34,44 +9,42 @@ from typing import Sequence
 
 import numpy as np
 
-__all__ = [
-    "DISCOUNT", "MAX_ORDER", "NGRAM_SMOOTHING", "ngram_cross_entropy", "ngram_probabilities",
-    "ngram_references", "uniform_cross_entropy", "constant_answer_scores", "best_constant_answer",
-    "most_frequent_answer", "all_zeros_answer", "ANSWER_SMOOTHING", "answer_position_floor",
-]
+__all__ = ["DISCOUNT", "MAX_ORDER", "NGRAM_SMOOTHING", "ngram_cross_entropy", "ngram_probabilities",
+           "ngram_references", "uniform_cross_entropy", "constant_answer_scores",
+           "best_constant_answer", "most_frequent_answer", "all_zeros_answer", "ANSWER_SMOOTHING",
+           "answer_position_floor"]
 
 DISCOUNT = 0.75  # D, the one absolute discount of every order >= 2
 MAX_ORDER = 3  # trigram; every order scores test tokens from index MAX_ORDER - 1 on
 NGRAM_SHORT = "Kneser-Ney"  # the smoothing's name in a figure legend
 NGRAM_SMOOTHING = f"interpolated Kneser-Ney (D = {DISCOUNT}) over an add-one unigram"
 _ORDER_NAMES = {1: "unigram", 2: "bigram", 3: "trigram"}
+ANSWER_SMOOTHING = ("per answer position, the training answers' character frequencies, add-one "
+                    "over the characters of either set")
 
 
-# ---------------------------------------------------------------------------------------------
-# n-gram cross-entropies
-# ---------------------------------------------------------------------------------------------
-
-def _check_vocab_order(order: int, vocab_size: int) -> None:
+def _checked(order: int, vocab_size: int, **splits) -> list[np.ndarray]:
+    """``splits`` as 1-D int64 arrays of ids in [0, vocab_size), ``train`` not empty."""
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, (int, np.integer)) \
             or vocab_size < 1:
         raise ValueError(f"vocab_size must be an integer >= 1, got {vocab_size!r}")
     if isinstance(order, bool) or order not in _ORDER_NAMES:
         raise ValueError(f"order must be 1, 2 or 3 (unigram, bigram, trigram), got {order!r}")
-
-
-def _check_ids(name: str, ids, vocab_size: int) -> np.ndarray:
-    """``ids`` as a 1-D int64 array, every id in [0, vocab_size)."""
-    ids = np.asarray(ids)
-    if ids.ndim != 1:
-        raise ValueError(f"{name} must be a 1-D array of token ids, got shape {ids.shape}")
-    if ids.size and not np.issubdtype(ids.dtype, np.integer):
-        raise ValueError(f"{name} must hold integer token ids, got dtype {ids.dtype}")
-    ids = ids.astype(np.int64)
-    bad = np.flatnonzero((ids < 0) | (ids >= vocab_size))
-    if bad.size:
-        raise ValueError(f"{name}[{bad[0]}] = {ids[bad[0]]} is outside [0, vocab_size = "
-                         f"{vocab_size}); {bad.size} ids of {name} are")
-    return ids
+    out = []
+    for name, ids in splits.items():
+        ids = np.asarray(ids)
+        if ids.ndim != 1:
+            raise ValueError(f"{name} must be a 1-D array of token ids, got shape {ids.shape}")
+        if ids.size and not np.issubdtype(ids.dtype, np.integer):
+            raise ValueError(f"{name} must hold integer token ids, got dtype {ids.dtype}")
+        out.append(ids.astype(np.int64))
+        bad = np.flatnonzero((out[-1] < 0) | (out[-1] >= vocab_size))
+        if bad.size:
+            raise ValueError(f"{name}[{bad[0]}] = {out[-1][bad[0]]} is outside [0, vocab_size = "
+                             f"{vocab_size}); {bad.size} ids of {name} are")
+    if splits and not out[0].size:
+        raise ValueError("train is empty: there is nothing to count n-grams in")
+    return out
 
 
 def _codes(ids: np.ndarray, k: int, vocab_size: int) -> np.ndarray:
@@ -93,9 +66,7 @@ def _lookup(keys: np.ndarray, values: np.ndarray, queries: np.ndarray) -> np.nda
 
 def _interpolate(grams: np.ndarray, counts: np.ndarray, queries: np.ndarray,
                  lower: np.ndarray, vocab_size: int) -> np.ndarray:
-    """P_k(w | h) at ``queries`` (codes of h w) given k-gram ``counts`` a_k(h, w) at the sorted
-    codes ``grams`` and P_{k-1}(w | h') at the same queries (``lower``); see the formula in
-    :func:`ngram_cross_entropy`."""
+    """P_k at ``queries`` (codes h w), from a_k at the sorted ``grams`` and P_{k-1} (``lower``)."""
     contexts, start, types = np.unique(grams // vocab_size, return_index=True,
                                        return_counts=True)  # h, and T(h)
     totals = np.add.reduceat(counts, start) if counts.size else counts  # S(h)
@@ -108,81 +79,40 @@ def _interpolate(grams: np.ndarray, counts: np.ndarray, queries: np.ndarray,
     return p
 
 
-def _probabilities_at(train: np.ndarray, grams: np.ndarray, order: int,
-                      vocab_size: int) -> np.ndarray:
-    """P_order(w | h) at each query code ``grams`` (of ``order`` tokens h w)."""
-    V = vocab_size
-    p = (np.bincount(train, minlength=V)[grams % V] + 1) / (len(train) + V)  # P_1
-    if order == 1:
-        return p
-    top, top_counts = np.unique(_codes(train, order, V), return_counts=True)  # raw c(h w)
-    if order == 3:
-        # continuation counts N1+(. v w): distinct left contexts u of each bigram v w
-        cont, cont_counts = np.unique(top % (V * V), return_counts=True)
-        p = _interpolate(cont, cont_counts, grams % (V * V), p, V)
-    return _interpolate(top, top_counts, grams, p, V)
-
-
 def ngram_cross_entropy(train: np.ndarray, test: np.ndarray, order: int,
                         vocab_size: int) -> float:
-    """Cross-entropy (nats/char) on ``test`` of an interpolated Kneser-Ney n-gram model
-    counted on ``train``.
+    """Cross-entropy (nats/char) on ``test`` of an interpolated Kneser-Ney model of ``order``
+    1-3 counted on ``train`` (1-D integer ids in [0, vocab_size)): ``-mean_i log P_order(test[i]
+    | test[i-order+1:i])`` over the test tokens from index 2 on, the same for every order.
 
-    ``train``, ``test``: 1-D integer arrays of token ids in [0, vocab_size) (any integer dtype).
-    ``order``: 1 (unigram), 2 (bigram) or 3 (trigram).
+    V = ``vocab_size``, N = ``len(train)``, D = :data:`DISCOUNT`, c(x) the count of the n-gram x
+    in ``train`` (Kneser & Ney, ICASSP 1995; Chen & Goodman, TR-10-98, 1998, interpolated; the
+    add-one unigram is ours), h' = h without its first token::
 
-    **Scored tokens.** Every test token from index ``MAX_ORDER - 1 = 2`` on, for every order, so
-    the three numbers are means over the same ``len(test) - 2`` tokens and comparable; the
-    context of ``test[i]`` is the ``order - 1`` test tokens before it. Counts come from n-grams
-    inside ``train`` only. Result: ``-mean_i log P_order(test[i] | test[i-order+1:i])``.
-
-    **Formulas.** V = ``vocab_size``, N = ``len(train)``, D = :data:`DISCOUNT` = 0.75, c(x) the
-    number of occurrences of the n-gram x in ``train``. At the bottom, an add-one (Laplace)
-    unigram over the whole vocabulary, so no token has probability zero::
-
-        P_1(w) = (c(w) + 1) / (N + V)
-
-    Each order k = 2..``order`` (context h of k - 1 tokens, h' = h without its first token,
-    P_1 ignores its context) discounts a count a_k(h, w) and interpolates with order k - 1::
-
-        S(h) = sum_w a_k(h, w)                 (the context's total)
-        T(h) = |{w : a_k(h, w) > 0}|           (distinct words after h)
+        P_1(w) = (c(w) + 1) / (N + V);  S(h) = sum_w a_k(h, w);  T(h) = |{w : a_k(h, w) > 0}|
         P_k(w | h) = (max(a_k(h, w) - D, 0) + D * T(h) * P_{k-1}(w | h')) / S(h)   if S(h) > 0
         P_k(w | h) = P_{k-1}(w | h')                                               if S(h) = 0
 
-    The highest order (k = ``order``) uses raw counts, a_k(h, w) = c(h w); a lower order
-    k < ``order`` uses Kneser-Ney continuation counts, a_k(h, w) = N1+(. h w) = |{u : c(u h w)
-    > 0}|, the number of distinct tokens seen before h w. Every a_k > 0 is an integer >= 1 > D,
-    so the discounted mass is exactly D * T(h) / S(h) and each P_k(. | h) sums to 1 over the
-    vocabulary. (Chen & Goodman 1998 interpolate Kneser-Ney down to a continuation unigram; the
-    add-one unigram at the bottom is this module's choice, so unseen characters stay finite.)
-
-    Sources: Kneser & Ney, ICASSP 1995; Chen & Goodman, "An empirical study of smoothing
-    techniques for language modeling", TR-10-98 (1998), interpolated Kneser-Ney.
-
-    Vectorised: n-grams become integer codes (``a*V*V + b*V + c``) counted with ``np.unique``;
-    a 1M-token train and 50k-token test split with V = 65 take well under a second.
-
-    Raises ValueError (naming the argument) for ``order`` not in {1, 2, 3}, ``vocab_size`` < 1,
-    a split not 1-D or not of integers, ids outside [0, vocab_size), an empty ``train``, or a
-    ``test`` of fewer than 3 tokens (no scored token).
-    """
-    _check_vocab_order(order, vocab_size)
-    train = _check_ids("train", train, vocab_size)
-    test = _check_ids("test", test, vocab_size)
-    if not train.size:
-        raise ValueError("train is empty: there is nothing to count n-grams in")
+    with a_k(h, w) = c(h w) at the highest order, else N1+(. h w) = |{u : c(u h w) > 0}|.
+    Raises ValueError (naming the argument) for a bad ``order``, ``vocab_size`` or id, an empty
+    ``train``, or a ``test`` of fewer than 3 tokens."""
+    train, test = _checked(order, vocab_size, train=train, test=test)
     if len(test) < MAX_ORDER:
         raise ValueError(f"test has {len(test)} tokens; scoring starts at index {MAX_ORDER - 1}, "
                          f"so it needs at least {MAX_ORDER} for one scored token")
-    grams = _codes(test[MAX_ORDER - order:], order, vocab_size)  # ends at test[2:]
-    p = _probabilities_at(train, grams, order, vocab_size)
+    V = vocab_size
+    grams = _codes(test[MAX_ORDER - order:], order, V)  # ends at test[2:]
+    p = (np.bincount(train, minlength=V)[grams % V] + 1) / (len(train) + V)  # P_1
+    if order > 1:
+        top, top_counts = np.unique(_codes(train, order, V), return_counts=True)  # c(h w)
+        if order == 3:  # N1+(. v w): distinct left contexts u of each bigram v w
+            cont, cont_counts = np.unique(top % (V * V), return_counts=True)
+            p = _interpolate(cont, cont_counts, grams % (V * V), p, V)
+        p = _interpolate(top, top_counts, grams, p, V)
     return float(-np.log(p).mean())
 
 
 def _interpolate_dense(counts: np.ndarray, lower: np.ndarray) -> np.ndarray:
-    """Dense P_k(w | h) over all h, w from the dense counts a_k (shape (V,) * k) and P_{k-1}
-    broadcast to the same shape."""
     total = counts.sum(-1, keepdims=True)
     types = (counts > 0).sum(-1, keepdims=True)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -191,72 +121,50 @@ def _interpolate_dense(counts: np.ndarray, lower: np.ndarray) -> np.ndarray:
 
 
 def ngram_probabilities(train: np.ndarray, order: int, vocab_size: int) -> np.ndarray:
-    """The whole conditional table of :func:`ngram_cross_entropy`'s model, shape
-    ``(vocab_size,) * order``: ``table[..., w]`` = P_order(w | context), the context being the
-    leading ``order - 1`` indices. Each row ``table[h]`` sums to 1.
-
-    A dense second implementation of the same formulas (V ** order floats: for checks and small
-    vocabularies). Raises ValueError as :func:`ngram_cross_entropy` does.
-    """
-    _check_vocab_order(order, vocab_size)
-    train = _check_ids("train", train, vocab_size)
-    if not train.size:
-        raise ValueError("train is empty: there is nothing to count n-grams in")
+    """:func:`ngram_cross_entropy`'s model as a dense table (for checks), shape
+    ``(vocab_size,) * order``, ``table[..., w]`` = P(w | the leading indices). Raises as it."""
+    train, = _checked(order, vocab_size, train=train)
     V = vocab_size
     p = (np.bincount(train, minlength=V) + 1) / (len(train) + V)
     if order == 1:
         return p
     top = np.bincount(_codes(train, order, V), minlength=V ** order).reshape((V,) * order)
     if order == 3:
-        p = _interpolate_dense((top > 0).sum(0), p[None, :])  # N1+(. v w)
-        p = p[None, :, :]
+        p = _interpolate_dense((top > 0).sum(0), p[None, :])[None, :, :]  # N1+(. v w)
     return _interpolate_dense(top, p)
 
 
 def ngram_references(train: np.ndarray, test: np.ndarray, vocab_size: int) -> dict[str, float]:
-    """``{"unigram", "bigram", "trigram"}``: :func:`ngram_cross_entropy` of each order, nats/char,
-    all over the same test tokens (index 2 on). Raises ValueError as that function does."""
+    """``{"unigram", "bigram", "trigram"}`` -> :func:`ngram_cross_entropy`."""
     return {name: ngram_cross_entropy(train, test, order, vocab_size)
             for order, name in _ORDER_NAMES.items()}
 
 
 def uniform_cross_entropy(vocab_size: int) -> float:
-    """``ln(vocab_size)``, nats/char: the cross-entropy of the uniform prediction over the
-    vocabulary, whatever the text. It is a model's loss at initialisation when its logits start
-    equal (near zero); the report's learning-rate sensitivity counts a diverged run at this
-    loss (:func:`lmablate.report.stats.sensitivity.lr_sensitivity`). Raises ValueError unless
-    ``vocab_size`` is an integer >= 1."""
-    _check_vocab_order(1, vocab_size)
+    """``ln(vocab_size)`` (nats/char), a model's loss at initialisation; ValueError if < 1."""
+    _checked(1, vocab_size)
     return float(np.log(vocab_size))
 
 
-# ---------------------------------------------------------------------------------------------
-# constant answers for the arithmetic task
-# ---------------------------------------------------------------------------------------------
-
-def _check_lengths(targets: Sequence[str], length: int, what: str) -> None:
+def _check_lengths(targets: Sequence[str], what: str = "targets[0]", length: int | None = None,
+                   name: str = "targets", least: int = 1) -> int:
     if not len(targets):
-        raise ValueError("targets is empty: there is no problem to score")
-    if length < 1:
+        raise ValueError(f"{name} is empty: there is no answer to count or score")
+    length = len(targets[0]) if length is None else length
+    if length < least:
         raise ValueError(f"{what} has length {length}; answers need at least one character")
     for i, target in enumerate(targets):
         if len(target) != length:
-            raise ValueError(f"targets[{i}] has length {len(target)} but {what} has length "
-                             f"{length}; all answers must have the same length")
+            raise ValueError(f"{name}[{i}] has length {len(target)} but {what} has length "
+                             f"{length}; all answers must have one length")
+    return length
 
 
 def constant_answer_scores(targets: Sequence[str], answer: str) -> dict:
-    """Scores of answering ``answer`` to every problem, defined as the model's scores are.
-
-    ``char_accuracy``: share of all answer positions (every problem, every position, the final
-    ``$`` included) where ``answer`` equals the target, in [0, 1]. ``exact_match``: share of
-    problems whose whole target equals ``answer``, in [0, 1]; ``solved`` is their number.
-
-    Returns ``{"answer", "char_accuracy", "exact_match", "n_problems", "solved"}``. Raises
-    ValueError if ``targets`` is empty, ``answer`` is empty, or a target's length differs from
-    ``answer``'s (naming the first such index and both lengths).
-    """
-    _check_lengths(targets, len(answer), "answer")
+    """``{"answer", "char_accuracy", "exact_match", "n_problems", "solved"}`` of answering
+    ``answer`` to every problem (shares of positions, ``$`` included, and of answers). Raises
+    ValueError for empty ``targets`` or ``answer``, or a target of another length."""
+    _check_lengths(targets, "answer", len(answer))
     matches = sum(a == b for target in targets for a, b in zip(target, answer))
     solved = sum(target == answer for target in targets)
     return {"answer": answer, "char_accuracy": matches / (len(targets) * len(answer)),
@@ -264,84 +172,46 @@ def constant_answer_scores(targets: Sequence[str], answer: str) -> dict:
 
 
 def _mode(counts: Counter):
-    """The most common key; ties go to the smallest, so the choice is deterministic."""
     return min(counts.items(), key=lambda kv: (-kv[1], kv[0]))[0]
 
 
 def best_constant_answer(targets: Sequence[str]) -> dict:
-    """The constant answer of highest character accuracy on ``targets``, scored by
-    :func:`constant_answer_scores`: at each position the most frequent target character (ties
-    to the smallest character).
-
-    It is chosen on the very targets it is scored on, so its character accuracy is an upper
-    bound for any constant answer: an oracle floor that a model must beat to show that it reads
-    the question. Raises ValueError for empty ``targets`` or unequal lengths (first bad index).
-    """
-    _check_lengths(targets, len(targets[0]) if len(targets) else 0, "targets[0]")
-    answer = "".join(_mode(Counter(column)) for column in zip(*targets))
-    return constant_answer_scores(targets, answer)
+    """:func:`constant_answer_scores` of the most frequent character (ties: the smallest) at
+    each position, chosen on the targets scored: an oracle floor. Raises as that function."""
+    _check_lengths(targets)
+    return constant_answer_scores(targets, "".join(_mode(Counter(c)) for c in zip(*targets)))
 
 
 def most_frequent_answer(targets: Sequence[str]) -> dict:
-    """The most frequent whole target (ties to the smallest string), scored by
-    :func:`constant_answer_scores`: the constant answer of highest exact match, chosen on the
-    targets it is scored on like :func:`best_constant_answer`. Raises ValueError as it does."""
-    _check_lengths(targets, len(targets[0]) if len(targets) else 0, "targets[0]")
+    """:func:`constant_answer_scores` of the most frequent target (ties: the smallest)."""
+    _check_lengths(targets)
     return constant_answer_scores(targets, _mode(Counter(targets)))
 
 
 def all_zeros_answer(length: int) -> str:
-    """``"0" * (length - 1) + "$"``: all zeros, then the end mark. Raises ValueError for
-    ``length`` < 1."""
+    """``"0" * (length - 1) + "$"``. Raises ValueError for ``length`` < 1."""
     if length < 1:
         raise ValueError(f"length must be >= 1 (room for the closing '$'), got {length}")
     return "0" * (length - 1) + "$"
 
 
-ANSWER_SMOOTHING = ("per answer position, the training answers' character frequencies, add-one "
-                    "over the characters of either set")
-
-
 def answer_position_floor(train_targets: Sequence[str], test_targets: Sequence[str]) -> float:
-    """Cross-entropy, in nats per answer character, on ``test_targets`` of the best predictor
-    that ignores the question: at each answer position j, the frequencies of the characters at
-    position j of ``train_targets``. It is the answer-loss analogue of the constant answers
-    (:func:`best_constant_answer`): a model whose answer loss is not below it has learned the
-    answers' shape (padding, the closing ``$``, the usual leading digits) but nothing about
-    the question.
-
-    Targets are answers as the model writes them (reversed, the closing ``$`` included), every
-    one of a set of the same length L, the two sets of the same L. With A the characters that
-    occur in either set, N = ``len(train_targets)`` and c_j(x) the count of x at position j of
-    the training answers, the prediction is smoothed add-one over A (:data:`ANSWER_SMOOTHING`,
-    so no test character has probability 0)::
-
-        P_j(x) = (c_j(x) + 1) / (N + |A|)
-        floor = -mean over test answers t and positions j of ln P_j(t[j])
-
-    Raises:
-        ValueError: either set is empty; a set's targets differ in length (naming the set, the
-            first such index and both lengths); the two sets' lengths differ; targets are
-            empty strings.
-    """
-    for name, targets in (("train_targets", train_targets), ("test_targets", test_targets)):
-        if not len(targets):
-            raise ValueError(f"{name} is empty: there is no answer to count or score")
-        for i, target in enumerate(targets):
-            if len(target) != len(targets[0]):
-                raise ValueError(f"{name}[{i}] has length {len(target)} but {name}[0] has "
-                                 f"length {len(targets[0])}; all answers must have one length")
-    width = len(train_targets[0])
-    if width != len(test_targets[0]):
+    """Cross-entropy (nats per answer character) on ``test_targets`` of the best predictor
+    that ignores the question, :data:`ANSWER_SMOOTHING`: with A the characters of either set,
+    N = ``len(train_targets)``, c_j(x) the count of x at position j of the train answers,
+    ``P_j(x) = (c_j(x) + 1) / (N + |A|)``; floor = -mean over t, j of ln P_j(t[j]). Raises
+    ValueError for an empty set, or answers not all of one non-zero length."""
+    width, test_width = (_check_lengths(t, f"{n}[0]", None, n, 0) for n, t in (
+        ("train_targets", train_targets), ("test_targets", test_targets)))
+    if width != test_width:
         raise ValueError(f"train answers have length {width}, test answers "
-                         f"{len(test_targets[0])}; the floor needs one answer width")
+                         f"{test_width}; the floor needs one answer width")
     if width < 1:
         raise ValueError("the answers are empty strings; they need at least the closing '$'")
-    alphabet = set("".join(train_targets)) | set("".join(test_targets))
+    denominator = len(train_targets) + len(set("".join(train_targets) + "".join(test_targets)))
     total = 0.0
     for j, column in enumerate(zip(*test_targets)):
         counts = Counter(target[j] for target in train_targets)
-        denominator = len(train_targets) + len(alphabet)
         total -= sum(k * np.log((counts[x] + 1) / denominator)
                      for x, k in Counter(column).items())
     return float(total / (len(test_targets) * width))
