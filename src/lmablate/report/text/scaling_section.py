@@ -1,10 +1,6 @@
-"""The report's section "How the effects change with compute" for a scaling study (a dataset with
-two or more budgets in ``train.budget_flops``): its tables (:func:`scaling_tables`, written as
-``scaling_*.csv`` by :func:`scaling_csvs`), its figures (:func:`draw_scaling_figures`) and its
-text (:func:`scaling_section`), every number and sentence computed from the tables.
-
-Units: compute in training FLOPs; losses in nats/char (the answer loss per answer character);
-slopes in the loss's unit per decade (a factor of 10) of compute.
+"""The section "How the effects change with compute" of a scaling study (a dataset with two or
+more budgets in ``train.budget_flops``): its tables, CSVs, figures and content. Compute in
+training FLOPs; losses in nats/char; slopes in the loss's unit per decade of compute.
 """
 
 from __future__ import annotations
@@ -25,11 +21,13 @@ from lmablate.report.stats import isoflop as iso
 from lmablate.report.stats import scaling as sc
 from lmablate.report.stats.statistics import COMPARISON_COLUMNS, METRICS
 from lmablate.report.text.dataset_tables import Rows
-from lmablate.report.text.mdtable import interval, join_names, num, verdict_cell
+from lmablate.report.text.mdtable import interval, num, verdict_cell
+from lmablate.report.text.templating import macro_text
 
 # Seed 000's run (conf/profile/seed-scale.yaml's budget: 5,000 steps of 16 x 128 tokens at d_model
 # 96, the posts' scale): the larger budget the fitted curves are extrapolated to
 SEED_SCALE_FLOPS = 6.1023e13
+SCALING = "_scaling.md.j2"  # the section, and its sentences as macros
 
 
 @dataclass(frozen=True, eq=False)
@@ -107,101 +105,78 @@ def draw_scaling_figures(tables: ScalingTables, runs: RunOutputs, fig_dir: Path,
     return {k: p for k, p in drawn.items() if p is not None}
 
 
-def _flops(x: float) -> str:
-    return budget_label(x)
+def _cell(row: Any, name: str) -> str:
+    """``value [low, high]`` of ``name`` (3 significant digits), "–" where not finite."""
+    if not np.isfinite(row[name]):
+        return "–"
+    low, high = row[f"{name}_low"], row[f"{name}_high"]
+    return f"{row[name]:.3g}" + (f" [{low:.3g}, {high:.3g}]" if np.isfinite(low) else "")
 
 
-def _fit_rows(fits: pd.DataFrame, dataset: str) -> Rows:
-    def with_interval(row: pd.Series, name: str, digits: int) -> str:
-        if not np.isfinite(row[name]):
-            return "–"
-        cell = f"{row[name]:.{digits}g}"
-        if np.isfinite(row[f"{name}_low"]):
-            cell += f" [{row[f'{name}_low']:.{digits}g}, {row[f'{name}_high']:.{digits}g}]"
-        return cell
-
-    def e_cell(row: pd.Series) -> str:
-        if row["form"] != sc.SATURATING:
-            return "–"
-        return "0 (at its bound)" if row["note"].startswith("E at its") else with_interval(
-            row, "E", 3)
-
-    rows = [{"variant": r["variant"], "fitted law": r["form"] or "–", "E": e_cell(r),
-             "A": with_interval(r, "A", 3), "α": with_interval(r, "alpha", 3),
-             "bootstrap fits": int(r["n_bootstrap"])}
-            for _, r in fits[fits["dataset"] == dataset].iterrows()]
-    return rows
+def _fit_rows(fits: pd.DataFrame) -> Rows:
+    return [{"variant": r["variant"], "fitted law": r["form"] or "–",
+             "E": "–" if r["form"] != sc.SATURATING else
+             "0 (at its bound)" if r["note"].startswith("E at its") else _cell(r, "E"),
+             "A": _cell(r, "A"), "α": _cell(r, "alpha"), "bootstrap fits": int(r["n_bootstrap"])}
+            for _, r in fits.iterrows()]
 
 
-def _trend_rows(effects: pd.DataFrame, trends: pd.DataFrame, dataset: str,
-                 budgets: Sequence[float]) -> Rows:
+def _at(frame: pd.DataFrame, budget: float) -> pd.DataFrame:
+    return frame[np.isclose(frame["budget_flops"].astype(float), budget)]
+
+
+def _trend_rows(effects: pd.DataFrame, trends: pd.DataFrame, budgets: Sequence[float]) -> Rows:
     rows = []
-    for _, t in trends[trends["dataset"] == dataset].iterrows():
+    for _, t in trends.iterrows():
         row = {"variant": t["variant"]}
         for b in budgets:
-            c = effects[(effects["dataset"] == dataset) & (effects["variant"] == t["variant"])
-                        & np.isclose(effects["budget_flops"].astype(float), b)]
-            row[f"Δ at {_flops(b)}"] = (
-                f"{num(c.iloc[0]['mean_diff'])} {interval(c.iloc[0], 3, 'ci_holm')}"
-                + (f" {verdict_cell(c.iloc[0]['verdict'])}"
-                   if c.iloc[0]["verdict"] in ("better", "worse") else "")) if len(c) else "–"
-        row["slope per decade"] = f"{num(t['slope'])} {interval(t, 3, 'slope_holm')}"
-        row["trend"] = (f"**{t['trend']}**" if t["trend"] in (sc.TREND_GROWS, sc.TREND_SHRINKS)
-                        else t["trend"])
-        row["curves cross at"] = (f"{_flops(t['crossing_flops'])} FLOPs"
-                                  if np.isfinite(t["crossing_flops"]) else "–")
-        rows.append(row)
+            c = _at(effects[effects["variant"] == t["variant"]], b)
+            c = c.iloc[0] if len(c) else None
+            row[f"Δ at {budget_label(b)}"] = "–" if c is None else (
+                f"{num(c['mean_diff'])} {interval(c, 3, 'ci_holm')}"
+                + (f" {verdict_cell(c['verdict'])}" if c["verdict"] in ("better", "worse")
+                   else ""))
+        trend = t["trend"]
+        rows.append(dict(row, **{
+            "slope per decade": f"{num(t['slope'])} {interval(t, 3, 'slope_holm')}",
+            "trend": f"**{trend}**" if trend in (sc.TREND_GROWS, sc.TREND_SHRINKS) else trend,
+            "curves cross at": f"{budget_label(t['crossing_flops'])} FLOPs"
+            if np.isfinite(t["crossing_flops"]) else "–"}))
     return rows
 
 
-def _trend_sentences(trends: pd.DataFrame, dataset: str) -> list[str]:
-    t = trends[trends["dataset"] == dataset]
-    parts = []
-    for label, meaning in ((sc.TREND_GROWS, "the difference to the baseline falls as compute "
-                            "grows"),
-                           (sc.TREND_SHRINKS, "the difference to the baseline rises as compute "
-                            "grows"),
-                           (sc.TREND_NONE, "no slope distinguishable from 0")):
-        names = list(t[t["trend"] == label]["variant"].astype(str))
-        if names:
-            parts.append(f"{label}: {join_names(names)} ({meaning})")
-    crossings = [f"{r['variant']} at about {_flops(r['crossing_flops'])} FLOPs"
+def _trend_sentences(t: pd.DataFrame) -> list[str]:
+    groups = [(label, list(t[t["trend"] == label]["variant"].astype(str)), key)
+              for label, key in ((sc.TREND_GROWS, "falls"), (sc.TREND_SHRINKS, "rises"),
+                                 (sc.TREND_NONE, None))]
+    crossings = [(r["variant"], budget_label(r["crossing_flops"]))
                  for _, r in t.iterrows() if np.isfinite(r["crossing_flops"])]
-    lines = [f"Trend of each effect: {'; '.join(parts)}." if parts else ""]
-    if crossings:
-        lines.append(f"The mean difference changes sign once, between two budgets, so the "
-                     f"curves cross within the measured range: {join_names(crossings)}.")
-    return [x for x in lines if x]
+    text = macro_text(SCALING, "trend_sentences", groups=[g for g in groups if g[1]],
+                      crossings=crossings)
+    return [x for x in text.split("\n") if x]
 
 
-def _optimal_rows(optimal: pd.DataFrame, dataset: str, budgets: Sequence[float],
-                   order: Sequence[str]) -> Rows:
-    rows = []
-    d = optimal[optimal["dataset"] == dataset]
-    for variant in [v for v in order if (d["variant"] == v).any()]:
-        row = {"variant": variant}
-        for b in budgets:
-            o = d[(d["variant"] == variant) & np.isclose(d["budget_flops"].astype(float), b)]
-            if not len(o):
-                row[f"{_flops(b)}"] = "–"
-                continue
-            o = o.iloc[0]
-            mark = "" if o["method"] == iso.PARABOLA else "*"
-            tuned = "–" if pd.isna(o["tuned_d_model"]) else int(o["tuned_d_model"])
-            row[f"{_flops(b)}"] = f"{o['optimal_d_model']:.0f}{mark} (tuned {tuned})"
-        rows.append(row)
-    return rows
+def _optimal_rows(d: pd.DataFrame, budgets: Sequence[float], order: Sequence[str]) -> Rows:
+    def cell(o: pd.DataFrame) -> str:
+        if not len(o):
+            return "–"
+        o = o.iloc[0]
+        tuned = "–" if pd.isna(o["tuned_d_model"]) else int(o["tuned_d_model"])
+        mark = "" if o["method"] == iso.PARABOLA else "*"
+        return f"{o['optimal_d_model']:.0f}{mark} (tuned {tuned})"
+    return [{"variant": v, **{budget_label(b): cell(_at(d[d["variant"] == v], b))
+                              for b in budgets}}
+            for v in order if (d["variant"] == v).any()]
 
 
-def _extrapolation_rows(extrapolation: pd.DataFrame, dataset: str) -> Rows:
-    rows = [{"variant": r["variant"],
+def _extrapolation_rows(extrapolation: pd.DataFrame) -> Rows:
+    return [{"variant": r["variant"],
              "predicted loss": f"{num(r['predicted'])} [{num(r['predicted_low'])}, "
                                f"{num(r['predicted_high'])}]",
-             f"Δ vs {BASELINE}": "–" if not np.isfinite(r["delta"]) else
-             f"{num(r['delta'])}" + (f" [{num(r['delta_low'])}, {num(r['delta_high'])}]"
-                                     if np.isfinite(r["delta_low"]) else "")}
-            for _, r in extrapolation[extrapolation["dataset"] == dataset].iterrows()]
-    return rows
+             f"Δ vs {BASELINE}": "–" if not np.isfinite(r["delta"]) else num(r["delta"])
+             + (f" [{num(r['delta_low'])}, {num(r['delta_high'])}]"
+                if np.isfinite(r["delta_low"]) else "")}
+            for _, r in extrapolation.iterrows()]
 
 
 @dataclass(frozen=True)
@@ -222,11 +197,10 @@ class ScalingDataset:
 
 @dataclass(frozen=True)
 class ScalingSection:
-    """The section "How the effects change with compute" as data: the opening sentence, each
-    dataset's fits and trends, the compute-optimal widths (dataset -> rows), the extrapolation
-    (dataset -> its paragraph and rows) and the figures' paths relative to the report (None:
-    not drawn). The template (``report/templates/_scaling.md.j2``) writes the headings,
-    captions and fixed paragraphs."""
+    """The section as data: the opening sentence, each dataset's fits and trends, the
+    compute-optimal widths (dataset -> rows), the extrapolation (dataset -> its paragraph and
+    rows) and the figures' paths relative to the report (None: not drawn); the template
+    (``_scaling.md.j2``) writes the headings, captions and fixed paragraphs."""
 
     intro: str
     datasets: list[ScalingDataset]
@@ -238,57 +212,43 @@ class ScalingSection:
     min_budgets_saturating: int = sc.MIN_BUDGETS_SATURATING
 
 
+def _extrapolation(tables: ScalingTables, ds: str) -> tuple[str, Rows]:
+    """The paragraph and rows of ``ds``'s extrapolation to the seed scale."""
+    ex = tables.extrapolation[tables.extrapolation["dataset"] == ds]
+    target = float(ex["target_flops"].iloc[0])
+    factor = target / tables.budgets[ds][-1]
+    fits = tables.fits[(tables.fits["dataset"] == ds) & (tables.fits["form"] != "")]
+    floorless = list(fits[fits["note"].str.startswith("E at its")]["variant"])
+    return macro_text(
+        SCALING, "extrapolation", ds=ds, target=target, factor=factor,
+        decades=math.log10(factor), loglog=not (ex["form"] == sc.SATURATING).all(),
+        floorless=floorless, floored=[v for v in fits["variant"] if v not in floorless],
+        n_budgets=len(tables.budgets[ds])), _extrapolation_rows(ex)
+
+
 def scaling_section(tables: ScalingTables, runs: RunOutputs, figures: Mapping[str, Path],
                     out_dir: Path) -> ScalingSection | None:
     """The section's content (None without a scaling dataset); ``figures`` (name -> path,
     :func:`draw_scaling_figures`) linked relative to ``out_dir``."""
     if not tables.budgets:
         return None
-    n_seeds = runs.scaling["seed"].nunique()
-    described = "; ".join(f"{ds}: {len(b)} budgets, {join_names([_flops(x) for x in b])} FLOPs"
-                          for ds, b in tables.budgets.items())
-    intro = (f"Every variant was tuned (learning rate and width) and trained on {n_seeds} "
-             f"seeds at each budget ({described}); the verdicts above are those of the "
-             "largest. Below, per dataset, the fitted curve of each variant, the difference "
-             "to the baseline at every budget (Holm-adjusted intervals, as above), the slope "
-             "of that difference per decade of compute (the seeds' slopes, Holm-corrected "
-             "over the variants) and what it says.")
+    intro = macro_text(SCALING, "intro", n_seeds=runs.scaling["seed"].nunique(), budgets=[
+        (ds, [budget_label(x) for x in b]) for ds, b in tables.budgets.items()])
     datasets = []
     for ds, budgets in tables.budgets.items():
-        metric = tables.metric_of[ds]
-        forms = set(tables.fits[tables.fits["dataset"] == ds]["form"])
+        label, unit, _ = METRICS[tables.metric_of[ds]]
+        fits = tables.fits[tables.fits["dataset"] == ds]
+        trends = tables.trends[tables.trends["dataset"] == ds]
         datasets.append(ScalingDataset(
-            ds, METRICS[metric][0], METRICS[metric][1], sc.SATURATING in forms, len(budgets),
-            _fit_rows(tables.fits, ds), _trend_rows(tables.effects, tables.trends, ds, budgets),
-            _trend_sentences(tables.trends, ds)))
-    optimal = ({} if tables.optimal.empty else
-               {ds: _optimal_rows(tables.optimal, ds, budgets, present(runs.scaling["variant"]))
-                for ds, budgets in tables.budgets.items()})
-    extrapolation = {}
-    for ds in (present(tables.extrapolation["dataset"]) if len(tables.extrapolation) else []):
-        ex = tables.extrapolation[tables.extrapolation["dataset"] == ds]
-        target = float(ex["target_flops"].iloc[0])
-        factor = target / tables.budgets[ds][-1]
-        caveat = ("" if (ex["form"] == sc.SATURATING).all() else
-                  " A log-log line has no floor, so it predicts lower losses, and larger "
-                  "gaps, than a saturating law would.")
-        fits = tables.fits[(tables.fits["dataset"] == ds) & (tables.fits["form"] != "")]
-        floorless = list(fits[fits["note"].str.startswith("E at its")]["variant"])
-        floored = [v for v in fits["variant"] if v not in floorless]
-        if floorless and floored:
-            caveat += (f" The fits of {join_names(floorless)} found no floor (E at 0) and "
-                       f"keep falling, while those of {join_names(floored)} level off at "
-                       "their E: a predicted difference between the two groups comes from "
-                       f"that difference of form, fitted on {len(tables.budgets[ds])} "
-                       "budgets, more than from the data.")
-        extrapolation[ds] = (
-            f"The fitted curves of {ds} at {target:.3g} FLOPs (the seed scale, "
-            f"{factor:,.0f}x the largest budget measured), with the 95% interval of "
-            "the bootstrap over seeds (paired across variants for Δ). Nothing was "
-            f"trained at this budget in this study: these numbers assume the law "
-            f"holds {math.log10(factor):.1f} decades past the data, the model shape "
-            f"and the rest of the setup unchanged.{caveat}",
-            _extrapolation_rows(tables.extrapolation, ds))
+            ds, label, unit, sc.SATURATING in set(fits["form"]), len(budgets), _fit_rows(fits),
+            _trend_rows(tables.effects[tables.effects["dataset"] == ds], trends, budgets),
+            _trend_sentences(trends)))
+    order = present(runs.scaling["variant"])
+    optimal = {ds: _optimal_rows(tables.optimal[tables.optimal["dataset"] == ds], b, order)
+               for ds, b in tables.budgets.items()} if len(tables.optimal) else {}
+    extrapolation = {ds: _extrapolation(tables, ds) for ds in
+                     (present(tables.extrapolation["dataset"]) if len(tables.extrapolation)
+                      else [])}
 
     def link(name: str) -> str | None:
         return figures[name].relative_to(out_dir).as_posix() if name in figures else None
