@@ -1,11 +1,5 @@
-"""What ``report.md`` says, as data: the content model that the template
-(``report/templates/report.md.j2``, :mod:`lmablate.report.text.render`) lays out.
-
-:func:`report_content` gathers it from the report's tables and figures: counts, the rows of each
-table (:mod:`lmablate.report.text.dataset_tables`), the sentences of the sections written in
-Python (findings, limits, methodology, scaling, learning rate, arithmetic), the figures linked
-relative to the report's folder and the CSV tables written next to it. Every number is taken
-from the tables, the runs or the config; none is typed by hand.
+"""What ``report.md`` says, as data: the content model that the template (``report.md.j2``)
+lays out, gathered by :func:`report_content` from the report's tables, figures, runs and config.
 """
 
 from __future__ import annotations
@@ -40,8 +34,8 @@ from lmablate.report.text.scaling_section import ScalingSection
 
 @dataclass(frozen=True)
 class Figure:
-    """A figure as the report shows it: its caption and its path relative to the report, or,
-    path None, a figure not drawn whose caption is the sentence saying why."""
+    """A figure's caption and path relative to the report (None: not drawn, the caption says
+    why)."""
 
     caption: str
     path: str | None
@@ -54,9 +48,7 @@ class Figure:
 
 @dataclass(frozen=True)
 class DatasetFindings:
-    """A dataset's part of "Findings": its lines (the sentence that opens it, then the
-    bullets; :func:`~lmablate.report.text.findings.findings_section`), its headline metric's
-    label, and the path of its forest plot relative to the report (None: not drawn)."""
+    """A dataset's part of "Findings": its lines, headline metric's label and forest plot."""
 
     name: str
     lines: list[str]
@@ -66,10 +58,8 @@ class DatasetFindings:
 
 @dataclass(frozen=True)
 class Arithmetic:
-    """What opens an arithmetic dataset's section
-    (:mod:`lmablate.report.text.arithmetic_section`): the lines below "Headline" (the headline
-    against its floors), the answer loss by operation and answer length, and the lines of
-    "Length generalisation" with its figure."""
+    """The lines that open an arithmetic dataset's section
+    (:mod:`lmablate.report.text.arithmetic_section`)."""
 
     headline: list[str]
     breakdown: list[str]
@@ -79,10 +69,8 @@ class Arithmetic:
 
 @dataclass(frozen=True)
 class DatasetContent:
-    """One dataset's section, in the order the template shows it. Rows are lists of
-    column -> cell dicts (:mod:`lmablate.report.text.dataset_tables`); the fields of
-    ``list[str]`` are the Markdown lines (sentences, tables) of the sub-sections written in
-    Python, without their headings, which are the template's."""
+    """One dataset's section, in the template's order: rows (column -> cell dicts) and the
+    Markdown lines of sub-sections, without their headings."""
 
     name: str
     arithmetic: Arithmetic | None  # the opening blocks of an arithmetic dataset
@@ -108,10 +96,7 @@ class DatasetContent:
 
 @dataclass(frozen=True)
 class Replication:
-    """A dataset's part of "Replication" (:mod:`lmablate.report.stats.replication`): the
-    headline loss's label and unit, the replicates' count, each replicate's verdicts, the
-    replicates combined, the tuning spread, the forest plot (None: not drawn), and the learning
-    speed over the replicates (an arithmetic dataset's; empty otherwise)."""
+    """A dataset's part of "Replication" (:mod:`lmablate.report.stats.replication`)."""
 
     name: str
     metric_label: str
@@ -141,16 +126,10 @@ class ReportContent:
     notes: list[str]
     datasets: list[DatasetContent]
     other_figures: list[Figure]
-    # with replicates (study.replicates > 1), one entry per dataset, else empty
-    replication: list["Replication"] = field(default_factory=list)
-    # with study.mixed_environments and results of more than one environment: each described
-    # with the runs computed in it, else empty
-    environments: list[str] = field(default_factory=list)
-    # every verdict in its dataset's headline loss, one table (text.findings.verdict_table)
-    verdicts: list[str] = field(default_factory=list)
-    # the tuning's settings, for "How the learning rate was chosen"; None: no dataset has a
-    # learning-rate or bracket sub-section to define
-    tune: TuneConfig | None = None
+    replication: list["Replication"] = field(default_factory=list)  # with replicates
+    environments: list[str] = field(default_factory=list)  # with mixed environments
+    verdicts: list[str] = field(default_factory=list)  # findings.verdict_table
+    tune: TuneConfig | None = None  # None: no lr or bracket sub-section to define
     confidence: float = CONFIDENCE
     alpha: float = ALPHA
     power: float = POWER  # of the minimum detectable effect
@@ -161,8 +140,7 @@ class ReportContent:
 
 def arithmetic(cfg: StudyConfig, runs: RunOutputs, tables: ReportTables,
                figures: ReportFigures, out_dir: Path, dataset: str) -> Arithmetic | None:
-    """The blocks that open ``dataset``'s section if it is arithmetic, else None; the
-    length figure linked relative to ``out_dir``."""
+    """The blocks that open ``dataset``'s section if it is arithmetic, else None."""
     if cfg.datasets[dataset].kind != "arithmetic":
         return None
     variants = present(runs.ablation["variant"])
@@ -178,20 +156,16 @@ def arithmetic(cfg: StudyConfig, runs: RunOutputs, tables: ReportTables,
         length_figure=_figure(caption, path, out_dir) if path else None)
 
 
-def _listing(rows: pd.DataFrame) -> list[str]:
-    """``variant (metric label)`` of each comparison row."""
-    return [f"{r.variant} ({METRICS[r.metric][0]})" for r in rows.itertuples()]
-
-
 def dataset_content(cfg: StudyConfig, runs: RunOutputs, tables: ReportTables,
                     figures: ReportFigures, out_dir: Path, dataset: str) -> DatasetContent:
-    """The section of ``dataset``: its tables as rows, verdict listings, the learning-rate and
-    bracket sub-sections, its figures (linked relative to ``out_dir``) and what the models
-    wrote."""
+    """The section of ``dataset``, its figures linked relative to ``out_dir``."""
     ablation, tuned = runs.ablation, runs.tuned
     order = present(ablation["variant"])
     s = tables.summary[tables.summary["dataset"] == dataset]
     c = tables.comparisons[tables.comparisons["dataset"] == dataset]
+    listing = {v: [f"{r.variant} ({METRICS[r.metric][0]})"
+                   for r in c[c["verdict"] == v].itertuples()]
+               for v in (VERDICT_BETTER, VERDICT_WORSE)}
     lr_figure = figures.lr_figures.get(dataset)
     bracket_figure = figures.bracket_figures.get(dataset)
     return DatasetContent(
@@ -203,8 +177,7 @@ def dataset_content(cfg: StudyConfig, runs: RunOutputs, tables: ReportTables,
         single_seed=bool(len(s) and int(s["n"].min()) < 2),
         comparisons=dt.comparison_rows(tables.comparisons, dataset), compared=bool(len(c)),
         too_few=list(pd.unique(c.loc[c["verdict"] == VERDICT_FEW, "variant"])),
-        better=_listing(c[c["verdict"] == VERDICT_BETTER]),
-        worse=_listing(c[c["verdict"] == VERDICT_WORSE]),
+        better=listing[VERDICT_BETTER], worse=listing[VERDICT_WORSE],
         problems=dt.problem_diagnostic(tables.problems, dataset),
         tuned=dt.tuned_rows(ablation, dataset, order),
         lr=lr_section(cfg, tables.sensitivity, tuned, runs.trials, dataset, order,
@@ -228,9 +201,7 @@ def _figure(caption: Caption | str, path: Path | None, out_dir: Path) -> Figure:
 def dataset_findings(cfg: StudyConfig, runs: RunOutputs, tables: ReportTables,
                      figures: ReportFigures, out_dir: Path, dataset: str,
                      trends: pd.DataFrame | None) -> DatasetFindings:
-    """``dataset``'s block of "Findings" (:func:`~lmablate.report.text.findings.
-    findings_section`), its headline metric's name and its forest plot where one was drawn
-    under ``out_dir``."""
+    """``dataset``'s block of "Findings", with its forest plot where one was drawn."""
     order = present(runs.ablation["variant"])
     written = {p for _, _, p in figures.figures if p is not None}
     lines = fi.findings_section(
@@ -254,26 +225,15 @@ def report_content(cfg: StudyConfig, runs: RunOutputs, notes: Sequence[str],
                    trends: pd.DataFrame | None = None,
                    csv_files: Sequence[str] = (),
                    environments: Sequence[str] = ()) -> ReportContent:
-    """The content of ``report.md``, to be written in ``out_dir``.
-
-    Args:
-        cfg: the study config, for the methodology and the variants' position schemes.
-        runs: the study's runs (:func:`~lmablate.report.collect.restrict_to_study`); their
-            datasets and variants, in categorical order, give the sections and table rows.
-        notes: the data section's lines about runs missing or ignored.
-        tables: :func:`~lmablate.report.tables.compute_tables` of the runs.
-        figures: what :func:`~lmablate.report.figures.report_figures.draw_report_figures`
-            drew, under ``out_dir``; a dataset's findings point to its forest plot
-            (``figures/forest_<dataset>.png``) where one was drawn.
-        out_dir: the report's folder: figures are linked relative to it.
-        environment: the machine and versions for the methodology paragraph.
-        scaling: a scaling study's section
-            (:func:`~lmablate.report.text.scaling_section.scaling_section`), None for others.
-        trends: that study's trend table, summed up in the findings.
-        csv_files: the file names of the CSV tables written next to the report, in the order
-            written; "How to read this report" lists them.
-        environments: the environments of a study that compares results of more than one
-            (``study.mixed_environments``), each with its runs; the Findings open with them.
+    """The content of ``report.md``, to be written in ``out_dir`` (figures are linked relative
+    to it). ``runs``: :func:`~lmablate.report.collect.restrict_to_study`'s, their categorical
+    order giving sections and rows; ``notes``: lines on runs missing or ignored; ``tables``:
+    :func:`~lmablate.report.tables.compute_tables`; ``figures``: what
+    :func:`~lmablate.report.figures.report_figures.draw_report_figures` drew; ``environment``:
+    machine and versions; ``scaling`` and ``trends``: a scaling study's section
+    (:func:`~lmablate.report.text.scaling_section.scaling_section`) and trend table;
+    ``csv_files``: the CSVs written, in order; ``environments``: with
+    ``study.mixed_environments``, each environment with its runs.
 
     Raises:
         ValueError: a figure path not under ``out_dir``.
@@ -307,8 +267,7 @@ def report_content(cfg: StudyConfig, runs: RunOutputs, notes: Sequence[str],
 def replication(tables: ReportTables, figures: ReportFigures, out_dir: Path,
                 dataset: str) -> Replication:
     """``dataset``'s part of "Replication", its figure linked relative to ``out_dir``."""
-    metric = headline_loss(tables.comparisons, dataset)
-    label, unit, _ = METRICS[metric]
+    label, unit, _ = METRICS[headline_loss(tables.comparisons, dataset)]
     figure = figures.replication_figures.get(dataset)
     c = tables.replication[tables.replication["dataset"] == dataset]
     return Replication(

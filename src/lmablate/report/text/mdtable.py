@@ -31,6 +31,16 @@ def md_table(df: pd.DataFrame) -> str:
     return "\n".join([header, rule, *body])
 
 
+def missing(x: Any) -> bool:
+    """None, NaN or an empty string."""
+    return not x if x is None or isinstance(x, str) else bool(pd.isna(x))
+
+
+def text(x: Any) -> str:
+    """``x`` as a table cell (``|`` escaped, newlines as spaces), "–" where :func:`missing`."""
+    return "–" if missing(x) else str(x).replace("|", "\\|").replace("\n", " ")
+
+
 def num(x: Any, digits: int = 3) -> str:
     """Fixed-point with ``digits`` decimals, "–" for missing."""
     if x is None or (isinstance(x, float) and not math.isfinite(x)) or pd.isna(x):

@@ -69,6 +69,7 @@ FILTERS = {
     "delta": mdtable.delta_cell,
     "fence": mdtable.fence,
     "code_span": mdtable.code_span,
+    "text": mdtable.text,  # a table cell, "–" for None/NaN/""
     "join_names": mdtable.join_names,
     "md_table": table,
     "lines": lines,
