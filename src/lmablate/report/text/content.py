@@ -144,8 +144,9 @@ def arithmetic(cfg: StudyConfig, runs: RunOutputs, tables: ReportTables,
     if cfg.datasets[dataset].kind != "arithmetic":
         return None
     variants = present(runs.ablation["variant"])
-    digits = arithmetic_tables.training_digits(cfg.datasets[dataset], runs.by_operand_digits, dataset)
-    caption, path = figures.length_figures[dataset]
+    digits = arithmetic_tables.training_digits(cfg.datasets[dataset], runs.by_operand_digits,
+                                               dataset)
+    length = figures.length_figures[dataset]
     return Arithmetic(
         headline=arith.headline_lines(tables.summary, tables.comparisons, tables.references,
                                       dataset, variants),
@@ -153,7 +154,7 @@ def arithmetic(cfg: StudyConfig, runs: RunOutputs, tables: ReportTables,
         length=arith.length_lines(tables.length, tables.length_comparisons, dataset, digits,
                                   variants)
         if arithmetic_tables.has_length_split(runs.by_operand_digits, dataset) else [],
-        length_figure=_figure(caption, path, out_dir) if path else None)
+        length_figure=_figure(length, out_dir) if length[1] else None)
 
 
 def dataset_content(cfg: StudyConfig, runs: RunOutputs, tables: ReportTables,
@@ -167,7 +168,6 @@ def dataset_content(cfg: StudyConfig, runs: RunOutputs, tables: ReportTables,
                    for r in c[c["verdict"] == v].itertuples()]
                for v in (VERDICT_BETTER, VERDICT_WORSE)}
     lr_figure = figures.lr_figures.get(dataset)
-    bracket_figure = figures.bracket_figures.get(dataset)
     return DatasetContent(
         name=dataset, arithmetic=arithmetic(cfg, runs, tables, figures, out_dir, dataset),
         summary=dt.summary_rows(
@@ -182,20 +182,24 @@ def dataset_content(cfg: StudyConfig, runs: RunOutputs, tables: ReportTables,
         tuned=dt.tuned_rows(ablation, dataset, order),
         lr=lr_section(cfg, tables.sensitivity, tuned, runs.trials, dataset, order,
                       has_figure=lr_figure is not None),
-        lr_figure=_figure(*lr_figure, out_dir) if lr_figure else None,
+        lr_figure=_figure(lr_figure, out_dir),
         bracket=(bracket_lines(tuned, dataset, order)
                  if tuned is not None and "bracket_state" in tuned else []),
-        bracket_figure=_figure(*bracket_figure, out_dir) if bracket_figure else None,
-        figures=[_figure(cap, p, out_dir) for d, cap, p in figures.figures if d == dataset],
+        bracket_figure=_figure(figures.bracket_figures.get(dataset), out_dir),
+        figures=[_figure((cap, p), out_dir) for d, cap, p in figures.figures
+                 if d == dataset],
         has_samples=sm.has_samples(runs, dataset, order),
         samples=sm.samples(runs, dataset, order, cfg.seeds),
         has_predictions=sm.has_predictions(runs, dataset, order),
         predictions=sm.predictions(runs, dataset, order, cfg.seeds))
 
 
-def _figure(caption: Caption | str, path: Path | None, out_dir: Path) -> Figure:
-    return Figure(caption_text(caption),
-                  path.relative_to(out_dir).as_posix() if path is not None else None)
+def _figure(drawn: tuple[Caption | str, Path | None] | None, out_dir: Path) -> Figure | None:
+    """A (caption, path) as a :class:`Figure` (path None: not drawn); None for None."""
+    if drawn is None:
+        return None
+    caption, path = drawn
+    return Figure(caption_text(caption), path and path.relative_to(out_dir).as_posix())
 
 
 def dataset_findings(cfg: StudyConfig, runs: RunOutputs, tables: ReportTables,
@@ -257,7 +261,8 @@ def report_content(cfg: StudyConfig, runs: RunOutputs, notes: Sequence[str],
         methods=methods_section(cfg, ablation, environment, datasets, order),
         notes=list(notes),
         datasets=sections,
-        other_figures=[_figure(cap, p, out_dir) for d, cap, p in figures.figures if d is None],
+        other_figures=[_figure((cap, p), out_dir) for d, cap, p in figures.figures
+                       if d is None],
         replication=[replication(tables, figures, out_dir, ds) for ds in datasets
                      if (tables.replication["dataset"] == ds).any()],
         environments=list(environments),
@@ -275,5 +280,5 @@ def replication(tables: ReportTables, figures: ReportFigures, out_dir: Path,
         per_replicate=dt.replicate_rows(tables.replicates, dataset),
         combined=dt.combined_rows(tables.replication, dataset),
         spread=dt.spread_rows(tables.tuning_spread, dataset),
-        figure=_figure(*figure, out_dir) if figure else None,
+        figure=_figure(figure, out_dir),
         speed=dt.speed_replication_rows(tables.speed_replication, dataset))

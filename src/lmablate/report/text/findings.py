@@ -15,8 +15,7 @@ import pandas as pd
 from lmablate.report.collect import BASELINE, present
 from lmablate.report.headline import headline_loss
 from lmablate.report.stats.learning_speed import THRESHOLDS
-from lmablate.report.stats.scaling import (SCALING_TITLE, TREND_FEW, TREND_GROWS, TREND_NONE,
-                                      TREND_SHRINKS)
+from lmablate.report.stats.scaling import TREND_FEW, TREND_GROWS, TREND_NONE, TREND_SHRINKS
 from lmablate.report.stats.statistics import (ALPHA, CONFIDENCE, METRICS, POWER, VERDICT_BETTER,
                                           VERDICT_NSD, VERDICT_WORSE)
 from lmablate.report.stats.success import LEARNED_EXACT_MATCH
