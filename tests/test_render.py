@@ -71,6 +71,27 @@ def test_every_filter_is_registered():
     assert environment().undefined is jinja2.StrictUndefined
 
 
+# rows of the frames as the template's tables take them (dataset_tables.records)
+COMPARISON = {"metric": "test_loss", "variant": "rope", "n_pairs": 3, "mean_diff": -0.05,
+              "ci95_low": -0.08, "ci95_high": -0.02, "ci_holm_low": -0.09, "ci_holm_high": -0.01,
+              "p_holm": 0.01, "mde": 0.03, "verdict": "better"}
+PROBLEM = {"metric": "exact_match", "variant": "rope", "baseline_count": 2000,
+           "variant_count": 2600, "total": 5000, "mean_diff": 0.12, "ci_holm_low": 0.09,
+           "ci_holm_high": 0.15, "n_differing": 300, "n_problems": 1000, "p_holm": 2e-4}
+REPLICATE = {"metric": "answer_loss", "variant": "rope", "replicate": 0, "lr": 0.002,
+             "d_model": 64, "baseline_lr": 0.003, "baseline_d_model": 64, "n_pairs": 3,
+             "mean_diff": -0.05, "ci_holm_low": -0.09, "ci_holm_high": -0.01, "verdict": "better"}
+COMBINED = {"metric": "answer_loss", "variant": "rope", "verdicts": "better / better",
+            "agree": True, "mean_diff": -0.05, "sd_between": 0.01, "sd_tuning_draw": 0.005,
+            "df": 1, "ci_holm_low": -0.1, "ci_holm_high": 0.0, "p_holm": 0.02, "verdict": "better"}
+SPEED = {"variant": "rope", "ratios": "1.60 / 1.20", "verdicts": "better / better",
+         "agree": True, "ratio": 1.39, "df": 1, "ratio_holm_low": 1.1, "ratio_holm_high": 1.75,
+         "p_holm": 0.02, "verdict": "better"}
+SPREAD = {"variant": "rope", "tuned_lr": "0.002 / 0.003", "tuned_d_model": "64 / 64",
+          "tuned_loss": "1.10 / 1.12", "final_mean": "1.00 / 1.02", "final_sd_between": 0.014,
+          "seed_se": 0.01, "sd_tuning_draw": 0.01, "tuning_uncertainty": 0.02, "covered": True}
+
+
 def _dataset(name: str = "sums") -> DatasetContent:
     """A dataset section with every optional block present."""
     return DatasetContent(
@@ -78,9 +99,9 @@ def _dataset(name: str = "sums") -> DatasetContent:
             ["Arithmetic headline.", ""], ["Breakdown.", ""], ["Length.", ""],
             Figure("Length caption", "figures/l.png")),
         summary=[{"variant": "baseline", "seeds": 3}], single_seed=True,
-        comparisons=[{"variant": "rope", "verdict": "**▲ better**"}], compared=True,
+        comparisons=[COMPARISON], compared=True,
         too_few=["gelu"], better=["rope (test loss)"], worse=[],
-        problems=dt.ProblemDiagnostic(1000, 3, [{"variant": "rope"}]),
+        problems=dt.ProblemDiagnostic(1000, 3, [PROBLEM]),
         tuned=[{"variant": "baseline", "lr": "0.002"}],
         lr=["Sensitivity.", ""], lr_figure=Figure("LR caption", "figures/lr.png"),
         bracket=["Bracket.", ""], bracket_figure=None,
@@ -107,18 +128,19 @@ def _content(**changes) -> ReportContent:
         limits={"sums": ["A limit.", "Another."]}, scaling=_scaling(),
         methods=["Methods.", ""], notes=["sums/old is ignored"],
         datasets=[_dataset()], other_figures=[Figure("Other caption", "figures/o.png")],
-        replication=[Replication("sums", "answer loss", "nats/answer char", 3,
-                                 [{"variant": "rope", "replicate": 0}],
-                                 [{"variant": "rope", "agree": "yes"}], [{"variant": "rope"}],
-                                 Figure("Replication caption", "figures/r.png"),
-                                 [{"variant": "rope", "ratio by replicate": "1.60 / 1.20"}])])
+        replication=[Replication("sums", "answer loss", "nats/answer char", 3, [REPLICATE],
+                                 [COMBINED], [SPREAD],
+                                 Figure("Replication caption", "figures/r.png"), [SPEED])])
     return dataclasses.replace(content, **changes)
 
 
 # the order of report.md's sections (docs/report.md, "The sections")
 SECTIONS = ["# Ablation study report", "## Findings", "### How to read this report",
             "## Replication", "The whole study was run 3 times",
-            "### sums: answer loss (nats/answer char)", "| rope | 0 |", "| rope | yes |",
+            "### sums: answer loss (nats/answer char)",
+            "| rope | 0 | 0.002, 64 | 0.003, 64 | 3 | -0.050 | [-0.090, -0.010] | better |",
+            "| rope | better / better | yes | -0.050 | 0.010 | 0.005 | 1 | [-0.100, 0.000] | 0.020 "
+            "| better |",
             "**Replication caption**", "How far tuning moved between replicates",
             "## What this study can and cannot say", "## How the effects change with compute",
             "## Methodology", "Data notes:", "## sums", "### Headline", "Arithmetic headline.",
@@ -174,8 +196,16 @@ def test_the_template_renders_the_sections_in_the_documented_order():
     # the tuning spread
     assert ("![r](figures/r.png)\n\nLearning speed: the ratio of training tokens until the "
             "probe's exact match reached 0.5") in md
-    assert ("| variant | ratio by replicate |\n|---|---|\n| rope | 1.60 / 1.20 |\n\n"
-            "How far tuning moved between replicates") in md
+    assert ("| variant | ratio by replicate | verdicts by replicate | agree | combined ratio | df "
+            "| CI (Holm-adjusted) | p (Holm) | combined verdict |\n|---|---|---|---|---|---|---|"
+            "---|---|\n| rope | 1.60 / 1.20 | better / better | yes | 1.39 | 1 | [1.10, 1.75] | 0.020 "
+            "| better |\n\nHow far tuning moved between replicates") in md
+    assert ("| metric | variant | paired seeds | Δ (variant − baseline) | 95% CI of Δ (raw) | CI "
+            "of Δ (Holm-adjusted) | p (Holm) | MDE (80% power) | verdict |\n|---|---|---|---|---|"
+            "---|---|---|---|\n| test loss (lower is better) | rope | 3 | -0.050 | [-0.080, -0.020]"
+            " | [-0.090, -0.010] | 0.010 | 0.030 | **▲ better** |\n\n") in md
+    assert ("| rope | 0.002 / 0.003 | 64 / 64 | 1.10 / 1.12 | 1.00 / 1.02 | 0.0140 | 0.0100 | "
+            "0.0100 | 0.0200 | yes |\n\n") in md
 
 
 def test_the_appendix_holds_the_tuning_detail_samples_and_predictions_the_report_links_to():

@@ -175,7 +175,7 @@ def dataset_content(cfg: StudyConfig, runs: RunOutputs, tables: ReportTables,
             shown=(arith.headline_metrics(tables.summary, dataset)
                    if cfg.datasets[dataset].kind == "arithmetic" else ())),
         single_seed=bool(len(s) and int(s["n"].min()) < 2),
-        comparisons=dt.comparison_rows(tables.comparisons, dataset), compared=bool(len(c)),
+        comparisons=dt.records(tables.comparisons, dataset), compared=bool(len(c)),
         too_few=list(pd.unique(c.loc[c["verdict"] == VERDICT_FEW, "variant"])),
         better=listing[VERDICT_BETTER], worse=listing[VERDICT_WORSE],
         problems=dt.problem_diagnostic(tables.problems, dataset),
@@ -277,8 +277,8 @@ def replication(tables: ReportTables, figures: ReportFigures, out_dir: Path,
     c = tables.replication[tables.replication["dataset"] == dataset]
     return Replication(
         name=dataset, metric_label=label, unit=unit, replicates=int(c["replicates"].max()),
-        per_replicate=dt.replicate_rows(tables.replicates, dataset),
-        combined=dt.combined_rows(tables.replication, dataset),
-        spread=dt.spread_rows(tables.tuning_spread, dataset),
+        per_replicate=dt.records(tables.replicates, dataset),
+        combined=dt.records(tables.replication, dataset),
+        spread=dt.records(tables.tuning_spread, dataset),
         figure=_figure(figure, out_dir),
-        speed=dt.speed_replication_rows(tables.speed_replication, dataset))
+        speed=dt.records(tables.speed_replication, dataset))

@@ -11,15 +11,13 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from lmablate.report.stats.statistics import VERDICT_BETTER, VERDICT_WORSE
+from lmablate.report.stats.statistics import METRICS, VERDICT_BETTER, VERDICT_WORSE
 
 VERDICT_MARKS = {VERDICT_BETTER: "▲", VERDICT_WORSE: "▼"}
 
 
 def md_table(df: pd.DataFrame) -> str:
     """A GitHub-flavoured Markdown table (kept local so the report needs no ``tabulate``)."""
-    def cell(v: Any) -> str:
-        return str(v).replace("|", "\\|").replace("\n", " ")
     return "\n".join(["| " + " | ".join(map(cell, df.columns)) + " |",
                       "|" + "|".join("---" for _ in df.columns) + "|",
                       *("| " + " | ".join(map(cell, row)) + " |"
@@ -33,7 +31,7 @@ def missing(x: Any) -> bool:
 
 def text(x: Any) -> str:
     """``x`` as a table cell (``|`` escaped, newlines as spaces), "–" where :func:`missing`."""
-    return "–" if missing(x) else str(x).replace("|", "\\|").replace("\n", " ")
+    return "–" if missing(x) else cell(x)
 
 
 def num(x: Any, digits: int = 3) -> str:
@@ -49,6 +47,17 @@ def integer(x: Any) -> str:
 
 def p_value(x: Any) -> str:
     return "–" if x is None or pd.isna(x) else "<0.001" if x < 0.001 else f"{x:.3f}"
+
+
+def metric_label(metric: str) -> str:
+    """``test loss (lower is better)``: the metric's label and direction."""
+    label, _, higher = METRICS[metric]
+    return f"{label} ({'higher' if higher else 'lower'} is better)"
+
+
+def cell(v: Any) -> str:
+    """``v`` as a table cell: its ``str``, ``|`` escaped, newlines as spaces."""
+    return str(v).replace("|", "\\|").replace("\n", " ")
 
 
 def digits(metric: str) -> int:

@@ -37,6 +37,10 @@ FILTERS = {
     "fence": mdtable.fence,
     "code_span": mdtable.code_span,
     "text": mdtable.text,  # a table cell, "–" for None/NaN/""
+    "cell": mdtable.cell,  # a table cell as str() writes it
+    "missing": mdtable.missing,
+    "digits": mdtable.digits,  # a metric's decimals
+    "metric_label": mdtable.metric_label,
     "join_names": mdtable.join_names,
     "md_table": lambda rows: mdtable.md_table(rows if isinstance(rows, pd.DataFrame)
                                               else pd.DataFrame(rows)),
