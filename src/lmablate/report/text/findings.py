@@ -33,14 +33,11 @@ MAX_SEEDS = 1000  # past this, "more than 1,000 seeds": the difference is lost i
 def seeds_needed(mean_diff: float, sd_diff: float, n_compared: int, alpha: float = ALPHA,
                  power: float = POWER, cap: int = MAX_SEEDS) -> int | None:
     """Paired seeds a two-sided paired t-test needs to detect a true difference of
-    ``|mean_diff|`` with probability ``power`` when the per-seed differences have SD
-    ``sd_diff``, at Holm's strictest level ``alpha / n_compared`` (the level of the study's
-    minimum detectable effect, :func:`lmablate.report.stats.statistics.min_detectable_effect`).
-
-    Solved from the noncentral t power function (``statsmodels.stats.power.TTestPower``;
-    Cohen 1988, ch. 2) for the smallest whole number of pairs, at least 2. None when the
-    question has no answer: a zero or missing difference or spread, or more than ``cap`` seeds
-    needed (the difference is lost in the seed spread). Same unit for both arguments.
+    ``|mean_diff|`` with probability ``power`` when the per-seed differences have SD ``sd_diff``
+    (same unit), at Holm's strictest level ``alpha / n_compared`` (that of
+    :func:`lmablate.report.stats.statistics.min_detectable_effect`): the smallest whole number,
+    at least 2, from the noncentral t power function (``statsmodels`` ``TTestPower``; Cohen
+    1988, ch. 2). None for a zero or missing difference or spread, or past ``cap`` seeds.
     """
     if not (np.isfinite(mean_diff) and np.isfinite(sd_diff)) or mean_diff == 0 or sd_diff <= 0:
         return None

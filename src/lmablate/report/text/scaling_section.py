@@ -259,13 +259,11 @@ def scaling_section(tables: ScalingTables, runs: RunOutputs, figures: Mapping[st
 
 def scaling_metrics(tables: ScalingTables, runs: RunOutputs,
                     docs: Mapping[str, dict]) -> dict[str, dict]:
-    """The DVC metrics files of a scaling study (``docs``:
-    :func:`lmablate.report.headline.metrics_files`, relative path -> document): each
-    ``<dataset>/<variant>.json`` of a scaling dataset with its ``budget_flops`` (the headline
-    budget) and the ``trend`` of its effect, and a ``<dataset>/<variant>@<budget label>.json``
-    per smaller budget: ``seeds``, ``budget_flops``, the mean ``test_loss`` (and headline
-    loss), ``delta_<headline>`` and ``verdict`` at that budget. ``docs`` unchanged where no
-    dataset has two budgets."""
+    """The DVC metrics files (``docs``: :func:`lmablate.report.headline.metrics_files`, path ->
+    document) with a scaling dataset's budgets: each ``<dataset>/<variant>.json`` gets its
+    ``budget_flops`` and its effect's ``trend``, and each smaller budget a
+    ``<dataset>/<variant>@<budget label>.json`` (``seeds``, ``budget_flops``, mean
+    ``test_loss`` and headline loss, ``delta_<headline>``, ``verdict``)."""
     out = {name: dict(doc) for name, doc in docs.items()}
     for ds, budgets in tables.budgets.items():
         metric = tables.metric_of[ds]
@@ -273,19 +271,14 @@ def scaling_metrics(tables: ScalingTables, runs: RunOutputs,
         for variant in present(frame["variant"]):
             trend = tables.trends[(tables.trends["dataset"] == ds)
                                   & (tables.trends["variant"] == variant)]
-            for budget in budgets:
-                v = frame[(frame["variant"] == variant)
-                          & np.isclose(frame["budget_flops"].astype(float), budget)]
-                c = tables.effects[(tables.effects["dataset"] == ds)
-                                   & (tables.effects["variant"] == variant)
-                                   & np.isclose(tables.effects["budget_flops"].astype(float),
-                                                budget)]
-                if budget == budgets[-1]:
-                    doc = out.setdefault(f"{ds}/{variant}.json", {})
-                    doc["budget_flops"] = budget
-                    if variant != BASELINE:
-                        doc["trend"] = str(trend["trend"].iloc[0]) if len(trend) else "–"
-                    continue
+            doc = out.setdefault(f"{ds}/{variant}.json", {})
+            doc["budget_flops"] = budgets[-1]
+            if variant != BASELINE:
+                doc["trend"] = str(trend["trend"].iloc[0]) if len(trend) else "–"
+            effects = tables.effects[(tables.effects["dataset"] == ds)
+                                     & (tables.effects["variant"] == variant)]
+            for budget in budgets[:-1]:
+                v, c = _at(frame[frame["variant"] == variant], budget), _at(effects, budget)
                 doc = {"seeds": int(v["seed"].nunique()), "budget_flops": budget,
                        "test_loss": float(v["test_loss"].mean())}
                 if metric != "test_loss":
