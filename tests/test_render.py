@@ -111,12 +111,28 @@ def _dataset(name: str = "sums") -> DatasetContent:
         predictions=[sm.Shown("rope", "seed_0", "learned", rows=[{"prompt": "`1+1=`"}])])
 
 
+FIT = {"variant": "rope", "form": "log-log line", "saturating": False, "at_bound": False,
+       "E": math.nan, "A": 79.4, "A_low": 52.1, "A_high": 100.0, "alpha": 0.218,
+       "alpha_low": math.nan, "alpha_high": math.nan, "n_bootstrap": 1000}
+TREND = {"variant": "rope", "effects": [("1e6", None), ("3e6", {
+    "mean_diff": 0.546, "ci_holm_low": 0.432, "ci_holm_high": 0.66, "verdict": "worse"})],
+    "slope": 0.024, "slope_holm_low": -0.154, "slope_holm_high": 0.201,
+    "trend": "no detectable trend", "marked": False, "crossing": "2e6"}
+OPTIMAL = {"variant": "rope", "cells": [("1e6", {"optimal_d_model": 16.0, "vertex": False,
+                                                 "tuned_d_model": 16}), ("3e6", None)]}
+EXTRAPOLATED = {"variant": "rope", "predicted": 0.078, "predicted_low": 0.065,
+                "predicted_high": 0.114, "delta": -0.748, "delta_low": -0.812,
+                "delta_high": -0.675}
+TRENDS_TABLE = ("| variant | Δ at 1e6 | Δ at 3e6 | slope per decade | trend | curves cross at |\n"
+                "|---|---|---|---|---|---|\n| rope | – | 0.546 [0.432, 0.660] **▼ worse** | "
+                "0.024 [-0.154, 0.201] | no detectable trend | 2e6 FLOPs |")
+
+
 def _scaling(sentences: tuple[str, ...] = ("Trend.",)) -> ScalingSection:
     return ScalingSection(
         "Scaling.", [ScalingDataset("sums", "answer loss", "nats/answer char", False, 2,
-                                    [{"variant": "rope"}], [{"variant": "rope"}],
-                                    list(sentences))],
-        {"sums": [{"variant": "rope"}]}, {"sums": ("At the seed scale.", [{"variant": "rope"}])},
+                                    [FIT], [TREND], list(sentences))],
+        {"sums": [OPTIMAL]}, {"sums": ("At the seed scale.", [EXTRAPOLATED])},
         curves_figure="figures/c.png", effects_figure=None, isoflop_figure="figures/i.png")
 
 
@@ -179,15 +195,20 @@ def test_the_template_renders_the_sections_in_the_documented_order():
     assert ("### sums: answer loss against compute\n\nWith 2 budgets only the straight line "
             "log L = log A - α log C is fitted (no irreducible loss E: a saturating law has "
             "three parameters and needs at least 4 budgets)") in md
-    assert ("its trend per decade of compute:\n\n| variant |\n|---|\n| rope |\n\nTrend.\n\n"
+    assert ("three parameters and needs at least 4 budgets), with the 95% interval of a bootstrap "
+            "over seeds:\n\n| variant | fitted law | E | A | α | bootstrap fits |\n|---|---|---|---"
+            "|---|---|\n| rope | log-log line | – | 79.4 [52.1, 100] | 0.218 | 1000 |\n\n") in md
+    assert (f"its trend per decade of compute:\n\n{TRENDS_TABLE}\n\nTrend.\n\n"
             "### Compute-optimal width\n\nAt each budget,") in md
     # no trend sentence: the table's blank line and the block's, as the section always had
     md = render_report(_content(scaling=_scaling(sentences=())))
-    assert ("its trend per decade of compute:\n\n| variant |\n|---|\n| rope |\n\n\n"
+    assert (f"its trend per decade of compute:\n\n{TRENDS_TABLE}\n\n\n"
             "### Compute-optimal width\n\nAt each budget,") in md
     assert "Effects against compute" not in md
-    assert ("| rope |\n\n![IsoFLOP profiles](figures/i.png)\n\n### An extrapolation, not a "
-            "measurement\n\nAt the seed scale.\n\n| variant |\n|---|\n| rope |\n\n"
+    assert ("| variant | 1e6 | 3e6 |\n|---|---|---|\n| rope | 16* (tuned 16) | – |\n\n"
+            "![IsoFLOP profiles](figures/i.png)\n\n### An extrapolation, not a measurement\n\n"
+            "At the seed scale.\n\n| variant | predicted loss | Δ vs baseline |\n|---|---|---|\n"
+            "| rope | 0.078 [0.065, 0.114] | -0.748 [-0.812, -0.675] |\n\n"
             "## Methodology\n\nMethods.\n\nData notes:") in md
     assert md.startswith("# Ablation study report\n\n6 runs: 1 dataset x 2 variants x 3 seeds, "
                          "of the default profile (`study.profile`).")
@@ -198,8 +219,8 @@ def test_the_template_renders_the_sections_in_the_documented_order():
             "probe's exact match reached 0.5") in md
     assert ("| variant | ratio by replicate | verdicts by replicate | agree | combined ratio | df "
             "| CI (Holm-adjusted) | p (Holm) | combined verdict |\n|---|---|---|---|---|---|---|"
-            "---|---|\n| rope | 1.60 / 1.20 | better / better | yes | 1.39 | 1 | [1.10, 1.75] | 0.020 "
-            "| better |\n\nHow far tuning moved between replicates") in md
+            "---|---|\n| rope | 1.60 / 1.20 | better / better | yes | 1.39 | 1 | [1.10, 1.75] | "
+            "0.020 | better |\n\nHow far tuning moved between replicates") in md
     assert ("| metric | variant | paired seeds | Δ (variant − baseline) | 95% CI of Δ (raw) | CI "
             "of Δ (Holm-adjusted) | p (Holm) | MDE (80% power) | verdict |\n|---|---|---|---|---|"
             "---|---|---|---|\n| test loss (lower is better) | rope | 3 | -0.050 | [-0.080, -0.020]"

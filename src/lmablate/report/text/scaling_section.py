@@ -21,7 +21,6 @@ from lmablate.report.stats import isoflop as iso
 from lmablate.report.stats import scaling as sc
 from lmablate.report.stats.statistics import COMPARISON_COLUMNS, METRICS
 from lmablate.report.text.dataset_tables import Rows
-from lmablate.report.text.mdtable import interval, num, verdict_cell
 from lmablate.report.text.templating import macro_text
 
 # Seed 000's run (conf/profile/seed-scale.yaml's budget: 5,000 steps of 16 x 128 tokens at d_model
@@ -105,44 +104,23 @@ def draw_scaling_figures(tables: ScalingTables, runs: RunOutputs, fig_dir: Path,
     return {k: p for k, p in drawn.items() if p is not None}
 
 
-def _cell(row: Any, name: str) -> str:
-    """``value [low, high]`` of ``name`` (3 significant digits), "–" where not finite."""
-    if not np.isfinite(row[name]):
-        return "–"
-    low, high = row[f"{name}_low"], row[f"{name}_high"]
-    return f"{row[name]:.3g}" + (f" [{low:.3g}, {high:.3g}]" if np.isfinite(low) else "")
-
-
-def _fit_rows(fits: pd.DataFrame) -> Rows:
-    return [{"variant": r["variant"], "fitted law": r["form"] or "–",
-             "E": "–" if r["form"] != sc.SATURATING else
-             "0 (at its bound)" if r["note"].startswith("E at its") else _cell(r, "E"),
-             "A": _cell(r, "A"), "α": _cell(r, "alpha"), "bootstrap fits": int(r["n_bootstrap"])}
-            for _, r in fits.iterrows()]
-
-
 def _at(frame: pd.DataFrame, budget: float) -> pd.DataFrame:
     return frame[np.isclose(frame["budget_flops"].astype(float), budget)]
 
 
+def _by_budget(frame: pd.DataFrame, budgets: Sequence[float]) -> list[tuple[str, dict | None]]:
+    """(budget label, ``frame``'s first row at that budget, or None) for each budget."""
+    return [(budget_label(b), at.iloc[0].to_dict() if len(at := _at(frame, b)) else None)
+            for b in budgets]
+
+
 def _trend_rows(effects: pd.DataFrame, trends: pd.DataFrame, budgets: Sequence[float]) -> Rows:
-    rows = []
-    for _, t in trends.iterrows():
-        row = {"variant": t["variant"]}
-        for b in budgets:
-            c = _at(effects[effects["variant"] == t["variant"]], b)
-            c = c.iloc[0] if len(c) else None
-            row[f"Δ at {budget_label(b)}"] = "–" if c is None else (
-                f"{num(c['mean_diff'])} {interval(c, 3, 'ci_holm')}"
-                + (f" {verdict_cell(c['verdict'])}" if c["verdict"] in ("better", "worse")
-                   else ""))
-        trend = t["trend"]
-        rows.append(dict(row, **{
-            "slope per decade": f"{num(t['slope'])} {interval(t, 3, 'slope_holm')}",
-            "trend": f"**{trend}**" if trend in (sc.TREND_GROWS, sc.TREND_SHRINKS) else trend,
-            "curves cross at": f"{budget_label(t['crossing_flops'])} FLOPs"
-            if np.isfinite(t["crossing_flops"]) else "–"}))
-    return rows
+    """Each trend's row, with ``effects``: the variant's comparison at each budget."""
+    return [dict(t, effects=_by_budget(effects[effects["variant"] == t["variant"]], budgets),
+                 marked=t["trend"] in (sc.TREND_GROWS, sc.TREND_SHRINKS),
+                 crossing=budget_label(t["crossing_flops"])
+                 if np.isfinite(t["crossing_flops"]) else None)
+            for t in trends.to_dict("records")]
 
 
 def _trend_sentences(t: pd.DataFrame) -> list[str]:
@@ -157,33 +135,18 @@ def _trend_sentences(t: pd.DataFrame) -> list[str]:
 
 
 def _optimal_rows(d: pd.DataFrame, budgets: Sequence[float], order: Sequence[str]) -> Rows:
-    def cell(o: pd.DataFrame) -> str:
-        if not len(o):
-            return "–"
-        o = o.iloc[0]
-        tuned = "–" if pd.isna(o["tuned_d_model"]) else int(o["tuned_d_model"])
-        mark = "" if o["method"] == iso.PARABOLA else "*"
-        return f"{o['optimal_d_model']:.0f}{mark} (tuned {tuned})"
-    return [{"variant": v, **{budget_label(b): cell(_at(d[d["variant"] == v], b))
-                              for b in budgets}}
+    """A row per variant: ``cells``, its optimal width's row at each budget (or None)."""
+    d = d.assign(vertex=d["method"] == iso.PARABOLA)
+    return [{"variant": v, "cells": _by_budget(d[d["variant"] == v], budgets)}
             for v in order if (d["variant"] == v).any()]
-
-
-def _extrapolation_rows(extrapolation: pd.DataFrame) -> Rows:
-    return [{"variant": r["variant"],
-             "predicted loss": f"{num(r['predicted'])} [{num(r['predicted_low'])}, "
-                               f"{num(r['predicted_high'])}]",
-             f"Δ vs {BASELINE}": "–" if not np.isfinite(r["delta"]) else num(r["delta"])
-             + (f" [{num(r['delta_low'])}, {num(r['delta_high'])}]"
-                if np.isfinite(r["delta_low"]) else "")}
-            for _, r in extrapolation.iterrows()]
 
 
 @dataclass(frozen=True)
 class ScalingDataset:
     """One dataset's part of the section: its headline metric's label and unit, whether the
     saturating law was fitted (else the log-log line, on ``n_budgets`` budgets), the rows of
-    the fits and of the effects with their trends, and the sentences on the trends."""
+    ``scaling_fits.csv`` (and whether each is ``saturating`` and has E ``at_bound``) and of
+    ``scaling_trends.csv`` (:func:`_trend_rows`), and the sentences on the trends."""
 
     name: str
     metric_label: str
@@ -198,9 +161,10 @@ class ScalingDataset:
 @dataclass(frozen=True)
 class ScalingSection:
     """The section as data: the opening sentence, each dataset's fits and trends, the
-    compute-optimal widths (dataset -> rows), the extrapolation (dataset -> its paragraph and
-    rows) and the figures' paths relative to the report (None: not drawn); the template
-    (``_scaling.md.j2``) writes the headings, captions and fixed paragraphs."""
+    compute-optimal widths (dataset -> :func:`_optimal_rows`), the extrapolation (dataset -> its
+    paragraph and rows of ``scaling_extrapolation.csv``) and the figures' paths relative to the
+    report (None: not drawn); ``_scaling.md.j2`` writes the headings, tables and fixed
+    paragraphs."""
 
     intro: str
     datasets: list[ScalingDataset]
@@ -223,7 +187,7 @@ def _extrapolation(tables: ScalingTables, ds: str) -> tuple[str, Rows]:
         SCALING, "extrapolation", ds=ds, target=target, factor=factor,
         decades=math.log10(factor), loglog=not (ex["form"] == sc.SATURATING).all(),
         floorless=floorless, floored=[v for v in fits["variant"] if v not in floorless],
-        n_budgets=len(tables.budgets[ds])), _extrapolation_rows(ex)
+        n_budgets=len(tables.budgets[ds])), ex.to_dict("records")
 
 
 def scaling_section(tables: ScalingTables, runs: RunOutputs, figures: Mapping[str, Path],
@@ -240,7 +204,9 @@ def scaling_section(tables: ScalingTables, runs: RunOutputs, figures: Mapping[st
         fits = tables.fits[tables.fits["dataset"] == ds]
         trends = tables.trends[tables.trends["dataset"] == ds]
         datasets.append(ScalingDataset(
-            ds, label, unit, sc.SATURATING in set(fits["form"]), len(budgets), _fit_rows(fits),
+            ds, label, unit, sc.SATURATING in set(fits["form"]), len(budgets),
+            [dict(r, saturating=r["form"] == sc.SATURATING, at_bound=r["note"].startswith(
+                "E at its")) for r in fits.to_dict("records")],
             _trend_rows(tables.effects[tables.effects["dataset"] == ds], trends, budgets),
             _trend_sentences(trends)))
     order = present(runs.scaling["variant"])

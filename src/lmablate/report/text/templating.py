@@ -39,6 +39,7 @@ FILTERS = {
     "text": mdtable.text,  # a table cell, "–" for None/NaN/""
     "cell": mdtable.cell,  # a table cell as str() writes it
     "missing": mdtable.missing,
+    "finite": lambda x: x is not None and math.isfinite(x),
     "digits": mdtable.digits,  # a metric's decimals
     "metric_label": mdtable.metric_label,
     "join_names": mdtable.join_names,
