@@ -72,17 +72,13 @@ def scaling_tables(cfg: StudyConfig, runs: RunOutputs) -> ScalingTables:
 def scaling_csvs(tables: ScalingTables) -> dict[str, tuple[str, pd.DataFrame, list[str]]]:
     """``name -> (file, frame, columns)`` of the section's CSVs, written whatever the study
     (empty, with their header, without a scaling dataset)."""
-    return {
-        "scaling_fits": ("scaling_fits.csv", tables.fits, sc.FIT_COLUMNS),
-        "scaling_effects": ("scaling_effects.csv", tables.effects,
-                            ["budget_flops", *COMPARISON_COLUMNS]),
-        "scaling_trends": ("scaling_trends.csv", tables.trends, sc.TREND_COLUMNS),
-        "scaling_extrapolation": ("scaling_extrapolation.csv", tables.extrapolation,
-                                  sc.EXTRAPOLATION_COLUMNS),
-        "scaling_isoflop": ("scaling_isoflop.csv", tables.isoflop, iso.ISOFLOP_COLUMNS),
-        "scaling_optimal_width": ("scaling_optimal_width.csv", tables.optimal,
-                                  iso.OPTIMAL_COLUMNS),
-    }
+    return {name: (f"{name}.csv", frame, columns) for name, frame, columns in (
+        ("scaling_fits", tables.fits, sc.FIT_COLUMNS),
+        ("scaling_effects", tables.effects, ["budget_flops", *COMPARISON_COLUMNS]),
+        ("scaling_trends", tables.trends, sc.TREND_COLUMNS),
+        ("scaling_extrapolation", tables.extrapolation, sc.EXTRAPOLATION_COLUMNS),
+        ("scaling_isoflop", tables.isoflop, iso.ISOFLOP_COLUMNS),
+        ("scaling_optimal_width", tables.optimal, iso.OPTIMAL_COLUMNS))}
 
 
 def draw_scaling_figures(tables: ScalingTables, runs: RunOutputs, fig_dir: Path,
