@@ -69,8 +69,8 @@ class Arithmetic:
 
 @dataclass(frozen=True)
 class DatasetContent:
-    """One dataset's section, in the template's order: rows (column -> cell dicts) and the
-    Markdown lines of sub-sections, without their headings."""
+    """One dataset's section, in the template's order: rows (column -> cell dicts, or a frame's
+    records for ``_tables.md.j2``) and the Markdown lines of sub-sections, without headings."""
 
     name: str
     arithmetic: Arithmetic | None  # the opening blocks of an arithmetic dataset
