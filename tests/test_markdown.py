@@ -76,7 +76,7 @@ def test_a_problem_level_rejection_still_gets_no_mark_or_verdict_word():
     """A frame whose Holm test rejects (a ``better`` row of problem_comparisons.csv) is drawn
     with its p-values only."""
     from lmablate.report.text.dataset_tables import problem_diagnostic
-    from lmablate.report.text.templating import environment
+    from lmablate.report.text.templating import macro_text
     row = {"dataset": "sums", "metric": "exact_match", "baseline": "baseline",
            "variant": "swiglu", "n_problems": 1000, "n_seeds": 5, "baseline_count": 2000,
            "variant_count": 2600, "total": 5000, "baseline_rate": 0.4, "variant_rate": 0.52,
@@ -87,7 +87,7 @@ def test_a_problem_level_rejection_still_gets_no_mark_or_verdict_word():
                                                         "mean_diff": -0.1,
                                                         "verdict": "worse"}]), "sums")
     assert (diagnostic.n_problems, diagnostic.n_seeds) == (1000, 5)
-    text = environment().filters["md_table"](diagnostic.rows)
+    text = macro_text("_tables.md.j2", "problems", rows=diagnostic.rows)
     assert ("| exact match (higher is better) | swiglu | 2,000 → 2,600 of 5,000 | "
             "0.120 [0.090, 0.150] | 300 of 1,000 | <0.001 |") in text
     # character accuracy rows stay in problem_comparisons.csv when exact match is there

@@ -71,6 +71,27 @@ def test_every_filter_is_registered():
     assert environment().undefined is jinja2.StrictUndefined
 
 
+# rows of the frames as the template's tables take them (dataset_tables.records)
+COMPARISON = {"metric": "test_loss", "variant": "rope", "n_pairs": 3, "mean_diff": -0.05,
+              "ci95_low": -0.08, "ci95_high": -0.02, "ci_holm_low": -0.09, "ci_holm_high": -0.01,
+              "p_holm": 0.01, "mde": 0.03, "verdict": "better"}
+PROBLEM = {"metric": "exact_match", "variant": "rope", "baseline_count": 2000,
+           "variant_count": 2600, "total": 5000, "mean_diff": 0.12, "ci_holm_low": 0.09,
+           "ci_holm_high": 0.15, "n_differing": 300, "n_problems": 1000, "p_holm": 2e-4}
+REPLICATE = {"metric": "answer_loss", "variant": "rope", "replicate": 0, "lr": 0.002,
+             "d_model": 64, "baseline_lr": 0.003, "baseline_d_model": 64, "n_pairs": 3,
+             "mean_diff": -0.05, "ci_holm_low": -0.09, "ci_holm_high": -0.01, "verdict": "better"}
+COMBINED = {"metric": "answer_loss", "variant": "rope", "verdicts": "better / better",
+            "agree": True, "mean_diff": -0.05, "sd_between": 0.01, "sd_tuning_draw": 0.005,
+            "df": 1, "ci_holm_low": -0.1, "ci_holm_high": 0.0, "p_holm": 0.02, "verdict": "better"}
+SPEED = {"variant": "rope", "ratios": "1.60 / 1.20", "verdicts": "better / better",
+         "agree": True, "ratio": 1.39, "df": 1, "ratio_holm_low": 1.1, "ratio_holm_high": 1.75,
+         "p_holm": 0.02, "verdict": "better"}
+SPREAD = {"variant": "rope", "tuned_lr": "0.002 / 0.003", "tuned_d_model": "64 / 64",
+          "tuned_loss": "1.10 / 1.12", "final_mean": "1.00 / 1.02", "final_sd_between": 0.014,
+          "seed_se": 0.01, "sd_tuning_draw": 0.01, "tuning_uncertainty": 0.02, "covered": True}
+
+
 def _dataset(name: str = "sums") -> DatasetContent:
     """A dataset section with every optional block present."""
     return DatasetContent(
@@ -78,9 +99,9 @@ def _dataset(name: str = "sums") -> DatasetContent:
             ["Arithmetic headline.", ""], ["Breakdown.", ""], ["Length.", ""],
             Figure("Length caption", "figures/l.png")),
         summary=[{"variant": "baseline", "seeds": 3}], single_seed=True,
-        comparisons=[{"variant": "rope", "verdict": "**▲ better**"}], compared=True,
+        comparisons=[COMPARISON], compared=True,
         too_few=["gelu"], better=["rope (test loss)"], worse=[],
-        problems=dt.ProblemDiagnostic(1000, 3, [{"variant": "rope"}]),
+        problems=dt.ProblemDiagnostic(1000, 3, [PROBLEM]),
         tuned=[{"variant": "baseline", "lr": "0.002"}],
         lr=["Sensitivity.", ""], lr_figure=Figure("LR caption", "figures/lr.png"),
         bracket=["Bracket.", ""], bracket_figure=None,
@@ -90,12 +111,28 @@ def _dataset(name: str = "sums") -> DatasetContent:
         predictions=[sm.Shown("rope", "seed_0", "learned", rows=[{"prompt": "`1+1=`"}])])
 
 
+FIT = {"variant": "rope", "form": "log-log line", "saturating": False, "at_bound": False,
+       "E": math.nan, "A": 79.4, "A_low": 52.1, "A_high": 100.0, "alpha": 0.218,
+       "alpha_low": math.nan, "alpha_high": math.nan, "n_bootstrap": 1000}
+TREND = {"variant": "rope", "effects": [("1e6", None), ("3e6", {
+    "mean_diff": 0.546, "ci_holm_low": 0.432, "ci_holm_high": 0.66, "verdict": "worse"})],
+    "slope": 0.024, "slope_holm_low": -0.154, "slope_holm_high": 0.201,
+    "trend": "no detectable trend", "marked": False, "crossing": "2e6"}
+OPTIMAL = {"variant": "rope", "cells": [("1e6", {"optimal_d_model": 16.0, "vertex": False,
+                                                 "tuned_d_model": 16}), ("3e6", None)]}
+EXTRAPOLATED = {"variant": "rope", "predicted": 0.078, "predicted_low": 0.065,
+                "predicted_high": 0.114, "delta": -0.748, "delta_low": -0.812,
+                "delta_high": -0.675}
+TRENDS_TABLE = ("| variant | Δ at 1e6 | Δ at 3e6 | slope per decade | trend | curves cross at |\n"
+                "|---|---|---|---|---|---|\n| rope | – | 0.546 [0.432, 0.660] **▼ worse** | "
+                "0.024 [-0.154, 0.201] | no detectable trend | 2e6 FLOPs |")
+
+
 def _scaling(sentences: tuple[str, ...] = ("Trend.",)) -> ScalingSection:
     return ScalingSection(
         "Scaling.", [ScalingDataset("sums", "answer loss", "nats/answer char", False, 2,
-                                    [{"variant": "rope"}], [{"variant": "rope"}],
-                                    list(sentences))],
-        {"sums": [{"variant": "rope"}]}, {"sums": ("At the seed scale.", [{"variant": "rope"}])},
+                                    [FIT], [TREND], list(sentences))],
+        {"sums": [OPTIMAL]}, {"sums": ("At the seed scale.", [EXTRAPOLATED])},
         curves_figure="figures/c.png", effects_figure=None, isoflop_figure="figures/i.png")
 
 
@@ -107,18 +144,19 @@ def _content(**changes) -> ReportContent:
         limits={"sums": ["A limit.", "Another."]}, scaling=_scaling(),
         methods=["Methods.", ""], notes=["sums/old is ignored"],
         datasets=[_dataset()], other_figures=[Figure("Other caption", "figures/o.png")],
-        replication=[Replication("sums", "answer loss", "nats/answer char", 3,
-                                 [{"variant": "rope", "replicate": 0}],
-                                 [{"variant": "rope", "agree": "yes"}], [{"variant": "rope"}],
-                                 Figure("Replication caption", "figures/r.png"),
-                                 [{"variant": "rope", "ratio by replicate": "1.60 / 1.20"}])])
+        replication=[Replication("sums", "answer loss", "nats/answer char", 3, [REPLICATE],
+                                 [COMBINED], [SPREAD],
+                                 Figure("Replication caption", "figures/r.png"), [SPEED])])
     return dataclasses.replace(content, **changes)
 
 
 # the order of report.md's sections (docs/report.md, "The sections")
 SECTIONS = ["# Ablation study report", "## Findings", "### How to read this report",
             "## Replication", "The whole study was run 3 times",
-            "### sums: answer loss (nats/answer char)", "| rope | 0 |", "| rope | yes |",
+            "### sums: answer loss (nats/answer char)",
+            "| rope | 0 | 0.002, 64 | 0.003, 64 | 3 | -0.050 | [-0.090, -0.010] | better |",
+            "| rope | better / better | yes | -0.050 | 0.010 | 0.005 | 1 | [-0.100, 0.000] | 0.020 "
+            "| better |",
             "**Replication caption**", "How far tuning moved between replicates",
             "## What this study can and cannot say", "## How the effects change with compute",
             "## Methodology", "Data notes:", "## sums", "### Headline", "Arithmetic headline.",
@@ -157,15 +195,20 @@ def test_the_template_renders_the_sections_in_the_documented_order():
     assert ("### sums: answer loss against compute\n\nWith 2 budgets only the straight line "
             "log L = log A - α log C is fitted (no irreducible loss E: a saturating law has "
             "three parameters and needs at least 4 budgets)") in md
-    assert ("its trend per decade of compute:\n\n| variant |\n|---|\n| rope |\n\nTrend.\n\n"
+    assert ("three parameters and needs at least 4 budgets), with the 95% interval of a bootstrap "
+            "over seeds:\n\n| variant | fitted law | E | A | α | bootstrap fits |\n|---|---|---|---"
+            "|---|---|\n| rope | log-log line | – | 79.4 [52.1, 100] | 0.218 | 1000 |\n\n") in md
+    assert (f"its trend per decade of compute:\n\n{TRENDS_TABLE}\n\nTrend.\n\n"
             "### Compute-optimal width\n\nAt each budget,") in md
     # no trend sentence: the table's blank line and the block's, as the section always had
     md = render_report(_content(scaling=_scaling(sentences=())))
-    assert ("its trend per decade of compute:\n\n| variant |\n|---|\n| rope |\n\n\n"
+    assert (f"its trend per decade of compute:\n\n{TRENDS_TABLE}\n\n\n"
             "### Compute-optimal width\n\nAt each budget,") in md
     assert "Effects against compute" not in md
-    assert ("| rope |\n\n![IsoFLOP profiles](figures/i.png)\n\n### An extrapolation, not a "
-            "measurement\n\nAt the seed scale.\n\n| variant |\n|---|\n| rope |\n\n"
+    assert ("| variant | 1e6 | 3e6 |\n|---|---|---|\n| rope | 16* (tuned 16) | – |\n\n"
+            "![IsoFLOP profiles](figures/i.png)\n\n### An extrapolation, not a measurement\n\n"
+            "At the seed scale.\n\n| variant | predicted loss | Δ vs baseline |\n|---|---|---|\n"
+            "| rope | 0.078 [0.065, 0.114] | -0.748 [-0.812, -0.675] |\n\n"
             "## Methodology\n\nMethods.\n\nData notes:") in md
     assert md.startswith("# Ablation study report\n\n6 runs: 1 dataset x 2 variants x 3 seeds, "
                          "of the default profile (`study.profile`).")
@@ -174,8 +217,16 @@ def test_the_template_renders_the_sections_in_the_documented_order():
     # the tuning spread
     assert ("![r](figures/r.png)\n\nLearning speed: the ratio of training tokens until the "
             "probe's exact match reached 0.5") in md
-    assert ("| variant | ratio by replicate |\n|---|---|\n| rope | 1.60 / 1.20 |\n\n"
-            "How far tuning moved between replicates") in md
+    assert ("| variant | ratio by replicate | verdicts by replicate | agree | combined ratio | df "
+            "| CI (Holm-adjusted) | p (Holm) | combined verdict |\n|---|---|---|---|---|---|---|"
+            "---|---|\n| rope | 1.60 / 1.20 | better / better | yes | 1.39 | 1 | [1.10, 1.75] | "
+            "0.020 | better |\n\nHow far tuning moved between replicates") in md
+    assert ("| metric | variant | paired seeds | Δ (variant − baseline) | 95% CI of Δ (raw) | CI "
+            "of Δ (Holm-adjusted) | p (Holm) | MDE (80% power) | verdict |\n|---|---|---|---|---|"
+            "---|---|---|---|\n| test loss (lower is better) | rope | 3 | -0.050 | [-0.080, -0.020]"
+            " | [-0.090, -0.010] | 0.010 | 0.030 | **▲ better** |\n\n") in md
+    assert ("| rope | 0.002 / 0.003 | 64 / 64 | 1.10 / 1.12 | 1.00 / 1.02 | 0.0140 | 0.0100 | "
+            "0.0100 | 0.0200 | yes |\n\n") in md
 
 
 def test_the_appendix_holds_the_tuning_detail_samples_and_predictions_the_report_links_to():

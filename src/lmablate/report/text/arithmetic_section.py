@@ -1,19 +1,7 @@
-"""The arithmetic part of the report's text: the headline against its floors, the breakdown by
-operation and answer length, and length generalisation, from the tables of
-:mod:`lmablate.report.stats.arithmetic_tables`.
-
-* **Headline** (:func:`headline_lines`): first in an arithmetic dataset's section, the answer
-  loss (:func:`lmablate.report.headline.headline_loss`) and exact match of every variant
-  beside the floors (:data:`~lmablate.report.stats.arithmetic_tables.FLOORS`), and which
-  variants beat them.
-* **Figures** in :mod:`lmablate.report.figures.arithmetic_figures`: by operation (exact match or
-  character accuracy per operation and variant, beside the floor) and by operand length.
-* **Length generalisation** (:func:`length_lines`): the exact match per variant x operand length
-  (:func:`~lmablate.report.stats.arithmetic_tables.length_table`) and each variant's difference
-  to the baseline there (:func:`~lmablate.report.stats.arithmetic_tables.length_comparisons`).
-
-Units: answer loss in nats per answer character (closing ``$`` included), accuracies as
-fractions in [0, 1], lengths in digits.
+"""An arithmetic dataset's text: the headline against its floors (:func:`headline_lines`), the
+answer loss by operation and answer length (:func:`breakdown_lines`) and length generalisation
+(:func:`length_lines`), from :mod:`lmablate.report.stats.arithmetic_tables`' tables. Answer loss
+in nats per answer character (closing ``$`` included), accuracies as fractions, lengths in digits.
 """
 
 from __future__ import annotations
@@ -34,21 +22,15 @@ from lmablate.report.text.templating import macro_text
 ARITHMETIC = "_arithmetic.md.j2"  # the sentences of an arithmetic dataset's sections
 
 
-# ---------------------------------------------------------------------------------------------
-# Markdown
-# ---------------------------------------------------------------------------------------------
-
 def _interval_cell(mean: float, low: float, high: float, metric: str) -> str:
-    """``mean ± CI half-width``; for a fraction (:func:`~lmablate.report.stats.statistics.
-    fraction_bounds`), whose interval is clipped to [0, 1] and so may be lopsided,
-    ``mean [low, high]``."""
+    """``mean ± CI half-width``; ``mean [low, high]`` for a fraction, whose interval is clipped
+    to [0, 1] (:func:`~lmablate.report.stats.statistics.fraction_bounds`)."""
     if fraction_bounds(metric) is not None:
         return f"{_num(mean)} [{_num(low)}, {_num(high)}]"
     return f"{_num(mean)} ± {_num((high - low) / 2)}"
 
 
 def _cell(summary: pd.DataFrame, variant: str, metric: str) -> str:
-    """:func:`_interval_cell` of ``metric`` for ``variant`` in ``summary`` (one dataset)."""
     s = summary[(summary["variant"] == variant) & (summary["metric"] == metric)]
     if s.empty:
         return "–"
@@ -56,10 +38,6 @@ def _cell(summary: pd.DataFrame, variant: str, metric: str) -> str:
     if not np.isfinite(r["ci95_low"]):
         return f"{_num(r['mean'])} (no CI, n={int(r['n'])})"
     return _interval_cell(r["mean"], r["ci95_low"], r["ci95_high"], metric)
-
-
-def _beats(mean: float, floor: float, metric: str) -> bool:
-    return mean < floor if not METRICS[metric][2] else mean > floor
 
 
 def headline_metrics(summary: pd.DataFrame, dataset: str) -> list[str]:
@@ -70,12 +48,10 @@ def headline_metrics(summary: pd.DataFrame, dataset: str) -> list[str]:
 
 def headline_lines(summary: pd.DataFrame, comparisons: pd.DataFrame,
                    references: pd.DataFrame, dataset: str, order: Sequence[str]) -> list[str]:
-    """The headline block of an arithmetic dataset's section: a table of the headline loss
-    (:func:`~lmablate.report.headline.headline_loss`), exact match and character accuracy
-    per variant (mean ± CI half-width over seeds) with the floors of :data:`FLOORS` as italic
-    rows, one sentence naming the variants that beat the floors, and the verdicts in the
-    headline loss; below the heading "Headline" (the report template's). No lines when
-    ``dataset`` has no summary rows."""
+    """The lines below "Headline": a table of :func:`headline_metrics` per variant (mean ± CI
+    half-width over seeds) with the floors of :data:`~lmablate.report.stats.arithmetic_tables.
+    FLOORS` as italic rows, which variants beat them, and the verdicts in the headline loss;
+    none without summary rows."""
     s = summary[summary["dataset"] == dataset]
     if s.empty:
         return []
@@ -104,11 +80,12 @@ def headline_lines(summary: pd.DataFrame, comparisons: pd.DataFrame,
 
 def _beaten(summary: pd.DataFrame, rows: Sequence[dict],
             floors: dict[str, float]) -> list[tuple[str, list[str]]]:
-    """Which variants of the headline table's ``rows`` beat every floor, some (named with
-    them) or none, on the mean over seeds of one dataset's ``summary``."""
+    """The variants of ``rows`` that beat every floor, some (named) or none, on the mean."""
     means = summary.set_index(["variant", "metric"])["mean"]
-    beaten = {v: [m for m in floors if (v, m) in means.index
-                  and _beats(float(means.loc[(v, m)]), floors[m], m)]
+    def beats(v: str, m: str) -> bool:
+        x = float(means.loc[(v, m)])
+        return x > floors[m] if METRICS[m][2] else x < floors[m]
+    beaten = {v: [m for m in floors if (v, m) in means.index and beats(v, m)]
               for v in (x["variant"] for x in rows if x["seeds"] != "–")}
     groups = {"every floor": [v for v, b in beaten.items() if len(b) == len(floors)],
               "some": [f"{v} ({', '.join(METRICS[m][0] for m in b)})"
@@ -119,12 +96,10 @@ def _beaten(summary: pd.DataFrame, rows: Sequence[dict],
 
 def breakdown_lines(per_op: pd.DataFrame, by_answer: pd.DataFrame, dataset: str,
                     order: Sequence[str]) -> list[str]:
-    """The answer loss (nats per answer character) of each variant of ``dataset`` per
-    operation and per answer length (digits of the answer's integer part): the mean over
-    seeds of :attr:`~lmablate.report.collect.RunOutputs.per_op` and ``by_answer_digits``,
-    one row per variant; each column heading gives its problems per seed (the fewest of any
-    seed), marked † below :data:`MIN_BUCKET_PROBLEMS`. No lines when neither frame has an
-    answer loss for ``dataset``."""
+    """The answer loss of each variant per operation and per answer length (digits of its
+    integer part), the mean over seeds of :attr:`~lmablate.report.collect.RunOutputs.per_op`
+    and ``by_answer_digits``; each heading gives its problems per seed (the fewest of any
+    seed), † below ``MIN_BUCKET_PROBLEMS``. No lines without an answer loss."""
     parts = []
     for frame, key, label in ((per_op, "op", "{}"), (by_answer, "digits", "{}-digit answers")):
         f = frame[frame["dataset"] == dataset] if len(frame) else frame
@@ -152,21 +127,14 @@ def breakdown_lines(per_op: pd.DataFrame, by_answer: pd.DataFrame, dataset: str,
 
 def _length_cells(tv: pd.DataFrame, cv: pd.DataFrame, lengths: Sequence[int],
                   heading) -> dict[str, str]:
-    """One variant's cells of the length table: exact match at each length (``tv``'s rows),
-    then its difference to the baseline there (``cv``'s), keyed by column heading."""
+    """One variant's cells: exact match at each length (``tv``), then Δ to the baseline."""
     row = {}
     for n in lengths:
         r = tv[tv["digits"] == n]
-        if r.empty:
-            row[heading(n)] = "–"
-        elif r.iloc[0]["note"]:
-            row[heading(n)] = str(r.iloc[0]["note"])
-        elif pd.notna(r.iloc[0]["ci95_low"]):
-            r = r.iloc[0]
-            row[heading(n)] = _interval_cell(r["mean"], r["ci95_low"], r["ci95_high"],
-                                             "exact_match")
-        else:
-            row[heading(n)] = _num(r.iloc[0]["mean"])
+        r = r.iloc[0] if len(r) else None
+        row[heading(n)] = "–" if r is None else str(r["note"]) if r["note"] else (
+            _interval_cell(r["mean"], r["ci95_low"], r["ci95_high"], "exact_match")
+            if pd.notna(r["ci95_low"]) else _num(r["mean"]))
     for n in lengths:
         d = cv[cv["digits"] == n] if len(cv) else cv
         row[f"Δ vs {BASELINE} at {n}"] = _delta_cell(d.iloc[0]) if len(d) else "–"
@@ -175,13 +143,10 @@ def _length_cells(tv: pd.DataFrame, cv: pd.DataFrame, lengths: Sequence[int],
 
 def length_lines(table: pd.DataFrame, comparisons: pd.DataFrame, dataset: str,
                  digits: int | None, order: Sequence[str]) -> list[str]:
-    """"Length generalisation", below its heading and above its figure (both the report
-    template's): what the split is, the exact match per variant x operand length
-    (:func:`~lmablate.report.stats.arithmetic_tables.length_table`: mean ± CI half-width, or
-    the reason there is none) and the difference to the baseline at each length with its Holm
-    verdict (:func:`~lmablate.report.stats.arithmetic_tables.length_comparisons`); the
-    sentences are ``report/templates/_arithmetic.md.j2``'s. No lines without a length table
-    for ``dataset``."""
+    """The lines of "Length generalisation": the split, the exact match per variant x operand
+    length (:func:`~lmablate.report.stats.arithmetic_tables.length_table`) and Δ to the
+    baseline with its Holm verdict (:func:`~lmablate.report.stats.arithmetic_tables.
+    length_comparisons`); none without a length table."""
     t = table[table["dataset"] == dataset] if len(table) else table
     if t.empty:
         return []

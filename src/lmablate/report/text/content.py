@@ -1,11 +1,5 @@
-"""What ``report.md`` says, as data: the content model that the template
-(``report/templates/report.md.j2``, :mod:`lmablate.report.text.render`) lays out.
-
-:func:`report_content` gathers it from the report's tables and figures: counts, the rows of each
-table (:mod:`lmablate.report.text.dataset_tables`), the sentences of the sections written in
-Python (findings, limits, methodology, scaling, learning rate, arithmetic), the figures linked
-relative to the report's folder and the CSV tables written next to it. Every number is taken
-from the tables, the runs or the config; none is typed by hand.
+"""What ``report.md`` says, as data: the content model that the template (``report.md.j2``)
+lays out, gathered by :func:`report_content` from the report's tables, figures, runs and config.
 """
 
 from __future__ import annotations
@@ -40,8 +34,8 @@ from lmablate.report.text.scaling_section import ScalingSection
 
 @dataclass(frozen=True)
 class Figure:
-    """A figure as the report shows it: its caption and its path relative to the report, or,
-    path None, a figure not drawn whose caption is the sentence saying why."""
+    """A figure's caption and path relative to the report (None: not drawn, the caption says
+    why)."""
 
     caption: str
     path: str | None
@@ -54,9 +48,7 @@ class Figure:
 
 @dataclass(frozen=True)
 class DatasetFindings:
-    """A dataset's part of "Findings": its lines (the sentence that opens it, then the
-    bullets; :func:`~lmablate.report.text.findings.findings_section`), its headline metric's
-    label, and the path of its forest plot relative to the report (None: not drawn)."""
+    """A dataset's part of "Findings": its lines, headline metric's label and forest plot."""
 
     name: str
     lines: list[str]
@@ -66,10 +58,8 @@ class DatasetFindings:
 
 @dataclass(frozen=True)
 class Arithmetic:
-    """What opens an arithmetic dataset's section
-    (:mod:`lmablate.report.text.arithmetic_section`): the lines below "Headline" (the headline
-    against its floors), the answer loss by operation and answer length, and the lines of
-    "Length generalisation" with its figure."""
+    """The lines that open an arithmetic dataset's section
+    (:mod:`lmablate.report.text.arithmetic_section`)."""
 
     headline: list[str]
     breakdown: list[str]
@@ -79,10 +69,8 @@ class Arithmetic:
 
 @dataclass(frozen=True)
 class DatasetContent:
-    """One dataset's section, in the order the template shows it. Rows are lists of
-    column -> cell dicts (:mod:`lmablate.report.text.dataset_tables`); the fields of
-    ``list[str]`` are the Markdown lines (sentences, tables) of the sub-sections written in
-    Python, without their headings, which are the template's."""
+    """One dataset's section, in the template's order: rows (column -> cell dicts, or a frame's
+    records for ``_tables.md.j2``) and the Markdown lines of sub-sections, without headings."""
 
     name: str
     arithmetic: Arithmetic | None  # the opening blocks of an arithmetic dataset
@@ -108,10 +96,7 @@ class DatasetContent:
 
 @dataclass(frozen=True)
 class Replication:
-    """A dataset's part of "Replication" (:mod:`lmablate.report.stats.replication`): the
-    headline loss's label and unit, the replicates' count, each replicate's verdicts, the
-    replicates combined, the tuning spread, the forest plot (None: not drawn), and the learning
-    speed over the replicates (an arithmetic dataset's; empty otherwise)."""
+    """A dataset's part of "Replication" (:mod:`lmablate.report.stats.replication`)."""
 
     name: str
     metric_label: str
@@ -141,16 +126,10 @@ class ReportContent:
     notes: list[str]
     datasets: list[DatasetContent]
     other_figures: list[Figure]
-    # with replicates (study.replicates > 1), one entry per dataset, else empty
-    replication: list["Replication"] = field(default_factory=list)
-    # with study.mixed_environments and results of more than one environment: each described
-    # with the runs computed in it, else empty
-    environments: list[str] = field(default_factory=list)
-    # every verdict in its dataset's headline loss, one table (text.findings.verdict_table)
-    verdicts: list[str] = field(default_factory=list)
-    # the tuning's settings, for "How the learning rate was chosen"; None: no dataset has a
-    # learning-rate or bracket sub-section to define
-    tune: TuneConfig | None = None
+    replication: list["Replication"] = field(default_factory=list)  # with replicates
+    environments: list[str] = field(default_factory=list)  # with mixed environments
+    verdicts: list[str] = field(default_factory=list)  # findings.verdict_table
+    tune: TuneConfig | None = None  # None: no lr or bracket sub-section to define
     confidence: float = CONFIDENCE
     alpha: float = ALPHA
     power: float = POWER  # of the minimum detectable effect
@@ -161,13 +140,13 @@ class ReportContent:
 
 def arithmetic(cfg: StudyConfig, runs: RunOutputs, tables: ReportTables,
                figures: ReportFigures, out_dir: Path, dataset: str) -> Arithmetic | None:
-    """The blocks that open ``dataset``'s section if it is arithmetic, else None; the
-    length figure linked relative to ``out_dir``."""
+    """The blocks that open ``dataset``'s section if it is arithmetic, else None."""
     if cfg.datasets[dataset].kind != "arithmetic":
         return None
     variants = present(runs.ablation["variant"])
-    digits = arithmetic_tables.training_digits(cfg.datasets[dataset], runs.by_operand_digits, dataset)
-    caption, path = figures.length_figures[dataset]
+    digits = arithmetic_tables.training_digits(cfg.datasets[dataset], runs.by_operand_digits,
+                                               dataset)
+    length = figures.length_figures[dataset]
     return Arithmetic(
         headline=arith.headline_lines(tables.summary, tables.comparisons, tables.references,
                                       dataset, variants),
@@ -175,25 +154,20 @@ def arithmetic(cfg: StudyConfig, runs: RunOutputs, tables: ReportTables,
         length=arith.length_lines(tables.length, tables.length_comparisons, dataset, digits,
                                   variants)
         if arithmetic_tables.has_length_split(runs.by_operand_digits, dataset) else [],
-        length_figure=_figure(caption, path, out_dir) if path else None)
-
-
-def _listing(rows: pd.DataFrame) -> list[str]:
-    """``variant (metric label)`` of each comparison row."""
-    return [f"{r.variant} ({METRICS[r.metric][0]})" for r in rows.itertuples()]
+        length_figure=_figure(length, out_dir) if length[1] else None)
 
 
 def dataset_content(cfg: StudyConfig, runs: RunOutputs, tables: ReportTables,
                     figures: ReportFigures, out_dir: Path, dataset: str) -> DatasetContent:
-    """The section of ``dataset``: its tables as rows, verdict listings, the learning-rate and
-    bracket sub-sections, its figures (linked relative to ``out_dir``) and what the models
-    wrote."""
+    """The section of ``dataset``, its figures linked relative to ``out_dir``."""
     ablation, tuned = runs.ablation, runs.tuned
     order = present(ablation["variant"])
     s = tables.summary[tables.summary["dataset"] == dataset]
     c = tables.comparisons[tables.comparisons["dataset"] == dataset]
+    listing = {v: [f"{r.variant} ({METRICS[r.metric][0]})"
+                   for r in c[c["verdict"] == v].itertuples()]
+               for v in (VERDICT_BETTER, VERDICT_WORSE)}
     lr_figure = figures.lr_figures.get(dataset)
-    bracket_figure = figures.bracket_figures.get(dataset)
     return DatasetContent(
         name=dataset, arithmetic=arithmetic(cfg, runs, tables, figures, out_dir, dataset),
         summary=dt.summary_rows(
@@ -201,36 +175,37 @@ def dataset_content(cfg: StudyConfig, runs: RunOutputs, tables: ReportTables,
             shown=(arith.headline_metrics(tables.summary, dataset)
                    if cfg.datasets[dataset].kind == "arithmetic" else ())),
         single_seed=bool(len(s) and int(s["n"].min()) < 2),
-        comparisons=dt.comparison_rows(tables.comparisons, dataset), compared=bool(len(c)),
+        comparisons=dt.records(tables.comparisons, dataset), compared=bool(len(c)),
         too_few=list(pd.unique(c.loc[c["verdict"] == VERDICT_FEW, "variant"])),
-        better=_listing(c[c["verdict"] == VERDICT_BETTER]),
-        worse=_listing(c[c["verdict"] == VERDICT_WORSE]),
+        better=listing[VERDICT_BETTER], worse=listing[VERDICT_WORSE],
         problems=dt.problem_diagnostic(tables.problems, dataset),
         tuned=dt.tuned_rows(ablation, dataset, order),
         lr=lr_section(cfg, tables.sensitivity, tuned, runs.trials, dataset, order,
                       has_figure=lr_figure is not None),
-        lr_figure=_figure(*lr_figure, out_dir) if lr_figure else None,
+        lr_figure=_figure(lr_figure, out_dir),
         bracket=(bracket_lines(tuned, dataset, order)
                  if tuned is not None and "bracket_state" in tuned else []),
-        bracket_figure=_figure(*bracket_figure, out_dir) if bracket_figure else None,
-        figures=[_figure(cap, p, out_dir) for d, cap, p in figures.figures if d == dataset],
+        bracket_figure=_figure(figures.bracket_figures.get(dataset), out_dir),
+        figures=[_figure((cap, p), out_dir) for d, cap, p in figures.figures
+                 if d == dataset],
         has_samples=sm.has_samples(runs, dataset, order),
         samples=sm.samples(runs, dataset, order, cfg.seeds),
         has_predictions=sm.has_predictions(runs, dataset, order),
         predictions=sm.predictions(runs, dataset, order, cfg.seeds))
 
 
-def _figure(caption: Caption | str, path: Path | None, out_dir: Path) -> Figure:
-    return Figure(caption_text(caption),
-                  path.relative_to(out_dir).as_posix() if path is not None else None)
+def _figure(drawn: tuple[Caption | str, Path | None] | None, out_dir: Path) -> Figure | None:
+    """A (caption, path) as a :class:`Figure` (path None: not drawn); None for None."""
+    if drawn is None:
+        return None
+    caption, path = drawn
+    return Figure(caption_text(caption), path and path.relative_to(out_dir).as_posix())
 
 
 def dataset_findings(cfg: StudyConfig, runs: RunOutputs, tables: ReportTables,
                      figures: ReportFigures, out_dir: Path, dataset: str,
                      trends: pd.DataFrame | None) -> DatasetFindings:
-    """``dataset``'s block of "Findings" (:func:`~lmablate.report.text.findings.
-    findings_section`), its headline metric's name and its forest plot where one was drawn
-    under ``out_dir``."""
+    """``dataset``'s block of "Findings", with its forest plot where one was drawn."""
     order = present(runs.ablation["variant"])
     written = {p for _, _, p in figures.figures if p is not None}
     lines = fi.findings_section(
@@ -254,26 +229,15 @@ def report_content(cfg: StudyConfig, runs: RunOutputs, notes: Sequence[str],
                    trends: pd.DataFrame | None = None,
                    csv_files: Sequence[str] = (),
                    environments: Sequence[str] = ()) -> ReportContent:
-    """The content of ``report.md``, to be written in ``out_dir``.
-
-    Args:
-        cfg: the study config, for the methodology and the variants' position schemes.
-        runs: the study's runs (:func:`~lmablate.report.collect.restrict_to_study`); their
-            datasets and variants, in categorical order, give the sections and table rows.
-        notes: the data section's lines about runs missing or ignored.
-        tables: :func:`~lmablate.report.tables.compute_tables` of the runs.
-        figures: what :func:`~lmablate.report.figures.report_figures.draw_report_figures`
-            drew, under ``out_dir``; a dataset's findings point to its forest plot
-            (``figures/forest_<dataset>.png``) where one was drawn.
-        out_dir: the report's folder: figures are linked relative to it.
-        environment: the machine and versions for the methodology paragraph.
-        scaling: a scaling study's section
-            (:func:`~lmablate.report.text.scaling_section.scaling_section`), None for others.
-        trends: that study's trend table, summed up in the findings.
-        csv_files: the file names of the CSV tables written next to the report, in the order
-            written; "How to read this report" lists them.
-        environments: the environments of a study that compares results of more than one
-            (``study.mixed_environments``), each with its runs; the Findings open with them.
+    """The content of ``report.md``, to be written in ``out_dir`` (figures are linked relative
+    to it). ``runs``: :func:`~lmablate.report.collect.restrict_to_study`'s, their categorical
+    order giving sections and rows; ``notes``: lines on runs missing or ignored; ``tables``:
+    :func:`~lmablate.report.tables.compute_tables`; ``figures``: what
+    :func:`~lmablate.report.figures.report_figures.draw_report_figures` drew; ``environment``:
+    machine and versions; ``scaling`` and ``trends``: a scaling study's section
+    (:func:`~lmablate.report.text.scaling_section.scaling_section`) and trend table;
+    ``csv_files``: the CSVs written, in order; ``environments``: with
+    ``study.mixed_environments``, each environment with its runs.
 
     Raises:
         ValueError: a figure path not under ``out_dir``.
@@ -297,7 +261,8 @@ def report_content(cfg: StudyConfig, runs: RunOutputs, notes: Sequence[str],
         methods=methods_section(cfg, ablation, environment, datasets, order),
         notes=list(notes),
         datasets=sections,
-        other_figures=[_figure(cap, p, out_dir) for d, cap, p in figures.figures if d is None],
+        other_figures=[_figure((cap, p), out_dir) for d, cap, p in figures.figures
+                       if d is None],
         replication=[replication(tables, figures, out_dir, ds) for ds in datasets
                      if (tables.replication["dataset"] == ds).any()],
         environments=list(environments),
@@ -307,14 +272,13 @@ def report_content(cfg: StudyConfig, runs: RunOutputs, notes: Sequence[str],
 def replication(tables: ReportTables, figures: ReportFigures, out_dir: Path,
                 dataset: str) -> Replication:
     """``dataset``'s part of "Replication", its figure linked relative to ``out_dir``."""
-    metric = headline_loss(tables.comparisons, dataset)
-    label, unit, _ = METRICS[metric]
+    label, unit, _ = METRICS[headline_loss(tables.comparisons, dataset)]
     figure = figures.replication_figures.get(dataset)
     c = tables.replication[tables.replication["dataset"] == dataset]
     return Replication(
         name=dataset, metric_label=label, unit=unit, replicates=int(c["replicates"].max()),
-        per_replicate=dt.replicate_rows(tables.replicates, dataset),
-        combined=dt.combined_rows(tables.replication, dataset),
-        spread=dt.spread_rows(tables.tuning_spread, dataset),
-        figure=_figure(*figure, out_dir) if figure else None,
-        speed=dt.speed_replication_rows(tables.speed_replication, dataset))
+        per_replicate=dt.records(tables.replicates, dataset),
+        combined=dt.records(tables.replication, dataset),
+        spread=dt.records(tables.tuning_spread, dataset),
+        figure=_figure(figure, out_dir),
+        speed=dt.records(tables.speed_replication, dataset))

@@ -1,39 +1,7 @@
-"""The report's opening section, "Findings": the study's answer, then what it could not decide.
-
-This module picks the rows and numbers; every sentence is a macro of
-``report/templates/_findings.md.j2`` (:func:`say`), its numbers formatted there by the filters
-of :mod:`lmablate.report.text.templating`.
-
-Per dataset, in the dataset's headline loss (:func:`lmablate.report.headline.headline_loss`):
-
-* one sentence per variant: its verdict against the baseline (paired by seed, Holm-corrected,
-  :func:`lmablate.report.stats.statistics.compare`) with the effect, its raw and Holm-adjusted
-  intervals, a caveat in the same sentence where the variant or the baseline is not below the
-  trigram reference of the data (:func:`trigram_reference`, :func:`reference_caveat`);
-* with replicates of the study, which verdicts every replicate gave alike, one line for each
-  that did not replicate, and the verdicts combined over replicates
-  (:mod:`lmablate.report.stats.replication`);
-* the one figure that shows them (the forest plot of the headline loss), placed by the report
-  template after the dataset's lines;
-* what the study could not decide and what would decide it: for every "no significant
-  difference", the seeds a paired t-test would need to detect a true difference as large as
-  the observed one, at the observed seed-to-seed spread (:func:`seeds_needed`), and that
-  comparison's minimum detectable effect (``comparisons.csv``'s ``mde``, the number of the
-  comparison table's MDE column);
-* the training and evaluation facts the verdicts rest on: validation loss still falling at the
-  end of training (:func:`lmablate.report.stats.convergence.convergence_table`), the loss past the training context and exact
-  match past the trained operand length.
-
-Diagnostics are not findings: the one-batch gradient shares of ``grad_flow.csv``
-(:func:`lmablate.report.tables.gradient_table`) and the attention maps appear only as
-labelled figures further down the report.
-
-Every number comes from a table the report stage also writes as CSV (``comparisons.csv``,
-``references.csv``, ``replication.csv``, ``convergence.csv``, ``extrapolation.csv``,
-``length_generalisation.csv``), so a sentence here can be checked against its row there.
-:func:`verdict_lines` gives the same verdicts as a few console lines, printed at the end of the
-report stage. Units: losses in nats/char (the answer loss per answer character), accuracies as
-fractions.
+"""The report's opening section, "Findings": per dataset, in its headline loss, the verdicts
+against the baseline and what the study could not decide, and the same verdicts as a table
+(:func:`verdict_table`) and as console lines (:func:`verdict_lines`). This module picks the rows;
+the sentences are macros of ``_findings.md.j2``. Losses in nats/char, accuracies as fractions.
 """
 
 from __future__ import annotations
@@ -47,13 +15,12 @@ import pandas as pd
 from lmablate.report.collect import BASELINE, present
 from lmablate.report.headline import headline_loss
 from lmablate.report.stats.learning_speed import THRESHOLDS
-from lmablate.report.stats.scaling import (SCALING_TITLE, TREND_FEW, TREND_GROWS, TREND_NONE,
-                                      TREND_SHRINKS)
+from lmablate.report.stats.scaling import TREND_FEW, TREND_GROWS, TREND_NONE, TREND_SHRINKS
 from lmablate.report.stats.statistics import (ALPHA, CONFIDENCE, METRICS, POWER, VERDICT_BETTER,
                                           VERDICT_NSD, VERDICT_WORSE)
 from lmablate.report.stats.success import LEARNED_EXACT_MATCH
 from lmablate.report.stats.replication import JOIN
-from lmablate.report.stats.convergence import CONVERGENCE_COLUMNS, TAIL
+from lmablate.report.stats.convergence import TAIL
 from lmablate.report.text.limits import TRIGRAM, trigram_reference
 from lmablate.report.text.mdtable import join_names as _names
 from lmablate.report.text.templating import macro_text
@@ -66,14 +33,11 @@ MAX_SEEDS = 1000  # past this, "more than 1,000 seeds": the difference is lost i
 def seeds_needed(mean_diff: float, sd_diff: float, n_compared: int, alpha: float = ALPHA,
                  power: float = POWER, cap: int = MAX_SEEDS) -> int | None:
     """Paired seeds a two-sided paired t-test needs to detect a true difference of
-    ``|mean_diff|`` with probability ``power`` when the per-seed differences have SD
-    ``sd_diff``, at Holm's strictest level ``alpha / n_compared`` (the level of the study's
-    minimum detectable effect, :func:`lmablate.report.stats.statistics.min_detectable_effect`).
-
-    Solved from the noncentral t power function (``statsmodels.stats.power.TTestPower``;
-    Cohen 1988, ch. 2) for the smallest whole number of pairs, at least 2. None when the
-    question has no answer: a zero or missing difference or spread, or more than ``cap`` seeds
-    needed (the difference is lost in the seed spread). Same unit for both arguments.
+    ``|mean_diff|`` with probability ``power`` when the per-seed differences have SD ``sd_diff``
+    (same unit), at Holm's strictest level ``alpha / n_compared`` (that of
+    :func:`lmablate.report.stats.statistics.min_detectable_effect`): the smallest whole number,
+    at least 2, from the noncentral t power function (``statsmodels`` ``TTestPower``; Cohen
+    1988, ch. 2). None for a zero or missing difference or spread, or past ``cap`` seeds.
     """
     if not (np.isfinite(mean_diff) and np.isfinite(sd_diff)) or mean_diff == 0 or sd_diff <= 0:
         return None
@@ -98,22 +62,17 @@ def seeds_needed(mean_diff: float, sd_diff: float, n_compared: int, alpha: float
     return n if n <= cap else None
 
 
-def _value(x: Any, finite: bool = False) -> Any:
-    """A table cell for a template: None for a missing number (or, ``finite``, an infinite
-    one), a Python int for a numpy integer, otherwise as it is."""
-    if x is None or (isinstance(x, (float, np.floating))
-                     and (math.isnan(x) or (finite and math.isinf(x)))):
-        return None
-    if isinstance(x, (np.integer,)):
-        return int(x)
-    return x
-
-
 def _record(row: Any, keys: Sequence[str], finite: bool = False) -> dict[str, Any]:
-    """``keys`` of a table row (a Series or a namedtuple) as a template's dict (:func:`_value`
-    of each cell)."""
+    """``keys`` of a row (Series or namedtuple) for a template: None for NaN (``finite``: and
+    for inf), numpy integers as ``int``."""
     get = row.get if isinstance(row, pd.Series) else (lambda k: getattr(row, k, None))
-    return {k: _value(get(k), finite) for k in keys}
+    out = {}
+    for k in keys:
+        x = get(k)
+        if isinstance(x, (float, np.floating)) and (math.isnan(x) or finite and math.isinf(x)):
+            x = None
+        out[k] = int(x) if isinstance(x, np.integer) else x
+    return out
 
 
 def say(macro: str, /, **fields: Any) -> str:
@@ -123,19 +82,17 @@ def say(macro: str, /, **fields: Any) -> str:
 
 def reference_caveat(variant: str, variant_mean: float, baseline_mean: float,
                      trigram: float | None, unit: str, short: bool = False) -> str:
-    """Which side of a comparison is not below the trigram reference ``trigram`` (same unit as
-    the means: nats/char), as a clause for the verdict's own sentence; "" when both are below
-    it or there is no reference. ``short``: the console form, e.g. ``neither past the trigram
-    2.159``."""
+    """Which side of a comparison is not below the trigram reference ``trigram`` (nats/char, as
+    the means), as a clause; "" when both are below or there is none. ``short``: the console
+    form, e.g. ``neither past the trigram 2.159``."""
     if trigram is None or not math.isfinite(trigram):
         return ""
     above = [name for name, x in ((variant, variant_mean), (BASELINE, baseline_mean))
              if pd.notna(x) and float(x) >= trigram]
     if not above:
         return ""
-    other = BASELINE if above[0] == variant else variant
-    return say("caveat", above=above, other=other, trigram=trigram, unit=unit, short=short,
-               name=TRIGRAM)
+    return say("caveat", above=above, other=BASELINE if above[0] == variant else variant,
+               trigram=trigram, unit=unit, short=short, name=TRIGRAM)
 
 
 EFFECT_KEYS = ("variant", "verdict", "mean_diff", "variant_mean", "baseline_mean", "ci95_low",
@@ -144,32 +101,31 @@ EFFECT_KEYS = ("variant", "verdict", "mean_diff", "variant_mean", "baseline_mean
 
 def _headline(comparisons: pd.DataFrame, dataset: str,
               references: pd.DataFrame | None = None) -> tuple[str, str, pd.DataFrame, Any]:
-    """``dataset``'s headline loss (:func:`lmablate.report.headline.headline_loss`): its label,
-    unit, comparison rows and trigram reference (None where it has none)."""
+    """``dataset``'s headline loss: label, unit, comparison rows, trigram reference (or None)."""
     metric = headline_loss(comparisons, dataset)
-    label, unit, _ = METRICS[metric]
     c = comparisons[(comparisons["dataset"] == dataset) & (comparisons["metric"] == metric)]
-    return label, unit, c, trigram_reference(references, dataset, metric)
+    return *METRICS[metric][:2], c, trigram_reference(references, dataset, metric)
 
 
 def verdict_table(comparisons: pd.DataFrame, datasets: Sequence[str],
                   references: pd.DataFrame | None = None,
                   success: pd.DataFrame | None = None) -> list[str]:
-    """The study's verdicts as one Markdown table, a row per dataset x variant in its headline
-    loss (:func:`lmablate.report.headline.headline_loss`): verdict, Δ and its share of the
-    baseline, the Holm-adjusted interval, MDE, the tuning uncertainty that checks the verdict
-    (or that none does) and what limits it: the trigram caveat (:func:`reference_caveat`,
-    short form) and, from ``success`` (``success.csv``), a side of the pair that learned the
-    task on fewer than all its seeds; no lines without comparisons."""
+    """The verdicts as one Markdown table, a row per dataset x variant in its headline loss:
+    verdict, Δ and its share of the baseline, Holm-adjusted interval, MDE, tuning uncertainty
+    and what limits it (the trigram caveat, short form; from ``success.csv``, a side that
+    learned the task on fewer than all its seeds); no lines without comparisons."""
     rows = []
     for ds in datasets:
         label, unit, c, trigram = _headline(comparisons, ds, references)
-        learned = _learned(success, ds)
+        t = _rows_of(success, ds)
+        learned = {str(r.variant): say("learned_on", variant=r.variant, k=int(r.n_learned),
+                                       n=int(r.n_seeds))
+                   for r in t.itertuples() if int(r.n_learned) < int(r.n_seeds)}
         for i, (_, row) in enumerate(c.iterrows()):
             r = _record(row, EFFECT_KEYS + ("mde",))
             base = r["baseline_mean"]
-            limits = [reference_caveat(r["variant"], row["variant_mean"], row["baseline_mean"],
-                                       trigram, unit, short=True)]
+            limits = [reference_caveat(r["variant"], row["variant_mean"], base, trigram, unit,
+                                       short=True)]
             limits += [learned[v] for v in (BASELINE, r["variant"]) if v in learned]
             rows.append(dict(r, dataset=ds, label=label, unit=unit, first=i == 0,
                              share=r["mean_diff"] / abs(base) if base else None,
@@ -177,18 +133,8 @@ def verdict_table(comparisons: pd.DataFrame, datasets: Sequence[str],
     return say("verdict_table", rows=rows).splitlines() + [""] if rows else []
 
 
-def _learned(success: pd.DataFrame | None, dataset: str) -> dict[str, str]:
-    """variant -> "<variant> learned on k/n seeds" for each variant of ``dataset`` whose
-    seeds did not all learn the task (``success.csv``)."""
-    t = _rows_of(success, dataset)
-    return {str(r.variant): say("learned_on", variant=r.variant, k=int(r.n_learned),
-                                n=int(r.n_seeds))
-            for r in t.itertuples() if int(r.n_learned) < int(r.n_seeds)}
-
-
 def _undecided(c: pd.DataFrame, unit: str) -> list[str]:
-    """What would decide each "no significant difference": seeds needed at the observed spread,
-    and that comparison's MDE (its ``mde``, as in the comparison table)."""
+    """Seeds that would decide each "no significant difference", and its MDE."""
     nsd = c[c["verdict"] == VERDICT_NSD]
     if nsd.empty:
         return []
@@ -200,9 +146,8 @@ def _undecided(c: pd.DataFrame, unit: str) -> list[str]:
 
 
 def _replication(replication: pd.DataFrame | None, dataset: str, unit: str) -> list[str]:
-    """With replicates: the verdicts every replicate gave alike, one line for each that did not
-    replicate, and the combined verdicts whose intervals count the tuning draw
-    (:func:`~lmablate.report.stats.replication.combine_replicates`)."""
+    """The verdicts alike in every replicate, each one that did not replicate, and the
+    combined verdicts (:func:`~lmablate.report.stats.replication.combine_replicates`)."""
     r = _rows_of(replication, dataset)
     if r.empty:
         return []
@@ -218,8 +163,7 @@ def _replication(replication: pd.DataFrame | None, dataset: str, unit: str) -> l
 
 
 def _speed_replication(speed: pd.DataFrame | None, dataset: str) -> list[str]:
-    """With replicates: each learning-speed verdict that did not replicate, one line each, and
-    the combined ratios of tokens to learn whose intervals count the tuning draw
+    """Each learning-speed verdict that did not replicate, and the combined ratios
     (:func:`~lmablate.report.stats.replication.combine_speed`)."""
     s = _rows_of(speed, dataset)
     if s.empty:
@@ -253,17 +197,16 @@ def success_lines(table: pd.DataFrame | None, dataset: str) -> list[str]:
 
 
 def speed_lines(speed: tuple[pd.DataFrame, pd.DataFrame] | None, dataset: str,
-           threshold: float = THRESHOLDS[0]) -> list[str]:
+                threshold: float = THRESHOLDS[0]) -> list[str]:
     """The learning-speed bullet at ``threshold``: each variant's Kaplan-Meier median tokens to
     learn with its interval and seeds learned, then each log-rank comparison with the
     baseline (:mod:`lmablate.report.stats.learning_speed`)."""
     if speed is None:
         return []
-    table, comparisons = (_rows_of(t, dataset) for t in speed)
-    t = table[table["threshold"] == threshold] if len(table) else table
+    t, c = (x[x["threshold"] == threshold] if len(x) else x
+            for x in (_rows_of(x, dataset) for x in speed))
     if t.empty:
         return []
-    c = comparisons[comparisons["threshold"] == threshold] if len(comparisons) else comparisons
     rows = [_record(r, ("variant", "median_tokens", "median_low", "median_high", "n_learned",
                         "n_seeds")) for r in t.itertuples()]
     tests = [_record(r, ("variant", "verdict", "p_holm", "ratio", "ratio_low", "ratio_high",
@@ -272,42 +215,49 @@ def speed_lines(speed: tuple[pd.DataFrame, pd.DataFrame] | None, dataset: str,
                 confidence=CONFIDENCE, budget=t["budget_tokens"].max(), baseline=BASELINE)]
 
 
-def _convergence(conv: pd.DataFrame, dataset: str) -> list[str]:
-    """Still-falling curves: every seed of every variant fell over the last part of training."""
-    c = conv[conv["dataset"] == dataset]
+def _convergence(conv: pd.DataFrame | None, dataset: str) -> list[str]:
+    """Still-falling curves: every seed of a variant fell over the last part of training."""
+    c = _rows_of(conv, dataset)
     if c.empty:
         return []
     falling = c[c["seeds_falling"] == c["seeds"]]
     if falling.empty:
         return [say("levelled", tail=TAIL)]
-    who = ("every variant" if len(falling) == len(c)
-           else _names(list(map(str, falling["variant"]))))
+    who = "every variant" if len(falling) == len(c) else _names(list(map(str, falling["variant"])))
     return [say("falling", who=who, tail=TAIL, from_step=falling["from_step"].min(),
                 low=falling["drop"].min(), high=falling["drop"].max())]
 
 
-def _extrapolation(table: pd.DataFrame, dataset: str, positions: Mapping[str, str]) -> list[str]:
+def _measured(table: pd.DataFrame | None, dataset: str) -> pd.DataFrame:
+    t = _rows_of(table, dataset)
+    return t[t["mean"].notna()] if len(t) else t
+
+
+def _extrapolation(table: pd.DataFrame | None, dataset: str,
+                   positions: Mapping[str, str]) -> list[str]:
     """The loss from 1x to the longest context each variant ran at, per position scheme."""
-    e = table[(table["dataset"] == dataset) & table["mean"].notna()]
+    e = _measured(table, dataset)
     if e.empty or e["factor"].max() <= 1:
         return []
     parts, fixed = [], []
     for variant, d in e.groupby("variant", observed=True, sort=False):
-        d = d.sort_values("factor")
+        d, variant = d.sort_values("factor"), str(variant)
         if len(d) < 2:
-            fixed.append(str(variant))
+            fixed.append(variant)
             continue
-        scheme = positions.get(str(variant), "")
-        parts.append({"name": f"{variant} ({scheme})" if scheme and scheme != str(variant)
-                      else str(variant),
-                      "first": d["mean"].iloc[0], "first_factor": int(d["factor"].iloc[0]),
-                      "last": d["mean"].iloc[-1], "last_factor": int(d["factor"].iloc[-1])})
+        scheme = positions.get(variant, "")
+        parts.append({"name": f"{variant} ({scheme})" if scheme and scheme != variant
+                      else variant, "first": d["mean"].iloc[0], "last": d["mean"].iloc[-1],
+                      "first_factor": int(d["factor"].iloc[0]),
+                      "last_factor": int(d["factor"].iloc[-1])})
     return [say("extrapolation", parts=parts, fixed_names=fixed)] if parts else []
 
 
-def _length(length: pd.DataFrame, dataset: str) -> list[str]:
+def _length(length: pd.DataFrame | None, dataset: str) -> list[str]:
     """Exact match at the longest trained operand length against the lengths past it."""
-    d = length[(length["dataset"] == dataset) & length["mean"].notna()]
+    d = _measured(length, dataset)
+    if d.empty:
+        return []
     trained, longer = d[d["split"] == "test"], d[d["split"] != "test"]
     if trained.empty or longer.empty:
         return []
@@ -320,8 +270,7 @@ def _length(length: pd.DataFrame, dataset: str) -> list[str]:
 
 
 def _trends(trends: pd.DataFrame | None, dataset: str) -> list[str]:
-    """One bullet on how the effects change with compute, where ``dataset`` has a scaling
-    study's trends: the variants whose gain grows, shrinks, or shows no detectable trend."""
+    """How the effects change with compute (a scaling study's trends), one bullet."""
     t = _rows_of(trends, dataset)
     if t.empty:
         return []
@@ -332,92 +281,63 @@ def _trends(trends: pd.DataFrame | None, dataset: str) -> list[str]:
 
 
 def _widths(ablation: pd.DataFrame | None, dataset: str) -> list[str]:
-    """A line naming each variant compared with the baseline at another tuned ``d_model`` (and
-    so over another number of steps of the same budget); none when every width is the
-    baseline's."""
-    if ablation is None or ablation.empty or "d_model" not in ablation:
+    """The variants compared with the baseline at another tuned ``d_model``, if any."""
+    a = _rows_of(ablation, dataset)
+    if a.empty or "d_model" not in a:
         return []
-    a = ablation[ablation["dataset"] == dataset]
     first = a.groupby("variant", observed=True, sort=False)[["d_model", "steps"]].first()
     if BASELINE not in first.index:
         return []
     base = first.loc[BASELINE]
     other = [{"variant": v, "d_model": int(r.d_model), "steps": int(r.steps)}
              for v, r in first.iterrows() if v != BASELINE and r.d_model != base.d_model]
-    if not other:
-        return []
-    return [say("widths", other=other, baseline=BASELINE,
-                base={"d_model": int(base.d_model), "steps": int(base.steps)})]
+    return [say("widths", other=other, baseline=BASELINE, base={
+        "d_model": int(base.d_model), "steps": int(base.steps)})] if other else []
 
 
-def _dataset_lines(ds: str, comparisons: pd.DataFrame, tables: Mapping[str, Any],
-                   variants: Sequence[str]) -> list[str]:
-    """One dataset's block of "Findings", ending with an empty line."""
-    label, unit, c, _ = _headline(comparisons, ds)
-    if c.empty:
-        lines = [say("nothing_compared", ds=ds, variants=list(variants), baseline=BASELINE), ""]
-    else:
-        lines = [say("opener", ds=ds, label=label, unit=unit, n_pairs=int(c["n_pairs"].max()),
-                     baseline=BASELINE, alpha=ALPHA), ""]
-    lines += _widths(tables["ablation"], ds) if not c.empty else []
-    lines += _undecided(c, unit)
-    lines += _replication(tables["replication"], ds, unit)
-    lines += success_lines(tables["success"], ds)
-    lines += speed_lines(tables["speed"], ds)
-    lines += _speed_replication(tables["speed_replication"], ds)
-    lines += _convergence(tables["convergence"], ds)
-    lines += _extrapolation(tables["extrapolation"], ds, tables["positions"])
-    lines += _length(tables["length"], ds)
-    return lines + _trends(tables["trends"], ds) + [""]
+TABLES = ("replication", "references", "convergence", "extrapolation", "length", "positions",
+          "trends", "success", "speed", "speed_replication", "ablation")
 
 
 def findings_section(comparisons: pd.DataFrame, *, datasets: Sequence[str],
                      variants: Sequence[str] = (), **tables: Any) -> list[str]:
-    """The Markdown lines of "Findings" (see the module docstring), one block per dataset; the
-    heading is the template's (``report/templates/report.md.j2``), the sentences
-    :data:`FINDINGS`'.
+    """The Markdown lines of "Findings", one block per dataset, each ending with an empty line.
 
-    Args:
-        comparisons: :func:`~lmablate.report.stats.statistics.compare` (``comparisons.csv``).
-        datasets: the datasets in study order.
-        variants: the variants with results, in study order: a dataset without comparisons
-            says whether the study has one variant.
-        tables: any of ``replication`` (``replication.csv``: with replicates, which verdicts
-            replicated), ``references`` (``references.csv``, nats/char: the trigram caveat of
-            :func:`reference_caveat`), ``convergence``
-            (:func:`lmablate.report.stats.convergence.convergence_table`), ``extrapolation``
-            (``extrapolation.csv``), ``length`` (``length_generalisation.csv``), ``positions``
-            (variant -> position scheme), ``trends`` (``scaling_trends.csv``), ``success``
-            (``success.csv``), ``speed`` (``(learning_speed.csv,
-            learning_speed_comparisons.csv)``), ``speed_replication``
-            (``learning_speed_replication.csv``) and ``ablation`` (``ablation.csv``: a line
-            names each variant compared at another tuned width); a missing one adds no line.
+    ``comparisons``: ``comparisons.csv``; ``variants``: those with results, in study order;
+    ``tables``: any of :data:`TABLES`, the CSV of that name (``speed``: the pair
+    ``(learning_speed.csv, learning_speed_comparisons.csv)``, ``positions``: variant ->
+    position scheme, ``references``: nats/char); a missing one adds no line.
 
     Raises:
         TypeError: a table this function does not know.
     """
-    known = {"replication", "references", "convergence", "extrapolation", "length",
-             "positions", "trends", "success", "speed", "speed_replication", "ablation"}
-    if set(tables) - known:
-        raise TypeError(f"findings_section: unknown tables {sorted(set(tables) - known)}")
-    empty = pd.DataFrame(columns=["dataset", "variant", "factor", "mean", "split", "digits"])
-    given = {k: tables.get(k) for k in known}
-    given["convergence"] = (given["convergence"] if given["convergence"] is not None
-                            else pd.DataFrame(columns=CONVERGENCE_COLUMNS))
-    for k in ("extrapolation", "length"):
-        given[k] = given[k] if given[k] is not None else empty
-    given["positions"] = given["positions"] or {}
-    return [line for ds in datasets
-            for line in _dataset_lines(ds, comparisons, given, variants)]
+    if set(tables) - set(TABLES):
+        raise TypeError(f"findings_section: unknown tables {sorted(set(tables) - set(TABLES))}")
+    t = {k: tables.get(k) for k in TABLES}
+    lines = []
+    for ds in datasets:
+        label, unit, c, _ = _headline(comparisons, ds)
+        if c.empty:
+            lines += [say("nothing_compared", ds=ds, variants=list(variants), baseline=BASELINE),
+                      ""]
+        else:
+            lines += [say("opener", ds=ds, label=label, unit=unit, baseline=BASELINE,
+                          n_pairs=int(c["n_pairs"].max()), alpha=ALPHA), "",
+                      *_widths(t["ablation"], ds), *_undecided(c, unit)]
+        lines += _replication(t["replication"], ds, unit) + success_lines(t["success"], ds)
+        lines += speed_lines(t["speed"], ds) + _speed_replication(t["speed_replication"], ds)
+        lines += _convergence(t["convergence"], ds)
+        lines += _extrapolation(t["extrapolation"], ds, t["positions"] or {})
+        lines += _length(t["length"], ds) + _trends(t["trends"], ds) + [""]
+    return lines
 
 
 def verdict_lines(comparisons: pd.DataFrame, datasets: Sequence[str],
                   references: pd.DataFrame | None = None) -> list[str]:
     """The verdicts as console lines, one per dataset, in its headline loss, e.g.
-    ``shakespeare, test loss (nats/char): rope better -0.126 [-0.174, -0.078]; ...``, the
-    interval Holm-adjusted; the rest grouped under their verdict as written (``no significant
-    difference: ...``). ``references`` (``references.csv``) adds, per comparison, where a model
-    is not below the trigram (:func:`reference_caveat`, short form, nats/char)."""
+    ``shakespeare, test loss (nats/char): rope better -0.126 [-0.174, -0.078]; ...`` (Holm-
+    adjusted interval), the rest grouped under their verdict; with ``references``, where a
+    model is not below the trigram (:func:`reference_caveat`, short form)."""
     out = []
     for ds in datasets:
         label, unit, c, trigram = _headline(comparisons, ds, references)

@@ -1,9 +1,6 @@
-"""``report.md`` as one self-contained HTML page, for MLflow's artifact viewer.
-
-MLflow shows a Markdown artifact with its images as links: the viewer cannot fetch a path
-relative to the file. An HTML artifact it shows in a frame, so the page carries its figures
-inline (``data:`` URIs) and needs nothing beside it. Markdown is rendered by markdown-it-py
-(CommonMark, with GitHub's tables), not by code of ours.
+"""``report.md`` as one self-contained HTML page for MLflow's artifact viewer, which cannot
+fetch images relative to a Markdown file: the figures are inlined as ``data:`` URIs. Markdown is
+rendered by markdown-it-py (CommonMark with GitHub's tables).
 """
 
 from __future__ import annotations
@@ -15,7 +12,6 @@ from pathlib import Path
 
 from markdown_it import MarkdownIt
 
-# the figures' folder relative to report.md, as the report links them
 _IMAGE = re.compile(r'<img src="(?P<src>[^"]+)"')
 _STYLE = ("body{font-family:system-ui,sans-serif;max-width:72rem;margin:1.5rem auto;"
           "padding:0 1rem;line-height:1.45;color:#1a1a1a}"
@@ -26,10 +22,8 @@ _STYLE = ("body{font-family:system-ui,sans-serif;max-width:72rem;margin:1.5rem a
 
 def report_html(markdown: str, folder: Path, title: str = "lmablate report") -> str:
     """``markdown`` (a report written in ``folder``) as a complete HTML page whose PNG images,
-    linked relative to ``folder``, are embedded as base64 ``data:`` URIs. An image that is
-    missing, or outside ``folder``, keeps its link.
-
-    Returns the page (UTF-8 text)."""
+    linked relative to ``folder``, are embedded as base64 ``data:`` URIs (one missing, or
+    outside ``folder``, keeps its link)."""
     # html off: a "<" in a cell (a variant name, a value) is text, never markup
     body = MarkdownIt("commonmark", {"html": False}).enable("table").render(markdown)
     root = folder.resolve()

@@ -1,14 +1,6 @@
-"""The report's "What this study can and cannot say" section, written from the study's tables.
-
-Every sentence is computed from the frames the report stage writes as CSVs (``ablation``,
-``summary``, ``comparisons``, ``problem_comparisons``, ``references``,
-``tuned``); nothing is typed by hand, so the section follows the results of any profile. It
-states, per dataset: the training each model got, where the variants sit between the data's
-reference points (the answer floors are the headline's), how much the tuning itself varies
-(the minimum detectable effects are the Findings' verdict table's), and every flag raised (a tuned value on the edge of its range, a difference identical
-on every seed, a variant trained at another width than the baseline).
-
-Units: losses in nats/char (one token is one character), accuracies as fractions.
+"""The report's "What this study can and cannot say", per dataset, from the report's frames:
+the training each model got, where the variants sit among the data's references, the tuning
+uncertainty, and every flag raised. Losses in nats/char, accuracies as fractions.
 """
 
 from __future__ import annotations
@@ -26,16 +18,13 @@ from lmablate.report.text.templating import macro_text
 
 LIMITS = "_limits.md.j2"  # the section's sentences, one macro each
 
-# the name of the order-3 reference in references.csv
-# (lmablate.report.stats.reference_models.ngram_references)
-TRIGRAM = "trigram"
+TRIGRAM = "trigram"  # the order-3 reference's name in references.csv
 
 
 def trigram_reference(references: pd.DataFrame | None, dataset: str,
                       metric: str) -> float | None:
     """The trigram cross-entropy of ``dataset``'s test split in ``metric`` (nats/char), from
-    the report's reference table; None where it has none (no tokens given, or a metric other
-    than ``test_loss``, such as arithmetic's answer loss)."""
+    the reference table; None where it has none (no tokens, or not ``test_loss``)."""
     if references is None or references.empty:
         return None
     r = references[(references["dataset"] == dataset) & (references["metric"] == metric)
@@ -44,7 +33,6 @@ def trigram_reference(references: pd.DataFrame | None, dataset: str,
 
 
 def _mean(summary: pd.DataFrame, dataset: str, metric: str) -> pd.Series:
-    """variant -> mean over seeds of ``metric`` on ``dataset`` (study order)."""
     s = summary[(summary["dataset"] == dataset) & (summary["metric"] == metric)]
     return s.set_index(s["variant"].astype(str))["mean"]
 
@@ -55,8 +43,6 @@ def say(macro: str, /, **fields) -> str:
 
 
 def _training(ablation: pd.DataFrame, dataset: str, budgets: Sequence[float] = ()) -> str:
-    """What each final run trained on: tokens, FLOPs of the budget, widths, and where the
-    trend with compute is (or would be) measured."""
     d = ablation[ablation["dataset"] == dataset]
     tokens, flops = d["tokens"].dropna().astype(float), d["train_flops"].dropna().astype(float)
     return say("training", tokens=(tokens.min(), tokens.max()), flops=(flops.min(), flops.max()),
@@ -66,7 +52,6 @@ def _training(ablation: pd.DataFrame, dataset: str, budgets: Sequence[float] = (
 
 def _between_references(summary: pd.DataFrame, references: pd.DataFrame,
                         dataset: str) -> list[str]:
-    """Where each variant's test loss sits among the n-gram references of ``dataset``."""
     refs = references[(references["dataset"] == dataset)
                       & (references["metric"] == "test_loss")]
     losses = _mean(summary, dataset, "test_loss")
@@ -86,10 +71,7 @@ def _between_references(summary: pd.DataFrame, references: pd.DataFrame,
 
 def _tuning_uncertainty(comparisons: pd.DataFrame, tuned: pd.DataFrame,
                         dataset: str) -> list[str]:
-    """Each variant's tuning uncertainty (best.json's full-budget bracket, in the unit of the
-    tuning objective: nats/char, or nats per answer character on arithmetic) and the
-    verdicts it turned "undecided (tuning)" (:func:`~lmablate.report.stats.statistics.
-    tuning_check`); nothing for a study without brackets."""
+    """Each variant's tuning uncertainty and the verdicts it made "undecided (tuning)"."""
     if tuned is None or tuned.empty or "tuning_uncertainty" not in tuned:
         return []
     t = tuned[(tuned["dataset"] == dataset) & tuned["bracket_state"].notna()]
@@ -105,8 +87,6 @@ def _tuning_uncertainty(comparisons: pd.DataFrame, tuned: pd.DataFrame,
 
 
 def _widths(ablation: pd.DataFrame, dataset: str) -> list[str]:
-    """The variants trained at another width than the baseline, or that every one was at
-    its width."""
     d = ablation[ablation["dataset"] == dataset]
     base_w = set(d.loc[d["variant"] == BASELINE, "d_model"].dropna().astype(int))
     other = sorted({str(v) for v, w in zip(d["variant"], d["d_model"])
@@ -122,14 +102,12 @@ def _widths(ablation: pd.DataFrame, dataset: str) -> list[str]:
 def _flags(comparisons: pd.DataFrame, problems: pd.DataFrame, tuned: pd.DataFrame,
            ablation: pd.DataFrame, summary: pd.DataFrame, references: pd.DataFrame,
            dataset: str) -> list[str]:
-    """Every flag raised on ``dataset``: tuned values on an edge, differences identical on
-    every seed, other widths, what the study can say, and metrics no variant beats a
-    question-blind answer in."""
+    """Tuned values on an edge, identical differences, other widths, what the study can say,
+    and metrics no variant beats a question-blind answer in."""
     lines = []
     t = tuned[(tuned["dataset"] == dataset) & tuned["on_edge"].fillna("").astype(bool)]
     if len(t):
-        # one clause per flag, naming the variants that share it: with six variants at the
-        # same edge, one clause per variant was a run-on of six identical phrases
+        # one clause per flag, naming the variants that share it
         flags: dict[str, list[str]] = {}
         for r in t.itertuples():
             for flag in str(r.on_edge).split("; "):
@@ -154,8 +132,7 @@ def _flags(comparisons: pd.DataFrame, problems: pd.DataFrame, tuned: pd.DataFram
 
 
 def _can_say(comparisons: pd.DataFrame, dataset: str) -> str:
-    """"What it can say": the better and worse verdicts of ``dataset`` in any metric, each not
-    checked by a tuning uncertainty labelled so."""
+    """The better and worse verdicts in any metric, those unchecked by tuning labelled so."""
     called = comparisons[(comparisons["dataset"] == dataset)
                          & comparisons["verdict"].isin([VERDICT_BETTER, VERDICT_WORSE])]
     verdicts = [{"variant": r.variant, "verdict": r.verdict, "label": METRICS[r.metric][0],
@@ -169,23 +146,13 @@ def limits_bullets(cfg_budgets: Mapping[str, Sequence[float]], ablation: pd.Data
                    summary: pd.DataFrame, comparisons: pd.DataFrame,
                    problems: pd.DataFrame, references: pd.DataFrame,
                    tuned: pd.DataFrame) -> dict[str, list[str]]:
-    """The section's sentences: dataset of ``ablation`` (in study order) -> its bullets, each
-    one Markdown sentence or more; the template writes the heading and the lists.
-
-    Args:
-        cfg_budgets: each dataset's budgets in training FLOPs, increasing
-            (:meth:`lmablate.config.study.StudyConfig.budgets`); the verdicts are the last one's.
-        ablation, summary, comparisons, tuned: the report's frames
-            (:mod:`lmablate.report.collect`, :mod:`lmablate.report.stats.statistics`).
-        problems: :func:`~lmablate.report.stats.problems.compare_problems` (may be empty).
-        references: columns ``dataset, reference, metric, value, detail`` (the report stage's
-            reference table; losses in nats/char, accuracies as fractions).
-    """
-    out: dict[str, list[str]] = {}
-    for ds in present(ablation["dataset"]):
-        bullets = [_training(ablation, ds, cfg_budgets.get(ds, ()))]
-        bullets += _between_references(summary, references, ds)
-        bullets += _tuning_uncertainty(comparisons, tuned, ds)
-        bullets += _flags(comparisons, problems, tuned, ablation, summary, references, ds)
-        out[ds] = bullets
-    return out
+    """Dataset of ``ablation`` (study order) -> its bullets, each a Markdown sentence or more.
+    ``cfg_budgets``: each dataset's budgets in training FLOPs, increasing
+    (:meth:`lmablate.config.study.StudyConfig.budgets`); ``references``: columns ``dataset,
+    reference, metric, value, detail``; ``problems``:
+    :func:`~lmablate.report.stats.problems.compare_problems` (may be empty)."""
+    return {ds: [_training(ablation, ds, cfg_budgets.get(ds, ())),
+                 *_between_references(summary, references, ds),
+                 *_tuning_uncertainty(comparisons, tuned, ds),
+                 *_flags(comparisons, problems, tuned, ablation, summary, references, ds)]
+            for ds in present(ablation["dataset"])}

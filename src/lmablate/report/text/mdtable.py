@@ -1,9 +1,5 @@
 """Markdown cells and tables of the report: numbers, p-values, intervals, verdicts and lists of
-names as text.
-
-Small formatting helpers shared by the modules that write the report's sections, so that a
-number, a verdict or a list reads the same in every section. "–" stands for a missing value
-everywhere.
+names as text, the same in every section; "–" stands for a missing value everywhere.
 """
 
 from __future__ import annotations
@@ -15,39 +11,53 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from lmablate.report.stats.statistics import VERDICT_BETTER, VERDICT_WORSE
+from lmablate.report.stats.statistics import METRICS, VERDICT_BETTER, VERDICT_WORSE
 
 VERDICT_MARKS = {VERDICT_BETTER: "▲", VERDICT_WORSE: "▼"}
 
 
 def md_table(df: pd.DataFrame) -> str:
-    """A GitHub-flavoured markdown table (kept local so the report needs no ``tabulate``)."""
-    def cell(v: Any) -> str:
-        return str(v).replace("|", "\\|").replace("\n", " ")
-    header = "| " + " | ".join(cell(c) for c in df.columns) + " |"
-    rule = "|" + "|".join("---" for _ in df.columns) + "|"
-    body = ["| " + " | ".join(cell(v) for v in row) + " |"
-            for row in df.itertuples(index=False, name=None)]
-    return "\n".join([header, rule, *body])
+    """A GitHub-flavoured Markdown table (kept local so the report needs no ``tabulate``)."""
+    return "\n".join(["| " + " | ".join(map(cell, df.columns)) + " |",
+                      "|" + "|".join("---" for _ in df.columns) + "|",
+                      *("| " + " | ".join(map(cell, row)) + " |"
+                        for row in df.itertuples(index=False, name=None))])
+
+
+def missing(x: Any) -> bool:
+    """None, NaN or an empty string."""
+    return not x if x is None or isinstance(x, str) else bool(pd.isna(x))
+
+
+def text(x: Any) -> str:
+    """``x`` as a table cell (``|`` escaped, newlines as spaces), "–" where :func:`missing`."""
+    return "–" if missing(x) else cell(x)
 
 
 def num(x: Any, digits: int = 3) -> str:
-    """Fixed-point with ``digits`` decimals, "–" for missing."""
+    """Fixed-point with ``digits`` decimals, "–" for missing or infinite."""
     if x is None or (isinstance(x, float) and not math.isfinite(x)) or pd.isna(x):
         return "–"
     return f"{float(x):.{digits}f}"
 
 
 def integer(x: Any) -> str:
-    if x is None or pd.isna(x):
-        return "–"
-    return f"{int(round(float(x))):,}"
+    return "–" if x is None or pd.isna(x) else f"{int(round(float(x))):,}"
 
 
 def p_value(x: Any) -> str:
-    if x is None or pd.isna(x):
-        return "–"
-    return "<0.001" if x < 0.001 else f"{x:.3f}"
+    return "–" if x is None or pd.isna(x) else "<0.001" if x < 0.001 else f"{x:.3f}"
+
+
+def metric_label(metric: str) -> str:
+    """``test loss (lower is better)``: the metric's label and direction."""
+    label, _, higher = METRICS[metric]
+    return f"{label} ({'higher' if higher else 'lower'} is better)"
+
+
+def cell(v: Any) -> str:
+    """``v`` as a table cell: its ``str``, ``|`` escaped, newlines as spaces."""
+    return str(v).replace("|", "\\|").replace("\n", " ")
 
 
 def digits(metric: str) -> int:
@@ -55,19 +65,15 @@ def digits(metric: str) -> int:
 
 
 def fence(text: str) -> str:
-    """A code block whose fence is longer than any backtick run inside ``text`` (a generated
-    sample may well contain ``` and would otherwise close the block)."""
-    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
-    fence = "`" * max(3, longest + 1)
+    """A code block whose fence is longer than any backtick run inside ``text``."""
+    fence = "`" * max(3, max(map(len, re.findall(r"`+", text)), default=0) + 1)
     return f"{fence}text\n{text}\n{fence}"
 
 
 def join_names(items: Sequence[Any]) -> str:
     """``a``, ``a and b``, ``a, b and c`` (each item as its ``str``); "" for no items."""
     items = [str(i) for i in items]
-    if len(items) <= 2:
-        return " and ".join(items)
-    return ", ".join(items[:-1]) + " and " + items[-1]
+    return " and ".join(items) if len(items) <= 2 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
 def code_span(text: str) -> str:
@@ -94,7 +100,6 @@ def interval(row: Mapping[str, Any], digits: int, prefix: str = "ci95") -> str:
 
 
 def tuning_seeds(tune: Any) -> str:
-    """The bracket's tuning seeds of a ``TuneConfig``: ``tuning seed 1000`` or ``tuning seeds
-    1000, 1001``."""
+    """A ``TuneConfig``'s bracket seeds: ``tuning seed 1000`` or ``tuning seeds 1000, 1001``."""
     seeds = [tune.seed + k for k in range(tune.bracket_seeds)]
     return f"tuning seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}"

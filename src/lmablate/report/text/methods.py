@@ -1,6 +1,5 @@
 """The report's "Methodology": what was trained, at what compute, tuned how, tested how, and on
-what machine. Every value comes from the config, the ablation table or the environment the
-report stage records; none is typed by hand.
+what machine, from the config, the ablation table and the recorded environment.
 """
 
 from __future__ import annotations
@@ -44,9 +43,7 @@ def _compute_table(cfg: StudyConfig, ablation: pd.DataFrame, datasets: Sequence[
 
 def _settings(cfg: StudyConfig, ablation: pd.DataFrame,
               environment: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The values the template's table computes nothing for: the datasets' kinds, each
-    variant's changes, the budgets, the middle of the width search, the datasets with their own
-    windows, the machine and the environment's other facts."""
+    """The values the template does not take from the config itself."""
     tu = cfg.tune
     own = [(name, cfg.for_dataset(name).model.context_length,
             cfg.for_dataset(name).train.batch_size) for name, d in cfg.datasets.items()
@@ -77,14 +74,11 @@ def _settings(cfg: StudyConfig, ablation: pd.DataFrame,
 def methods_section(cfg: StudyConfig, ablation: pd.DataFrame,
                     environment: Mapping[str, Any] | None, datasets: Sequence[str],
                     order: Sequence[str]) -> list[str]:
-    """The Markdown lines of "Methodology" (its heading is the template's; the sentences are
-    ``report/templates/_methods.md.j2``'s): a two-column table of the study's design
-    (datasets, seeds, baseline and variants, the compute budget and FLOPs formula of Kaplan et
-    al. 2020, the tuning protocol, the training settings, the statistics, the machine:
-    ``environment``'s free-form facts, ``hardware``/``device`` and ``torch``/``torch_version``
-    first, then every key), then the table of what each final run spent
-    (:func:`_compute_table`: width, steps, tokens, training FLOPs and their share of the
-    budget, for ``datasets`` x ``order``)."""
+    """The Markdown lines of "Methodology" (the words are ``_methods.md.j2``'s): the study's
+    design as a table (the FLOPs formula of Kaplan et al. 2020; the machine from
+    ``environment``: ``hardware``/``device`` and ``torch``/``torch_version``, then every other
+    key), then each final run's width, steps, tokens, training FLOPs and share of the budget
+    (``datasets`` x ``order``)."""
     settings = dict(_settings(cfg, ablation, environment),
                     compute=_compute_table(cfg, ablation, datasets, order))
     return macro_text(METHODS, "methods", cfg=cfg, tr=cfg.train, tu=cfg.tune, m=cfg.model,

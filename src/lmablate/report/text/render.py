@@ -1,10 +1,6 @@
-"""``report.md`` and ``appendix.md`` rendered: :func:`render_report` and
-:func:`render_appendix`.
-
-The skeleton ``report/templates/report.md.j2`` owns the section order, the headings, the fixed
-paragraphs and the figure blocks; the numbers and rows come from the content model
-(:mod:`lmablate.report.text.content`), formatted by the filters of
-:mod:`lmablate.report.text.templating`.
+"""``report.md`` and ``appendix.md`` rendered from the content model
+(:mod:`lmablate.report.text.content`) by the templates ``report.md.j2`` and ``appendix.md.j2``,
+which own the section order, headings, fixed paragraphs and figure blocks.
 """
 
 from __future__ import annotations
@@ -18,7 +14,7 @@ APPENDIX_TEMPLATE = "appendix.md.j2"  # the detail report.md links to
 
 def render_report(content: ReportContent, template: str = TEMPLATE) -> str:
     """The text of ``report.md`` (GitHub-flavoured Markdown, ``\\n`` line ends, one final
-    newline) from its content.
+    newline).
 
     Raises:
         jinja2.UndefinedError: the template uses a field the content does not have.
@@ -28,9 +24,8 @@ def render_report(content: ReportContent, template: str = TEMPLATE) -> str:
 
 
 def render_appendix(content: ReportContent) -> str:
-    """The text of ``appendix.md``, the detail ``report.md`` links to (how the learning rate
-    was chosen, each dataset's tuning detail, samples and predictions), from the report's
-    content; formatted as :func:`render_report`.
+    """The text of ``appendix.md`` (how the learning rate was chosen, each dataset's tuning
+    detail, samples and predictions), formatted as :func:`render_report`.
 
     Raises:
         jinja2.UndefinedError: the template uses a field the content does not have.

@@ -1,10 +1,6 @@
-"""The report's section "How the effects change with compute" for a scaling study (a dataset with
-two or more budgets in ``train.budget_flops``): its tables (:func:`scaling_tables`, written as
-``scaling_*.csv`` by :func:`scaling_csvs`), its figures (:func:`draw_scaling_figures`) and its
-text (:func:`scaling_section`), every number and sentence computed from the tables.
-
-Units: compute in training FLOPs; losses in nats/char (the answer loss per answer character);
-slopes in the loss's unit per decade (a factor of 10) of compute.
+"""The section "How the effects change with compute" of a scaling study (a dataset with two or
+more budgets in ``train.budget_flops``): its tables, CSVs, figures and content. Compute in
+training FLOPs; losses in nats/char; slopes in the loss's unit per decade of compute.
 """
 
 from __future__ import annotations
@@ -25,11 +21,12 @@ from lmablate.report.stats import isoflop as iso
 from lmablate.report.stats import scaling as sc
 from lmablate.report.stats.statistics import COMPARISON_COLUMNS, METRICS
 from lmablate.report.text.dataset_tables import Rows
-from lmablate.report.text.mdtable import interval, join_names, num, verdict_cell
+from lmablate.report.text.templating import macro_text
 
 # Seed 000's run (conf/profile/seed-scale.yaml's budget: 5,000 steps of 16 x 128 tokens at d_model
 # 96, the posts' scale): the larger budget the fitted curves are extrapolated to
 SEED_SCALE_FLOPS = 6.1023e13
+SCALING = "_scaling.md.j2"  # the section, and its sentences as macros
 
 
 @dataclass(frozen=True, eq=False)
@@ -75,17 +72,13 @@ def scaling_tables(cfg: StudyConfig, runs: RunOutputs) -> ScalingTables:
 def scaling_csvs(tables: ScalingTables) -> dict[str, tuple[str, pd.DataFrame, list[str]]]:
     """``name -> (file, frame, columns)`` of the section's CSVs, written whatever the study
     (empty, with their header, without a scaling dataset)."""
-    return {
-        "scaling_fits": ("scaling_fits.csv", tables.fits, sc.FIT_COLUMNS),
-        "scaling_effects": ("scaling_effects.csv", tables.effects,
-                            ["budget_flops", *COMPARISON_COLUMNS]),
-        "scaling_trends": ("scaling_trends.csv", tables.trends, sc.TREND_COLUMNS),
-        "scaling_extrapolation": ("scaling_extrapolation.csv", tables.extrapolation,
-                                  sc.EXTRAPOLATION_COLUMNS),
-        "scaling_isoflop": ("scaling_isoflop.csv", tables.isoflop, iso.ISOFLOP_COLUMNS),
-        "scaling_optimal_width": ("scaling_optimal_width.csv", tables.optimal,
-                                  iso.OPTIMAL_COLUMNS),
-    }
+    return {name: (f"{name}.csv", frame, columns) for name, frame, columns in (
+        ("scaling_fits", tables.fits, sc.FIT_COLUMNS),
+        ("scaling_effects", tables.effects, ["budget_flops", *COMPARISON_COLUMNS]),
+        ("scaling_trends", tables.trends, sc.TREND_COLUMNS),
+        ("scaling_extrapolation", tables.extrapolation, sc.EXTRAPOLATION_COLUMNS),
+        ("scaling_isoflop", tables.isoflop, iso.ISOFLOP_COLUMNS),
+        ("scaling_optimal_width", tables.optimal, iso.OPTIMAL_COLUMNS))}
 
 
 def draw_scaling_figures(tables: ScalingTables, runs: RunOutputs, fig_dir: Path,
@@ -107,108 +100,49 @@ def draw_scaling_figures(tables: ScalingTables, runs: RunOutputs, fig_dir: Path,
     return {k: p for k, p in drawn.items() if p is not None}
 
 
-def _flops(x: float) -> str:
-    return budget_label(x)
+def _at(frame: pd.DataFrame, budget: float) -> pd.DataFrame:
+    return frame[np.isclose(frame["budget_flops"].astype(float), budget)]
 
 
-def _fit_rows(fits: pd.DataFrame, dataset: str) -> Rows:
-    def with_interval(row: pd.Series, name: str, digits: int) -> str:
-        if not np.isfinite(row[name]):
-            return "–"
-        cell = f"{row[name]:.{digits}g}"
-        if np.isfinite(row[f"{name}_low"]):
-            cell += f" [{row[f'{name}_low']:.{digits}g}, {row[f'{name}_high']:.{digits}g}]"
-        return cell
-
-    def e_cell(row: pd.Series) -> str:
-        if row["form"] != sc.SATURATING:
-            return "–"
-        return "0 (at its bound)" if row["note"].startswith("E at its") else with_interval(
-            row, "E", 3)
-
-    rows = [{"variant": r["variant"], "fitted law": r["form"] or "–", "E": e_cell(r),
-             "A": with_interval(r, "A", 3), "α": with_interval(r, "alpha", 3),
-             "bootstrap fits": int(r["n_bootstrap"])}
-            for _, r in fits[fits["dataset"] == dataset].iterrows()]
-    return rows
+def _by_budget(frame: pd.DataFrame, budgets: Sequence[float]) -> list[tuple[str, dict | None]]:
+    """(budget label, ``frame``'s first row at that budget, or None) for each budget."""
+    return [(budget_label(b), at.iloc[0].to_dict() if len(at := _at(frame, b)) else None)
+            for b in budgets]
 
 
-def _trend_rows(effects: pd.DataFrame, trends: pd.DataFrame, dataset: str,
-                 budgets: Sequence[float]) -> Rows:
-    rows = []
-    for _, t in trends[trends["dataset"] == dataset].iterrows():
-        row = {"variant": t["variant"]}
-        for b in budgets:
-            c = effects[(effects["dataset"] == dataset) & (effects["variant"] == t["variant"])
-                        & np.isclose(effects["budget_flops"].astype(float), b)]
-            row[f"Δ at {_flops(b)}"] = (
-                f"{num(c.iloc[0]['mean_diff'])} {interval(c.iloc[0], 3, 'ci_holm')}"
-                + (f" {verdict_cell(c.iloc[0]['verdict'])}"
-                   if c.iloc[0]["verdict"] in ("better", "worse") else "")) if len(c) else "–"
-        row["slope per decade"] = f"{num(t['slope'])} {interval(t, 3, 'slope_holm')}"
-        row["trend"] = (f"**{t['trend']}**" if t["trend"] in (sc.TREND_GROWS, sc.TREND_SHRINKS)
-                        else t["trend"])
-        row["curves cross at"] = (f"{_flops(t['crossing_flops'])} FLOPs"
-                                  if np.isfinite(t["crossing_flops"]) else "–")
-        rows.append(row)
-    return rows
+def _trend_rows(effects: pd.DataFrame, trends: pd.DataFrame, budgets: Sequence[float]) -> Rows:
+    """Each trend's row, with ``effects``: the variant's comparison at each budget."""
+    return [dict(t, effects=_by_budget(effects[effects["variant"] == t["variant"]], budgets),
+                 marked=t["trend"] in (sc.TREND_GROWS, sc.TREND_SHRINKS),
+                 crossing=budget_label(t["crossing_flops"])
+                 if np.isfinite(t["crossing_flops"]) else None)
+            for t in trends.to_dict("records")]
 
 
-def _trend_sentences(trends: pd.DataFrame, dataset: str) -> list[str]:
-    t = trends[trends["dataset"] == dataset]
-    parts = []
-    for label, meaning in ((sc.TREND_GROWS, "the difference to the baseline falls as compute "
-                            "grows"),
-                           (sc.TREND_SHRINKS, "the difference to the baseline rises as compute "
-                            "grows"),
-                           (sc.TREND_NONE, "no slope distinguishable from 0")):
-        names = list(t[t["trend"] == label]["variant"].astype(str))
-        if names:
-            parts.append(f"{label}: {join_names(names)} ({meaning})")
-    crossings = [f"{r['variant']} at about {_flops(r['crossing_flops'])} FLOPs"
+def _trend_sentences(t: pd.DataFrame) -> list[str]:
+    groups = [(label, list(t[t["trend"] == label]["variant"].astype(str)), key)
+              for label, key in ((sc.TREND_GROWS, "falls"), (sc.TREND_SHRINKS, "rises"),
+                                 (sc.TREND_NONE, None))]
+    crossings = [(r["variant"], budget_label(r["crossing_flops"]))
                  for _, r in t.iterrows() if np.isfinite(r["crossing_flops"])]
-    lines = [f"Trend of each effect: {'; '.join(parts)}." if parts else ""]
-    if crossings:
-        lines.append(f"The mean difference changes sign once, between two budgets, so the "
-                     f"curves cross within the measured range: {join_names(crossings)}.")
-    return [x for x in lines if x]
+    text = macro_text(SCALING, "trend_sentences", groups=[g for g in groups if g[1]],
+                      crossings=crossings)
+    return [x for x in text.split("\n") if x]
 
 
-def _optimal_rows(optimal: pd.DataFrame, dataset: str, budgets: Sequence[float],
-                   order: Sequence[str]) -> Rows:
-    rows = []
-    d = optimal[optimal["dataset"] == dataset]
-    for variant in [v for v in order if (d["variant"] == v).any()]:
-        row = {"variant": variant}
-        for b in budgets:
-            o = d[(d["variant"] == variant) & np.isclose(d["budget_flops"].astype(float), b)]
-            if not len(o):
-                row[f"{_flops(b)}"] = "–"
-                continue
-            o = o.iloc[0]
-            mark = "" if o["method"] == iso.PARABOLA else "*"
-            tuned = "–" if pd.isna(o["tuned_d_model"]) else int(o["tuned_d_model"])
-            row[f"{_flops(b)}"] = f"{o['optimal_d_model']:.0f}{mark} (tuned {tuned})"
-        rows.append(row)
-    return rows
-
-
-def _extrapolation_rows(extrapolation: pd.DataFrame, dataset: str) -> Rows:
-    rows = [{"variant": r["variant"],
-             "predicted loss": f"{num(r['predicted'])} [{num(r['predicted_low'])}, "
-                               f"{num(r['predicted_high'])}]",
-             f"Δ vs {BASELINE}": "–" if not np.isfinite(r["delta"]) else
-             f"{num(r['delta'])}" + (f" [{num(r['delta_low'])}, {num(r['delta_high'])}]"
-                                     if np.isfinite(r["delta_low"]) else "")}
-            for _, r in extrapolation[extrapolation["dataset"] == dataset].iterrows()]
-    return rows
+def _optimal_rows(d: pd.DataFrame, budgets: Sequence[float], order: Sequence[str]) -> Rows:
+    """A row per variant: ``cells``, its optimal width's row at each budget (or None)."""
+    d = d.assign(vertex=d["method"] == iso.PARABOLA)
+    return [{"variant": v, "cells": _by_budget(d[d["variant"] == v], budgets)}
+            for v in order if (d["variant"] == v).any()]
 
 
 @dataclass(frozen=True)
 class ScalingDataset:
     """One dataset's part of the section: its headline metric's label and unit, whether the
     saturating law was fitted (else the log-log line, on ``n_budgets`` budgets), the rows of
-    the fits and of the effects with their trends, and the sentences on the trends."""
+    ``scaling_fits.csv`` (and whether each is ``saturating`` and has E ``at_bound``) and of
+    ``scaling_trends.csv`` (:func:`_trend_rows`), and the sentences on the trends."""
 
     name: str
     metric_label: str
@@ -222,11 +156,11 @@ class ScalingDataset:
 
 @dataclass(frozen=True)
 class ScalingSection:
-    """The section "How the effects change with compute" as data: the opening sentence, each
-    dataset's fits and trends, the compute-optimal widths (dataset -> rows), the extrapolation
-    (dataset -> its paragraph and rows) and the figures' paths relative to the report (None:
-    not drawn). The template (``report/templates/_scaling.md.j2``) writes the headings,
-    captions and fixed paragraphs."""
+    """The section as data: the opening sentence, each dataset's fits and trends, the
+    compute-optimal widths (dataset -> :func:`_optimal_rows`), the extrapolation (dataset -> its
+    paragraph and rows of ``scaling_extrapolation.csv``) and the figures' paths relative to the
+    report (None: not drawn); ``_scaling.md.j2`` writes the headings, tables and fixed
+    paragraphs."""
 
     intro: str
     datasets: list[ScalingDataset]
@@ -238,57 +172,45 @@ class ScalingSection:
     min_budgets_saturating: int = sc.MIN_BUDGETS_SATURATING
 
 
+def _extrapolation(tables: ScalingTables, ds: str) -> tuple[str, Rows]:
+    """The paragraph and rows of ``ds``'s extrapolation to the seed scale."""
+    ex = tables.extrapolation[tables.extrapolation["dataset"] == ds]
+    target = float(ex["target_flops"].iloc[0])
+    factor = target / tables.budgets[ds][-1]
+    fits = tables.fits[(tables.fits["dataset"] == ds) & (tables.fits["form"] != "")]
+    floorless = list(fits[fits["note"].str.startswith("E at its")]["variant"])
+    return macro_text(
+        SCALING, "extrapolation", ds=ds, target=target, factor=factor,
+        decades=math.log10(factor), loglog=not (ex["form"] == sc.SATURATING).all(),
+        floorless=floorless, floored=[v for v in fits["variant"] if v not in floorless],
+        n_budgets=len(tables.budgets[ds])), ex.to_dict("records")
+
+
 def scaling_section(tables: ScalingTables, runs: RunOutputs, figures: Mapping[str, Path],
                     out_dir: Path) -> ScalingSection | None:
     """The section's content (None without a scaling dataset); ``figures`` (name -> path,
     :func:`draw_scaling_figures`) linked relative to ``out_dir``."""
     if not tables.budgets:
         return None
-    n_seeds = runs.scaling["seed"].nunique()
-    described = "; ".join(f"{ds}: {len(b)} budgets, {join_names([_flops(x) for x in b])} FLOPs"
-                          for ds, b in tables.budgets.items())
-    intro = (f"Every variant was tuned (learning rate and width) and trained on {n_seeds} "
-             f"seeds at each budget ({described}); the verdicts above are those of the "
-             "largest. Below, per dataset, the fitted curve of each variant, the difference "
-             "to the baseline at every budget (Holm-adjusted intervals, as above), the slope "
-             "of that difference per decade of compute (the seeds' slopes, Holm-corrected "
-             "over the variants) and what it says.")
+    intro = macro_text(SCALING, "intro", n_seeds=runs.scaling["seed"].nunique(), budgets=[
+        (ds, [budget_label(x) for x in b]) for ds, b in tables.budgets.items()])
     datasets = []
     for ds, budgets in tables.budgets.items():
-        metric = tables.metric_of[ds]
-        forms = set(tables.fits[tables.fits["dataset"] == ds]["form"])
+        label, unit, _ = METRICS[tables.metric_of[ds]]
+        fits = tables.fits[tables.fits["dataset"] == ds]
+        trends = tables.trends[tables.trends["dataset"] == ds]
         datasets.append(ScalingDataset(
-            ds, METRICS[metric][0], METRICS[metric][1], sc.SATURATING in forms, len(budgets),
-            _fit_rows(tables.fits, ds), _trend_rows(tables.effects, tables.trends, ds, budgets),
-            _trend_sentences(tables.trends, ds)))
-    optimal = ({} if tables.optimal.empty else
-               {ds: _optimal_rows(tables.optimal, ds, budgets, present(runs.scaling["variant"]))
-                for ds, budgets in tables.budgets.items()})
-    extrapolation = {}
-    for ds in (present(tables.extrapolation["dataset"]) if len(tables.extrapolation) else []):
-        ex = tables.extrapolation[tables.extrapolation["dataset"] == ds]
-        target = float(ex["target_flops"].iloc[0])
-        factor = target / tables.budgets[ds][-1]
-        caveat = ("" if (ex["form"] == sc.SATURATING).all() else
-                  " A log-log line has no floor, so it predicts lower losses, and larger "
-                  "gaps, than a saturating law would.")
-        fits = tables.fits[(tables.fits["dataset"] == ds) & (tables.fits["form"] != "")]
-        floorless = list(fits[fits["note"].str.startswith("E at its")]["variant"])
-        floored = [v for v in fits["variant"] if v not in floorless]
-        if floorless and floored:
-            caveat += (f" The fits of {join_names(floorless)} found no floor (E at 0) and "
-                       f"keep falling, while those of {join_names(floored)} level off at "
-                       "their E: a predicted difference between the two groups comes from "
-                       f"that difference of form, fitted on {len(tables.budgets[ds])} "
-                       "budgets, more than from the data.")
-        extrapolation[ds] = (
-            f"The fitted curves of {ds} at {target:.3g} FLOPs (the seed scale, "
-            f"{factor:,.0f}x the largest budget measured), with the 95% interval of "
-            "the bootstrap over seeds (paired across variants for Δ). Nothing was "
-            f"trained at this budget in this study: these numbers assume the law "
-            f"holds {math.log10(factor):.1f} decades past the data, the model shape "
-            f"and the rest of the setup unchanged.{caveat}",
-            _extrapolation_rows(tables.extrapolation, ds))
+            ds, label, unit, sc.SATURATING in set(fits["form"]), len(budgets),
+            [dict(r, saturating=r["form"] == sc.SATURATING, at_bound=r["note"].startswith(
+                "E at its")) for r in fits.to_dict("records")],
+            _trend_rows(tables.effects[tables.effects["dataset"] == ds], trends, budgets),
+            _trend_sentences(trends)))
+    order = present(runs.scaling["variant"])
+    optimal = {ds: _optimal_rows(tables.optimal[tables.optimal["dataset"] == ds], b, order)
+               for ds, b in tables.budgets.items()} if len(tables.optimal) else {}
+    extrapolation = {ds: _extrapolation(tables, ds) for ds in
+                     (present(tables.extrapolation["dataset"]) if len(tables.extrapolation)
+                      else [])}
 
     def link(name: str) -> str | None:
         return figures[name].relative_to(out_dir).as_posix() if name in figures else None
@@ -299,13 +221,11 @@ def scaling_section(tables: ScalingTables, runs: RunOutputs, figures: Mapping[st
 
 def scaling_metrics(tables: ScalingTables, runs: RunOutputs,
                     docs: Mapping[str, dict]) -> dict[str, dict]:
-    """The DVC metrics files of a scaling study (``docs``:
-    :func:`lmablate.report.headline.metrics_files`, relative path -> document): each
-    ``<dataset>/<variant>.json`` of a scaling dataset with its ``budget_flops`` (the headline
-    budget) and the ``trend`` of its effect, and a ``<dataset>/<variant>@<budget label>.json``
-    per smaller budget: ``seeds``, ``budget_flops``, the mean ``test_loss`` (and headline
-    loss), ``delta_<headline>`` and ``verdict`` at that budget. ``docs`` unchanged where no
-    dataset has two budgets."""
+    """The DVC metrics files (``docs``: :func:`lmablate.report.headline.metrics_files`, path ->
+    document) with a scaling dataset's budgets: each ``<dataset>/<variant>.json`` gets its
+    ``budget_flops`` and its effect's ``trend``, and each smaller budget a
+    ``<dataset>/<variant>@<budget label>.json`` (``seeds``, ``budget_flops``, mean
+    ``test_loss`` and headline loss, ``delta_<headline>``, ``verdict``)."""
     out = {name: dict(doc) for name, doc in docs.items()}
     for ds, budgets in tables.budgets.items():
         metric = tables.metric_of[ds]
@@ -313,19 +233,14 @@ def scaling_metrics(tables: ScalingTables, runs: RunOutputs,
         for variant in present(frame["variant"]):
             trend = tables.trends[(tables.trends["dataset"] == ds)
                                   & (tables.trends["variant"] == variant)]
-            for budget in budgets:
-                v = frame[(frame["variant"] == variant)
-                          & np.isclose(frame["budget_flops"].astype(float), budget)]
-                c = tables.effects[(tables.effects["dataset"] == ds)
-                                   & (tables.effects["variant"] == variant)
-                                   & np.isclose(tables.effects["budget_flops"].astype(float),
-                                                budget)]
-                if budget == budgets[-1]:
-                    doc = out.setdefault(f"{ds}/{variant}.json", {})
-                    doc["budget_flops"] = budget
-                    if variant != BASELINE:
-                        doc["trend"] = str(trend["trend"].iloc[0]) if len(trend) else "–"
-                    continue
+            doc = out.setdefault(f"{ds}/{variant}.json", {})
+            doc["budget_flops"] = budgets[-1]
+            if variant != BASELINE:
+                doc["trend"] = str(trend["trend"].iloc[0]) if len(trend) else "–"
+            effects = tables.effects[(tables.effects["dataset"] == ds)
+                                     & (tables.effects["variant"] == variant)]
+            for budget in budgets[:-1]:
+                v, c = _at(frame[frame["variant"] == variant], budget), _at(effects, budget)
                 doc = {"seeds": int(v["seed"].nunique()), "budget_flops": budget,
                        "test_loss": float(v["test_loss"].mean())}
                 if metric != "test_loss":
