@@ -1,9 +1,6 @@
 """Arithmetic variants against the baseline problem by problem (:func:`compare_problems`): a
-diagnostic of which problems the trained models get right, not a verdict, as the problems of the
-same few models are not independent replications (the verdicts are
-:func:`lmablate.report.stats.statistics.compare`'s). Rates are fractions of problems (exact
-match) or of answer characters (char accuracy).
-"""
+diagnostic, not a verdict, as the problems of a few models are not independent replications.
+Rates are fractions of problems (exact match) or of answer characters (char accuracy)."""
 
 from __future__ import annotations
 
@@ -18,21 +15,17 @@ from lmablate.report.collect import BASELINE
 from lmablate.report.stats.statistics import (ALPHA, INTERVAL_COLUMNS, VERDICT_NSD, holm_correct,
                                               mean_interval)
 
-PROBLEM_COLUMNS = [
-    "dataset", "metric", "baseline", "variant", "n_problems", "n_seeds", "baseline_count",
-    "variant_count", "total", "baseline_rate", "variant_rate", "n_differing", "mean_diff",
-    "ci95_low", "ci95_high", "ci_holm_low", "ci_holm_high", "p_value", "p_holm", "reject_holm",
-    "verdict",
-]
+PROBLEM_COLUMNS = ("dataset metric baseline variant n_problems n_seeds baseline_count "
+                   "variant_count total baseline_rate variant_rate n_differing mean_diff ci95_low "
+                   "ci95_high ci_holm_low ci_holm_high p_value p_holm reject_holm verdict").split()
 VERDICT_SAME_PROBLEMS = "identical on every problem"
 PERMUTATION_RESAMPLES = 9999  # sign flips drawn when there are too many to enumerate
 PERMUTATION_SEED = 0
 
 
 def problem_outcomes(predictions: Sequence[Mapping[str, str]]) -> tuple[np.ndarray, np.ndarray]:
-    """Per decoded test problem of one seed: solved (exact match, 0/1) and the share of correct
-    answer characters, both (N,) float arrays (their means are
-    :func:`lmablate.evaluate.metrics.arithmetic_scores`')."""
+    """Per decoded test problem of one seed: solved (0/1) and the share of correct answer
+    characters, (N,) float arrays (means: :func:`lmablate.evaluate.metrics.arithmetic_scores`)."""
     exact, chars = [], []
     for p in predictions:
         target, pred = str(p["target"]), str(p["prediction"])
@@ -58,72 +51,59 @@ def sign_flip_test(diff: np.ndarray) -> float:
     return float(min(1.0, res.pvalue))
 
 
-def _paired_outcomes(dataset: str, base: Mapping[str, Sequence[Mapping]],
-                     predictions: Mapping[tuple[str, str], Mapping[str, Sequence[Mapping]]],
-                     order: Sequence[str]) -> dict[str, tuple]:
-    """variant -> (seeds, answer width, baseline outcomes, variant outcomes) per seed both
-    decoded, on the problems both have; raises ValueError where a prompt differs."""
-    paired = {}
-    base_out = {k: problem_outcomes(v) for k, v in base.items() if v}  # shared by variants
-    for variant in order:
-        other = predictions[(dataset, variant)]
-        seeds = [k for k in base if k in other and base[k] and other[k]]
-        if not seeds:
-            continue
-        n = min(min(len(base[k]), len(other[k])) for k in seeds)
-        for k in seeds:
-            for i, (a, b) in enumerate(zip(base[k][:n], other[k][:n])):
-                if a["prompt"] != b["prompt"]:
-                    raise ValueError(
-                        f"{dataset}: problem {i} of {variant} ({k}) is {b['prompt']!r}, "
-                        f"the baseline's is {a['prompt']!r}; evaluate both on the same "
-                        "test problems")
-        paired[variant] = (seeds, len(str(base[seeds[0]][0]["target"])),
-                           [tuple(o[:n] for o in base_out[k]) for k in seeds],
-                           [problem_outcomes(other[k][:n]) for k in seeds])
-    return paired
-
-
-def _problem_row(dataset: str, metric: str, baseline: str, variant: str, n_seeds: int,
-                 width: int, b_out: np.ndarray, v_out: np.ndarray) -> dict:
-    """A row of :func:`compare_problems` from (seeds, problems) outcomes, ``width`` characters a
-    problem: identical, or the sign-flip test, NSD until Holm judges it."""
-    n = b_out.shape[1]
-    d = (v_out - b_out).mean(axis=0)  # (n problems,)
-    row = {"dataset": dataset, "metric": metric, "baseline": baseline, "variant": variant,
-           "n_problems": n, "n_seeds": n_seeds,
-           "baseline_count": int(round(b_out.sum() * width)),
-           "variant_count": int(round(v_out.sum() * width)),
-           "total": n * n_seeds * width, "baseline_rate": float(b_out.mean()),
-           "variant_rate": float(v_out.mean()),
-           "n_differing": int(np.count_nonzero(d)), "mean_diff": float(d.mean()),
-           **dict.fromkeys(PROBLEM_COLUMNS[13:19], math.nan), "reject_holm": False,
-           "verdict": VERDICT_SAME_PROBLEMS}
-    if not np.count_nonzero(d):
-        return {**row, **dict.fromkeys(INTERVAL_COLUMNS, 0.0)}
-    sem = float(d.std(ddof=1) / math.sqrt(n)) if n > 1 else math.nan
-    row["ci95_low"], row["ci95_high"] = mean_interval(d.mean(), sem, n)
-    return {**row, "p_value": sign_flip_test(d), "verdict": VERDICT_NSD, "_sem": sem,
-            "_df": n - 1}
+def _variant_rows(dataset: str, baseline: str, variant: str, base: Mapping[str, Sequence],
+                  other: Mapping[str, Sequence], base_out: Mapping[str, tuple]) -> list[dict]:
+    """The exact-match and char-accuracy rows of :func:`compare_problems` of ``variant``: on the
+    seeds and problems both decoded, identical or the sign-flip test, NSD until Holm judges."""
+    seeds = [k for k in base if k in other and base[k] and other[k]]
+    if not seeds:
+        return []
+    n = min(min(len(base[k]), len(other[k])) for k in seeds)
+    for k in seeds:
+        for i, (a, b) in enumerate(zip(base[k][:n], other[k][:n])):
+            if a["prompt"] != b["prompt"]:
+                raise ValueError(f"{dataset}: problem {i} of {variant} ({k}) is {b['prompt']!r}, "
+                                 f"the baseline's is {a['prompt']!r}; evaluate both on the same "
+                                 "test problems")
+    v_all = [problem_outcomes(other[k][:n]) for k in seeds]
+    rows = []
+    for metric, which in (("exact_match", 0), ("char_accuracy", 1)):
+        b_out = np.stack([base_out[k][which][:n] for k in seeds])  # (seeds, problems)
+        v_out = np.stack([o[which] for o in v_all])
+        width = len(str(base[seeds[0]][0]["target"])) if which else 1  # characters a problem
+        d = (v_out - b_out).mean(axis=0)  # (n problems,)
+        row = {"dataset": dataset, "metric": metric, "baseline": baseline, "variant": variant,
+               "n_problems": n, "n_seeds": len(seeds),
+               "baseline_count": int(round(b_out.sum() * width)),
+               "variant_count": int(round(v_out.sum() * width)),
+               "total": n * len(seeds) * width, "baseline_rate": float(b_out.mean()),
+               "variant_rate": float(v_out.mean()), "n_differing": int(np.count_nonzero(d)),
+               "mean_diff": float(d.mean()), **dict.fromkeys(PROBLEM_COLUMNS[13:19], math.nan),
+               "reject_holm": False, "verdict": VERDICT_SAME_PROBLEMS}
+        if not np.count_nonzero(d):
+            row.update(dict.fromkeys(INTERVAL_COLUMNS, 0.0))
+        else:
+            sem = float(d.std(ddof=1) / math.sqrt(n)) if n > 1 else math.nan
+            row["ci95_low"], row["ci95_high"] = mean_interval(d.mean(), sem, n)
+            row.update(p_value=sign_flip_test(d), verdict=VERDICT_NSD, _sem=sem, _df=n - 1)
+        rows.append(row)
+    return rows
 
 
 def compare_problems(predictions: Mapping[tuple[str, str], Mapping[str, Sequence[Mapping]]],
                      baseline: str = BASELINE, alpha: float = ALPHA,
                      variants: Sequence[str] | None = None) -> pd.DataFrame:
     """Arithmetic variants against ``baseline`` in exact match and character accuracy, paired by
-    problem (position in ``test.txt``) and seed, on the seeds and problems both decoded.
+    problem (position in ``test.txt``) and seed.
 
-    Per problem i, d_i = the mean over seeds of (variant - baseline) outcome (averaging first
-    keeps a problem's dependent seeds together); the test is :func:`sign_flip_test` on the d_i,
-    the interval the large-sample :data:`~lmablate.report.stats.statistics.CONFIDENCE` t-interval
-    of their mean (it can be narrower than the exact test implies when few problems differ: see
-    ``n_differing``); Holm's correction runs over each metric's variants. All d_i zero gives
-    "identical on every problem" and no test. ``baseline_count``/``variant_count`` of ``total``
-    (problems x seeds, x answer characters for char accuracy).
-
-    ``predictions``: ``{(dataset, variant): {"seed_<n>": [{"prompt", "target", "prediction"}]}}``
-    (:attr:`~lmablate.report.collect.RunOutputs.predictions`); ``variants`` orders the rows.
-    Returns columns :data:`PROBLEM_COLUMNS`, as fractions (differences in [-1, 1]).
+    Per problem i, d_i = the mean over seeds of (variant - baseline) outcome (a problem's seeds
+    are not independent); the test is :func:`sign_flip_test` on the d_i, the interval the
+    large-sample :data:`~lmablate.report.stats.statistics.CONFIDENCE` t-interval of their mean
+    (narrower than the exact test when few problems differ: ``n_differing``), Holm over each
+    metric's variants. ``baseline_count``/``variant_count`` of ``total`` (problems x seeds, x
+    answer characters for char accuracy). ``predictions``: ``{(dataset, variant): {"seed_<n>":
+    [{"prompt", "target", "prediction"}]}}``; ``variants`` orders the rows. Columns
+    :data:`PROBLEM_COLUMNS`, as fractions.
 
     Raises:
         ValueError: a variant's prompt differs from the baseline's at the same position.
@@ -132,17 +112,17 @@ def compare_problems(predictions: Mapping[tuple[str, str], Mapping[str, Sequence
     for dataset in dict.fromkeys(d for d, _ in predictions):
         if (dataset, baseline) not in predictions:
             continue
-        order = [v for v in (variants or [v for d, v in predictions if d == dataset])
-                 if (dataset, v) in predictions and v != baseline]
-        paired = _paired_outcomes(dataset, predictions[(dataset, baseline)], predictions, order)
-        for metric, which in (("exact_match", 0), ("char_accuracy", 1)):
-            new = [_problem_row(dataset, metric, baseline, variant, len(seeds),
-                                chars if which else 1, np.stack([o[which] for o in b_all]),
-                                np.stack([o[which] for o in v_all]))
-                   for variant, (seeds, chars, b_all, v_all) in paired.items()]
-            holm_correct(new, [i for i, r in enumerate(new) if r["verdict"] == VERDICT_NSD],
+        base = predictions[(dataset, baseline)]
+        base_out = {k: problem_outcomes(v) for k, v in base.items() if v}  # shared by variants
+        new = [row for v in (variants or [v for d, v in predictions if d == dataset])
+               if (dataset, v) in predictions and v != baseline
+               for row in _variant_rows(dataset, baseline, v, base, predictions[(dataset, v)],
+                                        base_out)]
+        for metric in ("exact_match", "char_accuracy"):
+            family = [r for r in new if r["metric"] == metric]
+            holm_correct(family, [i for i, r in enumerate(family) if r["verdict"] == VERDICT_NSD],
                          alpha, higher=True)
-            rows += new
+            rows += family
     out = pd.DataFrame(rows, columns=PROBLEM_COLUMNS)
     out[["ci95_low", "ci95_high"]] = out[["ci95_low", "ci95_high"]].astype(float)
     out["reject_holm"] = out["reject_holm"].astype(bool)

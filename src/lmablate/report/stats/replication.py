@@ -1,14 +1,8 @@
 """Replicates of the study (``study.replicates``): each replicate's verdicts, whether they agree,
-and one comparison over all of them whose interval counts the tuning draw.
-
-The combined comparison: within replicate r the paired differences are d_rs = mu + u_r + e_rs,
-u_r (variance s_b^2) the replicate's draw of tuning and seeds, e_rs (variance s_w^2) seed noise.
-The replicate means are independent with variance s_b^2 + s_w^2 / n, so the Student-t interval
-of their mean with R - 1 degrees of freedom is exact for the balanced one-way random-effects
-model ("summary measures"; Searle, Casella & McCulloch 1992, "Variance Components", sec. 3.5)
-and conservative for unequal seed counts. Holm's method runs over a dataset's variants
-(:func:`~lmablate.report.stats.statistics.holm_correct`). Units: those of the headline loss.
-"""
+and one comparison over all of them whose interval counts the tuning draw: with d_rs = mu + u_r +
+e_rs (u_r a replicate's draw of tuning and seeds), the t-interval of the replicates' means with
+R - 1 df is exact for the balanced one-way random-effects model (Searle, Casella & McCulloch
+1992, "Variance Components", sec. 3.5). Units: those of the headline loss."""
 
 from __future__ import annotations
 
@@ -28,26 +22,18 @@ from lmablate.report.stats.statistics import (ALPHA, INTERVAL_COLUMNS, TUNED_MET
 VERDICT_FEW_REPLICATES = "too few replicates"  # one replicate holds the variant: no spread
 VERDICT_SAME_IN_EVERY = "identical in every replicate"  # no spread between replicates: no test
 
-REPLICATE_COLUMNS = [
-    "dataset", "metric", "variant", "replicate", "n_pairs", "lr", "d_model", "baseline_lr",
-    "baseline_d_model", "mean_diff", "ci_holm_low", "ci_holm_high", "p_holm",
-    "tuning_uncertainty", "verdict",
-]
-COMBINED_COLUMNS = [
-    "dataset", "metric", "variant", "replicates", "n_pairs", "verdicts", "agree", "same_sign",
-    "mean_diff", "sd_between", "sd_tuning_draw", "df", "ci95_low", "ci95_high", "p_value",
-    "p_holm", "ci_holm_low", "ci_holm_high", "verdict",
-]
-SPREAD_COLUMNS = [
-    "dataset", "variant", "replicates", "tuned_lr", "tuned_d_model", "tuned_loss",
-    "tuned_loss_range", "final_mean", "final_sd_between", "seed_se", "sd_tuning_draw",
-    "tuning_uncertainty", "covered",
-]
-SPEED_REPLICATION_COLUMNS = [
-    "dataset", "variant", "threshold", "replicates", "n_both", "ratios", "verdicts", "agree",
-    "same_direction", "ratio", "df", "ratio_low", "ratio_high", "p_value", "p_holm",
-    "ratio_holm_low", "ratio_holm_high", "verdict",
-]
+REPLICATE_COLUMNS = ("dataset metric variant replicate n_pairs lr d_model baseline_lr "
+                     "baseline_d_model mean_diff ci_holm_low ci_holm_high p_holm "
+                     "tuning_uncertainty verdict").split()
+COMBINED_COLUMNS = ("dataset metric variant replicates n_pairs verdicts agree same_sign mean_diff "
+                    "sd_between sd_tuning_draw df ci95_low ci95_high p_value p_holm ci_holm_low "
+                    "ci_holm_high verdict").split()
+SPREAD_COLUMNS = ("dataset variant replicates tuned_lr tuned_d_model tuned_loss tuned_loss_range "
+                  "final_mean final_sd_between seed_se sd_tuning_draw tuning_uncertainty "
+                  "covered").split()
+SPEED_REPLICATION_COLUMNS = ("dataset variant threshold replicates n_both ratios verdicts agree "
+                             "same_direction ratio df ratio_low ratio_high p_value p_holm "
+                             "ratio_holm_low ratio_holm_high verdict").split()
 JOIN = " / "  # joins a row's values per replicate ("better / better / worse")
 _NO_TUNED = pd.DataFrame(columns=["dataset", "variant"])  # a replicate without tuned values
 
@@ -92,14 +78,12 @@ def replicate_verdicts(comparisons: Mapping[int, pd.DataFrame],
 
 def combine_replicates(verdicts: pd.DataFrame, sd_within: pd.DataFrame | None = None,
                        alpha: float = ALPHA) -> pd.DataFrame:
-    """Per dataset x variant of :func:`replicate_verdicts`: the ``verdicts`` joined with
-    :data:`JOIN`, whether they all ``agree`` and have the ``same_sign``, and the module
-    docstring's combined comparison: mean of the replicates' mean differences, its t-interval
-    (R - 1 df), p-value, Holm over the dataset's variants (lower is better), verdict ("too few
-    replicates" with one, "identical in every replicate" without spread). ``sd_between``: SD of
-    the replicates' means; ``sd_tuning_draw`` = sqrt(max(0, sd_between^2 - mean(sd_diff^2 / n)))
-    (the ANOVA estimator of s_b) from ``sd_within`` (dataset, variant, replicate, sd_diff), NaN
-    without it. Columns :data:`COMBINED_COLUMNS`, in ``verdicts``' order."""
+    """Per dataset x variant of :func:`replicate_verdicts` (columns :data:`COMBINED_COLUMNS`, in
+    its order): ``verdicts`` joined, whether they ``agree``, the ``same_sign``, and the module
+    docstring's comparison of the replicates' mean differences, Holm-corrected over the
+    dataset's variants ("too few replicates" with one, "identical in every replicate" without
+    spread). ``sd_tuning_draw`` = sqrt(max(0, sd_between^2 - mean(sd_diff^2 / n))), the ANOVA
+    estimator of the draw's SD, from ``sd_within`` (dataset, variant, replicate, sd_diff)."""
     rows, families = [], {}
     for (dataset, variant), g in verdicts.groupby(["dataset", "variant"], sort=False):
         g = g.sort_values("replicate")
@@ -143,15 +127,12 @@ def combine_replicates(verdicts: pd.DataFrame, sd_within: pd.DataFrame | None = 
 
 def tuning_spread(tuned: Mapping[int, pd.DataFrame], ablation: Mapping[int, pd.DataFrame],
                   headline: Mapping[str, str]) -> pd.DataFrame:
-    """Per dataset x variant across replicates (replicate -> ``tuned.csv``'s / ``ablation.csv``'s
-    columns; dataset -> headline loss): the tuned lr, width and loss (best.json's objective)
-    joined with :data:`JOIN`, the tuned loss's range, each replicate's mean final headline loss
-    (``final_mean``, joined), their SD ``final_sd_between``, the root mean square seed standard
-    error of a replicate's mean ``seed_se``, ``sd_tuning_draw`` = sqrt(max(0, final_sd_between^2
-    - seed_se^2)), and replicate 0's ``tuning_uncertainty`` (NaN where its objective is not the
-    headline loss). ``covered``: that uncertainty >= 1.96 x ``sd_tuning_draw`` (95% of a normal
-    draw), None where either is missing. Columns :data:`SPREAD_COLUMNS`; losses in the headline
-    loss's unit."""
+    """Per dataset x variant across replicates (-> ``tuned.csv``, ``ablation.csv``): the tuned lr,
+    width, loss and each replicate's mean final headline loss joined with :data:`JOIN`, their
+    SD ``final_sd_between``, the RMS seed standard error ``seed_se``, ``sd_tuning_draw`` =
+    sqrt(max(0, final_sd_between^2 - seed_se^2)) and whether replicate 0's reported
+    ``tuning_uncertainty`` (of the headline loss) ``covered`` 1.96 x it. Columns
+    :data:`SPREAD_COLUMNS`, in the headline loss's unit."""
     rows = []
     first = ablation[min(ablation)]
     t0 = tuned.get(min(ablation), _NO_TUNED)
@@ -199,14 +180,11 @@ def not_replicated(combined: pd.DataFrame) -> pd.DataFrame:
 
 def combine_speed(comparisons: Mapping[int, pd.DataFrame], threshold: float = 0.5,
                   alpha: float = ALPHA) -> pd.DataFrame:
-    """Per dataset x variant, every replicate's learning-speed comparison with the baseline at
-    exact match ``threshold`` (replicate -> ``learning_speed_comparisons.csv``,
-    :func:`~lmablate.report.stats.learning_speed.compare_speed`) and their combination as in
-    :func:`combine_replicates` on the log scale: ``ratio`` the geometric mean of the replicates'
-    ratios of tokens to learn, its t-interval (R - 1 df), the t-test of log ratio 0 with Holm
-    over the dataset's variants, verdict faster/slower where Holm rejects. A replicate without a
-    ratio is left out. Columns :data:`SPEED_REPLICATION_COLUMNS`, in replicate 0's order;
-    ``ratios``/``verdicts`` joined with :data:`JOIN`, ``n_both`` summed; ratios unitless."""
+    """Per dataset x variant, each replicate's learning-speed comparison at exact match
+    ``threshold`` (:func:`~lmablate.report.stats.learning_speed.compare_speed`), joined with
+    :data:`JOIN`, and their :func:`combine_replicates` on the log scale: the geometric mean
+    ``ratio`` of tokens to learn, its interval, Holm, faster/slower. Columns
+    :data:`SPEED_REPLICATION_COLUMNS`; ``n_both`` summed; ratios unitless."""
     rows = []
     for r in sorted(comparisons):
         c = comparisons[r]

@@ -1,7 +1,6 @@
-"""Statistics of the study: Student-t intervals over seeds (:func:`summarise`), paired t-tests
-of every variant against the baseline with Holm's correction (:func:`compare`) and their check
-against the tuning uncertainty (:func:`tuning_check`). Units are those of :data:`METRICS`: losses
-in nats/char (answer loss: nats per answer character), accuracies fractions, times seconds."""
+"""Statistics of the study: t-intervals over seeds (:func:`summarise`), paired t-tests against
+the baseline with Holm's correction (:func:`compare`), checked against the tuning uncertainty
+(:func:`tuning_check`). Units are those of :data:`METRICS`."""
 
 from __future__ import annotations
 
@@ -22,13 +21,10 @@ CONFIDENCE = 0.95  # level of every interval in the report
 MIN_SEEDS_FOR_TEST = 3  # with 2 pairs a t-test has 1 degree of freedom: no power, no verdict
 POWER = 0.8  # power at which the minimum detectable effect is stated (Cohen 1988's convention)
 
-SUMMARY_COLUMNS = ["dataset", "variant", "metric", "n", "mean", "std", "ci95_low", "ci95_high"]
-COMPARISON_COLUMNS = [
-    "dataset", "metric", "higher_is_better", "baseline", "variant", "n_pairs", "baseline_mean",
-    "variant_mean", "mean_diff", "sd_diff", "ci95_low", "ci95_high", "ci_holm_low",
-    "ci_holm_high", "t_stat", "p_value", "p_holm", "reject_holm", "mde", "verdict",
-    "tuning_uncertainty",
-]
+SUMMARY_COLUMNS = "dataset variant metric n mean std ci95_low ci95_high".split()
+COMPARISON_COLUMNS = ("dataset metric higher_is_better baseline variant n_pairs baseline_mean "
+                      "variant_mean mean_diff sd_diff ci95_low ci95_high ci_holm_low ci_holm_high "
+                      "t_stat p_value p_holm reject_holm mde verdict tuning_uncertainty").split()
 INTERVAL_COLUMNS = ("ci95_low", "ci95_high", "ci_holm_low", "ci_holm_high")
 
 ANSWER_LOSS = "answer_loss"  # the headline where a dataset has it (lmablate.report.headline)
@@ -38,18 +34,13 @@ METRICS: dict[str, tuple[str, str, bool | None]] = {
     "test_loss": ("test loss", "nats/char", False),
     "answer_loss": ("answer loss", "nats/answer char", False),
     "val_loss": ("validation loss", "nats/char", False),
-    "bits_per_char": ("bits per char", "bits/char", False),
-    "perplexity": ("perplexity", "", False),
+    "bits_per_char": ("bits per char", "bits/char", False), "perplexity": ("perplexity", "", False),
     "char_accuracy": ("char accuracy", "fraction", True),
-    "exact_match": ("exact match", "fraction", True),
-    "train_seconds": ("train time", "s", None),
-    "tokens_per_second": ("throughput", "tokens/s", None),
-}
+    "exact_match": ("exact match", "fraction", True), "train_seconds": ("train time", "s", None),
+    "tokens_per_second": ("throughput", "tokens/s", None)}
 COMPARED_METRICS = ("test_loss", "answer_loss", "exact_match", "char_accuracy")
 
-VERDICT_BETTER = "better"
-VERDICT_WORSE = "worse"
-VERDICT_NSD = "no significant difference"
+VERDICT_BETTER, VERDICT_WORSE, VERDICT_NSD = "better", "worse", "no significant difference"
 VERDICT_FEW = "too few seeds"
 VERDICT_IDENTICAL = "identical on every seed"  # a constant difference: no spread, no test
 VERDICT_UNDECIDED_TUNING = "undecided (tuning)"  # significant, but within tuning uncertainty
@@ -61,17 +52,10 @@ TUNED_METRICS = {"val_loss": TUNED_METRIC, "val_answer_loss": "answer_loss",
 
 
 def fraction_bounds(metric: str) -> tuple[float, float] | None:
-    """``(0, 1)`` for a metric that is a fraction (unit "fraction" in :data:`METRICS`, or
-    ``exact_match_d<n>``), else None: the range its intervals are clipped to (which keeps
-    their coverage)."""
-    if METRICS.get(metric, ("", ""))[1] == "fraction" or re.fullmatch(r"exact_match_d\d+",
-                                                                       metric):
-        return (0.0, 1.0)
-    return None
-
-
-def _clip(value: float, low: float, high: float) -> float:
-    return value if math.isnan(value) else min(high, max(low, value))
+    """``(0, 1)`` for a fraction (unit "fraction" in :data:`METRICS`, ``exact_match_d<n>``), else
+    None: the range its intervals are clipped to (which keeps their coverage)."""
+    fraction = METRICS.get(metric, ("", ""))[1] == "fraction"
+    return (0.0, 1.0) if fraction or re.fullmatch(r"exact_match_d\d+", metric) else None
 
 
 def mean_interval(mean: Any, sem: Any, n: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -99,19 +83,14 @@ def t_interval(values: Iterable[float]) -> tuple[float, float]:
 
 def fraction_interval(values: Iterable[float]) -> tuple[float, float]:
     """:func:`t_interval` of fractions clipped to [0, 1]; seaborn's ``errorbar`` callable."""
-    return tuple(_clip(v, 0.0, 1.0) for v in t_interval(values))
+    return tuple(v if math.isnan(v) else min(1.0, max(0.0, v)) for v in t_interval(values))
 
 
 def summarise(df: pd.DataFrame, metrics: Sequence[str] | None = None) -> pd.DataFrame:
-    """Mean and :data:`CONFIDENCE` Student-t interval of each metric over seeds, per dataset x
-    variant, from the ablation table (columns ``dataset``, ``variant``, ``seed``, metrics;
-    default :data:`METRICS`).
-
-    Returns columns :data:`SUMMARY_COLUMNS`, one row per dataset x variant x metric with a
-    value, in the metric's unit: ``n`` seeds, ``mean``, ``std`` (ddof=1) and the interval
-    mean -/+ t_{0.975, n-1} * std / sqrt(n) (:func:`mean_interval`), clipped to
-    :func:`fraction_bounds`; NaN std and interval with n = 1. Rows in the order of ``df``'s
-    categorical ``dataset``/``variant`` (else of first appearance), then of ``metrics``."""
+    """Per dataset x variant x metric (default :data:`METRICS`) of the ablation table (columns
+    ``dataset``, ``variant``, ``seed``, metrics) with a value: columns :data:`SUMMARY_COLUMNS`,
+    ``n`` seeds, ``mean``, ``std`` (ddof=1, NaN for n = 1) and :func:`mean_interval` clipped to
+    :func:`fraction_bounds`, in the metric's unit; in ``df``'s (categorical) order."""
     metrics = [m for m in (metrics or METRICS) if m in df.columns]
     if df.empty or not metrics:
         return pd.DataFrame(columns=SUMMARY_COLUMNS)
@@ -136,10 +115,9 @@ def summarise(df: pd.DataFrame, metrics: Sequence[str] | None = None) -> pd.Data
 
 def holm_interval(mean: float, sem: float, df: float, p_value: float, p_holm: float,
                   alpha: float = ALPHA) -> tuple[float, float]:
-    """The Student-t interval of a mean difference at level ``1 - alpha * p_value / p_holm``,
-    the level its Holm-adjusted p-value is judged at: it excludes 0 exactly when Holm's
-    procedure (Holm 1979) rejects; the plain (1 - alpha) interval for a single comparison. In
-    the unit of ``mean``; ``(nan, nan)`` if an input is missing."""
+    """The t-interval of a mean difference at level ``1 - alpha * p_value / p_holm``, at which
+    its Holm-adjusted p-value is judged: it excludes 0 exactly when Holm's procedure (Holm 1979)
+    rejects. In the unit of ``mean``; ``(nan, nan)`` if an input is missing."""
     if not all(np.isfinite([mean, sem, df, p_value, p_holm])) or p_holm <= 0:
         return (math.nan, math.nan)
     if sem == 0:
@@ -163,9 +141,9 @@ def min_detectable_effect(sd: float, n: int, alpha: float = ALPHA,
 
 
 def holm_p(rows: list[dict], family: list[int], alpha: float) -> list[bool]:
-    """Holm's step-down method (Holm 1979; ``multipletests(method="holm")``) over
-    ``rows[i]["p_value"]`` for i in ``family``: sets each row's ``p_holm`` in place and returns
-    which are rejected at family-wise ``alpha``, in ``family``'s order."""
+    """Holm's step-down method (Holm 1979; ``multipletests(method="holm")``) over the
+    ``p_value`` of ``rows[i]``, i in ``family``: sets their ``p_holm`` and returns which are
+    rejected at family-wise ``alpha``."""
     if not family:
         return []
     # statsmodels' Holm ends in gc.collect(): with the report's torch and matplotlib heap that
@@ -193,14 +171,14 @@ def holm_correct(rows: list[dict], family: list[int], alpha: float, higher: bool
             r["verdict"] = VERDICT_BETTER if (r["mean_diff"] > 0) == higher else VERDICT_WORSE
 
 
-def _paired_row(pair: pd.DataFrame, dataset: str, metric: str, higher: bool, baseline: str,
+def _paired_row(pair: pd.DataFrame, dataset: str, metric: str, baseline: str,
                 variant: str) -> dict:
     """A row of :func:`compare` from ``pair`` (seeds x [baseline, variant]): too few seeds,
     identical, or the paired test (``scipy.stats.ttest_rel``), NSD until Holm judges it."""
     n = len(pair)
     base, var = pair[baseline].to_numpy(float), pair[variant].to_numpy(float)
     diff = var - base
-    row = {"dataset": dataset, "metric": metric, "higher_is_better": higher,
+    row = {"dataset": dataset, "metric": metric, "higher_is_better": bool(METRICS[metric][2]),
            "baseline": baseline, "variant": variant, "n_pairs": n,
            **dict.fromkeys(COMPARISON_COLUMNS[6:-1], math.nan), "reject_holm": False,
            "verdict": VERDICT_FEW}
@@ -226,30 +204,38 @@ def _paired_row(pair: pd.DataFrame, dataset: str, metric: str, higher: bool, bas
 
 def compare(df: pd.DataFrame, baseline: str = BASELINE, alpha: float = ALPHA,
             metrics: Sequence[str] = COMPARED_METRICS) -> pd.DataFrame:
-    """Every variant against ``baseline``, per dataset and metric, paired by seed.
+    """Every variant against ``baseline`` per dataset and metric, on the seeds both have: the
+    two-sided paired t-test of ``variant - baseline`` (``scipy.stats.ttest_rel``), its
+    :data:`CONFIDENCE` interval, and Holm's step-down correction (Holm 1979, Scand. J. Statist.
+    6:65-70) over each dataset x metric's tested variants at family-wise ``alpha``, with
+    :func:`holm_interval`; fractions' intervals clipped to [-1, 1]. Verdicts: "too few seeds"
+    (< :data:`MIN_SEEDS_FOR_TEST` pairs) or "identical on every seed" (the interval is the
+    point), untested; better/worse where Holm rejects; else "no significant difference".
+    ``mde``: :func:`min_detectable_effect` at level ``alpha / m`` (m tested variants).
 
-    On the seeds both have a value, ``variant - baseline`` is tested with the two-sided paired
-    t-test (``scipy.stats.ttest_rel``) and its :data:`CONFIDENCE` interval; a dataset x
-    metric's tested variants form one family for Holm's step-down correction (Holm 1979, Scand.
-    J. Statist. 6:65-70; ``statsmodels`` ``multipletests``) at family-wise ``alpha``, with
-    ``ci_holm_*`` from :func:`holm_interval`. Differences of fractions have their intervals
-    clipped to [-1, 1]. Verdicts: "too few seeds" (< :data:`MIN_SEEDS_FOR_TEST` pairs) and
-    "identical on every seed" (a constant difference: the interval is the point) are not
-    tested; else better/worse where Holm rejects (by the sign and ``higher_is_better``), else
-    "no significant difference". ``mde`` is :func:`min_detectable_effect` at the row's
-    ``sd_diff`` and pairs and level ``alpha / m`` (m the family's size).
-
-    A metric is compared where the baseline has a value; a dataset without a baseline gives no
-    rows. Returns columns :data:`COMPARISON_COLUMNS`, in the metric's unit, by dataset, metric
-    (``metrics`` order), variant (``df``'s order and dtypes, as :func:`summarise`)."""
+    Only where the baseline has a value. Columns :data:`COMPARISON_COLUMNS`, in the metric's
+    unit, by dataset, metric (``metrics`` order), variant (``df``'s order and dtypes)."""
     df = with_order(df)
     rows = []
     for dataset, d in df.groupby("dataset", observed=True):
-        if baseline not in set(d["variant"]):
-            continue
         variants = [v for v in present(d["variant"]) if v != baseline]
         for metric in (m for m in metrics if m in d.columns):
-            rows += _metric_comparisons(d, dataset, metric, baseline, variants, alpha)
+            wide = (d.pivot_table(index="seed", columns="variant", values=metric,
+                                  aggfunc="mean", observed=True)
+                    .reindex(columns=[baseline, *variants]))  # all-NaN columns come back NaN
+            if not wide[baseline].notna().any():
+                continue
+            new = [_paired_row(wide[[baseline, variant]].dropna(),  # the seeds both have
+                               dataset, metric, baseline, variant) for variant in variants]
+            family = [i for i, row in enumerate(new) if row["verdict"] == VERDICT_NSD]
+            holm_correct(new, family, alpha, bool(METRICS[metric][2]))
+            for i in family:
+                new[i]["mde"] = min_detectable_effect(new[i]["sd_diff"], new[i]["n_pairs"],
+                                                      alpha / len(family))
+            if fraction_bounds(metric) is not None:  # clipping never moves 0 in or out
+                for row in new:
+                    row.update({c: float(np.clip(row[c], -1.0, 1.0)) for c in INTERVAL_COLUMNS})
+            rows += new
     out = pd.DataFrame(rows, columns=COMPARISON_COLUMNS)
     out["reject_holm"] = out["reject_holm"].astype(bool)
     out["higher_is_better"] = out["higher_is_better"].astype(bool)
@@ -258,38 +244,12 @@ def compare(df: pd.DataFrame, baseline: str = BASELINE, alpha: float = ALPHA,
     return out
 
 
-def _metric_comparisons(d: pd.DataFrame, dataset: str, metric: str, baseline: str,
-                        variants: list[str], alpha: float) -> list[dict]:
-    """The rows of :func:`compare` for one dataset's ``d`` and ``metric``."""
-    higher = bool(METRICS[metric][2])
-    wide = (d.pivot_table(index="seed", columns="variant", values=metric,
-                          aggfunc="mean", observed=True)
-            .reindex(columns=[baseline, *variants]))  # all-NaN columns come back as NaN
-    if wide[baseline].notna().sum() == 0:
-        return []
-    rows = [_paired_row(wide[[baseline, variant]].dropna(),  # the seeds both have
-                        dataset, metric, higher, baseline, variant) for variant in variants]
-    family = [i for i, row in enumerate(rows) if row["verdict"] == VERDICT_NSD]
-    holm_correct(rows, family, alpha, higher)
-    if fraction_bounds(metric) is not None:  # clipping never moves 0 in or out of an interval
-        for row in rows:
-            row.update({c: _clip(row[c], -1.0, 1.0) for c in INTERVAL_COLUMNS})
-    for i in family:
-        rows[i]["mde"] = min_detectable_effect(rows[i]["sd_diff"], rows[i]["n_pairs"],
-                                               alpha / len(family))
-    return rows
-
-
 def tuning_check(comparisons: pd.DataFrame, tuned: pd.DataFrame) -> pd.DataFrame:
-    """``comparisons`` with ``tuning_uncertainty``, the larger of the two variants' (``tuned``'s:
-    the 95th percentile of the regret of best.json's bracket, in the objective's unit), on the
-    rows of the metric of the dataset's tuning objective (:data:`TUNED_METRICS`); NaN elsewhere.
-
-    A better/worse verdict there becomes :data:`VERDICT_UNDECIDED_TUNING` when the Holm interval
-    moved towards 0 by that uncertainty includes 0 (a tuned loss is too high by its regret, so
-    a miss of either learning rate could explain the effect), or when a bracketed variant's
-    uncertainty could not be measured. Rows of variants without a bracket are left as they are.
-    """
+    """``comparisons`` with ``tuning_uncertainty``: the larger of the pair's (``tuned``'s, the
+    95th percentile of the regret of best.json's bracket) on the rows of the dataset's tuning
+    objective's metric (:data:`TUNED_METRICS`), NaN elsewhere. There a better/worse verdict
+    becomes :data:`VERDICT_UNDECIDED_TUNING` when the Holm interval moved towards 0 by it
+    includes 0 (a miss of either learning rate could explain the effect) or it is unmeasured."""
     out = comparisons.copy()
     out["tuning_uncertainty"] = np.nan
     if out.empty or tuned is None or tuned.empty or "tuning_uncertainty" not in tuned:
