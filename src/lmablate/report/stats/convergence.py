@@ -12,11 +12,9 @@ CONVERGENCE_COLUMNS = ["dataset", "variant", "seeds", "from_step", "last_step",
 
 
 def convergence_table(history: pd.DataFrame, tail: float = TAIL) -> pd.DataFrame:
-    """Per dataset x variant, each seed's validation loss (nats/char) at its last evaluated step
-    against the last evaluation at or before ``1 - tail`` of that step: medians of the steps,
-    means of the losses, ``drop`` the mean of ``from - last`` (positive: still falling) and
-    ``seeds_falling`` how many fell (on five of five, a sign test gives 1/32). Columns
-    :data:`CONVERGENCE_COLUMNS`, in ``history``'s order; empty without ``val_loss``."""
+    """Per dataset x variant (columns :data:`CONVERGENCE_COLUMNS`), each seed's validation loss
+    (nats/char) at its last step against that at ``1 - tail`` of it: ``drop`` the mean of
+    ``from - last`` (> 0: still falling), ``seeds_falling`` how many fell."""
     if history.empty or "val_loss" not in history:
         return pd.DataFrame(columns=CONVERGENCE_COLUMNS)
     rows = []

@@ -1,8 +1,5 @@
-"""Each bracketed variant's tuning uncertainty drawn again with the seed spread pooled over its
-dataset's full-budget runs: its brackets' points (``trials.csv``) and final seeds
-(``history.csv``), as a study's own spread rests on 3-7 degrees of freedom and can come out
-several times too small (:func:`lmablate.tune.lr_minimum.pooled_spread`). Nats/char throughout.
-"""
+"""Tuning uncertainties drawn again with the seed spread pooled over a dataset's full-budget runs
+(``trials.csv``, ``history.csv``), as one study's own can be far too small. Nats/char."""
 
 from __future__ import annotations
 
@@ -11,6 +8,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from lmablate.report.collect import rows_of
 from lmablate.tune.lr_minimum import Point, pooled_spread, tuning_uncertainty
 
 
@@ -28,33 +26,31 @@ def bracket_points(trials: pd.DataFrame, dataset: str, variant: str, d_model: in
                    ) -> list[Point]:
     """The full-budget points of ``variant`` on ``dataset`` at ``d_model``, sorted by lr: each
     learning rate's loss per tuning seed, ``inf`` for a seed that diverged (no value)."""
-    t = full_budget_trials(trials, dataset)
-    t = t[(t["variant"] == variant) & (t["params_d_model"] == d_model)]
+    t = rows_of(full_budget_trials(trials, dataset), dataset, variant)
     return [Point(float(lr), tuple(math.inf if np.isnan(v) else float(v) for v in
                                    pd.to_numeric(g.sort_values("seed")["value"], errors="coerce")))
-            for lr, g in t.groupby("params_lr", sort=True)]
+            for lr, g in t[t["params_d_model"] == d_model].groupby("params_lr", sort=True)]
 
 
 def final_points(history: pd.DataFrame | None, tuned: pd.DataFrame, dataset: str
                  ) -> list[Point]:
-    """One point per variant of ``dataset`` in ``tuned`` whose final seeds ``history`` holds: at
-    its tuned lr, each seed's objective (``tuned``'s ``objective``) at its last evaluation, or
-    for ``val_answer_loss_mean`` its mean ``val_answer_loss`` over them, in seed order."""
+    """Per variant of ``dataset`` in ``tuned`` with final seeds in ``history``, a point at its
+    tuned lr: each seed's ``objective`` at its last evaluation (``val_answer_loss_mean``: the
+    mean ``val_answer_loss`` over them)."""
     if history is None or history.empty:
         return []
     points = []
     for _, row in tuned[tuned["dataset"] == dataset].iterrows():
-        column = row.get("objective") if isinstance(row.get("objective"), str) else "val_loss"
-        mean = column == "val_answer_loss_mean"
-        column = "val_answer_loss" if mean else column
-        h = history[(history["dataset"] == dataset) & (history["variant"] == row["variant"])]
+        objective = row.get("objective") if isinstance(row.get("objective"), str) else "val_loss"
+        column = objective.removesuffix("_mean")  # val_answer_loss_mean: the mean over a run
+        h = rows_of(history, dataset, row["variant"])
         if h.empty or column not in h:
             continue
         h = h.sort_values(["seed", "step"])
         by_seed = pd.to_numeric(h[column], errors="coerce").groupby(h["seed"], sort=True)
         # a NaN evaluation makes the seed's mean NaN, so its point is left out
-        losses = tuple(float(v) for v in (by_seed.agg(lambda v: v.mean(skipna=False)) if mean
-                                          else by_seed.tail(1)))
+        losses = tuple(float(v) for v in (by_seed.agg(lambda v: v.mean(skipna=False))
+                                          if column != objective else by_seed.tail(1)))
         if losses and all(math.isfinite(v) for v in losses):
             points.append(Point(float(row["lr"]), losses))
     return points
@@ -62,10 +58,10 @@ def final_points(history: pd.DataFrame | None, tuned: pd.DataFrame, dataset: str
 
 def with_pooled_uncertainty(tuned: pd.DataFrame, trials: pd.DataFrame,
                             history: pd.DataFrame | None = None) -> pd.DataFrame:
-    """``tuned`` (:data:`~lmablate.report.run_files.TUNED_COLUMNS`) with ``seed_spread_pooled``
-    per dataset (over its brackets' points with two seeds or more and :func:`final_points`) and
-    each bracketed variant's ``regret`` and ``tuning_uncertainty`` drawn again with it. Rows
-    without a bracket or points in ``trials``, and datasets with nothing to pool, keep theirs."""
+    """``tuned`` (:data:`~lmablate.report.run_files.TUNED_COLUMNS`) with each dataset's
+    ``seed_spread_pooled`` (:func:`lmablate.tune.lr_minimum.pooled_spread` over its bracket and
+    final points) and each bracketed variant's ``regret`` and ``tuning_uncertainty`` drawn
+    again with it (:func:`lmablate.tune.lr_minimum.tuning_uncertainty`); others keep theirs."""
     out = tuned.copy()
     if out.empty or "bracket_state" not in out or trials is None or trials.empty:
         return out

@@ -36,11 +36,9 @@ def problem_outcomes(predictions: Sequence[Mapping[str, str]]) -> tuple[np.ndarr
 
 
 def sign_flip_test(diff: np.ndarray) -> float:
-    """Two-sided p-value of the paired sign-flip permutation test of mean(diff) = 0 (Fisher
-    1935; ``scipy.stats.permutation_test(permutation_type="samples")``, exact up to
-    :data:`PERMUTATION_RESAMPLES` flips, else drawn with :data:`PERMUTATION_SEED`), zero
-    differences dropped; on one seed's 0/1 outcomes McNemar's exact test (McNemar 1947). NaN
-    without a non-zero difference, 1 with one (scipy refuses a sample of one)."""
+    """Two-sided p-value of the sign-flip permutation test of mean(diff) = 0 (Fisher 1935;
+    ``scipy.stats.permutation_test``) on the non-zero differences: McNemar's exact test on one
+    seed's 0/1 outcomes (McNemar 1947). NaN without a non-zero difference, 1 with one."""
     d = np.asarray(diff, dtype=float)
     d = d[d != 0]
     if d.size <= 1:
@@ -93,25 +91,15 @@ def _variant_rows(dataset: str, baseline: str, variant: str, base: Mapping[str, 
 def compare_problems(predictions: Mapping[tuple[str, str], Mapping[str, Sequence[Mapping]]],
                      baseline: str = BASELINE, alpha: float = ALPHA,
                      variants: Sequence[str] | None = None) -> pd.DataFrame:
-    """Arithmetic variants against ``baseline`` in exact match and character accuracy, paired by
-    problem (position in ``test.txt``) and seed.
-
-    Per problem i, d_i = the mean over seeds of (variant - baseline) outcome (a problem's seeds
-    are not independent); the test is :func:`sign_flip_test` on the d_i, the interval the
-    large-sample :data:`~lmablate.report.stats.statistics.CONFIDENCE` t-interval of their mean
-    (narrower than the exact test when few problems differ: ``n_differing``), Holm over each
+    """Arithmetic variants (in ``variants``' order) against ``baseline`` in exact match and char
+    accuracy, from ``{(dataset, variant): {"seed_<n>": [{"prompt", "target", "prediction"}]}}``:
+    d_i, per problem i, the mean over seeds of (variant - baseline) outcome; the test is
+    :func:`sign_flip_test` on the d_i, the interval the t-interval of their mean, Holm over each
     metric's variants. ``baseline_count``/``variant_count`` of ``total`` (problems x seeds, x
-    answer characters for char accuracy). ``predictions``: ``{(dataset, variant): {"seed_<n>":
-    [{"prompt", "target", "prediction"}]}}``; ``variants`` orders the rows. Columns
-    :data:`PROBLEM_COLUMNS`, as fractions.
-
-    Raises:
-        ValueError: a variant's prompt differs from the baseline's at the same position.
-    """
+    answer characters). Columns :data:`PROBLEM_COLUMNS`, as fractions. Raises ValueError where
+    a variant's prompt differs from the baseline's at the same position."""
     rows = []
-    for dataset in dict.fromkeys(d for d, _ in predictions):
-        if (dataset, baseline) not in predictions:
-            continue
+    for dataset in dict.fromkeys(d for d, _ in predictions if (d, baseline) in predictions):
         base = predictions[(dataset, baseline)]
         base_out = {k: problem_outcomes(v) for k, v in base.items() if v}  # shared by variants
         new = [row for v in (variants or [v for d, v in predictions if d == dataset])
@@ -123,7 +111,5 @@ def compare_problems(predictions: Mapping[tuple[str, str], Mapping[str, Sequence
             holm_correct(family, [i for i, r in enumerate(family) if r["verdict"] == VERDICT_NSD],
                          alpha, higher=True)
             rows += family
-    out = pd.DataFrame(rows, columns=PROBLEM_COLUMNS)
-    out[["ci95_low", "ci95_high"]] = out[["ci95_low", "ci95_high"]].astype(float)
-    out["reject_holm"] = out["reject_holm"].astype(bool)
-    return out
+    return pd.DataFrame(rows, columns=PROBLEM_COLUMNS).astype(
+        {"ci95_low": float, "ci95_high": float, "reject_holm": bool})

@@ -1,8 +1,6 @@
-"""Replicates of the study (``study.replicates``): each replicate's verdicts, whether they agree,
-and one comparison over all of them whose interval counts the tuning draw: with d_rs = mu + u_r +
-e_rs (u_r a replicate's draw of tuning and seeds), the t-interval of the replicates' means with
-R - 1 df is exact for the balanced one-way random-effects model (Searle, Casella & McCulloch
-1992, "Variance Components", sec. 3.5). Units: those of the headline loss."""
+"""Replicates of the study: each replicate's verdicts, whether they agree, and their combination,
+the t-interval of the replicates' mean differences (R - 1 df), exact for the balanced one-way
+random-effects model (Searle, Casella & McCulloch 1992, sec. 3.5). Units: the headline loss's."""
 
 from __future__ import annotations
 
@@ -39,21 +37,16 @@ _NO_TUNED = pd.DataFrame(columns=["dataset", "variant"])  # a replicate without 
 
 
 def _tuned(tuned: pd.DataFrame, dataset: str, variant: str, column: str) -> float:
-    """The tuned ``column`` of one dataset x variant (NaN where it has none)."""
-    if column not in tuned:
-        return math.nan
-    row = rows_of(tuned, dataset, variant)
-    return float(row[column].iloc[0]) if len(row) and pd.notna(row[column].iloc[0]) else math.nan
+    x = rows_of(tuned, dataset, variant).get(column, pd.Series(dtype=float))
+    return float(x.iloc[0]) if len(x) and pd.notna(x.iloc[0]) else math.nan
 
 
 def replicate_verdicts(comparisons: Mapping[int, pd.DataFrame],
                        tuned: Mapping[int, pd.DataFrame],
                        headline: Mapping[str, str]) -> pd.DataFrame:
-    """Each replicate's comparisons with the baseline (replicate -> ``compare`` then
-    ``tuning_check``) in each dataset's headline loss (dataset -> metric), with its tuned values
-    (replicate -> ``tuned.csv``'s columns). Columns :data:`REPLICATE_COLUMNS`, by dataset,
-    variant (the comparisons' order), replicate; ``lr`` per step, differences in the loss's unit.
-    """
+    """Each replicate's comparisons (``tuning_check``'s) in each dataset's ``headline`` loss, with
+    its ``tuned.csv`` values: columns :data:`REPLICATE_COLUMNS`, by dataset, variant (the
+    comparisons' order), replicate; ``lr`` per step, differences in the loss's unit."""
     rows = []
     for r in sorted(comparisons):
         c, t = comparisons[r], tuned.get(r, _NO_TUNED)
@@ -63,11 +56,9 @@ def replicate_verdicts(comparisons: Mapping[int, pd.DataFrame],
                 variant = str(row["variant"])
                 rows.append({
                     "dataset": dataset, "metric": metric, "variant": variant, "replicate": r,
-                    "n_pairs": int(row["n_pairs"]), "lr": _tuned(t, dataset, variant, "lr"),
-                    "d_model": _tuned(t, dataset, variant, "d_model"),
-                    "baseline_lr": _tuned(t, dataset, BASELINE, "lr"),
-                    "baseline_d_model": _tuned(t, dataset, BASELINE, "d_model"),
-                    **{k: row[k] for k in REPLICATE_COLUMNS[9:]}})
+                    "n_pairs": int(row["n_pairs"]), **{k: row[k] for k in REPLICATE_COLUMNS[9:]},
+                    **{p + k: _tuned(t, dataset, v, k) for k in ("lr", "d_model")
+                       for p, v in (("", variant), ("baseline_", BASELINE))}})
     out = pd.DataFrame(rows, columns=REPLICATE_COLUMNS)
     if out.empty:
         return out
@@ -78,12 +69,11 @@ def replicate_verdicts(comparisons: Mapping[int, pd.DataFrame],
 
 def combine_replicates(verdicts: pd.DataFrame, sd_within: pd.DataFrame | None = None,
                        alpha: float = ALPHA) -> pd.DataFrame:
-    """Per dataset x variant of :func:`replicate_verdicts` (columns :data:`COMBINED_COLUMNS`, in
-    its order): ``verdicts`` joined, whether they ``agree``, the ``same_sign``, and the module
-    docstring's comparison of the replicates' mean differences, Holm-corrected over the
-    dataset's variants ("too few replicates" with one, "identical in every replicate" without
-    spread). ``sd_tuning_draw`` = sqrt(max(0, sd_between^2 - mean(sd_diff^2 / n))), the ANOVA
-    estimator of the draw's SD, from ``sd_within`` (dataset, variant, replicate, sd_diff)."""
+    """Per dataset x variant of :func:`replicate_verdicts` (columns :data:`COMBINED_COLUMNS`):
+    ``verdicts`` joined, whether they ``agree``, and the module docstring's comparison of the
+    replicates' mean differences, Holm-corrected over the dataset's variants. ``sd_tuning_draw``
+    = sqrt(max(0, sd_between^2 - mean(sd_diff^2 / n))), the ANOVA estimator of the draw's SD,
+    from ``sd_within`` (dataset, variant, replicate, sd_diff)."""
     rows, families = [], {}
     for (dataset, variant), g in verdicts.groupby(["dataset", "variant"], sort=False):
         g = g.sort_values("replicate")
@@ -91,15 +81,13 @@ def combine_replicates(verdicts: pd.DataFrame, sd_within: pd.DataFrame | None = 
         means = means[np.isfinite(means)]
         k = len(means)
         row = {"dataset": dataset, "metric": g["metric"].iloc[0], "variant": variant,
-               "replicates": int(len(g)), "n_pairs": int(g["n_pairs"].sum()),
-               "verdicts": JOIN.join(map(str, g["verdict"])),
-               "agree": bool(g["verdict"].nunique() == 1),
-               "same_sign": bool(k == len(g) and (np.all(means > 0) or np.all(means < 0))),
+               "replicates": len(g), "n_pairs": int(g["n_pairs"].sum()),
+               "verdicts": JOIN.join(map(str, g["verdict"])), "agree": g["verdict"].nunique() == 1,
+               "same_sign": k == len(g) and (np.all(means > 0) or np.all(means < 0)),
                "mean_diff": float(means.mean()) if k else math.nan,
-               "sd_between": float(means.std(ddof=1)) if k > 1 else math.nan,
-               "sd_tuning_draw": math.nan, "df": k - 1 if k > 1 else math.nan,
-               **dict.fromkeys(COMBINED_COLUMNS[12:18], math.nan),
-               "verdict": VERDICT_FEW_REPLICATES}
+               **dict.fromkeys(COMBINED_COLUMNS[9:18], math.nan), "verdict": VERDICT_FEW_REPLICATES}
+        if k > 1:
+            row.update(sd_between=float(means.std(ddof=1)), df=k - 1)
         if sd_within is not None and k > 1:
             w = rows_of(sd_within, dataset, variant)
             n = g["n_pairs"].to_numpy(float)
@@ -127,12 +115,10 @@ def combine_replicates(verdicts: pd.DataFrame, sd_within: pd.DataFrame | None = 
 
 def tuning_spread(tuned: Mapping[int, pd.DataFrame], ablation: Mapping[int, pd.DataFrame],
                   headline: Mapping[str, str]) -> pd.DataFrame:
-    """Per dataset x variant across replicates (-> ``tuned.csv``, ``ablation.csv``): the tuned lr,
-    width, loss and each replicate's mean final headline loss joined with :data:`JOIN`, their
-    SD ``final_sd_between``, the RMS seed standard error ``seed_se``, ``sd_tuning_draw`` =
-    sqrt(max(0, final_sd_between^2 - seed_se^2)) and whether replicate 0's reported
-    ``tuning_uncertainty`` (of the headline loss) ``covered`` 1.96 x it. Columns
-    :data:`SPREAD_COLUMNS`, in the headline loss's unit."""
+    """Per dataset x variant across replicates (columns :data:`SPREAD_COLUMNS`, in the headline
+    loss's unit): the tuned lr, width, loss and mean final headline loss per replicate joined,
+    ``sd_tuning_draw`` = sqrt(max(0, final_sd_between^2 - seed_se^2)) (RMS seed standard error)
+    and whether replicate 0's ``tuning_uncertainty`` ``covered`` 1.96 x it."""
     rows = []
     first = ablation[min(ablation)]
     t0 = tuned.get(min(ablation), _NO_TUNED)
@@ -141,12 +127,10 @@ def tuning_spread(tuned: Mapping[int, pd.DataFrame], ablation: Mapping[int, pd.D
         dataset, variant = str(dataset), str(variant)
         metric = headline[dataset]
         reps = sorted(r for r in ablation if len(rows_of(ablation[r], dataset, variant)))
-        finals, ses = [], []
-        for r in reps:
-            x = rows_of(ablation[r], dataset, variant)[metric].to_numpy(float)
-            x = x[np.isfinite(x)]
-            finals.append(float(x.mean()) if len(x) else math.nan)
-            ses.append(float(x.std(ddof=1) / math.sqrt(len(x))) if len(x) > 1 else math.nan)
+        xs = [rows_of(ablation[r], dataset, variant)[metric].to_numpy(float) for r in reps]
+        xs = [x[np.isfinite(x)] for x in xs]
+        finals = [float(x.mean()) if len(x) else math.nan for x in xs]
+        ses = [float(x.std(ddof=1) / math.sqrt(len(x))) if len(x) > 1 else math.nan for x in xs]
         f = np.asarray(finals, float)
         sd_between = float(np.nanstd(f, ddof=1)) if np.isfinite(f).sum() > 1 else math.nan
         se = math.sqrt(float(np.nanmean(np.square(ses)))) if np.isfinite(ses).any() else math.nan
@@ -173,18 +157,12 @@ def tuning_spread(tuned: Mapping[int, pd.DataFrame], ablation: Mapping[int, pd.D
     return pd.DataFrame(rows, columns=SPREAD_COLUMNS)
 
 
-def not_replicated(combined: pd.DataFrame) -> pd.DataFrame:
-    """The rows of :func:`combine_replicates` whose replicates' verdicts differ (Findings)."""
-    return combined[~combined["agree"]] if len(combined) else combined
-
-
 def combine_speed(comparisons: Mapping[int, pd.DataFrame], threshold: float = 0.5,
                   alpha: float = ALPHA) -> pd.DataFrame:
-    """Per dataset x variant, each replicate's learning-speed comparison at exact match
-    ``threshold`` (:func:`~lmablate.report.stats.learning_speed.compare_speed`), joined with
-    :data:`JOIN`, and their :func:`combine_replicates` on the log scale: the geometric mean
-    ``ratio`` of tokens to learn, its interval, Holm, faster/slower. Columns
-    :data:`SPEED_REPLICATION_COLUMNS`; ``n_both`` summed; ratios unitless."""
+    """Per dataset x variant, each replicate's learning-speed comparison at ``threshold``
+    (:func:`~lmablate.report.stats.learning_speed.compare_speed`) and their
+    :func:`combine_replicates` on the log scale (geometric mean ``ratio`` of tokens to learn;
+    unitless). Columns :data:`SPEED_REPLICATION_COLUMNS`."""
     rows = []
     for r in sorted(comparisons):
         c = comparisons[r]
@@ -196,18 +174,16 @@ def combine_speed(comparisons: Mapping[int, pd.DataFrame], threshold: float = 0.
     if not rows:
         return pd.DataFrame(columns=SPEED_REPLICATION_COLUMNS)
     per = pd.DataFrame(rows)
-    named = {VERDICT_BETTER: VERDICT_FASTER, VERDICT_WORSE: VERDICT_SLOWER}
-    out = []
-    for x in combine_replicates(per.drop(columns="ratio"), alpha=alpha).itertuples():
-        g = per[(per["dataset"] == x.dataset) & (per["variant"] == x.variant)]
-        out.append({
-            "dataset": x.dataset, "variant": x.variant, "threshold": threshold,
-            "replicates": x.replicates, "n_both": x.n_pairs,
-            "ratios": JOIN.join("-" if math.isnan(v) else f"{v:.2f}" for v in g["ratio"]),
-            "verdicts": x.verdicts, "agree": x.agree, "same_direction": x.same_sign,
-            "ratio": math.exp(x.mean_diff), "df": x.df, "ratio_low": math.exp(x.ci95_low),
-            "ratio_high": math.exp(x.ci95_high), "p_value": x.p_value, "p_holm": x.p_holm,
-            "ratio_holm_low": math.exp(x.ci_holm_low),
-            "ratio_holm_high": math.exp(x.ci_holm_high),
-            "verdict": named.get(x.verdict, x.verdict)})
-    return pd.DataFrame(out, columns=SPEED_REPLICATION_COLUMNS)
+    out = combine_replicates(per.drop(columns="ratio"), alpha=alpha).rename(columns={
+        "n_pairs": "n_both", "same_sign": "same_direction", "mean_diff": "ratio",
+        "ci95_low": "ratio_low", "ci95_high": "ratio_high", "ci_holm_low": "ratio_holm_low",
+        "ci_holm_high": "ratio_holm_high"})
+    for col in ("ratio", "ratio_low", "ratio_high", "ratio_holm_low", "ratio_holm_high"):
+        out[col] = out[col].map(math.exp)  # math's exp, to the last bit as before
+    ratios = per.groupby(["dataset", "variant"], sort=False)["ratio"].agg(
+        lambda g: JOIN.join("-" if math.isnan(v) else f"{v:.2f}" for v in g))
+    return out.assign(threshold=threshold, ratios=[ratios[k] for k in zip(out.dataset,
+                                                                            out.variant)],
+                      verdict=out["verdict"].replace({VERDICT_BETTER: VERDICT_FASTER,
+                                                      VERDICT_WORSE: VERDICT_SLOWER})
+                      )[SPEED_REPLICATION_COLUMNS]

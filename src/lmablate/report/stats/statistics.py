@@ -1,6 +1,5 @@
-"""Statistics of the study: t-intervals over seeds (:func:`summarise`), paired t-tests against
-the baseline with Holm's correction (:func:`compare`), checked against the tuning uncertainty
-(:func:`tuning_check`). Units are those of :data:`METRICS`."""
+"""The study's t-intervals over seeds, paired t-tests against the baseline with Holm's
+correction, and their check against the tuning uncertainty. Units: those of :data:`METRICS`."""
 
 from __future__ import annotations
 
@@ -59,9 +58,8 @@ def fraction_bounds(metric: str) -> tuple[float, float] | None:
 
 
 def mean_interval(mean: Any, sem: Any, n: Any) -> tuple[np.ndarray, np.ndarray]:
-    """Elementwise :data:`CONFIDENCE` Student-t interval of a mean,
-    ``scipy.stats.t.interval(CONFIDENCE, n - 1, loc=mean, scale=sem)``; NaN for n < 2, the
-    point ``(mean, mean)`` for ``sem == 0`` (where scipy gives NaN)."""
+    """Elementwise ``scipy.stats.t.interval(CONFIDENCE, n - 1, loc=mean, scale=sem)``: NaN for
+    n < 2, the point ``(mean, mean)`` for ``sem == 0`` (where scipy gives NaN)."""
     mean, sem, n = np.broadcast_arrays(*(np.asarray(a, dtype=float) for a in (mean, sem, n)))
     df = np.where(n > 1, n - 1, np.nan)
     with np.errstate(invalid="ignore"):  # NaN arguments give NaN, silently
@@ -77,8 +75,7 @@ def t_interval(values: Iterable[float]) -> tuple[float, float]:
     x = np.asarray([v for v in values if np.isfinite(v)], dtype=float)
     if len(x) < 2:
         return (math.nan, math.nan)
-    low, high = mean_interval(x.mean(), stats.sem(x), len(x))
-    return (float(low), float(high))
+    return tuple(float(v) for v in mean_interval(x.mean(), stats.sem(x), len(x)))
 
 
 def fraction_interval(values: Iterable[float]) -> tuple[float, float]:
@@ -87,10 +84,9 @@ def fraction_interval(values: Iterable[float]) -> tuple[float, float]:
 
 
 def summarise(df: pd.DataFrame, metrics: Sequence[str] | None = None) -> pd.DataFrame:
-    """Per dataset x variant x metric (default :data:`METRICS`) of the ablation table (columns
-    ``dataset``, ``variant``, ``seed``, metrics) with a value: columns :data:`SUMMARY_COLUMNS`,
-    ``n`` seeds, ``mean``, ``std`` (ddof=1, NaN for n = 1) and :func:`mean_interval` clipped to
-    :func:`fraction_bounds`, in the metric's unit; in ``df``'s (categorical) order."""
+    """Per dataset x variant x metric with a value of the ablation table (``dataset``,
+    ``variant``, ``seed``, metrics): :data:`SUMMARY_COLUMNS`, ``std`` with ddof=1 and
+    :func:`mean_interval` clipped to :func:`fraction_bounds`, in ``df``'s (categorical) order."""
     metrics = [m for m in (metrics or METRICS) if m in df.columns]
     if df.empty or not metrics:
         return pd.DataFrame(columns=SUMMARY_COLUMNS)
@@ -122,28 +118,25 @@ def holm_interval(mean: float, sem: float, df: float, p_value: float, p_holm: fl
         return (math.nan, math.nan)
     if sem == 0:
         return (mean, mean)
-    low, high = stats.t.interval(1.0 - alpha * p_value / p_holm, df, loc=mean, scale=sem)
-    return (float(low), float(high))
+    return tuple(float(v) for v in stats.t.interval(1.0 - alpha * p_value / p_holm, df, loc=mean,
+                                                    scale=sem))
 
 
 def min_detectable_effect(sd: float, n: int, alpha: float = ALPHA,
                           power: float = POWER) -> float:
     """Smallest true mean difference a two-sided paired t-test on ``n`` pairs with SD ``sd``
-    detects with probability ``power`` at level ``alpha``: d * sd, d solved from the noncentral
-    t power function (``statsmodels.stats.power.TTestPower``; Cohen 1988, ch. 2). In the unit
-    of ``sd``; NaN with ``n`` < 2 or a missing ``sd``."""
+    detects with probability ``power`` at level ``alpha`` (``statsmodels`` ``TTestPower``; Cohen
+    1988, ch. 2), in the unit of ``sd``; NaN with ``n`` < 2 or a missing ``sd``."""
     if n < 2 or not np.isfinite(sd):
         return math.nan
     from statsmodels.stats.power import TTestPower  # imported on use: only the report needs it
-    d = TTestPower().solve_power(effect_size=None, nobs=n, alpha=alpha, power=power,
-                                 alternative="two-sided")
-    return float(d) * sd
+    return float(TTestPower().solve_power(effect_size=None, nobs=n, alpha=alpha, power=power,
+                                          alternative="two-sided")) * sd
 
 
 def holm_p(rows: list[dict], family: list[int], alpha: float) -> list[bool]:
-    """Holm's step-down method (Holm 1979; ``multipletests(method="holm")``) over the
-    ``p_value`` of ``rows[i]``, i in ``family``: sets their ``p_holm`` and returns which are
-    rejected at family-wise ``alpha``."""
+    """Holm's step-down method (Holm 1979) over ``rows[i]["p_value"]``, i in ``family``: sets
+    their ``p_holm``, returns which are rejected at family-wise ``alpha``."""
     if not family:
         return []
     # statsmodels' Holm ends in gc.collect(): with the report's torch and matplotlib heap that
@@ -173,8 +166,7 @@ def holm_correct(rows: list[dict], family: list[int], alpha: float, higher: bool
 
 def _paired_row(pair: pd.DataFrame, dataset: str, metric: str, baseline: str,
                 variant: str) -> dict:
-    """A row of :func:`compare` from ``pair`` (seeds x [baseline, variant]): too few seeds,
-    identical, or the paired test (``scipy.stats.ttest_rel``), NSD until Holm judges it."""
+    """A row of :func:`compare` from ``pair``, a seed per row (``scipy.stats.ttest_rel``)."""
     n = len(pair)
     base, var = pair[baseline].to_numpy(float), pair[variant].to_numpy(float)
     diff = var - base
@@ -204,17 +196,13 @@ def _paired_row(pair: pd.DataFrame, dataset: str, metric: str, baseline: str,
 
 def compare(df: pd.DataFrame, baseline: str = BASELINE, alpha: float = ALPHA,
             metrics: Sequence[str] = COMPARED_METRICS) -> pd.DataFrame:
-    """Every variant against ``baseline`` per dataset and metric, on the seeds both have: the
-    two-sided paired t-test of ``variant - baseline`` (``scipy.stats.ttest_rel``), its
-    :data:`CONFIDENCE` interval, and Holm's step-down correction (Holm 1979, Scand. J. Statist.
-    6:65-70) over each dataset x metric's tested variants at family-wise ``alpha``, with
-    :func:`holm_interval`; fractions' intervals clipped to [-1, 1]. Verdicts: "too few seeds"
-    (< :data:`MIN_SEEDS_FOR_TEST` pairs) or "identical on every seed" (the interval is the
-    point), untested; better/worse where Holm rejects; else "no significant difference".
-    ``mde``: :func:`min_detectable_effect` at level ``alpha / m`` (m tested variants).
-
-    Only where the baseline has a value. Columns :data:`COMPARISON_COLUMNS`, in the metric's
-    unit, by dataset, metric (``metrics`` order), variant (``df``'s order and dtypes)."""
+    """Every variant against ``baseline`` per dataset and metric where the baseline has values,
+    on the seeds both have: the paired t-test of ``variant - baseline``, its interval, and Holm's
+    step-down correction (Holm 1979, Scand. J. Statist. 6:65-70) over each dataset x metric's
+    tested variants; fractions' intervals clipped to [-1, 1]. Verdicts: "too few seeds" (<
+    :data:`MIN_SEEDS_FOR_TEST`) or "identical on every seed" (untested), better/worse where Holm
+    rejects, else "no significant difference"; ``mde`` at level ``alpha / m`` (m tested).
+    Columns :data:`COMPARISON_COLUMNS` in the metric's unit, in ``df``'s order and dtypes."""
     df = with_order(df)
     rows = []
     for dataset, d in df.groupby("dataset", observed=True):
@@ -237,8 +225,7 @@ def compare(df: pd.DataFrame, baseline: str = BASELINE, alpha: float = ALPHA,
                     row.update({c: float(np.clip(row[c], -1.0, 1.0)) for c in INTERVAL_COLUMNS})
             rows += new
     out = pd.DataFrame(rows, columns=COMPARISON_COLUMNS)
-    out["reject_holm"] = out["reject_holm"].astype(bool)
-    out["higher_is_better"] = out["higher_is_better"].astype(bool)
+    out[["reject_holm", "higher_is_better"]] = out[["reject_holm", "higher_is_better"]].astype(bool)
     for col in ("dataset", "variant"):
         out[col] = out[col].astype(str).astype(df[col].dtype)
     return out
@@ -267,8 +254,7 @@ def tuning_check(comparisons: pd.DataFrame, tuned: pd.DataFrame) -> pd.DataFrame
             continue  # no bracket: a study tuned without one
         u = float(np.max([math.nan if p[1] is None else float(p[1]) for p in pair]))
         out.at[i, "tuning_uncertainty"] = u
-        low, high = row["ci_holm_low"], row["ci_holm_high"]
         if row["verdict"] in (VERDICT_BETTER, VERDICT_WORSE) and (
-                math.isnan(u) or low - u <= 0 <= high + u):
+                math.isnan(u) or row["ci_holm_low"] - u <= 0 <= row["ci_holm_high"] + u):
             out.at[i, "verdict"] = VERDICT_UNDECIDED_TUNING
     return out

@@ -1,11 +1,8 @@
-"""Whether each seed learned the arithmetic task (its test exact match reaches
-:data:`LEARNED_EXACT_MATCH`: the default task is learned suddenly, so a mean over seeds hides
-the seeds that failed), and per variant the share of seeds that did, with its exact
-Clopper-Pearson (1934) interval. Shares are fractions of seeds."""
+"""Whether each seed learned the arithmetic task (a mean over seeds hides the seeds that failed)
+and per variant the share of seeds that did, with its Clopper-Pearson (1934) interval."""
 
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 from scipy import stats
 
@@ -23,19 +20,16 @@ def learned(exact_match: float) -> bool:
 
 
 def share_interval(k: int, n: int) -> tuple[float, float]:
-    """The :data:`~lmablate.report.stats.statistics.CONFIDENCE` Clopper-Pearson interval of ``k``
-    successes in ``n`` trials (``scipy.stats.binomtest(...).proportion_ci(method="exact")``;
-    fractions, ``(0, x)`` at k = 0, ``(x, 1)`` at k = n). Raises ValueError for n < 1 or k
-    outside [0, n]."""
+    """The 95% Clopper-Pearson interval of ``k`` successes in ``n`` trials (``scipy.stats.
+    binomtest``), as fractions; ValueError for n < 1 or k outside [0, n]."""
     ci = stats.binomtest(k, n).proportion_ci(confidence_level=CONFIDENCE, method="exact")
     return float(ci.low), float(ci.high)
 
 
 def success_table(ablation: pd.DataFrame) -> pd.DataFrame:
-    """Per dataset x variant with an exact match: ``n_seeds``, ``n_learned`` (:func:`learned`),
-    their ``share`` with its :func:`share_interval`, the ``threshold`` and the seeds that did not
-    learn with their exact match (``"0 (0.018); 3 (0.102)"``). Columns :data:`SUCCESS_COLUMNS`,
-    in ``ablation``'s order."""
+    """Per dataset x variant with an exact match (columns :data:`SUCCESS_COLUMNS`, in order):
+    seeds, those that :func:`learned`, their ``share`` and :func:`share_interval`, and those that
+    did not with their exact match (``"0 (0.018); 3 (0.102)"``)."""
     if ablation.empty or "exact_match" not in ablation:
         return pd.DataFrame(columns=SUCCESS_COLUMNS)
     rows = []
@@ -43,7 +37,7 @@ def success_table(ablation: pd.DataFrame) -> pd.DataFrame:
             ["dataset", "variant"], observed=True, sort=False):
         g = g.sort_values("seed")
         em = g["exact_match"].astype(float).to_numpy()
-        ok = np.array([learned(x) for x in em])
+        ok = em >= LEARNED_EXACT_MATCH  # learned()
         low, high = share_interval(int(ok.sum()), len(em))
         rows.append({"dataset": ds, "variant": variant, "n_seeds": len(em),
                      "n_learned": int(ok.sum()), "share": float(ok.mean()), "ci95_low": low,
@@ -55,10 +49,8 @@ def success_table(ablation: pd.DataFrame) -> pd.DataFrame:
 
 def seed_status(ablation: pd.DataFrame, dataset: str, variant: str, seed: int) -> str | None:
     """``"exact match 0.018: did not learn"`` of one seed's run; None without its exact match."""
-    if "exact_match" not in ablation:
-        return None
     a = rows_of(ablation, dataset, variant)
-    x = a.loc[a["seed"] == seed, "exact_match"]
+    x = a.loc[a["seed"] == seed].get("exact_match", pd.Series(dtype=float))
     if x.empty or pd.isna(x.iloc[0]):
         return None
     return f"exact match {float(x.iloc[0]):.3f}: " + ("learned" if learned(x.iloc[0])
