@@ -23,11 +23,10 @@ def convergence_table(history: pd.DataFrame, tail: float = TAIL) -> pd.DataFrame
         per_seed = []
         for _, s in d.groupby("seed", sort=True):
             s = s.sort_values("step")
-            last = s.iloc[-1]
-            earlier = s[s["step"] <= (1 - tail) * last["step"]]
+            earlier = s[s["step"] <= (1 - tail) * s["step"].iloc[-1]]
             if len(earlier):
-                per_seed.append((int(earlier["step"].iloc[-1]), int(last["step"]),
-                                 earlier["val_loss"].iloc[-1], last["val_loss"]))
+                per_seed.append([x.iloc[-1] for x in (earlier["step"], s["step"],
+                                                      earlier["val_loss"], s["val_loss"])])
         if per_seed:
             step0, step1, loss0, loss1 = np.array(per_seed, dtype=float).T
             rows.append({"dataset": dataset, "variant": variant, "seeds": len(step0),

@@ -20,5 +20,5 @@ def detectable_table(comparisons: pd.DataFrame, alpha: float = ALPHA,
         return pd.DataFrame(columns=DETECTABLE_COLUMNS)
     tested = comparisons[comparisons["p_value"].notna()]
     n_compared = tested.groupby(["dataset", "metric"], observed=True)["variant"].transform("size")
-    out = tested.assign(n_compared=n_compared, alpha=alpha, power=power)
-    return out[DETECTABLE_COLUMNS].reset_index(drop=True)
+    return tested.assign(n_compared=n_compared, alpha=alpha,
+                         power=power)[DETECTABLE_COLUMNS].reset_index(drop=True)

@@ -35,8 +35,7 @@ def bracket_points(trials: pd.DataFrame, dataset: str, variant: str, d_model: in
 def final_points(history: pd.DataFrame | None, tuned: pd.DataFrame, dataset: str
                  ) -> list[Point]:
     """Per variant of ``dataset`` in ``tuned`` with final seeds in ``history``, a point at its
-    tuned lr: each seed's ``objective`` at its last evaluation (``val_answer_loss_mean``: the
-    mean ``val_answer_loss`` over them)."""
+    tuned lr: each seed's ``objective`` at its last evaluation (or mean over them)."""
     if history is None or history.empty:
         return []
     points = []
@@ -58,10 +57,9 @@ def final_points(history: pd.DataFrame | None, tuned: pd.DataFrame, dataset: str
 
 def with_pooled_uncertainty(tuned: pd.DataFrame, trials: pd.DataFrame,
                             history: pd.DataFrame | None = None) -> pd.DataFrame:
-    """``tuned`` (:data:`~lmablate.report.run_files.TUNED_COLUMNS`) with each dataset's
-    ``seed_spread_pooled`` (:func:`lmablate.tune.lr_minimum.pooled_spread` over its bracket and
-    final points) and each bracketed variant's ``regret`` and ``tuning_uncertainty`` drawn
-    again with it (:func:`lmablate.tune.lr_minimum.tuning_uncertainty`); others keep theirs."""
+    """``tuned`` (:data:`~lmablate.report.run_files.TUNED_COLUMNS`) with each dataset's pooled
+    spread (:func:`lmablate.tune.lr_minimum.pooled_spread`) and each bracketed variant's
+    ``regret`` and ``tuning_uncertainty`` drawn again with it; others keep theirs."""
     out = tuned.copy()
     if out.empty or "bracket_state" not in out or trials is None or trials.empty:
         return out

@@ -1,6 +1,5 @@
-"""Arithmetic variants against the baseline problem by problem (:func:`compare_problems`): a
-diagnostic, not a verdict, as the problems of a few models are not independent replications.
-Rates are fractions of problems (exact match) or of answer characters (char accuracy)."""
+"""Arithmetic variants against the baseline problem by problem: a diagnostic, not a verdict, as
+the problems of a few models are not independent replications. Rates are fractions."""
 
 from __future__ import annotations
 
@@ -26,13 +25,9 @@ PERMUTATION_SEED = 0
 def problem_outcomes(predictions: Sequence[Mapping[str, str]]) -> tuple[np.ndarray, np.ndarray]:
     """Per decoded test problem of one seed: solved (0/1) and the share of correct answer
     characters, (N,) float arrays (means: :func:`lmablate.evaluate.metrics.arithmetic_scores`)."""
-    exact, chars = [], []
-    for p in predictions:
-        target, pred = str(p["target"]), str(p["prediction"])
-        hits = [a == b for a, b in zip(pred.ljust(len(target)), target)]
-        chars.append(sum(hits) / len(target))
-        exact.append(float(all(hits)))
-    return np.asarray(exact), np.asarray(chars)
+    hits = [[a == b for a, b in zip(str(p["prediction"]).ljust(len(str(p["target"]))),
+                                    str(p["target"]))] for p in predictions]
+    return np.asarray([float(all(h)) for h in hits]), np.asarray([sum(h) / len(h) for h in hits])
 
 
 def sign_flip_test(diff: np.ndarray) -> float:
@@ -91,13 +86,11 @@ def _variant_rows(dataset: str, baseline: str, variant: str, base: Mapping[str, 
 def compare_problems(predictions: Mapping[tuple[str, str], Mapping[str, Sequence[Mapping]]],
                      baseline: str = BASELINE, alpha: float = ALPHA,
                      variants: Sequence[str] | None = None) -> pd.DataFrame:
-    """Arithmetic variants (in ``variants``' order) against ``baseline`` in exact match and char
-    accuracy, from ``{(dataset, variant): {"seed_<n>": [{"prompt", "target", "prediction"}]}}``:
-    d_i, per problem i, the mean over seeds of (variant - baseline) outcome; the test is
-    :func:`sign_flip_test` on the d_i, the interval the t-interval of their mean, Holm over each
-    metric's variants. ``baseline_count``/``variant_count`` of ``total`` (problems x seeds, x
-    answer characters). Columns :data:`PROBLEM_COLUMNS`, as fractions. Raises ValueError where
-    a variant's prompt differs from the baseline's at the same position."""
+    """Variants against ``baseline`` in exact match and char accuracy from ``{(dataset, variant):
+    {"seed_<n>": [{"prompt", "target", "prediction"}]}}``: :func:`sign_flip_test` and t-interval
+    of d_i, problem i's mean over seeds of (variant - baseline), Holm over each metric's
+    variants. Columns :data:`PROBLEM_COLUMNS` (counts of problems or answer characters x seeds).
+    Raises ValueError where a variant's prompt differs from the baseline's at one position."""
     rows = []
     for dataset in dict.fromkeys(d for d, _ in predictions if (d, baseline) in predictions):
         base = predictions[(dataset, baseline)]

@@ -1,6 +1,5 @@
-"""Reference points computed from the tokenized data (``<tokens_dir>/<dataset>/``), against
-which the report reads every loss and score: ``references.csv`` and the loss at initialisation.
-"""
+"""Reference points from the tokenized data (``<tokens_dir>/<dataset>/``) against which the
+report reads every loss and score: ``references.csv`` and the loss at initialisation."""
 
 from __future__ import annotations
 
@@ -19,11 +18,10 @@ REFERENCE_COLUMNS = ["dataset", "reference", "metric", "value", "detail"]
 
 
 def reference_table(cfg: StudyConfig, tokens_dir: Path, runs: RunOutputs) -> pd.DataFrame:
-    """Per dataset x reference x metric (columns :data:`REFERENCE_COLUMNS`): the test split's
-    n-gram cross-entropies in nats/char (:func:`lmablate.report.stats.reference_models.
-    ngram_references`) and on arithmetic, from the baseline's first seed's decoded targets,
+    """Per dataset x reference x metric (:data:`REFERENCE_COLUMNS`): the test split's n-gram
+    cross-entropies, nats/char (:mod:`lmablate.report.stats.reference_models`), and on arithmetic
     :func:`lmablate.report.stats.arithmetic_tables.answer_references`. Raises FileNotFoundError
-    / TokenizerError (tokens missing) and DataError (a train split not cut into problems)."""
+    / TokenizerError (tokens missing), DataError (a train split not cut into problems)."""
     rows = []
     for dataset, ds in cfg.datasets.items():
         tok = load_tokenizer(tokens_dir / dataset)

@@ -44,9 +44,8 @@ def _tuned(tuned: pd.DataFrame, dataset: str, variant: str, column: str) -> floa
 def replicate_verdicts(comparisons: Mapping[int, pd.DataFrame],
                        tuned: Mapping[int, pd.DataFrame],
                        headline: Mapping[str, str]) -> pd.DataFrame:
-    """Each replicate's comparisons (``tuning_check``'s) in each dataset's ``headline`` loss, with
-    its ``tuned.csv`` values: columns :data:`REPLICATE_COLUMNS`, by dataset, variant (the
-    comparisons' order), replicate; ``lr`` per step, differences in the loss's unit."""
+    """Each replicate's comparisons (``tuning_check``'s) in each dataset's ``headline`` loss with
+    its ``tuned.csv`` values (:data:`REPLICATE_COLUMNS`), by dataset, variant, replicate."""
     rows = []
     for r in sorted(comparisons):
         c, t = comparisons[r], tuned.get(r, _NO_TUNED)
@@ -69,10 +68,9 @@ def replicate_verdicts(comparisons: Mapping[int, pd.DataFrame],
 
 def combine_replicates(verdicts: pd.DataFrame, sd_within: pd.DataFrame | None = None,
                        alpha: float = ALPHA) -> pd.DataFrame:
-    """Per dataset x variant of :func:`replicate_verdicts` (columns :data:`COMBINED_COLUMNS`):
-    ``verdicts`` joined, whether they ``agree``, and the module docstring's comparison of the
-    replicates' mean differences, Holm-corrected over the dataset's variants. ``sd_tuning_draw``
-    = sqrt(max(0, sd_between^2 - mean(sd_diff^2 / n))), the ANOVA estimator of the draw's SD,
+    """Per dataset x variant of :func:`replicate_verdicts` (:data:`COMBINED_COLUMNS`): whether
+    they ``agree``, and the module docstring's comparison, Holm over the dataset's variants;
+    ``sd_tuning_draw`` = sqrt(max(0, sd_between^2 - mean(sd_diff^2 / n))) (ANOVA estimator)
     from ``sd_within`` (dataset, variant, replicate, sd_diff)."""
     rows, families = [], {}
     for (dataset, variant), g in verdicts.groupby(["dataset", "variant"], sort=False):
@@ -107,10 +105,7 @@ def combine_replicates(verdicts: pd.DataFrame, sd_within: pd.DataFrame | None = 
         rows.append(row)
     for family in families.values():
         holm_correct(rows, family, alpha, higher=False)  # headline losses: lower is better
-    out = pd.DataFrame(rows, columns=COMBINED_COLUMNS)
-    for col in ("agree", "same_sign"):
-        out[col] = out[col].astype(bool)
-    return out
+    return pd.DataFrame(rows, columns=COMBINED_COLUMNS).astype({"agree": bool, "same_sign": bool})
 
 
 def tuning_spread(tuned: Mapping[int, pd.DataFrame], ablation: Mapping[int, pd.DataFrame],
@@ -120,10 +115,9 @@ def tuning_spread(tuned: Mapping[int, pd.DataFrame], ablation: Mapping[int, pd.D
     ``sd_tuning_draw`` = sqrt(max(0, final_sd_between^2 - seed_se^2)) (RMS seed standard error)
     and whether replicate 0's ``tuning_uncertainty`` ``covered`` 1.96 x it."""
     rows = []
-    first = ablation[min(ablation)]
     t0 = tuned.get(min(ablation), _NO_TUNED)
-    for (dataset, variant), _ in first.groupby(["dataset", "variant"], observed=True,
-                                               sort=False):
+    for (dataset, variant), _ in ablation[min(ablation)].groupby(["dataset", "variant"],
+                                                                 observed=True, sort=False):
         dataset, variant = str(dataset), str(variant)
         metric = headline[dataset]
         reps = sorted(r for r in ablation if len(rows_of(ablation[r], dataset, variant)))
@@ -159,10 +153,8 @@ def tuning_spread(tuned: Mapping[int, pd.DataFrame], ablation: Mapping[int, pd.D
 
 def combine_speed(comparisons: Mapping[int, pd.DataFrame], threshold: float = 0.5,
                   alpha: float = ALPHA) -> pd.DataFrame:
-    """Per dataset x variant, each replicate's learning-speed comparison at ``threshold``
-    (:func:`~lmablate.report.stats.learning_speed.compare_speed`) and their
-    :func:`combine_replicates` on the log scale (geometric mean ``ratio`` of tokens to learn;
-    unitless). Columns :data:`SPEED_REPLICATION_COLUMNS`."""
+    """Each replicate's learning-speed comparisons at ``threshold`` (``compare_speed``'s) and
+    their :func:`combine_replicates` on the log scale (:data:`SPEED_REPLICATION_COLUMNS`)."""
     rows = []
     for r in sorted(comparisons):
         c = comparisons[r]

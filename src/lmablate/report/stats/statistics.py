@@ -196,13 +196,12 @@ def _paired_row(pair: pd.DataFrame, dataset: str, metric: str, baseline: str,
 
 def compare(df: pd.DataFrame, baseline: str = BASELINE, alpha: float = ALPHA,
             metrics: Sequence[str] = COMPARED_METRICS) -> pd.DataFrame:
-    """Every variant against ``baseline`` per dataset and metric where the baseline has values,
-    on the seeds both have: the paired t-test of ``variant - baseline``, its interval, and Holm's
-    step-down correction (Holm 1979, Scand. J. Statist. 6:65-70) over each dataset x metric's
-    tested variants; fractions' intervals clipped to [-1, 1]. Verdicts: "too few seeds" (<
-    :data:`MIN_SEEDS_FOR_TEST`) or "identical on every seed" (untested), better/worse where Holm
-    rejects, else "no significant difference"; ``mde`` at level ``alpha / m`` (m tested).
-    Columns :data:`COMPARISON_COLUMNS` in the metric's unit, in ``df``'s order and dtypes."""
+    """Every variant against ``baseline`` per dataset and metric, paired by seed: paired t-test
+    and interval of ``variant - baseline``, Holm's step-down correction (Holm 1979, Scand. J.
+    Statist. 6:65-70) over each dataset x metric's tested variants, fractions' intervals clipped
+    to [-1, 1]. "too few seeds" (< :data:`MIN_SEEDS_FOR_TEST`) and "identical on every seed" are
+    untested; ``mde`` at level ``alpha / m`` (m tested). :data:`COMPARISON_COLUMNS`, in the
+    metric's unit, in ``df``'s order and dtypes."""
     df = with_order(df)
     rows = []
     for dataset, d in df.groupby("dataset", observed=True):
@@ -232,13 +231,11 @@ def compare(df: pd.DataFrame, baseline: str = BASELINE, alpha: float = ALPHA,
 
 
 def tuning_check(comparisons: pd.DataFrame, tuned: pd.DataFrame) -> pd.DataFrame:
-    """``comparisons`` with ``tuning_uncertainty``: the larger of the pair's (``tuned``'s, the
-    95th percentile of the regret of best.json's bracket) on the rows of the dataset's tuning
-    objective's metric (:data:`TUNED_METRICS`), NaN elsewhere. There a better/worse verdict
-    becomes :data:`VERDICT_UNDECIDED_TUNING` when the Holm interval moved towards 0 by it
-    includes 0 (a miss of either learning rate could explain the effect) or it is unmeasured."""
-    out = comparisons.copy()
-    out["tuning_uncertainty"] = np.nan
+    """``comparisons`` with ``tuning_uncertainty``, the larger of the pair's (``tuned``'s: the
+    95th percentile of the regret) on the rows of the tuning objective's metric
+    (:data:`TUNED_METRICS`); a better/worse verdict there is :data:`VERDICT_UNDECIDED_TUNING`
+    when it is unmeasured or the Holm interval moved towards 0 by it includes 0."""
+    out = comparisons.assign(tuning_uncertainty=np.nan)
     if out.empty or tuned is None or tuned.empty or "tuning_uncertainty" not in tuned:
         return out
     key = {(str(r.dataset), str(r.variant)): (r.bracket_state, r.tuning_uncertainty)

@@ -27,9 +27,8 @@ def share_interval(k: int, n: int) -> tuple[float, float]:
 
 
 def success_table(ablation: pd.DataFrame) -> pd.DataFrame:
-    """Per dataset x variant with an exact match (columns :data:`SUCCESS_COLUMNS`, in order):
-    seeds, those that :func:`learned`, their ``share`` and :func:`share_interval`, and those that
-    did not with their exact match (``"0 (0.018); 3 (0.102)"``)."""
+    """Per dataset x variant with an exact match, the seeds that :func:`learned`, their share,
+    :func:`share_interval` and those that did not (:data:`SUCCESS_COLUMNS`)."""
     if ablation.empty or "exact_match" not in ablation:
         return pd.DataFrame(columns=SUCCESS_COLUMNS)
     rows = []
