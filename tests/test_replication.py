@@ -94,7 +94,7 @@ def test_verdicts_agree_only_when_every_replicate_gives_the_same_one():
     assert c["same_sign"].to_dict() == {"same": True, "flip": True, "tuning": True,
                                         "signs": False}
     assert c.loc["flip", "verdicts"] == "better / no significant difference / better"
-    assert list(rep.not_replicated(c.reset_index())["variant"]) == ["flip", "tuning"]
+    assert list(c.index[~c["agree"]]) == ["flip", "tuning"]  # those the Findings name
 
 
 def test_the_combined_interval_is_the_t_interval_of_the_replicate_means_with_r_minus_1_df():

@@ -1,2 +1,1 @@
-"""The report's statistics, computed from the collected runs: intervals over seeds, paired
-tests, fits against compute, reference points."""
+"""The report's statistics from the collected runs: intervals, tests, fits, reference points."""

@@ -1,6 +1,5 @@
 """Whether each dataset x variant's validation loss was still falling when training ended: the
-table behind ``convergence.csv`` and the Findings' line on it. Losses in nats/char.
-"""
+table behind ``convergence.csv`` and the Findings' line on it. Losses in nats/char."""
 
 from __future__ import annotations
 
@@ -13,17 +12,9 @@ CONVERGENCE_COLUMNS = ["dataset", "variant", "seeds", "from_step", "last_step",
 
 
 def convergence_table(history: pd.DataFrame, tail: float = TAIL) -> pd.DataFrame:
-    """Whether each dataset x variant's validation loss was still falling when training ended.
-
-    Per seed: the validation loss (nats/char) at the last evaluated step, against the last
-    evaluation at or before ``1 - tail`` of that step; ``drop`` is the mean over seeds of
-    ``from - last`` (positive: still falling), ``seeds_falling`` how many seeds fell. A curve
-    that fell on every seed of five is unlikely to be flat noise (a sign test gives 1/32).
-
-    Returns:
-        Columns :data:`CONVERGENCE_COLUMNS`, in the order of ``history``; empty without
-        ``val_loss``.
-    """
+    """Per dataset x variant (columns :data:`CONVERGENCE_COLUMNS`), each seed's validation loss
+    (nats/char) at its last step against that at ``1 - tail`` of it: ``drop`` the mean of
+    ``from - last`` (> 0: still falling), ``seeds_falling`` how many fell."""
     if history.empty or "val_loss" not in history:
         return pd.DataFrame(columns=CONVERGENCE_COLUMNS)
     rows = []
@@ -32,19 +23,15 @@ def convergence_table(history: pd.DataFrame, tail: float = TAIL) -> pd.DataFrame
         per_seed = []
         for _, s in d.groupby("seed", sort=True):
             s = s.sort_values("step")
-            last = s.iloc[-1]
-            earlier = s[s["step"] <= (1 - tail) * last["step"]]
-            if earlier.empty:
-                continue
-            first = earlier.iloc[-1]
-            per_seed.append((int(first["step"]), int(last["step"]), float(first["val_loss"]),
-                             float(last["val_loss"])))
-        if not per_seed:
-            continue
-        a = np.array(per_seed, dtype=float)
-        rows.append({"dataset": dataset, "variant": variant, "seeds": len(a),
-                     "from_step": int(np.median(a[:, 0])), "last_step": int(np.median(a[:, 1])),
-                     "val_loss_from": float(a[:, 2].mean()), "val_loss_last": float(a[:, 3].mean()),
-                     "drop": float((a[:, 2] - a[:, 3]).mean()),
-                     "seeds_falling": int((a[:, 2] > a[:, 3]).sum())})
+            earlier = s[s["step"] <= (1 - tail) * s["step"].iloc[-1]]
+            if len(earlier):
+                per_seed.append([x.iloc[-1] for x in (earlier["step"], s["step"],
+                                                      earlier["val_loss"], s["val_loss"])])
+        if per_seed:
+            step0, step1, loss0, loss1 = np.array(per_seed, dtype=float).T
+            rows.append({"dataset": dataset, "variant": variant, "seeds": len(step0),
+                         "from_step": int(np.median(step0)), "last_step": int(np.median(step1)),
+                         "val_loss_from": float(loss0.mean()), "val_loss_last": float(loss1.mean()),
+                         "drop": float((loss0 - loss1).mean()),
+                         "seeds_falling": int((loss0 > loss1).sum())})
     return pd.DataFrame(rows, columns=CONVERGENCE_COLUMNS)

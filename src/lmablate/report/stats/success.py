@@ -1,22 +1,12 @@
-"""Whether each seed learned the arithmetic task, and the share of seeds that did.
-
-A model learns the default task suddenly, after 1,000 to 2,000 optimizer steps, so a seed's
-exact match is close to 0 or well above it, and a mean over seeds hides which seeds failed. A
-seed **learned** when its greedy-decoded answers reach :data:`LEARNED_EXACT_MATCH` exact match
-on the test problems. Per variant the report gives how many seeds learned, their share with its
-exact binomial (Clopper-Pearson, 1934) interval (``scipy.stats.binomtest(...).proportion_ci(
-method="exact")``), which stays in [0, 1] and is not empty at 0 or n of n, and names each seed
-that did not learn. Shares are fractions of seeds.
-"""
+"""Whether each seed learned the arithmetic task (a mean over seeds hides the seeds that failed)
+and per variant the share of seeds that did, with its Clopper-Pearson (1934) interval."""
 
 from __future__ import annotations
 
-from typing import Sequence
-
-import numpy as np
 import pandas as pd
 from scipy import stats
 
+from lmablate.report.collect import rows_of
 from lmablate.report.stats.statistics import CONFIDENCE
 
 LEARNED_EXACT_MATCH = 0.5  # a seed that answers half the test problems has learned the task
@@ -30,33 +20,23 @@ def learned(exact_match: float) -> bool:
 
 
 def share_interval(k: int, n: int) -> tuple[float, float]:
-    """The :data:`~lmablate.report.stats.statistics.CONFIDENCE` Clopper-Pearson interval of a share
-    of ``k`` successes in ``n`` trials (fractions; ``(0, x)`` at k = 0, ``(x, 1)`` at k = n).
-
-    Raises:
-        ValueError: n < 1 or k outside [0, n].
-    """
+    """The 95% Clopper-Pearson interval of ``k`` successes in ``n`` trials (``scipy.stats.
+    binomtest``), as fractions; ValueError for n < 1 or k outside [0, n]."""
     ci = stats.binomtest(k, n).proportion_ci(confidence_level=CONFIDENCE, method="exact")
     return float(ci.low), float(ci.high)
 
 
 def success_table(ablation: pd.DataFrame) -> pd.DataFrame:
-    """Per dataset x variant with an exact match: its seeds, how many learned
-    (:func:`learned`), their ``share`` with its Clopper-Pearson interval
-    (:func:`share_interval`), the ``threshold`` and the seeds that did not learn with their
-    exact match (``"0 (0.018); 3 (0.102)"``, empty when all did).
-
-    Returns:
-        Columns :data:`SUCCESS_COLUMNS`, in the order of ``ablation`` (the study order).
-    """
+    """Per dataset x variant with an exact match, the seeds that :func:`learned`, their share,
+    :func:`share_interval` and those that did not (:data:`SUCCESS_COLUMNS`)."""
     if ablation.empty or "exact_match" not in ablation:
         return pd.DataFrame(columns=SUCCESS_COLUMNS)
-    a = ablation.dropna(subset=["exact_match"])
     rows = []
-    for (ds, variant), g in a.groupby(["dataset", "variant"], observed=True, sort=False):
+    for (ds, variant), g in ablation.dropna(subset=["exact_match"]).groupby(
+            ["dataset", "variant"], observed=True, sort=False):
         g = g.sort_values("seed")
         em = g["exact_match"].astype(float).to_numpy()
-        ok = np.array([learned(x) for x in em])
+        ok = em >= LEARNED_EXACT_MATCH  # learned()
         low, high = share_interval(int(ok.sum()), len(em))
         rows.append({"dataset": ds, "variant": variant, "n_seeds": len(em),
                      "n_learned": int(ok.sum()), "share": float(ok.mean()), "ci95_low": low,
@@ -67,11 +47,10 @@ def success_table(ablation: pd.DataFrame) -> pd.DataFrame:
 
 
 def seed_status(ablation: pd.DataFrame, dataset: str, variant: str, seed: int) -> str | None:
-    """``"exact match 0.018: did not learn"`` of one seed's run; None without its exact
-    match."""
-    a = ablation[(ablation["dataset"] == dataset) & (ablation["variant"] == variant)
-                 & (ablation["seed"] == seed)] if "exact_match" in ablation else ablation.iloc[:0]
-    if a.empty or pd.isna(a["exact_match"].iloc[0]):
+    """``"exact match 0.018: did not learn"`` of one seed's run; None without its exact match."""
+    a = rows_of(ablation, dataset, variant)
+    x = a.loc[a["seed"] == seed].get("exact_match", pd.Series(dtype=float))
+    if x.empty or pd.isna(x.iloc[0]):
         return None
-    x = float(a["exact_match"].iloc[0])
-    return f"exact match {x:.3f}: " + ("learned" if learned(x) else "did not learn")
+    return f"exact match {float(x.iloc[0]):.3f}: " + ("learned" if learned(x.iloc[0])
+                                                     else "did not learn")
