@@ -536,11 +536,16 @@ def test_a_moved_study_opens_with_working_artifact_links(tmp_path, artifact, mon
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         base = f"http://127.0.0.1:{port}"
-        for _ in range(120):
+        # a loaded 2-core machine can take over a minute to start the server: wait on a
+        # deadline, not a count of tries
+        deadline = time.monotonic() + 300
+        while True:
             try:
-                urllib.request.urlopen(f"{base}/health", timeout=2)
+                urllib.request.urlopen(f"{base}/health", timeout=5)
                 break
             except OSError:
+                assert server.poll() is None, "mlflow server exited before it answered"
+                assert time.monotonic() < deadline, "mlflow server did not answer in 300 s"
                 time.sleep(0.5)
         listed = json.loads(urllib.request.urlopen(
             f"{base}/ajax-api/2.0/mlflow/artifacts/list?run_id={run_id}&path=figures").read())
