@@ -56,7 +56,7 @@ Text (:mod:`~lmablate.report.text`):
 * :mod:`~lmablate.report.text.content`: what ``report.md`` says, as data: the content model.
 * :mod:`~lmablate.report.text.dataset_tables`: each dataset's tables in the report, as rows.
 * :mod:`~lmablate.report.text.samples`: the samples and decoded problems the report shows.
-* :mod:`~lmablate.report.text.templating`: the Jinja2 environment, its filters and the call of one sentence macro.
+* :mod:`~lmablate.report.text.templating`: the Jinja2 environment, its filters, one macro's call.
 * :mod:`~lmablate.report.text.render`: ``report.md`` and ``appendix.md`` rendered.
 * :mod:`~lmablate.report.text.html`: ``report.md`` as one HTML page, its figures inline (MLflow).
 

@@ -23,6 +23,7 @@ from lmablate.report.run_files import (
 
 BASELINE = "baseline"  # the variant every other is compared with; first in every table
 
+
 def _empty(columns: Sequence[str] | None = None) -> Any:
     """A dataclass field whose default is an empty frame of ``columns``."""
     return dataclasses.field(default_factory=lambda: pd.DataFrame(columns=columns))

@@ -124,6 +124,7 @@ def fit_curves(scaling: pd.DataFrame, metric_of: dict[str, str]
             row[f"{name}_low"], row[f"{name}_high"] = np.percentile(ok[:, i], _TAILS)
     return pd.DataFrame(rows, columns=FIT_COLUMNS), resamples
 
+
 def predict(fit: pd.Series, boot: np.ndarray | None, flops: np.ndarray
             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(L, low, high)`` of a fitted curve at ``flops``, the band from the bootstrap's curves."""

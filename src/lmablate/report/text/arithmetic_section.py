@@ -82,6 +82,7 @@ def _beaten(summary: pd.DataFrame, rows: Sequence[dict],
             floors: dict[str, float]) -> list[tuple[str, list[str]]]:
     """The variants of ``rows`` that beat every floor, some (named) or none, on the mean."""
     means = summary.set_index(["variant", "metric"])["mean"]
+
     def beats(v: str, m: str) -> bool:
         x = float(means.loc[(v, m)])
         return x > floors[m] if METRICS[m][2] else x < floors[m]
